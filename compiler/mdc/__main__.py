@@ -1,0 +1,3 @@
+from mdc.cli import run
+
+run()

@@ -1,0 +1,190 @@
+"""The plugin surface: everything a launcher or backend plugin may import.
+
+A launcher turns the :class:`Plan` into a :class:`Launch`: per-role command
+lines and environment, plus launcher config files. mdc renders each role as
+``launch/<role>.sh``. A backend turns the plan and the launch into scheduler
+files that start ``launch/<role>.sh`` on every node of that role, with the
+:data:`RUNTIME_VARIABLES` set.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+import attrs
+
+from mdc.errors import Diagnostic, Severity
+from mdc.plan.model import (
+    GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes)
+from mdc.spec import JobTable, ModelTable
+
+
+@attrs.frozen
+class Ref:
+    """A value known only on the node at run time, read from a shell variable."""
+
+    name: str
+
+
+#: This node's index, 0..nnodes-1 (the backend sets it).
+NODE_RANK = Ref("NODE_RANK")
+#: Address of node 0, reachable from every node (the backend sets it).
+MASTER_ADDR = Ref("MASTER_ADDR")
+#: The plan's rendezvous port (the backend sets it).
+MASTER_PORT = Ref("MASTER_PORT")
+#: What every backend sets before it runs ``launch/<role>.sh``.
+RUNTIME_VARIABLES = (NODE_RANK.name, MASTER_ADDR.name, MASTER_PORT.name)
+
+@attrs.frozen
+class Concat:
+    """One shell word built from literals and runtime variables, e.g. ``HOST:PORT``."""
+
+    parts: tuple[str | Ref, ...]
+
+
+Word = str | Ref | Concat
+
+
+@attrs.frozen(kw_only=True)
+class Artifact:
+    """One output file: a relative POSIX path under ``out/``, its bytes, and whether it runs."""
+
+    path: str
+    data: bytes
+    executable: bool = False
+
+    @classmethod
+    def text(cls, path: str, text: str, *, executable: bool = False) -> Artifact:
+        if not text.endswith("\n"):
+            text += "\n"
+        return cls(path=path, data=text.encode("utf-8"), executable=executable)
+
+    @classmethod
+    def json(cls, path: str, value: object) -> Artifact:
+        return cls.text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+@attrs.frozen(kw_only=True)
+class Role:
+    """What the nodes of one role run: ``argv`` under ``env`` (launcher's, then the job's)."""
+
+    name: str
+    argv: tuple[Word, ...]
+    env: Mapping[str, Word] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Launch:
+    """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract."""
+
+    roles: tuple[Role, ...]
+    #: launcher config files (hostfiles, JSON/TOML configs), paths under ``launch/``
+    files: tuple[Artifact, ...] = ()
+    #: variables every worker process sees, and what each holds (documented in plan.json)
+    worker_env: Mapping[str, str] = attrs.field(factory=dict)
+
+    def role(self, name: str) -> Role:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(name)
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """A problem a plugin found in the plan; mdc locates it through ``pointer``."""
+
+    code: str
+    message: str
+    pointer: str
+    hint: str | None = None
+    severity: Severity = Severity.ERROR
+
+
+@attrs.frozen(kw_only=True)
+class LauncherSpec:
+    """A launcher, as a plugin registers it."""
+
+    name: str
+    description: str
+    #: "model": tp defaults to nproc_per_node and pp to nnodes; "data": both default to 1
+    parallelism: Literal["model", "data"]
+    #: (plan, options) -> Launch; options is the structured [<name>] table or None
+    emit: Callable[[Plan, Any], Launch]
+    #: JSON Schema for this launcher's own top-level table ``[<name>]``
+    schema: Mapping[str, Any] | None = None
+    #: attrs class the ``[<name>]`` table is structured into (None: a plain dict)
+    options_type: type | None = None
+    #: splits nodes into proxy, prefill and decode roles
+    disaggregated: bool = False
+    #: (plan, options) -> findings, run before emit
+    check: Callable[[Plan, Any], Iterable[Finding]] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BackendSpec:
+    """A backend, as a plugin registers it."""
+
+    name: str
+    description: str
+    #: (plan, launch, options) -> artifacts (paths under ``<name>/`` by convention)
+    emit: Callable[[Plan, Launch, Any], Iterable[Artifact]]
+    schema: Mapping[str, Any] | None = None
+    options_type: type | None = None
+    #: launchers this backend supports (None: all)
+    launchers: Sequence[str] | None = None
+    check: Callable[[Plan, Any], Iterable[Finding]] | None = None
+
+
+def read_schema(package: str, resource: str) -> dict[str, Any]:
+    """Load a JSON Schema fragment shipped as package data of ``package``."""
+    loaded: dict[str, Any] = json.loads(
+        resources.files(package).joinpath(resource).read_text(encoding="utf-8"))
+    return loaded
+
+
+def _in_double_quotes(text: str) -> str:
+    for special in ("\\", '"', "$", "`"):
+        text = text.replace(special, "\\" + special)
+    return text
+
+
+def shell_word(word: Word) -> str:
+    """One shell word: literals quoted, runtime variables expanded (inside double quotes)."""
+    if isinstance(word, str):
+        return shlex.quote(word)
+    parts = word.parts if isinstance(word, Concat) else (word,)
+    inner = "".join(f"${{{p.name}}}" if isinstance(p, Ref) else _in_double_quotes(p)
+                    for p in parts)
+    return f'"{inner}"'
+
+
+def refs_in(words: Iterable[Word]) -> list[str]:
+    """Names of the runtime variables the words read, in first-use order."""
+    names: list[str] = []
+    for word in words:
+        parts = word.parts if isinstance(word, Concat) else (word,)
+        names += [p.name for p in parts if isinstance(p, Ref) and p.name not in names]
+    return names
+
+
+def shell_join(words: Iterable[Word]) -> str:
+    return " ".join(shell_word(w) for w in words)
+
+
+def script_path(role: str) -> str:
+    """Where mdc writes the launch script of ``role``, relative to ``out/``."""
+    return str(PurePosixPath("launch") / f"{role}.sh")
+
+
+__all__ = [
+    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RUNTIME_VARIABLES", "Artifact",
+    "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding", "JobTable", "Launch",
+    "LauncherSpec", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref", "Rendezvous", "Role",
+    "Severity", "Sizes", "Word", "read_schema", "refs_in", "script_path", "shell_join", "shell_word",
+]

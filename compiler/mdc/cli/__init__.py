@@ -1,0 +1,183 @@
+"""The ``mdc`` command line: compile, validate, explain, schema, plugins.
+
+``main(argv) -> int`` is for tests and embedding; ``run()`` is the console
+script and raises ``SystemExit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from mdc import __version__
+from mdc.errors import (
+    Diagnostic, ExitCode, InternalError, PluginError, SpecError, sort_diagnostics)
+from mdc.pipeline import Compiler
+
+Command = Callable[[argparse.Namespace, "Output"], int]
+
+
+class Output:
+    """Where results (stdout) and diagnostics (stderr) go, in text or JSON."""
+
+    def __init__(self, fmt: str, stdout: TextIO, stderr: TextIO) -> None:
+        self.fmt, self.stdout, self.stderr = fmt, stdout, stderr
+
+    def diagnostics(self, items: Sequence[Diagnostic]) -> None:
+        if self.fmt == "text":
+            for d in sort_diagnostics(items):
+                print(d.render(), file=self.stderr)
+
+    def json(self, value: object) -> None:
+        print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), file=self.stdout)
+
+
+def _compiler(args: argparse.Namespace) -> Compiler:
+    from mdc.plugin_manager import load_plugins
+    autoload = not (args.no_plugin_autoload or os.environ.get("MDC_DISABLE_PLUGIN_AUTOLOAD"))
+    blocked = [p.removeprefix("no:") for p in args.plugin_options if p.startswith("no:")]
+    blocked += [n for n in os.environ.get("MDC_BLOCK_PLUGINS", "").split(",") if n]
+    trace = sys.stderr.write if os.environ.get("MDC_TRACE_PLUGINS") else None
+    return Compiler(load_plugins(autoload=autoload, blocked=blocked, trace=trace))
+
+
+def cmd_compile(args: argparse.Namespace, out: Output) -> int:
+    from mdc import emit
+    compiled = _compiler(args).compile(args.spec)
+    out.diagnostics(compiled.diagnostics)
+    target = Path(args.output)
+    if args.check:
+        lines = emit.drift(target, compiled.tree)
+        if out.fmt == "json":
+            out.json({"ok": not lines, "drift": lines,
+                      "diagnostics": [d.to_json() for d in compiled.diagnostics]})
+        for line in lines if out.fmt == "text" else ():
+            print(f"{target}: {line}", file=out.stderr)
+        return ExitCode.SPEC_INVALID if lines else ExitCode.OK
+    if not emit.is_replaceable(target):
+        print(f"mdc: refusing to replace {target}: it is not empty and holds no "
+              f"{emit.MANIFEST} from an earlier compile", file=out.stderr)
+        return ExitCode.USAGE
+    emit.write_tree(target, compiled.tree)
+    if out.fmt == "json":
+        out.json({"ok": True, "files": [a.path for a in compiled.tree],
+                  "diagnostics": [d.to_json() for d in compiled.diagnostics]})
+    return ExitCode.OK
+
+
+def cmd_validate(args: argparse.Namespace, out: Output) -> int:
+    compiler = _compiler(args)
+    found: list[Diagnostic] = []
+    for path in args.files:
+        try:
+            found += compiler.compile(path).diagnostics
+        except SpecError as exc:
+            found += exc.diagnostics
+    out.diagnostics(found)
+    if out.fmt == "json":
+        out.json({"ok": not any(d.is_error for d in found),
+                  "diagnostics": [d.to_json() for d in sort_diagnostics(found)]})
+    return ExitCode.SPEC_INVALID if any(d.is_error for d in found) else ExitCode.OK
+
+
+def cmd_explain(args: argparse.Namespace, out: Output) -> int:
+    from mdc.describe import explain_text, plan_json
+    compiled = _compiler(args).compile(args.spec)
+    if out.fmt == "json":
+        out.json(plan_json(compiled.plan, compiled.launch))
+    else:
+        out.stdout.write(explain_text(compiled.plan, compiled.launch))
+    return ExitCode.OK
+
+
+def cmd_schema(args: argparse.Namespace, out: Output) -> int:
+    out.json(_compiler(args).schema)
+    return ExitCode.OK
+
+
+def cmd_plugins(args: argparse.Namespace, out: Output) -> int:
+    plugins = _compiler(args).plugins
+    rows = [{"name": name, "kind": reg.kind, "distribution": reg.origin.distribution,
+             "version": reg.origin.version, "entry_point": reg.origin.entry_point,
+             "description": reg.record.description}
+            for name, reg in sorted(plugins.tables().items())]
+    if out.fmt == "json":
+        out.json(rows)
+    else:
+        for row in rows:
+            print(f"{row['name']:<16} {row['kind']:<9} {row['distribution']} {row['version']}"
+                  f"  ({row['entry_point']})  {row['description']}", file=out.stdout)
+    return ExitCode.OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--format", choices=("text", "json"), default="text",
+                        help="output format (default text)")
+    common.add_argument("-p", dest="plugin_options", action="append", default=[],
+                        metavar="no:NAME", help="block the plugin NAME (repeatable)")
+    common.add_argument("--no-plugin-autoload", action="store_true",
+                        help="load only mdc's own plugins (also MDC_DISABLE_PLUGIN_AUTOLOAD=1)")
+    common.add_argument("--traceback", action="store_true",
+                        help="show the full traceback of plugin and internal errors")
+    parser = argparse.ArgumentParser(
+        prog="mdc", description="Compile a distributed ML job spec into launch artifacts.")
+    parser.add_argument("--version", action="version", version=f"mdc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("compile", cmd_compile, "check a spec and write its artifacts")
+    p.add_argument("spec", help="the job spec (.toml, .yaml, .yml or .json)")
+    p.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if the output directory differs")
+    p = add("validate", cmd_validate, "check specs without writing anything")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p = add("explain", cmd_explain, "describe the plan: sizes, batch, nodes, groups")
+    p.add_argument("spec")
+    add("schema", cmd_schema, "print the composed JSON Schema")
+    add("plugins", cmd_plugins, "list the launchers and backends installed")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    out = Output(args.format, stdout, stderr)
+    try:
+        return int(args.func(args, out))
+    except SpecError as exc:
+        out.diagnostics(exc.diagnostics)
+        if out.fmt == "json":
+            out.json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
+        return ExitCode.SPEC_INVALID
+    except PluginError as exc:
+        print(f"mdc: error: {exc.render()}", file=stderr)
+        if args.traceback:
+            traceback.print_exception(exc, file=stderr)
+        return ExitCode.PLUGIN_ERROR
+    except Exception as exc:  # an mdc bug: say so, keep the traceback behind a flag
+        kind = "" if isinstance(exc, InternalError) else f"{type(exc).__name__}: "
+        print(f"mdc: internal error: {kind}{exc}\n  this is a bug in mdc; rerun with "
+              "--traceback and report it", file=stderr)
+        if args.traceback:
+            traceback.print_exception(exc, file=stderr)
+        return ExitCode.INTERNAL_ERROR
+
+
+def run() -> None:
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""The hooks mdc calls. Plugins implement them with ``@mdc.hookimpl``.
+
+Every launcher and backend, built-in or third-party, is a module named by an
+entry point in the group ``mdc``. Registration hooks return frozen records;
+the core attributes each record to the plugin that returned it, sorts all of
+them by name and rejects duplicates, so pluggy's call order never shows in
+the output.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from mdc.api import BackendSpec, LauncherSpec
+
+hookspec = pluggy.HookspecMarker("mdc")
+
+
+@hookspec
+def mdc_register_launchers() -> Sequence[LauncherSpec]:  # type: ignore[empty-body]
+    """Return the launchers this plugin provides.
+
+    Called once per run, when the plugin set is loaded, before any spec is read.
+    Results from all plugins are flattened, sorted by ``name``; a name given
+    twice (by one plugin or two) is a plugin error naming both.
+
+    :returns: :class:`mdc.api.LauncherSpec` records (may be empty).
+
+    Example::
+
+        @mdc.hookimpl
+        def mdc_register_launchers():
+            return [LauncherSpec(name="mpirun", description="...", parallelism="data",
+                                 emit=emit, schema=read_schema(__package__, "mpirun.json"))]
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mdc_register_backends() -> Sequence[BackendSpec]:  # type: ignore[empty-body]
+    """Return the backends this plugin provides.
+
+    Called like :func:`mdc_register_launchers`, and combined the same way
+    (sorted by ``name``, duplicates rejected).
+
+    :returns: :class:`mdc.api.BackendSpec` records (may be empty).
+
+    .. versionadded:: 0.1
+    """
+
+
+__all__ = ["hookspec", "mdc_register_backends", "mdc_register_launchers"]

@@ -1,0 +1,104 @@
+"""Loaders: one module per format, each returning a document and its source map.
+
+A :class:`LoadedDocument` holds plain Python data (dict, list, str, int, float,
+bool, None) and, for every JSON pointer in it, the 1-based ``(line, column)``
+of the value and, for object members, of the key. Later passes locate their
+findings through it. Syntax errors and duplicate keys are :class:`SpecError`\\ s
+with positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from mdc.errors import Diagnostic, Severity, SourceLocation, SpecError
+
+Position = tuple[int, int]
+
+#: File suffixes and the format that reads them.
+FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
+
+#: Specs are small; anything larger is a mistake, not a job.
+MAX_BYTES = 4 * 1024 * 1024
+
+
+@attrs.frozen(kw_only=True)
+class LoadedDocument:
+    path: str
+    data: object
+    #: pointer -> position of the value ("" is the whole document)
+    values: Mapping[str, Position]
+    #: pointer -> position of the key naming that member (objects only)
+    keys: Mapping[str, Position]
+
+    def locate(self, pointer: str, *, key: bool = False) -> SourceLocation:
+        """The location of ``pointer``, falling back to its nearest located ancestor."""
+        probe = pointer
+        while True:
+            table = self.keys if key and probe == pointer else self.values
+            pos = table.get(probe) or self.values.get(probe)
+            if pos is not None:
+                return SourceLocation(path=self.path, pointer=pointer, line=pos[0], column=pos[1])
+            if not probe:
+                return SourceLocation(path=self.path, pointer=pointer)
+            probe = probe.rsplit("/", 1)[0]
+
+
+def syntax_error(path: str, message: str, line: int | None, column: int | None,
+                 *, code: str = "MDC001", hint: str | None = None,
+                 pointer: str = "") -> SpecError:
+    return SpecError([Diagnostic(
+        severity=Severity.ERROR, code=code, message=message, hint=hint,
+        location=SourceLocation(path=path, pointer=pointer, line=line, column=column),
+    )])
+
+
+def duplicate_key(path: str, key: str, pointer: str, line: int, column: int,
+                  first: Position | None = None) -> SpecError:
+    hint = "remove one of them"
+    if first is not None:
+        hint = f"first defined at line {first[0]}, column {first[1]}; remove one of them"
+    return syntax_error(path, f"duplicate key {key!r}", line, column, code="MDC002",
+                        hint=hint, pointer=pointer)
+
+
+def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
+    """Parse ``text`` as ``fmt`` ("toml", "yaml" or "json")."""
+    # Only the parser the input needs is imported.
+    if fmt == "toml":
+        from mdc.loaders import toml as parser
+    elif fmt == "yaml":
+        from mdc.loaders import yaml as parser  # type: ignore[no-redef]
+    elif fmt == "json":
+        from mdc.loaders import json as parser  # type: ignore[no-redef]
+    else:  # pragma: no cover - callers pass FORMATS values
+        raise ValueError(fmt)
+    return parser.parse(text, path)
+
+
+def load_file(path: str | Path) -> LoadedDocument:
+    """Read and parse a spec file, choosing the format by its suffix."""
+    shown = str(path)
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise syntax_error(shown, f"cannot tell the format of {Path(path).name!r}", None, None,
+                           code="MDC003", hint="name the file *.toml, *.yaml, *.yml or *.json")
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise syntax_error(shown, f"cannot read the file: {exc.strerror}", None, None,
+                           code="MDC003") from None
+    if len(raw) > MAX_BYTES:
+        raise syntax_error(shown, f"file is {len(raw)} bytes; specs are limited to {MAX_BYTES}",
+                           None, None, code="MDC003")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise syntax_error(shown, "file is not valid UTF-8", line, 1, code="MDC001") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return load_text(text, shown, fmt)

@@ -1,0 +1,138 @@
+"""The compiler pipeline: load -> schema -> structure -> plan -> launcher -> backend -> tree.
+
+Data flows one way. The plugin set is loaded once and the composed schema and
+converter are built once per process, then reused for every file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+
+from mdc import emit
+from mdc.api import Artifact, Finding, Launch
+from mdc.convert import make_converter, structure_spec
+from mdc.describe import plan_json
+from mdc.errors import Diagnostic, PluginError, Severity, SpecError
+from mdc.launch_scripts import render_launch
+from mdc.loaders import LoadedDocument, load_file
+from mdc.plan import Plan, build_plan
+from mdc.plugin_manager import PluginSet, Registered
+from mdc.schema import SchemaChecker, compose
+
+T = TypeVar("T")
+
+
+@attrs.frozen(kw_only=True)
+class Compiled:
+    plan: Plan
+    launch: Launch
+    #: the complete output tree, manifest included, sorted by path
+    tree: tuple[Artifact, ...]
+    #: warnings (a compiled spec has no errors)
+    diagnostics: tuple[Diagnostic, ...]
+
+
+class Compiler:
+    def __init__(self, plugins: PluginSet) -> None:
+        self.plugins = plugins
+        tables = plugins.tables()
+        self.schema = compose({name: reg.record.schema for name, reg in tables.items()},
+                              plugins.launchers, plugins.backends)
+        self.checker = SchemaChecker(self.schema)
+        self.converter = make_converter()
+        self.option_types = {name: reg.record.options_type for name, reg in tables.items()}
+
+    def compile(self, path: str | Path) -> Compiled:
+        """Compile one spec file in memory; raises SpecError or PluginError."""
+        doc = load_file(path)
+        found = self.checker.check(doc)
+        if found:
+            raise SpecError(found)
+        spec = structure_spec(doc.data, self.option_types, self.converter)  # type: ignore[arg-type]
+        launcher_reg = self.plugins.launchers[spec.distributed.launcher]
+        backend_name = spec.distributed.backend or "local"
+        backend_reg = self.plugins.backends[backend_name]
+        launcher = self.plugins.launcher(spec.distributed.launcher)
+        backend = self.plugins.backend(backend_name)
+        findings: list[Diagnostic] = []
+        if backend.launchers is not None and launcher.name not in backend.launchers:
+            findings.append(self._diag(doc, Finding(
+                code="MDC231", pointer="/distributed/backend",
+                message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
+                hint=f"it runs: {', '.join(sorted(backend.launchers))}")))
+        plan, planned = build_plan(spec, parallelism=launcher.parallelism,
+                                   disaggregated=launcher.disaggregated, locate=doc.locate)
+        findings += planned
+        if plan is not None:
+            for reg, check in ((launcher_reg, launcher.check), (backend_reg, backend.check)):
+                if check is not None:
+                    results = _call(reg, "check", lambda c=check: list(
+                        c(plan, plan.options.get(reg.record.name))))
+                    findings += [self._diag(doc, f) for f in _findings(reg, results)]
+        if plan is None or any(d.is_error for d in findings):
+            raise SpecError(findings)
+        plan = attrs.evolve(plan, warnings=tuple(sorted(findings, key=Diagnostic.sort_key)))
+        launch = _call(launcher_reg, "emit", lambda: launcher.emit(
+            plan, plan.options.get(launcher.name)))
+        self._check_launch(launcher_reg, plan, launch, doc)
+        own = [*render_launch(plan, launch), *launch.files,
+               Artifact.json("plan.json", plan_json(plan, launch))]
+        scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
+            plan, launch, plan.options.get(backend.name))))
+        _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler]))
+        plugins = {name: reg.origin.distribution for name, reg in
+                   ((launcher.name, launcher_reg), (backend.name, backend_reg))}
+        tree = emit.finish([*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data),
+                           plugins=plugins)
+        return Compiled(plan=plan, launch=launch, tree=tuple(tree),
+                        diagnostics=plan.warnings)
+
+    def _check_launch(self, reg: Registered, plan: Plan, launch: Launch,
+                      doc: LoadedDocument) -> None:
+        if not isinstance(launch, Launch):
+            raise PluginError(reg.origin, "emit", f"returned {type(launch).__name__}, "
+                              "expected mdc.api.Launch")
+        wanted = sorted(r.name for r in plan.roles)
+        given = sorted(r.name for r in launch.roles)
+        if wanted != given:
+            raise PluginError(reg.origin, "emit", f"returned roles {given}; the plan has {wanted}")
+        if any(not f.path.startswith("launch/") for f in launch.files):
+            raise PluginError(reg.origin, "emit", "launcher files must lie under launch/")
+        clashes = sorted({name for role in launch.roles for name in role.env} & set(plan.job.env))
+        if clashes:
+            raise SpecError([self._diag(doc, Finding(
+                code="MDC240", pointer=f"/job/env/{name}",
+                message=f"{name} is set by the {plan.launcher} launcher; [job] env cannot "
+                        "override it", hint="remove it from [job] env")) for name in clashes])
+
+    @staticmethod
+    def _diag(doc: LoadedDocument, finding: Finding) -> Diagnostic:
+        return Diagnostic(severity=finding.severity, code=finding.code, message=finding.message,
+                          hint=finding.hint, location=doc.locate(finding.pointer))
+
+
+def _call(reg: Registered, hook: str, function: Callable[[], T]) -> T:
+    """Run plugin code, attributing any failure to the plugin."""
+    try:
+        return function()
+    except (SpecError, PluginError):
+        raise
+    except Exception as exc:
+        raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} {hook}",
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:
+    items = list(results)
+    if not all(isinstance(f, Finding) for f in items):
+        raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} check",
+                          "returned something other than mdc.api.Finding records")
+    return items
+
+
+def is_error(diagnostics: Iterable[Diagnostic]) -> bool:
+    return any(d.severity is Severity.ERROR for d in diagnostics)

@@ -1,0 +1,316 @@
+"""The plan pass: from the spec to a checked, fully resolved :class:`Plan`.
+
+Pure: no I/O. Every violated rule becomes a diagnostic naming the numbers and
+suggesting values that would work; all are collected before returning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from mdc.errors import Diagnostic, Severity, SourceLocation
+from mdc.plan.model import (
+    BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes)
+from mdc.plan.ranks import RankGrid, complete_order
+from mdc.spec import JobSpec
+
+Locate = Callable[[str], SourceLocation]
+
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+#: Derived master ports fall in this unprivileged range, below Linux's ephemeral ports.
+PORT_RANGE = (20000, 30000)
+DEFAULT_BACKEND = "local"
+DEFAULT_ACCELERATOR = "nvidia"
+
+
+def derived_port(job_name: str) -> int:
+    """A stable port per job name, so concurrent jobs on one host do not collide."""
+    digest = hashlib.sha256(job_name.encode()).digest()
+    low, high = PORT_RANGE
+    return low + int.from_bytes(digest[:8], "big") % (high - low)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _listing(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(map(str, values[:limit]))
+    return shown + (", ..." if len(values) > limit else "")
+
+
+class _Findings:
+    def __init__(self, locate: Locate) -> None:
+        self.locate = locate
+        self.items: list[Diagnostic] = []
+
+    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
+            severity: Severity = Severity.ERROR) -> None:
+        self.items.append(Diagnostic(severity=severity, code=code, message=message,
+                                     location=self.locate(pointer), hint=hint))
+
+    @property
+    def errors(self) -> bool:
+        return any(d.is_error for d in self.items)
+
+
+def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool,
+               locate: Locate) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+    """Resolve and check ``spec`` for a launcher with the given traits.
+
+    :param parallelism: ``"model"`` (default tp = nproc_per_node, pp = nnodes) or
+        ``"data"`` (default tp = pp = 1), from the launcher's record.
+    :param disaggregated: whether the launcher splits nodes into proxy/prefill/decode.
+    :returns: the plan (None if any error) and every finding, warnings included.
+    """
+    found = _Findings(locate)
+    dist = spec.distributed
+    nnodes = dist.nnodes or 1
+    nproc = dist.nproc_per_node or 1
+    min_nnodes = dist.min_nnodes or nnodes
+    if min_nnodes > nnodes:
+        found.add("MDC208", f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",
+                  "/distributed/min_nnodes", f"an elastic job runs on min_nnodes..nnodes nodes; "
+                  f"set min_nnodes to at most {nnodes}")
+    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
+    batch = _batch(spec, sizes, found) if sizes else None
+    roles, disagg = _roles(spec, nnodes, disaggregated, found)
+    if sizes and spec.model is not None:
+        _model_rules(spec, sizes, found)
+    if layout is not None and sizes is not None:
+        _span_warnings(layout, sizes, nproc, found)
+    if found.errors or sizes is None or layout is None:
+        return None, tuple(found.items)
+    port = dist.master_port
+    plan = Plan(
+        job=spec.job,
+        launcher=dist.launcher,
+        backend=dist.backend or DEFAULT_BACKEND,
+        nnodes=nnodes,
+        min_nnodes=min_nnodes,
+        nproc_per_node=nproc,
+        accelerator=dist.accelerator or DEFAULT_ACCELERATOR,
+        sizes=sizes,
+        layout=layout,
+        batch=batch,
+        rendezvous=Rendezvous(master_port=port or derived_port(spec.job.name),
+                              port_origin="spec" if port else "derived"),
+        roles=roles,
+        disagg=disagg,
+        model=spec.model,
+        options=spec.plugin_tables,
+        warnings=tuple(found.items),
+    )
+    return plan, tuple(found.items)
+
+
+def _parallel(spec: JobSpec, nnodes: int, nproc: int, parallelism: str,
+              found: _Findings) -> tuple[Sizes | None, RankLayout | None]:
+    par = spec.parallelism
+    world = nnodes * nproc
+    model_parallel = parallelism == "model"
+    tp = par.tp or (nproc if model_parallel else 1)
+    pp = par.pp or (nnodes if model_parallel else 1)
+    cp = par.cp or 1
+    ep = par.ep or 1
+    etp = par.etp or tp
+    written = [a for a in ("tp", "pp", "cp") if getattr(par, a) is not None]
+    model_size = tp * pp * cp
+    if world % model_size:
+        _not_dividing(found, world, tp, pp, cp, written, model_parallel)
+        return None, None
+    dp = world // model_size
+    if par.dp is not None and par.dp != dp:
+        found.add("MDC202", f"dp = {par.dp} disagrees with world / (tp * pp * cp) = "
+                  f"{world} / ({tp} * {pp} * {cp}) = {dp}", "/parallelism/dp",
+                  f"remove dp (it is derived) or write dp = {dp}")
+    expert_size = etp * ep * pp
+    if world % expert_size:
+        options = [e for e in divisors(world // (etp * pp))] if world % (etp * pp) == 0 else []
+        found.add("MDC203", f"world size ({world}) is not divisible by etp * ep * pp = "
+                  f"{etp} * {ep} * {pp} = {expert_size}",
+                  "/parallelism/ep" if par.ep else "/parallelism/etp",
+                  f"with etp = {etp} and pp = {pp}, ep can be one of {_listing(options)}"
+                  if options else "choose etp * ep * pp dividing the world size")
+        return None, None
+    edp = world // expert_size
+    vpp = par.vpp if par.vpp and par.vpp > 1 else None
+    if vpp is not None and pp == 1:
+        found.add("MDC206", f"vpp = {vpp} (interleaved schedule) needs pp > 1, but pp = 1",
+                  "/parallelism/vpp", "remove vpp, or set pp > 1")
+    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp)
+    return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
+
+
+def _not_dividing(found: _Findings, world: int, tp: int, pp: int, cp: int,
+                  written: list[str], model_parallel: bool) -> None:
+    blame = written[0] if written else "tp"
+    others = {"tp": pp * cp, "pp": tp * cp, "cp": tp * pp}[blame]
+    hint = f"tp * pp * cp must divide the world size {world}"
+    if world % others == 0:
+        hint += (f"; keeping the other two, {blame} can be one of "
+                 f"{_listing(divisors(world // others))}")
+    defaults = {"tp": f"tp = {tp} (nproc_per_node)", "pp": f"pp = {pp} (nnodes)"}
+    taken = [text for axis, text in defaults.items() if axis not in written]
+    if model_parallel and taken:
+        hint += f"; this launcher defaulted {' and '.join(taken)}; set them explicitly to override"
+    found.add("MDC201", f"world size ({world}) is not divisible by tp * pp * cp = "
+              f"{tp} * {pp} * {cp} = {tp * pp * cp}",
+              f"/parallelism/{blame}" if written else "/distributed/nproc_per_node", hint)
+
+
+def _layout(order: str, sizes: Sizes, found: _Findings) -> RankLayout | None:
+    tokens = order.split("-")
+    repeated = sorted({t for t in tokens if tokens.count(t) > 1})
+    if repeated:
+        found.add("MDC212", f"order {order!r} names {repeated[0]!r} twice",
+                  "/parallelism/order", f"use each axis once, e.g. {DEFAULT_ORDER!r}")
+        return None
+    dense = {"tp": sizes.tp, "cp": sizes.cp, "ep": 1, "dp": sizes.dp, "pp": sizes.pp}
+    expert = {"tp": sizes.etp, "cp": 1, "ep": sizes.ep, "dp": sizes.edp, "pp": sizes.pp}
+    grids = []
+    for table in (dense, expert):
+        try:
+            axes = complete_order(order, table)
+        except ValueError as exc:
+            axis = str(exc)
+            found.add("MDC204", f"{axis} = {table[axis]} but the order {order!r} does not "
+                      f"place {axis}", "/parallelism/order",
+                      f"add {axis!r} to the order, e.g. {DEFAULT_ORDER!r}")
+            return None
+        grids.append(RankGrid(axes, tuple(table[a] for a in axes)))
+    layout = RankLayout(order=order, dense=grids[0], expert=grids[1])
+    # Megatron-Core requires both layouts to give the same pipeline groups.
+    if sizes.pp > 1 and layout.dense.groups("pp").inner_strides != \
+            layout.expert.groups("pp").inner_strides:
+        found.add("MDC205", f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
+                  f"dense and expert layouts disagree: dp = {sizes.dp} but expert dp = "
+                  f"world / (etp * ep * pp) = {sizes.edp}", "/parallelism/order",
+                  "put pp last in the order, or choose etp * ep = tp * cp")
+        return None
+    return layout
+
+
+def _batch(spec: JobSpec, sizes: Sizes, found: _Findings) -> BatchPlan | None:
+    if spec.batch is None:
+        return None
+    micro = spec.batch.micro_batch_size or 1
+    step = micro * sizes.dp
+    total = spec.batch.global_batch_size or step
+    if total % step:
+        below, above = total // step * step, (total // step + 1) * step
+        nearest = " or ".join(str(v) for v in (below, above) if v > 0)
+        found.add("MDC207", f"global_batch_size ({total}) is not divisible by "
+                  f"micro_batch_size * dp = {micro} * {sizes.dp} = {step}",
+                  "/batch/global_batch_size",
+                  f"the nearest valid global_batch_size is {nearest}; or change "
+                  f"micro_batch_size to a divisor of {total} / {sizes.dp}"
+                  if total % sizes.dp == 0 else
+                  f"the nearest valid global_batch_size is {nearest}")
+        return None
+    return BatchPlan(global_batch_size=total, micro_batch_size=micro,
+                     grad_accum_steps=total // step)
+
+
+def auto_split(nnodes: int) -> tuple[int, int]:
+    """The automatic prefill/decode split of the nodes after the proxy."""
+    prefill = max(1, (nnodes - 1) * 2 // 5)
+    return prefill, nnodes - 1 - prefill
+
+
+def _roles(spec: JobSpec, nnodes: int, disaggregated: bool,
+           found: _Findings) -> tuple[tuple[NodeRole, ...], DisaggSplit | None]:
+    dist = spec.distributed
+    given = [k for k in ("prefill_nodes", "decode_nodes") if getattr(dist, k) is not None]
+    if not disaggregated:
+        for key in given:
+            found.add("MDC211", f"{key} applies only to disaggregated serving launchers, "
+                      f"not {dist.launcher!r}", f"/distributed/{key}", f"remove {key}")
+        return (NodeRole(name="worker", first_node=0, count=nnodes),), None
+    if nnodes < 3:
+        found.add("MDC209", "disaggregated serving needs at least 3 nodes (1 proxy + 1 "
+                  f"prefill + 1 decode), got {nnodes}", "/distributed/nnodes",
+                  "set nnodes to 3 or more")
+        return (), None
+    if len(given) == 1:
+        found.add("MDC210", f"{given[0]} is set but not its partner; set both prefill_nodes "
+                  "and decode_nodes, or neither for the automatic split",
+                  f"/distributed/{given[0]}")
+        return (), None
+    if given:
+        prefill, decode = dist.prefill_nodes or 0, dist.decode_nodes or 0
+        if prefill + decode + 1 != nnodes:
+            auto = auto_split(nnodes)
+            found.add("MDC210", f"prefill_nodes ({prefill}) + decode_nodes ({decode}) + 1 proxy "
+                      f"must equal nnodes ({nnodes}), but got {prefill + decode + 1}",
+                      "/distributed/prefill_nodes",
+                      f"for {nnodes} nodes, e.g. prefill_nodes = {auto[0]} and "
+                      f"decode_nodes = {auto[1]} (the automatic split)")
+            return (), None
+        split = DisaggSplit(prefill=prefill, decode=decode, origin="spec")
+    else:
+        prefill, decode = auto_split(nnodes)
+        split = DisaggSplit(prefill=prefill, decode=decode, origin="auto")
+    roles = (NodeRole(name="proxy", first_node=0, count=1),
+             NodeRole(name="prefill", first_node=1, count=split.prefill),
+             NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode))
+    return roles, split
+
+
+def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings) -> None:
+    """The shape rules Megatron-Core applies, with its meaning."""
+    model = spec.model
+    if model is None:
+        return
+    heads, groups = model.num_attention_heads, model.num_query_groups
+    if heads and heads % sizes.tp:
+        found.add("MDC220", f"num_attention_heads ({heads}) must be a multiple of tp "
+                  f"({sizes.tp})", "/model/num_attention_heads",
+                  f"tp can be one of {_listing(divisors(heads))}")
+    if heads and groups and heads % groups:
+        found.add("MDC226", f"num_attention_heads ({heads}) must be a multiple of "
+                  f"num_query_groups ({groups})", "/model/num_query_groups",
+                  f"num_query_groups can be one of {_listing(divisors(heads))}")
+    if groups and groups % sizes.tp and sizes.tp % groups:
+        found.add("MDC221", f"num_query_groups ({groups}) must be a multiple or divisor of tp "
+                  f"({sizes.tp})", "/model/num_query_groups")
+    layers = model.num_layers
+    if layers and layers % sizes.pp:
+        found.add("MDC222", f"num_layers ({layers}) is not divisible by pp ({sizes.pp})",
+                  "/model/num_layers", f"pp can be one of {_listing(divisors(layers))}")
+    elif layers and sizes.vpp and (layers // sizes.pp) % sizes.vpp:
+        per_stage = layers // sizes.pp
+        found.add("MDC223", f"layers per pipeline stage ({layers} / {sizes.pp} = {per_stage}) "
+                  f"is not divisible by vpp ({sizes.vpp})", "/parallelism/vpp",
+                  f"vpp can be one of {_listing([d for d in divisors(per_stage) if d > 1])}")
+    experts = model.num_experts
+    if sizes.ep > 1 and not experts:
+        found.add("MDC224", f"ep = {sizes.ep} needs num_experts in the model table",
+                  "/model", "set num_experts, or ep = 1 for a dense model")
+    elif experts and experts % sizes.ep:
+        found.add("MDC224", f"num_experts ({experts}) must be a multiple of ep ({sizes.ep})",
+                  "/model/num_experts", f"ep can be one of {_listing(divisors(experts))}")
+    seq = model.seq_length
+    if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
+        found.add("MDC225", f"seq_length ({seq}) must be a multiple of 2 * cp = "
+                  f"{2 * sizes.cp} when cp > 1", "/model/seq_length")
+
+
+def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:
+    for code, kind, name, size in (("MDC250", "tp", "tensor-parallel", sizes.tp),
+                                   ("MDC251", "ep", "expert-parallel", sizes.ep)):
+        groups = layout.groups(kind)
+        index = groups.group_crossing(nproc)
+        if index is None:
+            continue
+        ranks = groups[index] if size <= 16 else groups[index][:16]
+        nodes = sorted({r // nproc for r in ranks})
+        shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
+        found.add(code, f"a {name} group (ranks {shown}) spans nodes "
+                  f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
+                  f"/parallelism/{kind}",
+                  f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "
+                  "rule of thumb: tp within a node, pp across nodes, dp in between",
+                  Severity.WARNING)

@@ -1,0 +1,139 @@
+"""The resolved plan: frozen, complete, and cheap at any scale."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from mdc.errors import Diagnostic
+from mdc.plan.ranks import GroupSet, RankGrid
+from mdc.spec import JobTable, ModelTable
+
+#: Group kinds the plan exposes, and which grid (dense or expert) each comes from.
+#: Names follow Megatron-Core: "tp-pp" is the model-parallel group, "dp-cp" the
+#: gradient-reduction group; the expert grid's own tp/dp are "expert-tp"/"expert-dp".
+GROUP_KINDS: Mapping[str, tuple[str, str]] = {
+    "tp": ("dense", "tp"),
+    "cp": ("dense", "cp"),
+    "dp": ("dense", "dp"),
+    "pp": ("dense", "pp"),
+    "dp-cp": ("dense", "dp-cp"),
+    "tp-pp": ("dense", "tp-pp"),
+    "ep": ("expert", "ep"),
+    "expert-tp": ("expert", "tp"),
+    "expert-dp": ("expert", "dp"),
+}
+
+
+@attrs.frozen(kw_only=True)
+class Sizes:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    #: expert data parallel: world / (etp * ep * pp)
+    edp: int
+    #: virtual pipeline stages per pipeline rank (None: no interleaving)
+    vpp: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RankLayout:
+    """Both of Megatron-Core's grids: dense (tp, cp, dp, pp) and expert (etp, ep, edp, pp)."""
+
+    order: str
+    dense: RankGrid
+    expert: RankGrid
+
+    def groups(self, kind: str) -> GroupSet:
+        grid, axes = GROUP_KINDS[kind]
+        return (self.dense if grid == "dense" else self.expert).groups(axes)
+
+
+@attrs.frozen(kw_only=True)
+class BatchPlan:
+    global_batch_size: int
+    micro_batch_size: int
+    #: gradient accumulation steps (microbatches per step): global / (micro * dp)
+    grad_accum_steps: int
+
+
+@attrs.frozen(kw_only=True)
+class NodeRole:
+    """A set of consecutive nodes that run the same role (``worker``, ``proxy``, ...)."""
+
+    name: str
+    first_node: int
+    count: int
+
+    @property
+    def nodes(self) -> range:
+        return range(self.first_node, self.first_node + self.count)
+
+
+@attrs.frozen(kw_only=True)
+class DisaggSplit:
+    """Disaggregated serving: node 0 the proxy, then prefill nodes, then decode nodes."""
+
+    prefill: int
+    decode: int
+    #: "auto" or "spec"
+    origin: str
+
+
+@attrs.frozen(kw_only=True)
+class Rendezvous:
+    master_port: int
+    #: "spec" when written, "derived" when hashed from the job name
+    port_origin: str
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """Everything a launcher and a backend need, resolved and checked."""
+
+    job: JobTable
+    launcher: str
+    backend: str
+    nnodes: int
+    #: equals nnodes unless the job is elastic
+    min_nnodes: int
+    nproc_per_node: int
+    accelerator: str
+    sizes: Sizes
+    layout: RankLayout
+    batch: BatchPlan | None
+    rendezvous: Rendezvous
+    roles: tuple[NodeRole, ...]
+    disagg: DisaggSplit | None
+    model: ModelTable | None
+    #: plugin table name -> options as structured by that plugin's options type
+    options: Mapping[str, object]
+    #: warnings found while planning (errors stop the plan)
+    warnings: tuple[Diagnostic, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nnodes != self.nnodes
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.nproc_per_node
+
+    def role_of_name(self, name: str) -> NodeRole:
+        for role in self.roles:
+            if role.name == name:
+                return role
+        raise KeyError(name)
+
+    def role_of(self, node: int) -> NodeRole:
+        for role in self.roles:
+            if node in role.nodes:
+                return role
+        raise IndexError(node)

@@ -1,0 +1,85 @@
+"""What the user wrote: frozen attrs classes, ``None`` meaning "not given".
+
+These mirror the core schema table by table (a test keeps them in step).
+Defaults are not applied here; the plan pass resolves them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+
+@attrs.frozen(kw_only=True)
+class JobTable:
+    name: str
+    command: str | tuple[str, ...]
+    image: str | None = None
+    workdir: str | None = None
+    env: Mapping[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class DistributedTable:
+    launcher: str
+    backend: str | None = None
+    nnodes: int | None = None
+    min_nnodes: int | None = None
+    nproc_per_node: int | None = None
+    master_port: int | None = None
+    accelerator: str | None = None
+    prefill_nodes: int | None = None
+    decode_nodes: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ParallelismTable:
+    tp: int | None = None
+    pp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
+    vpp: int | None = None
+    dp: int | None = None
+    order: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class BatchTable:
+    global_batch_size: int | None = None
+    micro_batch_size: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ModelTable:
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_query_groups: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int | None = None
+    seq_length: int | None = None
+    num_experts: int | None = None
+    dtype: str | None = None
+
+
+#: Core top-level tables and their classes; every other table belongs to a plugin.
+CORE_TABLES: Mapping[str, type] = {
+    "job": JobTable,
+    "distributed": DistributedTable,
+    "parallelism": ParallelismTable,
+    "batch": BatchTable,
+    "model": ModelTable,
+}
+
+
+@attrs.frozen(kw_only=True)
+class JobSpec:
+    job: JobTable
+    distributed: DistributedTable
+    parallelism: ParallelismTable = ParallelismTable()
+    batch: BatchTable | None = None
+    model: ModelTable | None = None
+    #: plugin table name -> the plugin's structured options (its ``options_type``)
+    plugin_tables: Mapping[str, object] = attrs.field(factory=dict)

@@ -1,0 +1,71 @@
+"""The local backend: run the job on this machine.
+
+Each node becomes one launcher agent on loopback (127.0.0.1), so a
+multi-node job's wiring can be tested on a laptop. ``local/run.sh`` starts
+them all, waits, returns the first non-zero exit status and stops the rest.
+"""
+
+from __future__ import annotations
+
+import mdc
+from mdc.api import Artifact, BackendSpec, Launch, Plan, script_path, shell_word
+
+LOOPBACK = "127.0.0.1"
+
+
+def _header(plan: Plan) -> list[str]:
+    return [
+        "#!/usr/bin/env bash",
+        f"# Runs job {plan.job.name!r} on this machine: {plan.nnodes} node(s) x "
+        f"{plan.nproc_per_node} process(es), nodes as local agents on {LOOPBACK}.",
+        "set -euo pipefail",
+        'out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
+        f"export MASTER_ADDR={LOOPBACK}",
+        f"export MASTER_PORT={plan.rendezvous.master_port}",
+    ]
+
+
+def run_script(plan: Plan) -> str:
+    lines = _header(plan)
+    if plan.nnodes == 1:
+        role = plan.roles[0].name
+        lines.append(f'NODE_RANK=0 exec bash "$out"/{shell_word(script_path(role))}')
+        return "\n".join(lines)
+    lines += [
+        "pids=()",
+        "stop() { kill \"${pids[@]}\" 2>/dev/null || true; }",
+        "trap 'stop; exit 130' INT TERM",
+    ]
+    for role in plan.roles:
+        last = role.first_node + role.count
+        lines += [
+            f"for ((node = {role.first_node}; node < {last}; node++)); do",
+            f'  NODE_RANK="$node" bash "$out"/{shell_word(script_path(role.name))} &',
+            '  pids+=("$!")',
+            "done",
+        ]
+    lines += [
+        "# The first node to fail stops the others; its status is the job's.",
+        "for _ in \"${pids[@]}\"; do",
+        "  if wait -n; then",
+        "    continue",
+        "  else",
+        "    status=$?",
+        "    echo \"mdc: a node exited with status $status; stopping the others\" >&2",
+        "    stop",
+        "    wait || true",
+        "    exit \"$status\"",
+        "  fi",
+        "done",
+    ]
+    return "\n".join(lines)
+
+
+def emit(plan: Plan, launch: Launch, options: object) -> list[Artifact]:
+    return [Artifact.text("local/run.sh", run_script(plan), executable=True)]
+
+
+@mdc.hookimpl
+def mdc_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="local", emit=emit,
+                        description="this machine: one launcher agent per node on loopback")]

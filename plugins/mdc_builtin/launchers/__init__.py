@@ -1,0 +1,1 @@
+"""Built-in launchers, one module each."""
