@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import types
+import typing
+
 import cattrs
 from cattrs.v import transform_error
 
@@ -23,7 +26,18 @@ def make_converter() -> cattrs.Converter:
         str | tuple[str, ...],
         lambda value, _: value if isinstance(value, str) else tuple(value),
     )
+    # Unions of scalars (e.g. str | int | bool): the schema already checked the type.
+    converter.register_structure_hook_func(_is_scalar_union, lambda value, _: value)
     return converter
+
+
+SCALARS = (str, int, float, bool, type(None))
+
+
+def _is_scalar_union(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    return origin in (types.UnionType, typing.Union) and all(
+        arg in SCALARS for arg in typing.get_args(tp)) and tp != (str | None)
 
 
 def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | None],

@@ -16,7 +16,7 @@ from mdc import emit
 from mdc.api import Artifact, Finding, Launch
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
-from mdc.errors import Diagnostic, PluginError, Severity, SpecError
+from mdc.errors import Diagnostic, PluginError, Severity, SpecError, escape_pointer_token
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
@@ -24,6 +24,20 @@ from mdc.plugin_manager import PluginSet, Registered
 from mdc.schema import SchemaChecker, compose
 
 T = TypeVar("T")
+
+#: Tables the plan's arithmetic reads.
+PLANNED_TABLES = ("distributed", "parallelism", "batch", "model")
+
+
+def _without(data: object, pointers: set[str], here: str = "") -> object:
+    """A copy of ``data`` without the members at ``pointers``."""
+    if isinstance(data, dict):
+        return {k: _without(v, pointers, f"{here}/{escape_pointer_token(k)}")
+                for k, v in data.items() if f"{here}/{escape_pointer_token(k)}" not in pointers}
+    if isinstance(data, list):
+        return [_without(v, pointers, f"{here}/{i}") for i, v in enumerate(data)
+                if f"{here}/{i}" not in pointers]
+    return data
 
 
 @attrs.frozen(kw_only=True)
@@ -51,7 +65,28 @@ class Compiler:
         doc = load_file(path)
         found = self.checker.check(doc)
         if found:
-            raise SpecError(found)
+            raise SpecError([*found, *self._plan_despite(doc, found)])
+        return self._compile(doc)
+
+    def _plan_despite(self, doc: LoadedDocument, found: list[Diagnostic]) -> list[Diagnostic]:
+        """Plan findings for a spec whose schema errors lie outside what the plan reads.
+
+        The invalid values are dropped; if none of them feeds the arithmetic, the
+        plan's own findings are as real as on a valid spec, so report them too.
+        """
+        pointers = {d.location.pointer for d in found}
+        if any(p == "" or p.split("/")[1] in PLANNED_TABLES for p in pointers):
+            return []
+        repaired = attrs.evolve(doc, data=_without(doc.data, pointers))
+        if self.checker.check(repaired):
+            return []
+        try:
+            self._compile(repaired)
+        except SpecError as exc:
+            return list(exc.diagnostics)
+        return []
+
+    def _compile(self, doc: LoadedDocument) -> Compiled:
         spec = structure_spec(doc.data, self.option_types, self.converter)  # type: ignore[arg-type]
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
         backend_name = spec.distributed.backend or "local"

@@ -75,7 +75,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool,
                   "/distributed/min_nnodes", f"an elastic job runs on min_nnodes..nnodes nodes; "
                   f"set min_nnodes to at most {nnodes}")
     sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
-    batch = _batch(spec, sizes, found) if sizes else None
+    batch = _batch(spec, sizes, found) if sizes else _batch_without_dp(spec, found)
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
     if sizes and spec.model is not None:
         _model_rules(spec, sizes, found)
@@ -212,6 +212,17 @@ def _batch(spec: JobSpec, sizes: Sizes, found: _Findings) -> BatchPlan | None:
         return None
     return BatchPlan(global_batch_size=total, micro_batch_size=micro,
                      grad_accum_steps=total // step)
+
+
+def _batch_without_dp(spec: JobSpec, found: _Findings) -> None:
+    """With dp unknown (the sizes are wrong), micro must still divide global."""
+    if spec.batch is None or not spec.batch.global_batch_size:
+        return
+    total, micro = spec.batch.global_batch_size, spec.batch.micro_batch_size or 1
+    if total % micro:
+        found.add("MDC207", f"global_batch_size ({total}) is not divisible by micro_batch_size "
+                  f"({micro})", "/batch/global_batch_size",
+                  f"micro_batch_size can be one of {_listing(divisors(total))}")
 
 
 def auto_split(nnodes: int) -> tuple[int, int]:
