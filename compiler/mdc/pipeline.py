@@ -20,6 +20,7 @@ from mdc.errors import Diagnostic, PluginError, Severity, SpecError, escape_poin
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
+from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plugin_manager import PluginSet, Registered
 from mdc.schema import SchemaChecker, compose
 
@@ -89,7 +90,12 @@ class Compiler:
     def _compile(self, doc: LoadedDocument) -> Compiled:
         spec = structure_spec(doc.data, self.option_types, self.converter)  # type: ignore[arg-type]
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
-        backend_name = spec.distributed.backend or "local"
+        backend_name = spec.distributed.backend or DEFAULT_BACKEND
+        if backend_name not in self.plugins.backends:  # the default, when blocked or absent
+            raise SpecError([self._diag(doc, Finding(
+                code="MDC104", pointer="/distributed",
+                message=f"the default backend {backend_name!r} is not available",
+                hint=f"set backend to one of: {', '.join(self.plugins.backends) or '(none)'}"))])
         backend_reg = self.plugins.backends[backend_name]
         launcher = self.plugins.launcher(spec.distributed.launcher)
         backend = self.plugins.backend(backend_name)

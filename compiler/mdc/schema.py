@@ -118,6 +118,10 @@ class SchemaChecker:
                                         else [error.validator_value])]
             near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.5)
             hint = f"did you mean {near[0]!r}?" if near else None
+            if not choices:  # plugin names, and every plugin of that kind blocked or absent
+                yield diag(f"{_short(error.instance)} is not available: no plugin of this kind "
+                           "is loaded", "see `mdc plugins`; was it blocked with -p no:NAME?")
+                return
             yield diag(f"{_short(error.instance)} is not one of: {', '.join(choices)}", hint)
         elif keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
             op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",

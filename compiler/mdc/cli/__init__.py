@@ -41,8 +41,7 @@ class Output:
 def _compiler(args: argparse.Namespace) -> Compiler:
     from mdc.plugin_manager import load_plugins
     autoload = not (args.no_plugin_autoload or os.environ.get("MDC_DISABLE_PLUGIN_AUTOLOAD"))
-    blocked = [p.removeprefix("no:") for p in args.plugin_options if p.startswith("no:")]
-    blocked += [n for n in os.environ.get("MDC_BLOCK_PLUGINS", "").split(",") if n]
+    blocked = args.blocked + [n for n in os.environ.get("MDC_BLOCK_PLUGINS", "").split(",") if n]
     trace = sys.stderr.write if os.environ.get("MDC_TRACE_PLUGINS") else None
     return Compiler(load_plugins(autoload=autoload, blocked=blocked, trace=trace))
 
@@ -116,11 +115,17 @@ def cmd_plugins(args: argparse.Namespace, out: Output) -> int:
     return ExitCode.OK
 
 
+def _blocked_name(value: str) -> str:
+    if not value.startswith("no:") or len(value) == 3:
+        raise argparse.ArgumentTypeError(f"expected no:NAME to block a plugin, got {value!r}")
+    return value[3:]
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--format", choices=("text", "json"), default="text",
                         help="output format (default text)")
-    common.add_argument("-p", dest="plugin_options", action="append", default=[],
+    common.add_argument("-p", dest="blocked", action="append", default=[], type=_blocked_name,
                         metavar="no:NAME", help="block the plugin NAME (repeatable)")
     common.add_argument("--no-plugin-autoload", action="store_true",
                         help="load only mdc's own plugins (also MDC_DISABLE_PLUGIN_AUTOLOAD=1)")

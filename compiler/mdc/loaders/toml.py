@@ -1,9 +1,10 @@
 """TOML loader: tomlkit reads the data, a small scanner finds the positions.
 
 tomlkit keeps no positions we can use, so :class:`_Scanner` walks the text
-again after tomlkit accepted it. It assumes valid TOML except in one place:
-when tomlkit reports a duplicate (often without a position) the scanner is
-re-run in strict mode to find both occurrences.
+again after tomlkit accepted it. The scanner assumes valid syntax but checks
+the rules on defining keys and tables itself: tomlkit reports some duplicates
+without a position and lets a few redefinitions through (``x.a = 1`` then
+``[x.b]`` then ``[x]``), so the scanner's verdict on those is the one we use.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import bisect
 import datetime
 import re
+from collections.abc import Callable
 
 import tomlkit
 from tomlkit.exceptions import KeyAlreadyPresent, TOMLKitError
@@ -38,9 +40,11 @@ def parse(text: str, path: str) -> LoadedDocument:
         raw = tomlkit.parse(text).unwrap()
     except (TOMLKitError, ValueError, RecursionError) as exc:
         raise _translate(exc, text, path) from None
-    scanner = _Scanner(text, strict=False)
+    scanner = _Scanner(text)
     try:
         scanner.run()
+    except _Duplicate as dup:
+        raise _duplicate_error(dup, path) from None
     except _ScanError:
         pass  # positions are a convenience: keep what was found
     return LoadedDocument(path=path, data=_plain(raw), values=scanner.values, keys=scanner.keys)
@@ -73,10 +77,14 @@ def _translate(exc: Exception, text: str, path: str) -> SpecError:
             or "Redefinition" in message:
         dup = _find_duplicate(text, line)
         if dup is not None:
-            key = str(dup.path[-1])
-            return duplicate_key(path, key, join_pointer(dup.path), *dup.at, first=dup.first)
+            return _duplicate_error(dup, path)
         return syntax_error(path, message, *where, code="MDC002")
     return syntax_error(path, message, *where)
+
+
+def _duplicate_error(dup: _Duplicate, path: str) -> SpecError:
+    return duplicate_key(path, str(dup.path[-1]), join_pointer(dup.path), *dup.at,
+                         first=dup.first)
 
 
 def _clamp(text: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
@@ -96,7 +104,7 @@ def _end_of(text: str) -> Position:
 def _find_duplicate(text: str, limit_line: int | None) -> _Duplicate | None:
     """The first redefinition in ``text``, if it is not past where tomlkit stopped."""
     try:
-        _Scanner(text, strict=True).run()
+        _Scanner(text).run()
     except _Duplicate as dup:
         if limit_line is None or dup.at[0] <= limit_line:
             return dup
@@ -115,7 +123,7 @@ def _unescape(raw: str) -> str:
 
 
 class _ScanError(Exception):
-    """The text is not what the scanner expected (only for text tomlkit rejected)."""
+    """The text is not what the scanner expected (for text tomlkit accepted, a bug)."""
 
 
 class _Duplicate(Exception):
@@ -125,8 +133,8 @@ class _Duplicate(Exception):
 
 
 class _Scanner:
-    def __init__(self, text: str, *, strict: bool) -> None:
-        self.text, self.i, self.strict = text, 0, strict
+    def __init__(self, text: str) -> None:
+        self.text, self.i = text, 0
         self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
         self.values: dict[str, Position] = {"": (1, 1)}
         self.keys: dict[str, Position] = {}
@@ -145,8 +153,7 @@ class _Scanner:
         self.values[pointer] = self.pos(value_at)
 
     def conflict(self, path: Path, offset: int) -> None:
-        if self.strict:
-            raise _Duplicate(path, self.pos(offset), self.keys.get(join_pointer(path)))
+        raise _Duplicate(path, self.pos(offset), self.keys.get(join_pointer(path)))
 
     # -- lexing -------------------------------------------------------------
     def peek(self, n: int = 1) -> str:
@@ -278,9 +285,9 @@ class _Scanner:
     def value(self, path: Path) -> None:
         c = self.peek()
         if c == "[":
-            self.sequence(path)
+            self.items("]", lambda index: self.element(path + (index,)))
         elif c == "{":
-            self.inline_table(path)
+            self.items("}", lambda _: self.key_value(path))
         elif c in ('"', "'"):
             quote = c * 3 if self.peek(3) == c * 3 else c
             self.i = self.string_end(self.i, quote)
@@ -290,36 +297,26 @@ class _Scanner:
                 raise _ScanError(f"expected a value at {self.pos(self.i)}")
             self.i = m.end()
 
-    def sequence(self, path: Path) -> None:
+    def items(self, close: str, item: Callable[[int], None]) -> None:
+        """Comma-separated items up to ``close``, the opener being at the cursor."""
         self.i += 1
         index = 0
         while True:
+            # TOML 1.1 (which tomlkit reads) allows newlines and a trailing comma in
+            # inline tables too, so both kinds of item list skip the same way
             self.skip_blank(newlines=True)
-            if self.peek() == "]":
+            if self.peek() == close:
                 self.i += 1
                 return
-            child = path + (index,)
-            self.kinds[child] = _VALUE
-            self.values[join_pointer(child)] = self.pos(self.i)
-            self.value(child)
+            item(index)
             index += 1
             self.skip_blank(newlines=True)
             if self.peek() == ",":
                 self.i += 1
-            elif self.peek() != "]":
-                raise _ScanError(f"expected ',' or ']' at {self.pos(self.i)}")
+            elif self.peek() != close:
+                raise _ScanError(f"expected ',' or {close!r} at {self.pos(self.i)}")
 
-    def inline_table(self, path: Path) -> None:
-        self.i += 1
-        while True:
-            # TOML 1.1 (which tomlkit reads) allows newlines and a trailing comma here
-            self.skip_blank(newlines=True)
-            if self.peek() == "}":
-                self.i += 1
-                return
-            self.key_value(path)
-            self.skip_blank(newlines=True)
-            if self.peek() == ",":
-                self.i += 1
-            elif self.peek() != "}":
-                raise _ScanError(f"expected ',' or '}}' at {self.pos(self.i)}")
+    def element(self, path: Path) -> None:
+        self.kinds[path] = _VALUE
+        self.values[join_pointer(path)] = self.pos(self.i)
+        self.value(path)
