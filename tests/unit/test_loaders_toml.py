@@ -12,6 +12,7 @@ import pytest
 import tomlkit
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tomlkit.exceptions import KeyAlreadyPresent, TOMLKitError
 
 from mdc.errors import SpecError, join_pointer
 from mdc.loaders import LoadedDocument
@@ -280,6 +281,8 @@ DUPLICATES = [
     ("[[a]]\nx = 1\nx = 2\n", "/a/0/x", (3, 1), (2, 1)),
     ("[x.y]\n[x]\n[x]\n", "/x", (3, 2), (2, 2)),
     ('["s/l"]\n"~" = 1\n"~" = 2\n', "/s~1l/~0", (3, 1), (2, 1)),
+    # tomlkit 0.13-0.15 accepts this one; the scanner does not
+    ("x.a = 1\n[x.b]\n[x]\n", "/x", (3, 2), (1, 1)),
 ]
 
 
@@ -295,6 +298,16 @@ def test_duplicates_name_both_occurrences(text: str, pointer: str, second: tuple
     assert (diag.location.line, diag.location.column) == second
     assert diag.location.pointer == pointer
     assert diag.hint is not None and f"line {first[0]}, column {first[1]}" in diag.hint
+
+
+def test_unlocated_tomlkit_duplicate_still_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When tomlkit and the scanner disagree, tomlkit's complaint stands, as MDC002."""
+    def reject(text: str) -> None:
+        raise KeyAlreadyPresent("a")
+    monkeypatch.setattr(tomlkit, "parse", reject)
+    with pytest.raises(SpecError) as exc:
+        parse("a = 1\n", "s.toml")
+    assert single(exc) == ("MDC002", None, None, 'Key "a" already exists.')
 
 
 def test_nesting_limit_is_a_syntax_error() -> None:
@@ -326,7 +339,7 @@ TOMLISH = st.lists(st.sampled_from(
     max_size=40).map("".join)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(TOMLISH)
 def test_tomlish_text_never_escapes(text: str) -> None:
     assert_parses_or_spec_error(text)
@@ -342,11 +355,40 @@ DATA = st.dictionaries(KEYS, st.recursive(
 ), max_size=4)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(DATA)
 def test_round_trip_through_tomlkit_dumps(data: dict[str, object]) -> None:
     text = tomlkit.dumps(data)
     raw = tomllib.loads(text)
+    doc = parse(text, "s.toml")
+    assert doc.data == raw
+    check_source_map(doc, text, raw)
+
+
+PARTS = st.sampled_from(["a", "b", '"a"', "'b'", "c"])
+KEY_PATH = st.lists(PARTS, min_size=1, max_size=3).map(".".join)
+INLINE = st.recursive(st.just("1"), lambda inner: (
+    st.lists(inner, max_size=2).map(lambda xs: "[" + ", ".join(xs) + "]")
+    | st.lists(st.tuples(KEY_PATH, inner), max_size=3).map(
+        lambda kvs: "{" + ", ".join(f"{k} = {v}" for k, v in kvs) + "}")), max_leaves=5)
+STATEMENT = (KEY_PATH.map(lambda k: f"[{k}]") | KEY_PATH.map(lambda k: f"[[{k}]]")
+             | st.tuples(KEY_PATH, INLINE).map(lambda kv: f"{kv[0]} = {kv[1]}"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(STATEMENT, min_size=1, max_size=6).map("\n".join))
+def test_redefinition_rules_match_tomllib(text: str) -> None:
+    """Every document tomllib rejects is rejected; every one both libraries accept loads."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        with pytest.raises(SpecError):
+            parse(text, "s.toml")
+        return
+    try:
+        tomlkit.parse(text).unwrap()
+    except TOMLKitError:  # tomlkit rejects a few valid documents; not ours to judge
+        return
     doc = parse(text, "s.toml")
     assert doc.data == raw
     check_source_map(doc, text, raw)

@@ -39,7 +39,7 @@ def parse(text: str, path: str) -> LoadedDocument:
         scanner.value(())
     except (_ScanError, RecursionError):
         pass  # positions are a convenience: keep what was found
-    if rejected is not None:  # pragma: no cover - the scanner finds it first
+    if rejected is not None:  # the scanner gave up before reaching it (deep nesting)
         raise syntax_error(path, str(rejected), None, None, code=rejected.code)
     return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
 
@@ -119,7 +119,7 @@ class _Scanner:
         self.i = j + 1
         decoded: str = json.loads(self.text[start:self.i])
         if _SURROGATE.search(decoded):
-            # json accepts "\\ud800" alone, but no file or terminal can encode it later
+            # json accepts a lone "\ud800"; no file or terminal could encode it later
             raise syntax_error(self.path, "string contains an unpaired surrogate escape",
                                *self.pos(start), hint="escape a non-BMP character as a pair")
         return decoded

@@ -26,7 +26,7 @@ _TRAILER = re.compile(r" at line \d+ col \d+$")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A date-time may contain one space ("1979-05-27 07:32:00"); other scalars end at a delimiter.
 _SCALAR = re.compile(r"\d{4}-\d{2}-\d{2}[ Tt]\d{2}:\d{2}[^\s,\]}#]*|[^\s,\]}#]+")
-_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|.)", re.S)
+_ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|.)", re.DOTALL)
 _SIMPLE_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", "e": "\x1b",
                    '"': '"', "\\": "\\"}
 
