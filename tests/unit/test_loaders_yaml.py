@@ -1,0 +1,91 @@
+"""The YAML loader: YAML 1.2 data, positions, and errors with locations."""
+
+from __future__ import annotations
+
+import pytest
+
+from mdc.errors import SpecError
+from mdc.loaders import load_text
+
+TEXT = """\
+job:
+  name: demo
+  command: [python, train.py]
+  env:
+    FLAG: yes
+distributed:
+  nnodes: 2
+  port: 0o17
+  when: 2024-01-02
+"""
+
+
+def parse(text: str):
+    return load_text(text, "spec.yaml", "yaml")
+
+
+def test_yaml_12_scalars_stay_what_they_say() -> None:
+    data = parse(TEXT).data
+    assert data["job"]["env"]["FLAG"] == "yes"  # YAML 1.1 would make it True
+    assert data["distributed"]["port"] == 15 and type(data["distributed"]["port"]) is int
+    assert data["distributed"]["when"] == "2024-01-02"
+    assert data["job"]["command"] == ["python", "train.py"]
+
+
+@pytest.mark.parametrize(("pointer", "token"), [
+    ("/job", "job"), ("/job/name", "name"), ("/distributed/nnodes", "nnodes"),
+])
+def test_keys_point_at_their_text(pointer: str, token: str) -> None:
+    doc = parse(TEXT)
+    line, col = doc.keys[pointer]
+    assert TEXT.splitlines()[line - 1][col - 1:].startswith(token)
+
+
+@pytest.mark.parametrize(("pointer", "token"), [
+    ("/job/name", "demo"), ("/job/command/1", "train.py"), ("/distributed/nnodes", "2"),
+])
+def test_values_point_at_their_text(pointer: str, token: str) -> None:
+    doc = parse(TEXT)
+    line, col = doc.values[pointer]
+    assert TEXT.splitlines()[line - 1][col - 1:].startswith(token)
+
+
+def test_every_pointer_is_located() -> None:
+    doc = parse(TEXT)
+
+    def walk(value: object, pointer: str) -> None:
+        assert pointer in doc.values
+        if isinstance(value, dict):
+            for key, child in value.items():
+                assert f"{pointer}/{key}" in doc.keys
+                walk(child, f"{pointer}/{key}")
+        elif isinstance(value, list):
+            for index, child in enumerate(value):
+                walk(child, f"{pointer}/{index}")
+
+    walk(doc.data, "")
+
+
+def test_duplicate_key_names_both_places() -> None:
+    with pytest.raises(SpecError) as info:
+        parse("a: 1\nb: 2\na: 3\n")
+    (d,) = info.value.diagnostics
+    assert (d.code, d.location.line, d.location.column) == ("MDC002", 3, 1)
+    assert "'a'" in d.message and "line 1" in (d.hint or "")
+
+
+def test_syntax_error_is_located() -> None:
+    with pytest.raises(SpecError) as info:
+        parse("a:\n  b: [1, 2\n")
+    (d,) = info.value.diagnostics
+    assert d.code == "MDC001" and d.location.line is not None
+
+
+def test_several_documents_are_refused() -> None:
+    with pytest.raises(SpecError, match="problem"):
+        parse("a: 1\n---\nb: 2\n")
+
+
+def test_deep_nesting_is_refused_not_a_crash() -> None:
+    with pytest.raises(SpecError):
+        parse("a: " + "[" * 200 + "]" * 200 + "\n")
