@@ -182,13 +182,22 @@ def _layout(order: str, sizes: Sizes, found: _Findings) -> RankLayout | None:
             return None
         grids.append(RankGrid(axes, tuple(table[a] for a in axes)))
     layout = RankLayout(order=order, dense=grids[0], expert=grids[1])
-    # Megatron-Core requires both layouts to give the same pipeline groups.
-    if sizes.pp > 1 and layout.dense.groups("pp").inner_strides != \
-            layout.expert.groups("pp").inner_strides:
+    # Megatron-Core asserts, for pp > 1, that an order not ending in pp keeps dp equal to
+    # expert dp, and that both layouts give the same pipeline groups.
+    if sizes.pp > 1 and not order.endswith("pp") and sizes.edp != sizes.dp:
         found.add("MDC205", f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
                   f"dense and expert layouts disagree: dp = {sizes.dp} but expert dp = "
                   f"world / (etp * ep * pp) = {sizes.edp}", "/parallelism/order",
                   "put pp last in the order, or choose etp * ep = tp * cp")
+        return None
+    dense_stride = layout.dense.groups("pp").inner_strides[0]
+    expert_stride = layout.expert.groups("pp").inner_strides[0]
+    if sizes.pp > 1 and dense_stride != expert_stride:
+        found.add("MDC205", f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
+                  f"dense and expert layouts give different pipeline groups: the sizes "
+                  f"ordered before pp multiply to {dense_stride} in the dense layout (tp, cp, "
+                  f"dp) but to {expert_stride} in the expert layout (etp, ep, expert dp)",
+                  "/parallelism/order", "put pp last in the order")
         return None
     return layout
 

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'loopback-c10d' (nodes 0-1), launcher torchrun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+set -euo pipefail
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export GLOO_SOCKET_IFNAME=lo
+exec torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id loopback-c10d --rdzv-conf join_timeout=120 --nproc-per-node 2 --max-restarts 0 examples/ddp_check.py

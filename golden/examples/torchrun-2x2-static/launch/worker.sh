@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'loopback-static' (nodes 0-1), launcher torchrun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+set -euo pipefail
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export GLOO_SOCKET_IFNAME=lo
+exec torchrun --nnodes 2 --rdzv-backend static --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" --nproc-per-node 2 --max-restarts 1 examples/ddp_check.py

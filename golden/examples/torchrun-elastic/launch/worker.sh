@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'elastic-finetune' (nodes 0-3), launcher torchrun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+set -euo pipefail
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export NCCL_DEBUG=WARN
+export TRAINER_TAG='run $(date) `x`'
+cd /workspace
+exec torchrun --nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id elastic-finetune --rdzv-conf join_timeout=900,last_call_timeout=30 --nproc-per-node 8 --max-restarts 3 --log-dir /workspace/logs --tee 3 --module trainer.finetune --config configs/ft.yaml
