@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import attrs
 
 from mdc import emit
-from mdc.api import Artifact, Finding, Launch
+from mdc.api import RUNTIME_VARIABLES, Artifact, Finding, Launch
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, Severity, SpecError, escape_pointer_token
@@ -120,6 +120,7 @@ class Compiler:
         launch = _call(launcher_reg, "emit", lambda: launcher.emit(
             plan, plan.options.get(launcher.name)))
         self._check_launch(launcher_reg, plan, launch, doc)
+        _call(launcher_reg, "emit", lambda: emit.check_paths(launch.files))
         own = [*render_launch(plan, launch), *launch.files,
                Artifact.json("plan.json", plan_json(plan, launch))]
         scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
@@ -143,12 +144,15 @@ class Compiler:
             raise PluginError(reg.origin, "emit", f"returned roles {given}; the plan has {wanted}")
         if any(not f.path.startswith("launch/") for f in launch.files):
             raise PluginError(reg.origin, "emit", "launcher files must lie under launch/")
-        clashes = sorted({name for role in launch.roles for name in role.env} & set(plan.job.env))
+        managed = {name for role in launch.roles for name in role.env}
+        managed |= set(launch.worker_env) | set(RUNTIME_VARIABLES)
+        clashes = sorted(managed & set(plan.job.env))
         if clashes:
             raise SpecError([self._diag(doc, Finding(
                 code="MDC240", pointer=f"/job/env/{name}",
-                message=f"{name} is set by the {plan.launcher} launcher; [job] env cannot "
-                        "override it", hint="remove it from [job] env")) for name in clashes])
+                message=f"{name} is set by the {plan.launcher} launcher or the {plan.backend} "
+                        "backend; [job] env cannot override it",
+                hint="remove it from [job] env; the plan sets it")) for name in clashes])
 
     @staticmethod
     def _diag(doc: LoadedDocument, finding: Finding) -> Diagnostic:

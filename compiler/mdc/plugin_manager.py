@@ -113,7 +113,8 @@ def load_plugins(*, autoload: bool = True, blocked: Iterable[str] = (),
     try:
         manager.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(origins.get(exc.plugin_name or ""), "registration", str(exc)) from exc
+        name = manager.get_name(exc.plugin) or ""
+        raise PluginError(origins.get(name), "registration", str(exc)) from exc
     launchers = _collect(manager, origins, "mdc_register_launchers", LauncherSpec)
     backends = _collect(manager, origins, "mdc_register_backends", BackendSpec)
     for name in sorted(set(launchers) & set(backends)):

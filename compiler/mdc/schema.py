@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from mdc.errors import Diagnostic, Severity, join_pointer
@@ -68,7 +68,18 @@ def _python_type(value: object) -> str:
 
 def _table_name(path: Iterable[str | int]) -> str:
     parts = [str(p) for p in path]
-    return f"[{'.'.join(parts)}]" if parts else "the top level"
+    return f"in [{'.'.join(parts)}]" if parts else "at the top level"
+
+
+def _is_integer(checker: object, instance: object) -> bool:
+    # JSON Schema counts 4.0 as an integer; a count of nodes written 4.0 is a mistake.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+#: Draft 2020-12, except that only true integers are integers.
+Validator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
 
 
 class SchemaChecker:
@@ -76,7 +87,7 @@ class SchemaChecker:
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.schema = schema
-        self.validator = Draft202012Validator(schema)
+        self.validator = Validator(schema)
 
     def check(self, doc: LoadedDocument) -> list[Diagnostic]:
         found: list[Diagnostic] = []
@@ -101,22 +112,23 @@ class SchemaChecker:
                 near = difflib.get_close_matches(extra, allowed, n=1, cutoff=0.6)
                 hint = f"did you mean {near[0]!r}?" if near else (
                     f"allowed keys: {', '.join(allowed)}" if allowed else None)
-                yield diag(f"unknown key {extra!r} in {_table_name(path)}", hint,
+                yield diag(f"unknown key {extra!r} {_table_name(path)}", hint,
                            join_pointer([*path, extra]), key=True)
         elif keyword == "required":
             missing = str(error.message).split("'")[1]
             description = schema.get("properties", {}).get(missing, {}).get("description")
-            yield diag(f"missing required key {missing!r} in {_table_name(path)}", description)
+            yield diag(f"missing required key {missing!r} {_table_name(path)}", description)
         elif keyword == "type":
             expected = error.validator_value
             names = [TYPE_NAMES.get(t, t) for t in
                      (expected if isinstance(expected, list) else [expected])]
-            yield diag(f"expected {' or '.join(names)}, got {_python_type(error.instance)} "
-                       f"{_short(error.instance)}", schema.get("description"))
+            yield diag(f"expected {' or '.join(names)}, got {_got(error.instance)}",
+                       schema.get("description") if path else None)
         elif keyword in ("enum", "const"):
             choices = [str(c) for c in (error.validator_value if keyword == "enum"
                                         else [error.validator_value])]
-            near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.5)
+            # A high cutoff: "gpu" must not suggest "cpu".
+            near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.75)
             hint = f"did you mean {near[0]!r}?" if near else None
             if not choices:  # plugin names, and every plugin of that kind blocked or absent
                 yield diag(f"{_short(error.instance)} is not available: no plugin of this kind "
@@ -133,8 +145,7 @@ class SchemaChecker:
                        if isinstance(sub.schema, dict)]
             names = [TYPE_NAMES.get(str(t), str(t)) for t in dict.fromkeys(options) if t]
             yield diag(f"expected {' or '.join(names) or 'another value'}, got "
-                       f"{_python_type(error.instance)} {_short(error.instance)}",
-                       schema.get("description"))
+                       f"{_got(error.instance)}", schema.get("description"))
         elif keyword == "propertyNames":
             yield diag(f"invalid name {_short(error.instance)}", "names must match "
                        f"{error.validator_value.get('pattern', 'the schema')}",
@@ -149,6 +160,11 @@ class SchemaChecker:
         else:
             yield diag(f"{_short(error.instance)} is invalid: {keyword} "
                        f"{_short(error.validator_value)}", schema.get("description"))
+
+
+def _got(value: object) -> str:
+    kind = _python_type(value)
+    return "nothing (null)" if value is None else f"{kind} {_short(value)}"
 
 
 def _short(value: object, limit: int = 60) -> str:

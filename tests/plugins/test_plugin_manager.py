@@ -204,9 +204,6 @@ def test_a_backend_record_from_the_launcher_hook() -> None:
         load(("confused", Confused()))
 
 
-@pytest.mark.xfail(reason="plugin_manager.py reads PluginValidationError.plugin_name, which pluggy "
-                          "does not have (it is .plugin): AttributeError -> 'internal error'",
-                   raises=AttributeError, strict=True)
 def test_a_misspelled_hook_name_is_a_plugin_error() -> None:
     class Typo:
         @mdc.hookimpl
@@ -286,9 +283,6 @@ def test_a_launcher_file_clashing_with_mdc_own_is_a_plugin_error(
         Compiler(load(("fake", launcher_plugin(clash)))).compile(write_spec())
 
 
-@pytest.mark.xfail(reason="pipeline.py checks the launcher's and the backend's paths together "
-                          "under the backend's name, so a bad launcher path blames 'local'",
-                   strict=True)
 def test_a_bad_launcher_path_blames_the_launcher(write_spec: Callable[..., Path]) -> None:
     twice = files_launcher(Artifact.text("launch/hosts", "a"), Artifact.text("launch/hosts", "b"))
     with pytest.raises(PluginError) as failed:

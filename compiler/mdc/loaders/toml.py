@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import datetime
 import re
+import tomllib
 from collections.abc import Callable
 
 import tomlkit
@@ -47,6 +48,12 @@ def parse(text: str, path: str) -> LoadedDocument:
         raise _duplicate_error(dup, path) from None
     except _ScanError:
         pass  # positions are a convenience: keep what was found
+    try:
+        # tomlkit misreads some arrays of tables ([[b]] then [b.b] then [[b.b.a]]);
+        # the standard library's TOML 1.0 reading is exact where it applies.
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        pass  # TOML 1.1 that tomlkit reads (e.g. newlines in inline tables)
     return LoadedDocument(path=path, data=_plain(raw), values=scanner.values, keys=scanner.keys)
 
 

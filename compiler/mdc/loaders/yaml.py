@@ -6,7 +6,7 @@ import datetime
 from typing import Any
 
 from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
@@ -23,13 +23,16 @@ def parse(text: str, path: str) -> LoadedDocument:
     try:
         docs = list(yaml.load_all(text))
     except DuplicateKeyError as exc:
+        # ruamel marks the second key; its context mark is the mapping, not the first key.
         mark = exc.problem_mark
-        key = _duplicate_name(exc)
-        raise duplicate_key(path, key, "", mark.line + 1, mark.column + 1,
-                            _mark_position(exc.context_mark)) from None
+        raise duplicate_key(path, _duplicate_name(exc), "", mark.line + 1, mark.column + 1) \
+            from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = exc.problem or exc.context or "invalid YAML"
+        context = exc.context_mark
+        if exc.context and context is not None and context is not mark:
+            message += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         raise syntax_error(path, f"YAML: {message}", line, col) from None
     except (YAMLError, RecursionError) as exc:
@@ -47,6 +50,13 @@ def parse(text: str, path: str) -> LoadedDocument:
 def _plain(node: Any, parts: list[str | int], values: dict[str, Position],
            keys: dict[str, Position], path: str) -> object:
     """Convert ruamel's round-trip nodes to plain built-ins, recording positions."""
+    tag = getattr(getattr(node, "tag", None), "value", None)
+    special = isinstance(node, (CommentedMap, CommentedSeq)) and \
+        type(node) not in (CommentedMap, CommentedSeq)  # !!omap, !!set, ...
+    if tag is not None or special or isinstance(node, TaggedScalar):
+        raise syntax_error(path, f"YAML tag {tag or '(custom)'} is not allowed in a spec",
+                           *_position(values, parts), pointer=join_pointer(parts),
+                           hint="write the plain value without a tag")
     if len(parts) > MAX_DEPTH:
         raise syntax_error(path, f"nesting deeper than {MAX_DEPTH} levels", None, None,
                            pointer=join_pointer(parts))
@@ -71,7 +81,15 @@ def _plain(node: Any, parts: list[str | int], values: dict[str, Position],
             values[join_pointer(child)] = (line + 1, col + 1)
             items.append(_plain(value, child, values, keys, path))
         return items
-    return _scalar(node)
+    try:
+        return _scalar(node)
+    except TypeError as exc:
+        raise syntax_error(path, f"YAML value of type {exc} is not allowed in a spec",
+                           *_position(values, parts), pointer=join_pointer(parts)) from None
+
+
+def _position(values: dict[str, Position], parts: list[str | int]) -> Position | tuple[None, None]:
+    return values.get(join_pointer(parts), (None, None))
 
 
 def _scalar(value: Any) -> object:
@@ -86,11 +104,8 @@ def _scalar(value: Any) -> object:
         return str(value)
     if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
-    return str(value)
-
-
-def _mark_position(mark: Any) -> Position | None:
-    return None if mark is None else (mark.line + 1, mark.column + 1)
+    # Anything else (binary, sets, custom objects) has no place in a spec.
+    raise TypeError(type(value).__name__)
 
 
 def _duplicate_name(exc: DuplicateKeyError) -> str:
