@@ -172,6 +172,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         return ExitCode.SPEC_INVALID
     except PluginError as exc:
         print(f"mdc: error: {exc.render()}", file=stderr)
+        if exc.origin is not None:
+            name = exc.origin.entry_point.split(" = ")[0]
+            print(f"  hint: to run without it, pass -p no:{name} (or set "
+                  "MDC_DISABLE_PLUGIN_AUTOLOAD=1 to load only mdc's own plugins)", file=stderr)
         if args.traceback:
             traceback.print_exception(exc, file=stderr)
         return ExitCode.PLUGIN_ERROR
