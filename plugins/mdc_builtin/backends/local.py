@@ -34,7 +34,9 @@ def run_script(plan: Plan) -> str:
     lines += [
         "pids=()",
         "stop() { kill \"${pids[@]}\" 2>/dev/null || true; }",
-        "trap 'stop; exit 130' INT TERM",
+        "# On Ctrl-C or TERM, stop every node and wait for it before exiting.",
+        "trap 'stop; wait || true; exit 130' INT",
+        "trap 'stop; wait || true; exit 143' TERM",
     ]
     for role in plan.roles:
         last = role.first_node + role.count

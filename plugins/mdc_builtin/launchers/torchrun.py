@@ -125,6 +125,14 @@ def check(plan: Plan, options: TorchrunOptions | None) -> Iterator[Finding]:
         yield Finding(code="MDC301", pointer="/torchrun/rdzv_backend",
                       message="static rendezvous cannot run an elastic job (min_nnodes < nnodes)",
                       hint="use rdzv_backend = \"c10d\", or remove min_nnodes")
+    for key, value in sorted(opts.rdzv_conf.items()):
+        text = _conf_value(value)
+        # torchrun splits --rdzv-conf on "," and strips each value; an empty value is an error
+        if "," in text or not text.strip() or text != text.strip():
+            yield Finding(code="MDC302", pointer=f"/torchrun/rdzv_conf/{key}",
+                          message=f"torchrun cannot pass rdzv_conf value {text!r}: --rdzv-conf "
+                                  "is split on ',' and its values are stripped and non-empty",
+                          hint="use a value without commas or leading/trailing spaces")
 
 
 @mdc.hookimpl

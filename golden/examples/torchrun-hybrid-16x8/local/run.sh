@@ -6,7 +6,9 @@ export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=29500
 pids=()
 stop() { kill "${pids[@]}" 2>/dev/null || true; }
-trap 'stop; exit 130' INT TERM
+# On Ctrl-C or TERM, stop every node and wait for it before exiting.
+trap 'stop; wait || true; exit 130' INT
+trap 'stop; wait || true; exit 143' TERM
 for ((node = 0; node < 16; node++)); do
   NODE_RANK="$node" bash "$out"/launch/worker.sh &
   pids+=("$!")
