@@ -45,7 +45,7 @@ def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | No
     """Build the :class:`JobSpec`; ``plugin_types`` maps plugin table names to options types."""
     converter = converter or make_converter()
     try:
-        core = {name: converter.structure(data[name], cls)
+        core: dict[str, Any] = {name: converter.structure(data[name], cls)
                 for name, cls in CORE_TABLES.items() if name in data}
         tables: dict[str, object] = {}
         for name in sorted(data):

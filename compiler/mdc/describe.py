@@ -28,7 +28,8 @@ def command_words(plan: Plan) -> list[str]:
 
 def _plain(value: object) -> object:
     if attrs.has(type(value)):
-        return {k: _plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
+        fields = attrs.asdict(value, recurse=False)  # type: ignore[arg-type]
+        return {k: _plain(v) for k, v in fields.items()}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -124,8 +125,8 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]
-    for d in plan.warnings:
-        lines.append(f"warning[{d.code}]: {d.message}")
-        if d.hint:
-            lines.append(f"  hint: {d.hint}")
+    for warning in plan.warnings:
+        lines.append(f"warning[{warning.code}]: {warning.message}")
+        if warning.hint:
+            lines.append(f"  hint: {warning.hint}")
     return "\n".join(lines) + "\n"

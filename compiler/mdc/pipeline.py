@@ -6,6 +6,7 @@ converter are built once per process, then reused for every file.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,8 +112,9 @@ class Compiler:
         if plan is not None:
             for reg, check in ((launcher_reg, launcher.check), (backend_reg, backend.check)):
                 if check is not None:
-                    results = _call(reg, "check", lambda c=check: list(
-                        c(plan, plan.options.get(reg.record.name))))
+                    # list() inside _call: a generator's errors surface while it is consumed
+                    results = _call(reg, "check", functools.partial(
+                        _listed, check, plan, plan.options.get(reg.record.name)))
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
         if plan is None or any(d.is_error for d in findings):
             raise SpecError(findings)
@@ -169,6 +171,11 @@ def _call(reg: Registered, hook: str, function: Callable[[], T]) -> T:
     except Exception as exc:
         raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} {hook}",
                           f"{type(exc).__name__}: {exc}") from exc
+
+
+def _listed(function: Callable[[Plan, Any], Iterable[Finding]], plan: Plan,
+            options: Any) -> list[Finding]:
+    return list(function(plan, options))
 
 
 def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:

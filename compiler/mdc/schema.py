@@ -120,7 +120,7 @@ class SchemaChecker:
             yield diag(f"missing required key {missing!r} {_table_name(path)}", description)
         elif keyword == "type":
             expected = error.validator_value
-            names = [TYPE_NAMES.get(t, t) for t in
+            names = [TYPE_NAMES.get(str(t), str(t)) for t in
                      (expected if isinstance(expected, list) else [expected])]
             yield diag(f"expected {' or '.join(names)}, got {_got(error.instance)}",
                        schema.get("description") if path else None)

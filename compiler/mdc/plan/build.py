@@ -75,7 +75,11 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool,
                   "/distributed/min_nnodes", f"an elastic job runs on min_nnodes..nnodes nodes; "
                   f"set min_nnodes to at most {nnodes}")
     sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
-    batch = _batch(spec, sizes, found) if sizes else _batch_without_dp(spec, found)
+    if sizes:
+        batch = _batch(spec, sizes, found)
+    else:
+        batch = None
+        _batch_without_dp(spec, found)
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
     if sizes and spec.model is not None:
         _model_rules(spec, sizes, found)

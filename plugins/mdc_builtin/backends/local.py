@@ -28,8 +28,8 @@ def _header(plan: Plan) -> list[str]:
 def run_script(plan: Plan) -> str:
     lines = _header(plan)
     if plan.nnodes == 1:
-        role = plan.roles[0].name
-        lines.append(f'NODE_RANK=0 exec bash "$out"/{shell_word(script_path(role))}')
+        only = plan.roles[0].name
+        lines.append(f'NODE_RANK=0 exec bash "$out"/{shell_word(script_path(only))}')
         return "\n".join(lines)
     lines += [
         "pids=()",
