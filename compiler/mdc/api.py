@@ -10,6 +10,7 @@ files that start ``launch/<role>.sh`` on every node of that role, with the
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
@@ -66,7 +67,16 @@ class Artifact:
 
     @classmethod
     def json(cls, path: str, value: object) -> Artifact:
-        return cls.text(path, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+        """Sorted keys, two-space indent; lists of numbers (rank groups) on one line."""
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        return cls.text(path, _NUMBER_LIST.sub(_one_line, text))
+
+
+_NUMBER_LIST = re.compile(r"\[\n\s+(-?\d+(?:,\n\s+-?\d+)*)\n\s*\]")
+
+
+def _one_line(match: re.Match[str]) -> str:
+    return "[" + ", ".join(n.strip() for n in match.group(1).split(",")) + "]"
 
 
 @attrs.frozen(kw_only=True)
