@@ -7,8 +7,11 @@ them all, waits, returns the first non-zero exit status and stops the rest.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import mdc
-from mdc.api import Artifact, BackendSpec, Launch, Plan, script_path, shell_word
+from mdc.api import (
+    Artifact, BackendSpec, Finding, Launch, Plan, Severity, script_path, shell_word)
 
 LOOPBACK = "127.0.0.1"
 
@@ -67,7 +70,22 @@ def emit(plan: Plan, launch: Launch, options: object) -> list[Artifact]:
     return [Artifact.text("local/run.sh", run_script(plan), executable=True)]
 
 
+def check(plan: Plan, options: object) -> Iterator[Finding]:
+    if plan.job.image:
+        yield Finding(code="MDC401", pointer="/job/image", severity=Severity.WARNING,
+                      message="the local backend runs on this machine without a container; "
+                              "[job] image is not used",
+                      hint="choose a backend that runs containers to use the image")
+    if plan.nnodes > 1 and plan.accelerator != "cpu":
+        yield Finding(code="MDC402", pointer="/distributed/nnodes", severity=Severity.WARNING,
+                      message=f"the local backend runs all {plan.nnodes} nodes on this machine: "
+                              f"every node's local ranks 0..{plan.nproc_per_node - 1} use the "
+                              f"same {plan.accelerator} devices",
+                      hint="use accelerator = \"cpu\" to rehearse multi-node wiring here, or a "
+                           "cluster backend")
+
+
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(name="local", emit=emit,
+    return [BackendSpec(name="local", emit=emit, check=check,
                         description="this machine: one launcher agent per node on loopback")]
