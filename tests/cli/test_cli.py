@@ -30,6 +30,7 @@ command = ["python", "train.py"]
 launcher = "torchrun"
 nnodes = 2
 nproc_per_node = 4
+accelerator = "cpu"
 """
 
 INVALID = """\
