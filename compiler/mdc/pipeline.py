@@ -17,7 +17,7 @@ from mdc import emit
 from mdc.api import RUNTIME_VARIABLES, Artifact, Finding, Launch
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
-from mdc.errors import Diagnostic, PluginError, Severity, SpecError, escape_pointer_token
+from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
@@ -48,8 +48,11 @@ class Compiled:
     launch: Launch
     #: the complete output tree, manifest included, sorted by path
     tree: tuple[Artifact, ...]
-    #: warnings (a compiled spec has no errors)
-    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def diagnostics(self) -> tuple[Diagnostic, ...]:
+        """The warnings (a compiled spec has no errors)."""
+        return self.plan.warnings
 
 
 class Compiler:
@@ -132,8 +135,7 @@ class Compiler:
                    ((launcher.name, launcher_reg), (backend.name, backend_reg))}
         tree = emit.finish([*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data),
                            plugins=plugins)
-        return Compiled(plan=plan, launch=launch, tree=tuple(tree),
-                        diagnostics=plan.warnings)
+        return Compiled(plan=plan, launch=launch, tree=tuple(tree))
 
     def _check_launch(self, reg: Registered, plan: Plan, launch: Launch,
                       doc: LoadedDocument) -> None:
@@ -184,7 +186,3 @@ def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:
         raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} check",
                           "returned something other than mdc.api.Finding records")
     return items
-
-
-def is_error(diagnostics: Iterable[Diagnostic]) -> bool:
-    return any(d.severity is Severity.ERROR for d in diagnostics)
