@@ -9,7 +9,6 @@ or name-derived ports, so these tests must not run in parallel with each other.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -18,12 +17,11 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from mdc.cli import main
 
 if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
     import torch  # noqa: F401  # under CI a missing torch is an error, never a skip
@@ -35,22 +33,13 @@ else:
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 REPO = Path(__file__).resolve().parents[2]
+#: the compile_spec fixture (tests/integration/conftest.py)
+Compile = Callable[..., dict[str, Any]]
 #: the venv's bin: torchrun lives next to the interpreter running the tests
 VENV_BIN = Path(sys.executable).parent
 RUN_TIMEOUT = 240
 #: marks every process a run starts, to find any left behind
 TOKEN_VARIABLE = "MDC_TEST_RUN_TOKEN"
-
-
-def compile_spec(spec: str | Path, out: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """Compile from the repository root, as the examples expect; return plan.json."""
-    monkeypatch.chdir(REPO)
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                stdout=stdout, stderr=stderr)
-    assert code == 0, f"mdc compile {spec} exited {code}:\n{stderr.getvalue()}"
-    plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
-    return plan
 
 
 def _processes_with(token: str) -> list[int]:
@@ -132,12 +121,11 @@ EXAMPLES = [
 
 
 @pytest.mark.parametrize(("example", "nnodes", "nproc", "rendezvous"), EXAMPLES)
-def test_example_runs_every_rank_once(example: str, nnodes: int, nproc: int, rendezvous: str,
-                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      token: str) -> None:
+def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnodes: int, nproc: int,
+                                      rendezvous: str, tmp_path: Path, token: str) -> None:
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
-    plan = compile_spec(f"examples/{example}", out, monkeypatch)
+    plan = compile_spec(f"examples/{example}", out)
     assert (plan["nnodes"], plan["nproc_per_node"]) == (nnodes, nproc)
     world = plan["world_size"]
     assert world == nnodes * nproc
@@ -191,9 +179,8 @@ time.sleep(600)  # the other node would hang for ten minutes unless run.sh stops
 
 
 @pytest.mark.parametrize(("rendezvous", "port"), [("static", 29743), ("c10d", 29744)])
-def test_a_failing_node_stops_the_job_promptly(rendezvous: str, port: int, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch,
-                                               token: str) -> None:
+def test_a_failing_node_stops_the_job_promptly(compile_spec: Compile, rendezvous: str, port: int,
+                                               tmp_path: Path, token: str) -> None:
     program = tmp_path / "fail_on_node_1.py"
     program.write_text(FAILING_PROGRAM, encoding="utf-8")
     spec = tmp_path / "fail.json"
@@ -205,7 +192,7 @@ def test_a_failing_node_stops_the_job_promptly(rendezvous: str, port: int, tmp_p
     }), encoding="utf-8")
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
-    compile_spec(spec, out, monkeypatch)
+    compile_spec(spec, out)
 
     code, output, seconds = run_job(out, reports, token, timeout=150)
     assert code != 0, f"run.sh exited 0 though node 1 failed:\n{output[-6000:]}"

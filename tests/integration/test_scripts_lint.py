@@ -8,32 +8,23 @@ command hidden in them ran.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mdc.cli import main
-
 REPO = Path(__file__).resolve().parents[2]
+#: the compile_spec fixture (tests/integration/conftest.py)
+Compile = Callable[..., dict[str, Any]]
 EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
                   if p.suffix in (".toml", ".yaml", ".yml", ".json"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def compile_spec(spec: Path, out: Path) -> dict[str, Any]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                stdout=stdout, stderr=stderr)
-    assert code == 0, f"mdc compile {spec} exited {code}:\n{stderr.getvalue()}"
-    plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
-    return plan
 
 
 def shellcheck() -> str:
@@ -89,7 +80,7 @@ CASES = [*[pytest.param(p, id=p.name) for p in EXAMPLES], pytest.param(None, id=
 
 
 @pytest.mark.parametrize("example", CASES)
-def test_emitted_scripts_pass_bash_n_and_shellcheck(example: Path | None,
+def test_emitted_scripts_pass_bash_n_and_shellcheck(compile_spec: Compile, example: Path | None,
                                                     tmp_path: Path) -> None:
     if example is None:
         spec = tmp_path / "hostile.json"
@@ -125,7 +116,8 @@ Path(os.environ["STUB_CAPTURE_DIR"], f"node-{{node}}.json").write_text(
 """
 
 
-def test_hostile_strings_reach_stub_torchrun_argv_verbatim(tmp_path: Path) -> None:
+def test_hostile_strings_reach_stub_torchrun_argv_verbatim(compile_spec: Compile,
+                                                           tmp_path: Path) -> None:
     """run.sh -> launch/worker.sh -> a stub torchrun that captures its argv; nothing runs."""
     spec_data, expected = hostile_spec(tmp_path)
     spec = tmp_path / "hostile.json"

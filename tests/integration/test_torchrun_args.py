@@ -16,7 +16,7 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,8 @@ else:
 pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
+#: the compile_spec fixture (tests/integration/conftest.py)
+Compile = Callable[..., dict[str, Any]]
 EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
                   if p.suffix in (".toml", ".yaml", ".yml", ".json"))
 NODE_RANK, MASTER_ADDR = 1, "10.0.0.1"
@@ -43,15 +45,6 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "monitor_interval": None, "start_method": None, "role": None, "log_dir": None, "tee": None}
 #: what LaunchConfig adds to rdzv_configs when the spec does not set it
 RDZV_TIMEOUT_DEFAULT = {"timeout": 900}
-
-
-def compile_spec(spec: Path, out: Path) -> dict[str, Any]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                stdout=stdout, stderr=stderr)
-    assert code == 0, f"mdc compile {spec} exited {code}:\n{stderr.getvalue()}"
-    plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
-    return plan
 
 
 def exec_argv(script: str, port: int) -> list[str]:
@@ -160,7 +153,8 @@ def check_launch(out: Path, plan: dict[str, Any], tmp_path: Path,
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_command_line_parses_as_planned(example: Path, tmp_path: Path,
+def test_example_command_line_parses_as_planned(compile_spec: Compile, example: Path,
+                                                tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
     plan = compile_spec(example, out)
@@ -231,7 +225,7 @@ SPECS = {
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
-def test_written_spec_command_line_parses_as_meant(case: str, tmp_path: Path,
+def test_written_spec_command_line_parses_as_meant(compile_spec: Compile, case: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     spec, expected_args, expected_worker = SPECS[case]
     path = tmp_path / "spec.json"
