@@ -160,35 +160,6 @@ def test_deep_nesting_is_a_syntax_error() -> None:
     assert exc.value.diagnostics[0].code == "MDC001"
 
 
-def assert_parses_or_spec_error(text: str) -> None:
-    try:
-        parse(text, "s.json")
-    except SpecError as exc:
-        lines = text.split("\n")
-        for diag in exc.diagnostics:
-            line, col = diag.location.line, diag.location.column
-            if line is not None:
-                assert 1 <= line <= len(lines)
-                assert col is not None and 1 <= col <= len(lines[line - 1]) + 1
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text())
-def test_random_text_never_escapes(text: str) -> None:
-    assert_parses_or_spec_error(text)
-
-
-JSONISH = st.lists(st.sampled_from(
-    list('{}[]:,"\\ \n1-.eE') + ["true", "null", "NaN", "-Infinity", '"a"', '"\\u', "d800"]),
-    max_size=40).map("".join)
-
-
-@settings(max_examples=500, deadline=None)
-@given(JSONISH)
-def test_jsonish_text_never_escapes(text: str) -> None:
-    assert_parses_or_spec_error(text)
-
-
 DATA = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6),

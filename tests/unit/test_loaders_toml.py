@@ -316,35 +316,6 @@ def test_nesting_limit_is_a_syntax_error() -> None:
     assert exc.value.diagnostics[0].code == "MDC001"
 
 
-def assert_parses_or_spec_error(text: str) -> None:
-    try:
-        parse(text, "s.toml")
-    except SpecError as exc:
-        lines = text.split("\n")
-        for diag in exc.diagnostics:
-            line, col = diag.location.line, diag.location.column
-            if line is not None:
-                assert 1 <= line <= len(lines)
-                assert col is not None and 1 <= col <= len(lines[line - 1]) + 1
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.text())
-def test_random_text_never_escapes(text: str) -> None:
-    assert_parses_or_spec_error(text)
-
-
-TOMLISH = st.lists(st.sampled_from(
-    list("ab1 .=\"'[]{},#\n\t-:\\") + ['"""', "'''", "[[", "]]", "a = ", "\n[t]\n"]),
-    max_size=40).map("".join)
-
-
-@settings(max_examples=300, deadline=None)
-@given(TOMLISH)
-def test_tomlish_text_never_escapes(text: str) -> None:
-    assert_parses_or_spec_error(text)
-
-
 KEYS = st.text(alphabet="ab_-. /~\"'é#=", max_size=5)
 SCALARS = (st.booleans() | st.integers(-(2**63), 2**63 - 1)
            | st.floats(allow_nan=False) | st.text(alphabet="ab \"'\\\n\t#=[]{}é", max_size=8))

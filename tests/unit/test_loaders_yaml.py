@@ -89,3 +89,16 @@ def test_several_documents_are_refused() -> None:
 def test_deep_nesting_is_refused_not_a_crash() -> None:
     with pytest.raises(SpecError):
         parse("a: " + "[" * 200 + "]" * 200 + "\n")
+
+
+@pytest.mark.parametrize("text", ["? {a: 1}\n: 2\n", "? [a]\n: 1\n", "? :\n"])
+def test_complex_keys_are_located_errors(text: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(text)
+    assert info.value.diagnostics[0].code == "MDC001"
+
+
+def test_parser_failures_are_syntax_errors_not_crashes() -> None:
+    with pytest.raises(SpecError) as info:
+        parse("!!set ")  # ruamel raises AttributeError here
+    assert info.value.diagnostics[0].code == "MDC001"

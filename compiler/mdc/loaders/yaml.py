@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import warnings
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -21,7 +22,10 @@ def parse(text: str, path: str) -> LoadedDocument:
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     try:
-        docs = list(yaml.load_all(text))
+        with warnings.catch_warnings():
+            # ruamel warns (to stderr) about legal YAML such as a reused anchor name
+            warnings.simplefilter("ignore")
+            docs = list(yaml.load_all(text))
     except DuplicateKeyError as exc:
         # ruamel marks the second key; its context mark is the mapping, not the first key.
         mark = exc.problem_mark
@@ -37,6 +41,11 @@ def parse(text: str, path: str) -> LoadedDocument:
         raise syntax_error(path, f"YAML: {message}", line, col) from None
     except (YAMLError, RecursionError) as exc:
         raise syntax_error(path, f"YAML: {exc}", None, None) from None
+    except Exception as exc:  # ruamel fails on some malformed nodes with its own bugs
+        raise syntax_error(path, f"YAML: the parser cannot read this document "
+                           f"({type(exc).__name__}: {exc})", None, None,
+                           hint="check tags (!!...) and anchors near the end of the file") \
+            from None
     if len(docs) > 1:
         raise syntax_error(path, f"expected one YAML document, found {len(docs)}", None, None,
                            hint="put one job in each file")
@@ -63,7 +72,12 @@ def _plain(node: Any, parts: list[str | int], values: dict[str, Position],
     if isinstance(node, CommentedMap):
         out: dict[str, object] = {}
         for key, value in node.items():
-            name = key if isinstance(key, str) else _scalar(key)
+            try:
+                name = key if isinstance(key, str) else _scalar(key)
+            except TypeError:  # a mapping or list used as a key ("? {a: 1}")
+                raise syntax_error(path, "YAML keys must be plain values, not tables or lists",
+                                   *_position(values, parts), pointer=join_pointer(parts)) \
+                    from None
             if not isinstance(name, str):
                 name = str(name)
             child = [*parts, name]
