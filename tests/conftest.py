@@ -33,6 +33,10 @@ _WRITTEN = pytest.StashKey[list[str]]()
 PLUGIN_VARIABLES = ("MDC_DISABLE_PLUGIN_AUTOLOAD", "MDC_BLOCK_PLUGINS", "MDC_TRACE_PLUGINS")
 
 
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", default=False,
@@ -44,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_WRITTEN] = []
     if not config.getoption("update_golden"):
         return
-    if os.environ.get("CI"):
+    if in_ci():
         raise pytest.UsageError(
             "--update-golden is refused when CI is set: update goldens on your machine, "
             "review `git diff golden/` and commit them")
@@ -64,6 +68,20 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
             terminalreporter.write_line(line)
         terminalreporter.write_line(
             f"{len(written)} golden case(s) written; review `git diff golden/` before committing")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under CI every tier runs: scripts/test installs what each needs, so a skip is a failure."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if not in_ci() or exitstatus != pytest.ExitCode.OK or not skipped:
+        return
+    reporter.ensure_newline()
+    reporter.section("skipped under CI (a failure: every tier must run)")
+    for report in skipped:
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
+        reporter.write_line(f"{report.nodeid}: {reason}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _shown(path: Path) -> str:
