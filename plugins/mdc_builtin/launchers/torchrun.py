@@ -56,7 +56,7 @@ def program(command: str | tuple[str, ...]) -> list[str]:
     return ["--no-python", *words]
 
 
-def _rdzv_backend(plan: Plan, opts: TorchrunOptions) -> str:
+def _rdzv_backend(opts: TorchrunOptions) -> str:
     return opts.rdzv_backend or "c10d"
 
 
@@ -66,7 +66,7 @@ def _flags(plan: Plan, opts: TorchrunOptions) -> Iterator[Word]:
     else:
         yield "--nnodes"
         yield f"{plan.min_nnodes}:{plan.nnodes}" if plan.elastic else str(plan.nnodes)
-        if _rdzv_backend(plan, opts) == "c10d":
+        if _rdzv_backend(opts) == "c10d":
             yield from ("--rdzv-backend", "c10d", "--rdzv-endpoint",
                         Concat((MASTER_ADDR, ":", MASTER_PORT)),
                         "--rdzv-id", opts.rdzv_id or plan.job.name)
@@ -94,7 +94,7 @@ def worker_env(plan: Plan, opts: TorchrunOptions) -> dict[str, str]:
     nproc = plan.nproc_per_node
     if plan.nnodes == 1 and not plan.elastic:
         node, addr, port = "0", "chosen by torchrun (--standalone)", "chosen by torchrun"
-    elif _rdzv_backend(plan, opts) == "static":
+    elif _rdzv_backend(opts) == "static":
         node, addr, port = "NODE_RANK", "node 0", str(plan.rendezvous.master_port)
     else:
         node = "the node's place in the c10d rendezvous (join order)"
