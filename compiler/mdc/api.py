@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import PurePosixPath
@@ -19,36 +18,16 @@ from typing import Any, Literal
 
 import attrs
 
-from mdc.errors import Diagnostic, Severity
+from mdc.errors import Diagnostic, Finding, Severity
 from mdc.plan.model import (
-    GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes)
+    GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes,
+    TrainingSetup)
+from mdc.runtime import (
+    MASTER_ADDR, MASTER_PORT, NODE_RANK, OUT_DIR, RUNTIME_VARIABLES, Concat, Ref, Word, out_file,
+    refs_in, shell_join, shell_word)
 from mdc.spec import JobTable, ModelTable
-
-
-@attrs.frozen
-class Ref:
-    """A value known only on the node at run time, read from a shell variable."""
-
-    name: str
-
-
-#: This node's index, 0..nnodes-1 (the backend sets it).
-NODE_RANK = Ref("NODE_RANK")
-#: Address of node 0, reachable from every node (the backend sets it).
-MASTER_ADDR = Ref("MASTER_ADDR")
-#: The plan's rendezvous port (the backend sets it).
-MASTER_PORT = Ref("MASTER_PORT")
-#: What every backend sets before it runs ``launch/<role>.sh``.
-RUNTIME_VARIABLES = (NODE_RANK.name, MASTER_ADDR.name, MASTER_PORT.name)
-
-@attrs.frozen
-class Concat:
-    """One shell word built from literals and runtime variables, e.g. ``HOST:PORT``."""
-
-    parts: tuple[str | Ref, ...]
-
-
-Word = str | Ref | Concat
+from mdc.torchrun import (
+    TorchrunOptions, program, torchrun_argv, torchrun_findings, torchrun_worker_env)
 
 
 @attrs.frozen(kw_only=True)
@@ -106,17 +85,6 @@ class Launch:
 
 
 @attrs.frozen(kw_only=True)
-class Finding:
-    """A problem a plugin found in the plan; mdc locates it through ``pointer``."""
-
-    code: str
-    message: str
-    pointer: str
-    hint: str | None = None
-    severity: Severity = Severity.ERROR
-
-
-@attrs.frozen(kw_only=True)
 class LauncherSpec:
     """A launcher, as a plugin registers it."""
 
@@ -134,6 +102,9 @@ class LauncherSpec:
     disaggregated: bool = False
     #: (plan, options) -> findings, run before emit
     check: Callable[[Plan, Any], Iterable[Finding]] | None = None
+    #: options -> how this launcher trains (optimizer sharding, sequence parallel,
+    #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
+    training: Callable[[Any], TrainingSetup] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +120,9 @@ class BackendSpec:
     #: launchers this backend supports (None: all)
     launchers: Sequence[str] | None = None
     check: Callable[[Plan, Any], Iterable[Finding]] | None = None
+    #: (nnodes, options) -> each node's host name, when known before the job runs
+    #: (for hostfiles); None, or no function: known only at run time
+    hosts: Callable[[int, Any], Sequence[str] | None] | None = None
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
@@ -158,43 +132,16 @@ def read_schema(package: str, resource: str) -> dict[str, Any]:
     return loaded
 
 
-def _in_double_quotes(text: str) -> str:
-    for special in ("\\", '"', "$", "`"):
-        text = text.replace(special, "\\" + special)
-    return text
-
-
-def shell_word(word: Word) -> str:
-    """One shell word: literals quoted, runtime variables expanded (inside double quotes)."""
-    if isinstance(word, str):
-        return shlex.quote(word)
-    parts = word.parts if isinstance(word, Concat) else (word,)
-    inner = "".join(f"${{{p.name}}}" if isinstance(p, Ref) else _in_double_quotes(p)
-                    for p in parts)
-    return f'"{inner}"'
-
-
-def refs_in(words: Iterable[Word]) -> list[str]:
-    """Names of the runtime variables the words read, in first-use order."""
-    names: list[str] = []
-    for word in words:
-        parts = word.parts if isinstance(word, Concat) else (word,)
-        names += [p.name for p in parts if isinstance(p, Ref) and p.name not in names]
-    return names
-
-
-def shell_join(words: Iterable[Word]) -> str:
-    return " ".join(shell_word(w) for w in words)
-
-
 def script_path(role: str) -> str:
     """Where mdc writes the launch script of ``role``, relative to ``out/``."""
     return str(PurePosixPath("launch") / f"{role}.sh")
 
 
 __all__ = [
-    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RUNTIME_VARIABLES", "Artifact",
-    "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding", "JobTable", "Launch",
-    "LauncherSpec", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref", "Rendezvous", "Role",
-    "Severity", "Sizes", "Word", "read_schema", "refs_in", "script_path", "shell_join", "shell_word",
+    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "OUT_DIR", "RUNTIME_VARIABLES",
+    "Artifact", "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding",
+    "JobTable", "Launch", "LauncherSpec", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
+    "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",
+    "out_file", "program", "read_schema", "refs_in", "script_path", "shell_join",
+    "shell_word", "torchrun_argv", "torchrun_findings", "torchrun_worker_env",
 ]

@@ -6,7 +6,6 @@ small; beyond the bounds, the formulas describe the rest.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Mapping
 
 import attrs
@@ -19,11 +18,6 @@ from mdc.plan.model import GROUP_KINDS, Plan
 MAX_LISTED_RANKS = 4096
 #: explain shows at most this many nodes and groups per kind.
 MAX_SHOWN = 8
-
-
-def command_words(plan: Plan) -> list[str]:
-    command = plan.job.command
-    return shlex.split(command) if isinstance(command, str) else list(command)
 
 
 def _plain(value: object) -> object:
@@ -52,7 +46,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             entry["ranks"] = [list(g) for g in group_set]
         groups[kind] = entry
     return {
-        "job": {"name": plan.job.name, "image": plan.job.image, "command": command_words(plan),
+        "job": {"name": plan.job.name, "image": plan.job.image, "command": plan.job.argv,
                 "workdir": plan.job.workdir, "env": dict(plan.job.env)},
         "launcher": plan.launcher,
         "backend": plan.backend,

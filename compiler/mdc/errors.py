@@ -140,3 +140,14 @@ class PluginError(MdcError):
 
 class InternalError(MdcError):
     """A bug in mdc (for example, schema and model out of step)."""
+
+
+@attrs.frozen(kw_only=True)
+class Finding:
+    """A problem a plugin found in the plan; mdc locates it through ``pointer``."""
+
+    code: str
+    message: str
+    pointer: str
+    hint: str | None = None
+    severity: Severity = Severity.ERROR

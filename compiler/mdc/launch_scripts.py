@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mdc.api import Artifact, Launch, Role, Word, refs_in, script_path, shell_join, shell_word
+from mdc.api import (
+    OUT_DIR, Artifact, Launch, Role, Word, refs_in, script_path, shell_join, shell_word)
 from mdc.plan.model import Plan
 
 
@@ -18,7 +19,11 @@ def render_role(plan: Plan, role: Role, env: Mapping[str, Word]) -> Artifact:
         "set -euo pipefail",
     ]
     for name in refs_in([*role.argv, *env.values()]):
-        lines.append(f': "${{{name}:?{name} must be set by the backend}}"')
+        if name == OUT_DIR.name:  # launcher files are found beside this script
+            lines += [f'{name}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"',
+                      f"export {name}"]
+        else:
+            lines.append(f': "${{{name}:?{name} must be set by the backend}}"')
     lines += [f"export {name}={shell_word(value)}" for name, value in env.items()]
     if plan.job.workdir:
         lines.append(f"cd {shell_word(plan.job.workdir)}")

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import attrs
 
 from mdc import emit
-from mdc.api import RUNTIME_VARIABLES, Artifact, Finding, Launch
+from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, TrainingSetup
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
@@ -109,9 +109,21 @@ class Compiler:
                 code="MDC231", pointer="/distributed/backend",
                 message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
                 hint=f"it runs: {', '.join(sorted(backend.launchers))}")))
+        launcher_options = spec.plugin_tables.get(launcher.name)
+        backend_options = spec.plugin_tables.get(backend.name)
+        training = TrainingSetup()
+        if launcher.training is not None:
+            training_of = launcher.training
+            training = _call(launcher_reg, "training", lambda: training_of(launcher_options))
         plan, planned = build_plan(spec, parallelism=launcher.parallelism,
-                                   disaggregated=launcher.disaggregated, locate=doc.locate)
+                                   disaggregated=launcher.disaggregated, locate=doc.locate,
+                                   training=training)
         findings += planned
+        if plan is not None and backend.hosts is not None:
+            nnodes, hosts_of = plan.nnodes, backend.hosts
+            hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
+            if hosts is not None and len(hosts) == nnodes:
+                plan = attrs.evolve(plan, hosts=tuple(hosts))
         if plan is not None:
             for reg, check in ((launcher_reg, launcher.check), (backend_reg, backend.check)):
                 if check is not None:
@@ -149,7 +161,7 @@ class Compiler:
         if any(not f.path.startswith("launch/") for f in launch.files):
             raise PluginError(reg.origin, "emit", "launcher files must lie under launch/")
         managed = {name for role in launch.roles for name in role.env}
-        managed |= set(launch.worker_env) | set(RUNTIME_VARIABLES)
+        managed |= set(launch.worker_env) | {*RUNTIME_VARIABLES, OUT_DIR.name}
         clashes = sorted(managed & set(plan.job.env))
         if clashes:
             raise SpecError([self._diag(doc, Finding(

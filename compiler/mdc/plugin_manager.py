@@ -25,7 +25,8 @@ from mdc.spec import CORE_TABLES
 GROUP = "mdc"
 DISTRIBUTION = "mdc-compiler"
 #: Entry points mdc itself declares; missing ones mean a broken install.
-BUILTINS = ("local", "torchrun")
+BUILTINS = ("basic", "deepspeed", "local", "megatron", "primus", "slurm", "ssh", "torchrun",
+            "torchtitan")
 #: A plugin's name is also its spec table's name.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 

@@ -6,6 +6,7 @@ Defaults are not applied here; the plan pass resolves them.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 
 import attrs
@@ -18,6 +19,11 @@ class JobTable:
     image: str | None = None
     workdir: str | None = None
     env: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def argv(self) -> list[str]:
+        """The command as words (a string is split like a shell would, without expansion)."""
+        return shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
 
 
 @attrs.frozen(kw_only=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
 from mdc.plan.model import (
-    BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes)
+    BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes, TrainingSetup)
 from mdc.plan.ranks import RankGrid, complete_order
 from mdc.spec import JobSpec
 
@@ -56,13 +56,15 @@ class _Findings:
         return any(d.is_error for d in self.items)
 
 
-def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool,
-               locate: Locate) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: Locate,
+               training: TrainingSetup | None = None,
+               ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
 
     :param parallelism: ``"model"`` (default tp = nproc_per_node, pp = nnodes) or
         ``"data"`` (default tp = pp = 1), from the launcher's record.
     :param disaggregated: whether the launcher splits nodes into proxy/prefill/decode.
+    :param training: how the launcher trains (sharding, recompute), for the memory estimate.
     :returns: the plan (None if any error) and every finding, warnings included.
     """
     found = _Findings(locate)
@@ -105,6 +107,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool,
         disagg=disagg,
         model=spec.model,
         options=spec.plugin_tables,
+        training=training or TrainingSetup(),
         warnings=tuple(found.items),
     )
     return plan, tuple(found.items)

@@ -92,6 +92,21 @@ class Rendezvous:
 
 
 @attrs.frozen(kw_only=True)
+class TrainingSetup:
+    """How a launcher trains, as far as memory goes (its record's ``training`` says)."""
+
+    #: ZeRO-style sharding over the dp-cp group: 0 none, 1 optimizer state,
+    #: 2 also gradients, 3 also weights (Megatron's distributed optimizer is 1)
+    zero_stage: int = 0
+    #: bytes per gradient element (Megatron keeps fp32 main grads: 4; ZeRO: the weight dtype)
+    grad_bytes: int | None = None
+    #: activations split over tp along the sequence (Megatron --sequence-parallel)
+    sequence_parallel: bool = False
+    #: activation recomputation: "none", "selective" (attention core) or "full"
+    recompute: str = "none"
+
+
+@attrs.frozen(kw_only=True)
 class Plan:
     """Everything a launcher and a backend need, resolved and checked."""
 
@@ -112,6 +127,10 @@ class Plan:
     model: ModelTable | None
     #: plugin table name -> options as structured by that plugin's options type
     options: Mapping[str, object]
+    #: each node's host name, when the backend knows it before the job runs
+    hosts: tuple[str, ...] | None = None
+    #: how the launcher trains (for the memory estimate)
+    training: TrainingSetup = TrainingSetup()
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
 

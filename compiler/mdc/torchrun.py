@@ -1,0 +1,138 @@
+"""torchrun command lines, for every launcher that starts its workers with torchrun.
+
+Part of the plugin surface (re-exported by :mod:`mdc.api`): the torchrun,
+megatron and torchtitan launchers, and any third-party launcher built on
+torchrun, share one way of writing the agent's flags and the worker env.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+
+import attrs
+
+from mdc.errors import Finding
+from mdc.plan.model import Plan
+from mdc.runtime import MASTER_ADDR, MASTER_PORT, NODE_RANK, Concat, Word
+
+PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+
+
+@attrs.frozen(kw_only=True)
+class TorchrunOptions:
+    """The ``[torchrun]`` table; launchers built on torchrun accept the same keys."""
+
+    rdzv_backend: str | None = None
+    rdzv_id: str | None = None
+    rdzv_conf: Mapping[str, str | int | float | bool] = attrs.field(factory=dict)
+    max_restarts: int = 0
+    monitor_interval: float | None = None
+    start_method: str | None = None
+    role: str | None = None
+    log_dir: str | None = None
+    tee: int | None = None
+
+
+def program(words: list[str]) -> list[str]:
+    """The user's command as torchrun's trailing arguments.
+
+    torchrun runs ``python -u SCRIPT``, so a leading ``python`` is dropped,
+    ``python -m pkg`` becomes ``--module pkg``, and anything that is not a
+    Python script runs with ``--no-python``.
+    """
+    if PYTHON.match(os.path.basename(words[0])) and len(words) > 1:
+        rest = words[1:]
+        while rest and rest[0] == "-u":  # torchrun adds -u itself
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            return ["--module", *rest[1:]]
+        if rest and not rest[0].startswith("-"):
+            return rest
+    if words[0].endswith(".py"):
+        return words
+    return ["--no-python", *words]
+
+
+def rdzv_backend(opts: TorchrunOptions) -> str:
+    return opts.rdzv_backend or "c10d"
+
+
+def conf_value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def torchrun_flags(plan: Plan, opts: TorchrunOptions) -> Iterator[Word]:
+    """torchrun's own flags for this plan: rendezvous, sizes, restarts."""
+    if plan.nnodes == 1 and not plan.elastic:
+        yield from ("--standalone", "--nnodes", "1")
+    else:
+        yield "--nnodes"
+        yield f"{plan.min_nnodes}:{plan.nnodes}" if plan.elastic else str(plan.nnodes)
+        if rdzv_backend(opts) == "c10d":
+            yield from ("--rdzv-backend", "c10d", "--rdzv-endpoint",
+                        Concat((MASTER_ADDR, ":", MASTER_PORT)),
+                        "--rdzv-id", opts.rdzv_id or plan.job.name)
+        else:
+            yield from ("--rdzv-backend", "static", "--node-rank", NODE_RANK,
+                        "--master-addr", MASTER_ADDR, "--master-port", MASTER_PORT)
+        if opts.rdzv_conf:
+            yield "--rdzv-conf"
+            yield ",".join(f"{k}={conf_value(v)}" for k, v in sorted(opts.rdzv_conf.items()))
+    yield from ("--nproc-per-node", str(plan.nproc_per_node))
+    yield from ("--max-restarts", str(opts.max_restarts))
+    for flag, value in (("--monitor-interval", opts.monitor_interval),
+                        ("--start-method", opts.start_method), ("--role", opts.role),
+                        ("--log-dir", opts.log_dir), ("--tee", opts.tee)):
+        if value is not None:
+            yield from (flag, str(value))
+
+
+def torchrun_argv(plan: Plan, opts: TorchrunOptions | None,
+                  program_args: list[Word] | None = None) -> list[Word]:
+    """``torchrun FLAGS PROGRAM``; the program defaults to the job's command."""
+    opts = opts or TorchrunOptions()
+    args = program_args if program_args is not None else program(plan.job.argv)
+    return ["torchrun", *torchrun_flags(plan, opts), *args]
+
+
+def torchrun_worker_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, str]:
+    """What torchrun gives every worker, as plan.json documents it."""
+    opts = opts or TorchrunOptions()
+    nproc = plan.nproc_per_node
+    if plan.nnodes == 1 and not plan.elastic:
+        node, addr, port = "0", "chosen by torchrun (--standalone)", "chosen by torchrun"
+    elif rdzv_backend(opts) == "static":
+        node, addr, port = "NODE_RANK", "node 0", str(plan.rendezvous.master_port)
+    else:
+        node = "the node's place in the c10d rendezvous (join order)"
+        addr, port = "chosen by the c10d rendezvous", "chosen by the c10d rendezvous"
+    world = str(plan.world_size) if not plan.elastic else \
+        f"{nproc} * nodes that joined ({plan.min_nnodes * nproc}..{plan.world_size})"
+    return {
+        "RANK": f"GROUP_RANK * {nproc} + LOCAL_RANK",
+        "LOCAL_RANK": f"0..{nproc - 1}",
+        "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": node,
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
+    }
+
+
+def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Finding]:
+    """What torchrun would reject in the ``[torchrun]`` table, for this plan."""
+    opts = opts or TorchrunOptions()
+    if plan.elastic and opts.rdzv_backend == "static":
+        yield Finding(code="MDC301", pointer="/torchrun/rdzv_backend",
+                      message="static rendezvous cannot run an elastic job (min_nnodes < nnodes)",
+                      hint="use rdzv_backend = \"c10d\", or remove min_nnodes")
+    for key, value in sorted(opts.rdzv_conf.items()):
+        text = conf_value(value)
+        # torchrun splits --rdzv-conf on "," and strips each value; an empty value is an error
+        if "," in text or not text.strip() or text != text.strip():
+            yield Finding(code="MDC302", pointer=f"/torchrun/rdzv_conf/{key}",
+                          message=f"torchrun cannot pass rdzv_conf value {text!r}: --rdzv-conf "
+                                  "is split on ',' and its values are stripped and non-empty",
+                          hint="use a value without commas or leading/trailing spaces")

@@ -1,0 +1,1 @@
+"""The slurm backend (being written)."""

@@ -1,0 +1,1 @@
+"""The ssh backend (being written)."""

@@ -1,0 +1,1 @@
+"""The basic launcher (being written)."""

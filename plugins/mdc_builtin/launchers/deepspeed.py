@@ -1,0 +1,1 @@
+"""The deepspeed launcher (being written)."""

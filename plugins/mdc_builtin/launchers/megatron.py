@@ -1,0 +1,1 @@
+"""The megatron launcher (being written)."""

@@ -1,0 +1,1 @@
+"""The primus launcher (being written)."""

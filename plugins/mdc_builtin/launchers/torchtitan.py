@@ -1,0 +1,1 @@
+"""The torchtitan launcher (being written)."""
