@@ -33,6 +33,21 @@ _WRITTEN = pytest.StashKey[list[str]]()
 PLUGIN_VARIABLES = ("MDC_DISABLE_PLUGIN_AUTOLOAD", "MDC_BLOCK_PLUGINS", "MDC_TRACE_PLUGINS")
 
 
+@pytest.fixture(scope="session")
+def declared_builtins() -> dict[str, list[str]]:
+    """mdc's own entry points as pyproject.toml declares them: kind -> sorted names.
+
+    The kind comes from the module path (``mdc_builtin.launchers.*`` or ``.backends.*``),
+    so tests that list the built-ins follow the packaging rather than a copy of it.
+    """
+    import tomllib
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    kinds: dict[str, list[str]] = {"launchers": [], "backends": []}
+    for name, target in declared["project"]["entry-points"]["mdc"].items():
+        kinds[target.split(".")[1]].append(name)
+    return {kind: sorted(names) for kind, names in kinds.items()}
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 

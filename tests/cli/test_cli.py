@@ -126,12 +126,15 @@ def test_schema_prints_a_valid_json_schema() -> None:
     Draft202012Validator.check_schema(json.loads(out))
 
 
-def test_plugins_lists_the_builtins() -> None:
+def test_plugins_lists_the_builtins(declared_builtins: dict[str, list[str]]) -> None:
     code, out, err = run("plugins")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert [line.split()[0] for line in lines] == ["local", "torchrun"]
-    assert "launcher" in lines[1] and "backend" in lines[0]
+    declared = declared_builtins
+    listed = {line.split()[0]: line for line in lines}
+    assert sorted(listed) == sorted(declared["launchers"] + declared["backends"])
+    assert all("launcher" in listed[name] for name in declared["launchers"])
+    assert all("backend" in listed[name] for name in declared["backends"])
 
 
 # ---------------------------------------------------------------- --format json
@@ -179,12 +182,13 @@ def test_json_explain() -> None:
     assert plan["job"]["name"] == "quickstart" and plan["world_size"] == 2
 
 
-def test_json_plugins() -> None:
+def test_json_plugins(declared_builtins: dict[str, list[str]]) -> None:
     code, out, err = run("plugins", "--format", "json")
     assert code == 0 and err == ""
     rows = json.loads(out)
-    assert [(r["name"], r["kind"]) for r in rows] == [("local", "backend"),
-                                                      ("torchrun", "launcher")]
+    expected = sorted((name, kind) for kind in ("backend", "launcher")
+                      for name in declared_builtins[kind + "s"])
+    assert [(r["name"], r["kind"]) for r in rows] == expected
     assert {r["distribution"] for r in rows} == {"mdc-compiler"}
 
 

@@ -335,16 +335,17 @@ def test_a_check_returning_the_wrong_type_is_a_plugin_error(
 
 @pytest.mark.parametrize("order", [("p1", "p2", "p3"), ("p3", "p1", "p2"), ("p2", "p3", "p1")])
 def test_records_are_sorted_by_name_whatever_the_registration_order(
-        order: tuple[str, ...]) -> None:
+        order: tuple[str, ...], declared_builtins: dict[str, list[str]]) -> None:
     records = {"p1": launcher_plugin(launcher("zeta"), launcher("beta")),
                "p2": launcher_plugin(launcher("alpha")),
                "p3": launcher_plugin(launcher("mu"))}
     plugins = load(*[(name, records[name]) for name in order])
-    assert list(plugins.launchers) == ["alpha", "beta", "mu", "torchrun", "zeta"]
+    launchers = sorted(["alpha", "beta", "mu", "zeta", *declared_builtins["launchers"]])
+    assert list(plugins.launchers) == launchers
     assert list(plugins.plugins) == sorted(plugins.plugins)
-    assert list(plugins.tables()) == ["alpha", "beta", "mu", "torchrun", "zeta", "local"]
+    assert list(plugins.tables()) == launchers + declared_builtins["backends"]
     enum = Compiler(plugins).schema["properties"]["distributed"]["properties"]["launcher"]["enum"]
-    assert enum == ["alpha", "beta", "mu", "torchrun", "zeta"]
+    assert enum == launchers
 
 
 def test_records_are_attributed_to_their_plugin() -> None:
@@ -355,19 +356,21 @@ def test_records_are_attributed_to_their_plugin() -> None:
     assert plugins.launchers["torchrun"].origin.distribution == "mdc-compiler"
 
 
-def test_blocking_a_builtin_removes_it() -> None:
+def test_blocking_a_builtin_removes_it(declared_builtins: dict[str, list[str]]) -> None:
     plugins = load_plugins(autoload=False, blocked=["torchrun"])
     assert "torchrun" not in plugins.launchers and "torchrun" not in plugins.plugins
-    assert list(plugins.backends) == ["local"]
+    assert list(plugins.backends) == declared_builtins["backends"]
     compiler = Compiler(plugins)
     with pytest.raises(SpecError) as failed:
         compiler.compile(REPO / "examples" / "quickstart.toml")
     assert [d.location.pointer for d in failed.value.diagnostics] == ["/distributed/launcher"]
 
 
-def test_the_builtins_load_without_autoload() -> None:
+def test_the_builtins_load_without_autoload(declared_builtins: dict[str, list[str]]) -> None:
     plugins = load_plugins(autoload=False)
-    assert list(plugins.launchers) == ["torchrun"] and list(plugins.backends) == ["local"]
+    declared = declared_builtins
+    assert list(plugins.launchers) == declared["launchers"]
+    assert list(plugins.backends) == declared["backends"]
     assert {o.distribution for o in plugins.plugins.values()} == {"mdc-compiler"}
 
 

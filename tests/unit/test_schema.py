@@ -112,12 +112,14 @@ def test_property_walk_sees_nested_levels(composed: dict[str, Any]) -> None:
     assert "#/properties/torchrun/properties/rdzv_conf" in seen
 
 
-def test_composed_schema_identity_and_enums(composed: dict[str, Any], plugins: PluginSet) -> None:
+def test_composed_schema_identity_and_enums(composed: dict[str, Any], plugins: PluginSet,
+                                            declared_builtins: dict[str, list[str]]) -> None:
     assert composed["$id"] == core_schema()["$id"]
     assert composed["title"]
     dist = composed["properties"]["distributed"]["properties"]
-    assert dist["launcher"]["enum"] == sorted(plugins.launchers) == ["torchrun"]
-    assert dist["backend"]["enum"] == sorted(plugins.backends) == ["local"]
+    declared = declared_builtins
+    assert dist["launcher"]["enum"] == sorted(plugins.launchers) == declared["launchers"]
+    assert dist["backend"]["enum"] == sorted(plugins.backends) == declared["backends"]
     assert "torchrun" in composed["properties"], "plugin tables are composed in"
 
 
