@@ -77,7 +77,8 @@ class Compiler:
         """Plan findings for a spec whose schema errors lie outside what the plan reads.
 
         The invalid values are dropped; if none of them feeds the arithmetic, the
-        plan's own findings are as real as on a valid spec, so report them too.
+        plan's own findings are as real as on a valid spec, so report them too. A plugin
+        whose own table was damaged is not asked to check it: its schema errors say it.
         """
         pointers = {d.location.pointer for d in found}
         if any(p == "" or p.split("/")[1] in PLANNED_TABLES for p in pointers):
@@ -86,12 +87,17 @@ class Compiler:
         if self.checker.check(repaired):
             return []
         try:
-            self._compile(repaired)
+            self._compile(repaired, damaged=frozenset(p.split("/")[1] for p in pointers))
         except SpecError as exc:
             return list(exc.diagnostics)
         return []
 
-    def _compile(self, doc: LoadedDocument) -> Compiled:
+    def _compile(self, doc: LoadedDocument, damaged: frozenset[str] = frozenset()) -> Compiled:
+        """Compile a schema-valid document.
+
+        ``damaged``: the tables a repaired document lost (see :meth:`_plan_despite`); their
+        plugins' checks are skipped, and the document is only planned, never emitted.
+        """
         spec = structure_spec(doc.data, self.option_types, self.converter)  # type: ignore[arg-type]
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
         backend_name = spec.distributed.backend or DEFAULT_BACKEND
@@ -126,13 +132,14 @@ class Compiler:
                 plan = attrs.evolve(plan, hosts=tuple(hosts))
         if plan is not None:
             for reg, check in ((launcher_reg, launcher.check), (backend_reg, backend.check)):
-                if check is not None:
+                if check is not None and reg.record.name not in damaged:
                     # list() inside _call: a generator's errors surface while it is consumed
                     results = _call(reg, "check", functools.partial(
                         _listed, check, plan, plan.options.get(reg.record.name)))
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
-        if plan is None or any(d.is_error for d in findings):
-            raise SpecError(findings)
+        failed = any(d.is_error for d in findings)
+        if plan is None or failed or damaged:
+            raise SpecError(findings if plan is None or failed else [])
         plan = attrs.evolve(plan, warnings=tuple(sorted(findings, key=Diagnostic.sort_key)))
         launch = _call(launcher_reg, "emit", lambda: launcher.emit(
             plan, plan.options.get(launcher.name)))
