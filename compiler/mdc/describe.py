@@ -12,6 +12,7 @@ import attrs
 
 from mdc.api import Launch
 from mdc.errors import Diagnostic
+from mdc.plan.memory import GIB, MemoryEstimate
 from mdc.plan.model import GROUP_KINDS, Plan
 
 #: plan.json lists every group only up to this world size.
@@ -65,10 +66,68 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "groups": groups,
         "disagg": _plain(plan.disagg),
         "model": _plain(plan.model),
+        "memory": memory_json(plan.memory),
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
     }
+
+
+def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
+    """plan.json's "memory": the estimate in bytes, and what it assumed."""
+    if memory is None:
+        return None
+    m = memory
+    return {
+        "params": {"total": m.params_total, "per_gpu": m.params_per_gpu},
+        "stage": {"name": m.stage, "layers": m.stage_layers},
+        "dtype": m.dtype,
+        "bytes_per_param": {"weights": m.weight_bytes, "gradients": m.grad_bytes,
+                            "optimizer": m.optimizer_bytes},
+        "sharding": {"zero_stage": m.zero_stage, "dp_cp": m.shard, "expert_dp": m.expert_shard},
+        "activations": {"micro_batch_size": m.micro_batch_size, "in_flight": m.in_flight,
+                        "sequence_parallel": m.sequence_parallel, "recompute": m.recompute},
+        "bytes": {"weights": m.weights, "gradients": m.gradients, "optimizer": m.optimizer,
+                  "activations": m.activations, "total": m.total},
+        "capacity_bytes": m.capacity,
+        "fits": None if m.capacity is None else m.total <= m.capacity,
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:8.2f} GiB"
+
+
+def memory_lines(memory: MemoryEstimate | None) -> list[str]:
+    """The estimate as a short table for ``mdc explain``."""
+    if memory is None:
+        return []
+    m = memory
+    stage = {"only": "",
+             "first": f" on the first pipeline stage, {m.stage_layers} layers + input embedding",
+             "last": f" on the last pipeline stage, {m.stage_layers} layers + output layer",
+             }[m.stage]
+    experts = f", experts over expert-dp {m.expert_shard}" if m.expert_shard != m.shard else ""
+    over = f", sharded over dp-cp {m.shard}{experts}"
+    parallel = "sequence parallel" if m.sequence_parallel else "no sequence parallel"
+    if m.capacity is None:
+        verdict = "(no accelerator_memory_gib: not checked)"
+    else:
+        verdict = (f"of {m.capacity / GIB:g} GiB ({m.total * 100 // m.capacity}%)"
+                   + ("" if m.total <= m.capacity else ": does not fit"))
+    return [
+        f"memory per GPU (estimate; {m.dtype}, zero stage {m.zero_stage}){stage}:",
+        f"  parameters  {m.params_total:,} in total, {m.params_per_gpu:,} on each GPU here",
+        f"  weights     {_gib(m.weights)}   {m.weight_bytes} B/param"
+        + (over if m.zero_stage >= 3 else ""),
+        f"  gradients   {_gib(m.gradients)}   {m.grad_bytes} B/param"
+        + (over if m.zero_stage >= 2 else ""),
+        f"  optimizer   {_gib(m.optimizer)}   {m.optimizer_bytes} B/param (Adam)"
+        + (over if m.zero_stage >= 1 else ""),
+        (f"  activations {_gib(m.activations)}   micro batch {m.micro_batch_size}, "
+         f"{m.in_flight} in flight, recompute {m.recompute}, {parallel}"),
+        f"  total       {_gib(m.total)}   {verdict}",
+    ]
 
 
 def _ranks(ranks: tuple[int, ...], limit: int = 16) -> str:
@@ -80,11 +139,11 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     s, nproc = plan.sizes, plan.nproc_per_node
     elastic = f" (elastic: {plan.min_nnodes}..{plan.nnodes} nodes)" if plan.elastic else ""
     lines = [
-        f"job {plan.job.name}: launcher {plan.launcher} on backend {plan.backend}, "
-        f"accelerator {plan.accelerator}",
+        (f"job {plan.job.name}: launcher {plan.launcher} on backend {plan.backend}, "
+         f"accelerator {plan.accelerator}"),
         f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks{elastic}",
-        f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
-        f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]",
+        (f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
+         f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]"),
         f"experts: ep {s.ep} x etp {s.etp} x expert-dp {s.edp} x pp {s.pp}"
         + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
     ]
@@ -116,6 +175,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         listed = [_ranks(group_set[i]) for i in range(min(group_set.count, MAX_SHOWN))]
         more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
+    lines += memory_lines(plan.memory)
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]

@@ -37,6 +37,7 @@ class DistributedTable:
     accelerator: str | None = None
     prefill_nodes: int | None = None
     decode_nodes: int | None = None
+    accelerator_memory_gib: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -68,6 +69,14 @@ class ModelTable:
     seq_length: int | None = None
     num_experts: int | None = None
     dtype: str | None = None
+    gated_mlp: bool | None = None
+    tied_embeddings: bool | None = None
+    position_embedding: str | None = None
+    bias: bool | None = None
+    normalization: str | None = None
+    flash_attention: bool | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_router_topk: int | None = None
 
 
 #: Core top-level tables and their classes; every other table belongs to a plugin.

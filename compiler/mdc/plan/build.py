@@ -10,8 +10,17 @@ import hashlib
 from collections.abc import Callable
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
+from mdc.plan.memory import Context, MemoryEstimate, plan_memory
 from mdc.plan.model import (
-    BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes, TrainingSetup)
+    BatchPlan,
+    DisaggSplit,
+    NodeRole,
+    Plan,
+    RankLayout,
+    Rendezvous,
+    Sizes,
+    TrainingSetup,
+)
 from mdc.plan.ranks import RankGrid, complete_order
 from mdc.spec import JobSpec
 
@@ -87,6 +96,10 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         _model_rules(spec, sizes, found)
     if layout is not None and sizes is not None:
         _span_warnings(layout, sizes, nproc, found)
+    memory = None
+    if not found.errors and sizes is not None:
+        memory = _memory(spec, sizes, batch, training or TrainingSetup(), disaggregated,
+                         nnodes * nproc, nproc, found)
     if found.errors or sizes is None or layout is None:
         return None, tuple(found.items)
     port = dist.master_port
@@ -108,6 +121,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         model=spec.model,
         options=spec.plugin_tables,
         training=training or TrainingSetup(),
+        memory=memory,
         warnings=tuple(found.items),
     )
     return plan, tuple(found.items)
@@ -323,6 +337,28 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings) -> None:
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
         found.add("MDC225", f"seq_length ({seq}) must be a multiple of 2 * cp = "
                   f"{2 * sizes.cp} when cp > 1", "/model/seq_length")
+
+
+def _memory(spec: JobSpec, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
+            disaggregated: bool, world: int, nproc: int,
+            found: _Findings) -> MemoryEstimate | None:
+    """The training memory estimate and its fit check (serving launchers get none)."""
+    capacity = spec.distributed.accelerator_memory_gib
+    if disaggregated:
+        if capacity is not None:
+            found.add("MDC261", f"accelerator_memory_gib = {capacity:g} is set but the memory "
+                      f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
+                      "memory check is made", "/distributed/accelerator_memory_gib",
+                      "remove accelerator_memory_gib", Severity.WARNING)
+        return None
+    context = Context(world=world, nproc_per_node=nproc,
+                      global_batch_size=spec.batch.global_batch_size if spec.batch else None,
+                      etp_follows_tp=spec.parallelism.etp is None,
+                      order=spec.parallelism.order or DEFAULT_ORDER)
+    memory, findings = plan_memory(spec.model, sizes, batch, training, capacity, context)
+    for f in findings:
+        found.add(f.code, f.message, f.pointer, f.hint, f.severity)
+    return memory
 
 
 def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:

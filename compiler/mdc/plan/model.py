@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from mdc.errors import Diagnostic
 from mdc.plan.ranks import GroupSet, RankGrid
 from mdc.spec import JobTable, ModelTable
+
+if TYPE_CHECKING:
+    from mdc.plan.memory import MemoryEstimate
 
 #: Group kinds the plan exposes, and which grid (dense or expert) each comes from.
 #: Names follow Megatron-Core: "tp-pp" is the model-parallel group, "dp-cp" the
@@ -131,6 +135,8 @@ class Plan:
     hosts: tuple[str, ...] | None = None
     #: how the launcher trains (for the memory estimate)
     training: TrainingSetup = TrainingSetup()
+    #: parameter count and per-GPU memory (None without a complete [model] table)
+    memory: MemoryEstimate | None = None
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
 

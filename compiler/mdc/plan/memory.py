@@ -1,0 +1,508 @@
+"""Parameter count and per-GPU memory estimate for a GPT-style decoder.
+
+Pure arithmetic on the ``[model]`` table, the parallel sizes, the batch and
+the launcher's :class:`~mdc.plan.model.TrainingSetup`: O(1) in the world size
+(only the hint's "next valid size" search looks at divisors).
+
+Parameters
+----------
+Classic layout (the defaults: LayerNorm, linear biases, a 2-matrix MLP, learned
+position embeddings, input and output embeddings tied). Per layer::
+
+    attention  QKV h*(h+2h) + 3h, output projection h*h + h     = 4h^2 + 4h
+    MLP        h*f + f, f*h + h (f = 4h)                          = 8h^2 + 5h
+    two LayerNorms (weight and bias)                              = 4h
+
+plus the embeddings V*h + s*h, which is exactly Narayanan et al. 2021
+("Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", appendix)::
+
+    P = 12*l*h^2 * (1 + 13/(12h) + (V + s)/(12*l*h))
+
+Like that formula, the final norm (2h, or h for RMSNorm; under 1e-6 of any real
+model) is not counted. The general layout replaces, as Megatron-Core builds it:
+
+* grouped-query attention: kv_channels d = h // a; Q is a*d wide, K and V g*d
+  each (g = num_query_groups), so QKV = h*(a*d + 2*g*d), projection a*d*h;
+* ``gated_mlp`` (SwiGLU): fc1 is h*2f (gate and up), fc2 f*h: 3*h*f, not 2*h*f;
+* ``bias = false`` drops every linear bias; ``normalization = "rmsnorm"`` has a
+  weight only (h per norm instead of 2h);
+* ``position_embedding = "rope"`` has no parameters (``"learned"``: s*h);
+* ``tied_embeddings = false`` adds the output matrix V*h;
+* MoE (``num_experts`` E): every layer's MLP becomes a router (E*h) and E
+  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size).
+
+Llama-3-8B (l 32, h 4096, a 32, g 8, f 14336, V 128256, gated, untied, rope,
+no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
+
+Per GPU, tensor parallelism splits QKV, projection, MLP and the vocabulary by
+tp (the fused QKV matrix as a whole, also when num_query_groups < tp; those
+ranks then compute one K/V group each, which the activations count); norms, row-parallel biases, position embeddings and the router are replicated.
+Experts split over ep * etp. With pp > 1 the first stage holds the input
+embedding and the last the output matrix, which Megatron-Core allocates there
+even when tied (a copy, kept equal by an all-reduce).
+
+Weights, gradients, optimizer (ZeRO: Rajbhandari et al. 2020)
+-------------------------------------------------------------
+Weights take the dtype's bytes (bf16/fp16 2, fp32 4; fp8 training keeps bf16
+weights and runs only the GEMMs in fp8: 2). Gradients take the launcher's
+``grad_bytes`` (Megatron keeps fp32 main grads: 4) or the weight bytes.
+Mixed-precision Adam keeps an fp32 master copy, momentum and variance: 12 B;
+pure fp32 needs no master copy: 8 B. ZeRO stage 1 (Megatron's distributed
+optimizer) shards the optimizer state over the dp-cp group, stage 2 also the
+gradients, stage 3 (FSDP) also the weights. Megatron's docs: 18 B/param
+(2 + 4 + 12) plain, 6 + 12/d with the distributed optimizer. Expert parameters
+shard over the expert-dp group instead.
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models")
+---------------------------------------------------------------------------
+Per layer, for a micro batch b and sequence s, 16-bit activations and 1-byte
+dropout masks: s*b*h*(34 + 5*a*s/h) without tp; with tp t
+s*b*h*(10 + 24/t + 5*a*s/(h*t)); with sequence parallel everything over t.
+The 10 (norm inputs, attention and MLP inputs, two masks) is what sequence
+parallel splits; the 24 is Q, K, V, the projection input (8) and the MLP's
+two 4h-wide intermediates (16), generalised here to 2*(2*a*d + 2*g*d)/h and
+2*(2 or 3)*f/h (GQA: smaller K and V; gated: gate, up and product). The
+5*a*s/h term (scores, softmax, dropout of every head) exists only with eager
+attention (``flash_attention = false``): fused kernels (FlashAttention, cuDNN
+or Transformer Engine fused attention, PyTorch SDPA), the frameworks' default,
+keep no s x s matrix, and selective recompute drops it too. Full recompute
+keeps only each layer's input (2*s*b*h, over t with sequence parallel) plus
+one layer's full activations while it is recomputed. fp32 doubles the 2-byte
+terms. Context parallelism divides s by cp (each rank's scores are s/cp
+queries by s keys). MoE layers hold top-k copies of each token's expert input
+and MLP intermediates (the latter over etp). The last stage adds the fp32
+logits, 4*s*b*V/t.
+
+Pipeline (1F1B): stage i holds min(pp - i, microbatches) micro batches of its
+layers: the first stage the most, the last one; the interleaved schedule
+multiplies the first stage's by 1 + (pp - 1)/(pp * vpp). The estimate is for
+the heavier of the first and the last stage.
+
+Not counted: the CUDA/ROCm context, communication buffers, allocator
+fragmentation, ZeRO-3's transient gathered layer, the input embedding's
+activations, vocabulary padding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from fractions import Fraction
+
+import attrs
+
+from mdc.errors import Finding, Severity
+from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.spec import ModelTable
+
+GIB = 1 << 30
+#: What the parameter count and the activations need from [model].
+REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length")
+#: bytes per weight element, by [model] dtype (fp8 training keeps 16-bit weights)
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+DEFAULT_DTYPE = "bf16"
+#: Megatron-Core's default top-k of the MoE router
+DEFAULT_TOPK = 2
+#: above this share of the capacity, a warning: the estimate leaves overheads out
+HEADROOM = Fraction(9, 10)
+#: levers shown in the hint of a memory error
+MAX_LEVERS = 4
+
+
+@attrs.frozen(kw_only=True)
+class Shape:
+    """The model's shape with every default resolved."""
+
+    layers: int
+    hidden: int
+    heads: int
+    groups: int
+    kv_channels: int
+    ffn: int
+    vocab: int
+    seq: int
+    #: 0 for a dense model
+    experts: int
+    moe_ffn: int
+    topk: int
+    gated: bool
+    tied: bool
+    learned_positions: bool
+    bias: bool
+    #: parameters of one norm: 2h (LayerNorm) or h (RMSNorm)
+    norm: int
+    dtype: str
+    #: fused attention: no s x s scores kept
+    flash: bool
+
+
+def missing_keys(model: ModelTable) -> list[str]:
+    return [key for key in REQUIRED_KEYS if getattr(model, key) is None]
+
+
+def resolve_shape(model: ModelTable) -> Shape | None:
+    """The shape, or None when [model] lacks what the count needs (see :func:`missing_keys`)."""
+    if missing_keys(model):
+        return None
+    h, a = model.hidden_size or 0, model.num_attention_heads or 0
+    ffn = model.ffn_hidden_size or 4 * h
+    return Shape(
+        layers=model.num_layers or 0, hidden=h, heads=a,
+        groups=model.num_query_groups or a, kv_channels=h // a, ffn=ffn,
+        vocab=model.vocab_size or 0, seq=model.seq_length or 0,
+        experts=model.num_experts or 0, moe_ffn=model.moe_ffn_hidden_size or ffn,
+        topk=model.moe_router_topk or DEFAULT_TOPK,
+        gated=bool(model.gated_mlp),
+        tied=model.tied_embeddings is not False,
+        learned_positions=(model.position_embedding or "learned") == "learned",
+        bias=model.bias is not False,
+        norm=h if model.normalization == "rmsnorm" else 2 * h,
+        dtype=model.dtype or DEFAULT_DTYPE, flash=model.flash_attention is not False)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _ceil(value: Fraction | int) -> int:
+    return math.ceil(value)
+
+
+@attrs.frozen(kw_only=True)
+class _LayerParams:
+    """One layer's parameters on one GPU: dense (tp-sharded or replicated) and expert."""
+
+    dense: int
+    expert: int
+
+
+def _layer(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
+    h, d, b = shape.hidden, shape.kv_channels, int(shape.bias)
+    q = _ceil(Fraction(shape.heads * d, tp))
+    # Megatron-Core splits the fused QKV matrix over tp as a whole, even with fewer
+    # query groups than tp (each rank then gathers the one group it needs)
+    qkv = _ceil(Fraction((shape.heads + 2 * shape.groups) * d, tp))
+    attention = h * qkv + b * qkv + q * h + b * h
+    norms = 2 * shape.norm
+    width = 2 if shape.gated else 1
+    if not shape.experts:
+        f = _ceil(Fraction(shape.ffn, tp))
+        mlp = h * width * f + b * width * f + f * h + b * h
+        return _LayerParams(dense=attention + norms + mlp, expert=0)
+    f = _ceil(Fraction(shape.moe_ffn, etp))
+    one_expert = h * width * f + b * width * f + f * h + b * h
+    local = _ceil(Fraction(shape.experts, ep))
+    return _LayerParams(dense=attention + norms + shape.experts * h, expert=local * one_expert)
+
+
+def _embedding(shape: Shape, tp: int) -> int:
+    return _ceil(Fraction(shape.vocab, tp)) * shape.hidden + (
+        shape.seq * shape.hidden if shape.learned_positions else 0)
+
+
+def parameter_count(shape: Shape) -> int:
+    """Parameters of the whole model (tied embeddings counted once; no final norm)."""
+    layer = _layer(shape, 1, 1, 1)
+    output = 0 if shape.tied else shape.vocab * shape.hidden
+    return shape.layers * (layer.dense + layer.expert) + _embedding(shape, 1) + output
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@attrs.frozen(kw_only=True)
+class MemoryEstimate:
+    """Per-GPU memory of the heaviest pipeline stage, in bytes, and what it assumed."""
+
+    #: parameters of the whole model
+    params_total: int
+    #: parameters one GPU of that stage holds (its tp/ep shard), before ZeRO-3 sharding
+    params_per_gpu: int
+    #: "only" (pp = 1), "first" or "last": the heaviest pipeline stage
+    stage: str
+    #: transformer layers on that stage
+    stage_layers: int
+    dtype: str
+    #: bytes per parameter of weights, gradients and optimizer state
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    zero_stage: int
+    #: dp-cp size the ZeRO stage shards dense parameters over (expert ones: expert-dp)
+    shard: int
+    expert_shard: int
+    micro_batch_size: int
+    #: micro batches whose activations the stage holds at once (1F1B)
+    in_flight: int
+    sequence_parallel: bool
+    recompute: str
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    total: int
+    #: accelerator_memory_gib in bytes; None: no fit check
+    capacity: int | None = None
+
+
+def _activations_per_layer(shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup,
+                           ) -> tuple[Fraction, Fraction]:
+    """(bytes kept per layer and micro batch, bytes of one layer's full activations)."""
+    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    h, d = shape.hidden, shape.kv_channels
+    q = Fraction(shape.heads * d, t)
+    kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
+    sp = training.sequence_parallel and t > 1
+    replicated = (4 * act + 2) * tokens * h
+    split = act * tokens * (2 * q + 2 * kv)
+    intermediates = 3 if shape.gated else 2
+    if shape.experts:
+        split += act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp)
+                                               + h)
+    else:
+        split += act * tokens * intermediates * Fraction(shape.ffn, t)
+    scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
+    full = (replicated / t if sp else replicated) + split + scores
+    if training.recompute == "full":
+        return act * tokens * h / (t if sp else 1), full
+    if training.recompute == "selective":
+        return full - scores, full
+    return full, full
+
+
+def stage_estimates(shape: Shape, sizes: Sizes, batch: BatchPlan | None,
+                    training: TrainingSetup, capacity: int | None = None,
+                    ) -> list[MemoryEstimate]:
+    """Per-GPU memory of the first and the last pipeline stage (one entry when pp = 1)."""
+    tp, pp = sizes.tp, sizes.pp
+    micro = batch.micro_batch_size if batch else 1
+    microbatches = batch.grad_accum_steps if batch else 1
+    per_stage = _ceil(Fraction(shape.layers, pp))
+    layer = _layer(shape, tp, sizes.ep, sizes.etp)
+    embedding = _embedding(shape, tp)
+    output = _ceil(Fraction(shape.vocab, tp)) * shape.hidden
+    kept, one_layer = _activations_per_layer(shape, sizes, micro, training)
+    extra = one_layer if training.recompute == "full" else 0
+    logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
+    if pp == 1:
+        stages = [("only", embedding + (0 if shape.tied else output), 1, logits)]
+    else:
+        stages = [("first", embedding, min(pp, microbatches), Fraction(0)),
+                  ("last", output, 1, logits)]
+    w = WEIGHT_BYTES.get(shape.dtype, 2)
+    g = training.grad_bytes or w
+    o = 8 if w >= 4 else 12
+    zero = max(0, min(3, training.zero_stage))
+    shard, expert_shard = sizes.dp * sizes.cp, sizes.edp
+    found = []
+    for name, ends, in_flight, head in stages:
+        dense = per_stage * layer.dense + ends
+        expert = per_stage * layer.expert
+
+        def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
+            on = zero >= stage
+            return _ceil(per_param * (Fraction(dense, shard if on else 1)
+                                      + Fraction(expert, expert_shard if on else 1)))
+
+        factor = Fraction(1)
+        if name == "first" and sizes.vpp:
+            factor += Fraction(pp - 1, pp * sizes.vpp)
+        activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
+        weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
+        found.append(MemoryEstimate(
+            params_total=parameter_count(shape), params_per_gpu=dense + expert, stage=name,
+            stage_layers=per_stage, dtype=shape.dtype, weight_bytes=w, grad_bytes=g,
+            optimizer_bytes=o, zero_stage=zero, shard=shard, expert_shard=expert_shard,
+            micro_batch_size=micro, in_flight=in_flight,
+            sequence_parallel=training.sequence_parallel and tp > 1,
+            recompute=training.recompute, weights=weights, gradients=gradients,
+            optimizer=optimizer, activations=activations,
+            total=weights + gradients + optimizer + activations, capacity=capacity))
+    return found
+
+
+def estimate(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
+             capacity: int | None = None) -> MemoryEstimate:
+    """Per-GPU memory of the heavier of the first and the last pipeline stage."""
+    stages = stage_estimates(shape, sizes, batch, training, capacity)
+    return max(stages, key=lambda e: e.total)  # the first on a tie
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+@attrs.frozen(kw_only=True)
+class Context:
+    """What the hint's alternatives must respect besides the shape."""
+
+    world: int
+    nproc_per_node: int
+    #: the written global batch size (None: the default micro * dp, one step)
+    global_batch_size: int | None
+    #: etp was not written, so it follows tp
+    etp_follows_tp: bool
+    #: the rank order (pp not last needs expert dp = dp)
+    order: str
+
+
+def _divisors(n: int) -> list[int]:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted(set(small + [n // k for k in small]))
+
+
+def _resized(sizes: Sizes, context: Context, shape: Shape, *, tp: int | None = None,
+             pp: int | None = None, cp: int | None = None) -> Sizes | None:
+    """The sizes with tp, pp or cp changed, or None if the plan would reject them."""
+    tp, pp, cp = tp or sizes.tp, pp or sizes.pp, cp or sizes.cp
+    world = context.world
+    etp = tp if context.etp_follows_tp else sizes.etp
+    if world % (tp * pp * cp) or world % (etp * sizes.ep * pp):
+        return None
+    dp, edp = world // (tp * pp * cp), world // (etp * sizes.ep * pp)
+    if pp > 1 and not context.order.endswith("pp") and dp != edp:
+        return None
+    g = shape.groups
+    if shape.heads % tp or (g % tp and tp % g) or shape.layers % pp:
+        return None
+    if sizes.vpp and (shape.layers // pp) % sizes.vpp:
+        return None
+    if cp > 1 and shape.seq % (2 * cp):
+        return None
+    return attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
+
+
+def _rebatched(batch: BatchPlan | None, dp: int, context: Context,
+               micro: int | None = None) -> tuple[bool, BatchPlan | None]:
+    """(whether the global batch divides, the batch) for another dp or micro batch."""
+    if batch is None:
+        return True, None
+    micro = micro or batch.micro_batch_size
+    total = context.global_batch_size or micro * dp
+    if total % (micro * dp):
+        return False, None
+    return True, BatchPlan(global_batch_size=total, micro_batch_size=micro,
+                           grad_accum_steps=total // (micro * dp))
+
+
+Variant = tuple[str, Sizes, BatchPlan | None, TrainingSetup]
+
+
+def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
+            context: Context) -> Iterator[list[Variant]]:
+    """Each lever's candidate settings, least disruptive first."""
+    for axis in ("tp", "pp", "cp"):
+        current = getattr(sizes, axis)
+        options: list[Variant] = []
+        for value in _divisors(context.world):
+            if value <= current:
+                continue
+            resized = _resized(sizes, context, shape, **{axis: value})
+            if resized is None:
+                continue
+            divides, rebatched = _rebatched(batch, resized.dp, context)
+            if not divides:
+                continue
+            spans = " (spans nodes)" if axis == "tp" and value > context.nproc_per_node else ""
+            options.append((f"{axis} {value}{spans}", resized, rebatched, training))
+        yield options
+    if max(sizes.dp * sizes.cp, sizes.edp) > 1:
+        yield [(f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
+               for stage in range(training.zero_stage + 1, 4)]
+    if sizes.tp > 1 and not training.sequence_parallel:
+        yield [("sequence parallel", sizes, batch,
+                attrs.evolve(training, sequence_parallel=True))]
+    modes = ("none", "selective", "full")
+    after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
+    yield [(f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
+           for mode in modes[after:]]
+    if batch is not None and batch.micro_batch_size > 1:
+        options = []
+        for micro in reversed(_divisors(batch.micro_batch_size)[:-1]):
+            divides, rebatched = _rebatched(batch, sizes.dp, context, micro)
+            if divides:
+                options.append((f"micro_batch_size {micro}", sizes, rebatched, training))
+        yield options
+
+
+def _hint(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
+          context: Context, capacity: int, fits: str = "fits") -> str:
+    """The levers that help most, each evaluated alone (the first setting that fits)."""
+    chosen: list[tuple[int, str]] = []
+    now = estimate(shape, sizes, batch, training).total
+    for options in _levers(shape, sizes, batch, training, context):
+        totals = [(total, label) for total, label in
+                  ((estimate(shape, s, b, t).total, label) for label, s, b, t in options)
+                  if total < now]
+        if not totals:
+            continue
+        fitting = [item for item in totals if item[0] <= capacity]
+        chosen.append(fitting[0] if fitting else min(totals))
+    chosen.sort()
+    if not chosen:
+        return "use accelerators with more memory, or a smaller model"
+    shown = ", ".join(f"{label} gives {gib(total)}{f' ({fits})' if total <= capacity else ''}"
+                      for total, label in chosen[:MAX_LEVERS])
+    text = f"estimated per-GPU total with one change each: {shown}"
+    if chosen[0][0] > capacity:
+        text += "; none is enough alone, combine several"
+    return text
+
+
+def plan_memory(model: ModelTable | None, sizes: Sizes, batch: BatchPlan | None,
+                training: TrainingSetup, capacity_gib: float | None, context: Context,
+                ) -> tuple[MemoryEstimate | None, list[Finding]]:
+    """The estimate (None without a complete [model]) and the fit findings (MDC260-262)."""
+    pointer = "/distributed/accelerator_memory_gib"
+    capacity = int(capacity_gib * GIB) if capacity_gib is not None else None
+    if model is None:
+        if capacity is None:
+            return None, []
+        return None, [Finding(
+            code="MDC261", severity=Severity.WARNING, pointer=pointer,
+            message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but there "
+                    "is no [model] table, so no memory check is made",
+            hint=f"add a [model] table with {', '.join(REQUIRED_KEYS)}")]
+    shape = resolve_shape(model)
+    if shape is None:
+        if capacity is None:
+            return None, []
+        missing = missing_keys(model)
+        return None, [Finding(
+            code="MDC261", severity=Severity.WARNING, pointer="/model",
+            message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but [model] "
+                    f"lacks {', '.join(missing)}, so no memory estimate or check is made",
+            hint=f"add {', '.join(missing)} to [model]")]
+    found = estimate(shape, sizes, batch, training, capacity)
+    if capacity is None:
+        return found, []
+    parts = (f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
+             f"{gib(found.optimizer)} + activations {gib(found.activations)}")
+    where = "per GPU" if found.stage == "only" else f"per GPU on the {found.stage} pipeline stage"
+    limit = f"accelerator_memory_gib = {_number(capacity_gib or 0)}"
+    if found.total > capacity:
+        return found, [Finding(
+            code="MDC260", pointer=pointer,
+            message=f"the job needs an estimated {gib(found.total)} {where} ({parts}), more "
+                    f"than {limit}",
+            hint=_hint(shape, sizes, batch, training, context, capacity))]
+    if found.total > capacity * HEADROOM:
+        share = found.total * 100 // capacity
+        return found, [Finding(
+            code="MDC262", severity=Severity.WARNING, pointer=pointer,
+            message=f"the estimated {gib(found.total)} {where} ({parts}) is {share}% of "
+                    f"{limit}; the CUDA/ROCm context, communication buffers and fragmentation "
+                    "are not counted and may not fit",
+            hint=_hint(shape, sizes, batch, training, context, int(capacity * HEADROOM),
+                       f"under {HEADROOM * 100}%"))]
+    return found, []
+
