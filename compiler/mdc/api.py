@@ -19,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
     GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes,
     TrainingSetup)
@@ -140,7 +141,7 @@ def script_path(role: str) -> str:
 __all__ = [
     "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "OUT_DIR", "RUNTIME_VARIABLES",
     "Artifact", "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding",
-    "JobTable", "Launch", "LauncherSpec", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
+    "JobTable", "Launch", "LauncherSpec", "MemoryEstimate", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
     "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",
     "out_file", "program", "read_schema", "refs_in", "script_path", "shell_join",
     "shell_word", "torchrun_argv", "torchrun_findings", "torchrun_worker_env",

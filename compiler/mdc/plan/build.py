@@ -21,7 +21,7 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
-from mdc.plan.ranks import RankGrid, complete_order
+from mdc.plan.ranks import RankGrid, complete_order, divisors
 from mdc.spec import JobSpec
 
 Locate = Callable[[str], SourceLocation]
@@ -38,11 +38,6 @@ def derived_port(job_name: str) -> int:
     digest = hashlib.sha256(job_name.encode()).digest()
     low, high = PORT_RANGE
     return low + int.from_bytes(digest[:8], "big") % (high - low)
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def _listing(values: list[int], limit: int = 12) -> str:

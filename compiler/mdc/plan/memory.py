@@ -95,6 +95,7 @@ import attrs
 
 from mdc.errors import Finding, Severity
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.plan.ranks import divisors
 from mdc.spec import ModelTable
 
 GIB = 1 << 30
@@ -355,11 +356,6 @@ class Context:
     order: str
 
 
-def _divisors(n: int) -> list[int]:
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return sorted(set(small + [n // k for k in small]))
-
-
 def _resized(sizes: Sizes, context: Context, shape: Shape, *, tp: int | None = None,
              pp: int | None = None, cp: int | None = None) -> Sizes | None:
     """The sizes with tp, pp or cp changed, or None if the plan would reject them."""
@@ -403,7 +399,7 @@ def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: Train
     for axis in ("tp", "pp", "cp"):
         current = getattr(sizes, axis)
         options: list[Variant] = []
-        for value in _divisors(context.world):
+        for value in divisors(context.world):
             if value <= current:
                 continue
             resized = _resized(sizes, context, shape, **{axis: value})
@@ -427,7 +423,7 @@ def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: Train
            for mode in modes[after:]]
     if batch is not None and batch.micro_batch_size > 1:
         options = []
-        for micro in reversed(_divisors(batch.micro_batch_size)[:-1]):
+        for micro in reversed(divisors(batch.micro_batch_size)[:-1]):
             divides, rebatched = _rebatched(batch, sizes.dp, context, micro)
             if divides:
                 options.append((f"micro_batch_size {micro}", sizes, rebatched, training))

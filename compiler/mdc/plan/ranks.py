@@ -12,6 +12,7 @@ a few integers.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from math import prod
 
@@ -153,3 +154,9 @@ class GroupSet:
             if off + self.span >= block:
                 return offsets[off]
         return None
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending (for hints that suggest sizes)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
