@@ -1,0 +1,225 @@
+"""A real SLURM cluster on this machine for the slurm backend's tests.
+
+``slurm_local.sh`` (beside this file) installs SLURM with apt when it is
+missing and runs 4 emulated nodes, each with 8 fake GPUs, on 127.0.0.1. The
+session fixture brings it up once and tears down only what it started: a
+cluster that was already up stays up. Without root, or without SLURM and
+apt-get, the tests that need it skip and say why (under CI a skip fails the
+run, which is intended: CI has both).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+SCRIPT = HERE / "slurm_local.sh"
+NODES = 4
+FAKE_GPUS = 8
+#: the venv's bin: torchrun lives next to the interpreter running the tests
+VENV_BIN = Path(sys.executable).parent
+#: marks every process a job starts (sbatch passes the environment on), to find leftovers
+TOKEN_VARIABLE = "MDC_TEST_RUN_TOKEN"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+#: seconds spent bringing the cluster up, and in this directory's tests
+TIMES: dict[str, float] = {}
+
+def _installed() -> bool:
+    return all(Path(p).is_file() for p in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd",
+                                           "/usr/bin/sbatch", "/usr/sbin/munged"))
+
+
+def _script(action: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MDC_SLURM_NODES": str(NODES), "MDC_SLURM_FAKE_GPUS": str(FAKE_GPUS)}
+    return subprocess.run(["bash", str(SCRIPT), action], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@attrs.frozen
+class Cluster:
+    nodes: int
+    gpus_per_node: int
+    partitions: tuple[str, ...]
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    if os.geteuid() != 0:
+        pytest.skip("the SLURM tests run a real cluster on this machine and need root "
+                    "(tests/integration/slurm/slurm_local.sh up)")
+    if not _installed() and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and there is no apt-get to install it "
+                    "(munge slurmctld slurmd slurm-client)")
+    was_up = _installed() and _script("status", timeout=60).returncode == 0
+    started = time.monotonic()
+    up = _script("up")
+    TIMES["bring-up"] = time.monotonic() - started
+    if up.returncode != 0:
+        pytest.fail(f"slurm_local.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
+    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
+                                check=True).stdout.split()
+    yield Cluster(nodes=NODES, gpus_per_node=FAKE_GPUS, partitions=tuple(partitions))
+    if not was_up:
+        down = _script("down", timeout=120)
+        assert down.returncode == 0, f"slurm_local.sh down failed:\n{down.stderr}"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid.startswith("tests/integration/slurm/"):
+        TIMES["tests"] = TIMES.get("tests", 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if "bring-up" in TIMES:
+        terminalreporter.write_line(
+            f"SLURM tier: cluster bring-up {TIMES['bring-up']:.1f} s, tests under "
+            f"tests/integration/slurm {TIMES.get('tests', 0.0):.1f} s ({NODES} emulated nodes, "
+            f"{FAKE_GPUS} fake GPUs each)")
+
+
+# ---------------------------------------------------------------- compiling and submitting
+
+
+@attrs.frozen
+class Finished:
+    job_id: str
+    state: str
+    exit_code: str
+    log: str
+    seconds: float
+
+
+class Jobs:
+    """Submits batch jobs and waits for them; cancels whatever is still queued at the end."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.ids: list[str] = []
+
+    def submit(self, out: Path, env: dict[str, str], *, cwd: Path | None = None,
+               args: tuple[str, ...] = ()) -> str:
+        """``sbatch slurm/job.sbatch`` from inside OUT (or ``cwd``); returns the job id."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        script = out / "slurm" / "job.sbatch"
+        done = subprocess.run(
+            ["sbatch", "--parsable", f"--output={self.logs}/job-%j.out", *args,
+             str(script) if cwd is not None else "slurm/job.sbatch"],
+            cwd=cwd or out, env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, f"sbatch failed ({done.returncode}):\n{done.stderr}"
+        job_id = done.stdout.strip().split(";")[0]
+        assert job_id.isdigit(), done.stdout
+        self.ids.append(job_id)
+        return job_id
+
+    def wait(self, job_id: str, timeout: float = 240) -> Finished:
+        started = time.monotonic()
+        state, exit_code = "", ""
+        while time.monotonic() - started < timeout:
+            shown = subprocess.run(["scontrol", "show", "job", "-o", job_id],
+                                   capture_output=True, text=True, timeout=30, check=False)
+            found = re.search(r"\bJobState=(\S+)", shown.stdout)
+            code = re.search(r"\bExitCode=(\S+)", shown.stdout)
+            state, exit_code = (found.group(1) if found else ""), (code.group(1) if code else "")
+            if state in FINAL_STATES:
+                break
+            time.sleep(0.5)
+        else:
+            self.cancel(job_id)
+            pytest.fail(f"job {job_id} did not finish within {timeout} s (state {state}); "
+                        f"log:\n{self.log(job_id)[-6000:]}")
+        return Finished(job_id=job_id, state=state, exit_code=exit_code, log=self.log(job_id),
+                        seconds=time.monotonic() - started)
+
+    def log(self, job_id: str) -> str:
+        path = self.logs / f"job-{job_id}.out"
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+    @staticmethod
+    def cancel(job_id: str) -> None:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
+
+    def cancel_all(self) -> None:
+        for job_id in self.ids:
+            self.cancel(job_id)
+
+
+@pytest.fixture
+def jobs(slurm_cluster: Cluster, tmp_path: Path) -> Iterator[Jobs]:
+    submitted = Jobs(tmp_path / "logs")
+    yield submitted
+    submitted.cancel_all()  # a failed test's jobs do not stay queued or running
+
+
+class RunToken:
+    """Marks a test's jobs: every process they start carries ``TOKEN_VARIABLE=value``."""
+
+    def __init__(self) -> None:
+        self.value = uuid.uuid4().hex
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """What sbatch passes on to the job: this environment without launcher and SLURM
+        variables, the venv first on PATH, and the token."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PET_", "TORCHELASTIC_", "SLURM_", "SBATCH_", "SRUN_"))
+               and k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE",
+                             "LOCAL_RANK", "MDC_OUT")}
+        env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
+                   **{TOKEN_VARIABLE: self.value}, **extra)
+        return env
+
+    def processes(self) -> list[int]:
+        """Live processes whose environment holds the token."""
+        needle = f"{TOKEN_VARIABLE}={self.value}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # gone, a zombie or not ours
+                continue
+        return found
+
+    def leftovers(self, grace: float = 10.0) -> list[str]:
+        """Command lines of the token's processes still alive ``grace`` seconds from now."""
+        deadline = time.monotonic() + grace
+        while (pids := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = []
+        for pid in pids:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                lines.append(f"{pid}: {cmdline.decode(errors='replace').strip()}")
+            except OSError:
+                continue
+        return lines
+
+    def kill_all(self) -> None:
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def token() -> Iterator[RunToken]:
+    marked = RunToken()
+    yield marked
+    marked.kill_all()  # whatever a failed test left running
