@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'llama70b-pretrain' (nodes 0-15), launcher megatron.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+set -euo pipefail
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export TENSOR_MODEL_PARALLEL_SIZE=8
+export PIPELINE_MODEL_PARALLEL_SIZE=4
+export CONTEXT_PARALLEL_SIZE=2
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+export NCCL_DEBUG=WARN
+cd /workspace/Megatron-LM
+exec torchrun --nnodes 16 --rdzv-backend static --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" --nproc-per-node 8 --max-restarts 0 pretrain_gpt.py --data-path /data/corpus_text_document --tokenizer-type HuggingFaceTokenizer --tokenizer-model /models/llama3 --train-iters 100000 --lr 1.5e-4 --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --context-parallel-size 2 --expert-model-parallel-size 1 --expert-tensor-parallel-size 8 --num-virtual-stages-per-pipeline-rank 5 --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --micro-batch-size 1 --global-batch-size 512 --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 --group-query-attention --num-query-groups 8 --seq-length 8192 --max-position-embeddings 8192 --bf16 --recompute-granularity selective --swiglu --normalization RMSNorm --position-embedding-type rope --untie-embeddings-and-output-weights --disable-bias-linear
