@@ -357,8 +357,9 @@ def _memory(spec: JobSpec, sizes: Sizes, batch: BatchPlan | None, training: Trai
 
 
 def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:
-    for code, kind, name, size in (("MDC250", "tp", "tensor-parallel", sizes.tp),
-                                   ("MDC251", "ep", "expert-parallel", sizes.ep)):
+    for code, kind, article, name, size in (
+            ("MDC250", "tp", "a", "tensor-parallel", sizes.tp),
+            ("MDC251", "ep", "an", "expert-parallel", sizes.ep)):
         groups = layout.groups(kind)
         index = groups.group_crossing(nproc)
         if index is None:
@@ -366,7 +367,7 @@ def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Finding
         ranks = groups[index] if size <= 16 else groups[index][:16]
         nodes = sorted({r // nproc for r in ranks})
         shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
-        found.add(code, f"a {name} group (ranks {shown}) spans nodes "
+        found.add(code, f"{article} {name} group (ranks {shown}) spans nodes "
                   f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
                   f"/parallelism/{kind}",
                   f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "

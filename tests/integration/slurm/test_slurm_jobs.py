@@ -154,10 +154,13 @@ def test_the_jobs_gpus_reach_every_node_task(compile_spec: Any, jobs: Any, token
 
 
 def roles_launch(plan: Plan, options: object) -> Launch:
-    """proxy, prefill and decode nodes each record their role; ROLE_FAIL fails one node."""
+    """proxy, prefill and decode nodes each record their role; ROLE_FAIL fails one node,
+    once every node has recorded its line (so the test can tell that all of them ran)."""
     def line(role: str) -> str:
         return (f'echo "{role} $NODE_RANK $SLURMD_NODENAME $MASTER_ADDR $MASTER_PORT" '
-                '>> "$ROLE_LOG"; if [[ "$NODE_RANK" == "${ROLE_FAIL:-none}" ]]; then exit 3; '
+                '>> "$ROLE_LOG"; if [[ "$NODE_RANK" == "${ROLE_FAIL:-none}" ]]; then '
+                f'for _ in {{1..600}}; do (( $(wc -l < "$ROLE_LOG") >= {plan.nnodes} )) && '
+                'break; sleep 0.1; done; exit 3; '
                 'fi; if [[ -n "${ROLE_FAIL:-}" ]]; then exec sleep 600; fi')
     return Launch(roles=tuple(Role(name=r.name, argv=("bash", "-c", line(r.name)))
                               for r in plan.roles))
