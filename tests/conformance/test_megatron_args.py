@@ -110,6 +110,14 @@ FLAGS: dict[str, Flag] = {
     "--seq-length": Flag(int, GPTDatasetConfig, "sequence_length"),
     "--max-position-embeddings": Flag(int, GPTModel.__init__, "max_sequence_length"),
     "--num-experts": Flag(int, TransformerConfig, "num_moe_experts"),
+    "--moe-ffn-hidden-size": Flag(int, TransformerConfig, "moe_ffn_hidden_size"),
+    "--moe-router-topk": Flag(int, TransformerConfig, "moe_router_topk"),
+    "--swiglu": Flag(bool, TransformerConfig, "gated_linear_unit"),
+    "--untie-embeddings-and-output-weights": Flag(bool, GPTModel.__init__,
+                                                  "share_embeddings_and_output_weights"),
+    "--position-embedding-type": Flag(str, GPTModel.__init__, "position_embedding_type"),
+    "--disable-bias-linear": Flag(bool, TransformerConfig, "add_bias_linear"),
+    "--normalization": Flag(str, TransformerConfig, "normalization"),
     "--bf16": Flag(bool, ModelParallelConfig, "bf16"),
     "--fp16": Flag(bool, ModelParallelConfig, "fp16"),
     "--fp8-format": Flag(str, TransformerConfig, "fp8"),
@@ -127,7 +135,7 @@ MEGATRON_TOKENS = {
 
 def megatron_parser(*, user_flags: bool = True) -> argparse.ArgumentParser:
     """A parser for the flags in FLAGS, typed as Megatron-LM types them (no abbreviations);
-    with ``user_flags``, also two that users pass themselves and the checks read."""
+    with ``user_flags``, also one that users pass themselves and the checks read."""
     parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
     for flag, spec in FLAGS.items():
         if spec.kind is bool:
@@ -135,8 +143,6 @@ def megatron_parser(*, user_flags: bool = True) -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, type=spec.kind, default=None)
     if user_flags:
-        parser.add_argument("--disable-bias-linear", action="store_false",
-                            dest="add_bias_linear")
         parser.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
     return parser
 
@@ -267,7 +273,11 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         num_attention_heads=heads,
         num_query_groups=ns.num_query_groups if ns.group_query_attention else None,
         num_moe_experts=ns.num_experts,
-        add_bias_linear=ns.add_bias_linear,
+        add_bias_linear=not ns.disable_bias_linear,
+        gated_linear_unit=ns.swiglu,
+        normalization=ns.normalization or "LayerNorm",
+        moe_ffn_hidden_size=ns.moe_ffn_hidden_size,
+        moe_router_topk=ns.moe_router_topk or 2,
         fp8=ns.fp8_format,
         recompute_granularity=ns.recompute_granularity,
         recompute_method=ns.recompute_method,
@@ -307,7 +317,9 @@ def check_job(out: Path, plan: dict[str, Any],
     options = plan["options"].get("megatron") or {}
     extra_args = list(options.get("extra_args", []))
     own = program_args(plan)
-    assert rest == [*own, *extra_args], "mdc's flags must come after the user's own arguments"
+    # switches in FLAGS that a user may also pass (when mdc does not) are parsed away too
+    theirs = [w for w in [*own, *extra_args] if not (w in FLAGS and FLAGS[w].kind is bool)]
+    assert rest == theirs, "mdc's flags must come after the user's own arguments"
     assert script_args[:len(own)] == own
     for flag in FLAGS:  # each flag once: Megatron-LM's parser keeps the last one silently
         assert script_args.count(flag) <= 1, flag

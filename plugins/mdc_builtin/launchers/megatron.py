@@ -117,6 +117,11 @@ def megatron_order(plan: Plan) -> str | None:
     return None
 
 
+#: [model] values -> Megatron-LM's choices for --position-embedding-type and --normalization
+POSITION_EMBEDDINGS: Mapping[str, str] = {"learned": "learned_absolute", "rope": "rope"}
+NORMALIZATIONS: Mapping[str, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
 def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     model = plan.model
     if model is None:
@@ -138,6 +143,22 @@ def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         yield from ("--max-position-embeddings", str(positions))
     if model.num_experts is not None:
         yield from ("--num-experts", str(model.num_experts))
+    for flag, value in (("--moe-ffn-hidden-size", model.moe_ffn_hidden_size),
+                        ("--moe-router-topk", model.moe_router_topk)):
+        if value is not None:
+            yield from (flag, str(value))
+    # the layout keys the memory estimate reads, in Megatron-LM's words (its defaults:
+    # no gating, tied embeddings, learned positions, biases, LayerNorm)
+    if model.gated_mlp:
+        yield "--swiglu"
+    if model.tied_embeddings is False:
+        yield "--untie-embeddings-and-output-weights"
+    if model.position_embedding is not None:
+        yield from ("--position-embedding-type", POSITION_EMBEDDINGS[model.position_embedding])
+    if model.bias is False:
+        yield "--disable-bias-linear"
+    if model.normalization is not None:
+        yield from ("--normalization", NORMALIZATIONS[model.normalization])
     if model.dtype == "bf16":
         yield "--bf16"
     elif model.dtype == "fp16":
@@ -234,6 +255,13 @@ SOURCES: Mapping[str, str] = {
     "--seq-length": "[model] seq_length",
     "--max-position-embeddings": "[megatron] max_position_embeddings ([model] seq_length)",
     "--num-experts": "[model] num_experts",
+    "--moe-ffn-hidden-size": "[model] moe_ffn_hidden_size",
+    "--moe-router-topk": "[model] moe_router_topk",
+    "--swiglu": "[model] gated_mlp",
+    "--untie-embeddings-and-output-weights": "[model] tied_embeddings",
+    "--position-embedding-type": "[model] position_embedding",
+    "--disable-bias-linear": "[model] bias",
+    "--normalization": "[model] normalization",
     "--bf16": "[model] dtype",
     "--fp16": "[model] dtype",
     "--fp8-format": "[model] dtype and [megatron] fp8_format",

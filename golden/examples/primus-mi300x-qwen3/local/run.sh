@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# Runs job 'primus-qwen3-1-7b' on this machine: 1 node(s) x 8 process(es), nodes as local agents on 127.0.0.1.
-set -euo pipefail
-out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export MASTER_ADDR=127.0.0.1
-export MASTER_PORT=21757
-NODE_RANK=0 exec bash "$out"/launch/worker.sh
