@@ -25,7 +25,7 @@ from mdc.plan.model import (
     TrainingSetup)
 from mdc.runtime import (
     MASTER_ADDR, MASTER_PORT, NODE_RANK, OUT_DIR, RUNTIME_VARIABLES, Concat, Ref, Word, out_file,
-    refs_in, shell_join, shell_word)
+    refs_in, shell_join, shell_word, supervise)
 from mdc.spec import JobTable, ModelTable
 from mdc.torchrun import (
     TorchrunOptions, program, torchrun_argv, torchrun_findings, torchrun_worker_env)
@@ -144,5 +144,5 @@ __all__ = [
     "JobTable", "Launch", "LauncherSpec", "MemoryEstimate", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
     "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",
     "out_file", "program", "read_schema", "refs_in", "script_path", "shell_join",
-    "shell_word", "torchrun_argv", "torchrun_findings", "torchrun_worker_env",
+    "shell_word", "supervise", "torchrun_argv", "torchrun_findings", "torchrun_worker_env",
 ]

@@ -72,3 +72,34 @@ def refs_in(words: Iterable[Word]) -> list[str]:
 
 def shell_join(words: Iterable[Word]) -> str:
     return " ".join(shell_word(w) for w in words)
+
+
+def supervise(start: list[str], *, children: str, failed: str, owner: str) -> list[str]:
+    """Bash lines that run ``start`` and watch what it starts, as one unit.
+
+    Each line of ``start`` starts children in the background and appends each
+    ``$!`` to the array ``pids``. The first child to fail stops the others, and
+    its exit status becomes ``owner``'s; INT and TERM stop every child and wait
+    for it, then exit 130 and 143. ``children`` names them in comments ("node",
+    "process"); ``failed`` is the subject of the failure message ("a node").
+    """
+    return [
+        "pids=()",
+        'stop() { kill "${pids[@]}" 2>/dev/null || true; }',
+        f"# On Ctrl-C or TERM, stop every {children} and wait for it before exiting.",
+        "trap 'stop; wait || true; exit 130' INT",
+        "trap 'stop; wait || true; exit 143' TERM",
+        *start,
+        f"# The first {children} to fail stops the others; its status is the {owner}'s.",
+        'for _ in "${pids[@]}"; do',
+        "  if wait -n; then",
+        "    continue",
+        "  else",
+        "    status=$?",
+        f'    echo "mdc: {failed} exited with status $status; stopping the others" >&2',
+        "    stop",
+        "    wait || true",
+        '    exit "$status"',
+        "  fi",
+        "done",
+    ]

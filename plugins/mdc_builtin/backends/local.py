@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import mdc
 from mdc.api import (
-    Artifact, BackendSpec, Finding, Launch, Plan, Severity, script_path, shell_word)
+    Artifact, BackendSpec, Finding, Launch, Plan, Severity, script_path, shell_word, supervise)
 
 LOOPBACK = "127.0.0.1"
 
@@ -34,35 +34,16 @@ def run_script(plan: Plan) -> str:
         only = plan.roles[0].name
         lines.append(f'NODE_RANK=0 exec bash "$out"/{shell_word(script_path(only))}')
         return "\n".join(lines)
-    lines += [
-        "pids=()",
-        "stop() { kill \"${pids[@]}\" 2>/dev/null || true; }",
-        "# On Ctrl-C or TERM, stop every node and wait for it before exiting.",
-        "trap 'stop; wait || true; exit 130' INT",
-        "trap 'stop; wait || true; exit 143' TERM",
-    ]
+    start = []
     for role in plan.roles:
         last = role.first_node + role.count
-        lines += [
+        start += [
             f"for ((node = {role.first_node}; node < {last}; node++)); do",
             f'  NODE_RANK="$node" bash "$out"/{shell_word(script_path(role.name))} &',
             '  pids+=("$!")',
             "done",
         ]
-    lines += [
-        "# The first node to fail stops the others; its status is the job's.",
-        "for _ in \"${pids[@]}\"; do",
-        "  if wait -n; then",
-        "    continue",
-        "  else",
-        "    status=$?",
-        "    echo \"mdc: a node exited with status $status; stopping the others\" >&2",
-        "    stop",
-        "    wait || true",
-        "    exit \"$status\"",
-        "  fi",
-        "done",
-    ]
+    lines += supervise(start, children="node", failed="a node", owner="job")
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from mdc.api import (
     read_schema,
     script_path,
     shell_word,
+    supervise,
 )
 
 HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]*")
@@ -123,34 +124,18 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         '  printf "%s" "$command"',
         "}",
         "",
-        "pids=()",
-        "stop() { kill \"${pids[@]}\" 2>/dev/null || true; }",
-        "# On Ctrl-C or TERM, stop every node and wait for it before exiting.",
-        "trap 'stop; wait || true; exit 130' INT",
-        "trap 'stop; wait || true; exit 143' TERM",
     ]
+    start = []
     for role in plan.roles:
         last = role.first_node + role.count
-        lines += [
+        start += [
             f"for ((node = {role.first_node}; node < {last}; node++)); do",
             ('  "${ssh_command[@]}" "${hosts[node]}" '
-            f'"$(remote_command "$node" {shell_word(script_path(role.name))})" </dev/null &'),
+             f'"$(remote_command "$node" {shell_word(script_path(role.name))})" </dev/null &'),
             '  pids+=("$!")',
             "done",
         ]
-    lines += [
-        "for _ in \"${pids[@]}\"; do",
-        "  if wait -n; then",
-        "    continue",
-        "  else",
-        "    status=$?",
-        "    echo \"mdc: a node exited with status $status; stopping the others\" >&2",
-        "    stop",
-        "    wait || true",
-        "    exit \"$status\"",
-        "  fi",
-        "done",
-    ]
+    lines += supervise(start, children="node", failed="a node", owner="job")
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ from mdc.api import (
     out_file,
     read_schema,
     shell_word,
+    supervise,
 )
 
 SPAWNER = "launch/spawn.sh"
@@ -84,30 +85,14 @@ def spawn_script(plan: Plan, options: BasicOptions | None) -> str:
         '  echo "mdc: spawn.sh needs the command to run as its arguments" >&2',
         "  exit 2",
         "fi",
-        "pids=()",
-        'stop() { kill "${pids[@]}" 2>/dev/null || true; }',
-        "# On Ctrl-C or TERM, stop every process and wait for it before exiting.",
-        "trap 'stop; wait || true; exit 130' INT",
-        "trap 'stop; wait || true; exit 143' TERM",
-        "for ((local_rank = 0; local_rank < LOCAL_WORLD_SIZE; local_rank++)); do",
-        "  rank=$((NODE_RANK * LOCAL_WORLD_SIZE + local_rank))",
-        ('  RANK="$rank" LOCAL_RANK="$local_rank" "$@" '
-         f'{WORLD_SIZE_FLAG} "$WORLD_SIZE" {RANK_FLAG} "$rank"{extra} &'),
-        '  pids+=("$!")',
-        "done",
-        "# The first process to fail stops the others; its status is the node's.",
-        'for _ in "${pids[@]}"; do',
-        "  if wait -n; then",
-        "    continue",
-        "  else",
-        "    status=$?",
-        ('    echo "mdc: a process on node $NODE_RANK exited with status $status;'
-         ' stopping the others" >&2'),
-        "    stop",
-        "    wait || true",
-        '    exit "$status"',
-        "  fi",
-        "done",
+        *supervise([
+            "for ((local_rank = 0; local_rank < LOCAL_WORLD_SIZE; local_rank++)); do",
+            "  rank=$((NODE_RANK * LOCAL_WORLD_SIZE + local_rank))",
+            ('  RANK="$rank" LOCAL_RANK="$local_rank" "$@" '
+             f'{WORLD_SIZE_FLAG} "$WORLD_SIZE" {RANK_FLAG} "$rank"{extra} &'),
+            '  pids+=("$!")',
+            "done",
+        ], children="process", failed="a process on node $NODE_RANK", owner="node"),
     ])
 
 

@@ -42,6 +42,7 @@ for ((node = 0; node < 1; node++)); do
   "${ssh_command[@]}" "${hosts[node]}" "$(remote_command "$node" launch/worker.sh)" </dev/null &
   pids+=("$!")
 done
+# The first node to fail stops the others; its status is the job's.
 for _ in "${pids[@]}"; do
   if wait -n; then
     continue
