@@ -295,6 +295,16 @@ def test_bytes_per_parameter_follow_megatron_and_zero(training: TrainingSetup,
     assert abs(state_bytes(e) - expected) <= 3  # each term rounds up to a byte
 
 
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_hybrid_sharding_shards_within_each_replica(replicas: int) -> None:
+    """HSDP: dp = 8 ranks hold ``replicas`` full copies, each sharded ZeRO-3 over 8 / replicas."""
+    plan = planned(job(nnodes=8, nproc=1, model=BIG), TrainingSetup(zero_stage=3,
+                                                                     replicas=replicas))
+    e = stages(plan)[0]
+    assert e.shard == 8 // replicas
+    assert abs(state_bytes(e) - Fraction(16 * replicas, 8) * e.params_per_gpu) <= 3
+
+
 def test_fp32_training_needs_no_master_copy() -> None:
     plan = planned(job(model={**BIG, "dtype": "fp32"}))
     e = stages(plan)[0]

@@ -296,7 +296,8 @@ def stage_estimates(shape: Shape, sizes: Sizes, batch: BatchPlan | None,
     g = training.grad_bytes or w
     o = 8 if w >= 4 else 12
     zero = max(0, min(3, training.zero_stage))
-    shard, expert_shard = sizes.dp * sizes.cp, sizes.edp
+    replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
+    shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
     for name, ends, in_flight, head in stages:
         dense = per_stage * layer.dense + ends

@@ -108,6 +108,9 @@ class TrainingSetup:
     sequence_parallel: bool = False
     #: activation recomputation: "none", "selective" (attention core) or "full"
     recompute: str = "none"
+    #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
+    #: stage shards within each (over dp * cp / replicas ranks); must divide dp
+    replicas: int = 1
 
 
 @attrs.frozen(kw_only=True)

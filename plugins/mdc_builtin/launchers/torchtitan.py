@@ -517,10 +517,11 @@ def _recompute(opts: TorchtitanOptions) -> str:
 
 def training(options: TorchtitanOptions | None) -> TrainingSetup:
     """FSDP2 shards weights, gradients and optimizer state (ZeRO-3 style) over its fsdp
-    dimension; gradients are kept and reduced in float32 (mixed_precision_reduce)."""
+    dimension (dp_shard * cp; dp_replicate copies under HSDP); gradients are kept and
+    reduced in float32 (mixed_precision_reduce)."""
     opts = _options(options)
     return TrainingSetup(zero_stage=3, grad_bytes=4, sequence_parallel=True,
-                         recompute=_recompute(opts))
+                         recompute=_recompute(opts), replicas=opts.dp_replicate or 1)
 
 
 @mdc.hookimpl
