@@ -55,6 +55,8 @@ class Cluster:
     nodes: int
     gpus_per_node: int
     partitions: tuple[str, ...]
+    #: CPUs of each emulated node (slurm.conf gives each this machine's count)
+    cpus: int
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +75,9 @@ def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         pytest.fail(f"slurm_local.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
     partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
                                 check=True).stdout.split()
-    yield Cluster(nodes=NODES, gpus_per_node=FAKE_GPUS, partitions=tuple(partitions))
+    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
+                              check=True).stdout.split()[0])
+    yield Cluster(nodes=NODES, gpus_per_node=FAKE_GPUS, partitions=tuple(partitions), cpus=cpus)
     if not was_up:
         down = _script("down", timeout=120)
         assert down.returncode == 0, f"slurm_local.sh down failed:\n{down.stderr}"

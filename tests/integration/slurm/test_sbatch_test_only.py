@@ -5,10 +5,11 @@
 whether the request fits the cluster (nodes, GPUs per node, memory, time,
 partition), without running anything. Covered: every example whose backend is
 slurm, and one spec per training launcher in ``specs/``. The local cluster has
-4 nodes with 8 fake GPUs each and one partition, ``debug``: a partition named
-by an example (a site's name, like ``batch``) is replaced on the command line,
-which takes precedence over #SBATCH lines; everything else is submitted as
-written.
+4 nodes with 8 fake GPUs each, this machine's CPUs and 4000 MB, and one
+partition, ``debug``. What a site's example asks beyond that (its partition
+name, more nodes, CPUs or memory than the emulation has) is scaled down on the
+command line, which takes precedence over #SBATCH lines: sbatch still parses
+and checks every directive as written, and the rest is submitted as written.
 """
 
 from __future__ import annotations
@@ -87,13 +88,22 @@ def test_sbatch_accepts_the_batch_script(spec: Path, slurm_cluster: Any,
     partition = directive(script, "partition")
     if partition is not None and partition not in slurm_cluster.partitions:
         args.append(f"--partition={slurm_cluster.partitions[0]}")
+    nodes = plan["min_nnodes"]
+    if nodes > slurm_cluster.nodes:
+        nodes = slurm_cluster.nodes
+        args.append(f"--nodes={nodes}")
+    cpus = directive(script, "cpus-per-task")
+    if cpus is not None and int(cpus) > slurm_cluster.cpus:
+        args.append(f"--cpus-per-task={slurm_cluster.cpus}")
+    if directive(script, "mem") is not None:
+        args.append("--mem=0")  # all of a node's memory, whatever the example asks
     done = sbatch_test_only(out, *args)
     assert done.returncode == 0, f"sbatch --test-only {' '.join(args)} refused:\n{done.stderr}"
     # "sbatch: Job N to start at ... on nodes node[1-2] in partition debug"
     started = re.search(r"Job \d+ to start at \S+ using \d+ processors on nodes (\S+)",
                         done.stderr)
     assert started, done.stderr
-    expected = f"node[1-{plan['min_nnodes']}]"
+    expected = f"node[1-{nodes}]"
     assert started.group(1) == expected, done.stderr
 
 
