@@ -24,7 +24,7 @@ from mdc.plan.model import (
     GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes,
     TrainingSetup)
 from mdc.runtime import (
-    MASTER_ADDR, MASTER_PORT, NODE_RANK, OUT_DIR, RUNTIME_VARIABLES, Concat, Ref, Word, out_file,
+    MASTER_ADDR, MASTER_PORT, NODE_HOSTS, NODE_RANK, OUT_DIR, RUNTIME_VARIABLES, Concat, Ref, Word, out_file,
     refs_in, shell_join, shell_word, supervise)
 from mdc.spec import JobTable, ModelTable
 from mdc.torchrun import (
@@ -101,6 +101,8 @@ class LauncherSpec:
     options_type: type | None = None
     #: splits nodes into proxy, prefill and decode roles
     disaggregated: bool = False
+    #: "serving" launchers get no training memory estimate
+    workload: Literal["training", "serving"] = "training"
     #: (plan, options) -> findings, run before emit
     check: Callable[[Plan, Any], Iterable[Finding]] | None = None
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
@@ -139,7 +141,7 @@ def script_path(role: str) -> str:
 
 
 __all__ = [
-    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "OUT_DIR", "RUNTIME_VARIABLES",
+    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "NODE_RANK", "OUT_DIR", "RUNTIME_VARIABLES",
     "Artifact", "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding",
     "JobTable", "Launch", "LauncherSpec", "MemoryEstimate", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
     "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",

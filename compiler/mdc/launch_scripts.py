@@ -15,7 +15,7 @@ def render_role(plan: Plan, role: Role, env: Mapping[str, Word]) -> Artifact:
     lines = [
         "#!/usr/bin/env bash",
         f"# Role {role.name!r} of job {plan.job.name!r} ({span}), launcher {plan.launcher}.",
-        "# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.",
+        "# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.",
         "set -euo pipefail",
     ]
     for name in refs_in([*role.argv, *env.values()]):

@@ -123,6 +123,7 @@ class Compiler:
             training = _call(launcher_reg, "training", lambda: training_of(launcher_options))
         plan, planned = build_plan(spec, parallelism=launcher.parallelism,
                                    disaggregated=launcher.disaggregated, locate=doc.locate,
+                                   serving=launcher.workload == "serving",
                                    training=training)
         findings += planned
         if plan is not None and backend.hosts is not None:

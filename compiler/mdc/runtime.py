@@ -24,8 +24,11 @@ NODE_RANK = Ref("NODE_RANK")
 MASTER_ADDR = Ref("MASTER_ADDR")
 #: The plan's rendezvous port (the backend sets it).
 MASTER_PORT = Ref("MASTER_PORT")
+#: Every node's host name as the other nodes reach it, in node-rank order, separated by
+#: spaces (the backend sets it), for launchers that hand one node another's address.
+NODE_HOSTS = Ref("NODE_HOSTS")
 #: What every backend sets before it runs ``launch/<role>.sh``.
-RUNTIME_VARIABLES = (NODE_RANK.name, MASTER_ADDR.name, MASTER_PORT.name)
+RUNTIME_VARIABLES = (NODE_RANK.name, MASTER_ADDR.name, MASTER_PORT.name, NODE_HOSTS.name)
 #: The absolute path of the compiled ``out/`` tree on the node; the launch script sets it.
 OUT_DIR = Ref("MDC_OUT")
 

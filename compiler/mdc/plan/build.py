@@ -61,6 +61,7 @@ class _Findings:
 
 
 def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: Locate,
+               serving: bool = False,
                training: TrainingSetup | None = None,
                ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
@@ -68,6 +69,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
     :param parallelism: ``"model"`` (default tp = nproc_per_node, pp = nnodes) or
         ``"data"`` (default tp = pp = 1), from the launcher's record.
     :param disaggregated: whether the launcher splits nodes into proxy/prefill/decode.
+    :param serving: whether the launcher serves (no training memory estimate).
     :param training: how the launcher trains (sharding, recompute), for the memory estimate.
     :returns: the plan (None if any error) and every finding, warnings included.
     """
@@ -93,7 +95,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         _span_warnings(layout, sizes, nproc, found)
     memory = None
     if not found.errors and sizes is not None:
-        memory = _memory(spec, sizes, batch, training or TrainingSetup(), disaggregated,
+        memory = _memory(spec, sizes, batch, training or TrainingSetup(), disaggregated or serving,
                          nnodes * nproc, nproc, found)
     if found.errors or sizes is None or layout is None:
         return None, tuple(found.items)
@@ -335,11 +337,11 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings) -> None:
 
 
 def _memory(spec: JobSpec, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
-            disaggregated: bool, world: int, nproc: int,
+            serving: bool, world: int, nproc: int,
             found: _Findings) -> MemoryEstimate | None:
     """The training memory estimate and its fit check (serving launchers get none)."""
     capacity = spec.distributed.accelerator_memory_gib
-    if disaggregated:
+    if serving:
         if capacity is not None:
             found.add("MDC261", f"accelerator_memory_gib = {capacity:g} is set but the memory "
                       f"estimate covers training, and {spec.distributed.launcher!r} serves; no "

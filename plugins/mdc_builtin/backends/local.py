@@ -25,6 +25,9 @@ def _header(plan: Plan) -> list[str]:
         'out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
         f"export MASTER_ADDR={LOOPBACK}",
         f"export MASTER_PORT={plan.rendezvous.master_port}",
+        "node_hosts=()",
+        f"for ((node = 0; node < {plan.nnodes}; node++)); do node_hosts+=({LOOPBACK}); done",
+        'export NODE_HOSTS="${node_hosts[*]}"',
     ]
 
 

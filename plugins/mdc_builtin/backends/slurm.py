@@ -244,6 +244,7 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
         "  exit 2",
         "fi",
         'export MASTER_ADDR="${hosts[0]}"',
+        'export NODE_HOSTS="${hosts[*]}"',
         f"export MASTER_PORT={plan.rendezvous.master_port}",
         'export MDC_OUT="$out"',
     ]

@@ -11,6 +11,7 @@ ssh_command=(ssh -o BatchMode=yes -o LogLevel=ERROR -tt)
 forward=(PATH)
 export MASTER_ADDR=gpu-a01
 export MASTER_PORT=26650
+export NODE_HOSTS="${hosts[*]}"
 
 # One word for the remote shell, in POSIX single quotes.
 quote() {
@@ -29,6 +30,7 @@ remote_command() {
     fi
   done
   command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"
+  command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"
   command+=" bash $(quote "$2")"
   printf "%s" "$command"
 }

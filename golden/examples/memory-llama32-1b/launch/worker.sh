@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'llama32-1b-ddp' (node 0), launcher torchrun.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
 set -euo pipefail
 exec torchrun --standalone --nnodes 1 --nproc-per-node 8 --max-restarts 0 train.py --data-path /data/corpus

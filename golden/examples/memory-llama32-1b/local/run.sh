@@ -4,4 +4,7 @@ set -euo pipefail
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=24499
+node_hosts=()
+for ((node = 0; node < 1; node++)); do node_hosts+=(127.0.0.1); done
+export NODE_HOSTS="${node_hosts[*]}"
 NODE_RANK=0 exec bash "$out"/launch/worker.sh

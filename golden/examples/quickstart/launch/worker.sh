@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'quickstart' (node 0), launcher torchrun.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR and MASTER_PORT set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
 set -euo pipefail
 export GLOO_SOCKET_IFNAME=lo
 exec torchrun --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 0 examples/ddp_check.py

@@ -11,6 +11,7 @@ ssh_command=(ssh -o BatchMode=yes -o LogLevel=ERROR -tt -p 2222 -l trainer)
 forward=(PATH VIRTUAL_ENV)
 export MASTER_ADDR=10.0.0.11
 export MASTER_PORT=23583
+export NODE_HOSTS="${hosts[*]}"
 
 # One word for the remote shell, in POSIX single quotes.
 quote() {
@@ -29,6 +30,7 @@ remote_command() {
     fi
   done
   command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"
+  command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"
   command+=" bash $(quote "$2")"
   printf "%s" "$command"
 }

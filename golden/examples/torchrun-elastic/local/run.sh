@@ -4,6 +4,9 @@ set -euo pipefail
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=22261
+node_hosts=()
+for ((node = 0; node < 4; node++)); do node_hosts+=(127.0.0.1); done
+export NODE_HOSTS="${node_hosts[*]}"
 pids=()
 stop() { kill "${pids[@]}" 2>/dev/null || true; }
 # On Ctrl-C or TERM, stop every node and wait for it before exiting.
