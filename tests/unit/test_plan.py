@@ -31,10 +31,11 @@ def job(*, nnodes: int | None = None, nproc: int | None = None, name: str = "uni
     return data
 
 
-def plan_of(data: dict[str, Any], *, parallelism: str = "data",
-            disaggregated: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+def plan_of(data: dict[str, Any], *, parallelism: str = "data", disaggregated: bool = False,
+            serving: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     spec = structure_spec(data, {}, CONVERTER)
     return build_plan(spec, parallelism=parallelism, disaggregated=disaggregated,
+                      serving=serving,
                       locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
 
 
@@ -257,6 +258,17 @@ def test_model_rules(par: dict[str, Any], model: dict[str, Any], code: str,
                      pointer: str) -> None:
     d = only(code, job(nproc=8, parallelism=par, model=model))
     assert d.location.pointer == pointer
+
+
+@pytest.mark.parametrize(("par", "model"), [
+    ({"pp": 4}, {"num_layers": 10}),
+    ({"pp": 2, "vpp": 3}, {"num_layers": 8}),
+])
+def test_serving_engines_split_layers_unevenly(par: dict[str, Any],
+                                               model: dict[str, Any]) -> None:
+    """The layers-per-stage rules (MDC222/223) are training's; a serving plan has none."""
+    assert not plan_of(job(nproc=8, parallelism=par, model=model), serving=True)[1]
+    assert plan_of(job(nproc=8, parallelism=par, model=model))[1]
 
 
 @pytest.mark.parametrize(("par", "model"), [

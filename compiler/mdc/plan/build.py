@@ -90,7 +90,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         _batch_without_dp(spec, found)
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
     if sizes and spec.model is not None:
-        _model_rules(spec, sizes, found)
+        _model_rules(spec, sizes, found, serving)
     if layout is not None and sizes is not None:
         _span_warnings(layout, sizes, nproc, found)
     memory = None
@@ -297,8 +297,12 @@ def _roles(spec: JobSpec, nnodes: int, disaggregated: bool,
     return roles, split
 
 
-def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings) -> None:
-    """The shape rules Megatron-Core applies, with its meaning."""
+def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -> None:
+    """The shape rules Megatron-Core applies, with its meaning.
+
+    Serving engines (vLLM, SGLang) split layers unevenly over pipeline stages, so the
+    layers-per-stage rules are training's only.
+    """
     model = spec.model
     if model is None:
         return
@@ -314,7 +318,7 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings) -> None:
     if groups and groups % sizes.tp and sizes.tp % groups:
         found.add("MDC221", f"num_query_groups ({groups}) must be a multiple or divisor of tp "
                   f"({sizes.tp})", "/model/num_query_groups")
-    layers = model.num_layers
+    layers = None if serving else model.num_layers
     if layers and layers % sizes.pp:
         found.add("MDC222", f"num_layers ({layers}) is not divisible by pp ({sizes.pp})",
                   "/model/num_layers", f"pp can be one of {_listing(divisors(layers))}")
