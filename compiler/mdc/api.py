@@ -70,7 +70,11 @@ class Role:
 
 @attrs.frozen(kw_only=True)
 class Launch:
-    """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract."""
+    """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract.
+
+    A backend's ``emit`` receives it with ``files`` led by the rendered ``launch/<role>.sh``
+    scripts, so ``files`` is everything a node needs from the tree (e.g. for a ConfigMap).
+    """
 
     roles: tuple[Role, ...]
     #: launcher config files (hostfiles, JSON/TOML configs), paths under ``launch/``

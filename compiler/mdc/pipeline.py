@@ -110,11 +110,13 @@ class Compiler:
         launcher = self.plugins.launcher(spec.distributed.launcher)
         backend = self.plugins.backend(backend_name)
         findings: list[Diagnostic] = []
-        if backend.launchers is not None and launcher.name not in backend.launchers:
+        runs = backend.launchers
+        unsupported = runs is not None and launcher.name not in runs
+        if runs is not None and unsupported:
             findings.append(self._diag(doc, Finding(
                 code="MDC231", pointer="/distributed/backend",
                 message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
-                hint=f"it runs: {', '.join(sorted(backend.launchers))}")))
+                hint=f"it runs: {', '.join(sorted(runs))}")))
         launcher_options = spec.plugin_tables.get(launcher.name)
         backend_options = spec.plugin_tables.get(backend.name)
         training = TrainingSetup()
@@ -133,7 +135,9 @@ class Compiler:
                 plan = attrs.evolve(plan, hosts=tuple(hosts))
         if plan is not None:
             for reg, check in ((launcher_reg, launcher.check), (backend_reg, backend.check)):
-                if check is not None and reg.record.name not in damaged:
+                # a backend checks only the launchers it runs
+                skip = reg.record.name in damaged or (reg is backend_reg and unsupported)
+                if check is not None and not skip:
                     # list() inside _call: a generator's errors surface while it is consumed
                     results = _call(reg, "check", functools.partial(
                         _listed, check, plan, plan.options.get(reg.record.name)))
@@ -146,10 +150,11 @@ class Compiler:
             plan, plan.options.get(launcher.name)))
         self._check_launch(launcher_reg, plan, launch, doc)
         _call(launcher_reg, "emit", lambda: emit.check_paths(launch.files))
-        own = [*render_launch(plan, launch), *launch.files,
-               Artifact.json("plan.json", plan_json(plan, launch))]
+        # the backend sees every file a node needs: the role scripts, then the launcher's
+        launched = attrs.evolve(launch, files=(*render_launch(plan, launch), *launch.files))
+        own = [*launched.files, Artifact.json("plan.json", plan_json(plan, launch))]
         scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
-            plan, launch, plan.options.get(backend.name))))
+            plan, launched, plan.options.get(backend.name))))
         _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler]))
         plugins = {name: reg.origin.distribution for name, reg in
                    ((launcher.name, launcher_reg), (backend.name, backend_reg))}

@@ -25,8 +25,9 @@ from mdc.spec import CORE_TABLES
 GROUP = "mdc"
 DISTRIBUTION = "mdc-compiler"
 #: Entry points mdc itself declares; missing ones mean a broken install.
-BUILTINS = ("basic", "deepspeed", "local", "megatron", "primus", "slurm", "ssh", "torchrun",
-            "torchtitan")
+BUILTINS = ("basic", "deepspeed", "kubernetes", "leaderworkerset", "local", "megatron", "primus",
+            "pytorchjob", "sglang", "sglang_disagg", "slurm", "ssh", "torchrun", "torchtitan",
+            "trainjob", "vllm")
 #: A plugin's name is also its spec table's name.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 

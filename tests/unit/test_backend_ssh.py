@@ -244,7 +244,8 @@ def test_every_host_runs_its_role_with_its_rank(compiler: Compiler, tmp_path: Pa
     args = (tmp_path / "fake-log" / "ssh-h2.args").read_text().splitlines()
     assert args[:7] == ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-tt", "h2",
                         (f"stty -onlcr 2>/dev/null; cd '{out}' && exec env NODE_RANK=2 "
-                        "'MASTER_ADDR=h0' MASTER_PORT=29400 bash 'launch/decode.sh'")]
+                        "'MASTER_ADDR=h0' MASTER_PORT=29400 'NODE_HOSTS=h0 h1 h2 h3' "
+                        "bash 'launch/decode.sh'")]
 
 
 @pytest.mark.slow

@@ -11,7 +11,16 @@ from collections.abc import Iterator
 
 import mdc
 from mdc.api import (
-    Artifact, BackendSpec, Finding, Launch, Plan, Severity, script_path, shell_word, supervise)
+    Artifact,
+    BackendSpec,
+    Finding,
+    Launch,
+    Plan,
+    Severity,
+    script_path,
+    shell_word,
+    supervise,
+)
 
 LOOPBACK = "127.0.0.1"
 

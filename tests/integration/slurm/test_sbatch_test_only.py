@@ -4,7 +4,8 @@
 (an unknown option or a malformed value is refused) and asks the controller
 whether the request fits the cluster (nodes, GPUs per node, memory, time,
 partition), without running anything. Covered: every example whose backend is
-slurm, and one spec per training launcher in ``specs/``. The local cluster has
+slurm, and one spec per launcher in ``specs/`` (the disaggregated one has
+slurm examples of its own). The local cluster has
 4 nodes with 8 fake GPUs each, this machine's CPUs and 4000 MB, and one
 partition, ``debug``. What a site's example asks beyond that (its partition
 name, more nodes, CPUs or memory than the emulation has) is scaled down on the
@@ -61,11 +62,11 @@ def test_examples_and_specs_are_found() -> None:
     assert all(backend_of(p) == "slurm" for p in LAUNCHER_SPECS)
 
 
-def test_every_training_launcher_has_a_slurm_spec() -> None:
-    training = {name for name, reg in load_plugins(autoload=False).launchers.items()
-                if not reg.record.disaggregated}
+def test_every_launcher_has_a_slurm_spec() -> None:
+    wanted = {name for name, reg in load_plugins(autoload=False).launchers.items()
+              if not reg.record.disaggregated}
     have = {launcher_of(p) for p in SPECS.glob("*.toml")}
-    assert training <= have, f"no spec in {SPECS.relative_to(REPO)} for: {sorted(training - have)}"
+    assert wanted <= have, f"no spec in {SPECS.relative_to(REPO)} for: {sorted(wanted - have)}"
 
 
 def directive(script: str, name: str) -> str | None:

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'elastic-ft' (nodes 0-3), launcher torchrun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+exec torchrun --nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id elastic-ft --nproc-per-node 8 --max-restarts 3 --module trainer.main --config cfg.yaml

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'llm-pretrain' (nodes 0-1), launcher torchrun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+exec torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id llm-pretrain --nproc-per-node 8 --max-restarts 0 train.py --epochs 3

@@ -1,0 +1,120 @@
+"""The kubernetes backend: an Indexed Job, a headless Service and a ConfigMap.
+
+``kubernetes/job.yaml`` holds three documents: the ConfigMap ``<job>-mdc`` with
+the launch files (mounted at /mdc), a headless Service ``<job>`` and an
+Indexed Job ``<job>`` (completions = parallelism = nnodes) whose pods have
+``subdomain: <job>``, so pod ``<job>-<i>`` resolves as ``<job>-<i>.<job>``
+(fully qualified when the namespace is given). ``NODE_RANK`` is
+``JOB_COMPLETION_INDEX``; ``MASTER_ADDR`` is the DNS name of index 0; every
+node sees ``NODE_HOSTS``. Pod host names ``<job>-<index>`` fit a DNS label because
+the core limits job names to 40 characters. Apply with ``kubectl apply -f kubernetes/job.yaml``.
+Backend codes MDC440-449:
+
+- MDC441 an elastic job (min_nnodes < nnodes): an Indexed Job has a fixed size
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+
+import mdc
+from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
+
+from . import k8s_common as k8s
+
+
+@attrs.frozen(kw_only=True)
+class KubernetesOptions(k8s.PodOptions):
+    """The ``[kubernetes]`` table."""
+
+    backoff_limit: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+
+
+def _opts(options: KubernetesOptions | None) -> KubernetesOptions:
+    return options if options is not None else KubernetesOptions()
+
+
+def node_hosts(plan: Plan, opts: KubernetesOptions) -> list[str]:
+    """Each node's DNS name, by index."""
+    return [k8s.pod_dns(f"{plan.job.name}-{i}", plan.job.name, opts.namespace)
+            for i in range(plan.nnodes)]
+
+
+def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[str, Any]]:
+    name = plan.job.name
+    labels = k8s.job_labels(plan, opts)
+    node = k8s.node_script(plan, [
+        'if [[ -z "${JOB_COMPLETION_INDEX:-}" ]]; then',
+        ('  echo "mdc: JOB_COMPLETION_INDEX is not set: run this in the Indexed Job of '
+        'kubernetes/job.yaml" >&2'),
+        "  exit 2",
+        "fi",
+        'export NODE_RANK="$JOB_COMPLETION_INDEX"',
+    ], "an Indexed Job pod")
+    files = [*launch.files, node]
+    all_hosts = node_hosts(plan, opts)
+    port = plan.rendezvous.master_port
+    env: dict[str, Any] = {"MASTER_ADDR": all_hosts[0], "MASTER_PORT": str(port),
+                           "NODE_HOSTS": " ".join(all_hosts)}
+    container = k8s.container(plan, opts, name="node", env=env, ports=[port])
+    pod_labels = {**labels, "mdc/role": "node"}
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed",
+        "completions": plan.nnodes,
+        "parallelism": plan.nnodes,
+        "backoffLimit": opts.backoff_limit if opts.backoff_limit is not None else 0,
+    }
+    if opts.ttl_seconds_after_finished is not None:
+        job_spec["ttlSecondsAfterFinished"] = opts.ttl_seconds_after_finished
+    if opts.active_deadline_seconds is not None:
+        job_spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
+    job_spec["template"] = {
+        "metadata": {"labels": dict(sorted(pod_labels.items()))},
+        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files,
+                             subdomain=name),
+    }
+    return [
+        k8s.configmap(plan, files, namespace=opts.namespace, labels=labels),
+        k8s.headless_service(name, opts.namespace, labels, {"mdc/job": name}, [port]),
+        {"apiVersion": "batch/v1", "kind": "Job",
+         "metadata": k8s.metadata(name, opts.namespace, labels), "spec": job_spec},
+    ]
+
+
+def emit(plan: Plan, launch: Launch, options: KubernetesOptions | None) -> list[Artifact]:
+    text = documents(plan, launch, _opts(options))
+    return [Artifact.text("kubernetes/job.yaml", k8s.dump_yaml(text))]
+
+
+def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:
+    opts = _opts(options)
+    yield from k8s.pod_findings(plan, opts, "kubernetes")
+    if plan.elastic:
+        yield Finding(code="MDC441", pointer="/distributed/min_nnodes",
+                      message=f"an Indexed Job runs exactly {plan.nnodes} pods; min_nnodes = "
+                              f"{plan.min_nnodes} asks for an elastic job",
+                      hint=f"remove min_nnodes (or set it to {plan.nnodes}), or use the "
+                           "pytorchjob backend (elasticPolicy)")
+
+
+TRAINING: Sequence[str] = ("basic", "deepspeed", "megatron", "primus", "torchrun", "torchtitan")
+SERVING: Sequence[str] = ("sglang", "sglang_disagg", "vllm")
+
+
+@mdc.hookimpl
+def mdc_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(
+        name="kubernetes",
+        description="Kubernetes: kubernetes/job.yaml, an Indexed Job + headless Service + "
+                    "ConfigMap (kubectl apply -f)",
+        emit=emit,
+        check=check,
+        schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
+        options_type=KubernetesOptions,
+        launchers=(*TRAINING, *SERVING),
+    )]

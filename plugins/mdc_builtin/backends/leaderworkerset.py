@@ -1,0 +1,144 @@
+"""The leaderworkerset backend: multi-node serving as a LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``).
+
+``leaderworkerset/lws.yaml`` holds the ConfigMap ``<job>-mdc`` with the launch
+files (mounted at /mdc), the LeaderWorkerSet ``<job>`` (group size = nnodes,
+``replicas`` serving copies) and, when the serving port is known, a Service
+``<job>-leader`` in front of every group's leader. The leader is node 0 (the
+head or router role); the other pods of a group are nodes 1..nnodes-1.
+
+In each pod ``k8s/node.sh`` takes ``NODE_RANK`` from the pod's
+``leaderworkerset.sigs.k8s.io/worker-index`` label (downward API, env
+``MDC_WORKER_INDEX``), ``MASTER_ADDR`` from ``LWS_LEADER_ADDRESS`` (set by LWS:
+``<job>-<group>.<job>.<ns>``), and ``NODE_HOSTS`` from it: worker ``i`` of the
+group is ``<job>-<group>-<i>`` under the same headless Service, which LWS
+creates (subdomainPolicy Shared).
+
+Only serving launchers run here (vllm, sglang, sglang_disagg): LWS pods are
+StatefulSet pods (restartPolicy Always), so a training job that finishes would
+be started again; run training on the kubernetes backend. Codes MDC450-459 are
+reserved: every check so far is shared (MDC460-469). Pod names
+(``<job>-<replica>-<index>``, at most 40 + 1 + 10 + 1 + digits) and ``<job>-leader``
+fit a DNS label because the core limits job names to 40 characters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+import mdc
+from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
+
+from . import k8s_common as k8s
+
+API = "leaderworkerset.x-k8s.io/v1"
+NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+SERVING = ("sglang", "sglang_disagg", "vllm")
+
+
+@attrs.frozen(kw_only=True)
+class LeaderWorkerSetOptions(k8s.PodOptions):
+    """The ``[leaderworkerset]`` table."""
+
+    replicas: int | None = None
+    port: int | None = None
+
+
+def _opts(options: LeaderWorkerSetOptions | None) -> LeaderWorkerSetOptions:
+    return options if options is not None else LeaderWorkerSetOptions()
+
+
+def serving_port(plan: Plan, opts: LeaderWorkerSetOptions) -> int | None:
+    """The table's port, else the launcher table's ``port`` when it sets one."""
+    if opts.port is not None:
+        return opts.port
+    port = getattr(plan.options.get(plan.launcher), "port", None)
+    return port if isinstance(port, int) else None
+
+
+def rank_lines(plan: Plan) -> list[str]:
+    """NODE_RANK, MASTER_ADDR and NODE_HOSTS from what LWS gives the pod."""
+    return [
+        'if [[ -z "${LWS_LEADER_ADDRESS:-}" || -z "${MDC_WORKER_INDEX:-}" ]]; then',
+        ('  echo "mdc: LWS_LEADER_ADDRESS or MDC_WORKER_INDEX is not set: run this in the '
+        'LeaderWorkerSet of leaderworkerset/lws.yaml" >&2'),
+        "  exit 2",
+        "fi",
+        'export NODE_RANK="$MDC_WORKER_INDEX"',
+        'export MASTER_ADDR="$LWS_LEADER_ADDRESS"',
+        "# The leader is <lws>-<group>.<service>...; worker i of the group is <lws>-<group>-<i>.",
+        'leader="${LWS_LEADER_ADDRESS%%.*}"',
+        'domain="${LWS_LEADER_ADDRESS#*.}"',
+        'hosts=("$LWS_LEADER_ADDRESS")',
+        (f"for ((node = 1; node < {plan.nnodes}; node++)); do "
+        'hosts+=("$leader-$node.$domain"); done'),
+        'export NODE_HOSTS="${hosts[*]}"',
+    ]
+
+
+def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[dict[str, Any]]:
+    name = plan.job.name
+    labels = k8s.job_labels(plan, opts)
+    node = k8s.node_script(plan, rank_lines(plan), "a LeaderWorkerSet pod")
+    files = [*launch.files, node]
+    master_port = plan.rendezvous.master_port
+    port = serving_port(plan, opts)
+    env: dict[str, Any] = {
+        "MASTER_PORT": str(master_port),
+        "MDC_WORKER_INDEX": k8s.field_ref(f"metadata.labels['{INDEX_LABEL}']"),
+    }
+    ports = [master_port] + ([port] if port is not None else [])
+    container = k8s.container(plan, opts, name="node", env=env, ports=ports)
+    template = {
+        "metadata": {"labels": dict(sorted(labels.items()))},
+        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files,
+                             restart_policy=None),
+    }
+    lws = {
+        "apiVersion": API, "kind": "LeaderWorkerSet",
+        "metadata": k8s.metadata(name, opts.namespace, labels),
+        "spec": {
+            "replicas": opts.replicas if opts.replicas is not None else 1,
+            "startupPolicy": "LeaderReady",
+            "leaderWorkerTemplate": {
+                "size": plan.nnodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": template,
+            },
+        },
+    }
+    docs = [k8s.configmap(plan, files, namespace=opts.namespace, labels=labels), lws]
+    if port is not None:
+        service = k8s.headless_service(f"{name}-leader", opts.namespace, labels,
+                                       {NAME_LABEL: name, INDEX_LABEL: "0"}, [port])
+        service["spec"] = {key: value for key, value in service["spec"].items()
+                           if key not in ("clusterIP", "publishNotReadyAddresses")}
+        docs.append(service)
+    return docs
+
+
+def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> list[Artifact]:
+    return [Artifact.text("leaderworkerset/lws.yaml",
+                          k8s.dump_yaml(documents(plan, launch, _opts(options))))]
+
+
+def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Finding]:
+    opts = _opts(options)
+    yield from k8s.pod_findings(plan, opts, "leaderworkerset")
+
+
+@mdc.hookimpl
+def mdc_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(
+        name="leaderworkerset",
+        description="Kubernetes LeaderWorkerSet for multi-node serving: leaderworkerset/lws.yaml "
+                    "(group = nnodes pods, leader = node 0, replicas copies)",
+        emit=emit,
+        check=check,
+        schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
+        options_type=LeaderWorkerSetOptions,
+        launchers=SERVING,
+    )]

@@ -1,0 +1,168 @@
+"""The trainjob backend: a Kubeflow Trainer v2 TrainJob (``trainer.kubeflow.org/v1alpha1``).
+
+The TrainJob names a (Cluster)TrainingRuntime (``[trainjob] runtime``, default the
+ClusterTrainingRuntime ``torch-distributed``) and sets ``trainer.numNodes`` =
+nnodes, ``trainer.numProcPerNode`` = nproc_per_node (an integer in v1alpha1),
+``resourcesPerNode``, ``image``, ``command`` and ``env``. The runtime's JobSet
+runs one pod per node: replicated job ``node``, container ``node`` (the
+torch-distributed runtime's names; ``[trainjob] replicated_job`` and
+``container`` for runtimes that name them otherwise).
+
+The Trainer's torch plugin puts into that container ``PET_NNODES``,
+``PET_NPROC_PER_NODE``, ``PET_NODE_RANK`` (the Job completion index),
+``PET_MASTER_ADDR`` = ``<job>-node-0-0.<job>`` and ``PET_MASTER_PORT`` = 29500
+(its ContainerTrainerPort); those take precedence over the TrainJob's own env.
+``/mdc/k8s/node.sh`` maps ``NODE_RANK`` and ``MASTER_ADDR`` from them;
+``MASTER_PORT`` is the plan's port, set in the trainer env (the rendezvous
+store listens on it inside the pod network, so any free port works), so
+plan.json stays true. torchrun gets explicit flags that agree with the
+``PET_*`` values (nnodes, nproc_per_node). ``NODE_HOSTS`` lists the JobSet pods'
+DNS names ``<job>-node-0-<i>.<job>``.
+
+``trainjob/job.yaml`` holds the ConfigMap ``<job>-mdc`` (the launch files) and
+the TrainJob. The v1alpha1 TrainJob has no podSpecOverrides; its
+``runtimePatches`` (manager ``mdc.dev/launch-files``) add the ConfigMap and
+``/dev/shm`` volumes and their mounts, node selector, tolerations, pull
+secrets, service account and volumes to the runtime's pod template. What a
+runtime patch cannot set (imagePullPolicy, priorityClassName) is a diagnostic.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+import mdc
+from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
+
+from . import k8s_common as k8s
+
+NODE = "node"
+MANAGER = "mdc.dev/launch-files"
+LAUNCHERS = ("basic", "deepspeed", "megatron", "primus", "torchrun", "torchtitan")
+#: the TrainJob CRD's own rule for metadata.name (x-kubernetes-validations)
+RFC1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+RANK_LINES = (
+    'export NODE_RANK="${PET_NODE_RANK:-}"  # the Trainer: the Job completion index',
+    'export MASTER_ADDR="${PET_MASTER_ADDR:-}"  # the Trainer: <job>-node-0-0.<job>',
+)
+
+
+@attrs.frozen(kw_only=True)
+class TrainJobOptions(k8s.PodOptions):
+    """The ``[trainjob]`` table: the shared pod keys plus the runtime reference."""
+
+    runtime: str = "torch-distributed"
+    runtime_kind: str = "ClusterTrainingRuntime"
+    replicated_job: str = NODE
+    container: str = NODE
+    active_deadline_seconds: int | None = None
+
+
+def _opts(options: TrainJobOptions | None) -> TrainJobOptions:
+    return options if options is not None else TrainJobOptions()
+
+
+def node_hosts(plan: Plan, opts: TrainJobOptions) -> list[str]:
+    """JobSet pod DNS names: <jobset>-<replicatedJob>-<job index>-<pod index>.<jobset>."""
+    name = plan.job.name
+    return [f"{name}-{opts.replicated_job}-0-{i}.{name}" for i in range(plan.nnodes)]
+
+
+def files_of(plan: Plan, launch: Launch) -> list[Artifact]:
+    return [*launch.files, k8s.node_script(plan, RANK_LINES, "TrainJob")]
+
+
+def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[str, Any]:
+    env = {"NODE_HOSTS": " ".join(node_hosts(plan, opts)),
+           "MASTER_PORT": str(plan.rendezvous.master_port)}
+    # the shared container: its image, command, env and mounts; the rest goes to the patch
+    full = k8s.container(plan, opts, name=opts.container, env=env)
+    trainer: dict[str, Any] = {"numNodes": plan.nnodes, "numProcPerNode": plan.nproc_per_node,
+                               "image": full["image"], "command": full["command"],
+                               "env": full["env"]}
+    if "resources" in full:
+        trainer["resourcesPerNode"] = full["resources"]
+    pod = k8s.pod_spec(plan, opts, containers=[{"name": opts.container,
+                                                "volumeMounts": full["volumeMounts"]}],
+                       files=files, restart_policy=None)
+    template: dict[str, Any] = {"spec": pod}
+    if opts.labels:
+        template = {"metadata": {"labels": dict(sorted(opts.labels.items()))}, "spec": pod}
+    patch = {"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": opts.replicated_job,
+                            "template": {"spec": {"template": template}}}]}}}}
+    spec: dict[str, Any] = {
+        "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": opts.runtime_kind,
+                       "name": opts.runtime},
+        "trainer": trainer,
+        "runtimePatches": [patch],
+    }
+    if opts.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
+            "spec": spec}
+
+
+def documents(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[dict[str, Any]]:
+    opts = _opts(options)
+    files = files_of(plan, launch)
+    return [k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
+            trainjob(plan, opts, files)]
+
+
+def emit(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[Artifact]:
+    return [Artifact.text("trainjob/job.yaml", k8s.dump_yaml(documents(plan, launch, options)))]
+
+
+def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
+    opts = _opts(options)
+    yield from k8s.pod_findings(plan, opts, "trainjob")
+    longest = node_hosts(plan, opts)[-1].split(".")[0]
+    if not RFC1035.fullmatch(plan.job.name) or len(longest) > 63:
+        yield Finding(code="MDC480", pointer="/job/name",
+                      message=f"the TrainJob name must be an RFC 1035 label and its pods are "
+                              f"named <job>-{opts.replicated_job}-0-<i>; {longest!r} "
+                              f"({len(longest)} characters) must be lowercase letters, digits "
+                              "and '-', starting with a letter, at most 63 characters",
+                      hint="start the job name with a letter and keep it to at most "
+                           f"{63 - (len(longest) - len(plan.job.name))} characters")
+    if plan.elastic:
+        yield Finding(code="MDC481", pointer="/distributed/min_nnodes",
+                      message=f"a TrainJob runs a fixed trainer.numNodes = {plan.nnodes}; "
+                              f"min_nnodes = {plan.min_nnodes} (elastic) is not supported",
+                      hint="remove min_nnodes, or use the pytorchjob backend (elasticPolicy)")
+    if len(plan.roles) != 1:
+        yield Finding(code="MDC482", pointer="/distributed/launcher",
+                      message=f"a TrainJob runs one trainer command on every node; launcher "
+                              f"{plan.launcher} has {len(plan.roles)} roles "
+                              f"({', '.join(r.name for r in plan.roles)})",
+                      hint="use the kubernetes or leaderworkerset backend")
+    for key, field in (("image_pull_policy", "imagePullPolicy"),
+                       ("priority_class", "priorityClassName")):
+        if getattr(opts, key) is not None:
+            yield Finding(code="MDC483", pointer=f"/trainjob/{key}",
+                          message=f"a TrainJob cannot set {field}: neither trainer nor "
+                                  "runtimePatches (v1alpha1) has that field",
+                          hint=f"remove {key} and set {field} in the "
+                               f"{opts.runtime_kind} {opts.runtime!r}")
+
+
+def schema() -> dict[str, Any]:
+    own = read_schema("mdc_schemas", "plugins/trainjob.v1.schema.json")
+    shared = {k: v for k, v in k8s.pod_options_schema().items()}
+    own["properties"] = {**shared, **own["properties"]}
+    return own
+
+
+@mdc.hookimpl
+def mdc_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(
+        name="trainjob", emit=emit, check=check, launchers=LAUNCHERS, schema=schema(),
+        options_type=TrainJobOptions,
+        description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "
+                    "(default torch-distributed): numNodes, numProcPerNode, resources")]

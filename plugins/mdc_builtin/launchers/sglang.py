@@ -1,0 +1,181 @@
+"""sglang: an SGLang server (``python -m sglang.launch_server``) over the plan's GPUs.
+
+The job's command is the server program (``python -m sglang.launch_server``)
+with any arguments of the user's own; mdc appends ``--model-path``,
+``--tp-size``, ``--pp-size`` (when above 1), ``--host``, ``--port`` and then
+``[sglang] args``. With several nodes SGLang joins them itself: every node runs
+the same command with ``--nnodes N --node-rank $NODE_RANK --dist-init-addr
+$MASTER_ADDR:$MASTER_PORT``; node 0 serves HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+import mdc
+from mdc.api import (
+    MASTER_ADDR,
+    MASTER_PORT,
+    NODE_RANK,
+    Concat,
+    Finding,
+    Launch,
+    LauncherSpec,
+    Plan,
+    Role,
+    Severity,
+    Word,
+    read_schema,
+)
+
+DEFAULT_PORT = 30000
+DEFAULT_HOST = "0.0.0.0"
+MODULE = "sglang.launch_server"
+#: the flags mdc writes, with SGLang's aliases of each; a user's copy of one is a finding
+OWNED = {
+    "--model-path": ("--model",),
+    "--tp-size": ("--tensor-parallel-size",),
+    "--pp-size": ("--pipeline-parallel-size",),
+    "--nnodes": (),
+    "--node-rank": (),
+    "--dist-init-addr": ("--nccl-init-addr",),
+    "--host": (),
+    "--port": (),
+}
+
+
+@attrs.frozen(kw_only=True)
+class SglangOptions:
+    """The ``[sglang]`` table."""
+
+    model: str | None = None
+    port: int | None = None
+    host: str | None = None
+    args: tuple[str, ...] = ()
+
+
+def _opts(options: SglangOptions | None) -> SglangOptions:
+    return options if options is not None else SglangOptions()
+
+
+def dist_init_addr() -> Concat:
+    """``$MASTER_ADDR:$MASTER_PORT``: where SGLang's nodes meet (node 0)."""
+    return Concat((MASTER_ADDR, ":", MASTER_PORT))
+
+
+def server_argv(plan: Plan, options: SglangOptions | None) -> list[Word]:
+    """The server's command line; only --node-rank differs between nodes."""
+    opts = _opts(options)
+    argv: list[Word] = [*plan.job.argv, "--model-path", opts.model or "",
+                        "--tp-size", str(plan.sizes.tp)]
+    if plan.sizes.pp > 1:
+        argv += ["--pp-size", str(plan.sizes.pp)]
+    if plan.nnodes > 1:
+        argv += ["--nnodes", str(plan.nnodes), "--node-rank", NODE_RANK,
+                 "--dist-init-addr", dist_init_addr()]
+    argv += ["--host", opts.host or DEFAULT_HOST, "--port", str(opts.port or DEFAULT_PORT)]
+    return argv + list(opts.args)
+
+
+def emit(plan: Plan, options: SglangOptions | None) -> Launch:
+    env: dict[str, Word] = {
+        "SGLANG_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
+        "SGLANG_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
+        "NNODES": str(plan.nnodes),
+        "NPROC_PER_NODE": str(plan.nproc_per_node),
+        "NODE_RANK": NODE_RANK,
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": MASTER_PORT,
+    }
+    if plan.nnodes > 1:
+        env["NCCL_INIT_ADDR"] = dist_init_addr()
+    worker_env = {
+        "SGLANG_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
+        "SGLANG_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
+        "NNODES": str(plan.nnodes),
+        "NPROC_PER_NODE": str(plan.nproc_per_node),
+        "NODE_RANK": "the backend's node index (also --node-rank)" if plan.nnodes > 1
+                     else "0 (the only node)",
+        "MASTER_ADDR": "node 0's address (set by the backend)",
+        "MASTER_PORT": f"{plan.rendezvous.master_port} (SGLang's --dist-init-addr port)"
+                       if plan.nnodes > 1 else str(plan.rendezvous.master_port),
+    }
+    if plan.nnodes > 1:
+        worker_env["NCCL_INIT_ADDR"] = "MASTER_ADDR:MASTER_PORT (as --dist-init-addr)"
+    return Launch(roles=(Role(name="worker", argv=tuple(server_argv(plan, options)), env=env),),
+                  worker_env=worker_env)
+
+
+def _written(words: Sequence[str]) -> list[str]:
+    found = []
+    for flag, aliases in OWNED.items():
+        names = (flag, *aliases)
+        if any(w in names or any(w.startswith(n + "=") for n in names) for w in words):
+            found.append(flag)
+    return found
+
+
+def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
+    opts = _opts(options)
+    tp, pp = plan.sizes.tp, plan.sizes.pp
+    if not opts.model:
+        yield Finding(code="MDC370", pointer="/sglang",
+                      message="the sglang launcher needs the model to serve: [sglang] model is "
+                              "not set",
+                      hint='add [sglang] model = "<Hugging Face id or local path>", e.g. '
+                           '"meta-llama/Llama-3.1-8B-Instruct"')
+    if tp * pp != plan.world_size:
+        yield Finding(code="MDC371", pointer="/parallelism",
+                      message=f"one SGLang server uses tp {tp} x pp {pp} = {tp * pp} GPUs, but "
+                              f"the job has {plan.nnodes} x {plan.nproc_per_node} = "
+                              f"{plan.world_size}",
+                      hint=f"set tp and pp so that tp x pp = {plan.world_size}, e.g. tp = "
+                           f"{plan.world_size} and pp = 1, or tp = {plan.nproc_per_node} and "
+                           f"pp = {plan.nnodes}")
+    if plan.sizes.cp > 1:
+        yield Finding(code="MDC372", pointer="/parallelism/cp",
+                      message=f"the sglang launcher passes no context parallelism (cp "
+                              f"{plan.sizes.cp})",
+                      hint="remove cp (or set it to 1)")
+    in_command = _written(plan.job.argv)
+    if in_command:
+        yield Finding(code="MDC373", pointer="/job/command",
+                      message=f"the command already has {', '.join(in_command)}, which the "
+                              "sglang launcher sets from the plan",
+                      hint="remove them from the command; set the sizes in [parallelism] and "
+                           "host, port and model in [sglang]")
+    in_args = _written(opts.args)
+    if in_args:
+        yield Finding(code="MDC373", pointer="/sglang/args",
+                      message=f"[sglang] args has {', '.join(in_args)}, which the sglang "
+                              "launcher sets from the plan",
+                      hint="remove them from args; set the sizes in [parallelism] and host, "
+                           "port and model in [sglang]")
+    if not any(w == MODULE or w.endswith("/launch_server.py") for w in plan.job.argv):
+        yield Finding(code="MDC374", pointer="/job/command", severity=Severity.WARNING,
+                      message=f"the command {' '.join(plan.job.argv)!r} does not look like an "
+                              "SGLang server; the sglang launcher appends the model and "
+                              "SGLang's flags to it",
+                      hint=f'use command = ["python", "-m", "{MODULE}"]')
+    if plan.elastic:
+        yield Finding(code="MDC375", pointer="/distributed/min_nnodes",
+                      message=f"an SGLang server has a fixed size; it cannot run an elastic "
+                              f"job (min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
+                      hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})")
+
+
+@mdc.hookimpl
+def mdc_register_launchers() -> list[LauncherSpec]:
+    return [LauncherSpec(
+        name="sglang",
+        description="SGLang server (sglang.launch_server): one node, or one server over every "
+                    "node with SGLang's own --nnodes/--node-rank/--dist-init-addr",
+        parallelism="model",
+        workload="serving",
+        emit=emit,
+        check=check,
+        schema=read_schema("mdc_schemas", "plugins/sglang.v1.schema.json"),
+        options_type=SglangOptions,
+    )]

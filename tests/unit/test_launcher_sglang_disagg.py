@@ -1,0 +1,284 @@
+"""The sglang_disagg launcher: the split, the commands, the run-time URLs, its findings.
+
+Specs are compiled in-process through mdc's own pipeline (only mdc's own plugins, the
+others blocked so their work in progress cannot change these results). Expected values
+come from the split formula written out here (madengine's, cross-checked against the
+issue's literal numbers), from SGLang's own flag table and from running the generated
+scripts with a stand-in ``python3`` that records its arguments.
+
+SGLang flag names (no sglang install): ``ServerArgs`` in sgl-project/sglang
+``python/sglang/srt/server_args.py`` (commit 001067fffe33427bee0ed2f007fb7551a1d76b44):
+fields model_path, tp_size, host, port, disaggregation_mode,
+disaggregation_transfer_backend (DISAGG_TRANSFER_BACKEND_CHOICES: mooncake, nixl, ascend,
+fake, mori, mooncake_tcp), disaggregation_bootstrap_port (default 8998); the flag is the
+field name with ``_`` -> ``-``. The router: SGLang's "PD Disaggregation" guide
+(docs.sglang.io/docs/advanced_features/pd_disaggregation): ``python -m
+sglang_router.launch_router --pd-disaggregation --prefill URL BOOTSTRAP_PORT --decode URL
+--host H --port P``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.errors import Diagnostic, SpecError
+from mdc.pipeline import Compiled, Compiler
+from mdc.plugin_manager import load_plugins
+
+OTHERS = ("deepspeed", "megatron", "torchtitan", "primus", "slurm", "ssh")
+COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
+SHELLCHECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "shellcheck"
+
+#: from SGLang's ServerArgs (see the module docstring)
+SERVER_FLAGS = {"--model-path", "--tp-size", "--host", "--port", "--disaggregation-mode",
+                "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port"}
+TRANSFER_BACKENDS = {"mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"}
+ROUTER_FLAGS = {"--pd-disaggregation", "--prefill", "--decode", "--host", "--port", "--policy"}
+#: the issue's proof: nnodes -> (prefill, decode)
+ISSUE_SPLITS = {3: (1, 1), 5: (1, 3), 7: (2, 4), 11: (4, 6)}
+
+
+def expected_split(nnodes: int) -> tuple[int, int]:
+    prefill = max(1, (nnodes - 1) * 2 // 5)
+    return prefill, nnodes - 1 - prefill
+
+
+def spec(nnodes: int = 5, nproc: int = 2, options: dict[str, Any] | None = None,
+         **distributed: Any) -> dict[str, Any]:
+    return {
+        "job": {"name": "sgd-unit", "command": "python3"},
+        "distributed": {"launcher": "sglang_disagg", "backend": "local", "nnodes": nnodes,
+                        "nproc_per_node": nproc, "accelerator": "cpu", **distributed},
+        "sglang_disagg": {"model_path": "org/model", **(options or {})},
+    }
+
+
+def compile_(tmp_path: Path, data: dict[str, Any]) -> Compiled:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return COMPILER.compile(path)
+
+
+def errors(tmp_path: Path, data: dict[str, Any]) -> list[Diagnostic]:
+    with pytest.raises(SpecError) as caught:
+        compile_(tmp_path, data)
+    return [d for d in caught.value.diagnostics if d.is_error]
+
+
+def write_tree(compiled: Compiled, root: Path) -> Path:
+    for artifact in compiled.tree:
+        target = root / artifact.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(artifact.data)
+        if artifact.executable:
+            target.chmod(0o755)
+    return root
+
+
+def test_formula_gives_the_issues_numbers() -> None:
+    assert {n: expected_split(n) for n in ISSUE_SPLITS} == ISSUE_SPLITS
+
+
+@pytest.mark.parametrize("nnodes", sorted(ISSUE_SPLITS))
+def test_automatic_split(tmp_path: Path, nnodes: int) -> None:
+    prefill, decode = expected_split(nnodes)
+    compiled = compile_(tmp_path, spec(nnodes))
+    assert compiled.plan.disagg is not None
+    assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (prefill, decode)
+    assert {r.name: list(r.nodes) for r in compiled.plan.roles} == {
+        "proxy": [0], "prefill": list(range(1, 1 + prefill)),
+        "decode": list(range(1 + prefill, nnodes))}
+    for role in compiled.launch.roles:
+        env = dict(role.env)
+        assert env["SGLANG_DISAGG_PREFILL_NODES"] == str(prefill)
+        assert env["SGLANG_DISAGG_DECODE_NODES"] == str(decode)
+        assert env["SGLANG_DISAGG_TOTAL_NODES"] == str(nnodes)
+        assert env["SGLANG_DISAGG_MODE"] == "enabled"
+        assert env["SGLANG_DISAGG_ROLE"] == role.name
+
+
+def test_custom_split(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(7, prefill_nodes=4, decode_nodes=2))
+    assert compiled.plan.disagg is not None
+    assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (4, 2)
+
+
+def test_two_nodes_and_a_split_that_does_not_add_up(tmp_path: Path) -> None:
+    (two,) = errors(tmp_path, spec(2))
+    assert two.code == "MDC209" and "got 2" in two.message
+    (bad,) = errors(tmp_path, spec(7, prefill_nodes=3, decode_nodes=2))
+    assert bad.code == "MDC210" and "(7)" in bad.message and "got 6" in bad.message
+
+
+def test_missing_table(tmp_path: Path) -> None:
+    data = spec()
+    del data["sglang_disagg"]
+    assert [d.code for d in errors(tmp_path, data)] == ["MDC380"]
+
+
+def test_commands_use_sglangs_flags(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(5, 8, {"transfer_backend": "nixl"}))
+    for mode in ("prefill", "decode"):
+        argv = [str(w) for w in compiled.launch.role(mode).argv]
+        at = argv.index("sglang.launch_server")
+        assert argv[at - 2:at] == ["python3", "-m"]
+        flags = {w for w in argv[at:] if w.startswith("--")}
+        assert flags <= SERVER_FLAGS
+        assert argv[argv.index("--disaggregation-mode") + 1] == mode
+        assert argv[argv.index("--tp-size") + 1] == "8"
+        assert argv[argv.index("--model-path") + 1] == "org/model"
+        backend = argv[argv.index("--disaggregation-transfer-backend") + 1]
+        assert backend == "nixl" and backend in TRANSFER_BACKENDS
+    router = [str(w) for w in compiled.launch.role("proxy").argv]
+    at = router.index("sglang_router.launch_router")
+    assert {w for w in router[at:] if w.startswith("--")} <= ROUTER_FLAGS
+
+
+def test_tp_size(tmp_path: Path) -> None:
+    def tp(data: dict[str, Any]) -> str:
+        argv = [str(w) for w in compile_(tmp_path, data).launch.role("decode").argv]
+        return argv[argv.index("--tp-size") + 1]
+    assert tp(spec(3, 8)) == "8"
+    assert tp(spec(3, 8, {"tp_size": 4})) == "4"
+    data = spec(3, 8)
+    data["parallelism"] = {"tp": 2}
+    assert tp(data) == "2"
+    (error,) = errors(tmp_path, spec(3, 8, {"tp_size": 16}))
+    assert error.code == "MDC383" and "16" in error.message and "8" in error.message
+
+
+def test_ports_stay_below_65536(tmp_path: Path) -> None:
+    nnodes = 11
+    compile_(tmp_path, spec(nnodes, options={"port": 65535 - (nnodes - 1)}))
+    (error,) = errors(tmp_path, spec(nnodes, options={"port": 65535 - (nnodes - 1) + 1}))
+    assert error.code == "MDC381" and "65536" in error.message
+    (error,) = errors(tmp_path, spec(nnodes, options={"bootstrap_port": 65535 - 4 + 1}))
+    assert error.code == "MDC381" and "bootstrap_port" in error.message
+
+
+def test_ports_that_overlap(tmp_path: Path) -> None:
+    (error,) = errors(tmp_path, spec(5, options={"router_port": 30002}))
+    assert error.code == "MDC382"
+    (error,) = errors(tmp_path, spec(5, options={"port": 8999, "bootstrap_port": 8998}))
+    assert error.code == "MDC382"
+
+
+def test_command_that_is_not_python_warns(tmp_path: Path) -> None:
+    data = spec()
+    data["job"]["command"] = ["bash", "serve.sh"]
+    compiled = compile_(tmp_path, data)
+    assert [d.code for d in compiled.diagnostics] == ["MDC384"]
+
+
+@pytest.mark.slow
+def test_scripts_pass_bash_n_and_shellcheck(tmp_path: Path) -> None:
+    for options in ({}, {"router": "mini_lb"}):
+        root = write_tree(compile_(tmp_path, spec(7, options=options)), tmp_path / "out")
+        scripts = sorted(str(p) for p in root.rglob("*.sh"))
+        assert len(scripts) == 5
+        for script in scripts:
+            subprocess.run(["bash", "-n", script], check=True)
+        subprocess.run([str(SHELLCHECK), *scripts], check=True)
+
+
+STAND_IN = """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$RECORD_DIR/$SGLANG_DISAGG_ROLE-$NODE_RANK"
+"""
+
+
+def stand_in_path(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python3"
+    python.write_text(STAND_IN, encoding="utf-8")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record"
+    record.mkdir()
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_DIR": str(record)}
+
+
+def recorded(env: dict[str, str]) -> dict[str, list[str]]:
+    return {p.name: p.read_text(encoding="utf-8").splitlines()
+            for p in Path(env["RECORD_DIR"]).iterdir()}
+
+
+def after(argv: list[str], module: str) -> list[str]:
+    return argv[argv.index(module) + 1:]
+
+
+@pytest.mark.slow
+def test_local_backend_runs_every_role(tmp_path: Path) -> None:
+    nnodes, base, boot = 7, 31000, 9100
+    prefill = expected_split(nnodes)[0]
+    compiled = compile_(tmp_path, spec(nnodes, options={"port": base, "bootstrap_port": boot}))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    subprocess.run(["bash", str(root / "local" / "run.sh")], env=env, check=True, timeout=60)
+    runs = recorded(env)
+    names = ["proxy-0"] + [f"prefill-{i}" for i in range(1, 1 + prefill)] + [
+        f"decode-{i}" for i in range(1 + prefill, nnodes)]
+    assert sorted(runs) == sorted(names)
+    expected_router = ["--pd-disaggregation", "--host", "0.0.0.0", "--port", "8000"]
+    for i in range(1, 1 + prefill):
+        expected_router += ["--prefill", f"http://127.0.0.1:{base + i}", str(boot + i)]
+    for i in range(1 + prefill, nnodes):
+        expected_router += ["--decode", f"http://127.0.0.1:{base + i}"]
+    assert after(runs["proxy-0"], "sglang_router.launch_router") == expected_router
+    for i in range(1, nnodes):
+        mode = "prefill" if i <= prefill else "decode"
+        argv = after(runs[f"{mode}-{i}"], "sglang.launch_server")
+        assert argv[argv.index("--port") + 1] == str(base + i)
+        assert argv[argv.index("--disaggregation-mode") + 1] == mode
+        if mode == "prefill":
+            assert argv[argv.index("--disaggregation-bootstrap-port") + 1] == str(boot + i)
+        else:
+            assert "--disaggregation-bootstrap-port" not in argv
+
+
+@pytest.mark.slow
+def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(5, options={"router": "sglang_router"}))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    hosts = ["n0", "n1.cluster", "fd00::2", "n3", "n4"]
+    run_env = {**env, "NODE_RANK": "0", "MASTER_ADDR": "n0", "MASTER_PORT": "29500",
+               "NODE_HOSTS": " ".join(hosts)}
+    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True,
+                   timeout=30)
+    argv = after(recorded(env)["proxy-0"], "sglang_router.launch_router")
+    assert argv[argv.index("--prefill"):] == [
+        "--prefill", "http://n1.cluster:30001", "8999",
+        "--decode", "http://[fd00::2]:30002", "--decode", "http://n3:30003",
+        "--decode", "http://n4:30004"]
+    wrong = {**run_env, "NODE_HOSTS": "n0 n1"}
+    done = subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=wrong, check=False,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "expected 5" in done.stderr
+
+
+@pytest.mark.slow
+def test_mini_lb(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(3, options={"router": "mini_lb"}))
+    assert [d.code for d in compiled.diagnostics] == ["MDC386"]
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    run_env = {**env, "NODE_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "29500",
+               "NODE_HOSTS": "a b c"}
+    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True,
+                   timeout=30)
+    run_env["NODE_RANK"] = "1"
+    subprocess.run(["bash", str(root / "launch" / "prefill.sh")], env=run_env, check=True,
+                   timeout=30)
+    runs = recorded(env)
+    assert after(runs["proxy-0"], "sglang.srt.disaggregation.mini_lb") == [
+        "--host", "0.0.0.0", "--port", "8000", "--prefill", "http://b:30001",
+        "--decode", "http://c:30002"]
+    prefill = runs["prefill-1"]
+    assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
