@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import re
 from collections.abc import Iterator, Mapping
 from importlib import resources
@@ -31,8 +32,11 @@ import yaml
 from referencing import Registry, Resource
 
 REPO = Path(__file__).resolve().parents[3]
-#: the CRDs, outside the project (never copied into it)
-CRDS = REPO.parent / "shared" / "crds"
+#: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
+#: ../shared/crds beside the checkout, then the workspace's (for clones made elsewhere)
+CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
+    REPO.parent / "shared" / "crds", Path("/work/shared/crds")]
+CRDS = next((p for p in CRD_PLACES if p.is_dir()), CRD_PLACES[0])
 #: the oldest Kubernetes version mdc's manifests must validate against
 OLDEST = "1.30"
 
