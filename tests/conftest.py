@@ -48,6 +48,21 @@ def declared_builtins() -> dict[str, list[str]]:
     return {kind: sorted(names) for kind, names in kinds.items()}
 
 
+#: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
+#: ../shared/crds beside the checkout, then the workspace's (for clones made elsewhere)
+CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
+    REPO.parent / "shared" / "crds", Path("/work/shared/crds")]
+
+
+@pytest.fixture(scope="session")
+def shared_crds() -> Path:
+    """The folder of CRD schemas and upstream samples; the test skips, saying why, without it."""
+    found = next((p for p in CRD_PLACES if p.is_dir()), None)
+    if found is None:
+        pytest.skip(f"the CRDs are not here: none of {', '.join(map(str, CRD_PLACES))} exists")
+    return found
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 

@@ -24,8 +24,7 @@ from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-RUNTIME_SAMPLE = Path(__file__).resolve().parents[3] / "shared" / "crds" / "examples" / \
-    "clustertrainingruntime-torch-distributed.yaml"
+RUNTIME_SAMPLE = "examples/clustertrainingruntime-torch-distributed.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +85,13 @@ def test_trainer_contract(compiler: Compiler, tmp_path: Path) -> None:
     assert "--nnodes 4 " in worker and "--nproc-per-node 8 " in worker
 
 
-def test_patch_targets_the_runtime_names(compiler: Compiler, tmp_path: Path) -> None:
+def test_patch_targets_the_runtime_names(compiler: Compiler, tmp_path: Path,
+                                        shared_crds: Path) -> None:
     _, job = docs_of(compile_(compiler, tmp_path, spec(trainjob={
         "node_selector": {"pool": "mi300x"}, "service_account": "trainer",
         "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "volumes": [{"name": "ckpt", "mount_path": "/ckpt", "claim": "ckpt-pvc"}]})))
-    runtime = yaml.safe_load(RUNTIME_SAMPLE.read_text(encoding="utf-8"))
+    runtime = yaml.safe_load((shared_crds / RUNTIME_SAMPLE).read_text(encoding="utf-8"))
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     (rcontainer,) = rjob["template"]["spec"]["template"]["spec"]["containers"]
     name, pod = patched_pod(job)

@@ -33,7 +33,8 @@ from referencing import Registry, Resource
 
 REPO = Path(__file__).resolve().parents[3]
 #: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
-#: ../shared/crds beside the checkout, then the workspace's (for clones made elsewhere)
+#: ../shared/crds beside the checkout, then the workspace's (as tests/conftest.py's
+#: shared_crds fixture looks; this module is imported outside pytest's fixtures too)
 CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
     REPO.parent / "shared" / "crds", Path("/work/shared/crds")]
 CRDS = next((p for p in CRD_PLACES if p.is_dir()), CRD_PLACES[0])
