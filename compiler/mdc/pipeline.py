@@ -7,7 +7,7 @@ converter are built once per process, then reused for every file.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Train
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
+from mdc.importers import translate
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
@@ -48,11 +49,13 @@ class Compiled:
     launch: Launch
     #: the complete output tree, manifest included, sorted by path
     tree: tuple[Artifact, ...]
+    #: what translating a foreign config (e.g. madengine's) dropped or reinterpreted
+    notes: tuple[Diagnostic, ...] = ()
 
     @property
     def diagnostics(self) -> tuple[Diagnostic, ...]:
         """The warnings (a compiled spec has no errors)."""
-        return self.plan.warnings
+        return (*self.notes, *self.plan.warnings)
 
 
 class Compiler:
@@ -66,12 +69,24 @@ class Compiler:
         self.option_types = {name: reg.record.options_type for name, reg in tables.items()}
 
     def compile(self, path: str | Path) -> Compiled:
-        """Compile one spec file in memory; raises SpecError or PluginError."""
-        doc = load_file(path)
+        """Compile one spec file in memory; raises SpecError or PluginError.
+
+        A foreign config (madengine's) is translated first; what the translation dropped
+        or reinterpreted comes back with the result's diagnostics.
+        """
+        doc, notes = translate(load_file(path))
+        try:
+            return self.compile_document(doc, notes=notes)
+        except SpecError as exc:
+            raise SpecError([*notes, *exc.diagnostics]) from None
+
+    def compile_document(self, doc: LoadedDocument,
+                         notes: Sequence[Diagnostic] = ()) -> Compiled:
+        """Compile a loaded document (e.g. one a tool has edited) in memory."""
         found = self.checker.check(doc)
         if found:
             raise SpecError([*found, *self._plan_despite(doc, found)])
-        return self._compile(doc)
+        return attrs.evolve(self._compile(doc), notes=tuple(notes))
 
     def _plan_despite(self, doc: LoadedDocument, found: list[Diagnostic]) -> list[Diagnostic]:
         """Plan findings for a spec whose schema errors lie outside what the plan reads.

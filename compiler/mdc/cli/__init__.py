@@ -1,4 +1,4 @@
-"""The ``mdc`` command line: compile, validate, explain, schema, plugins.
+"""The ``mdc`` command line: compile, validate, explain, schema, plugins, import, rehearse.
 
 ``main(argv) -> int`` is for tests and embedding; ``run()`` is the console
 script and raises ``SystemExit``.
@@ -88,6 +88,10 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
 def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     from mdc.describe import explain_text, plan_json
     compiled = _compiler(args).compile(args.spec)
+    out.diagnostics(compiled.notes)
+    if args.svg:
+        from mdc.rankmap import rank_map_svg
+        Path(args.svg).write_text(rank_map_svg(compiled.plan), encoding="utf-8")
     if out.fmt == "json":
         out.json(plan_json(compiled.plan, compiled.launch))
     else:
@@ -113,6 +117,16 @@ def cmd_plugins(args: argparse.Namespace, out: Output) -> int:
             print(f"{row['name']:<16} {row['kind']:<9} {row['distribution']} {row['version']}"
                   f"  ({row['entry_point']})  {row['description']}", file=out.stdout)
     return ExitCode.OK
+
+
+def cmd_import(args: argparse.Namespace, out: Output) -> int:
+    from mdc.importers.madengine import cmd_import as import_madengine
+    return import_madengine(args, out)
+
+
+def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:
+    from mdc.rehearse import cmd_rehearse as rehearse
+    return rehearse(args, _compiler(args), out)
 
 
 def _blocked_name(value: str) -> str:
@@ -150,8 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p = add("explain", cmd_explain, "describe the plan: sizes, batch, nodes, groups")
     p.add_argument("spec")
+    p.add_argument("--svg", metavar="FILE", help="also draw the rank map (nodes x GPUs) as SVG")
     add("schema", cmd_schema, "print the composed JSON Schema")
     add("plugins", cmd_plugins, "list the launchers and backends installed")
+    p = add("import", cmd_import, "translate another tool's config into an mdc spec")
+    p.add_argument("tool", choices=("madengine",), help="the tool that wrote CONFIG")
+    p.add_argument("config", metavar="CONFIG", help="its config file")
+    p.add_argument("-o", "--output", metavar="SPEC",
+                   help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)")
+    p = add("rehearse", cmd_rehearse, "compile a spec and run the job on this CPU with a probe "
+            "program that checks ranks and groups (needs torch)")
+    p.add_argument("spec")
     return parser
 
 

@@ -1,0 +1,19 @@
+"""Translating configs written for other tools into mdc spec documents.
+
+An importer recognises its tool's config by shape, and returns an mdc spec
+document plus a report (warnings) of every key it dropped or reinterpreted.
+The report locates each entry in the original file.
+"""
+
+from __future__ import annotations
+
+from mdc.errors import Diagnostic
+from mdc.importers import madengine
+from mdc.loaders import LoadedDocument
+
+
+def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
+    """``doc`` as an mdc spec: unchanged if it is one, translated if a known tool wrote it."""
+    if madengine.detect(doc):
+        return madengine.translate(doc)
+    return doc, []
