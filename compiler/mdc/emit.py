@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno as _errno
+import glob
 import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
@@ -69,10 +72,17 @@ def is_replaceable(out: Path) -> bool:
 
 
 def write_tree(out: Path, tree: Iterable[Artifact]) -> None:
-    """Build the tree beside ``out`` and swap it in; on any failure ``out`` is untouched."""
+    """Build the tree beside ``out`` and swap it in; on any failure ``out`` is untouched.
+
+    Where the kernel can exchange two directories atomically (Linux ``renameat2``), a
+    SIGKILL at any point leaves ``out`` wholly old or wholly new. Elsewhere the swap is
+    two renames; a compile killed between them leaves the old tree parked beside
+    ``out``, and the next compile puts it back before doing anything else.
+    """
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.mdc-new-", dir=out.parent))
+    _recover(out)
+    staging = Path(tempfile.mkdtemp(prefix=_prefix(out, "new"), dir=out.parent))
     try:
         for artifact in tree:
             target = staging / artifact.path
@@ -80,16 +90,67 @@ def write_tree(out: Path, tree: Iterable[Artifact]) -> None:
             target.write_bytes(artifact.data)
             os.chmod(target, mode_of(artifact))
         os.chmod(staging, 0o755)
-        if out.exists():
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.mdc-old-", dir=out.parent))
-            os.replace(out, retired / out.name)
+        if not out.exists():
             os.replace(staging, out)
-            shutil.rmtree(retired, ignore_errors=True)
+        elif _exchange(staging, out):
+            shutil.rmtree(staging, ignore_errors=True)  # now the old tree
         else:
+            parked = Path(tempfile.mkdtemp(prefix=_prefix(out, "old"), dir=out.parent))
+            os.replace(out, parked / out.name)
             os.replace(staging, out)
+            shutil.rmtree(parked, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _prefix(out: Path, kind: str) -> str:
+    """Leftover names carry the writer's pid, so only a dead writer's leftovers are cleared."""
+    return f".{out.name}.mdc-{kind}-{os.getpid()}-"
+
+
+def _recover(out: Path) -> None:
+    """Undo what a killed writer left beside ``out``: restore a parked tree, drop staging."""
+    for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.mdc-*-*-*")):
+        kind, pid = leftover.name[len(out.name) + 1:].split("-")[1:3]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        parked = leftover / out.name
+        if kind == "old" and parked.is_dir() and not out.exists():
+            os.replace(parked, out)
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step; False where the platform or filesystem cannot."""
+    if sys.platform != "linux":
+        return False
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (_errno.EINVAL, _errno.ENOSYS, _errno.EOPNOTSUPP):
+        return False  # e.g. a filesystem without exchange support
+    raise OSError(errno, os.strerror(errno), str(b))
 
 
 def drift(out: Path, tree: Iterable[Artifact]) -> list[str]:
