@@ -1,0 +1,123 @@
+"""Inputs built to exhaust time or memory are refused with a located message, in bounded memory.
+
+How fast each is refused is measured in ``bench/`` (speed lives in benchmarks, not in
+timed tests); here each must be refused (or compiled) with the right diagnostic while
+tracemalloc's peak stays under a stated bound.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from mdc.errors import Diagnostic, SpecError
+from mdc.loaders import MAX_BYTES
+from mdc.loaders.yaml import MAX_DEPTH, MAX_VALUES
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+
+#: peak Python allocation while refusing a bomb; the documents themselves are at most 4 MiB
+PEAK_LIMIT = 64 * 2**20
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(load_plugins(autoload=False))
+
+
+def peak_while(action: Callable[[], object]) -> tuple[object, int]:
+    tracemalloc.start()
+    try:
+        try:
+            result: object = action()
+        except SpecError as exc:
+            result = list(exc.diagnostics)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def refused(compiler: Compiler, path: Path) -> list[Diagnostic]:
+    result, peak = peak_while(lambda: compiler.compile(path))
+    assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
+    assert isinstance(result, list), "expected the spec to be refused"
+    return result
+
+
+def alias_bomb() -> str:
+    """Ten levels of nine aliases each: 9**10 scalars once expanded."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    return "\n".join(lines) + "\n"
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(compiler: Compiler, tmp_path: Path) -> None:
+    spec = tmp_path / "bomb.yaml"
+    spec.write_text(alias_bomb())
+    [found] = refused(compiler, spec)
+    assert found.code == "MDC004"
+    assert f"more than {MAX_VALUES:,} values" in found.message
+    assert found.hint is not None and "aliases" in found.hint
+
+
+def test_a_few_aliases_are_fine(compiler: Compiler, tmp_path: Path) -> None:
+    spec = tmp_path / "ok.yaml"
+    spec.write_text("job:\n  name: a\n  command: &cmd [python, train.py]\n"
+                    "distributed: {launcher: torchrun, nnodes: 1, nproc_per_node: 2}\n"
+                    "x-unused: *cmd\n")
+    codes = {d.code for d in refused(compiler, spec)}
+    assert codes == {"MDC101"} or "MDC004" not in codes  # an unknown key, not a bomb
+
+
+def test_a_50_mb_file_is_refused_without_reading_it(compiler: Compiler, tmp_path: Path) -> None:
+    spec = tmp_path / "huge.toml"
+    with spec.open("w") as handle:
+        handle.write("# " + "x" * (50 * 2**20) + "\n")
+    [found] = refused(compiler, spec)
+    assert found.code == "MDC003"
+    assert f"limited to {MAX_BYTES}" in found.message
+
+
+def nestings(depth: int) -> Iterator[tuple[str, str]]:
+    yield "flow.yaml", "a: " + "[" * depth + "]" * depth + "\n"
+    yield "flow-text.yaml", "a: " + "[x, " * depth + "]" * depth + "\n"
+    yield "block.yaml", "- " * depth + "x\n"
+    yield "maps.yaml", "".join(" " * i + "a:\n" for i in range(min(depth, 2000)))
+    yield "deep.json", '{"a": ' + "[" * depth + "]" * depth + "}"
+    yield "deep.toml", "a = " + "[" * depth + "]" * depth + "\n"
+
+
+@pytest.mark.parametrize(("name", "text"), list(nestings(10_000)), ids=lambda v: v[:12])
+def test_10000_deep_nesting_is_refused(name: str, text: str, compiler: Compiler,
+                                       tmp_path: Path) -> None:
+    spec = tmp_path / name
+    spec.write_text(text)
+    [found] = refused(compiler, spec)
+    assert found.code == "MDC001"
+    assert "nest" in found.message
+
+
+def test_nesting_within_the_limit_is_not_called_deep(compiler: Compiler, tmp_path: Path) -> None:
+    spec = tmp_path / "ok.yaml"
+    spec.write_text("a: " + "[" * (MAX_DEPTH - 2) + "]" * (MAX_DEPTH - 2) + "\n")
+    assert all("nest" not in d.message for d in refused(compiler, spec))
+
+
+@pytest.mark.parametrize("backend", ["slurm"])
+def test_a_million_nodes_compile_in_bounded_memory(backend: str, compiler: Compiler,
+                                                   tmp_path: Path) -> None:
+    """10**6 nodes x 8: the plan is formulas, not lists; artifacts do not grow with nnodes."""
+    spec = tmp_path / "big.toml"
+    spec.write_text(
+        '[job]\nname = "big"\nimage = "img:1"\ncommand = ["python", "train.py"]\n'
+        f'[distributed]\nlauncher = "megatron"\nbackend = "{backend}"\nnnodes = 1000000\n'
+        'nproc_per_node = 8\n[parallelism]\ntp = 8\npp = 16\ncp = 2\n'
+        '[batch]\nglobal_batch_size = 250000\nmicro_batch_size = 1\n')
+    result, peak = peak_while(lambda: compiler.compile(spec))
+    assert not isinstance(result, list), [d.render() for d in result]  # type: ignore[union-attr]
+    assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
+    size = sum(len(a.data) for a in result.tree)  # type: ignore[attr-defined]
+    assert size < 256 * 2**10, f"{size} bytes of artifacts"
