@@ -1,0 +1,493 @@
+"""`mdc import madengine`: madengine additional contexts as mdc specs.
+
+The fixtures (tests/fixtures/madengine/*.json) are hand-written configs in madengine's
+shape, one realistic use each. Every one imports to a golden spec and report
+(golden/imports/<case>/), and compiles with mdc's own plugins; the deliberately wrong
+ones fail with errors located in the JSON file, at positions computed here from the
+JSON text. The compiled artifacts are checked against madengine's env contract
+(/work/shared/madengine.md §3-§6), with the expected values derived from madengine's
+rules (TP = G, PP = N, the auto split, ...), not read back from mdc's output.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.api import Concat, Ref
+from mdc.cli import main
+from mdc.errors import Diagnostic, SpecError
+from mdc.importers import madengine
+from mdc.importers import translate as translate_any
+from mdc.loaders import load_file
+from mdc.pipeline import Compiled, Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.testing import Golden
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN_ROOT = REPO / "golden"
+SHELLCHECK = REPO / ".venv" / "bin" / "shellcheck"
+
+FIXTURES = Path("tests/fixtures/madengine")
+CASES = sorted(p.stem for p in (REPO / FIXTURES).glob("*.json"))
+#: the fixtures whose values are wrong for mdc (they import, and compile with errors)
+BROKEN = {"typo", "wrong-values", "k8s-sglang-disagg-2"}
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(load_plugins(autoload=False))
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch, no_ambient_plugins: None) -> None:
+    """Paths in reports are shown as given: run from the checkout, with relative paths."""
+    monkeypatch.chdir(REPO)
+
+
+def fixture(case: str) -> str:
+    return str(FIXTURES / f"{case}.json")
+
+
+def compiled(compiler: Compiler, case: str) -> Compiled:
+    return compiler.compile(fixture(case))
+
+
+def env_of(result: Compiled) -> dict[str, Any]:
+    """What the worker processes see: [job] env, then the launcher's role env."""
+    env: dict[str, Any] = dict(result.plan.job.env)
+    for role in result.launch.roles:
+        env.update(role.env)
+    return env
+
+
+def position(text: str, pattern: str, group: int = 1) -> tuple[int, int]:
+    """1-based (line, column) of ``group`` of the first match of ``pattern`` in ``text``."""
+    match = re.search(pattern, text, re.DOTALL)
+    assert match is not None, pattern
+    offset = match.start(group)
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- goldens: the imported spec and the report ------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES)
+def test_import_matches_golden(case: str, tmp_path: Path, golden: Golden) -> None:
+    spec = tmp_path / "spec.toml"
+    code, out, err = run_cli("import", "madengine", fixture(case), "-o", str(spec),
+                             "--no-plugin-autoload")
+    assert out == ""
+    assert code == (1 if case in BROKEN else 0), err
+    base = GOLDEN_ROOT / "imports" / case
+    golden.check_text(base / "spec.toml", spec.read_text(encoding="utf-8"))
+    golden.check_text(base / "report.txt", err.replace(str(tmp_path), "<tmp>"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_report_is_located_in_the_json(case: str) -> None:
+    """Every report entry names the madengine file and a position in it."""
+    source = load_file(fixture(case))
+    _, notes = madengine.translate(source)
+    assert notes
+    for note in notes:
+        assert note.location.path == fixture(case)
+        assert note.location.line is not None
+        assert re.fullmatch(r"MDC5[0-2]\d", note.code)
+        assert not note.is_error
+
+
+# --- compiling -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - BROKEN))
+def test_fixture_compiles(compiler: Compiler, case: str) -> None:
+    result = compiled(compiler, case)
+    assert not any(d.is_error for d in result.diagnostics)
+    assert any(d.code.startswith("MDC50") for d in result.notes)
+    for artifact in result.tree:
+        if artifact.path.endswith(".sh") or artifact.path.endswith(".sbatch"):
+            text = artifact.data.decode("utf-8")
+            for tool in (["bash", "-n"], [str(SHELLCHECK), "--norc", "-S", "warning", "-s", "bash", "-"]):
+                check = subprocess.run(tool, input=text, text=True, capture_output=True,
+                                       check=False)
+                assert check.returncode == 0, (artifact.path, check.stdout, check.stderr)
+
+
+def errors_of(compiler: Compiler, case: str) -> list[Diagnostic]:
+    with pytest.raises(SpecError) as caught:
+        compiled(compiler, case)
+    return [d for d in caught.value.diagnostics if d.is_error]
+
+
+def located(diagnostics: list[Diagnostic], pointer: str) -> tuple[int | None, int | None]:
+    found = [d for d in diagnostics if d.location.pointer == pointer]
+    assert found, (pointer, [d.render() for d in diagnostics])
+    return found[0].location.line, found[0].location.column
+
+
+def test_wrong_values_point_into_the_json(compiler: Compiler) -> None:
+    text = (REPO / fixture("wrong-values")).read_text(encoding="utf-8")
+    errors = errors_of(compiler, "wrong-values")
+    assert all(d.location.path == fixture("wrong-values") for d in errors)
+    # gpu_vendor "INTEL" -> accelerator; slurm.nodes "2" -> nnodes; distributed.port -> master_port
+    assert located(errors, "/distributed/accelerator") == position(text, r'"gpu_vendor": (")')
+    assert located(errors, "/distributed/nnodes") == position(text, r'"nodes": (")')
+    assert located(errors, "/slurm/time") == position(text, r'"time": (1)')
+    assert located(errors, "/distributed/master_port") == position(text, r'"port": (7)')
+    assert located(errors, "/job/env/NCCL_DEBUG") == position(text, r'"NCCL_DEBUG": (\{)')
+
+
+def test_typo_launcher_points_at_the_value(compiler: Compiler) -> None:
+    text = (REPO / fixture("typo")).read_text(encoding="utf-8")
+    errors = errors_of(compiler, "typo")
+    assert located(errors, "/distributed/launcher") == position(text, r'"launcher": (")')
+    notes = madengine.translate(load_file(fixture("typo")))[1]
+    hints = {d.location.pointer: d.hint for d in notes}
+    assert hints["/distributed/launcher"] == "did you mean 'torchrun'?"
+    assert hints["/slurm/partiton"] == "did you mean 'partition'?"
+    assert hints["/distributed/nproc_per_nodes"] == "did you mean 'nproc_per_node'?"
+    assert hints["/env_var"] == "did you mean 'env_vars'?"
+    assert located(notes, "/env_var") == position(text, r'(")env_var"')
+
+
+def test_too_few_disagg_nodes_points_at_nnodes(compiler: Compiler) -> None:
+    text = (REPO / fixture("k8s-sglang-disagg-2")).read_text(encoding="utf-8")
+    errors = errors_of(compiler, "k8s-sglang-disagg-2")
+    assert [d.code for d in errors] == ["MDC209"]
+    assert located(errors, "/distributed/nnodes") == position(text, r'"nnodes": (2)')
+
+
+def test_nnodes_from_slurm_nodes_is_located_there(tmp_path: Path, compiler: Compiler) -> None:
+    """A plan error on nnodes taken from slurm.nodes lands on slurm.nodes."""
+    text = '{\n  "slurm": {"nodes": 2, "gpus_per_node": 8},\n  "distributed": {"launcher": ' \
+           '"sglang-disagg"}\n}\n'
+    path = tmp_path / "disagg.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as caught:
+        compiler.compile(path)
+    errors = [d for d in caught.value.diagnostics if d.is_error]
+    assert located(errors, "/distributed/nnodes") == position(text, r'"nodes": (2)')
+
+
+# --- madengine's meaning ----------------------------------------------------------------------------
+
+def spec_of(case: str) -> dict[str, Any]:
+    doc, _ = madengine.translate(load_file(fixture(case)))
+    assert isinstance(doc.data, dict)
+    return doc.data
+
+
+def test_counts_ports_and_targets() -> None:
+    # SLURM: nnodes from slurm.nodes, nproc from gpus_per_node, port from distributed.port
+    slurm = spec_of("slurm-torchrun-2x8")["distributed"]
+    assert (slurm["backend"], slurm["nnodes"], slurm["nproc_per_node"], slurm["master_port"]) \
+        == ("slurm", 2, 8, 29600)
+    # distributed.master_port is ignored by madengine: the port stays 29500
+    assert spec_of("slurm-megatron-4x8")["distributed"]["master_port"] == 29500
+    # Kubernetes: launcher.master_port
+    assert spec_of("k8s-megatron-4x8")["distributed"]["master_port"] == 23456
+    # the SLURM presets: 1 node of 8 GPUs unless slurm says otherwise; torchrun by default
+    minimal = spec_of("preset-minimal")
+    assert minimal["distributed"] == {"launcher": "torchrun", "backend": "slurm", "nnodes": 2,
+                                      "nproc_per_node": 8, "accelerator": "amd",
+                                      "master_port": 29500}
+    assert minimal["slurm"]["partition"] == "amd-rccl"
+    assert minimal["torchrun"] == {"rdzv_backend": "static"}
+    # local: one node, GPUs from the top-level n_gpus; NVIDIA
+    local = spec_of("local-env-vars")["distributed"]
+    assert (local["backend"], local["nnodes"], local["nproc_per_node"], local["accelerator"]) \
+        == ("local", 1, 4, "nvidia")
+    # Kubernetes, one GPU and no launcher: the script runs directly (basic, 1 process)
+    native = spec_of("k8s-native-1gpu")
+    assert (native["distributed"]["launcher"], native["distributed"]["nproc_per_node"]) \
+        == ("basic", 1)
+    assert native["job"]["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
+
+
+def test_kubernetes_keys() -> None:
+    k8s = spec_of("k8s-advanced-4x2")["kubernetes"]
+    assert k8s["namespace"] == "ml-training"
+    assert k8s["gpu_resource"] == "amd.com/gpu"
+    assert k8s["node_selector"] == {"node.kubernetes.io/instance-type": "mi300x", "gpu-count": "8"}
+    assert k8s["tolerations"][1] == {"key": "maintenance", "operator": "Equal",
+                                     "value": "planned", "effect": "NoExecute",
+                                     "toleration_seconds": 600}
+    assert k8s["volumes"] == [{"name": "data", "mount_path": "/data", "claim": "datasets-pvc"}]
+    assert (k8s["backoff_limit"], k8s["active_deadline_seconds"], k8s["memory"], k8s["cpu"]) \
+        == (5, 7200, "128Gi", "32")
+    # gpu_count 3 with nproc 1 (madengine's sglang-disagg-minimal shape): GPUs per pod kept
+    assert spec_of("k8s-sglang-disagg-2")["kubernetes"]["gpus_per_node"] == 3
+
+
+def test_env_layers() -> None:
+    env = spec_of("slurm-torchrun-2x8")["job"]["env"]
+    # the user's value beats the preset; network_interface beats the preset's eth0
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert env["OMP_NUM_THREADS"] == "16"
+    assert env["NCCL_TIMEOUT"] == "600"  # the multi-node profile
+    local = spec_of("local-env-vars")["job"]["env"]
+    assert local == {"HF_HOME": "/cache/hf", "NCCL_DEBUG": "WARN",
+                     "TOKENIZERS_PARALLELISM": "False"}
+    nvidia = spec_of("k8s-native-1gpu")["job"]["env"]
+    assert nvidia["OMP_NUM_THREADS"] == "12" and nvidia["NCCL_P2P_LEVEL"] == "NVL"
+    assert nvidia["HSA_NO_SCRATCH_RECLAIM"] == "1"
+    assert "HSA_ENABLE_SDMA" not in nvidia  # AMD's multi-GPU env is not added for NVIDIA
+
+
+def literal(word: object) -> object:
+    return word if isinstance(word, str) else None
+
+
+def test_env_contract_megatron(compiler: Compiler) -> None:
+    """TP = G, PP = N, CP = 1 on several nodes (madengine's K8s rule; SLURM never got it)."""
+    for case in ("slurm-megatron-4x8", "k8s-megatron-4x8"):
+        env = env_of(compiled(compiler, case))
+        assert {k: literal(env[k]) for k in ("TENSOR_MODEL_PARALLEL_SIZE",
+                                            "PIPELINE_MODEL_PARALLEL_SIZE",
+                                            "CONTEXT_PARALLEL_SIZE")} == \
+            {"TENSOR_MODEL_PARALLEL_SIZE": "8", "PIPELINE_MODEL_PARALLEL_SIZE": "4",
+             "CONTEXT_PARALLEL_SIZE": "1"}
+        assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_env_contract_torchtitan(compiler: Compiler) -> None:
+    """madengine on N > 1: TP = G, PP = N, CP = 1 and FSDP_ENABLED=1 regardless of dp.
+
+    mdc says whether TorchTitan shards: with tp 8 x pp 4 on 32 GPUs dp is 1, so no FSDP.
+    """
+    env = env_of(compiled(compiler, "slurm-torchtitan-4x8"))
+    dp = 4 * 8 // (8 * 4)
+    assert {k: env[k] for k in env if k.startswith("TORCHTITAN_")} == {
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE": "8", "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "4",
+        "TORCHTITAN_FSDP_ENABLED": "1" if dp > 1 else "0", "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1"}
+
+
+def test_env_contract_vllm(compiler: Compiler) -> None:
+    """madengine: TP = G and PP = 1 on every node, each node its own server."""
+    result = compiled(compiler, "slurm-vllm-2x4")
+    env = env_of(result)
+    assert (env["VLLM_TENSOR_PARALLEL_SIZE"], env["VLLM_PIPELINE_PARALLEL_SIZE"],
+            env["NNODES"], env["NPROC_PER_NODE"]) == ("4", "1", "2", "4")
+    assert getattr(result.plan.options["vllm"], "mode", None) == "replicas"
+
+
+def test_env_contract_sglang(compiler: Compiler) -> None:
+    env = env_of(compiled(compiler, "k8s-sglang-2x4"))
+    assert (env["SGLANG_PIPELINE_PARALLEL_SIZE"], env["NNODES"], env["NPROC_PER_NODE"]) == \
+        ("1", "2", "4")
+    # one server over both nodes: tp = 2 x 4 (madengine exports 4; see the README)
+    assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "8"
+    assert isinstance(env["NCCL_INIT_ADDR"], Concat)
+
+
+def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
+    env = env_of(compiled(compiler, "slurm-sglang-disagg-7"))
+    expected = {"SGLANG_DISAGG_MODE": "enabled", "SGLANG_DISAGG_PREFILL_NODES": "4",
+                "SGLANG_DISAGG_DECODE_NODES": "2", "SGLANG_DISAGG_TOTAL_NODES": "7",
+                "SGLANG_TP_SIZE": "8", "PREFILL_COUNT": "4", "DECODE_COUNT": "2",
+                "TP_SIZE": "8"}
+    assert {k: env[k] for k in expected} == expected
+    assert isinstance(env["SGLANG_NODE_RANK"], Ref)
+
+
+def test_disagg_auto_split_and_one_sided_split(tmp_path: Path, compiler: Compiler) -> None:
+    """madengine ignores a split with only one side: prefill = max(1, (n-1)*2//5)."""
+    path = tmp_path / "disagg.json"
+    path.write_text(json.dumps({"slurm": {"nodes": 5, "gpus_per_node": 8}, "distributed": {
+        "launcher": "sglang-disagg", "sglang_disagg": {"prefill_nodes": 2}}}), encoding="utf-8")
+    result = compiler.compile(path)
+    env = env_of(result)
+    prefill = max(1, (5 - 1) * 2 // 5)
+    assert (env["PREFILL_COUNT"], env["DECODE_COUNT"]) == (str(prefill), str(5 - 1 - prefill))
+    assert "/distributed/sglang_disagg/prefill_nodes" in {
+        d.location.pointer for d in result.notes if d.code == "MDC504"}
+
+
+def test_env_contract_primus(compiler: Compiler) -> None:
+    env = env_of(compiled(compiler, "k8s-primus-2x8"))
+    expected = {"PRIMUS_CONFIG_PATH":
+                "examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml",
+                "PRIMUS_CLI_EXTRA": "--train_iters 100 --micro_batch_size 2",
+                "BACKEND": "megatron", "NNODES": "2", "GPUS_PER_NODE": "8",
+                "MAD_RUNTIME_NGPUS": "8", "HF_HOME": "/data/huggingface"}
+    assert {k: env[k] for k in expected} == expected
+
+
+def test_env_contract_deepspeed_runner(compiler: Compiler) -> None:
+    result = compiled(compiler, "slurm-deepspeed-1x4")
+    script = next(a for a in result.tree if a.path == "launch/worker.sh").data.decode("utf-8")
+    line = next(x for x in script.splitlines() if x.startswith("export MAD_MULTI_NODE_RUNNER="))
+    runner = shlex.split(shlex.split(line[len("export "):])[0].split("=", 1)[1])
+    assert runner[0] == "deepspeed" and runner[runner.index("--num_gpus") + 1] == "4"
+
+
+def test_values_are_quoted_not_run(compiler: Compiler) -> None:
+    """madengine writes export K="V" (so $(...) runs on the node); mdc passes V verbatim."""
+    result = compiled(compiler, "slurm-torchrun-2x8")
+    script = next(a for a in result.tree if a.path == "launch/worker.sh")
+    text = script.data.decode("utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("export RUN_BANNER="))
+    assert shlex.split(line[len("export "):]) == \
+        ['RUN_BANNER=node $(hostname) at `date` "quoted"']
+
+
+def test_pods_get_a_subdomain(compiler: Compiler) -> None:
+    """madengine gives no subdomain to sglang pods, so their DNS names do not resolve."""
+    for case in ("k8s-sglang-2x4", "k8s-megatron-4x8", "k8s-primus-2x8"):
+        result = compiled(compiler, case)
+        job = next(a for a in result.tree if a.path == "kubernetes/job.yaml")
+        text = job.data.decode("utf-8")
+        assert f"subdomain: {result.plan.job.name}" in text
+        # MASTER_ADDR is pod 0's DNS name, never empty (madengine's megatron bug)
+        assert f"{result.plan.job.name}-0.{result.plan.job.name}." in text
+
+
+# --- errors madengine refuses too -----------------------------------------------------------------
+
+def test_k8s_and_slurm_conflict(tmp_path: Path) -> None:
+    path = tmp_path / "both.json"
+    text = '{"k8s": {"gpu_count": 1},\n "slurm": {"nodes": 1}}\n'
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as caught:
+        madengine.translate(load_file(path))
+    errors = [d for d in caught.value.diagnostics if d.is_error]
+    assert [d.code for d in errors] == ["MDC530"]
+    assert (errors[0].location.line, errors[0].location.column) == position(text, r'(")slurm"')
+    assert "Both 'k8s' and 'slurm' fields present" in errors[0].message
+
+
+def test_deploy_string(tmp_path: Path) -> None:
+    good = tmp_path / "good.json"
+    good.write_text('{"deploy": "slurm", "slurm": {"nodes": 3}}', encoding="utf-8")
+    _, notes = madengine.translate(load_file(good))
+    assert "MDC505" in {d.code for d in notes if d.location.pointer == "/deploy"}
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"deploy": "k8s", "slurm": {"nodes": 3}}', encoding="utf-8")
+    with pytest.raises(SpecError) as caught:
+        madengine.translate(load_file(bad))
+    assert [d.code for d in caught.value.diagnostics if d.is_error] == ["MDC531"]
+
+
+def test_block_of_the_wrong_type(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text('{"gpu_vendor": "AMD", "env_vars": ["A=1"]}', encoding="utf-8")
+    with pytest.raises(SpecError) as caught:
+        madengine.translate(load_file(path))
+    assert [(d.code, d.location.pointer) for d in caught.value.diagnostics] == \
+        [("MDC532", "/env_vars")]
+
+
+# --- detection, the CLI, determinism ---------------------------------------------------------------
+
+def spec_files() -> list[Path]:
+    found = [p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json")]
+    found += [p for p in (REPO / "golden" / "diagnostics").glob("*/spec.*")]
+    return sorted(found)
+
+
+def test_detect_never_fires_on_mdc_specs() -> None:
+    files = spec_files()
+    assert len(files) > 30
+    for path in files:
+        try:
+            doc = load_file(path)
+        except SpecError:
+            continue  # a diagnostics case that does not even parse
+        assert not madengine.detect(doc), path
+        assert translate_any(doc) == (doc, [])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_detect_fires_on_madengine_contexts(case: str) -> None:
+    assert madengine.detect(load_file(fixture(case)))
+
+
+def test_compile_a_madengine_file_directly(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, _, err = run_cli("compile", fixture("slurm-torchrun-2x8"), "-o", str(out),
+                           "--no-plugin-autoload")
+    assert code == 0, err
+    assert "warning[MDC502]" in err and "warning[MDC505]" in err
+    assert f"{fixture('slurm-torchrun-2x8')}:" in err
+    assert (out / "slurm" / "job.sbatch").exists() or any((out / "slurm").iterdir())
+    sbatch = "".join(p.read_text() for p in (out / "slurm").iterdir() if p.is_file())
+    assert "--partition=mi300x" in sbatch or "--partition mi300x" in sbatch
+
+
+def test_import_to_stdout_yaml_and_json(tmp_path: Path, compiler: Compiler) -> None:
+    case = fixture("k8s-primus-2x8")
+    code, toml_text, _ = run_cli("import", "madengine", case, "--no-plugin-autoload")
+    assert code == 0 and toml_text.startswith("# Imported from madengine's")
+    for suffix in (".yaml", ".json", ".toml"):
+        target = tmp_path / f"spec{suffix}"
+        assert run_cli("import", "madengine", case, "-o", str(target),
+                       "--no-plugin-autoload")[0] == 0
+        # the written spec is an mdc spec: it compiles as one, and is not taken for madengine's
+        doc = load_file(target)
+        assert not madengine.detect(doc)
+        assert compiler.compile(target).plan.launcher == "primus"
+    code, out, _ = run_cli("import", "madengine", case, "--format", "json",
+                           "--no-plugin-autoload")
+    report = json.loads(out)
+    assert report["ok"] is True and report["text"] == toml_text
+    assert {d["code"] for d in report["diagnostics"]} >= {"MDC502", "MDC503"}
+
+
+def test_import_refuses_an_mdc_spec() -> None:
+    code, _, err = run_cli("import", "madengine", "examples/torchrun-2x2-static.json",
+                           "--no-plugin-autoload")
+    assert code == 1 and "MDC533" in err
+
+
+@pytest.mark.parametrize("case", ["k8s-advanced-4x2", "slurm-sglang-disagg-7", "typo"])
+def test_deterministic(case: str, tmp_path: Path) -> None:
+    outputs = []
+    for index in range(2):
+        target = tmp_path / f"spec{index}.toml"
+        run_cli("import", "madengine", fixture(case), "-o", str(target), "--no-plugin-autoload")
+        outputs.append(target.read_bytes())
+    assert outputs[0] == outputs[1]
+
+
+def test_detect_by_block_contents(tmp_path: Path) -> None:
+    """Keys shared with mdc's tables count only with a madengine-only key inside."""
+    cases = {'{"kubernetes": {"gpu_count": 2}}': True, '{"slurm": {"nodes": 2}}': True,
+             '{"distributed": {"port": 29500}}': True, '{}': False,
+             '{"distributed": {"launcher": "torchrun"}}': False,
+             '{"slurm": {"partition": "gpu"}}': False}
+    for index, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"c{index}.json"
+        path.write_text(text, encoding="utf-8")
+        assert madengine.detect(load_file(path)) is expected, text
+    yaml_path = tmp_path / "context.yaml"
+    yaml_path.write_text("gpu_vendor: AMD\n", encoding="utf-8")
+    assert not madengine.detect(load_file(yaml_path))  # madengine's context file is JSON
+
+
+def test_kubernetes_block_name_and_timeout(tmp_path: Path, compiler: Compiler) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps({"kubernetes": {"gpu_count": 4, "kubeconfig": "~/.kube/x"},
+                                "distributed": {"launcher": "torchrun", "nnodes": 2},
+                                "MAD_CONTAINER_IMAGE": "rocm/pytorch:latest"}), encoding="utf-8")
+    result = compiler.compile(path)
+    assert (result.plan.backend, result.plan.nnodes, result.plan.nproc_per_node) == \
+        ("kubernetes", 2, 4)
+    assert "/kubernetes/kubeconfig" in {d.location.pointer for d in result.notes}
+    slurm = tmp_path / "s.json"
+    slurm.write_text(json.dumps({"slurm": {"nodes": 1}, "timeout": 600}), encoding="utf-8")
+    notes = madengine.translate(load_file(slurm))[1]
+    assert [d.code for d in notes if d.location.pointer == "/timeout"] == ["MDC500"]
