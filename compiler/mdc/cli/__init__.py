@@ -175,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("rehearse", cmd_rehearse, "compile a spec and run the job on this CPU with a probe "
             "program that checks ranks and groups (needs torch)")
     p.add_argument("spec")
+    p.add_argument("--max-ranks", type=int, default=64, metavar="N",
+                   help="refuse a world of more than N ranks (default 64)")
+    p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="stop every process after SECONDS (default 180)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
+                        "DIR and keep them (default: a temporary directory, removed)")
     return parser
 
 

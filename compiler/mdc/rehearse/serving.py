@@ -1,0 +1,272 @@
+"""Serving launchers in a rehearsal: the servers are shims that record, then checks.
+
+``install_shims`` puts ``vllm``, ``ray``, ``python`` and ``python3`` first on the nodes'
+PATH. ``vllm ...``, ``ray ...``, ``python -m sglang.launch_server ...``, ``python -m
+sglang_router.launch_router ...`` and ``python -m sglang.srt.disaggregation.mini_lb ...``
+record their argv and environment (``serving/node-<k>.jsonl`` under the results) and exit
+0; the Ray head's readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs
+of the nodes that have run ``ray start`` so far; anything else runs the real interpreter.
+
+``check`` then reads the records: each node ran the program of its plan role, and every
+address handed to a node (``--dist-init-addr``, ``--node-rank``, ray's ``--address`` and
+``--node-ip-address``, ``VLLM_HOST_IP``, the router's ``--prefill``/``--decode`` URLs and
+bootstrap ports) points at a node that has the right role, by its loopback address.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+RECORDED_ENV = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "VLLM_HOST_IP",
+                "NCCL_INIT_ADDR", "SGLANG_DISAGG_ROLE", "SGLANG_NODE_RANK", "MDC_REHEARSE_NODE",
+                "MDC_REHEARSE_ROLE", "MDC_REHEARSE_HOST")
+RECORDED_MODULES = ("sglang.launch_server", "sglang_router.launch_router",
+                    "sglang.srt.disaggregation.mini_lb")
+ROUTERS = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
+
+
+def install_shims(shims: Path, python: str) -> None:
+    recorder = f'{shlex.quote(python)} -m mdc.rehearse.serving'
+    for name in ("vllm", "ray"):
+        _script(shims / name, f'exec {recorder} {name} "$@"')
+    for name in ("python", "python3"):
+        _script(shims / name, "\n".join([
+            'if [[ "${1:-}" == -m ]] && [[ " ' + " ".join(RECORDED_MODULES)
+            + ' " == *" ${2:-} "* ]]; then',
+            f'  exec {recorder} python "$@"',
+            "fi",
+            'if [[ "${1:-}" == -c && "${2:-}" == *ray.cluster_resources* ]]; then',
+            f'  exec {recorder} ray-gpus',
+            "fi",
+            f'exec {shlex.quote(python)} "$@"',
+        ]))
+
+
+def _script(path: Path, body: str) -> None:
+    path.write_text(f"#!/usr/bin/env bash\n{body}\n", encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _results() -> Path:
+    return Path(os.environ["MDC_REHEARSE_RESULTS"])
+
+
+def record(program: str, argv: list[str]) -> int:
+    """The shim's body: append one record for this node; answer Ray's GPU poll."""
+    results = _results()
+    folder = results / "serving"
+    folder.mkdir(exist_ok=True)
+    if program == "ray-gpus":
+        total = 0
+        for path in folder.glob("node-*.jsonl"):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                entry = json.loads(line)
+                args = entry["argv"]
+                if entry["program"] == "ray" and args[:1] == ["start"]:
+                    total += int(_value(args, "--num-gpus") or 0)
+        print(total)
+        return 0
+    node = os.environ.get("MDC_REHEARSE_NODE", "unknown")
+    (results / "up" / f"node-{node}").touch()
+    entry = {"program": program, "argv": argv,
+             "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ}}
+    with (folder / f"node-{node}.jsonl").open("a", encoding="utf-8") as out:
+        out.write(json.dumps(entry, sort_keys=True) + "\n")
+    return 0
+
+
+def read_records(results: Path) -> dict[int, list[dict[str, Any]]]:
+    found: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted((results / "serving").glob("node-*.jsonl")):
+        index = path.stem.removeprefix("node-")
+        if index.isdigit():
+            found[int(index)] = [json.loads(line) for line in
+                                 path.read_text(encoding="utf-8").splitlines()]
+    return found
+
+
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` (``--flag V`` or ``--flag=V``); the last one wins, as argparse."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(flag + "="):
+            found = word[len(flag) + 1:]
+    return found
+
+
+def _server(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The node's server invocation (vllm serve, sglang's server or router)."""
+    for entry in records:
+        argv = entry["argv"]
+        if entry["program"] == "vllm" and argv[:1] == ["serve"]:
+            return entry
+        if entry["program"] == "python" and len(argv) > 1 and argv[1] in RECORDED_MODULES:
+            return entry
+    return None
+
+
+def _role_of(plan: dict[str, Any], node: int) -> str | None:
+    for role in plan["roles"]:
+        if role["first_node"] <= node < role["first_node"] + role["count"]:
+            return str(role["name"])
+    return None
+
+
+def check(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
+          hosts: list[str]) -> list[str]:
+    """Every mismatch between the plan's roles and what the nodes were started with."""
+    found: list[str] = []
+    where = {host: i for i, host in enumerate(hosts)}
+
+    def node_at(host: str | None, what: str, node: int) -> int | None:
+        if host is None or host not in where:
+            found.append(f"node {node}: {what} is {host!r}, which is no node's address "
+                         f"(nodes: {' '.join(hosts)})")
+            return None
+        return where[host]
+
+    for node in range(len(hosts)):
+        if not records.get(node):
+            found.append(f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no "
+                         "server")
+    launcher = plan["launcher"]
+    if launcher == "sglang_disagg":
+        found += _check_disagg(plan, records, hosts, node_at)
+    elif launcher == "sglang":
+        for node, entries in sorted(records.items()):
+            server = _server(entries)
+            if server is None:
+                found.append(f"node {node}: no sglang.launch_server")
+                continue
+            argv = server["argv"]
+            if plan["nnodes"] > 1:
+                init = _value(argv, "--dist-init-addr") or ""
+                host, _, port = init.rpartition(":")
+                if node_at(host, "--dist-init-addr's host", node) not in (0, None):
+                    found.append(f"node {node}: --dist-init-addr {init} is not node 0")
+                if port != str(plan["rendezvous"]["master_port"]):
+                    found.append(f"node {node}: --dist-init-addr port {port}, the plan's "
+                                 f"master port is {plan['rendezvous']['master_port']}")
+                if _value(argv, "--node-rank") != str(node):
+                    found.append(f"node {node}: --node-rank is {_value(argv, '--node-rank')}")
+                if _value(argv, "--nnodes") != str(plan["nnodes"]):
+                    found.append(f"node {node}: --nnodes is {_value(argv, '--nnodes')}")
+    elif launcher == "vllm":
+        found += _check_vllm(plan, records, hosts, node_at)
+    return found
+
+
+def _check_vllm(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
+                hosts: list[str], node_at: Any) -> list[str]:
+    found: list[str] = []
+    ray_mode = plan["nnodes"] > 1 and any(
+        e["program"] == "ray" for entries in records.values() for e in entries)
+    servers = {node: _server(entries) for node, entries in records.items()}
+    if not ray_mode:
+        for node in range(plan["nnodes"]):
+            if servers.get(node) is None:
+                found.append(f"node {node}: no vllm serve (every node serves a replica)")
+        return found
+    head_port = None
+    for node, entries in sorted(records.items()):
+        starts = [e for e in entries if e["program"] == "ray" and e["argv"][:1] == ["start"]]
+        if len(starts) != 1:
+            found.append(f"node {node}: ran 'ray start' {len(starts)} times")
+            continue
+        argv = starts[0]["argv"]
+        ip = _value(argv, "--node-ip-address")
+        at = node_at(ip, "ray --node-ip-address", node)
+        if at not in (node, None):
+            found.append(f"node {node}: ray --node-ip-address {ip} is node {at}'s address")
+        env_ip = starts[0]["env"].get("VLLM_HOST_IP")
+        if env_ip != hosts[node]:
+            found.append(f"node {node}: VLLM_HOST_IP is {env_ip!r}, its address is {hosts[node]}")
+        if node == 0:
+            if "--head" not in argv:
+                found.append("node 0: ray start without --head")
+            head_port = _value(argv, "--port")
+            head = servers.get(0)
+            if head is None:
+                found.append("node 0 (the Ray head) did not start vllm serve")
+            elif _value(head["argv"], "--distributed-executor-backend") != "ray":
+                found.append("node 0: vllm serve without --distributed-executor-backend ray")
+        else:
+            address = _value(argv, "--address") or ""
+            host, _, port = address.rpartition(":")
+            if node_at(host, "ray --address's host", node) not in (0, None):
+                found.append(f"node {node}: ray --address {address} is not the head (node 0)")
+            if head_port is not None and port != head_port:
+                found.append(f"node {node}: ray --address port {port}, the head listens on "
+                             f"{head_port}")
+            if servers.get(node) is not None:
+                found.append(f"node {node}: started vllm serve, but only the head serves")
+    return found
+
+
+def _check_disagg(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
+                  hosts: list[str], node_at: Any) -> list[str]:
+    found: list[str] = []
+    servers: dict[int, dict[str, Any]] = {}
+    for node, entries in sorted(records.items()):
+        role = _role_of(plan, node)
+        server = _server(entries)
+        if server is None:
+            found.append(f"node {node} (role {role}): no sglang server or router")
+            continue
+        servers[node] = server
+        module, argv = server["argv"][1], server["argv"]
+        seen_role = server["env"].get("SGLANG_DISAGG_ROLE")
+        if seen_role != role:
+            found.append(f"node {node}: SGLANG_DISAGG_ROLE is {seen_role!r}, plan role {role!r}")
+        if role == "proxy" and module not in ROUTERS:
+            found.append(f"node {node} (proxy) runs {module}, not a router")
+        if role in ("prefill", "decode"):
+            mode = _value(argv, "--disaggregation-mode")
+            if module != "sglang.launch_server" or mode != role:
+                found.append(f"node {node} ({role}) runs {module} --disaggregation-mode {mode}")
+    routers = [n for n, s in servers.items() if s["argv"][1] in ROUTERS]
+    if routers != [0]:
+        found.append(f"the router runs on node(s) {routers}, the plan puts it on node 0")
+        return found
+    argv = servers[0]["argv"]
+    pointed: dict[str, list[int]] = {"prefill": [], "decode": []}
+    for i, word in enumerate(argv):
+        if word not in ("--prefill", "--decode") or i + 1 >= len(argv):
+            continue
+        kind = word[2:]
+        url = urlsplit(argv[i + 1])
+        node = node_at(url.hostname, f"router {word} URL {argv[i + 1]}", 0)
+        if node is None:
+            continue
+        pointed[kind].append(node)
+        if _role_of(plan, node) != kind:
+            found.append(f"router {word} {argv[i + 1]} points at node {node}, whose role is "
+                         f"{_role_of(plan, node)}")
+        target = servers.get(node)
+        if target is not None and str(url.port) != _value(target["argv"], "--port"):
+            found.append(f"router {word} {argv[i + 1]}: node {node} serves on port "
+                         f"{_value(target['argv'], '--port')}")
+        if kind == "prefill" and target is not None:
+            bootstrap = argv[i + 2] if i + 2 < len(argv) and argv[i + 2].isdigit() else None
+            theirs = _value(target["argv"], "--disaggregation-bootstrap-port")
+            if bootstrap != theirs:
+                found.append(f"router --prefill {argv[i + 1]}: bootstrap port {bootstrap}, "
+                             f"node {node}'s bootstrap server is on {theirs}")
+    for kind in ("prefill", "decode"):
+        wanted = [n for n in range(len(hosts)) if _role_of(plan, n) == kind]
+        if sorted(pointed[kind]) != wanted:
+            found.append(f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "
+                         f"the plan's {kind} nodes are {wanted}")
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(record(sys.argv[1], sys.argv[2:]))

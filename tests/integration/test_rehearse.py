@@ -1,0 +1,346 @@
+"""``mdc rehearse``: compiled jobs really play on this CPU, and the probe catches wiring bugs.
+
+Each world (2x2, 2x4, 4x2) runs with the torchrun, megatron and deepspeed launchers on
+the local, slurm, ssh, kubernetes, pytorchjob and trainjob backends; every rank's probe checks its ranks, env and the
+launcher's arguments against plan.json and all-reduces inside every group. The broken
+cases inject a backend mapping bug (two nodes swap NODE_RANK) and tamper with the plan
+the probe reads, and must be reported rank by rank.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mdc.rehearse
+import mdc.rehearse.serving
+from mdc.cli import main
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.rehearse import RehearseError, rehearse
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+#: (launcher, nnodes, nproc, backend, extra spec tables)
+WORLDS: list[tuple[str, int, int, str, dict[str, Any]]] = [
+    ("torchrun", 2, 2, "local", {}),  # c10d rendezvous: node ranks in join order
+    ("torchrun", 2, 4, "kubernetes", {"torchrun": {"rdzv_backend": "static"}}),
+    ("torchrun", 4, 2, "slurm", {"parallelism": {"tp": 2, "pp": 2}}),
+    ("megatron", 2, 2, "pytorchjob", {"batch": {"global_batch_size": 8, "micro_batch_size": 2}}),
+    ("megatron", 2, 4, "local", {"parallelism": {"tp": 2, "pp": 2, "cp": 1, "vpp": 2},
+                                 "batch": {"global_batch_size": 16, "micro_batch_size": 1}}),
+    ("megatron", 4, 2, "slurm", {"parallelism": {"tp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"},
+                                 "batch": {"global_batch_size": 8, "micro_batch_size": 1}}),
+    ("deepspeed", 2, 2, "trainjob", {"batch": {"global_batch_size": 16, "micro_batch_size": 2},
+                                  "deepspeed": {"zero_stage": 2}}),
+    ("deepspeed", 2, 4, "ssh", {"batch": {"global_batch_size": 32, "micro_batch_size": 2},
+                                "ssh": {"hosts": ["gpu-a", "gpu-b"]}}),  # deepspeed's runner
+    ("deepspeed", 4, 2, "slurm", {"deepspeed": {"runner": "deepspeed", "zero_stage": 1}}),
+    ("torchrun", 1, 2, "local", {}),  # --standalone: the workers' MASTER_ADDR is localhost
+]
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(load_plugins(autoload=False))
+
+
+def _spec(tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str,
+          extra: dict[str, Any]) -> Path:
+    data: dict[str, Any] = {
+        "job": {"name": f"rh-{launcher}-{nnodes}x{nproc}",
+                "command": ["python", "train.py", "--data", "/data/corpus"],
+                "image": "nvcr.io/nvidia/pytorch:25.01-py3"},
+        "distributed": {"launcher": launcher, "backend": backend, "nnodes": nnodes,
+                        "nproc_per_node": nproc, "accelerator": "nvidia"},
+        **extra,
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _token_free(results: Path) -> bool:
+    """No process of this rehearsal is left (they all carry MDC_REHEARSE_RESULTS=results)."""
+    needle = f"MDC_REHEARSE_RESULTS={results}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    return False
+            except OSError:
+                continue
+    return True
+
+
+@pytest.mark.parametrize(("launcher", "nnodes", "nproc", "backend", "extra"), WORLDS,
+                         ids=[f"{w[0]}-{w[1]}x{w[2]}-{w[3]}" for w in WORLDS])
+def test_world_plays(tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str,
+                     extra: dict[str, Any]) -> None:
+    spec = _spec(tmp_path, launcher, nnodes, nproc, backend, extra)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    keep = tmp_path / "out"
+    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep),
+                 "--timeout", "150"], stdout=stdout, stderr=stderr)
+    text = stdout.getvalue()
+    assert code == 0, text + stderr.getvalue()
+    world = nnodes * nproc
+    nodes = f"{nnodes} node" + ("s" if nnodes > 1 else "")
+    assert f"rehearse: OK: {launcher} on {backend}, {world} ranks on {nodes}:" in text
+    assert f"rehearse: {world}/{world} ranks up" in stderr.getvalue()
+    # every rank reported from the node its rank belongs to, on that node's loopback address
+    plan = json.loads((keep / "plan.json").read_text(encoding="utf-8"))
+    tp_groups = plan["groups"]["tp"]["ranks"]
+    for rank in range(world):
+        report = json.loads((keep / "rehearse" / f"rank-{rank}.json").read_text("utf-8"))
+        assert report["problems"] == []
+        node = report["node"]
+        if "join order" in plan["worker_env"].get("GROUP_RANK", ""):  # c10d rendezvous
+            assert rank // nproc == int(report["env"]["GROUP_RANK"])
+        else:
+            assert rank // nproc == node
+        assert report["host"] == f"127.0.0.{node + 1}"
+        assert report["env"]["NODE_HOSTS"].split() == [f"127.0.0.{i + 1}" for i in range(nnodes)]
+        assert report["groups"]["mine"]["tp"] == next(g for g in tp_groups if rank in g)
+        assert report["groups"]["built"] == sum(g["count"] for g in plan["groups"].values())
+    args = json.loads((keep / "rehearse" / "rank-0.json").read_text("utf-8"))["argv"]
+    if launcher == "megatron":
+        sizes = plan["parallelism"]
+        assert args[args.index("--tensor-model-parallel-size") + 1] == str(sizes["tp"])
+        assert ("--use-tp-pp-dp-mapping" in args) == (sizes["order"] == "tp-cp-ep-pp-dp")
+    if launcher == "deepspeed":
+        config = json.loads(Path(args[args.index("--deepspeed_config") + 1]).read_text("utf-8"))
+        dp = world  # no tp/pp/cp in these specs
+        assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
+                                              * config["gradient_accumulation_steps"] * dp)
+    seen = json.loads((keep / "rehearse" / "rank-0.json").read_text("utf-8"))["env"]
+    if backend == "slurm":  # slurm/node.sh ran, with srun's variables
+        assert seen["SLURM_NODEID"] == seen["NODE_RANK"]
+    if backend in ("kubernetes", "pytorchjob", "trainjob"):  # the pod's node.sh ran
+        assert (keep / "rehearse" / "pod" / "k8s" / "node.sh").is_file()
+        index = {"kubernetes": "JOB_COMPLETION_INDEX", "pytorchjob": "RANK",
+                 "trainjob": "PET_NODE_RANK"}[backend]
+        assert f'export NODE_RANK="${index}"' in (
+            keep / "rehearse" / "pod" / "k8s" / "node.sh").read_text("utf-8").replace(
+                "${" + index + ":-}", "$" + index)
+    assert _token_free(keep / "rehearse")
+
+
+def test_swapped_node_ranks_are_reported_by_rank(tmp_path: Path, compiler: Compiler) -> None:
+    """A backend that hands nodes 0 and 1 each other's NODE_RANK: every rank says so."""
+    spec = _spec(tmp_path, "torchrun", 2, 2, "local", {"torchrun": {"rdzv_backend": "static"}})
+
+    def swap(index: int, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "NODE_RANK": str(1 - index)}
+
+    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
+                       node_env_hook=swap, timeout=120)
+    assert not outcome.ok
+    assert sorted(outcome.problems) == ["0", "1", "2", "3"]
+    for rank, found in outcome.problems.items():
+        node = 1 - int(rank) // 2  # where the swapped NODE_RANK put it
+        wanted = node * 2 + int(rank) % 2
+        assert (f"RANK of local rank {int(rank) % 2} on node {node} (node x 2 + local rank) "
+                f"is {int(rank)}, plan.json says {wanted}") in found
+        assert f"NODE_RANK on node {node} is {1 - node}, plan.json says {node}" in found
+    text = mdc.rehearse.render(outcome, kept=True)
+    assert "rank 2: RANK of local rank 0 on node 0" in text
+    assert "rehearse: FAILED: torchrun on local, 4 ranks on 2 nodes: 4 rank(s)" in text
+
+
+def test_tampered_plan_is_reported_by_rank(tmp_path: Path, compiler: Compiler) -> None:
+    """The probe compares what megatron's launcher passes with the plan it reads."""
+    spec = _spec(tmp_path, "megatron", 2, 2, "local", {})
+
+    def tamper(tree: Path) -> None:
+        path = tree / "rehearse" / "plan.json"
+        plan = json.loads(path.read_text(encoding="utf-8"))
+        plan["parallelism"]["tp"] = 1
+        plan["groups"]["tp"]["ranks"] = [[0, 1], [1, 2], [3]]
+        path.write_text(json.dumps(plan), encoding="utf-8")
+
+    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
+                       tree_hook=tamper, timeout=120)
+    assert not outcome.ok
+    for rank in "0123":
+        assert "--tensor-model-parallel-size is 2, plan.json says 1" in outcome.problems[rank]
+    assert "rank 1 is in 2 tp groups ([[0, 1], [1, 2]]), expected exactly 1" in outcome.problems["1"]
+    assert any(p.startswith("tp group [3] has 1 ranks, plan.json says size 2")
+               for p in outcome.problems["3"])
+
+
+def test_timeout_stops_everything_and_names_the_missing_ranks(tmp_path: Path,
+                                                              compiler: Compiler) -> None:
+    spec = _spec(tmp_path, "torchrun", 2, 2, "local", {"torchrun": {"rdzv_backend": "static"}})
+
+    def lost(index: int, env: dict[str, str]) -> dict[str, str]:  # node 1 never reaches node 0
+        return {**env, "MASTER_PORT": "1"} if index == 1 else env
+
+    started = time.monotonic()
+    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
+                       node_env_hook=lost, timeout=8)
+    assert time.monotonic() - started < 40
+    assert outcome.timed_out and not outcome.ok
+    assert outcome.missing == [0, 1, 2, 3]
+    assert "rehearse: timed out after" in mdc.rehearse.render(outcome, kept=True)
+    assert _token_free(tmp_path / "out" / "rehearse")
+
+
+def test_world_above_the_bound_is_refused_without_forking(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "torchrun", 16, 8, "local", {})
+    stdout, stderr = io.StringIO(), io.StringIO()
+    keep = tmp_path / "out"
+    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
+                stdout=stdout, stderr=stderr)
+    assert code == 2
+    assert ("the job has 128 ranks (16 nodes x 8); this rehearsal is bounded to 64 processes"
+            in stderr.getvalue())
+    assert "--max-ranks 128" in stderr.getvalue()
+    assert not keep.exists()
+    small = _spec(tmp_path, "torchrun", 2, 4, "local", {})
+    code = main(["rehearse", str(small), "--no-plugin-autoload", "--max-ranks", "4"],
+                stdout=stdout, stderr=stderr)
+    assert code == 2 and "the job has 8 ranks (2 nodes x 4)" in stderr.getvalue()
+
+
+def test_spec_error_is_a_compile_diagnostic(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[job]\nname = "bad"\ncommand = ["python", "t.py"]\n\n[distributed]\n'
+                    'launcher = "megatron"\nnnodes = 2\nnproc_per_node = 2\n\n'
+                    "[parallelism]\ntp = 3\n", encoding="utf-8")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
+    assert code == 1
+    assert f"{spec}:11:6: error[MDC201]: world size (4)" in stderr.getvalue()
+    assert "tp" in stderr.getvalue()
+    # an error in what rehearse replaces (the command) is still the spec's error
+    spec.write_text('[job]\nname = "bad"\ncommand = 3\n\n[distributed]\nlauncher = "torchrun"\n'
+                    "nnodes = 1\nnproc_per_node = 2\n", encoding="utf-8")
+    stderr = io.StringIO()
+    code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
+    assert code == 1
+    assert f"{spec}:3:11: error[MDC100]: expected a string or a list" in stderr.getvalue()
+    assert "ranks up" not in stderr.getvalue()
+
+
+def test_missing_torch_is_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    spec = _spec(tmp_path, "torchrun", 1, 2, "local", {})
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
+    assert code == 2
+    assert "pip install 'mdc-compiler[torch]'" in stderr.getvalue()
+
+
+def test_rehearse_module_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+    code = ("import sys, mdc.rehearse, mdc.rehearse.probe, mdc.cli; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ},
+                          check=False).returncode == 0
+
+
+def test_primus_is_refused(tmp_path: Path, compiler: Compiler) -> None:
+    spec = _spec(tmp_path, "primus", 1, 2, "local", {"primus": {"config_path": "x.yaml"}})
+    with pytest.raises(RehearseError, match="primus runs its own launch script"):
+        rehearse(spec, compiler, stderr=io.StringIO())
+
+
+SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
+    ("sglang_disagg", 5, "slurm", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}),
+    ("vllm", 2, "local", {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"},
+                          "parallelism": {"tp": 8, "pp": 2}}),
+    ("sglang", 2, "kubernetes", {"sglang": {"model": "deepseek-ai/DeepSeek-V3"},
+                                 "parallelism": {"tp": 16, "pp": 1}}),
+]
+COMMANDS = {"sglang_disagg": "python3", "vllm": ["vllm", "serve"],
+            "sglang": ["python3", "-m", "sglang.launch_server"]}
+
+
+def _serving_spec(tmp_path: Path, launcher: str, nnodes: int, backend: str,
+                  extra: dict[str, Any]) -> Path:
+    data: dict[str, Any] = {
+        "job": {"name": f"rh-{launcher.replace('_', '-')}", "command": COMMANDS[launcher],
+                "image": "lmsysorg/sglang:v0.5.5"},
+        "distributed": {"launcher": launcher, "backend": backend, "nnodes": nnodes,
+                        "nproc_per_node": 8, "accelerator": "nvidia"},
+        **extra,
+    }
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("launcher", "nnodes", "backend", "extra"), SERVING,
+                         ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in SERVING])
+def test_serving_roles_and_addresses(tmp_path: Path, launcher: str, nnodes: int, backend: str,
+                                     extra: dict[str, Any]) -> None:
+    spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    keep = tmp_path / "out"
+    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
+                stdout=stdout, stderr=stderr)
+    assert code == 0, stdout.getvalue() + stderr.getvalue()
+    assert f"rehearse: OK: {launcher} on {backend}, {nnodes} nodes" in stdout.getvalue()
+    records = mdc.rehearse.serving.read_records(keep / "rehearse")
+    assert sorted(records) == list(range(nnodes))
+    if launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
+        router = records[0][0]["argv"]
+        assert router[:2] == ["-m", "sglang_router.launch_router"]
+        assert router[router.index("--prefill") + 1] == "http://127.0.0.2:30001"
+        assert [router[i + 1] for i, w in enumerate(router) if w == "--decode"] == [
+            "http://127.0.0.3:30002", "http://127.0.0.4:30003", "http://127.0.0.5:30004"]
+    if launcher == "sglang":  # every node is told node 0's address and the plan's port
+        port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
+        for node, entries in records.items():
+            argv = entries[0]["argv"]
+            assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.1:{port}"
+            assert argv[argv.index("--node-rank") + 1] == str(node)
+    if launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
+        joined = records[1][0]["argv"]
+        assert joined[:2] == ["start", f"--address=127.0.0.1:{records[0][0]['argv'][3][7:]}"]
+        assert records[1][0]["env"]["VLLM_HOST_IP"] == "127.0.0.2"
+
+
+def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compiler) -> None:
+    """The router's node sees NODE_HOSTS in another order: its URLs reach the wrong roles."""
+    spec = _serving_spec(tmp_path, "sglang_disagg", 5, "local",
+                         {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}})
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 0:
+            return env
+        hosts = env["NODE_HOSTS"].split()
+        hosts[1], hosts[2] = hosts[2], hosts[1]
+        return {**env, "NODE_HOSTS": " ".join(hosts)}
+
+    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
+                       node_env_hook=reorder)
+    assert not outcome.ok
+    assert ("router --prefill http://127.0.0.3:30001 points at node 2, whose role is decode"
+            in outcome.findings)
+    assert ("router --decode http://127.0.0.2:30002 points at node 1, whose role is prefill"
+            in outcome.findings)
+
+
+def test_shims_pass_shellcheck(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    mdc.rehearse.serving.install_shims(tmp_path, sys.executable)
+    scripts = sorted(str(p) for p in tmp_path.iterdir())
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    for script in scripts:
+        assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
+    result = subprocess.run([str(shellcheck), *scripts], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stdout
