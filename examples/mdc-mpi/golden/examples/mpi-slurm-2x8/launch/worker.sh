@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'mpi-slurm-2x8' (nodes 0-1), launcher mpirun.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+: "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"
+export NODE_RANK="${NODE_RANK}"
+export MASTER_ADDR="${MASTER_ADDR}"
+export MASTER_PORT="${MASTER_PORT}"
+export NODE_HOSTS="${NODE_HOSTS}"
+cd /shared/project
+exec bash "${MDC_OUT}/launch/mpirun.sh" python train.py --config configs/base.yaml
