@@ -15,7 +15,7 @@ Backend codes MDC440-449:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -102,8 +102,6 @@ def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:
                            "pytorchjob backend (elasticPolicy)")
 
 
-TRAINING: Sequence[str] = ("basic", "deepspeed", "megatron", "primus", "torchrun", "torchtitan")
-SERVING: Sequence[str] = ("sglang", "sglang_disagg", "vllm")
 
 
 @mdc.hookimpl
@@ -116,5 +114,5 @@ def mdc_register_backends() -> list[BackendSpec]:
         check=check,
         schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
         options_type=KubernetesOptions,
-        launchers=(*TRAINING, *SERVING),
+        launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
     )]

@@ -95,8 +95,9 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         f"# host, and the compiled tree {where}.",
         "# The first node to fail stops the others; its status is the job's.",
         "set -euo pipefail",
-        'here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
-        f"dir={shell_word(opts.remote_dir)}" if opts.remote_dir else 'dir="$here"',
+        # where the tree is on the hosts: given, or this tree's own path
+        f"dir={shell_word(opts.remote_dir)}" if opts.remote_dir else
+        'dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
         _array("hosts", hosts),
         _array("ssh_command", ssh_words(opts)),
         _array("forward", opts.forward_env),
