@@ -40,6 +40,10 @@ def _is_scalar_union(tp: Any) -> bool:
         arg in SCALARS for arg in typing.get_args(tp)) and tp != (str | None)
 
 
+#: The top-level key editors read a spec's schema from; not part of the job.
+EDITOR_SCHEMA_KEY = "$schema"
+
+
 def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | None],
                    converter: cattrs.Converter | None = None) -> JobSpec:
     """Build the :class:`JobSpec`; ``plugin_types`` maps plugin table names to options types."""
@@ -49,7 +53,7 @@ def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | No
                 for name, cls in CORE_TABLES.items() if name in data}
         tables: dict[str, object] = {}
         for name in sorted(data):
-            if name in CORE_TABLES:
+            if name in CORE_TABLES or name == EDITOR_SCHEMA_KEY:
                 continue
             options_type = plugin_types[name]
             tables[name] = data[name] if options_type is None else converter.structure(

@@ -442,3 +442,22 @@ def test_job_env_cannot_override_runtime_variables(variable: str, tmp_path: Path
     spec.write_text(VALID.replace(command, f'{command}\nenv = {{ {variable} = "1" }}'))
     code, _, err = run("validate", str(spec))
     assert code == 1 and variable in err
+
+
+def test_a_spec_may_name_its_schema_for_editors(tmp_path: Path) -> None:
+    """JSON (and Taplo's TOML) editors read the schema from a top-level "$schema" key."""
+    data = json.loads((REPO / "examples" / "torchrun-2x2-static.json").read_text())
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"$schema": "./mdc.schema.json", **data}))
+    assert run("validate", str(spec)) == (0, "", "")
+    spec.write_text(json.dumps({"$schema": 3, **data}))
+    code, _, err = run("validate", str(spec))
+    assert code == 1 and "error[MDC102]: expected a string" in err and "/$schema" in err
+
+
+def test_a_closed_stdout_is_not_an_error(clean_env: Callable[..., dict[str, str]]) -> None:
+    """`mdc schema | head -1`: the reader stops early; mdc exits quietly."""
+    result = subprocess.run(f"{sys.executable} -m mdc schema | head -c 1", shell=True,
+                            capture_output=True, text=True, env=clean_env(), check=False)
+    assert result.stdout == "{"
+    assert result.stderr == ""

@@ -200,6 +200,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         if out.fmt == "json":
             out.json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
         return ExitCode.SPEC_INVALID
+    except BrokenPipeError:  # `mdc schema | head`: the reader has all it wanted
+        _quiet_stdout()
+        return ExitCode.OK
     except PluginError as exc:
         print(f"mdc: error: {exc.render()}", file=stderr)
         if exc.origin is not None:
@@ -216,6 +219,15 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         if args.traceback:
             traceback.print_exception(exc, file=stderr)
         return ExitCode.INTERNAL_ERROR
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush of a closed pipe is silent."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # not a real file descriptor (tests pass StringIO)
+        pass
 
 
 def run() -> None:
