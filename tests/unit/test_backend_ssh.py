@@ -110,7 +110,7 @@ def test_ssh_options_come_before_mdcs_own_so_they_win(compiler: Compiler,
 
 def test_remote_dir_replaces_the_local_path(compiler: Compiler, tmp_path: Path) -> None:
     default = files(compiled_of(compiler, tmp_path, spec()))["ssh/launch.sh"]
-    assert 'dir="$here"\n' in default
+    assert 'dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"\n' in default
     given = files(compiled_of(compiler, tmp_path, spec(remote_dir="/shared/jobs/o'k")))
     assert "dir='/shared/jobs/o'\"'\"'k'\n" in given["ssh/launch.sh"]
 

@@ -4,8 +4,7 @@
 # host, and the compiled tree at this same path on every host (a shared filesystem).
 # The first node to fail stops the others; its status is the job's.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir="$here"
+dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 hosts=(mi300x-01)
 ssh_command=(ssh -o BatchMode=yes -o LogLevel=ERROR -tt)
 forward=()
