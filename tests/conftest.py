@@ -110,3 +110,19 @@ def no_ambient_plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def clean_env() -> Callable[..., dict[str, str]]:
     """A factory for subprocess environments: ``clean_env(PYTHONHASHSEED="0")``."""
     return subprocess_env
+
+
+def node_hosts_of(node_sh: str) -> list[str]:
+    """What a Kubernetes pod's ``k8s/node.sh`` exports as NODE_HOSTS: its own lines run by
+    bash (the block that builds it, without the rest of the pod's start)."""
+    import subprocess
+    start = node_sh.index('if [[ -z "${NODE_HOSTS:-}" ]]; then')
+    block = node_sh[start:node_sh.index("\nfi\n", start) + 4]
+    result = subprocess.run(["bash", "-c", block + 'printf "%s" "$NODE_HOSTS"'],
+                            capture_output=True, text=True, check=True, env={}, timeout=30)
+    return result.stdout.split(" ")
+
+
+@pytest.fixture
+def pod_node_hosts() -> Callable[[str], list[str]]:
+    return node_hosts_of

@@ -4,6 +4,7 @@ the YAML writer, and what the Job, Service and ConfigMap hold."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,8 @@ def codes(found: list[Diagnostic] | tuple[Diagnostic, ...]) -> list[tuple[str, s
 
 
 def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(compiler: Compiler,
-                                                               tmp_path: Path) -> None:
+                                                               tmp_path: Path,
+        pod_node_hosts: Callable[[str], list[str]]) -> None:
     docs = docs_of(compiled_of(compiler, tmp_path, spec(nnodes=3, backoff_limit=2,
                                                        ttl_seconds_after_finished=60)))
     assert list(docs) == ["ConfigMap", "Service", "Job"]
@@ -68,7 +70,9 @@ def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(compiler: Compile
     assert docs["Service"]["spec"]["clusterIP"] == "None"
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "train-0.train"
-    assert env["NODE_HOSTS"] == "train-0.train train-1.train train-2.train"
+    assert "NODE_HOSTS" not in env  # node.sh builds it: the Job does not grow with nnodes
+    node_sh = docs["ConfigMap"]["data"]["k8s--node.sh"]
+    assert pod_node_hosts(node_sh) == ["train-0.train", "train-1.train", "train-2.train"]
     assert env["MASTER_PORT"] == "29400"
     assert pod["containers"][0]["command"] == ["bash", "/mdc/k8s/node.sh"]
     assert pod["restartPolicy"] == "Never"

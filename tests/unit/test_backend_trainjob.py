@@ -14,6 +14,7 @@ torch-distributed runtime's replicated job and container are both ``node``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,8 @@ def patched_pod(job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return rjob["name"], rjob["template"]["spec"]["template"]["spec"]
 
 
-def test_trainer_contract(compiler: Compiler, tmp_path: Path) -> None:
+def test_trainer_contract(compiler: Compiler, tmp_path: Path,
+        pod_node_hosts: Callable[[str], list[str]]) -> None:
     compiled = compile_(compiler, tmp_path, spec())
     configmap, job = docs_of(compiled)
     trainer = job["spec"]["trainer"]
@@ -71,10 +73,10 @@ def test_trainer_contract(compiler: Compiler, tmp_path: Path) -> None:
     assert trainer["resourcesPerNode"]["limits"] == {"amd.com/gpu": 8}
     assert trainer["command"] == ["bash", "/mdc/k8s/node.sh"]
     env = {e["name"]: e["value"] for e in trainer["env"]}
-    assert env == {"NODE_HOSTS": " ".join(f"tj-node-0-{i}.tj" for i in range(4)),
-                   "MASTER_PORT": "29500"}
+    assert env == {"MASTER_PORT": "29500"}
     assert not any(name.startswith("PET_") for name in env)  # the Trainer's own win anyway
     node_sh = configmap["data"]["k8s--node.sh"]
+    assert pod_node_hosts(node_sh) == [f"tj-node-0-{i}.tj" for i in range(4)]
     assert 'export NODE_RANK="${PET_NODE_RANK:-}"' in node_sh
     assert 'export MASTER_ADDR="${PET_MASTER_ADDR:-}"' in node_sh
     assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
@@ -106,16 +108,17 @@ def test_patch_targets_the_runtime_names(compiler: Compiler, tmp_path: Path,
                                    "effect": "NoSchedule"}]
 
 
-def test_named_runtime(compiler: Compiler, tmp_path: Path) -> None:
-    _, job = docs_of(compile_(compiler, tmp_path, spec(trainjob={
+def test_named_runtime(compiler: Compiler, tmp_path: Path,
+        pod_node_hosts: Callable[[str], list[str]]) -> None:
+    configmap, job = docs_of(compile_(compiler, tmp_path, spec(trainjob={
         "runtime": "torch-rocm", "runtime_kind": "TrainingRuntime", "replicated_job": "trainer-node",
         "container": "trainer", "namespace": "ml"})))
     assert job["spec"]["runtimeRef"]["kind"] == "TrainingRuntime"
     assert job["spec"]["runtimeRef"]["name"] == "torch-rocm"
     name, pod = patched_pod(job)
     assert name == "trainer-node" and pod["containers"][0]["name"] == "trainer"
-    env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
-    assert env["NODE_HOSTS"].split()[0] == "tj-trainer-node-0-0.tj"
+    hosts = pod_node_hosts(configmap["data"]["k8s--node.sh"])
+    assert hosts[0] == "tj-trainer-node-0-0.tj"
 
 
 @pytest.mark.parametrize("value", ["yes", "off", "1:20", "0o17", "a: 'b' \"c\" # $(x)\n- d"])

@@ -106,7 +106,7 @@ def test_nesting_within_the_limit_is_not_called_deep(compiler: Compiler, tmp_pat
     assert all("nest" not in d.message for d in refused(compiler, spec))
 
 
-@pytest.mark.parametrize("backend", ["slurm"])
+@pytest.mark.parametrize("backend", ["slurm", "kubernetes", "pytorchjob", "trainjob"])
 def test_a_million_nodes_compile_in_bounded_memory(backend: str, compiler: Compiler,
                                                    tmp_path: Path) -> None:
     """10**6 nodes x 8: the plan is formulas, not lists; artifacts do not grow with nnodes."""

@@ -402,13 +402,45 @@ def job_labels(plan: Plan, opts: PodOptions) -> dict[str, str]:
                         "mdc/job": plan.job.name}.items()))
 
 
+@attrs.frozen(kw_only=True)
+class NodeNames:
+    """The pods' host names in node-rank order, as a rule rather than a list, so that no
+    artifact grows with nnodes: the ``fixed`` names first, then ``<prefix><i><suffix>`` for
+    i = first, first + 1, ... up to ``count`` names in all."""
+
+    count: int
+    prefix: str
+    suffix: str = ""
+    first: int = 0
+    fixed: tuple[str, ...] = ()
+
+    def name(self, node: int) -> str:
+        if node < len(self.fixed):
+            return self.fixed[node]
+        return f"{self.prefix}{self.first + node - len(self.fixed)}{self.suffix}"
+
+    def shell_lines(self) -> list[str]:
+        """node.sh lines exporting NODE_HOSTS; one given by the environment (a rehearsal on
+        loopback) is kept."""
+        last = self.first + self.count - len(self.fixed)
+        word = f'{shell_word(self.prefix)}"$i"{shell_word(self.suffix) if self.suffix else ""}'
+        return [
+            'if [[ -z "${NODE_HOSTS:-}" ]]; then',
+            f"  node_hosts=({' '.join(shell_word(h) for h in self.fixed)})",
+            f"  for ((i = {self.first}; i < {last}; i++)); do node_hosts+=({word}); done",
+            '  export NODE_HOSTS="${node_hosts[*]}"',
+            "fi",
+        ]
+
+
 def node_script(plan: Plan, rank_lines: Sequence[str], what: str) -> Artifact:
     """``k8s/node.sh``: ``rank_lines`` set and export NODE_RANK (and anything else the backend
     computes at run time), then the node's role script runs (roles are node ranges)."""
     lines = [
         "#!/usr/bin/env bash",
-        f"# One pod per node of job {plan.job.name!r} ({what}): sets NODE_RANK, then runs the",
-        "# node's role, launch/<role>.sh. MASTER_ADDR, MASTER_PORT and NODE_HOSTS come from the pod.",
+        f"# One pod per node of job {plan.job.name!r} ({what}): sets NODE_RANK and NODE_HOSTS,",
+        "# then runs the node's role, launch/<role>.sh. MASTER_ADDR and MASTER_PORT come from",
+        "# the pod.",
         "set -euo pipefail",
         *rank_lines,
         'if [[ -z "${NODE_RANK:-}" || -z "${MASTER_ADDR:-}" || -z "${MASTER_PORT:-}" ]]; then',
@@ -486,7 +518,8 @@ def container(plan: Plan, opts: PodOptions, *, name: str,
     if opts.image_pull_policy is not None:
         spec["imagePullPolicy"] = opts.image_pull_policy
     spec["command"] = ["bash", f"{MOUNT}/{NODE_SCRIPT}"]
-    spec["env"] = env_list(env)
+    if env:
+        spec["env"] = env_list(env)
     if ports:
         spec["ports"] = [{"containerPort": port, "protocol": "TCP"} for port in sorted(set(ports))]
     res = resources(plan, opts)

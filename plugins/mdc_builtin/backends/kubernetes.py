@@ -39,15 +39,16 @@ def _opts(options: KubernetesOptions | None) -> KubernetesOptions:
     return options if options is not None else KubernetesOptions()
 
 
-def node_hosts(plan: Plan, opts: KubernetesOptions) -> list[str]:
-    """Each node's DNS name, by index."""
-    return [k8s.pod_dns(f"{plan.job.name}-{i}", plan.job.name, opts.namespace)
-            for i in range(plan.nnodes)]
+def node_names(plan: Plan, opts: KubernetesOptions) -> k8s.NodeNames:
+    """Each node's DNS name: the Indexed Job's pod ``<job>-<index>`` under the Service."""
+    return k8s.NodeNames(count=plan.nnodes, prefix=f"{plan.job.name}-",
+                         suffix=k8s.pod_dns("", plan.job.name, opts.namespace))
 
 
 def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[str, Any]]:
     name = plan.job.name
     labels = k8s.job_labels(plan, opts)
+    hosts = node_names(plan, opts)
     node = k8s.node_script(plan, [
         'if [[ -z "${JOB_COMPLETION_INDEX:-}" ]]; then',
         ('  echo "mdc: JOB_COMPLETION_INDEX is not set: run this in the Indexed Job of '
@@ -55,12 +56,11 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
         "  exit 2",
         "fi",
         'export NODE_RANK="$JOB_COMPLETION_INDEX"',
+        *hosts.shell_lines(),
     ], "an Indexed Job pod")
     files = [*launch.files, node]
-    all_hosts = node_hosts(plan, opts)
     port = plan.rendezvous.master_port
-    env: dict[str, Any] = {"MASTER_ADDR": all_hosts[0], "MASTER_PORT": str(port),
-                           "NODE_HOSTS": " ".join(all_hosts)}
+    env: dict[str, Any] = {"MASTER_ADDR": hosts.name(0), "MASTER_PORT": str(port)}
     container = k8s.container(plan, opts, name="node", env=env, ports=[port])
     pod_labels = {**labels, "mdc/role": "node"}
     job_spec: dict[str, Any] = {

@@ -68,26 +68,26 @@ def _opts(options: PyTorchJobOptions | None) -> PyTorchJobOptions:
     return options if options is not None else PyTorchJobOptions()
 
 
-def node_hosts(plan: Plan) -> list[str]:
+def node_names(plan: Plan) -> k8s.NodeNames:
     """The per-pod Service names the operator creates, in node-rank order: the Master and
     the Workers, or (elastic) the Workers only."""
     name = plan.job.name
-    if plan.elastic:
-        return [f"{name}-worker-{i}" for i in range(plan.nnodes)]
-    return [f"{name}-master-0", *(f"{name}-worker-{i}" for i in range(plan.nnodes - 1))]
+    master = () if plan.elastic else (f"{name}-master-0",)
+    return k8s.NodeNames(count=plan.nnodes, prefix=f"{name}-worker-", fixed=master)
 
 
 def files_of(plan: Plan, launch: Launch) -> list[Artifact]:
     lines = ELASTIC_RANK_LINES if plan.elastic else RANK_LINES
-    return [*launch.files, k8s.node_script(plan, lines, "PyTorchJob")]
+    return [*launch.files, k8s.node_script(plan, [*lines, *node_names(plan).shell_lines()],
+                                           "PyTorchJob")]
 
 
 def replica(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact],
             count: int) -> dict[str, Any]:
-    hosts = node_hosts(plan)
-    env = {"NODE_HOSTS": " ".join(hosts)}
+    env = {}
     if plan.elastic:  # no Master: the operator sets no MASTER_ADDR/PORT; node 0 hosts c10d
-        env |= {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(plan.rendezvous.master_port)}
+        env = {"MASTER_ADDR": node_names(plan).name(0),
+               "MASTER_PORT": str(plan.rendezvous.master_port)}
     container = k8s.container(plan, opts, name=CONTAINER, env=env)
     container["ports"] = [{"name": PORT_NAME, "containerPort": plan.rendezvous.master_port,
                            "protocol": "TCP"}]
@@ -106,7 +106,7 @@ def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> di
         torchrun = plan.options.get("torchrun")
         spec["elasticPolicy"] = {
             "minReplicas": plan.min_nnodes, "maxReplicas": plan.nnodes, "rdzvBackend": "c10d",
-            "rdzvHost": node_hosts(plan)[0], "rdzvPort": plan.rendezvous.master_port,
+            "rdzvHost": node_names(plan).name(0), "rdzvPort": plan.rendezvous.master_port,
             "maxRestarts": int(getattr(torchrun, "max_restarts", 0) or 0),
         }
     else:
@@ -142,7 +142,7 @@ def emit(plan: Plan, launch: Launch, options: PyTorchJobOptions | None) -> list[
 def check(plan: Plan, options: PyTorchJobOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "pytorchjob")
-    longest = node_hosts(plan)[-1]
+    longest = node_names(plan).name(plan.nnodes - 1)
     if not DNS_1035.fullmatch(plan.job.name) or len(longest) > 63:
         yield Finding(code="MDC470", pointer="/job/name",
                       message=f"the operator names the pods and their Services <job>-master-0 "

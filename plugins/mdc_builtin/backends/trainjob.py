@@ -66,19 +66,20 @@ def _opts(options: TrainJobOptions | None) -> TrainJobOptions:
     return options if options is not None else TrainJobOptions()
 
 
-def node_hosts(plan: Plan, opts: TrainJobOptions) -> list[str]:
+def node_names(plan: Plan, opts: TrainJobOptions) -> k8s.NodeNames:
     """JobSet pod DNS names: <jobset>-<replicatedJob>-<job index>-<pod index>.<jobset>."""
     name = plan.job.name
-    return [f"{name}-{opts.replicated_job}-0-{i}.{name}" for i in range(plan.nnodes)]
+    return k8s.NodeNames(count=plan.nnodes, prefix=f"{name}-{opts.replicated_job}-0-",
+                         suffix=f".{name}")
 
 
-def files_of(plan: Plan, launch: Launch) -> list[Artifact]:
-    return [*launch.files, k8s.node_script(plan, RANK_LINES, "TrainJob")]
+def files_of(plan: Plan, launch: Launch, opts: TrainJobOptions) -> list[Artifact]:
+    lines = [*RANK_LINES, *node_names(plan, opts).shell_lines()]
+    return [*launch.files, k8s.node_script(plan, lines, "TrainJob")]
 
 
 def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[str, Any]:
-    env = {"NODE_HOSTS": " ".join(node_hosts(plan, opts)),
-           "MASTER_PORT": str(plan.rendezvous.master_port)}
+    env = {"MASTER_PORT": str(plan.rendezvous.master_port)}
     # the shared container: its image, command, env and mounts; the rest goes to the patch
     full = k8s.container(plan, opts, name=opts.container, env=env)
     trainer: dict[str, Any] = {"numNodes": plan.nnodes, "numProcPerNode": plan.nproc_per_node,
@@ -110,7 +111,7 @@ def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[s
 
 def documents(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[dict[str, Any]]:
     opts = _opts(options)
-    files = files_of(plan, launch)
+    files = files_of(plan, launch, opts)
     return [k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
             trainjob(plan, opts, files)]
 
@@ -122,7 +123,7 @@ def emit(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[Ar
 def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "trainjob")
-    longest = node_hosts(plan, opts)[-1].split(".")[0]
+    longest = node_names(plan, opts).name(plan.nnodes - 1).split(".")[0]
     if not RFC1035.fullmatch(plan.job.name) or len(longest) > 63:
         yield Finding(code="MDC480", pointer="/job/name",
                       message=f"the TrainJob name must be an RFC 1035 label and its pods are "

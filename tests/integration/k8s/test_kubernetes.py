@@ -247,9 +247,9 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
     job = next(d for d in docs if d["kind"] == "Job")
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     hosts = [f"rank-{i}.rank.ml.svc.cluster.local" for i in range(3)]
+    # NODE_HOSTS is built by node.sh (below), so the Job does not grow with nnodes
     assert env == {"MASTER_ADDR": hosts[0],
-                   "MASTER_PORT": str(compiled.plan.rendezvous.master_port),
-                   "NODE_HOSTS": " ".join(hosts)}
+                   "MASTER_PORT": str(compiled.plan.rendezvous.master_port)}
     assert job["spec"]["template"]["spec"]["subdomain"] == "rank"
     service = next(d for d in docs if d["kind"] == "Service")
     assert service["spec"]["clusterIP"] == "None"
@@ -261,7 +261,7 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
         (out / path).write_text(text, encoding="utf-8")
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "torchrun").write_text('#!/bin/sh\necho "$NODE_RANK $MASTER_ADDR $*"\n',
+    (stub / "torchrun").write_text('#!/bin/sh\necho "$NODE_RANK $MASTER_ADDR $NODE_HOSTS $*"\n',
                                    encoding="utf-8")
     (stub / "torchrun").chmod(0o755)
     for index in range(3):
@@ -270,8 +270,9 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
             env={**env, "PATH": f"{stub}:{os.environ['PATH']}",
                  "JOB_COMPLETION_INDEX": str(index)})
         assert result.returncode == 0, result.stderr
-        rank, master, args = result.stdout.split(" ", 2)
-        assert (rank, master) == (str(index), hosts[0])
+        rank, master, *seen_hosts = result.stdout.split(" ", 2 + len(hosts))
+        args = seen_hosts.pop()
+        assert (rank, master, seen_hosts) == (str(index), hosts[0], hosts)
         assert f"--node-rank {index}" in args
     missing = subprocess.run(["bash", str(out / "k8s/node.sh")], capture_output=True, check=False,
                              text=True, env={**env, "PATH": os.environ["PATH"]}, timeout=30)

@@ -85,7 +85,7 @@ def lay_out(docs: list[dict[str, Any]], out: Path, rtype: str) -> dict[str, str]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(docs[0]["data"][item["key"]], encoding="utf-8")
         path.chmod(item["mode"])
-    return {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    return {e["name"]: e["value"] for e in pod["containers"][0].get("env", [])}
 
 
 def fake_torchrun(tmp_path: Path) -> str:
