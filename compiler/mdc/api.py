@@ -21,14 +21,44 @@ import attrs
 from mdc.errors import Diagnostic, Finding, Severity
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
-    GROUP_KINDS, BatchPlan, DisaggSplit, NodeRole, Plan, RankLayout, Rendezvous, Sizes,
-    TrainingSetup)
+    GROUP_KINDS,
+    BatchPlan,
+    DisaggSplit,
+    NodeRole,
+    Plan,
+    RankLayout,
+    Rendezvous,
+    Sizes,
+    TrainingSetup,
+)
 from mdc.runtime import (
-    MASTER_ADDR, MASTER_PORT, NODE_HOSTS, NODE_RANK, OUT_DIR, RUNTIME_VARIABLES, Concat, Ref, Word, out_file,
-    refs_in, shell_join, shell_word, supervise)
+    MASTER_ADDR,
+    MASTER_PORT,
+    NODE_HOSTS,
+    NODE_RANK,
+    OUT_DIR,
+    RUNTIME_VARIABLES,
+    Concat,
+    Ref,
+    Word,
+    out_file,
+    refs_in,
+    shell_join,
+    shell_word,
+    supervise,
+)
 from mdc.spec import JobTable, ModelTable
 from mdc.torchrun import (
-    TorchrunOptions, program, torchrun_argv, torchrun_findings, torchrun_worker_env)
+    RUNNER_VARIABLE,
+    TorchrunOptions,
+    program,
+    runner_env,
+    runner_worker_env,
+    torchrun_argv,
+    torchrun_env,
+    torchrun_findings,
+    torchrun_worker_env,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -145,10 +175,12 @@ def script_path(role: str) -> str:
 
 
 __all__ = [
-    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "NODE_RANK", "OUT_DIR", "RUNTIME_VARIABLES",
+    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "NODE_RANK", "OUT_DIR",
+    "RUNNER_VARIABLE", "RUNTIME_VARIABLES",
     "Artifact", "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding",
     "JobTable", "Launch", "LauncherSpec", "MemoryEstimate", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
     "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",
-    "out_file", "program", "read_schema", "refs_in", "script_path", "shell_join",
-    "shell_word", "supervise", "torchrun_argv", "torchrun_findings", "torchrun_worker_env",
+    "out_file", "program", "read_schema", "refs_in", "runner_env", "runner_worker_env",
+    "script_path", "shell_join", "shell_word", "supervise", "torchrun_argv", "torchrun_env",
+    "torchrun_findings", "torchrun_worker_env",
 ]

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator, Mapping
+import shlex
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
-from mdc.errors import Finding
+from mdc.errors import Finding, Severity
 from mdc.plan.model import Plan
-from mdc.runtime import MASTER_ADDR, MASTER_PORT, NODE_RANK, Concat, Word
+from mdc.runtime import MASTER_ADDR, MASTER_PORT, NODE_RANK, Concat, Ref, Word
 
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
+#: madengine's runner prefix: its model scripts run ``$MAD_MULTI_NODE_RUNNER script.py args``
+RUNNER_VARIABLE = "MAD_MULTI_NODE_RUNNER"
 
 
 @attrs.frozen(kw_only=True)
@@ -121,6 +124,45 @@ def torchrun_worker_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, s
     }
 
 
+def runner_env(plan: Plan, prefix: Sequence[Word]) -> dict[str, Word]:
+    """madengine's launcher env for a launcher whose command is ``prefix`` + the program.
+
+    ``MAD_MULTI_NODE_RUNNER`` is ``prefix`` as one value: words separated by spaces,
+    literals shell-quoted, run-time values (``$NODE_RANK``, ``$MASTER_ADDR``, the out/
+    path) put in as they are. madengine's scripts run ``$MAD_MULTI_NODE_RUNNER script.py
+    args`` unquoted, which splits it at spaces and removes no quotes; ``eval`` reads it
+    too. Both give back the words exactly when no literal needs quoting (mdc's own words
+    never do; :func:`torchrun_findings` warns about a user's) and no run-time value holds
+    a space: an out/ path with a space cannot pass through this variable at all.
+    ``NNODES`` and ``NPROC_PER_NODE`` are the plan's node count and processes per node.
+    """
+    parts: list[str | Ref] = []
+    for index, word in enumerate(prefix):
+        if index:
+            parts.append(" ")
+        pieces = word.parts if isinstance(word, Concat) else (word,)
+        parts += [shlex.quote(p) if isinstance(p, str) and p else p for p in pieces]
+    return {RUNNER_VARIABLE: Concat(tuple(parts)), "NNODES": str(plan.nnodes),
+            "NPROC_PER_NODE": str(plan.nproc_per_node)}
+
+
+def runner_worker_env(plan: Plan, command: str) -> dict[str, str]:
+    """What :func:`runner_env` gives every worker, as plan.json documents it."""
+    return {
+        RUNNER_VARIABLE: f"the {command} command up to the script (madengine's runner: "
+                         "scripts run $MAD_MULTI_NODE_RUNNER script.py args unquoted); words "
+                         "separated by spaces, literals shell-quoted, so no word (the out/ "
+                         "path included) may hold a space",
+        "NNODES": str(plan.nnodes),
+        "NPROC_PER_NODE": str(plan.nproc_per_node),
+    }
+
+
+def torchrun_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, Word]:
+    """madengine's env for a launcher on torchrun: :func:`runner_env` of torchrun's flags."""
+    return runner_env(plan, torchrun_argv(plan, opts, []))
+
+
 def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Finding]:
     """What torchrun would reject in the ``[torchrun]`` table, for this plan."""
     opts = opts or TorchrunOptions()
@@ -128,6 +170,8 @@ def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Find
         yield Finding(code="MDC301", pointer="/torchrun/rdzv_backend",
                       message="static rendezvous cannot run an elastic job (min_nnodes < nnodes)",
                       hint="use rdzv_backend = \"c10d\", or remove min_nnodes")
+    # words of MAD_MULTI_NODE_RUNNER that the user wrote (rdzv_conf only off --standalone)
+    given: list[tuple[str, str]] = []
     for key, value in sorted(opts.rdzv_conf.items()):
         text = conf_value(value)
         # torchrun splits --rdzv-conf on "," and strips each value; an empty value is an error
@@ -136,3 +180,16 @@ def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Find
                           message=f"torchrun cannot pass rdzv_conf value {text!r}: --rdzv-conf "
                                   "is split on ',' and its values are stripped and non-empty",
                           hint="use a value without commas or leading/trailing spaces")
+        elif plan.nnodes > 1 or plan.elastic:
+            given.append((f"/torchrun/rdzv_conf/{key}", text))
+    if opts.log_dir is not None:
+        given.append(("/torchrun/log_dir", opts.log_dir))
+    for pointer, text in given:
+        quoted = shlex.quote(text)
+        if quoted != text:
+            yield Finding(code="MDC303", pointer=pointer, severity=Severity.WARNING,
+                          message=f"{RUNNER_VARIABLE} holds {text!r} shell-quoted, as {quoted}: "
+                                  f"a script that runs ${RUNNER_VARIABLE} script.py unquoted "
+                                  "(madengine's way) gets other words; only eval reads it back",
+                          hint="use a value of letters, digits and @%+=:,./-_ if a script uses "
+                               f"{RUNNER_VARIABLE}; mdc's own launch command is not affected")

@@ -137,7 +137,8 @@ def resolve(word: Word, master_port: int) -> str:
 def server_argv(compiled: Compiled) -> list[str]:
     (role,) = compiled.launch.roles
     words = [resolve(w, compiled.plan.rendezvous.master_port) for w in role.argv]
-    if words[:2] == ["bash", "/out/launch/vllm-node.sh"]:
+    if words[:2] in (["bash", "/out/launch/vllm-node.sh"],
+                     ["bash", "/out/launch/sglang-node.sh"]):
         return words[2:]
     return words
 

@@ -293,6 +293,11 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     if p["pp"] > 1:
         check_pipeline(config, plan)
 
+    # madengine's runner env (as torchrun's): torchrun's words up to the program, and sizes
+    runner = env.pop("MAD_MULTI_NODE_RUNNER").split(" ")
+    assert runner == argv[:len(runner)] and args.training_script not in runner
+    assert (env.pop("NNODES"), env.pop("NPROC_PER_NODE")) == \
+        (str(plan["nnodes"]), str(plan["nproc_per_node"]))
     assert env == {"TORCHTITAN_TENSOR_PARALLEL_SIZE": str(dims.tp),
                    "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
                    "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",

@@ -252,6 +252,82 @@ def literal(word: object) -> object:
     return word if isinstance(word, str) else None
 
 
+def text_of(word: object) -> str:
+    """A word with its run-time values shown as ${NAME}."""
+    parts = word.parts if isinstance(word, Concat) else (word,)
+    return "".join(p if isinstance(p, str) else f"${{{p.name}}}" for p in parts)
+
+
+def runner_words(value: object) -> list[str]:
+    """MAD_MULTI_NODE_RUNNER as a madengine script's unquoted ``$MAD_MULTI_NODE_RUNNER``
+    splits it."""
+    assert isinstance(value, Concat)
+    return text_of(value).split()
+
+
+def flag(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
+
+
+def test_env_contract_torchrun(compiler: Compiler) -> None:
+    """madengine (§4.1 torchrun, §5, §6): MAD_MULTI_NODE_RUNNER = torchrun up to the script,
+    NNODES, NPROC_PER_NODE, MAD_RUNTIME_NGPUS = G; standalone on one node."""
+    for case, nnodes, gpus in (("slurm-torchrun-2x8", 2, 8), ("k8s-torchrun-1x2", 1, 2)):
+        result = compiled(compiler, case)
+        env = env_of(result)
+        assert (env["NNODES"], env["NPROC_PER_NODE"], env["MAD_RUNTIME_NGPUS"]) == \
+            (str(nnodes), str(gpus), str(gpus))
+        runner = runner_words(env["MAD_MULTI_NODE_RUNNER"])
+        assert runner[0] == "torchrun"
+        assert (flag(runner, "--nnodes"), flag(runner, "--nproc-per-node")) == \
+            (str(nnodes), str(gpus))
+        assert ("--standalone" in runner) == (nnodes == 1)
+        # the same words start mdc's own command
+        (role,) = result.launch.roles
+        assert [text_of(w) for w in role.argv[:len(runner)]] == runner
+
+
+def test_env_contract_torchrun_based_launchers(compiler: Compiler) -> None:
+    """megatron and torchtitan run on torchrun: the same runner, NNODES, NPROC_PER_NODE."""
+    for case in ("slurm-megatron-4x8", "k8s-megatron-4x8", "slurm-torchtitan-4x8"):
+        env = env_of(compiled(compiler, case))
+        assert (env["NNODES"], env["NPROC_PER_NODE"]) == ("4", "8")
+        runner = runner_words(env["MAD_MULTI_NODE_RUNNER"])
+        assert runner[0] == "torchrun" and flag(runner, "--nnodes") == "4"
+        assert "MAD_RUNTIME_NGPUS" not in env  # madengine sets it for torchrun and primus only
+
+
+def test_env_contract_deepspeed_sizes(compiler: Compiler) -> None:
+    env = env_of(compiled(compiler, "slurm-deepspeed-1x4"))
+    assert (env["NNODES"], env["NPROC_PER_NODE"]) == ("1", "4")
+
+
+def test_launcher_env_lists_everything_the_launchers_set(compiler: Compiler) -> None:
+    """The importer drops a config's env_vars entry that mdc sets itself (else MDC240)."""
+    for case in sorted(set(CASES) - BROKEN):
+        result = compiled(compiler, case)
+        launcher = result.plan.launcher
+        names = {n for role in result.launch.roles for n in role.env} | \
+            set(result.launch.worker_env)
+        known = {*madengine.MANAGED_ENV, *madengine.LAUNCHER_ENV.get(launcher, ())}
+        if launcher == "megatron":  # the importer adds it when tp > 1 on GPUs
+            known.add("CUDA_DEVICE_MAX_CONNECTIONS")
+        assert names <= known, (case, sorted(names - known))
+
+
+def test_env_vars_mdc_sets_are_dropped(tmp_path: Path, compiler: Compiler) -> None:
+    path = tmp_path / "ctx.json"
+    path.write_text(json.dumps({
+        "slurm": {"nodes": 2, "gpus_per_node": 8}, "distributed": {"launcher": "torchrun"},
+        "env_vars": {"NNODES": "2", "MAD_MULTI_NODE_RUNNER": "torchrun", "HF_HOME": "/h"}}),
+        encoding="utf-8")
+    result = compiler.compile(path)
+    assert result.plan.job.env == {**result.plan.job.env, "HF_HOME": "/h"}
+    assert "NNODES" not in result.plan.job.env
+    dropped = {d.location.pointer for d in result.notes if d.code == "MDC504"}
+    assert {"/env_vars/NNODES", "/env_vars/MAD_MULTI_NODE_RUNNER"} <= dropped
+
+
 def test_env_contract_megatron(compiler: Compiler) -> None:
     """TP = G, PP = N, CP = 1 on several nodes (madengine's K8s rule; SLURM never got it)."""
     for case in ("slurm-megatron-4x8", "k8s-megatron-4x8"):
@@ -292,6 +368,11 @@ def test_env_contract_sglang(compiler: Compiler) -> None:
     # one server over both nodes: tp = 2 x 4 (madengine exports 4; see the README)
     assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "8"
     assert isinstance(env["NCCL_INIT_ADDR"], Concat)
+    # SGLANG_HOST_IP (§4.1 sglang N > 1): exported by launch/sglang-node.sh from NODE_HOSTS
+    result = compiled(compiler, "k8s-sglang-2x4")
+    assert "SGLANG_HOST_IP" in result.launch.worker_env
+    script = next(a for a in result.tree if a.path == "launch/sglang-node.sh")
+    assert 'export SGLANG_HOST_IP="$ip"' in script.data.decode("utf-8")
 
 
 def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
@@ -302,6 +383,10 @@ def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
                 "TP_SIZE": "8"}
     assert {k: env[k] for k in expected} == expected
     assert isinstance(env["SGLANG_NODE_RANK"], Ref)
+    # madengine's Kubernetes POD_INDEX / TOTAL_PODS / POD_IP and SLURM SGLANG_NODE_IPS
+    assert (env["POD_INDEX"], env["TOTAL_PODS"]) == (Ref("NODE_RANK"), "7")
+    worker_env = compiled(compiler, "slurm-sglang-disagg-7").launch.worker_env
+    assert {"POD_IP", "SGLANG_NODE_IPS"} <= set(worker_env)
 
 
 def test_disagg_auto_split_and_one_sided_split(tmp_path: Path, compiler: Compiler) -> None:

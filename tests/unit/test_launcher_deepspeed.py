@@ -182,7 +182,8 @@ def test_the_madengine_runner_prefix_evaluates_to_the_launch_command(
     """A script doing ``eval "$MAD_MULTI_NODE_RUNNER script.py"`` runs what mdc runs.
 
     Literal words are shell-quoted; run-time values (the out directory, node rank, master)
-    are put in as they are, so an out directory with spaces would split (documented).
+    are put in as they are, so an out directory with spaces would split (documented). The
+    hostile log_dir (torchrun) is also a warning: unquoted expansion cannot carry it.
     """
     hostile = "/tmp/logs it's $(touch CANARY) `touch CANARY` \"q\" ${HOME}"
     command = ["python", "train.py", "--name", hostile]
@@ -220,7 +221,13 @@ def test_the_madengine_runner_prefix_evaluates_to_the_launch_command(
     assert not (tmp_path / "CANARY").exists()
     if runner == "torchrun":
         assert hostile in prefix and hostile in argv
+        assert [(d.code, d.location.pointer) for d in compiled.diagnostics
+                if d.code == "MDC303"] == [("MDC303", "/torchrun/log_dir")]
     assert "10.0.0.9" in argv
+    # madengine's NNODES and NPROC_PER_NODE (§4.1 deepspeed): nodes, and GPUs per node
+    env = compiled.launch.roles[0].env
+    assert (env["NNODES"], env["NPROC_PER_NODE"]) == ("2", "2")
+    assert argv[argv.index("--nnodes" if runner == "torchrun" else "--num_nodes") + 1] == "2"
 
 
 # ---------------------------------------------------------------- ds_config.json

@@ -51,8 +51,12 @@ def test_defaults_take_tp_from_the_node_and_pp_from_the_nodes(tmp_path: Path) ->
                     "--pipeline-model-parallel-size", "2", "--context-parallel-size", "1",
                     "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "4",
                     "--sequence-parallel", "--use-distributed-optimizer"]
+    # madengine's runner (§4.1/§5 megatron): the torchrun command up to the script
+    runner = shlex.split(exports.pop("MAD_MULTI_NODE_RUNNER"))[0].split(" ")
+    assert runner == words[:words.index("pretrain_gpt.py")]
     assert exports == {"TENSOR_MODEL_PARALLEL_SIZE": "4", "PIPELINE_MODEL_PARALLEL_SIZE": "2",
-                       "CONTEXT_PARALLEL_SIZE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+                       "CONTEXT_PARALLEL_SIZE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+                       "NNODES": "2", "NPROC_PER_NODE": "4"}
 
 
 def test_everything_in_order_user_args_first_extra_args_last(tmp_path: Path) -> None:

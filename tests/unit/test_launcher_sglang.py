@@ -67,6 +67,8 @@ def test_one_node_needs_no_node_flags(tmp_path: Path) -> None:
     assert env["SGLANG_PIPELINE_PARALLEL_SIZE"] == "1"
     assert env["NNODES"] == "1" and env["NPROC_PER_NODE"] == "4"
     assert "NCCL_INIT_ADDR" not in env
+    # one node: no node script, no SGLANG_HOST_IP (madengine sets it on N > 1 only, §4.1)
+    assert "SGLANG_HOST_IP" not in compiled.launch.worker_env
     assert compiled.launch.files == ()
 
 
@@ -75,9 +77,13 @@ def test_several_nodes_meet_at_node_0(tmp_path: Path) -> None:
                                        parallelism={"tp": 8, "pp": 2}))
     (role,) = compiled.launch.roles
     meet = Concat((Ref("MASTER_ADDR"), ":", Ref("MASTER_PORT")))
-    assert role.argv == (*SERVER, "--model-path", MODEL, "--tp-size", "8", "--pp-size", "2",
+    # launch/sglang-node.sh exports SGLANG_HOST_IP, then runs the server
+    node_script = Concat((Ref("MDC_OUT"), "/launch/sglang-node.sh"))
+    assert role.argv == ("bash", node_script,
+                         *SERVER, "--model-path", MODEL, "--tp-size", "8", "--pp-size", "2",
                          "--nnodes", "2", "--node-rank", Ref("NODE_RANK"),
                          "--dist-init-addr", meet, "--host", "0.0.0.0", "--port", "31000")
+    assert "SGLANG_HOST_IP" in compiled.launch.worker_env
     env = dict(role.env)
     assert env["SGLANG_PIPELINE_PARALLEL_SIZE"] == "2"
     assert env["NCCL_INIT_ADDR"] == meet
@@ -133,25 +139,33 @@ def shellcheck() -> str:
 
 
 @pytest.mark.slow
-def test_the_worker_script_runs_the_server_with_this_nodes_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("hosts", "address"), [
+    ("10.0.0.5 10.0.0.6", "10.0.0.6"),  # an IP as it is
+    ("10.0.0.5 localhost", "127.0.0.1"),  # a name: its IPv4 address (getent ahostsv4)
+    ("10.0.0.5 no-such-host.invalid", "no-such-host.invalid"),  # does not resolve: the name
+])
+def test_the_worker_script_runs_the_server_with_this_nodes_rank(
+        tmp_path: Path, hosts: str, address: str) -> None:
     out = tmp_path / "out"
     write_tree(out, compile_(tmp_path, spec(nnodes=2, nproc=2)).tree)
     worker = out / "launch" / "worker.sh"
-    linted = subprocess.run([shellcheck(), "--norc", "-S", "style", str(worker)],
-                            capture_output=True, text=True, check=False)
-    assert linted.returncode == 0, linted.stdout + linted.stderr
+    for script in (worker, out / "launch" / "sglang-node.sh"):
+        linted = subprocess.run([shellcheck(), "--norc", "-S", "style", str(script)],
+                                capture_output=True, text=True, check=False)
+        assert linted.returncode == 0, linted.stdout + linted.stderr
     stubs = tmp_path / "bin"
     stubs.mkdir()
-    (stubs / "python").write_text('#!/usr/bin/env bash\necho "$NCCL_INIT_ADDR $*" > "$LOG"\n',
-                                  encoding="utf-8")
+    (stubs / "python").write_text(
+        '#!/usr/bin/env bash\necho "$SGLANG_HOST_IP $NCCL_INIT_ADDR $*" > "$LOG"\n',
+        encoding="utf-8")
     (stubs / "python").chmod(0o755)
     log = tmp_path / "log"
     env = {"PATH": f"{stubs}:{os.environ['PATH']}", "NODE_RANK": "1", "LOG": str(log),
-           "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29650", "NODE_HOSTS": "a b"}
+           "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29650", "NODE_HOSTS": hosts}
     done = subprocess.run(["bash", str(worker)], env=env, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert log.read_text(encoding="utf-8").split() == [
-        "10.1.2.3:29650", "-m", "sglang.launch_server", "--model-path", MODEL,
+        address, "10.1.2.3:29650", "-m", "sglang.launch_server", "--model-path", MODEL,
         "--tp-size", "2", "--pp-size", "2", "--nnodes", "2", "--node-rank", "1",
         "--dist-init-addr", "10.1.2.3:29650", "--host", "0.0.0.0", "--port", "30000"]

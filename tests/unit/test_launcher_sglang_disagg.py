@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from mdc.api import Ref
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
@@ -282,3 +283,42 @@ def test_mini_lb(tmp_path: Path) -> None:
         "--decode", "http://c:30002"]
     prefill = runs["prefill-1"]
     assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
+
+
+def test_madengines_pod_names_are_in_the_env(tmp_path: Path) -> None:
+    """madengine's Kubernetes names (§4.1): POD_INDEX = the node rank, TOTAL_PODS = nnodes."""
+    compiled = compile_(tmp_path, spec(5))
+    for role in compiled.launch.roles:
+        assert role.env["POD_INDEX"] == Ref("NODE_RANK")
+        assert role.env["TOTAL_PODS"] == "5"
+    assert {"POD_INDEX", "POD_IP", "SGLANG_NODE_IPS", "TOTAL_PODS"} <= \
+        set(compiled.launch.worker_env)
+
+
+ENV_STAND_IN = """#!/usr/bin/env bash
+printf '%s\\n' "$POD_INDEX" "$TOTAL_PODS" "$POD_IP" "$SGLANG_NODE_IPS" \\
+  > "$RECORD_DIR/$SGLANG_DISAGG_ROLE-$NODE_RANK"
+"""
+
+
+@pytest.mark.slow
+def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
+    """POD_IP is this node's address, SGLANG_NODE_IPS every node's (§4.1, §5), in rank order.
+
+    An IP stays as it is, a name becomes its IPv4 address (localhost is 127.0.0.1), and a
+    name that does not resolve stays the name.
+    """
+    root = write_tree(compile_(tmp_path, spec(4)), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(ENV_STAND_IN, encoding="utf-8")
+    hosts = "10.0.0.1 localhost fd00::2 no-such-host.invalid"
+    ips = "10.0.0.1,127.0.0.1,fd00::2,no-such-host.invalid"
+    for rank, role in ((0, "proxy"), (1, "prefill"), (3, "decode")):
+        run_env = {**env, "NODE_RANK": str(rank), "MASTER_ADDR": "10.0.0.1",
+                   "MASTER_PORT": "29500", "NODE_HOSTS": hosts}
+        subprocess.run(["bash", str(root / "launch" / f"{role}.sh")], env=run_env, check=True,
+                       timeout=30)
+    assert recorded(env) == {
+        "proxy-0": ["0", "4", "10.0.0.1", ips],
+        "prefill-1": ["1", "4", "127.0.0.1", ips],
+        "decode-3": ["3", "4", "no-such-host.invalid", ips]}

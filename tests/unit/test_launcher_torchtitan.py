@@ -65,9 +65,13 @@ def test_defaults(tmp_path: Path) -> None:
         "--parallelism.data_parallel_shard_degree": "1",
         "--parallelism.tensor_parallel_degree": "8", "--parallelism.pipeline_parallel_degree": "2",
         "--parallelism.context_parallel_degree": "1", "--parallelism.expert_parallel_degree": "1"}
+    # madengine's runner (§4.1/§5 torchtitan): the torchrun command up to the program
+    runner = shlex.split(exports.pop("MAD_MULTI_NODE_RUNNER"))[0].split(" ")
+    assert runner == words[:words.index("--module")]
     assert exports == {"TORCHTITAN_TENSOR_PARALLEL_SIZE": "8",
                        "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "2", "TORCHTITAN_FSDP_ENABLED": "0",
-                       "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1"}
+                       "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1", "NNODES": "2",
+                       "NPROC_PER_NODE": "8"}
 
 
 def test_hsdp_batch_sequence_and_pass_through(tmp_path: Path) -> None:

@@ -24,8 +24,7 @@ import json
 import math
 import os
 import re
-import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -36,12 +35,10 @@ from mdc.api import (
     MASTER_PORT,
     NODE_RANK,
     Artifact,
-    Concat,
     Finding,
     Launch,
     LauncherSpec,
     Plan,
-    Ref,
     Role,
     Severity,
     TorchrunOptions,
@@ -50,6 +47,8 @@ from mdc.api import (
     out_file,
     program,
     read_schema,
+    runner_env,
+    runner_worker_env,
     torchrun_argv,
     torchrun_findings,
     torchrun_worker_env,
@@ -59,8 +58,6 @@ CONFIG_PATH = "launch/ds_config.json"
 HOSTFILE_PATH = "launch/hostfile"
 #: where every worker finds the path of ds_config.json (DeepSpeed reads no such variable itself)
 CONFIG_VARIABLE = "MDC_DEEPSPEED_CONFIG"
-#: madengine's runner prefix: scripts run ``$MAD_MULTI_NODE_RUNNER script.py args``
-RUNNER_VARIABLE = "MAD_MULTI_NODE_RUNNER"
 #: the flags ``deepspeed.add_config_arguments`` defines; the script reads the second one
 CONFIG_FLAGS = ("--deepspeed", "--deepspeed_config")
 #: mdc's accelerator -> DeepSpeed's accelerator name (ROCm runs DeepSpeed's cuda accelerator)
@@ -238,21 +235,6 @@ def torchrun_options(plan: Plan) -> TorchrunOptions:
     return attrs.evolve(table, rdzv_backend=table.rdzv_backend or "static")
 
 
-def _inline(words: Sequence[Word]) -> Concat:
-    """Words as one environment value: literals shell-quoted, runtime values put in as they are."""
-    parts: list[str | Ref] = []
-    for index, word in enumerate(words):
-        if index:
-            parts.append(" ")
-        if isinstance(word, str):
-            parts.append(shlex.quote(word))
-        elif isinstance(word, Ref):
-            parts.append(word)
-        else:
-            parts += [shlex.quote(p) if isinstance(p, str) and p else p for p in word.parts]
-    return Concat(tuple(parts))
-
-
 @attrs.frozen(kw_only=True)
 class _Runner:
     """What one runner contributes to the launch."""
@@ -317,13 +299,12 @@ def emit(plan: Plan, options: DeepSpeedOptions | None) -> Launch:
     runner = (_deepspeed_runner if name == "deepspeed" else _torchrun_runner)(plan, opts)
     accelerator = DS_ACCELERATORS[plan.accelerator]
     env = {**runner.env, "DS_ACCELERATOR": accelerator,
-           CONFIG_VARIABLE: out_file(CONFIG_PATH), RUNNER_VARIABLE: _inline(runner.prefix)}
+           CONFIG_VARIABLE: out_file(CONFIG_PATH), **runner_env(plan, runner.prefix)}
     worker_env = {
         **runner.worker_env,
         "DS_ACCELERATOR": accelerator,
         CONFIG_VARIABLE: f"the absolute path of {CONFIG_PATH}",
-        RUNNER_VARIABLE: f"the {name} command up to the script (madengine's runner prefix: "
-                         "shell-quoted words, for eval or unquoted expansion)",
+        **runner_worker_env(plan, name),
     }
     files = [Artifact.json(CONFIG_PATH, ds_config(plan, opts)), *runner.files]
     return Launch(roles=(Role(name="worker", argv=tuple(runner.argv),

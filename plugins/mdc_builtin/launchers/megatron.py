@@ -30,7 +30,9 @@ from mdc.api import (
     Word,
     program,
     read_schema,
+    runner_worker_env,
     torchrun_argv,
+    torchrun_env,
     torchrun_findings,
     torchrun_worker_env,
 )
@@ -229,9 +231,11 @@ def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
     opts = _options(options)
     words: list[Word] = [*program(plan.job.argv), *megatron_args(plan, opts), *opts.extra_args]
     env = megatron_env(plan, opts)
-    worker_env = {**torchrun_worker_env(plan, _torchrun(plan)), **env}
+    worker_env = {**torchrun_worker_env(plan, _torchrun(plan)),
+                  **runner_worker_env(plan, "torchrun"), **env}
+    role_env: dict[str, Word] = {**torchrun_env(plan, _torchrun(plan)), **env}
     return Launch(roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan),
-                                                                      words)), env=env),),
+                                                                      words)), env=role_env),),
                   worker_env=worker_env)
 
 

@@ -5,7 +5,10 @@ with any arguments of the user's own; mdc appends ``--model-path``,
 ``--tp-size``, ``--pp-size`` (when above 1), ``--host``, ``--port`` and then
 ``[sglang] args``. With several nodes SGLang joins them itself: every node runs
 the same command with ``--nnodes N --node-rank $NODE_RANK --dist-init-addr
-$MASTER_ADDR:$MASTER_PORT``; node 0 serves HTTP.
+$MASTER_ADDR:$MASTER_PORT``; node 0 serves HTTP. There each node runs the server
+through ``launch/sglang-node.sh``, which exports ``SGLANG_HOST_IP`` (this node's
+address, from ``$NODE_HOSTS``; SGLang reads it as the node's own IP) and then execs
+the server.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from mdc.api import (
     MASTER_ADDR,
     MASTER_PORT,
     NODE_RANK,
+    Artifact,
     Concat,
     Finding,
     Launch,
@@ -27,9 +31,11 @@ from mdc.api import (
     Role,
     Severity,
     Word,
+    out_file,
     read_schema,
 )
 
+NODE_SCRIPT = "launch/sglang-node.sh"
 DEFAULT_PORT = 30000
 DEFAULT_HOST = "0.0.0.0"
 MODULE = "sglang.launch_server"
@@ -79,6 +85,40 @@ def server_argv(plan: Plan, options: SglangOptions | None) -> list[Word]:
     return argv + list(opts.args)
 
 
+def node_script(plan: Plan) -> str:
+    """launch/sglang-node.sh: SGLANG_HOST_IP from $NODE_HOSTS, then the server (its arguments)."""
+    return "\n".join([
+        "#!/usr/bin/env bash",
+        (f"# One node of SGLang job {plan.job.name!r} ({plan.nnodes} nodes). launch/worker.sh "
+         "runs it with"),
+        "# NODE_RANK and NODE_HOSTS set and the server's command as its arguments; it exports",
+        "# SGLANG_HOST_IP, this node's address (SGLang reads it as the node's own IP): an IP in",
+        "# NODE_HOSTS as it is, a host name as its first IPv4 address, or the name itself when",
+        "# it does not resolve.",
+        "set -euo pipefail",
+        ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
+        ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
+        'read -r -a hosts <<< "$NODE_HOSTS"',
+        'self="${hosts[NODE_RANK]:-}"',
+        'if [[ -z "$self" ]]; then',
+        '  echo "mdc: NODE_HOSTS names no host for node $NODE_RANK: \'$NODE_HOSTS\'" >&2',
+        "  exit 1",
+        "fi",
+        'if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ || "$self" == *:* ]]; then',
+        '  ip="$self"',
+        "else",
+        '  ip="$(getent ahostsv4 "$self" | awk \'NR == 1 { print $1 }\' || true)"',
+        "fi",
+        'if [[ -z "$ip" ]]; then',
+        ('  echo "mdc: \'$self\' (node $NODE_RANK in NODE_HOSTS) does not resolve; '
+         'SGLANG_HOST_IP is the name" >&2'),
+        '  ip="$self"',
+        "fi",
+        'export SGLANG_HOST_IP="$ip"',
+        'exec "$@"',
+    ])
+
+
 def emit(plan: Plan, options: SglangOptions | None) -> Launch:
     env: dict[str, Word] = {
         "SGLANG_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
@@ -102,9 +142,15 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
         "MASTER_PORT": f"{plan.rendezvous.master_port} (SGLang's --dist-init-addr port)"
                        if plan.nnodes > 1 else str(plan.rendezvous.master_port),
     }
+    argv: tuple[Word, ...] = tuple(server_argv(plan, options))
+    files: tuple[Artifact, ...] = ()
     if plan.nnodes > 1:
         worker_env["NCCL_INIT_ADDR"] = "MASTER_ADDR:MASTER_PORT (as --dist-init-addr)"
-    return Launch(roles=(Role(name="worker", argv=tuple(server_argv(plan, options)), env=env),),
+        worker_env["SGLANG_HOST_IP"] = ("this node's address from NODE_HOSTS (its IPv4 "
+                                        "address when a host name resolves)")
+        argv = ("bash", out_file(NODE_SCRIPT), *argv)
+        files = (Artifact.text(NODE_SCRIPT, node_script(plan), executable=True),)
+    return Launch(roles=(Role(name="worker", argv=argv, env=env),), files=files,
                   worker_env=worker_env)
 
 

@@ -5,6 +5,11 @@ default (node ranks follow join order), or static rendezvous with the
 backend's node rank (fixed RANK per node). Elastic jobs use ``MIN:MAX``.
 The command line itself is built by :func:`mdc.api.torchrun_argv`, which the
 launchers that run on torchrun share.
+
+The env is madengine's contract for torchrun: ``MAD_MULTI_NODE_RUNNER`` (the
+torchrun command up to the script, for scripts that run
+``$MAD_MULTI_NODE_RUNNER train.py``), ``NNODES``, ``NPROC_PER_NODE`` and
+``MAD_RUNTIME_NGPUS`` (the GPUs of one node).
 """
 
 from __future__ import annotations
@@ -13,13 +18,29 @@ from collections.abc import Iterator
 
 import mdc
 from mdc.api import (
-    Finding, Launch, LauncherSpec, Plan, Role, TorchrunOptions, read_schema, torchrun_argv,
-    torchrun_findings, torchrun_worker_env)
+    Finding,
+    Launch,
+    LauncherSpec,
+    Plan,
+    Role,
+    TorchrunOptions,
+    Word,
+    read_schema,
+    runner_worker_env,
+    torchrun_argv,
+    torchrun_env,
+    torchrun_findings,
+    torchrun_worker_env,
+)
 
 
 def emit(plan: Plan, options: TorchrunOptions | None) -> Launch:
-    return Launch(roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, options))),),
-                  worker_env=torchrun_worker_env(plan, options))
+    gpus = str(plan.nproc_per_node)
+    env: dict[str, Word] = {**torchrun_env(plan, options), "MAD_RUNTIME_NGPUS": gpus}
+    worker_env = {**torchrun_worker_env(plan, options), **runner_worker_env(plan, "torchrun"),
+                  "MAD_RUNTIME_NGPUS": f"{gpus} (the GPUs of one node)"}
+    return Launch(roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, options)), env=env),),
+                  worker_env=worker_env)
 
 
 def check(plan: Plan, options: TorchrunOptions | None) -> Iterator[Finding]:

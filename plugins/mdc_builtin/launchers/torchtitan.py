@@ -36,7 +36,9 @@ from mdc.api import (
     out_file,
     program,
     read_schema,
+    runner_worker_env,
     torchrun_argv,
+    torchrun_env,
     torchrun_findings,
     torchrun_worker_env,
 )
@@ -275,11 +277,13 @@ def emit(plan: Plan, options: TorchtitanOptions | None) -> Launch:
     words: list[Word] = [*program(plan.job.argv), "--job.config_file", out_file(CONFIG_PATH),
                          *overrides(plan, options)]
     env = torchtitan_env(plan, options)
+    role_env: dict[str, Word] = {**torchrun_env(plan, _torchrun(plan)), **env}
     return Launch(
         roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan), words)),
-                    env=env),),
+                    env=role_env),),
         files=(Artifact.text(CONFIG_PATH, config_toml(plan, options)),),
-        worker_env={**torchrun_worker_env(plan, _torchrun(plan)), **env})
+        worker_env={**torchrun_worker_env(plan, _torchrun(plan)),
+                    **runner_worker_env(plan, "torchrun"), **env})
 
 
 # ------------------------------------------------------------------ checks

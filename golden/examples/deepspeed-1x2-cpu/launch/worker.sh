@@ -12,5 +12,7 @@ export GROUP_RANK="${NODE_RANK}"
 export LOCAL_WORLD_SIZE=2
 export MAD_MULTI_NODE_RUNNER="deepspeed --hostfile ${MDC_OUT}/launch/hostfile --no_ssh --node_rank ${NODE_RANK} --master_addr ${MASTER_ADDR} --master_port ${MASTER_PORT} --num_nodes 1 --num_gpus 2"
 export MDC_DEEPSPEED_CONFIG="${MDC_OUT}/launch/ds_config.json"
+export NNODES=1
+export NPROC_PER_NODE=2
 export GLOO_SOCKET_IFNAME=lo
 exec deepspeed --hostfile "${MDC_OUT}/launch/hostfile" --no_ssh --node_rank "${NODE_RANK}" --master_addr "${MASTER_ADDR}" --master_port "${MASTER_PORT}" --num_nodes 1 --num_gpus 2 examples/ds_check.py --deepspeed --deepspeed_config "${MDC_OUT}/launch/ds_config.json"

@@ -13,5 +13,7 @@ export DS_ACCELERATOR=cpu
 export LOCAL_SIZE=2
 export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend static --node-rank ${NODE_RANK} --master-addr ${MASTER_ADDR} --master-port ${MASTER_PORT} --nproc-per-node 2 --max-restarts 0"
 export MDC_DEEPSPEED_CONFIG="${MDC_OUT}/launch/ds_config.json"
+export NNODES=2
+export NPROC_PER_NODE=2
 export GLOO_SOCKET_IFNAME=lo
 exec torchrun --nnodes 2 --rdzv-backend static --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" --nproc-per-node 2 --max-restarts 0 examples/ds_check.py --deepspeed --deepspeed_config "${MDC_OUT}/launch/ds_config.json"

@@ -5,6 +5,9 @@ set -euo pipefail
 : "${NODE_RANK:?NODE_RANK must be set by the backend}"
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend static --node-rank ${NODE_RANK} --master-addr ${MASTER_ADDR} --master-port ${MASTER_PORT} --nproc-per-node 2 --max-restarts 0"
+export NNODES=2
+export NPROC_PER_NODE=2
 export TENSOR_MODEL_PARALLEL_SIZE=2
 export PIPELINE_MODEL_PARALLEL_SIZE=1
 export CONTEXT_PARALLEL_SIZE=1

@@ -4,4 +4,8 @@
 set -euo pipefail
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv-id elastic-ft --nproc-per-node 8 --max-restarts 3"
+export NNODES=4
+export NPROC_PER_NODE=8
+export MAD_RUNTIME_NGPUS=8
 exec torchrun --nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id elastic-ft --nproc-per-node 8 --max-restarts 3 --module trainer.main --config cfg.yaml

@@ -4,5 +4,9 @@
 set -euo pipefail
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv-id loopback-c10d --rdzv-conf join_timeout=120 --nproc-per-node 2 --max-restarts 0"
+export NNODES=2
+export NPROC_PER_NODE=2
+export MAD_RUNTIME_NGPUS=2
 export GLOO_SOCKET_IFNAME=lo
 exec torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id loopback-c10d --rdzv-conf join_timeout=120 --nproc-per-node 2 --max-restarts 0 examples/ddp_check.py

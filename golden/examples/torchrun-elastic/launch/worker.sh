@@ -4,6 +4,10 @@
 set -euo pipefail
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv-id elastic-finetune --rdzv-conf join_timeout=900,last_call_timeout=30 --nproc-per-node 8 --max-restarts 3 --log-dir /workspace/logs --tee 3"
+export NNODES=4
+export NPROC_PER_NODE=8
+export MAD_RUNTIME_NGPUS=8
 export NCCL_DEBUG=WARN
 export TRAINER_TAG='run $(date) `x`'
 cd /workspace

@@ -7,6 +7,9 @@ set -euo pipefail
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
 MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MDC_OUT
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend static --node-rank ${NODE_RANK} --master-addr ${MASTER_ADDR} --master-port ${MASTER_PORT} --nproc-per-node 2 --max-restarts 0"
+export NNODES=2
+export NPROC_PER_NODE=2
 export TORCHTITAN_TENSOR_PARALLEL_SIZE=2
 export TORCHTITAN_PIPELINE_PARALLEL_SIZE=1
 export TORCHTITAN_FSDP_ENABLED=1

@@ -13,4 +13,6 @@ export DS_ACCELERATOR=cuda
 export LOCAL_SIZE=8
 export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend static --node-rank ${NODE_RANK} --master-addr ${MASTER_ADDR} --master-port ${MASTER_PORT} --nproc-per-node 8 --max-restarts 0"
 export MDC_DEEPSPEED_CONFIG="${MDC_OUT}/launch/ds_config.json"
+export NNODES=2
+export NPROC_PER_NODE=8
 exec torchrun --nnodes 2 --rdzv-backend static --node-rank "${NODE_RANK}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" --nproc-per-node 8 --max-restarts 0 train.py --deepspeed --deepspeed_config "${MDC_OUT}/launch/ds_config.json"

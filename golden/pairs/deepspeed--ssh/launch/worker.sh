@@ -12,4 +12,6 @@ export GROUP_RANK="${NODE_RANK}"
 export LOCAL_WORLD_SIZE=8
 export MAD_MULTI_NODE_RUNNER="deepspeed --hostfile ${MDC_OUT}/launch/hostfile --no_ssh --node_rank ${NODE_RANK} --master_addr ${MASTER_ADDR} --master_port ${MASTER_PORT} --num_nodes 2 --num_gpus 8"
 export MDC_DEEPSPEED_CONFIG="${MDC_OUT}/launch/ds_config.json"
+export NNODES=2
+export NPROC_PER_NODE=8
 exec deepspeed --hostfile "${MDC_OUT}/launch/hostfile" --no_ssh --node_rank "${NODE_RANK}" --master_addr "${MASTER_ADDR}" --master_port "${MASTER_PORT}" --num_nodes 2 --num_gpus 8 train.py --deepspeed --deepspeed_config "${MDC_OUT}/launch/ds_config.json"

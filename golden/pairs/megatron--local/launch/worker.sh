@@ -4,6 +4,9 @@
 set -euo pipefail
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv-id pair-megatron --nproc-per-node 8 --max-restarts 0"
+export NNODES=2
+export NPROC_PER_NODE=8
 export TENSOR_MODEL_PARALLEL_SIZE=4
 export PIPELINE_MODEL_PARALLEL_SIZE=2
 export CONTEXT_PARALLEL_SIZE=1

@@ -6,6 +6,9 @@ set -euo pipefail
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
 MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MDC_OUT
+export MAD_MULTI_NODE_RUNNER="torchrun --nnodes 2 --rdzv-backend c10d --rdzv-endpoint ${MASTER_ADDR}:${MASTER_PORT} --rdzv-id pair-torchtitan --nproc-per-node 8 --max-restarts 0"
+export NNODES=2
+export NPROC_PER_NODE=8
 export TORCHTITAN_TENSOR_PARALLEL_SIZE=2
 export TORCHTITAN_PIPELINE_PARALLEL_SIZE=1
 export TORCHTITAN_FSDP_ENABLED=1
