@@ -1,24 +1,75 @@
-"""mdc benchmarks: whole-process times of validate/compile and the million-rank plan.
+"""mdc benchmarks: mdc against its peers on the same work, the million-rank plan, artifact
+sizes and where `mdc validate` spends its imports.
 
-    python bench/run.py [--runs N]
+    .venv/bin/python bench/run.py [--runs N]
 
-Whole-process numbers come from /usr/bin/time (wall seconds and peak RSS) over
-N runs, median reported. The big plan runs in a fresh subprocess so its peak
-RSS is its own. Results go to stdout as a Markdown table.
+Run it with the project's venv (``scripts/test`` creates it). The first run creates
+``bench/.venv`` and pip-installs the peers there (check-jsonschema and torchx, pinned
+below; neither pulls torch). Every whole-process number is the median of N (default 11)
+runs taken alternately (mdc, peer, mdc, peer, ...) after one untimed warm-up of each, so
+load on the machine hits both sides alike: wall time, CPU time (user + system) and peak
+RSS of the process, from ``os.wait4``. Both sides run with bytecode caching on (into
+``bench/.venv/pycache``), as an installed tool does.
+
+What is compared:
+
+- ``mdc validate`` of 1 spec and of 100 specs (the examples, in their own formats: TOML,
+  YAML, JSON) against ``check-jsonschema --schemafile`` with the schema ``mdc schema``
+  prints, on the same files. check-jsonschema checks the schema only; mdc also plans
+  every spec and runs the launcher's and backend's checks.
+- ``mdc compile`` of a 2x8 torchrun SLURM spec against
+  ``torchx run --dryrun -s slurm dist.ddp -j 2x8 --script train.py``. mdc writes the tree
+  to disk; torchx prints its sbatch script.
+
+The report is Markdown on stdout, also written to ``bench/results/latest.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = "examples/torchrun-hybrid-16x8.toml"
+BENCH = ROOT / "bench"
+VENV = BENCH / ".venv"
+PEERS = ("check-jsonschema==0.39.0", "torchx==0.7.0")
+SPEC_SUFFIXES = (".toml", ".yaml", ".json")
+
+DDP_SPEC = textwrap.dedent("""\
+    # The work of `torchx run -s slurm dist.ddp -j 2x8 --script train.py`.
+    [job]
+    name = "train"
+    command = ["python", "train.py"]
+
+    [distributed]
+    launcher = "torchrun"
+    backend = "slurm"
+    nnodes = 2
+    nproc_per_node = 8
+""")
+
+SIZED_SPEC = textwrap.dedent("""\
+    [job]
+    name = "sized"
+    image = "nvcr.io/nvidia/pytorch:25.01-py3"
+    command = ["python", "train.py"]
+
+    [distributed]
+    launcher = "torchrun"
+    backend = "{backend}"
+    nnodes = {nnodes}
+    nproc_per_node = 8
+""")
 
 BIG_PLAN = textwrap.dedent("""
     import resource, time
@@ -42,45 +93,272 @@ BIG_PLAN = textwrap.dedent("""
     print(f"{t2 - t1:.4f} {t1 - t0:.4f} {peak_mb:.1f}")
 """)
 
+IN_PROCESS = textwrap.dedent("""
+    import json, sys, time
+    T = time.process_time  # CPU time: what load on the machine changes least
+    t0 = T()
+    from mdc.pipeline import Compiler
+    from mdc.plugin_manager import load_plugins
+    t1 = T()
+    plugins = load_plugins()
+    t2 = T()
+    compiler = Compiler(plugins)
+    t3 = T()
+    files = sys.argv[1:]
+    compiler.compile(files[0])
+    t4 = T()
+    for path in files:  # every plugin the specs need is imported after this round
+        compiler.compile(path)
+    from mdc.importers import translate
+    from mdc.loaders import load_file
+    per_file, load, schema = [], 0.0, 0.0
+    for path in files:
+        s = T()
+        compiler.compile(path)
+        per_file.append(T() - s)
+        s = T()
+        doc = translate(load_file(path))[0]
+        load += T() - s
+        s = T()
+        compiler.checker.check(doc)
+        schema += T() - s
+    per_file.sort()
+    print(json.dumps({"import": t1 - t0, "load_plugins": t2 - t1, "compiler": t3 - t2,
+                      "first": t4 - t3, "median": per_file[len(per_file) // 2],
+                      "total": sum(per_file), "load": load, "schema": schema}))
+""")
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one whole process, from /usr/bin/time."""
-    with tempfile.NamedTemporaryFile("r") as report:
-        subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", report.name, *argv], cwd=ROOT,
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wall, rss_kb = report.read().split()
-    return float(wall), int(rss_kb) / 1024
+SIZES = textwrap.dedent("""
+    import sys
+    from mdc.pipeline import Compiler
+    from mdc.plugin_manager import load_plugins
+    compiler = Compiler(load_plugins())
+    for path in sys.argv[1:]:
+        tree = compiler.compile(path).tree
+        print(path, sum(len(a.data) for a in tree), len(tree))
+""")
 
 
-def median_of(argv: list[str], runs: int) -> tuple[float, float]:
-    samples = [timed(argv) for _ in range(runs)]
-    return (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
+def bench_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(VENV / "pycache")
+    return env
+
+
+def ensure_peers() -> Path:
+    """bench/.venv with the peers installed; created on first use."""
+    bin_dir = VENV / "bin"
+    wanted = [bin_dir / "check-jsonschema", bin_dir / "torchx"]
+    if not all(p.exists() for p in wanted):
+        print(f"creating {VENV.relative_to(ROOT)} with {', '.join(PEERS)} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
+                        "--disable-pip-version-check", *PEERS], check=True)
+    has_torch = subprocess.run(
+        [str(bin_dir / "python"), "-c", ("import importlib.util as u; "
+         "raise SystemExit(u.find_spec('torch') is not None)")], check=False).returncode
+    if has_torch:
+        raise SystemExit(f"{VENV}: torch is installed there; the peers must run without it")
+    return bin_dir
+
+
+class Sample:
+    def __init__(self, wall: float, cpu: float, rss_mib: float) -> None:
+        self.wall, self.cpu, self.rss = wall, cpu, rss_mib
+
+
+def run_once(argv: Sequence[str], cwd: Path) -> Sample:
+    """One whole process: wall time, CPU time and peak RSS, from wait4."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=bench_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{err.decode()}")
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
+def alternate(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], runs: int,
+              cwd: Path) -> list[tuple[list[Sample], list[Sample]]]:
+    """Each pair's (mdc samples, peer samples); runs interleaved mdc, peer, mdc, peer."""
+    for mdc, peer in pairs:  # warm-up: bytecode caches, page cache
+        run_once(mdc, cwd)
+        run_once(peer, cwd)
+    results: list[tuple[list[Sample], list[Sample]]] = [([], []) for _ in pairs]
+    for _ in range(runs):
+        for (mdc, peer), (ours, theirs) in zip(pairs, results):
+            ours.append(run_once(mdc, cwd))
+            theirs.append(run_once(peer, cwd))
+    return results
+
+
+def med(samples: Sequence[Sample], key: Callable[[Sample], float]) -> float:
+    return statistics.median(key(s) for s in samples)
+
+
+def spec_files(count: int, into: Path) -> list[str]:
+    """``count`` copies of the example specs, cycling through them, in their own formats."""
+    examples = sorted(p for p in (ROOT / "examples").iterdir() if p.suffix in SPEC_SUFFIXES)
+    into.mkdir()
+    names = []
+    for i in range(count):
+        source = examples[i % len(examples)]
+        target = into / f"{i:03d}-{source.name}"
+        shutil.copyfile(source, target)
+        names.append(str(target))
+    return names
+
+
+def whole_process(tmp: Path, runs: int, peers: Path) -> list[str]:
+    mdc = [sys.executable, "-m", "mdc"]
+    schema = tmp / "schema.json"
+    schema.write_text(subprocess.run([*mdc, "schema"], check=True, capture_output=True,
+                                     text=True, cwd=ROOT, env=bench_env()).stdout)
+    one = [str(ROOT / "examples" / "quickstart.toml")]
+    hundred = spec_files(100, tmp / "specs")
+    (tmp / "train.py").write_text("print('train')\n")
+    (tmp / "ddp.toml").write_text(DDP_SPEC)
+    dry = subprocess.run([str(peers / "torchx"), "run", "--dryrun", "-s", "slurm", "dist.ddp",
+                          "-j", "2x8", "--script", "train.py"], cwd=tmp, env=bench_env(),
+                         capture_output=True, text=True, check=True)
+    assert "--nnodes 2 --nproc_per_node 8" in dry.stdout and "#SBATCH" in dry.stdout, dry.stdout
+    check = [str(peers / "check-jsonschema"), "--schemafile", str(schema)]
+    torchx = [str(peers / "torchx"), "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "2x8",
+              "--script", "train.py"]
+    rows = [
+        ("`mdc validate` 1 spec", "check-jsonschema, 1 spec",
+         [*mdc, "validate", *one], [*check, *one]),
+        ("`mdc validate` 100 specs", "check-jsonschema, 100 specs",
+         [*mdc, "validate", *hundred], [*check, *hundred]),
+        ("`mdc compile` 2x8 torchrun on SLURM", "`torchx run --dryrun -s slurm dist.ddp -j 2x8`",
+         [*mdc, "compile", "ddp.toml", "-o", "out"], torchx),
+    ]
+    results = alternate([(r[2], r[3]) for r in rows], runs, tmp)
+    lines = [("| work | mdc wall | peer wall | ratio | mdc CPU | peer CPU | ratio | "
+             "mdc RSS | peer RSS |"), "|---|---|---|---|---|---|---|---|---|"]
+    for (label, peer_label, _, _), (ours, theirs) in zip(rows, results):
+        wall = (med(ours, lambda s: s.wall), med(theirs, lambda s: s.wall))
+        cpu = (med(ours, lambda s: s.cpu), med(theirs, lambda s: s.cpu))
+        rss = (med(ours, lambda s: s.rss), med(theirs, lambda s: s.rss))
+        lines.append(f"| {label} vs {peer_label} | {wall[0]:.3f} s | {wall[1]:.3f} s | "
+                     f"{wall[0] / wall[1]:.2f} | {cpu[0]:.3f} s | {cpu[1]:.3f} s | "
+                     f"{cpu[0] / cpu[1]:.2f} | {rss[0]:.0f} MiB | {rss[1]:.0f} MiB |")
+    floor = [run_once([sys.executable, "-c", "pass"], ROOT) for _ in range(runs)]
+    jsonschema = [run_once([sys.executable, "-c", "import jsonschema"], ROOT)
+                  for _ in range(runs)]
+    lines += ["", (f"Floors (median CPU): `python -c pass` {med(floor, lambda s: s.cpu):.3f} s, "
+              f"`python -c 'import jsonschema'` {med(jsonschema, lambda s: s.cpu):.3f} s.")]
+    return lines
+
+
+def in_process(tmp: Path, runs: int) -> list[str]:
+    files = [str(p) for p in sorted((tmp / "specs").iterdir())]
+    samples = [json.loads(subprocess.run([sys.executable, "-c", IN_PROCESS, *files], check=True,
+                                         capture_output=True, text=True, cwd=ROOT,
+                                         env=bench_env()).stdout) for _ in range(runs)]
+
+    def m(key: str) -> float:
+        return statistics.median(s[key] for s in samples) * 1000
+
+    return ["| in one process, CPU time (median of runs) | ms |", "|---|---|",
+            f"| import mdc.pipeline + mdc.plugin_manager | {m('import'):.1f} |",
+            f"| load_plugins() (entry points; built-ins deferred) | {m('load_plugins'):.1f} |",
+            f"| Compiler(plugins) | {m('compiler'):.1f} |",
+            f"| first compile (imports its plugins, builds the validator) | {m('first'):.1f} |",
+            f"| per spec once warm, median of the 100 | {m('median'):.2f} |",
+            f"| the 100 specs once warm, total | {m('total'):.1f} |",
+            f"| of which reading the files (loaders) | {m('load'):.1f} |",
+            f"| of which the schema check | {m('schema'):.1f} |",
+            (f"| of which planning, plugin checks and building the tree (by difference) | "
+            f"{m('total') - m('load') - m('schema'):.1f} |")]
+
+
+def big_plan(runs: int) -> list[str]:
+    plans = [subprocess.run([sys.executable, "-c", BIG_PLAN], check=True, capture_output=True,
+                            text=True, cwd=ROOT, env=bench_env()).stdout.split()
+             for _ in range(runs)]
+    plan_s = statistics.median(float(p[0]) for p in plans)
+    peak = statistics.median(float(p[2]) for p in plans)
+    return [(f"| plan for 131,072 nodes x 8 GPUs (1,048,576 ranks; megatron tp 8, pp 16, cp 2), "
+            f"imports excluded | {plan_s * 1000:.1f} ms | {peak:.0f} MiB peak RSS, whole "
+            "process |")]
+
+
+def artifact_sizes(tmp: Path) -> list[str]:
+    paths = []
+    for backend in ("slurm", "kubernetes"):
+        for nnodes in (2, 1024, 131072):
+            path = tmp / f"{backend}-{nnodes}.toml"
+            path.write_text(SIZED_SPEC.format(backend=backend, nnodes=nnodes))
+            paths.append(str(path))
+    out = subprocess.run([sys.executable, "-c", SIZES, *paths], check=True, capture_output=True,
+                         text=True, cwd=ROOT, env=bench_env()).stdout.split("\n")
+    sizes = {Path(line.split()[0]).stem: (int(line.split()[1]), int(line.split()[2]))
+             for line in out if line}
+    lines = ["| backend | nnodes 2 | nnodes 1024 | nnodes 131072 | grows with nnodes? |",
+             "|---|---|---|---|---|"]
+    for backend in ("slurm", "kubernetes"):
+        row = [sizes[f"{backend}-{n}"] for n in (2, 1024, 131072)]
+        grows = "**yes**" if row[2][0] > row[0][0] + 64 else "no"
+        cells = " | ".join(f"{b:,} bytes ({files} files)" for b, files in row)
+        lines.append(f"| {backend} | {cells} | {grows} |")
+    return lines
+
+
+def import_breakdown(tmp: Path) -> list[str]:
+    """Cumulative import time of `mdc validate`'s heaviest modules, from -X importtime."""
+    spec = str(ROOT / "examples" / "quickstart.toml")
+    runs = [subprocess.run([sys.executable, "-X", "importtime", "-m", "mdc", "validate", spec],
+                           check=True, capture_output=True, text=True, cwd=ROOT,
+                           env=bench_env()).stderr for _ in range(5)]
+    per_module: dict[str, list[int]] = {}
+    totals = []
+    for text in runs:
+        total = 0
+        for line in text.splitlines():
+            parts = line.split("|")
+            if not line.startswith("import time:") or len(parts) != 3 or "self" in parts[0]:
+                continue
+            cumulative, name = int(parts[1]), parts[2].strip()
+            depth = (len(parts[2]) - len(parts[2].lstrip()) - 1) // 2
+            total += cumulative if depth == 0 else 0
+            if depth <= 2:
+                per_module.setdefault(name, []).append(cumulative)
+        totals.append(total)
+    top = sorted(((statistics.median(v), k) for k, v in per_module.items() if len(v) == 5),
+                 reverse=True)[:16]
+    lines = [(f"Imports of `mdc validate examples/quickstart.toml`: "
+             f"{statistics.median(totals) / 1000:.0f} ms in all (median of 5; modules "
+             "imported by `importlib.import_module`, as plugins are, are counted only "
+             "through what they import)."), "", "| module (nesting <= 2) | cumulative ms |",
+             "|---|---|"]
+    lines += [f"| {name} | {us / 1000:.1f} |" for us, name in top]
+    return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--runs", type=int, default=11, help="runs per measurement (>= 1)")
     args = parser.parse_args()
-    mdc = [sys.executable, "-m", "mdc"]
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, argv in (
-            (f"mdc validate {EXAMPLE}", [*mdc, "validate", EXAMPLE]),
-            (f"mdc compile {EXAMPLE}", [*mdc, "compile", EXAMPLE, "-o", f"{tmp}/out"]),
-            ("python -c pass (interpreter floor)", [sys.executable, "-c", "pass"]),
-        ):
-            wall, rss = median_of(argv, args.runs)
-            rows.append((label, f"{wall:.3f} s", f"{rss:.0f} MiB"))
-    plans = [subprocess.run([sys.executable, "-c", BIG_PLAN], check=True, capture_output=True,
-                            text=True, cwd=ROOT).stdout.split() for _ in range(args.runs)]
-    plan_s = statistics.median(float(p[0]) for p in plans)
-    peak = statistics.median(float(p[2]) for p in plans)
-    rows.append(("plan 131,072 nodes x 8 (tp 8, pp 16, cp 2; imports excluded)",
-                 f"{plan_s:.4f} s", f"{peak:.0f} MiB peak RSS (whole process)"))
-    print(f"median of {args.runs} runs, {sys.version.split()[0]}\n")
-    print("| what | time | memory |\n|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
+    peers = ensure_peers()
+    report = [(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}; median of {args.runs} alternating runs."), ""]
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        report += whole_process(tmp, args.runs, peers) + [""]
+        report += in_process(tmp, args.runs) + [""]
+        report += ["| what | time | memory |", "|---|---|---|", *big_plan(args.runs), ""]
+        report += ["Artifact tree size (bytes of every file, torchrun, 8 per node):", ""]
+        report += artifact_sizes(tmp) + [""]
+        report += import_breakdown(tmp)
+    text = "\n".join(report) + "\n"
+    (BENCH / "results").mkdir(exist_ok=True)
+    (BENCH / "results" / "latest.md").write_text(text, encoding="utf-8")
+    print(text, end="")
 
 
 if __name__ == "__main__":

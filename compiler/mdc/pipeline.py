@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import attrs
 
 from mdc import emit
-from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, TrainingSetup
+from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Role, TrainingSetup
 from mdc.convert import make_converter, structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
@@ -24,7 +24,7 @@ from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plugin_manager import PluginSet, Registered
-from mdc.schema import SchemaChecker, compose
+from mdc.schema import ComposedChecker
 
 T = TypeVar("T")
 
@@ -61,12 +61,17 @@ class Compiled:
 class Compiler:
     def __init__(self, plugins: PluginSet) -> None:
         self.plugins = plugins
-        tables = plugins.tables()
-        self.schema = compose({name: reg.record.schema for name, reg in tables.items()},
-                              plugins.launchers, plugins.backends)
-        self.checker = SchemaChecker(self.schema)
+        # A plugin is imported when a spec needs it: its table, launcher or backend.
+        self.checker = ComposedChecker([*plugins.launchers, *plugins.backends],
+                                       lambda name: plugins.table(name).record.schema,
+                                       plugins.launchers, plugins.backends)
         self.converter = make_converter()
-        self.option_types = {name: reg.record.options_type for name, reg in tables.items()}
+        self.option_types = plugins.option_types()
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The composed JSON Schema: every plugin's table (imports every plugin)."""
+        return self.checker.schema
 
     def compile(self, path: str | Path) -> Compiled:
         """Compile one spec file in memory; raises SpecError or PluginError.
@@ -166,7 +171,11 @@ class Compiler:
         self._check_launch(launcher_reg, plan, launch, doc)
         _call(launcher_reg, "emit", lambda: emit.check_paths(launch.files))
         # the backend sees every file a node needs: the role scripts, then the launcher's
-        launched = attrs.evolve(launch, files=(*render_launch(plan, launch), *launch.files))
+        # (a launcher file that takes a role script's path, or a word that is not one, is
+        # the launcher's fault, found before the backend runs)
+        launched = attrs.evolve(launch, files=_call(launcher_reg, "emit", lambda: (
+            *render_launch(plan, launch), *launch.files)))
+        _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
         own = [*launched.files, Artifact.json("plan.json", plan_json(plan, launch))]
         scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
             plan, launched, plan.options.get(backend.name))))
@@ -182,6 +191,11 @@ class Compiler:
         if not isinstance(launch, Launch):
             raise PluginError(reg.origin, "emit", f"returned {type(launch).__name__}, "
                               "expected mdc.api.Launch")
+        if not (isinstance(launch.roles, (tuple, list)) and isinstance(launch.files, (tuple, list))
+                and all(isinstance(r, Role) for r in launch.roles)
+                and all(isinstance(f, Artifact) for f in launch.files)):
+            raise PluginError(reg.origin, "emit", "returned a Launch whose roles are not all "
+                              "mdc.api.Role or whose files are not all mdc.api.Artifact")
         wanted = sorted(r.name for r in plan.roles)
         given = sorted(r.name for r in launch.roles)
         if wanted != given:

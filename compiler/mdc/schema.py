@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import resources
-from typing import Any
-
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from mdc.errors import Diagnostic, Severity, join_pointer
 from mdc.loaders import LoadedDocument
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
 
 CORE_SCHEMA = "job.v1.schema.json"
 
@@ -76,23 +78,83 @@ def _is_integer(checker: object, instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-#: Draft 2020-12, except that only true integers are integers.
-Validator = validators.extend(
-    Draft202012Validator,
-    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+@functools.cache
+def validator_class() -> Any:
+    """Draft 2020-12, except that only true integers are integers (imported when first used)."""
+    from jsonschema import Draft202012Validator, validators
+    return validators.extend(
+        Draft202012Validator,
+        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+
+
+def nul_characters(doc: LoadedDocument) -> Iterator[Diagnostic]:
+    """MDC106 for every key or string holding a NUL: no script, config or YAML can carry one.
+
+    Iterative, so a deeply nested document costs no recursion; paths are built only when
+    a first pass found a NUL, so a huge document costs no more than one walk.
+    """
+    values: list[object] = [doc.data]
+    while values:
+        value = values.pop()
+        if isinstance(value, str):
+            if "\0" in value:
+                break
+        elif isinstance(value, dict):
+            if any(isinstance(key, str) and "\0" in key for key in value):
+                break
+            values.extend(value.values())
+        elif isinstance(value, list):
+            values.extend(value)
+    else:
+        return
+    stack: list[tuple[object, list[str | int]]] = [(doc.data, [])]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if "\0" in value:
+                yield Diagnostic(
+                    severity=Severity.ERROR, code="MDC106", location=doc.locate(join_pointer(path)),
+                    message=f"{value[:40]!r} contains a NUL character (\\x00), which no launch "
+                            "script, config file or YAML document can carry",
+                    hint="remove the NUL character")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and "\0" in key:
+                    yield Diagnostic(
+                        severity=Severity.ERROR, code="MDC106",
+                        location=doc.locate(join_pointer([*path, key]), key=True),
+                        message=f"the key {key[:40]!r} contains a NUL character (\\x00)",
+                        hint="remove the NUL character")
+                stack.append((item, [*path, key]))
+        elif isinstance(value, list):
+            stack.extend((item, [*path, index]) for index, item in enumerate(value))
 
 
 class SchemaChecker:
-    """Validates documents against one composed schema (built once, reused per file)."""
+    """Validates documents against one composed schema (built once, reused per file).
+
+    A document :func:`surely_valid` proves valid has no schema errors; any other is
+    validated by jsonschema, whose errors become the diagnostics. jsonschema (a third of
+    a valid spec's start-up) is imported only then.
+    """
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.schema = schema
-        self.validator = Validator(schema)
+        self._validator: Any = None
+
+    @property
+    def validator(self) -> Any:
+        if self._validator is None:
+            self._validator = validator_class()(self.schema)
+        return self._validator
 
     def check(self, doc: LoadedDocument) -> list[Diagnostic]:
         found: list[Diagnostic] = []
-        for error in self.validator.iter_errors(doc.data):
+        errors = () if surely_valid(doc.data, self.schema) else self.validator.iter_errors(doc.data)
+        for error in errors:
             found.extend(self._diagnose(error, doc))
+        seen = {d.location.pointer for d in found}
+        found.extend(d for d in nul_characters(doc) if d.location.pointer not in seen)
         return found
 
     def _diagnose(self, error: ValidationError, doc: LoadedDocument) -> Iterator[Diagnostic]:
@@ -170,3 +232,187 @@ def _got(value: object) -> str:
 def _short(value: object, limit: int = 60) -> str:
     text = json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ComposedChecker:
+    """Validates documents against the composed schema, fetching plugin fragments as needed.
+
+    A table a document does not have cannot produce an error, so a plugin's fragment is
+    fetched (and its plugin imported) only when a document has its table; the other
+    tables are placeholders. Unknown top-level keys are reported with every allowed key
+    (the hint lists them), so a document with one fetches every fragment first. The
+    diagnostics are those of the fully composed schema; the validator is rebuilt only
+    when a new fragment arrives.
+    """
+
+    def __init__(self, tables: Iterable[str], fragment: Callable[[str], Mapping[str, Any] | None],
+                 launchers: Iterable[str], backends: Iterable[str]) -> None:
+        self.tables = tuple(sorted(tables))
+        self._fragment = fragment
+        self._launchers, self._backends = tuple(launchers), tuple(backends)
+        self._core = frozenset(core_schema()["properties"])
+        self._fetched: dict[str, Mapping[str, Any] | None] = {}
+        self._checker: SchemaChecker | None = None
+
+    def check(self, doc: LoadedDocument) -> list[Diagnostic]:
+        keys = list(doc.data) if isinstance(doc.data, dict) else []
+        wanted = [k for k in keys if k in self.tables and k not in self._fetched]
+        for name in wanted:
+            self._fetched[name] = self._fragment(name)
+        if any(k not in self._core and self._fetched.get(k) is None for k in keys):
+            wanted += self._fetch_all()
+        if wanted or self._checker is None:
+            placeholders: dict[str, Mapping[str, Any] | None] = {name: {} for name in self.tables}
+            self._checker = SchemaChecker(compose({**placeholders, **self._fetched},
+                                                  self._launchers, self._backends))
+        return self._checker.check(doc)
+
+    def _fetch_all(self) -> list[str]:
+        missing = [name for name in self.tables if name not in self._fetched]
+        for name in missing:
+            self._fetched[name] = self._fragment(name)
+        return missing
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The fully composed schema (fetches every fragment)."""
+        self._fetch_all()
+        return compose(self._fetched, self._launchers, self._backends)
+
+
+#: Keywords that never make a document invalid.
+_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "default",
+                          "examples", "deprecated", "format", "readOnly", "writeOnly"})
+_TYPES: dict[str, Callable[[object], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+
+def surely_valid(instance: object, schema: object) -> bool:
+    """True only if ``instance`` is valid against ``schema`` as :func:`validator_class`
+    validates it. False if it is not, or if the schema uses a keyword or a value this
+    quick check does not know: the verdict (and every diagnostic) is then jsonschema's."""
+    if schema is True:
+        return True
+    if not isinstance(schema, dict):
+        return False
+    for keyword, value in schema.items():
+        if keyword in _ANNOTATIONS:
+            continue
+        check = _KEYWORDS.get(keyword)
+        if check is None or not check(instance, value, schema):
+            return False
+    return True
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _same(one: object, two: object) -> bool:
+    """JSON equality of scalars (``true`` is not ``1``; ``1`` is ``1.0``)."""
+    if _number(one) and _number(two):
+        return one == two
+    return type(one) is type(two) and one == two
+
+
+Keyword = Callable[[object, Any, Mapping[str, Any]], bool]
+
+
+def _type(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    names = value if isinstance(value, list) else [value]
+    return any(name in _TYPES and _TYPES[name](instance) for name in names)
+
+
+def _enum(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if isinstance(instance, (dict, list)) or not isinstance(value, list):
+        return False
+    return any(_same(instance, choice) for choice in value)
+
+
+def _bound(test: Callable[[Any, Any], bool]) -> Keyword:
+    def check(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+        return not _number(instance) or (_number(value) and test(instance, value))
+    return check
+
+
+def _length(test: Callable[[int, Any], bool]) -> Keyword:
+    def check(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+        if not isinstance(instance, str):
+            return True
+        return isinstance(value, int) and test(len(instance), value)
+    return check
+
+
+def _pattern(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if not isinstance(instance, str):
+        return True
+    return isinstance(value, str) and re.search(value, instance) is not None
+
+
+def _required(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    return not isinstance(instance, dict) or all(key in instance for key in value)
+
+
+def _properties(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    return not isinstance(instance, dict) or all(
+        surely_valid(item, value[key]) for key, item in instance.items() if key in value)
+
+
+def _additional(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if not isinstance(instance, dict):
+        return True
+    if "patternProperties" in schema:
+        return False
+    named = schema.get("properties", {})
+    return all(surely_valid(item, value) for key, item in instance.items() if key not in named)
+
+
+def _items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if not isinstance(instance, list):
+        return True
+    return "prefixItems" not in schema and all(surely_valid(item, value) for item in instance)
+
+
+def _property_names(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    return not isinstance(instance, dict) or all(surely_valid(key, value) for key in instance)
+
+
+def _one_of(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    # Sure only when one branch is proven valid and every other is ruled out by its type.
+    if not isinstance(value, list):
+        return False
+    proven = [surely_valid(instance, branch) for branch in value]
+    return proven.count(True) == 1 and all(
+        ok or (isinstance(branch, dict) and "type" in branch and
+               not _type(instance, branch["type"], branch))
+        for ok, branch in zip(proven, value))
+
+
+def _min_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    return not isinstance(instance, list) or (isinstance(value, int) and len(instance) >= value)
+
+
+def _unique_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if not isinstance(instance, list) or value is False:
+        return True
+    return value is True and all(isinstance(i, str) for i in instance) and \
+        len(set(instance)) == len(instance)
+
+
+_KEYWORDS: dict[str, Keyword] = {
+    "type": _type, "enum": _enum,
+    "minimum": _bound(lambda v, b: v >= b), "maximum": _bound(lambda v, b: v <= b),
+    "exclusiveMinimum": _bound(lambda v, b: v > b),
+    "exclusiveMaximum": _bound(lambda v, b: v < b),
+    "minLength": _length(lambda n, b: n >= b), "maxLength": _length(lambda n, b: n <= b),
+    "pattern": _pattern, "required": _required, "properties": _properties,
+    "additionalProperties": _additional, "items": _items, "propertyNames": _property_names,
+    "oneOf": _one_of, "minItems": _min_items, "uniqueItems": _unique_items,
+}

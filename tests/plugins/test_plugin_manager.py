@@ -430,3 +430,120 @@ def test_a_broken_entry_point_is_skipped_without_autoload(
         broken_distribution: Path, clean_env: Callable[..., dict[str, str]]) -> None:
     done = run_validate(broken_distribution, clean_env, MDC_DISABLE_PLUGIN_AUTOLOAD="1")
     assert (done.returncode, done.stderr) == (0, "")
+
+
+# ---------------------------------------------------------------- deferred built-ins
+
+
+def test_the_builtin_lists_match_what_each_builtin_registers() -> None:
+    """Each built-in entry point registers one record, named after it, of the listed kind."""
+    from mdc.plugin_manager import BUILTIN_BACKENDS, BUILTIN_LAUNCHERS
+    eager = load_plugins(autoload=False, lazy=False)
+    for name, reg in eager.tables().items():
+        assert reg.origin.entry_point == f"{name} = mdc_builtin.{reg.kind}s.{name}"
+    assert tuple(eager.launchers) == BUILTIN_LAUNCHERS
+    assert tuple(eager.backends) == BUILTIN_BACKENDS
+
+
+def test_a_deferred_builtin_equals_the_eagerly_loaded_one() -> None:
+    lazy, eager = load_plugins(autoload=False), load_plugins(autoload=False, lazy=False)
+    assert list(lazy.launchers) == list(eager.launchers)
+    assert list(lazy.backends) == list(eager.backends)
+    assert lazy.plugins == eager.plugins
+    for name, reg in eager.tables().items():
+        deferred = lazy.table(name)
+        assert (deferred.kind, deferred.origin) == (reg.kind, reg.origin)
+        assert deferred.record.schema == reg.record.schema
+        assert deferred.record.options_type is reg.record.options_type
+    assert dict(lazy.option_types()) == {n: r.record.options_type
+                                         for n, r in eager.tables().items()}
+
+
+def test_the_composed_schema_is_the_same_with_deferred_builtins() -> None:
+    assert Compiler(load_plugins(autoload=False)).schema == \
+        Compiler(load_plugins(autoload=False, lazy=False)).schema
+
+
+DIAGNOSTIC_CASES = sorted(p for p in (REPO / "golden" / "diagnostics").glob("*/spec.*"))
+
+
+@pytest.mark.parametrize("spec", DIAGNOSTIC_CASES, ids=lambda p: p.parent.name)
+def test_deferred_builtins_give_the_same_diagnostics(spec: Path) -> None:
+    """A fresh compiler that imports plugins on demand reports what the eager one does."""
+    def diagnostics(lazy: bool) -> list[str]:
+        compiler = Compiler(load_plugins(autoload=False, lazy=lazy))
+        try:
+            return [d.render() for d in compiler.compile(spec).diagnostics]
+        except SpecError as exc:
+            return [d.render() for d in exc.diagnostics]
+    assert diagnostics(True) == diagnostics(False)
+
+
+def test_an_unknown_table_lists_every_plugin_table(tmp_path: Path) -> None:
+    """The hint for an unknown top-level key names the tables of plugins not yet imported."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[job]\nname = "x"\ncommand = ["python", "t.py"]\n[distributed]\n'
+                    'launcher = "torchrun"\nnnodes = 1\nnproc_per_node = 1\n[torchrn]\n'
+                    'rdzv_backend = "static"\n[slurmm]\npartition = "p"\n')
+    with pytest.raises(SpecError) as failed:
+        Compiler(load_plugins(autoload=False)).compile(spec)
+    hints = {d.location.pointer: d.hint for d in failed.value.diagnostics}
+    assert hints == {"/torchrn": "did you mean 'torchrun'?", "/slurmm": "did you mean 'slurm'?"}
+
+
+def test_a_name_clash_with_a_deferred_builtin_loads_everything() -> None:
+    """The clash is reported exactly as when every plugin is imported up front."""
+    with pytest.raises(PluginError) as lazy:
+        load(("impostor", backend_plugin(BackendSpec(
+            name="torchrun", description="d", emit=lambda plan, launch, opts: []))))
+    with pytest.raises(PluginError) as eager:
+        load(("impostor", backend_plugin(BackendSpec(
+            name="torchrun", description="d", emit=lambda plan, launch, opts: []))), lazy=False)
+    assert str(lazy.value) == str(eager.value) and "mdc-compiler" in str(lazy.value)
+
+
+def test_the_entry_point_scan_agrees_with_importlib_metadata(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from mdc.plugin_manager import _from_metadata, _scan
+
+    def listed(found: Sequence[Any] | None) -> list[tuple[str, str, str, str]]:
+        assert found is not None
+        return sorted((e.name, e.value, e.distribution, e.version) for e in found)
+
+    assert listed(_scan("mdc")) == listed(_from_metadata("mdc"))
+    site = tmp_path / "site"
+    for dist, body in (("Other_Plug-2.0.dist-info", ("[mdc]\nother = other_mod:plugin [extra]\n"
+                                                    "# a comment\n[console_scripts]\nx = y\n")),
+                       ("legacy_plug-0.3.egg-info", "[mdc]\nlegacy=legacy_mod\n")):
+        (site / dist).mkdir(parents=True)
+        (site / dist / "entry_points.txt").write_text(body)
+        meta = "METADATA" if dist.endswith("dist-info") else "PKG-INFO"
+        name, version = dist.rsplit(".", 1)[0].split("-")
+        (site / dist / meta).write_text(f"Metadata-Version: 2.1\nName: {name}\n"
+                                        f"Version: {version}\n\nName: not-a-header\n")
+    monkeypatch.syspath_prepend(str(site))
+    assert listed(_scan("mdc")) == listed(_from_metadata("mdc"))
+    assert ("other", "other_mod:plugin [extra]", "Other_Plug", "2.0") in listed(_scan("mdc"))
+
+
+def test_the_scan_defers_to_importlib_metadata_for_a_zip_on_the_path(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from mdc.plugin_manager import _scan
+    archive = tmp_path / "plugins.zip"
+    archive.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip archive
+    monkeypatch.syspath_prepend(str(archive))
+    assert _scan("mdc") is None
+
+
+@pytest.mark.slow
+def test_validate_imports_only_what_the_spec_needs(
+        clean_env: Callable[..., dict[str, str]]) -> None:
+    """A TOML torchrun/local spec: two built-ins imported, no YAML parser, no metadata parser."""
+    code = ("import sys; from mdc.cli import main\n"
+            "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('mdc_builtin.', 'ruamel', "
+            "'importlib.metadata', 'email'))))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == str(["mdc_builtin.backends", "mdc_builtin.backends.local",
+                                       "mdc_builtin.launchers", "mdc_builtin.launchers.torchrun"])

@@ -145,3 +145,9 @@ def test_findings(compiler: Compiler, tmp_path: Path) -> None:
     found = codes(compiler, tmp_path, spec(trainjob={"image_pull_policy": "Always",
                                                      "priority_class": "high"}))
     assert "MDC483" in found
+
+
+@pytest.mark.parametrize("name", ["Node_X", "a$(touch /tmp/x)", "n" * 70])
+def test_replicated_job_must_be_a_dns_label(compiler: Compiler, tmp_path: Path, name: str) -> None:
+    """It names the pods (<job>-<replicatedJob>-0-<i>): reported where it is written."""
+    assert codes(compiler, tmp_path, spec(trainjob={"replicated_job": name})) == {"MDC461"}

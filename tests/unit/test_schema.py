@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -16,11 +19,14 @@ from jsonschema.validators import validator_for
 
 from mdc.cli import main
 from mdc.convert import EDITOR_SCHEMA_KEY
+from mdc.errors import SpecError
+from mdc.loaders import load_text
 from mdc.plugin_manager import PluginSet, load_plugins
-from mdc.schema import CORE_SCHEMA, compose, core_schema
+from mdc.schema import CORE_SCHEMA, ComposedChecker, SchemaChecker, compose, core_schema
 from mdc.spec import CORE_TABLES, JobSpec
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def schema_files() -> list[Traversable]:
@@ -171,3 +177,108 @@ def test_plugin_option_types_match_their_fragments(plugins: PluginSet) -> None:
             f"{record.options_type.__name__} and the [{name}] schema disagree")
         checked.append(name)
     assert "torchrun" in checked
+
+
+# ---------------------------------------------------------------- fragments fetched on demand
+
+FRAGMENTS: dict[str, dict[str, Any] | None] = {
+    "alpha": {"type": "object", "additionalProperties": False,
+              "properties": {"size": {"type": "integer", "description": "A size."}}},
+    "beta": {"type": "object", "additionalProperties": False, "properties": {}},
+    "gamma": None,
+}
+HEAD = '[job]\nname = "x"\ncommand = ["t"]\n[distributed]\nlauncher = "alpha"\n'
+
+
+def composed_checker() -> tuple[ComposedChecker, list[str]]:
+    fetched: list[str] = []
+
+    def fragment(name: str) -> dict[str, Any] | None:
+        fetched.append(name)
+        return FRAGMENTS[name]
+    return ComposedChecker(FRAGMENTS, fragment, ["alpha"], ["beta", "gamma"]), fetched
+
+
+@pytest.mark.parametrize("text", [
+    HEAD, HEAD + "[alpha]\nsize = 2\n", HEAD + '[alpha]\nsize = "2"\n',
+    HEAD + "[alpha]\nsise = 2\n", HEAD + "[gamma]\nx = 1\n", HEAD + "[betta]\n",
+    HEAD.replace('"alpha"', '"alpah"'), "job = 1\n"])
+def test_fetching_on_demand_reports_what_the_full_schema_does(text: str) -> None:
+    doc = load_text(text, "spec.toml", "toml")
+    full = SchemaChecker(compose(FRAGMENTS, ["alpha"], ["beta", "gamma"])).check(doc)
+    checker, _ = composed_checker()
+    assert checker.check(doc) == full
+
+
+def test_only_the_tables_a_document_has_are_fetched() -> None:
+    checker, fetched = composed_checker()
+    checker.check(load_text(HEAD, "spec.toml", "toml"))
+    assert fetched == []
+    checker.check(load_text(HEAD + "[alpha]\n", "spec.toml", "toml"))
+    assert fetched == ["alpha"]
+    validator = checker._checker
+    checker.check(load_text(HEAD + "[alpha]\nsize = 1\n", "spec.toml", "toml"))
+    assert fetched == ["alpha"] and checker._checker is validator  # built once, reused
+    checker.check(load_text(HEAD + "[unknown]\n", "spec.toml", "toml"))
+    assert sorted(fetched) == ["alpha", "beta", "gamma"]  # the hint lists every table
+    assert checker.schema == compose(FRAGMENTS, ["alpha"], ["beta", "gamma"])
+
+
+# ---------------------------------------------------------------- the quick validity check
+
+SPEC_FILES = sorted([*(REPO_ROOT / "examples").glob("*.toml"), *(REPO_ROOT / "examples").glob(
+    "*.yaml"), *(REPO_ROOT / "examples").glob("*.json"),
+    *(REPO_ROOT / "golden" / "diagnostics").glob("*/spec.*")])
+REPLACEMENTS: list[object] = [None, True, False, 0, -1, 2, 1.5, "", "x", "A b", [], ["x"],
+                              [1], {}, {"x": 1}]
+
+
+def mutations(data: object) -> Iterator[object]:
+    """``data`` with one value replaced, one key dropped or one unknown key added."""
+    if isinstance(data, dict):
+        yield {**data, "zz_unknown": 1}
+        for key, value in data.items():
+            yield {k: v for k, v in data.items() if k != key}
+            for other in [*REPLACEMENTS, *mutations(value)]:
+                yield {**data, key: other}
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            for other in [*REPLACEMENTS, *mutations(value)]:
+                yield [*data[:index], other, *data[index + 1:]]
+
+
+@pytest.fixture(scope="module")
+def full_schema() -> dict[str, Any]:
+    from mdc.pipeline import Compiler
+    return Compiler(load_plugins(autoload=False)).schema
+
+
+@pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_the_quick_check_never_passes_what_jsonschema_rejects(
+        path: Path, full_schema: dict[str, Any]) -> None:
+    """Differential: on every example, every diagnostics case and each one-edit mutation of
+    them, "surely valid" implies jsonschema finds no error; valid examples are proven."""
+    from mdc.loaders import load_file
+    from mdc.schema import surely_valid, validator_class
+    validator = validator_class()(full_schema)
+    try:
+        data = load_file(path).data
+    except SpecError:
+        return  # a syntax-error case: nothing reaches the schema
+    proven = surely_valid(data, full_schema)
+    assert not proven or not list(validator.iter_errors(data))
+    if path.parent.name == "examples":
+        assert proven, "a valid example takes jsonschema's slow path"
+    for mutated in mutations(data):
+        if surely_valid(mutated, full_schema):
+            assert not list(validator.iter_errors(mutated)), mutated
+
+
+@pytest.mark.slow
+def test_a_valid_spec_does_not_import_jsonschema(clean_env: Any) -> None:
+    code = ("import sys; from mdc.cli import main\n"
+            "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
+            "print('jsonschema' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(),
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"

@@ -7,6 +7,7 @@ suggesting values that would work; all are collected before returning.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from collections.abc import Callable
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
@@ -60,6 +61,22 @@ class _Findings:
         return any(d.is_error for d in self.items)
 
 
+def _command(spec: JobSpec, found: _Findings) -> None:
+    """A command string must split into words as a shell would (MDC213)."""
+    command = spec.job.command
+    if not isinstance(command, str):
+        return
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        found.add("MDC213", f"command {command[:80]!r} does not split into words: {exc}",
+                  "/job/command", "close the quote, or write the command as a list of words")
+        return
+    if not words:
+        found.add("MDC213", f"command {command[:80]!r} holds no words", "/job/command",
+                  'name the program to run, e.g. command = ["python", "train.py"]')
+
+
 def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: Locate,
                serving: bool = False,
                training: TrainingSetup | None = None,
@@ -77,6 +94,7 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
     dist = spec.distributed
     nnodes = dist.nnodes or 1
     nproc = dist.nproc_per_node or 1
+    _command(spec, found)
     min_nnodes = dist.min_nnodes or nnodes
     if min_nnodes > nnodes:
         found.add("MDC208", f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",

@@ -123,8 +123,12 @@ def emit(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[Ar
 def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "trainjob")
+    # the replicatedJob names pods and hosts: a bad one is its own finding, not the job's
+    bad_replicated_job = k8s.dns_label_findings(
+        opts.replicated_job, "/trainjob/replicated_job", "[trainjob] replicated_job")
+    yield from bad_replicated_job
     longest = node_names(plan, opts).name(plan.nnodes - 1).split(".")[0]
-    if not RFC1035.fullmatch(plan.job.name) or len(longest) > 63:
+    if not RFC1035.fullmatch(plan.job.name) or (len(longest) > 63 and not bad_replicated_job):
         yield Finding(code="MDC480", pointer="/job/name",
                       message=f"the TrainJob name must be an RFC 1035 label and its pods are "
                               f"named <job>-{opts.replicated_job}-0-<i>; {longest!r} "
