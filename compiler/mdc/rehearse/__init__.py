@@ -8,9 +8,12 @@ written to a temporary directory (or ``--keep DIR``) and every node is started a
 process group, with the runtime variables its backend would give it, mapped to loopback:
 node *k* is host ``127.0.0.(k+1)`` in ``NODE_HOSTS``, node 0 is ``MASTER_ADDR``.
 
-- local, ssh, kubernetes, leaderworkerset, pytorchjob, trainjob: ``launch/<role>.sh`` with
-  ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_HOSTS`` (what local/run.sh and
-  ssh/run.sh pass, and what the pods' env plus node.sh amount to);
+- local, ssh, leaderworkerset: ``launch/<role>.sh`` with ``NODE_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT``, ``NODE_HOSTS`` (what local/run.sh and ssh/launch.sh pass, and what an LWS
+  pod's env plus its node.sh amount to: that node.sh derives NODE_HOSTS from DNS names);
+- kubernetes, pytorchjob, trainjob: the pod's own ``k8s/node.sh`` from the ConfigMap as
+  mounted, with the pod's variables (``JOB_COMPLETION_INDEX``, the operator's ``RANK`` or
+  ``PET_*``) plus ``MASTER_ADDR``, ``MASTER_PORT`` and ``NODE_HOSTS``;
 - slurm: the backend's own per-node task, ``slurm/node.sh``, with what srun and
   ``job.sbatch`` give it (``SLURM_NODEID``, ``SLURM_LOCALID=0``, ``SLURM_PROCID``,
   ``SLURM_JOB_NODELIST``, ``SLURM_JOB_NUM_NODES``, ``MDC_OUT``, ``MASTER_ADDR``,
