@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tomlkit.exceptions import KeyAlreadyPresent, TOMLKitError
 
 from mdc.errors import SpecError, join_pointer
-from mdc.loaders import LoadedDocument
+from mdc.loaders import MAX_DEPTH, LoadedDocument, load_text
 from mdc.loaders.toml import parse
 
 CORPUS = {
@@ -304,16 +304,41 @@ def test_unlocated_tomlkit_duplicate_still_reported(monkeypatch: pytest.MonkeyPa
     """When tomlkit and the scanner disagree, tomlkit's complaint stands, as MDC002."""
     def reject(text: str) -> None:
         raise KeyAlreadyPresent("a")
+    def refuse(text: str) -> None:  # tomlkit is asked only about what tomllib refused
+        raise tomllib.TOMLDecodeError("refused")
+    monkeypatch.setattr(tomllib, "loads", refuse)
     monkeypatch.setattr(tomlkit, "parse", reject)
     with pytest.raises(SpecError) as exc:
         parse("a = 1\n", "s.toml")
     assert single(exc) == ("MDC002", None, None, 'Key "a" already exists.')
 
 
-def test_nesting_limit_is_a_syntax_error() -> None:
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("toml", "a = " + "[" * 200 + "]" * 200 + "\n"),
+    ("json", '{"a": ' + "[" * 200 + "]" * 200 + "}"),
+    ("yaml", "a: " + "[" * 200 + "]" * 200 + "\n"),
+])
+def test_nesting_limit_is_a_syntax_error(fmt: str, text: str) -> None:
+    """Every format has the same limit, though tomllib and json read far deeper."""
     with pytest.raises(SpecError) as exc:
-        parse("a = " + "[" * 200 + "]" * 200 + "\n", "s.toml")
-    assert exc.value.diagnostics[0].code == "MDC001"
+        load_text(text, f"s.{fmt}", fmt)
+    (diag,) = exc.value.diagnostics
+    assert diag.code == "MDC001" and diag.message == f"nesting deeper than {MAX_DEPTH} levels"
+    assert diag.location.line == 1
+
+
+def test_nesting_at_the_limit_is_read() -> None:
+    """The document is level 0, a's outer list level 1, its innermost list level 64."""
+    text = "a = " + "[" * MAX_DEPTH + "]" * MAX_DEPTH + "\n"
+    assert load_text(text, "s.toml", "toml").data == {"a": _nested(MAX_DEPTH)}
+    deeper = "a = " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n"
+    with pytest.raises(SpecError) as exc:
+        load_text(deeper, "s.toml", "toml")
+    assert exc.value.diagnostics[0].location.pointer == "/a" + "/0" * MAX_DEPTH
+
+
+def _nested(depth: int) -> object:
+    return [] if depth == 1 else [_nested(depth - 1)]
 
 
 KEYS = st.text(alphabet="ab_-. /~\"'é#=", max_size=5)

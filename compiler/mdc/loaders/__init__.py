@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from mdc.errors import Diagnostic, Severity, SourceLocation, SpecError
+from mdc.errors import Diagnostic, Severity, SourceLocation, SpecError, escape_pointer_token
 
 Position = tuple[int, int]
 
@@ -23,6 +23,8 @@ FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 
 #: Specs are small; anything larger is a mistake, not a job.
 MAX_BYTES = 4 * 1024 * 1024
+#: A job spec nests a few levels; deeper is a mistake, whatever the format allows.
+MAX_DEPTH = 64
 
 
 @attrs.frozen(kw_only=True)
@@ -76,7 +78,28 @@ def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
         from mdc.loaders import json as parser  # type: ignore[no-redef]
     else:  # pragma: no cover - callers pass FORMATS values
         raise ValueError(fmt)
-    return parser.parse(text, path)
+    doc = parser.parse(text, path)
+    deep = _too_deep(doc.data)
+    if deep is not None:
+        where = doc.locate(deep)
+        raise syntax_error(path, f"nesting deeper than {MAX_DEPTH} levels", where.line,
+                           where.column, pointer=deep,
+                           hint="a job spec nests a few levels; check the brackets")
+    return doc
+
+
+def _too_deep(data: object) -> str | None:
+    """The pointer of the first value nested deeper than :data:`MAX_DEPTH`, if any."""
+    stack = [(data, "", 0)]
+    while stack:
+        value, here, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return here
+        if isinstance(value, dict):
+            stack += ((v, f"{here}/{escape_pointer_token(k)}", depth + 1) for k, v in value.items())
+        elif isinstance(value, list):
+            stack += ((v, f"{here}/{i}", depth + 1) for i, v in enumerate(value))
+    return None
 
 
 def load_file(path: str | Path) -> LoadedDocument:
@@ -99,6 +122,4 @@ def load_file(path: str | Path) -> LoadedDocument:
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise syntax_error(shown, "file is not valid UTF-8", line, 1, code="MDC001") from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    return load_text(text, shown, fmt)
+    return load_text(text.removeprefix("\ufeff"), shown, fmt)

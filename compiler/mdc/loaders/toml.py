@@ -1,8 +1,10 @@
-"""TOML loader: tomlkit reads the data, a small scanner finds the positions.
+"""TOML loader: the standard library reads the data, a small scanner finds the positions.
 
-tomlkit keeps no positions we can use, so :class:`_Scanner` walks the text
-again after tomlkit accepted it. The scanner assumes valid syntax but checks
-the rules on defining keys and tables itself: tomlkit reports some duplicates
+``tomllib`` keeps no positions, so :class:`_Scanner` walks the text again after
+it was accepted. A text ``tomllib`` refuses takes the thorough path: tomlkit,
+whose errors carry a line and column (and which also reads TOML 1.1, e.g.
+newlines in inline tables). The scanner assumes valid syntax but checks the
+rules on defining keys and tables itself: tomlkit reports some duplicates
 without a position and lets a few redefinitions through (``x.a = 1`` then
 ``[x.b]`` then ``[x]``), so the scanner's verdict on those is the one we use.
 """
@@ -14,9 +16,6 @@ import datetime
 import re
 import tomllib
 from collections.abc import Callable
-
-import tomlkit
-from tomlkit.exceptions import KeyAlreadyPresent, TOMLKitError
 
 from mdc.errors import SpecError, join_pointer
 from mdc.loaders import LoadedDocument, Position, duplicate_key, syntax_error
@@ -38,9 +37,9 @@ _VALUE, _HEADER, _IMPLICIT, _DOTTED, _AOT = "value", "header", "implicit", "dott
 def parse(text: str, path: str) -> LoadedDocument:
     """Parse TOML ``text``; raise :class:`SpecError` (MDC001/MDC002) if it is invalid."""
     try:
-        raw = tomlkit.parse(text).unwrap()
-    except (TOMLKitError, ValueError, RecursionError) as exc:
-        raise _translate(exc, text, path) from None
+        raw = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        raw = _read_thoroughly(text, path)
     scanner = _Scanner(text)
     try:
         scanner.run()
@@ -48,13 +47,18 @@ def parse(text: str, path: str) -> LoadedDocument:
         raise _duplicate_error(dup, path) from None
     except _ScanError:
         pass  # positions are a convenience: keep what was found
-    try:
-        # tomlkit misreads some arrays of tables ([[b]] then [b.b] then [[b.b.a]]);
-        # the standard library's TOML 1.0 reading is exact where it applies.
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        pass  # TOML 1.1 that tomlkit reads (e.g. newlines in inline tables)
     return LoadedDocument(path=path, data=_plain(raw), values=scanner.values, keys=scanner.keys)
+
+
+def _read_thoroughly(text: str, path: str) -> object:
+    """tomlkit's reading of a text ``tomllib`` refused: a located error, or TOML 1.1 data."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    try:
+        return tomlkit.parse(text).unwrap()
+    except (TOMLKitError, ValueError, RecursionError) as exc:
+        raise _translate(exc, text, path) from None
 
 
 def _plain(value: object) -> object:
@@ -72,6 +76,8 @@ def _plain(value: object) -> object:
 
 
 def _translate(exc: Exception, text: str, path: str) -> SpecError:
+    from tomlkit.exceptions import KeyAlreadyPresent
+
     if isinstance(exc, RecursionError):
         return syntax_error(path, "document is nested too deeply", None, None)
     message = _TRAILER.sub("", str(exc)) or type(exc).__name__

@@ -60,7 +60,7 @@ class RankGrid:
         varied = set(kind.split("-"))
         unknown = varied - set(self.axes)
         if unknown:
-            raise ValueError(f"unknown axis {sorted(unknown)[0]!r} in {kind!r}")
+            raise ValueError(f"unknown axis {min(unknown)!r} in {kind!r}")
         inner = tuple(i for i, a in enumerate(self.axes) if a in varied)
         outer = tuple(i for i, a in enumerate(self.axes) if a not in varied)
         strides = self.strides
@@ -115,7 +115,12 @@ class GroupSet:
                      for j in range(self.group_size))
 
     def __iter__(self) -> Iterator[tuple[int, ...]]:
-        return (self[i] for i in range(self.count))
+        # every group is its base plus the same offsets: compose those once
+        offsets = [_compose(j, self.inner_sizes, self.inner_strides)
+                   for j in range(self.group_size)]
+        for i in range(self.count):
+            base = _compose(i, self.outer_sizes, self.outer_strides)
+            yield tuple(base + offset for offset in offsets)
 
     def index_of(self, rank: int) -> int:
         """Which group ``rank`` belongs to."""
