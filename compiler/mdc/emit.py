@@ -11,7 +11,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from mdc.api import Artifact
 
@@ -27,17 +27,21 @@ def check_paths(artifacts: Iterable[Artifact], *, reserved: Iterable[str] = (MAN
     """The artifacts sorted by path; raises :class:`ArtifactError` on a bad or repeated path."""
     taken = set(reserved)
     seen: dict[str, Artifact] = {}
+    folders: set[str] = set()  # every folder an artifact lies in
     for artifact in artifacts:
         path = artifact.path
-        pure = PurePosixPath(path)
-        if (not path or pure.is_absolute() or "\\" in path or ".." in pure.parts
-                or str(pure) != path or path in taken or "\0" in path):
+        parts = path.split("/")
+        if (path in taken or path.startswith("/") or "\\" in path or "\0" in path
+                or any(part in ("", ".", "..") for part in parts)):
             raise ArtifactError(f"artifact path {path!r} must be a plain relative path inside out/")
         if path in seen:
             raise ArtifactError(f"artifact path {path!r} is produced twice")
-        if any(str(parent) in seen for parent in pure.parents if str(parent) != "."):
-            raise ArtifactError(f"artifact path {path!r} lies under another artifact")
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        if path in folders or any(parent in seen for parent in parents):
+            raise ArtifactError(f"artifact path {path!r} lies under another artifact, or "
+                                "another lies under it")
         seen[path] = artifact
+        folders.update(parents)
     return [seen[p] for p in sorted(seen)]
 
 
