@@ -1,66 +1,150 @@
-"""Structuring plain data into the spec model with one cattrs converter.
+"""Structuring plain data into the spec model and the plugins' options types.
 
 Runs only after the schema passed, so a failure here is mdc's bug (schema and
 model out of step), reported as an :class:`InternalError`.
+
+The types the model and options classes use (attrs classes, scalars, unions of
+scalars, optionals, tuples, lists, mappings, literals, enums) are structured by
+small functions built once per type. cattrs would generate and compile a
+function per class in every process, which cost more than checking a spec;
+it is imported only for a type outside that list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+import enum
+import functools
 import types
 import typing
+from collections import abc
+from collections.abc import Callable, Mapping
+from typing import Any
 
-import cattrs
-from cattrs.v import transform_error
+import attrs
 
 from mdc.errors import InternalError
 from mdc.spec import CORE_TABLES, JobSpec
 
-
-def make_converter() -> cattrs.Converter:
-    converter = cattrs.Converter(forbid_extra_keys=True)
-    # A command is one string or a list of strings; keep whichever was written.
-    converter.register_structure_hook(
-        str | tuple[str, ...],
-        lambda value, _: value if isinstance(value, str) else tuple(value),
-    )
-    # Unions of scalars (e.g. str | int | bool): the schema already checked the type.
-    converter.register_structure_hook_func(_is_scalar_union, lambda value, _: value)
-    return converter
-
-
-SCALARS = (str, int, float, bool, type(None))
-
-
-def _is_scalar_union(tp: Any) -> bool:
-    origin = typing.get_origin(tp)
-    return origin in (types.UnionType, typing.Union) and all(
-        arg in SCALARS for arg in typing.get_args(tp)) and tp != (str | None)
-
-
 #: The top-level key editors read a spec's schema from; not part of the job.
 EDITOR_SCHEMA_KEY = "$schema"
 
+SCALARS = (str, int, float, bool, type(None))
 
-def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | None],
-                   converter: cattrs.Converter | None = None) -> JobSpec:
+Structurer = Callable[[Any], Any]
+#: the collection types a field may have, and the built-in that holds it
+_COLLECTIONS: dict[Any, type] = {
+    list: list, tuple: tuple, set: set, frozenset: frozenset, abc.Sequence: tuple,
+    abc.MutableSequence: list, abc.Set: frozenset, abc.MutableSet: set}
+
+
+class Misfit(ValueError):
+    """The data does not fit the type (the schema let through what the model refuses)."""
+
+
+def structure_spec(data: Mapping[str, Any],
+                   plugin_types: Mapping[str, type | None]) -> JobSpec:
     """Build the :class:`JobSpec`; ``plugin_types`` maps plugin table names to options types."""
-    converter = converter or make_converter()
     try:
-        core: dict[str, Any] = {name: converter.structure(data[name], cls)
-                for name, cls in CORE_TABLES.items() if name in data}
+        core: dict[str, Any] = {name: structure(data[name], cls)
+                                for name, cls in CORE_TABLES.items() if name in data}
         tables: dict[str, object] = {}
         for name in sorted(data):
             if name in CORE_TABLES or name == EDITOR_SCHEMA_KEY:
                 continue
             options_type = plugin_types[name]
-            tables[name] = data[name] if options_type is None else converter.structure(
+            tables[name] = data[name] if options_type is None else structure(
                 data[name], options_type)
         return JobSpec(**core, plugin_tables=tables)
     except Exception as exc:
-        details = "; ".join(transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) \
-            else repr(exc)
-        raise InternalError(f"the spec passed the schema but does not fit the model: {details}") \
+        raise InternalError(f"the spec passed the schema but does not fit the model: {exc!r}") \
             from exc
+
+
+def structure(value: Any, tp: Any) -> Any:
+    """``value`` (plain data) as an instance of ``tp``."""
+    return structurer(tp)(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _command(value: Any) -> Any:
+    return value if isinstance(value, str) else tuple(value)
+
+
+@functools.cache
+def structurer(tp: Any) -> Structurer:
+    """The function that structures values into ``tp``, built once per type."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any or tp is object or tp in (type(None), None) or origin is typing.Literal:
+        return _same
+    if tp in (str, int, float, bool):
+        return tp  # type: ignore[no-any-return]
+    if tp == str | tuple[str, ...]:  # a command: one string or its words, as written
+        return _command
+    if origin in (types.UnionType, typing.Union):
+        return _union(tp, args)
+    if attrs.has(tp):
+        return _attrs_class(tp)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp
+    if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, str]: by position
+        positions = [structurer(a) for a in args]
+        return lambda value: tuple(f(v) for f, v in zip(positions, value, strict=True))
+    collection = origin or tp
+    if collection in _COLLECTIONS:
+        kind = _COLLECTIONS[collection]
+        item = structurer(args[0]) if args else _same
+        return lambda value: kind(item(v) for v in value)
+    if collection in (dict, abc.Mapping, abc.MutableMapping):
+        key, val = (structurer(args[0]), structurer(args[1])) if args else (_same, _same)
+        return lambda value: {key(k): val(v) for k, v in value.items()}
+    return _by_cattrs(tp)
+
+
+def _union(tp: Any, args: tuple[Any, ...]) -> Structurer:
+    literal = all(a in SCALARS or typing.get_origin(a) is typing.Literal for a in args)
+    if literal:  # str | int | bool, Literal[...] | None: the schema checked the type
+        return _same
+    members = [a for a in args if a is not type(None)]
+    if len(members) == 1:  # an optional
+        inner = structurer(members[0])
+        return lambda value: None if value is None else inner(value)
+    return _by_cattrs(tp)
+
+
+def _attrs_class(cls: type) -> Structurer:
+    fields: list[tuple[str, str, Structurer]] = []  # filled on first use: classes may recurse
+
+    def build(value: Any) -> Any:
+        if not fields:
+            hints = typing.get_type_hints(cls)
+            fields.extend((f.name, f.alias or f.name, structurer(hints[f.name]))
+                          for f in attrs.fields(cls) if f.init)
+        if not isinstance(value, Mapping):
+            raise Misfit(f"{cls.__name__} needs a table, not {type(value).__name__}")
+        extra = set(value) - {name for name, _, _ in fields}
+        if extra:
+            raise Misfit(f"{cls.__name__} has no field {min(extra)!r}")
+        kwargs = {}
+        for name, alias, field_structurer in fields:
+            if name in value:
+                try:
+                    kwargs[alias] = field_structurer(value[name])
+                except Exception as exc:
+                    raise Misfit(f"{cls.__name__}.{name}: {exc}") from exc
+        return cls(**kwargs)
+    return build
+
+
+def _by_cattrs(tp: Any) -> Structurer:
+    converter = _cattrs_converter()
+    return lambda value: converter.structure(value, tp)
+
+
+@functools.cache
+def _cattrs_converter() -> Any:
+    import cattrs
+
+    return cattrs.Converter(forbid_extra_keys=True)

@@ -1,7 +1,7 @@
 """The compiler pipeline: load -> schema -> structure -> plan -> launcher -> backend -> tree.
 
-Data flows one way. The plugin set is loaded once and the composed schema and
-converter are built once per process, then reused for every file.
+Data flows one way. The plugin set is loaded once and the composed schema is
+built once per process, then reused for every file.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import attrs
 
 from mdc import emit
 from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Role, TrainingSetup
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
 from mdc.importers import translate
@@ -65,7 +65,6 @@ class Compiler:
         self.checker = ComposedChecker([*plugins.launchers, *plugins.backends],
                                        lambda name: plugins.table(name).record.schema,
                                        plugins.launchers, plugins.backends)
-        self.converter = make_converter()
         self.option_types = plugins.option_types()
 
     @property
@@ -118,7 +117,7 @@ class Compiler:
         ``damaged``: the tables a repaired document lost (see :meth:`_plan_despite`); their
         plugins' checks are skipped, and the document is only planned, never emitted.
         """
-        spec = structure_spec(doc.data, self.option_types, self.converter)  # type: ignore[arg-type]
+        spec = structure_spec(doc.data, self.option_types)  # type: ignore[arg-type]
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
         backend_name = spec.distributed.backend or DEFAULT_BACKEND
         if backend_name not in self.plugins.backends:  # the default, when blocked or absent

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mdc.api import Launch, Role
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.describe import explain_text, memory_json, plan_json
 from mdc.errors import Diagnostic, SourceLocation
 from mdc.plan import Plan, build_plan
@@ -37,8 +37,6 @@ from mdc.plan.memory import (
 )
 from mdc.plan.model import TrainingSetup
 from mdc.spec import ModelTable
-
-CONVERTER = make_converter()
 
 LLAMA3_8B: dict[str, Any] = {
     "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_query_groups": 8,
@@ -68,7 +66,7 @@ def job(*, nnodes: int = 1, nproc: int = 1, parallelism: dict[str, Any] | None =
 
 def plan_of(data: dict[str, Any], training: TrainingSetup | None = None,
             disaggregated: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-    spec = structure_spec(data, {}, CONVERTER)
+    spec = structure_spec(data, {})
     return build_plan(spec, parallelism="data", disaggregated=disaggregated, training=training,
                       locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
 

@@ -7,12 +7,10 @@ from typing import Any
 
 import pytest
 
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, Severity, SourceLocation
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import PORT_RANGE
-
-CONVERTER = make_converter()
 
 
 def job(*, nnodes: int | None = None, nproc: int | None = None, name: str = "unit",
@@ -33,7 +31,7 @@ def job(*, nnodes: int | None = None, nproc: int | None = None, name: str = "uni
 
 def plan_of(data: dict[str, Any], *, parallelism: str = "data", disaggregated: bool = False,
             serving: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
-    spec = structure_spec(data, {}, CONVERTER)
+    spec = structure_spec(data, {})
     return build_plan(spec, parallelism=parallelism, disaggregated=disaggregated,
                       serving=serving,
                       locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))

@@ -17,7 +17,7 @@ import attrs
 import pytest
 
 from mdc.cli import main
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.errors import SourceLocation
 from mdc.pipeline import Compiler
 from mdc.plan import Plan, build_plan
@@ -26,7 +26,6 @@ from mdc.rankmap import MAX_COLUMNS, MAX_NODES, PALETTE, rank_map_svg
 
 REPO = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
-CONVERTER = make_converter()
 NOUNS = {"tp": "TP group", "pp": "stage", "dp": "replica", "cp": "CP group", "ep": "EP group"}
 
 
@@ -34,7 +33,7 @@ def plan_of(nnodes: int, nproc: int, **parallelism: Any) -> Plan:
     data = {"job": {"name": "map", "command": "train.py"},
             "distributed": {"launcher": "torchrun", "nnodes": nnodes, "nproc_per_node": nproc},
             "parallelism": parallelism}
-    spec = structure_spec(data, {}, CONVERTER)
+    spec = structure_spec(data, {})
     plan, diagnostics = build_plan(
         spec, parallelism="data", disaggregated=False,
         locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))

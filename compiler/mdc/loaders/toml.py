@@ -36,6 +36,7 @@ _VALUE, _HEADER, _IMPLICIT, _DOTTED, _AOT = "value", "header", "implicit", "dott
 
 def parse(text: str, path: str) -> LoadedDocument:
     """Parse TOML ``text``; raise :class:`SpecError` (MDC001/MDC002) if it is invalid."""
+    raw: object
     try:
         raw = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError):
