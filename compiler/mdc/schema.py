@@ -8,7 +8,6 @@ position and a hint.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import functools
 import json
@@ -40,9 +39,14 @@ TYPE_NAMES = {"object": "a table", "array": "a list", "string": "a string",
 
 
 def core_schema() -> dict[str, Any]:
-    text = resources.files("mdc_schemas").joinpath(CORE_SCHEMA).read_text(encoding="utf-8")
-    loaded: dict[str, Any] = json.loads(text)
+    """A fresh copy of the core schema (callers change it)."""
+    loaded: dict[str, Any] = json.loads(_core_schema_text())
     return loaded
+
+
+@functools.cache
+def _core_schema_text() -> str:
+    return resources.files("mdc_schemas").joinpath(CORE_SCHEMA).read_text(encoding="utf-8")
 
 
 def compose(tables: Mapping[str, Mapping[str, Any] | None], launchers: Iterable[str],
@@ -54,10 +58,9 @@ def compose(tables: Mapping[str, Mapping[str, Any] | None], launchers: Iterable[
     dist["backend"]["enum"] = sorted(backends)
     for name in sorted(tables):
         fragment = tables[name]
-        if fragment is not None:
-            table = {k: v for k, v in copy.deepcopy(dict(fragment)).items()
-                     if k not in ("$schema", "$id")}
-            schema["properties"][name] = table
+        if fragment is not None:  # shared, not copied: nothing changes a schema once built
+            schema["properties"][name] = {k: v for k, v in fragment.items()
+                                          if k not in ("$schema", "$id")}
     return schema
 
 

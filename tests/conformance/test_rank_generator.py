@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.errors import SourceLocation
 from mdc.plan import GROUP_KINDS, Plan, build_plan
 
@@ -200,7 +200,6 @@ def _classify() -> tuple[list[Case], list[tuple[Case, str]]]:
 ACCEPTED, REJECTED = _classify()
 
 
-CONVERTER = make_converter()
 
 
 def mdc_plan(case: Case) -> tuple[Plan | None, tuple]:
@@ -212,7 +211,7 @@ def mdc_plan(case: Case) -> tuple[Plan | None, tuple]:
         "parallelism": {"tp": case.tp, "pp": case.pp, "cp": case.cp, "ep": case.ep,
                         "etp": case.etp, "order": case.order},
     }
-    return build_plan(structure_spec(data, {}, CONVERTER), parallelism="data", disaggregated=False,
+    return build_plan(structure_spec(data, {}), parallelism="data", disaggregated=False,
                       locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
 
 

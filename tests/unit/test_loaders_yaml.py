@@ -102,3 +102,26 @@ def test_parser_failures_are_syntax_errors_not_crashes() -> None:
     with pytest.raises(SpecError) as info:
         parse("!!set ")  # ruamel raises AttributeError here
     assert info.value.diagnostics[0].code == "MDC001"
+
+
+MERGES = """\
+a: &a
+  x: 1
+b: &b
+  y: two
+c:
+  <<: [*a, *b]
+  z: 3
+d:
+  <<: *a
+"""
+
+
+def test_merge_keys_are_read_and_located_where_the_values_are_written() -> None:
+    """A member merged in with ``<<`` has the position it has in its anchored mapping."""
+    doc = load_text(MERGES, "m.yaml", "yaml")
+    assert doc.data == {"a": {"x": 1}, "b": {"y": "two"}, "c": {"x": 1, "y": "two", "z": 3},
+                        "d": {"x": 1}}
+    assert doc.values["/c/x"] == doc.values["/d/x"] == doc.values["/a/x"] == (2, 6)
+    assert doc.keys["/c/y"] == doc.keys["/b/y"] == (4, 3)
+    assert doc.values["/c/z"] == (7, 6)

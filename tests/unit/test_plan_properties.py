@@ -8,11 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mdc.convert import make_converter, structure_spec
+from mdc.convert import structure_spec
 from mdc.errors import SourceLocation
 from mdc.plan import GROUP_KINDS, Plan, build_plan
 
-CONVERTER = make_converter()
 AXES = ("tp", "cp", "ep", "dp", "pp")
 #: Plenty for properties of integer arithmetic, and quick on a 2-core CI runner.
 FEW = settings(max_examples=80, deadline=None)
@@ -24,7 +23,7 @@ def locate(pointer: str) -> SourceLocation:
 
 def plan_for(data: dict[str, Any], parallelism: str = "data",
              disaggregated: bool = False) -> tuple[Plan | None, tuple[Any, ...]]:
-    spec = structure_spec(data, {}, CONVERTER)
+    spec = structure_spec(data, {})
     return build_plan(spec, parallelism=parallelism, disaggregated=disaggregated, locate=locate)
 
 

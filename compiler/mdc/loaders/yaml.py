@@ -1,23 +1,41 @@
-"""YAML 1.2 loader (ruamel.yaml round-trip), keeping every node's position."""
+"""YAML 1.2 loader keeping every node's position.
+
+Two readers give the same result: a fast path composes libyaml's events (PyYAML's C
+extension, ~50x faster) for the YAML on which libyaml's 1.1 and ruamel's 1.2 agree beyond
+doubt, and declines everything else to the thorough path, ruamel.yaml's round-trip loader,
+which also gives every diagnostic.
+"""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import warnings
-from typing import Any
-
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
-from ruamel.yaml.composer import Composer
-from ruamel.yaml.constructor import DuplicateKeyError
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from typing import TYPE_CHECKING, Any
 
 from mdc.errors import SpecError, escape_pointer_token
-from mdc.loaders import LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import MAX_DEPTH, LoadedDocument, Position, duplicate_key, syntax_error
 
-#: Nesting deeper than this is not a job spec; refuse before Python's recursion limit.
-MAX_DEPTH = 64
+if TYPE_CHECKING:
+    from ruamel.yaml.constructor import DuplicateKeyError
+
+try:
+    from yaml import YAMLError as LibyamlError  # type: ignore[import-untyped,unused-ignore]
+    from yaml._yaml import CParser  # type: ignore[import-untyped,unused-ignore]
+    from yaml.events import (  # type: ignore[import-untyped,unused-ignore]
+        AliasEvent,
+        DocumentStartEvent,
+        MappingEndEvent,
+        MappingStartEvent,
+        ScalarEvent,
+        SequenceEndEvent,
+        SequenceStartEvent,
+        StreamEndEvent,
+    )
+except ImportError:  # PyYAML without its C extension: only the thorough path
+    CParser = None
+
 #: A spec has hundreds of values; more means aliases multiplying a document (a "billion
 #: laughs"), which would otherwise take minutes and gigabytes to expand.
 MAX_VALUES = 20_000
@@ -25,23 +43,29 @@ MAX_VALUES = 20_000
 _FLOW = re.compile(r"[\[\]{}]")
 
 
-class _BoundedComposer(Composer):
-    """Stops composing far below Python's recursion limit (``_plain`` then applies the exact
-    :data:`MAX_DEPTH`; ruamel calls ``compose_node`` more than once per level)."""
+@functools.cache
+def _bounded_composer() -> type[Any]:
+    from ruamel.yaml.composer import Composer
 
-    def __init__(self, loader: Any = None) -> None:
-        super().__init__(loader)
-        self.depth = 0
+    class BoundedComposer(Composer):
+        """Stops composing far below Python's recursion limit (``_plain`` then applies the
+        exact :data:`MAX_DEPTH`; ruamel calls ``compose_node`` more than once per level)."""
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self.depth += 1
-        try:
-            if self.depth > 4 * MAX_DEPTH:
-                mark = self.parser.peek_event().start_mark
-                raise _TooDeep(mark.line + 1, mark.column + 1)
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= 1
+        def __init__(self, loader: Any = None) -> None:
+            super().__init__(loader)
+            self.depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            try:
+                if self.depth > 4 * MAX_DEPTH:
+                    mark = self.parser.peek_event().start_mark
+                    raise _TooDeep(mark.line + 1, mark.column + 1)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return BoundedComposer
 
 
 class _TooDeep(Exception):
@@ -69,9 +93,22 @@ def parse(text: str, path: str) -> LoadedDocument:
     deep = _flow_too_deep(text)
     if deep is not None:
         raise _too_deep(path, deep)
+    fast = read_fast(text)
+    if fast is not None:
+        data, values, keys = fast
+        return LoadedDocument(path=path, data=data, values=values, keys=keys)
+    return parse_thorough(text, path)
+
+
+def parse_thorough(text: str, path: str) -> LoadedDocument:
+    """ruamel.yaml's YAML 1.2 reading, with a located diagnostic for anything it refuses."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.constructor import DuplicateKeyError
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
-    yaml.Composer = _BoundedComposer
+    yaml.Composer = _bounded_composer()
     try:
         with warnings.catch_warnings():
             # ruamel warns (to stderr) about legal YAML such as a reused anchor name
@@ -94,7 +131,7 @@ def parse(text: str, path: str) -> LoadedDocument:
         raise syntax_error(path, f"YAML: {message}", line, col) from None
     except (YAMLError, RecursionError) as exc:
         raise syntax_error(path, f"YAML: {exc}", None, None) from None
-    except Exception as exc:  # ruamel fails on some malformed nodes with its own bugs
+    except Exception as exc:  # noqa: BLE001 - ruamel's own bugs on some malformed nodes
         raise syntax_error(path, f"YAML: the parser cannot read this document "
                            f"({type(exc).__name__}: {exc})", None, None,
                            hint="check tags (!!...) and anchors near the end of the file") \
@@ -115,6 +152,8 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
 
     ``here`` is the node's JSON pointer, ``depth`` its nesting level.
     """
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
+
     tag = getattr(getattr(node, "tag", None), "value", None)
     special = isinstance(node, (CommentedMap, CommentedSeq)) and \
         type(node) not in (CommentedMap, CommentedSeq)  # !!omap, !!set, ...
@@ -142,7 +181,7 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
             if not isinstance(name, str):
                 name = str(name)
             child = f"{here}/{escape_pointer_token(name)}"
-            kline, kcol, vline, vcol = node.lc.data[key]
+            kline, kcol, vline, vcol = _member_position(node, key)
             keys[child] = (kline + 1, kcol + 1)
             values[child] = (vline + 1, vcol + 1)
             out[name] = _plain(value, child, depth + 1, values, keys, path)
@@ -160,6 +199,22 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
     except TypeError as exc:
         raise syntax_error(path, f"YAML value of type {exc} is not allowed in a spec",
                            *_position(values, here), pointer=here) from None
+
+
+def _member_position(node: Any, key: Any) -> tuple[int, int, int, int]:
+    """ruamel's 0-based (key line, key column, value line, value column) of a member. A member
+    merged in with ``<<: *anchor`` is found in the mapping it came from."""
+    own = node.lc.data or {}  # None for a mapping of merges only
+    if key in own:
+        return own[key]  # type: ignore[no-any-return]
+    for merged in getattr(node, "merge", ()):
+        if isinstance(merged, tuple):  # (index, mapping) in older ruamel releases
+            merged = merged[1]
+        try:
+            return _member_position(merged, key)
+        except KeyError:
+            continue
+    raise KeyError(key)
 
 
 def _too_deep(path: str, where: _TooDeep) -> SpecError:
@@ -193,3 +248,110 @@ def _duplicate_name(exc: DuplicateKeyError) -> str:
     start = problem.find('"')
     end = problem.find('"', start + 1)
     return problem[start + 1 : end] if 0 <= start < end else "?"
+
+
+# The fast path. libyaml reads YAML 1.1, ruamel here YAML 1.2; on these they differ (found
+# by tests/unit/test_yaml_fast_path.py), so text holding one goes to the thorough path.
+_DISAGREE = re.compile(r"""
+    [\t\x85\u2028\u2029\ufeff]  # tabs (ruamel refuses some); 1.1's extra line breaks; a BOM
+  | \\/                         # the escape "\/" (1.2 only)
+  | ^%                          # a %YAML or %TAG directive
+  | ^\.\.\.                     # a document end ("...\n..." ruamel refuses)
+  | \?(?:\s|$)                  # "? key": where an absent value is placed
+  | [|>][-+0-9]*\x20*(?:        # a block scalar's header followed by
+        \#                      #   a comment with no space before it,
+      | (?:\#.*)?(?:\r\n?|\n)\x20+(?:\r\n?|\n))  # or a line of spaces (ruamel: error)
+""", re.MULTILINE | re.VERBOSE)
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+(?:[eE][-+]?[0-9]+)?")
+#: looser than every YAML 1.2 int and float form ruamel resolves (and its timestamps)
+_NUMBER_LIKE = re.compile(r"[-+]?(?:[0-9_.]+(?:[eE][-+]?[0-9]+)?|0[box][0-9a-fA-F_]+|\.[a-zA-Z]+)")
+_TIMESTAMP_LIKE = re.compile(r"[0-9]{4}-")
+#: the YAML 1.2 core schema's words; "yes", "on", "tRue", ... are strings
+_WORDS: dict[str, object] = {
+    "~": None, "null": None, "Null": None, "NULL": None,
+    "true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False,
+}
+
+
+class _Declined(Exception):
+    """The fast path cannot vouch that ruamel reads this document the same way."""
+
+
+def read_fast(text: str) -> tuple[object, dict[str, Position], dict[str, Position]] | None:
+    """``(data, values, keys)`` as :func:`parse_thorough` gives them, composed from
+    libyaml's events; None where ruamel might read the text otherwise, or refuse it."""
+    if CParser is None or _DISAGREE.search(text):
+        return None
+    values: dict[str, Position] = {"": (1, 1)}
+    keys: dict[str, Position] = {}
+    try:
+        events = CParser(text)
+        events.get_event()  # the stream's start
+        start = events.get_event()
+        if type(start) is not DocumentStartEvent or start.version or start.tags \
+                or type(events.peek_event()) is not MappingStartEvent:
+            return None  # no document, a directive, or not a table (e.g. a root block scalar
+            # whose "#..." lines at column 0 ruamel reads as text, libyaml as comments)
+        data = _fast_node(events, "", 0, values, keys)
+        events.get_event()  # the document's end
+        if type(events.get_event()) is not StreamEndEvent:
+            return None  # a second document
+    except (_Declined, LibyamlError, UnicodeError):  # UnicodeError: a lone surrogate
+        return None
+    return data, values, keys
+
+
+def _fast_node(events: Any, here: str, depth: int, values: dict[str, Position],
+               keys: dict[str, Position]) -> object:
+    """Compose the node whose events come next (its position is already recorded)."""
+    event = events.get_event()
+    kind = type(event)
+    if kind is AliasEvent or event.anchor is not None or event.tag is not None \
+            or depth > MAX_DEPTH or len(values) > MAX_VALUES:
+        raise _Declined
+    if kind is ScalarEvent:
+        return event.value if event.style else _plain_scalar(event.value)
+    if kind is SequenceStartEvent:
+        items: list[object] = []
+        while type(item := events.peek_event()) is not SequenceEndEvent:
+            child = f"{here}/{len(items)}"
+            values[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
+            items.append(_fast_node(events, child, depth + 1, values, keys))
+        events.get_event()
+        return items
+    table: dict[str, object] = {}
+    seen: set[object] = set()  # keys as ruamel compares them: 1 == 1.0 == True
+    while type(key := events.get_event()) is not MappingEndEvent:
+        if type(key) is not ScalarEvent or key.anchor is not None or key.tag is not None:
+            raise _Declined
+        resolved = key.value if key.style else _plain_scalar(key.value)
+        name = resolved if isinstance(resolved, str) else str(resolved)
+        if resolved in seen or name in table or name == "<<":
+            raise _Declined  # a duplicate (ruamel's diagnostic) or a merge
+        seen.add(resolved)
+        child = f"{here}/{escape_pointer_token(name)}"
+        value = events.peek_event()
+        keys[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
+        values[child] = (value.start_mark.line + 1, value.start_mark.column + 1)
+        table[name] = _fast_node(events, child, depth + 1, values, keys)
+    return table
+
+
+def _plain_scalar(text: str) -> object:
+    """A plain scalar's value where YAML 1.2 resolves it beyond doubt, else decline.
+
+    ruamel tries its number and timestamp resolvers only on text starting with one of
+    "-+.0123456789"; what cannot match them ("64Gi", "1F1B", "--flag") is a string."""
+    if not text:  # "key:" with no value: ruamel places it by the comments and spaces after
+        raise _Declined
+    if text in _WORDS:
+        return _WORDS[text]
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text):
+        return float(text)
+    if text in ("<<", "=") or text[0] in "-+.0123456789" and (
+            _NUMBER_LIKE.fullmatch(text) or _TIMESTAMP_LIKE.match(text)):
+        raise _Declined  # merge, value, octal, hex, "1_000", "1e3", ".inf", dates, ...
+    return text
