@@ -413,7 +413,10 @@ def check_diagnostics(spec_path: Path, code: int, text: str,
 
 
 def compile_and_check(spec: dict[str, Any], fmt: str, tmp: Path) -> int:
-    spec_path = dump(spec, fmt, tmp / "spec")
+    return compile_file_and_check(dump(spec, fmt, tmp / "spec"), tmp)
+
+
+def compile_file_and_check(spec_path: Path, tmp: Path) -> int:
     note(spec_path.read_text(encoding="utf-8", errors="replace"))
     out = tmp / "out"
     code, text, diagnostics = run_compile(spec_path, out)
@@ -487,6 +490,46 @@ def schema_specs(draw: st.DrawFn) -> dict[str, Any]:
 def test_schema_generated_plugin_tables(spec: dict[str, Any], fmt: str, workdir: Path) -> None:
     """Tables that satisfy the schema never crash a plugin's check or emit."""
     compile_and_check(spec, fmt, fresh(workdir))
+
+
+def yaml_with_references(spec: dict[str, Any], data: st.DataObject) -> str:
+    """``spec`` as YAML whose tables take their first members through a merge key
+    (``<<: {...}``), and whose job name is anchored and aliased into the job's env.
+    Values are written as JSON, which YAML reads as flow nodes."""
+    lines = []
+    merged = data.draw(st.sampled_from(sorted(spec)), label="merged table")
+    for name, table in spec.items():
+        if not isinstance(table, dict):
+            lines.append(f"{json.dumps(name)}: {json.dumps(table)}")
+            continue
+        lines.append(f"{json.dumps(name)}:")
+        items = list(table.items())
+        if name == merged and items:
+            count = data.draw(st.integers(1, len(items)), label="members merged")
+            lines.append(f"  <<: {json.dumps(dict(items[:count]))}")
+            items = items[count:]
+        for key, value in items:
+            if name == "job" and key == "name" and isinstance(value, str):
+                lines.append(f"  name: &name {json.dumps(value)}")
+            elif name == "job" and key == "env" and isinstance(value, dict) \
+                    and isinstance(table.get("name"), str):
+                pairs = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]
+                lines.append(f"  env: {{{', '.join([*pairs, 'FUZZ_ALIAS: *name'])}}}")
+            else:
+                lines.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
+@FUZZ
+@given(spec=valid_specs(), data=st.data())
+def test_yaml_anchors_aliases_and_merge_keys(spec: dict[str, Any], data: st.DataObject,
+                                            workdir: Path) -> None:
+    """YAML's references (which only the thorough reader takes) compile or fail located."""
+    tmp = fresh(workdir)
+    spec_path = tmp / "spec.yaml"
+    spec_path.write_text(yaml_with_references(spec, data), encoding="utf-8",
+                         errors="surrogatepass")
+    compile_file_and_check(spec_path, tmp)
 
 
 def test_the_fuzz_profile_is_the_projects_own() -> None:

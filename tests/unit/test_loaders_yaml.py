@@ -125,3 +125,13 @@ def test_merge_keys_are_read_and_located_where_the_values_are_written() -> None:
     assert doc.values["/c/x"] == doc.values["/d/x"] == doc.values["/a/x"] == (2, 6)
     assert doc.keys["/c/y"] == doc.keys["/b/y"] == (4, 3)
     assert doc.values["/c/z"] == (7, 6)
+
+
+def test_escaped_surrogate_pairs_are_joined_and_unpaired_ones_refused() -> None:
+    """JSON writes a character beyond U+FFFF as an escaped pair; as YAML it reads the same."""
+    doc = load_text('a: "\\ud83d\\ude00"\n"\\ud800\\udc00": b\n', "s.yaml", "yaml")
+    assert doc.data == {"a": "\U0001f600", "\U00010000": "b"}
+    with pytest.raises(SpecError) as exc:
+        load_text('a:\n  b: "x\\udc00"\n', "s.yaml", "yaml")
+    (diag,) = exc.value.diagnostics
+    assert (diag.code, diag.location.pointer, diag.location.line) == ("MDC001", "/a/b", 2)

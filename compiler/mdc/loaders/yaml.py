@@ -41,6 +41,7 @@ except ImportError:  # PyYAML without its C extension: only the thorough path
 MAX_VALUES = 20_000
 
 _FLOW = re.compile(r"[\[\]{}]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @functools.cache
@@ -178,8 +179,7 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
                 raise syntax_error(path, "YAML keys must be plain values, not tables or lists",
                                    *_position(values, here), pointer=here) \
                     from None
-            if not isinstance(name, str):
-                name = str(name)
+            name = _paired(name if isinstance(name, str) else str(name), path, values, here)
             child = f"{here}/{escape_pointer_token(name)}"
             kline, kcol, vline, vcol = _member_position(node, key)
             keys[child] = (kline + 1, kcol + 1)
@@ -195,10 +195,26 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
             items.append(_plain(value, child, depth + 1, values, keys, path))
         return items
     try:
-        return _scalar(node)
+        value = _scalar(node)
     except TypeError as exc:
         raise syntax_error(path, f"YAML value of type {exc} is not allowed in a spec",
                            *_position(values, here), pointer=here) from None
+    return _paired(value, path, values, here) if isinstance(value, str) else value
+
+
+def _paired(text: str, path: str, values: dict[str, Position], here: str) -> str:
+    """``text`` with escaped surrogate pairs (``"\\ud83d\\ude00"``, as JSON writes a
+    character beyond the BMP) joined into their character, as a JSON reader would; an
+    unpaired one is an error, since no file or terminal could encode it later."""
+    if not _SURROGATE.search(text):
+        return text
+    try:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        raise syntax_error(path, "string contains an unpaired surrogate escape",
+                           *_position(values, here), pointer=here,
+                           hint="escape a character beyond U+FFFF as a pair, or write it as "
+                                "it is") from None
 
 
 def _member_position(node: Any, key: Any) -> tuple[int, int, int, int]:
