@@ -109,7 +109,8 @@ def _json_text(value: object, newline: str) -> str:
         members = [f"{_json_string(k)}: {_json_text(value[k], inner)}" for k in sorted(value)]
         return "{" + inner + ("," + inner).join(members) + newline + "}" if members else "{}"
     if isinstance(value, (list, tuple)):
-        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if value and (all(type(v) is int for v in value) or all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value)):
             return "[" + ", ".join(map(int.__repr__, value)) + "]"
         items = [_json_text(v, inner) for v in value]
         return "[" + inner + ("," + inner).join(items) + newline + "]" if items else "[]"

@@ -28,6 +28,8 @@ from mdc.schema import ComposedChecker
 
 T = TypeVar("T")
 
+#: The plan as JSON, in every tree.
+PLAN = "plan.json"
 #: Tables the plan's arithmetic reads.
 PLANNED_TABLES = ("distributed", "parallelism", "batch", "model")
 
@@ -47,7 +49,8 @@ def _without(data: object, pointers: set[str], here: str = "") -> object:
 class Compiled:
     plan: Plan
     launch: Launch
-    #: the complete output tree, manifest included, sorted by path
+    #: the complete output tree, manifest included, sorted by path; empty when compiled with
+    #: ``tree=False`` (validate and explain, which write nothing)
     tree: tuple[Artifact, ...]
     #: what translating a foreign config (e.g. madengine's) dropped or reinterpreted
     notes: tuple[Diagnostic, ...] = ()
@@ -72,25 +75,26 @@ class Compiler:
         """The composed JSON Schema: every plugin's table (imports every plugin)."""
         return self.checker.schema
 
-    def compile(self, path: str | Path) -> Compiled:
+    def compile(self, path: str | Path, *, tree: bool = True) -> Compiled:
         """Compile one spec file in memory; raises SpecError or PluginError.
 
         A foreign config (madengine's) is translated first; what the translation dropped
-        or reinterpreted comes back with the result's diagnostics.
+        or reinterpreted comes back with the result's diagnostics. ``tree=False`` runs every
+        check and every plugin hook but renders neither plan.json nor the manifest.
         """
         doc, notes = translate(load_file(path))
         try:
-            return self.compile_document(doc, notes=notes)
+            return self.compile_document(doc, notes=notes, tree=tree)
         except SpecError as exc:
             raise SpecError([*notes, *exc.diagnostics]) from None
 
-    def compile_document(self, doc: LoadedDocument,
-                         notes: Sequence[Diagnostic] = ()) -> Compiled:
+    def compile_document(self, doc: LoadedDocument, notes: Sequence[Diagnostic] = (), *,
+                         tree: bool = True) -> Compiled:
         """Compile a loaded document (e.g. one a tool has edited) in memory."""
         found = self.checker.check(doc)
         if found:
             raise SpecError([*found, *self._plan_despite(doc, found)])
-        return attrs.evolve(self._compile(doc), notes=tuple(notes))
+        return attrs.evolve(self._compile(doc, tree=tree), notes=tuple(notes))
 
     def _plan_despite(self, doc: LoadedDocument, found: list[Diagnostic]) -> list[Diagnostic]:
         """Plan findings for a spec whose schema errors lie outside what the plan reads.
@@ -106,12 +110,14 @@ class Compiler:
         if self.checker.check(repaired):
             return []
         try:
-            self._compile(repaired, damaged=frozenset(p.split("/")[1] for p in pointers))
+            self._compile(repaired, damaged=frozenset(p.split("/")[1] for p in pointers),
+                          tree=False)
         except SpecError as exc:
             return list(exc.diagnostics)
         return []
 
-    def _compile(self, doc: LoadedDocument, damaged: frozenset[str] = frozenset()) -> Compiled:
+    def _compile(self, doc: LoadedDocument, damaged: frozenset[str] = frozenset(), *,
+                 tree: bool) -> Compiled:
         """Compile a schema-valid document.
 
         ``damaged``: the tables a repaired document lost (see :meth:`_plan_despite`); their
@@ -175,15 +181,22 @@ class Compiler:
         launched = attrs.evolve(launch, files=_call(launcher_reg, "emit", lambda: (
             *render_launch(plan, launch), *launch.files)))
         _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
-        own = [*launched.files, Artifact.json("plan.json", plan_json(plan, launch))]
+        own = [*launched.files]
+        if tree:
+            own.append(Artifact.json(PLAN, plan_json(plan, launch)))
         scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
             plan, launched, plan.options.get(backend.name))))
-        _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler]))
+        # without the tree, plan.json's path is still taken
+        reserved = (emit.MANIFEST,) if tree else (emit.MANIFEST, PLAN)
+        _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler],
+                                                            reserved=reserved))
+        if not tree:
+            return Compiled(plan=plan, launch=launch, tree=())
         plugins = {name: reg.origin.distribution for name, reg in
                    ((launcher.name, launcher_reg), (backend.name, backend_reg))}
-        tree = emit.finish([*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data),
-                           plugins=plugins)
-        return Compiled(plan=plan, launch=launch, tree=tuple(tree))
+        files = emit.finish([*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data),
+                            plugins=plugins)
+        return Compiled(plan=plan, launch=launch, tree=tuple(files))
 
     def _check_launch(self, reg: Registered, plan: Plan, launch: Launch,
                       doc: LoadedDocument) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from mdc import __version__
-from mdc.errors import (
-    Diagnostic, ExitCode, InternalError, PluginError, SpecError, sort_diagnostics)
+from mdc.errors import Diagnostic, ExitCode, InternalError, PluginError, SpecError, sort_diagnostics
 from mdc.pipeline import Compiler
 
 Command = Callable[[argparse.Namespace, "Output"], int]
@@ -75,7 +74,7 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
     found: list[Diagnostic] = []
     for path in args.files:
         try:
-            found += compiler.compile(path).diagnostics
+            found += compiler.compile(path, tree=False).diagnostics
         except SpecError as exc:
             found += exc.diagnostics
     out.diagnostics(found)
@@ -87,7 +86,7 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     from mdc.describe import explain_text, plan_json
-    compiled = _compiler(args).compile(args.spec)
+    compiled = _compiler(args).compile(args.spec, tree=False)
     out.diagnostics(compiled.notes)
     if args.svg:
         from mdc.rankmap import rank_map_svg
@@ -212,7 +211,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         if args.traceback:
             traceback.print_exception(exc, file=stderr)
         return ExitCode.PLUGIN_ERROR
-    except Exception as exc:  # an mdc bug: say so, keep the traceback behind a flag
+    except Exception as exc:  # noqa: BLE001 - an mdc bug: say so; traceback behind a flag
         kind = "" if isinstance(exc, InternalError) else f"{type(exc).__name__}: "
         print(f"mdc: internal error: {kind}{exc}\n  this is a bug in mdc; rerun with "
               "--traceback and report it", file=stderr)

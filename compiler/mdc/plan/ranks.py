@@ -82,6 +82,14 @@ def _compose(index: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> in
     return rank
 
 
+def _all_composed(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
+    """``_compose(i, sizes, strides)`` for every ``i``, in order, built digit by digit."""
+    ranks = [0]
+    for size, stride in zip(sizes, strides):
+        ranks = [rank + digit * stride for digit in range(size) for rank in ranks]
+    return ranks
+
+
 @attrs.frozen
 class GroupSet:
     """All groups of one kind; group ``i`` and the group of a rank are computed on demand."""
@@ -115,12 +123,10 @@ class GroupSet:
                      for j in range(self.group_size))
 
     def __iter__(self) -> Iterator[tuple[int, ...]]:
-        # every group is its base plus the same offsets: compose those once
-        offsets = [_compose(j, self.inner_sizes, self.inner_strides)
-                   for j in range(self.group_size)]
-        for i in range(self.count):
-            base = _compose(i, self.outer_sizes, self.outer_strides)
-            yield tuple(base + offset for offset in offsets)
+        # every group is its base plus the same offsets
+        offsets = _all_composed(self.inner_sizes, self.inner_strides)
+        for base in _all_composed(self.outer_sizes, self.outer_strides):
+            yield tuple(map(base.__add__, offsets))
 
     def index_of(self, rank: int) -> int:
         """Which group ``rank`` belongs to."""
