@@ -144,7 +144,18 @@ SIZES = textwrap.dedent("""
 def bench_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(VENV / "pycache")
+    # torchx's dry run asks `sinfo` for the partition's memory. Where SLURM's client is
+    # installed but no controller answers (this machine, after the SLURM tests), sinfo
+    # retries for about 9 s; this one fails at once, as where no SLURM is installed.
+    env["PATH"] = f"{VENV / 'stub-bin'}{os.pathsep}{env.get('PATH', '')}"
     return env
+
+
+def stub_sinfo() -> None:
+    stub = VENV / "stub-bin" / "sinfo"
+    stub.parent.mkdir(exist_ok=True)
+    stub.write_text("#!/bin/sh\necho 'sinfo: no controller (bench stub)' >&2\nexit 1\n")
+    stub.chmod(0o755)
 
 
 def ensure_peers() -> Path:
@@ -350,6 +361,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=11, help="runs per measurement (>= 1)")
     args = parser.parse_args()
     peers = ensure_peers()
+    stub_sinfo()
     report = [(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
               f"{os.getloadavg()[0]:.1f}; median of {args.runs} alternating runs."), ""]
     with tempfile.TemporaryDirectory() as name:
