@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from importlib import resources
 from json.encoder import encode_basestring as _json_string
 from pathlib import PurePosixPath
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
     GROUP_KINDS,
@@ -198,8 +198,7 @@ class BackendSpec:
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
     """Load a JSON Schema fragment shipped as package data of ``package``."""
-    loaded: dict[str, Any] = json.loads(
-        resources.files(package).joinpath(resource).read_text(encoding="utf-8"))
+    loaded: dict[str, Any] = json.loads(package_text(package, resource))
     return loaded
 
 

@@ -13,11 +13,11 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from mdc.errors import Diagnostic, Severity, join_pointer
 from mdc.loaders import LoadedDocument
+from mdc.package_data import package_text
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -46,7 +46,7 @@ def core_schema() -> dict[str, Any]:
 
 @functools.cache
 def _core_schema_text() -> str:
-    return resources.files("mdc_schemas").joinpath(CORE_SCHEMA).read_text(encoding="utf-8")
+    return package_text("mdc_schemas", CORE_SCHEMA)
 
 
 def compose(tables: Mapping[str, Mapping[str, Any] | None], launchers: Iterable[str],
