@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mdc.api import (
-    OUT_DIR, Artifact, Launch, Role, Word, refs_in, script_path, shell_join, shell_word)
+    OUT_DIR,
+    Artifact,
+    Launch,
+    Role,
+    Word,
+    refs_in,
+    script_path,
+    shell_join,
+    shell_word,
+)
 from mdc.plan.model import Plan
 
 

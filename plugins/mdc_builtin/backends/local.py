@@ -28,8 +28,8 @@ LOOPBACK = "127.0.0.1"
 def _header(plan: Plan) -> list[str]:
     return [
         "#!/usr/bin/env bash",
-        f"# Runs job {plan.job.name!r} on this machine: {plan.nnodes} node(s) x "
-        f"{plan.nproc_per_node} process(es), nodes as local agents on {LOOPBACK}.",
+        (f"# Runs job {plan.job.name!r} on this machine: {plan.nnodes} node(s) x "
+        f"{plan.nproc_per_node} process(es), nodes as local agents on {LOOPBACK}."),
         "set -euo pipefail",
         'out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
         f"export MASTER_ADDR={LOOPBACK}",
