@@ -274,7 +274,9 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
 WRONG_VALUES = st.one_of(
     st.sampled_from([None, True, False, 0, -1, 1.5, "", " ", "8", [], {}, [1, "a"], {"x": 1},
                      2**31, 2**63 - 1, 2**63, 2**64 + 1, -(2**63) - 1, 10**30,
-                     math.nan, math.inf, -math.inf, 1e308, "yes", "null", "0x1", "\x00"]),
+                     math.nan, math.inf, -math.inf, 1e308, "yes", "null", "0x1", "\x00"]
+                    # a copy each time: a later mutation may write into a drawn {} or []
+                    ).map(copy.deepcopy),
     st.integers(), st.floats(), st.text(max_size=20),
 )
 
