@@ -122,3 +122,46 @@ def test_a_million_nodes_compile_in_bounded_memory(backend: str, compiler: Compi
     assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
     size = sum(len(a.data) for a in result.tree)  # type: ignore[attr-defined]
     assert size < 256 * 2**10, f"{size} bytes of artifacts"
+
+
+HUGE = [10**30, 2**62]
+SIZE_LIMITS = {"nnodes": 1_048_576, "min_nnodes": 1_048_576, "prefill_nodes": 1_048_576,
+               "decode_nodes": 1_048_576, "nproc_per_node": 1024}
+
+
+@pytest.mark.parametrize("value", HUGE)
+@pytest.mark.parametrize("key", sorted(SIZE_LIMITS))
+def test_absurd_node_and_process_counts_are_schema_errors(key: str, value: int,
+                                                          compiler: Compiler,
+                                                          tmp_path: Path) -> None:
+    """Rank arithmetic over 10**30 processes would never end (a fuzz run found one that
+    did not): the counts have a bound, far above any cluster."""
+    distributed = {"nnodes": 4, "nproc_per_node": 8, key: value}
+    spec = tmp_path / "huge.toml"
+    spec.write_text(
+        '[job]\nname = "huge"\ncommand = ["python", "train.py"]\n'
+        '[distributed]\nlauncher = "torchrun"\n'
+        + "".join(f"{k} = {v}\n" for k, v in distributed.items())
+        + '[parallelism]\ntp = 2\npp = 2\n')
+    found = refused(compiler, spec)
+    assert [(d.code, d.location.pointer) for d in found if d.is_error] == \
+        [("MDC105", f"/distributed/{key}")]
+    assert f"<= {SIZE_LIMITS[key]}" in found[0].message
+
+
+@pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp", "pp-dp-cp-ep-tp"])
+@pytest.mark.parametrize(("tp", "cp"), [(2, 2), (3, 1), (1024, 1), (6, 2)])
+def test_the_largest_counts_plan_in_bounded_memory(order: str, tp: int, cp: int,
+                                                   compiler: Compiler, tmp_path: Path) -> None:
+    """At the bounds (2**20 nodes x 1024), tensor-parallel groups that do or do not cross
+    nodes are found without listing the groups."""
+    spec = tmp_path / "edge.toml"
+    spec.write_text(
+        '[job]\nname = "edge"\ncommand = ["python", "train.py"]\n'
+        '[distributed]\nlauncher = "megatron"\nbackend = "slurm"\nnnodes = 1048576\n'
+        f'nproc_per_node = 1024\n[parallelism]\ntp = {tp}\npp = 1\ncp = {cp}\n'
+        f'order = "{order}"\n')
+    result, peak = peak_while(lambda: compiler.compile(spec, tree=False))
+    assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
+    findings = result if isinstance(result, list) else list(result.diagnostics)  # type: ignore[attr-defined]
+    assert all(d.code != "MDC105" for d in findings)

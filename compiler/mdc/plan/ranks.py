@@ -155,12 +155,17 @@ class GroupSet:
             return 0
         moving = [(i, s, t) for i, (s, t) in enumerate(zip(self.outer_sizes, self.outer_strides))
                   if t % block and s > 1]
-        # Combine the moving axes' digits; at most ``block`` distinct offsets survive.
-        offsets = {0: 0}  # base % block -> an outer index giving it
+        # Combine the moving axes' digits; at most ``block`` distinct offsets survive, and an
+        # axis's digits repeat their offsets after block / gcd(stride, block) steps.
+        offsets = {0: 0}  # base % block -> the first outer index found giving it
         for i, size, stride in moving:
             scale = prod(self.outer_sizes[:i])
-            offsets = {(off + d * stride) % block: idx + d * scale
-                       for off, idx in offsets.items() for d in range(size)}
+            steps = min(size, block // math.gcd(stride, block))
+            combined: dict[int, int] = {}
+            for off, idx in offsets.items():
+                for d in range(steps):
+                    combined.setdefault((off + d * stride) % block, idx + d * scale)
+            offsets = combined
         for off in sorted(offsets):
             if off + self.span >= block:
                 return offsets[off]
