@@ -9,6 +9,7 @@ with positions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +26,8 @@ FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 MAX_BYTES = 4 * 1024 * 1024
 #: A job spec nests a few levels; deeper is a mistake, whatever the format allows.
 MAX_DEPTH = 64
+#: Half of a UTF-16 surrogate pair: escapes can make one, no file or terminal can encode it.
+SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @attrs.frozen(kw_only=True)

@@ -12,14 +12,13 @@ import json
 import re
 
 from mdc.errors import join_pointer
-from mdc.loaders import LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import SURROGATE, LoadedDocument, Position, duplicate_key, syntax_error
 
 Path = tuple[str | int, ...]
 
 _WHITESPACE = " \t\n\r"
 _SCALAR = re.compile(r"-?Infinity|NaN|true|false|null|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _NOT_JSON = ("NaN", "Infinity", "-Infinity")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def parse(text: str, path: str) -> LoadedDocument:
@@ -118,7 +117,7 @@ class _Scanner:
             raise _ScanError(f"unterminated string at {self.pos(start)}")
         self.i = j + 1
         decoded: str = json.loads(self.text[start:self.i])
-        if _SURROGATE.search(decoded):
+        if SURROGATE.search(decoded):
             # json accepts a lone "\ud800"; no file or terminal could encode it later
             raise syntax_error(self.path, "string contains an unpaired surrogate escape",
                                *self.pos(start), hint="escape a non-BMP character as a pair")

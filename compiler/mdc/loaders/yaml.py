@@ -15,7 +15,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from mdc.errors import SpecError, escape_pointer_token
-from mdc.loaders import MAX_DEPTH, LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import MAX_DEPTH, SURROGATE, LoadedDocument, Position, duplicate_key, syntax_error
 
 if TYPE_CHECKING:
     from ruamel.yaml.constructor import DuplicateKeyError
@@ -41,7 +41,6 @@ except ImportError:  # PyYAML without its C extension: only the thorough path
 MAX_VALUES = 20_000
 
 _FLOW = re.compile(r"[\[\]{}]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @functools.cache
@@ -206,7 +205,7 @@ def _paired(text: str, path: str, values: dict[str, Position], here: str) -> str
     """``text`` with escaped surrogate pairs (``"\\ud83d\\ude00"``, as JSON writes a
     character beyond the BMP) joined into their character, as a JSON reader would; an
     unpaired one is an error, since no file or terminal could encode it later."""
-    if not _SURROGATE.search(text):
+    if not SURROGATE.search(text):
         return text
     try:
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
