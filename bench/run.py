@@ -165,11 +165,26 @@ def ensure_peers() -> Path:
     if not all(p.exists() for p in wanted):
         print(f"creating {VENV.relative_to(ROOT)} with {', '.join(PEERS)} ...", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet",
-                        "--disable-pip-version-check", *PEERS], check=True)
+        subprocess.run(
+            [
+                str(bin_dir / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                *PEERS,
+            ],
+            check=True,
+        )
     has_torch = subprocess.run(
-        [str(bin_dir / "python"), "-c", ("import importlib.util as u; "
-         "raise SystemExit(u.find_spec('torch') is not None)")], check=False).returncode
+        [
+            str(bin_dir / "python"),
+            "-c",
+            ("import importlib.util as u; raise SystemExit(u.find_spec('torch') is not None)"),
+        ],
+        check=False,
+    ).returncode
     if has_torch:
         raise SystemExit(f"{VENV}: torch is installed there; the peers must run without it")
     return bin_dir
@@ -183,8 +198,9 @@ class Sample:
 def run_once(argv: Sequence[str], cwd: Path) -> Sample:
     """One whole process: wall time, CPU time and peak RSS, from wait4."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=bench_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=bench_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     assert proc.stderr is not None
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -195,8 +211,9 @@ def run_once(argv: Sequence[str], cwd: Path) -> Sample:
     return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
 
 
-def alternate(pairs: Sequence[tuple[Sequence[str], Sequence[str]]], runs: int,
-              cwd: Path) -> list[tuple[list[Sample], list[Sample]]]:
+def alternate(
+    pairs: Sequence[tuple[Sequence[str], Sequence[str]]], runs: int, cwd: Path
+) -> list[tuple[list[Sample], list[Sample]]]:
     """Each pair's (mdc samples, peer samples); runs interleaved mdc, peer, mdc, peer."""
     for mdc, peer in pairs:  # warm-up: bytecode caches, page cache
         run_once(mdc, cwd)
@@ -229,79 +246,162 @@ def spec_files(count: int, into: Path) -> list[str]:
 def whole_process(tmp: Path, runs: int, peers: Path) -> list[str]:
     mdc = [sys.executable, "-m", "mdc"]
     schema = tmp / "schema.json"
-    schema.write_text(subprocess.run([*mdc, "schema"], check=True, capture_output=True,
-                                     text=True, cwd=ROOT, env=bench_env()).stdout)
+    schema.write_text(
+        subprocess.run(
+            [*mdc, "schema"], check=True, capture_output=True, text=True, cwd=ROOT, env=bench_env()
+        ).stdout
+    )
     one = [str(ROOT / "examples" / "quickstart.toml")]
     hundred = spec_files(100, tmp / "specs")
     (tmp / "train.py").write_text("print('train')\n")
     (tmp / "ddp.toml").write_text(DDP_SPEC)
-    dry = subprocess.run([str(peers / "torchx"), "run", "--dryrun", "-s", "slurm", "dist.ddp",
-                          "-j", "2x8", "--script", "train.py"], cwd=tmp, env=bench_env(),
-                         capture_output=True, text=True, check=True)
+    dry = subprocess.run(
+        [
+            str(peers / "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "slurm",
+            "dist.ddp",
+            "-j",
+            "2x8",
+            "--script",
+            "train.py",
+        ],
+        cwd=tmp,
+        env=bench_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "--nnodes 2 --nproc_per_node 8" in dry.stdout and "#SBATCH" in dry.stdout, dry.stdout
     check = [str(peers / "check-jsonschema"), "--schemafile", str(schema)]
-    torchx = [str(peers / "torchx"), "run", "--dryrun", "-s", "slurm", "dist.ddp", "-j", "2x8",
-              "--script", "train.py"]
+    torchx = [
+        str(peers / "torchx"),
+        "run",
+        "--dryrun",
+        "-s",
+        "slurm",
+        "dist.ddp",
+        "-j",
+        "2x8",
+        "--script",
+        "train.py",
+    ]
     rows = [
-        ("`mdc validate` 1 spec", "check-jsonschema, 1 spec",
-         [*mdc, "validate", *one], [*check, *one]),
-        ("`mdc validate` 100 specs", "check-jsonschema, 100 specs",
-         [*mdc, "validate", *hundred], [*check, *hundred]),
-        ("`mdc compile` 2x8 torchrun on SLURM", "`torchx run --dryrun -s slurm dist.ddp -j 2x8`",
-         [*mdc, "compile", "ddp.toml", "-o", "out"], torchx),
+        (
+            "`mdc validate` 1 spec",
+            "check-jsonschema, 1 spec",
+            [*mdc, "validate", *one],
+            [*check, *one],
+        ),
+        (
+            "`mdc validate` 100 specs",
+            "check-jsonschema, 100 specs",
+            [*mdc, "validate", *hundred],
+            [*check, *hundred],
+        ),
+        (
+            "`mdc compile` 2x8 torchrun on SLURM",
+            "`torchx run --dryrun -s slurm dist.ddp -j 2x8`",
+            [*mdc, "compile", "ddp.toml", "-o", "out"],
+            torchx,
+        ),
     ]
     results = alternate([(r[2], r[3]) for r in rows], runs, tmp)
-    lines = [("| work | mdc wall | peer wall | ratio | mdc CPU | peer CPU | ratio | "
-             "mdc RSS | peer RSS |"), "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| work | mdc wall | peer wall | ratio | mdc CPU | peer CPU | ratio | "
+            "mdc RSS | peer RSS |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for (label, peer_label, _, _), (ours, theirs) in zip(rows, results):
         wall = (med(ours, lambda s: s.wall), med(theirs, lambda s: s.wall))
         cpu = (med(ours, lambda s: s.cpu), med(theirs, lambda s: s.cpu))
         rss = (med(ours, lambda s: s.rss), med(theirs, lambda s: s.rss))
-        lines.append(f"| {label} vs {peer_label} | {wall[0]:.3f} s | {wall[1]:.3f} s | "
-                     f"{wall[0] / wall[1]:.2f} | {cpu[0]:.3f} s | {cpu[1]:.3f} s | "
-                     f"{cpu[0] / cpu[1]:.2f} | {rss[0]:.0f} MiB | {rss[1]:.0f} MiB |")
+        lines.append(
+            f"| {label} vs {peer_label} | {wall[0]:.3f} s | {wall[1]:.3f} s | "
+            f"{wall[0] / wall[1]:.2f} | {cpu[0]:.3f} s | {cpu[1]:.3f} s | "
+            f"{cpu[0] / cpu[1]:.2f} | {rss[0]:.0f} MiB | {rss[1]:.0f} MiB |"
+        )
     floor = [run_once([sys.executable, "-c", "pass"], ROOT) for _ in range(runs)]
-    jsonschema = [run_once([sys.executable, "-c", "import jsonschema"], ROOT)
-                  for _ in range(runs)]
-    lines += ["", (f"Floors (median CPU): `python -c pass` {med(floor, lambda s: s.cpu):.3f} s, "
-              f"`python -c 'import jsonschema'` {med(jsonschema, lambda s: s.cpu):.3f} s.")]
+    jsonschema = [run_once([sys.executable, "-c", "import jsonschema"], ROOT) for _ in range(runs)]
+    lines += [
+        "",
+        (
+            f"Floors (median CPU): `python -c pass` {med(floor, lambda s: s.cpu):.3f} s, "
+            f"`python -c 'import jsonschema'` {med(jsonschema, lambda s: s.cpu):.3f} s."
+        ),
+    ]
     return lines
 
 
 def in_process(tmp: Path, runs: int) -> list[str]:
     files = [str(p) for p in sorted((tmp / "specs").iterdir())]
-    samples = [json.loads(subprocess.run([sys.executable, "-c", IN_PROCESS, *files], check=True,
-                                         capture_output=True, text=True, cwd=ROOT,
-                                         env=bench_env()).stdout) for _ in range(runs)]
+    samples = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", IN_PROCESS, *files],
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=bench_env(),
+            ).stdout
+        )
+        for _ in range(runs)
+    ]
 
     def m(key: str) -> float:
         return statistics.median(s[key] for s in samples) * 1000
 
-    return ["| in one process, CPU time (median of runs) | ms |", "|---|---|",
-            f"| import mdc.pipeline + mdc.plugin_manager | {m('import'):.1f} |",
-            f"| load_plugins() (entry points; built-ins deferred) | {m('load_plugins'):.1f} |",
-            f"| Compiler(plugins) | {m('compiler'):.1f} |",
-            (f"| first round over the 100 specs (imports the plugins they need, builds the "
-             f"validator) | {m('first'):.1f} |"),
-            f"| validate's work per spec once warm, median of the 100 | {m('median'):.2f} |",
-            f"| validate's work, the 100 specs once warm | {m('total'):.1f} |",
-            f"| of which reading the files (loaders) | {m('load'):.1f} |",
-            f"| of which the schema check | {m('schema'):.1f} |",
-            (f"| of which planning, plugin checks and plugin emits (by difference) | "
-             f"{m('total') - m('load') - m('schema'):.1f} |"),
-            (f"| compile's work for the same 100 (the tree too: plan.json, manifest), before "
-             f"writing | {m('built'):.1f} |")]
+    return [
+        "| in one process, CPU time (median of runs) | ms |",
+        "|---|---|",
+        f"| import mdc.pipeline + mdc.plugin_manager | {m('import'):.1f} |",
+        f"| load_plugins() (entry points; built-ins deferred) | {m('load_plugins'):.1f} |",
+        f"| Compiler(plugins) | {m('compiler'):.1f} |",
+        (
+            f"| first round over the 100 specs (imports the plugins they need, builds the "
+            f"validator) | {m('first'):.1f} |"
+        ),
+        f"| validate's work per spec once warm, median of the 100 | {m('median'):.2f} |",
+        f"| validate's work, the 100 specs once warm | {m('total'):.1f} |",
+        f"| of which reading the files (loaders) | {m('load'):.1f} |",
+        f"| of which the schema check | {m('schema'):.1f} |",
+        (
+            f"| of which planning, plugin checks and plugin emits (by difference) | "
+            f"{m('total') - m('load') - m('schema'):.1f} |"
+        ),
+        (
+            f"| compile's work for the same 100 (the tree too: plan.json, manifest), before "
+            f"writing | {m('built'):.1f} |"
+        ),
+    ]
 
 
 def big_plan(runs: int) -> list[str]:
-    plans = [subprocess.run([sys.executable, "-c", BIG_PLAN], check=True, capture_output=True,
-                            text=True, cwd=ROOT, env=bench_env()).stdout.split()
-             for _ in range(runs)]
+    plans = [
+        subprocess.run(
+            [sys.executable, "-c", BIG_PLAN],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=bench_env(),
+        ).stdout.split()
+        for _ in range(runs)
+    ]
     plan_s = statistics.median(float(p[0]) for p in plans)
     peak = statistics.median(float(p[2]) for p in plans)
-    return [(f"| plan for 131,072 nodes x 8 GPUs (1,048,576 ranks; megatron tp 8, pp 16, cp 2), "
+    return [
+        (
+            f"| plan for 131,072 nodes x 8 GPUs (1,048,576 ranks; megatron tp 8, pp 16, cp 2), "
             f"imports excluded | {plan_s * 1000:.1f} ms | {peak:.0f} MiB peak RSS, whole "
-            "process |")]
+            "process |"
+        )
+    ]
 
 
 def artifact_sizes(tmp: Path) -> list[str]:
@@ -311,12 +411,23 @@ def artifact_sizes(tmp: Path) -> list[str]:
             path = tmp / f"{backend}-{nnodes}.toml"
             path.write_text(SIZED_SPEC.format(backend=backend, nnodes=nnodes))
             paths.append(str(path))
-    out = subprocess.run([sys.executable, "-c", SIZES, *paths], check=True, capture_output=True,
-                         text=True, cwd=ROOT, env=bench_env()).stdout.split("\n")
-    sizes = {Path(line.split()[0]).stem: (int(line.split()[1]), int(line.split()[2]))
-             for line in out if line}
-    lines = ["| backend | nnodes 2 | nnodes 1024 | nnodes 131072 | grows with nnodes? |",
-             "|---|---|---|---|---|"]
+    out = subprocess.run(
+        [sys.executable, "-c", SIZES, *paths],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=bench_env(),
+    ).stdout.split("\n")
+    sizes = {
+        Path(line.split()[0]).stem: (int(line.split()[1]), int(line.split()[2]))
+        for line in out
+        if line
+    }
+    lines = [
+        "| backend | nnodes 2 | nnodes 1024 | nnodes 131072 | grows with nnodes? |",
+        "|---|---|---|---|---|",
+    ]
     for backend in ("slurm", "kubernetes"):
         row = [sizes[f"{backend}-{n}"] for n in (2, 1024, 131072)]
         grows = "**yes**" if row[2][0] > row[0][0] + 64 else "no"
@@ -328,9 +439,17 @@ def artifact_sizes(tmp: Path) -> list[str]:
 def import_breakdown(tmp: Path) -> list[str]:
     """Cumulative import time of `mdc validate`'s heaviest modules, from -X importtime."""
     spec = str(ROOT / "examples" / "quickstart.toml")
-    runs = [subprocess.run([sys.executable, "-X", "importtime", "-m", "mdc", "validate", spec],
-                           check=True, capture_output=True, text=True, cwd=ROOT,
-                           env=bench_env()).stderr for _ in range(5)]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "mdc", "validate", spec],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=bench_env(),
+        ).stderr
+        for _ in range(5)
+    ]
     per_module: dict[str, list[int]] = {}
     totals = []
     for text in runs:
@@ -345,13 +464,20 @@ def import_breakdown(tmp: Path) -> list[str]:
             if depth <= 2:
                 per_module.setdefault(name, []).append(cumulative)
         totals.append(total)
-    top = sorted(((statistics.median(v), k) for k, v in per_module.items() if len(v) == 5),
-                 reverse=True)[:16]
-    lines = [(f"Imports of `mdc validate examples/quickstart.toml`: "
-             f"{statistics.median(totals) / 1000:.0f} ms in all (median of 5; modules "
-             "imported by `importlib.import_module`, as plugins are, are counted only "
-             "through what they import)."), "", "| module (nesting <= 2) | cumulative ms |",
-             "|---|---|"]
+    top = sorted(
+        ((statistics.median(v), k) for k, v in per_module.items() if len(v) == 5), reverse=True
+    )[:16]
+    lines = [
+        (
+            f"Imports of `mdc validate examples/quickstart.toml`: "
+            f"{statistics.median(totals) / 1000:.0f} ms in all (median of 5; modules "
+            "imported by `importlib.import_module`, as plugins are, are counted only "
+            "through what they import)."
+        ),
+        "",
+        "| module (nesting <= 2) | cumulative ms |",
+        "|---|---|",
+    ]
     lines += [f"| {name} | {us / 1000:.1f} |" for us, name in top]
     return lines
 
@@ -362,8 +488,13 @@ def main() -> None:
     args = parser.parse_args()
     peers = ensure_peers()
     stub_sinfo()
-    report = [(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
-              f"{os.getloadavg()[0]:.1f}; median of {args.runs} alternating runs."), ""]
+    report = [
+        (
+            f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.1f}; median of {args.runs} alternating runs."
+        ),
+        "",
+    ]
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         report += whole_process(tmp, args.runs, peers) + [""]

@@ -26,17 +26,23 @@ def main() -> None:
     parser.add_argument("--init_method", default="env://")
     args = parser.parse_args()
 
-    dist.init_process_group("gloo", init_method=args.init_method,
-                            world_size=args.world_size, rank=args.rank)
+    dist.init_process_group(
+        "gloo", init_method=args.init_method, world_size=args.world_size, rank=args.rank
+    )
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([float(rank)])
     dist.all_reduce(total)
     assert total.item() == world * (world - 1) / 2, total
 
     report: dict[str, object] = {name: int(os.environ[name]) for name in ENV}
-    report.update(arg_rank=args.rank, arg_world_size=args.world_size,
-                  init_method=args.init_method, dist_rank=rank, dist_world_size=world,
-                  allreduce=total.item())
+    report.update(
+        arg_rank=args.rank,
+        arg_world_size=args.world_size,
+        init_method=args.init_method,
+        dist_rank=rank,
+        dist_world_size=world,
+        allreduce=total.item(),
+    )
     line = json.dumps(report, sort_keys=True)
     print(line, flush=True)
     if os.environ.get("DDP_CHECK_DIR"):

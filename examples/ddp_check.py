@@ -27,10 +27,16 @@ def main() -> None:
         dist.broadcast(reference, src=0)
         assert torch.equal(grad, reference)
 
-    report = {name: int(os.environ[name]) for name in
-              ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
-    report.update(dist_rank=rank, dist_world_size=world, allreduce=total.item(),
-                  master_port=int(os.environ["MASTER_PORT"]))
+    report = {
+        name: int(os.environ[name])
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+    }
+    report.update(
+        dist_rank=rank,
+        dist_world_size=world,
+        allreduce=total.item(),
+        master_port=int(os.environ["MASTER_PORT"]),
+    )
     line = json.dumps(report, sort_keys=True)
     print(line, flush=True)
     if os.environ.get("DDP_CHECK_DIR"):

@@ -17,14 +17,27 @@ import deepspeed
 import deepspeed.comm as dist
 import torch
 
-ENV_INTS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
-            "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT")
+ENV_INTS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_PORT",
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--local_rank", type=int, default=None,
-                        help="set by the deepspeed launcher (not by torchrun)")
+    parser.add_argument(
+        "--local_rank",
+        type=int,
+        default=None,
+        help="set by the deepspeed launcher (not by torchrun)",
+    )
     deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
     local_rank_argument = args.local_rank
@@ -37,8 +50,11 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, optimizer=optimizer)
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    dtype = torch.bfloat16 if engine.bfloat16_enabled() else (
-        torch.float16 if engine.fp16_enabled() else torch.float32)
+    dtype = (
+        torch.bfloat16
+        if engine.bfloat16_enabled()
+        else (torch.float16 if engine.fp16_enabled() else torch.float32)
+    )
     inputs = torch.full((engine.train_micro_batch_size_per_gpu(), 4), float(rank), dtype=dtype)
     for _ in range(engine.gradient_accumulation_steps()):  # one optimizer step
         loss = engine(inputs.to(engine.device)).float().sum()
@@ -51,16 +67,22 @@ def main() -> None:
 
     report = {name: int(os.environ[name]) for name in ENV_INTS if name in os.environ}
     report.update(
-        dist_rank=rank, dist_world_size=world, allreduce=total.item(),
+        dist_rank=rank,
+        dist_world_size=world,
+        allreduce=total.item(),
         local_rank_argument=local_rank_argument,
-        config_argument=args.deepspeed_config, deepspeed_flag=args.deepspeed,
+        config_argument=args.deepspeed_config,
+        deepspeed_flag=args.deepspeed,
         config_variable=os.environ.get("MDC_DEEPSPEED_CONFIG"),
         train_batch_size=engine.train_batch_size(),
         micro_batch_size=engine.train_micro_batch_size_per_gpu(),
         grad_accum_steps=engine.gradient_accumulation_steps(),
-        dp_world_size=engine.dp_world_size, zero_stage=int(engine.zero_optimization_stage()),
-        bf16=engine.bfloat16_enabled(), fp16=engine.fp16_enabled(),
-        global_steps=engine.global_steps)
+        dp_world_size=engine.dp_world_size,
+        zero_stage=int(engine.zero_optimization_stage()),
+        bf16=engine.bfloat16_enabled(),
+        fp16=engine.fp16_enabled(),
+        global_steps=engine.global_steps,
+    )
     line = json.dumps(report, sort_keys=True)
     print(line, flush=True)
     if os.environ.get("DDP_CHECK_DIR"):

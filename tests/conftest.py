@@ -38,8 +38,17 @@ pytest_plugins = ["mdc.testing"]
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN_ROOT = REPO / "golden"
 
-__all__ = ["GOLDEN_ROOT", "PLUGIN_VARIABLES", "REPO", "Golden", "Tree", "in_ci", "normal_mode",
-           "read_tree", "subprocess_env"]
+__all__ = [
+    "GOLDEN_ROOT",
+    "PLUGIN_VARIABLES",
+    "REPO",
+    "Golden",
+    "Tree",
+    "in_ci",
+    "normal_mode",
+    "read_tree",
+    "subprocess_env",
+]
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +59,7 @@ def declared_builtins() -> dict[str, list[str]]:
     so tests that list the built-ins follow the packaging rather than a copy of it.
     """
     import tomllib
+
     declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     kinds: dict[str, list[str]] = {"launchers": [], "backends": []}
     for name, target in declared["project"]["entry-points"]["mdc"].items():
@@ -60,7 +70,9 @@ def declared_builtins() -> dict[str, list[str]]:
 #: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
 #: ../shared/crds beside the checkout, then the workspace's (for clones made elsewhere)
 CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
-    REPO.parent / "shared" / "crds", Path("/work/shared/crds")]
+    REPO.parent / "shared" / "crds",
+    Path("/work/shared/crds"),
+]
 
 
 @pytest.fixture(scope="session")
@@ -116,10 +128,17 @@ def node_hosts_of(node_sh: str) -> list[str]:
     """What a Kubernetes pod's ``k8s/node.sh`` exports as NODE_HOSTS: its own lines run by
     bash (the block that builds it, without the rest of the pod's start)."""
     import subprocess
+
     start = node_sh.index('if [[ -z "${NODE_HOSTS:-}" ]]; then')
-    block = node_sh[start:node_sh.index("\nfi\n", start) + 4]
-    result = subprocess.run(["bash", "-c", block + 'printf "%s" "$NODE_HOSTS"'],
-                            capture_output=True, text=True, check=True, env={}, timeout=30)
+    block = node_sh[start : node_sh.index("\nfi\n", start) + 4]
+    result = subprocess.run(
+        ["bash", "-c", block + 'printf "%s" "$NODE_HOSTS"'],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={},
+        timeout=30,
+    )
     return result.stdout.split(" ")
 
 

@@ -82,8 +82,9 @@ class Artifact:
         try:
             text = _json_text(value, "\n")
         except _NotPlain:  # e.g. keys that are not strings: json's own rules
-            text = _NUMBER_LIST.sub(_one_line, json.dumps(value, indent=2, sort_keys=True,
-                                                          ensure_ascii=False))
+            text = _NUMBER_LIST.sub(
+                _one_line, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+            )
         return cls.text(path, text)
 
 
@@ -109,8 +110,10 @@ def _json_text(value: object, newline: str) -> str:
         members = [f"{_json_string(k)}: {_json_text(value[k], inner)}" for k in sorted(value)]
         return "{" + inner + ("," + inner).join(members) + newline + "}" if members else "{}"
     if isinstance(value, (list, tuple)):
-        if value and (all(type(v) is int for v in value) or all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        if value and (
+            all(type(v) is int for v in value)
+            or all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             return "[" + ", ".join(map(int.__repr__, value)) + "]"
         items = [_json_text(v, inner) for v in value]
         return "[" + inner + ("," + inner).join(items) + newline + "]" if items else "[]"
@@ -208,12 +211,49 @@ def script_path(role: str) -> str:
 
 
 __all__ = [
-    "GROUP_KINDS", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "NODE_RANK", "OUT_DIR",
-    "RUNNER_VARIABLE", "RUNTIME_VARIABLES",
-    "Artifact", "BackendSpec", "BatchPlan", "Concat", "Diagnostic", "DisaggSplit", "Finding",
-    "JobTable", "Launch", "LauncherSpec", "MemoryEstimate", "ModelTable", "NodeRole", "Plan", "RankLayout", "Ref",
-    "Rendezvous", "Role", "Severity", "Sizes", "TorchrunOptions", "TrainingSetup", "Word",
-    "out_file", "program", "read_schema", "refs_in", "runner_env", "runner_worker_env",
-    "script_path", "shell_join", "shell_word", "supervise", "torchrun_argv", "torchrun_env",
-    "torchrun_findings", "torchrun_worker_env",
+    "GROUP_KINDS",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_HOSTS",
+    "NODE_RANK",
+    "OUT_DIR",
+    "RUNNER_VARIABLE",
+    "RUNTIME_VARIABLES",
+    "Artifact",
+    "BackendSpec",
+    "BatchPlan",
+    "Concat",
+    "Diagnostic",
+    "DisaggSplit",
+    "Finding",
+    "JobTable",
+    "Launch",
+    "LauncherSpec",
+    "MemoryEstimate",
+    "ModelTable",
+    "NodeRole",
+    "Plan",
+    "RankLayout",
+    "Ref",
+    "Rendezvous",
+    "Role",
+    "Severity",
+    "Sizes",
+    "TorchrunOptions",
+    "TrainingSetup",
+    "Word",
+    "out_file",
+    "program",
+    "read_schema",
+    "refs_in",
+    "runner_env",
+    "runner_worker_env",
+    "script_path",
+    "shell_join",
+    "shell_word",
+    "supervise",
+    "torchrun_argv",
+    "torchrun_env",
+    "torchrun_findings",
+    "torchrun_worker_env",
 ]

@@ -33,31 +33,40 @@ SCALARS = (str, int, float, bool, type(None))
 Structurer = Callable[[Any], Any]
 #: the collection types a field may have, and the built-in that holds it
 _COLLECTIONS: dict[Any, type] = {
-    list: list, tuple: tuple, set: set, frozenset: frozenset, abc.Sequence: tuple,
-    abc.MutableSequence: list, abc.Set: frozenset, abc.MutableSet: set}
+    list: list,
+    tuple: tuple,
+    set: set,
+    frozenset: frozenset,
+    abc.Sequence: tuple,
+    abc.MutableSequence: list,
+    abc.Set: frozenset,
+    abc.MutableSet: set,
+}
 
 
 class Misfit(ValueError):
     """The data does not fit the type (the schema let through what the model refuses)."""
 
 
-def structure_spec(data: Mapping[str, Any],
-                   plugin_types: Mapping[str, type | None]) -> JobSpec:
+def structure_spec(data: Mapping[str, Any], plugin_types: Mapping[str, type | None]) -> JobSpec:
     """Build the :class:`JobSpec`; ``plugin_types`` maps plugin table names to options types."""
     try:
-        core: dict[str, Any] = {name: structure(data[name], cls)
-                                for name, cls in CORE_TABLES.items() if name in data}
+        core: dict[str, Any] = {
+            name: structure(data[name], cls) for name, cls in CORE_TABLES.items() if name in data
+        }
         tables: dict[str, object] = {}
         for name in sorted(data):
             if name in CORE_TABLES or name == EDITOR_SCHEMA_KEY:
                 continue
             options_type = plugin_types[name]
-            tables[name] = data[name] if options_type is None else structure(
-                data[name], options_type)
+            tables[name] = (
+                data[name] if options_type is None else structure(data[name], options_type)
+            )
         return JobSpec(**core, plugin_tables=tables)
     except Exception as exc:
-        raise InternalError(f"the spec passed the schema but does not fit the model: {exc!r}") \
-            from exc
+        raise InternalError(
+            f"the spec passed the schema but does not fit the model: {exc!r}"
+        ) from exc
 
 
 def structure(value: Any, tp: Any) -> Any:
@@ -120,8 +129,11 @@ def _attrs_class(cls: type) -> Structurer:
     def build(value: Any) -> Any:
         if not fields:
             hints = typing.get_type_hints(cls)
-            fields.extend((f.name, f.alias or f.name, structurer(hints[f.name]))
-                          for f in attrs.fields(cls) if f.init)
+            fields.extend(
+                (f.name, f.alias or f.name, structurer(hints[f.name]))
+                for f in attrs.fields(cls)
+                if f.init
+            )
         if not isinstance(value, Mapping):
             raise Misfit(f"{cls.__name__} needs a table, not {type(value).__name__}")
         extra = set(value) - {name for name, _, _ in fields}
@@ -135,6 +147,7 @@ def _attrs_class(cls: type) -> Structurer:
                 except Exception as exc:
                     raise Misfit(f"{cls.__name__}.{name}: {exc}") from exc
         return cls(**kwargs)
+
     return build
 
 

@@ -33,8 +33,13 @@ def _plain(value: object) -> object:
 
 
 def _finding(d: Diagnostic) -> dict[str, object]:
-    return {"severity": d.severity.value, "code": d.code, "message": d.message,
-            "pointer": d.location.pointer, "hint": d.hint}
+    return {
+        "severity": d.severity.value,
+        "code": d.code,
+        "message": d.message,
+        "pointer": d.location.pointer,
+        "hint": d.hint,
+    }
 
 
 def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
@@ -47,8 +52,13 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             entry["ranks"] = [list(g) for g in group_set]
         groups[kind] = entry
     return {
-        "job": {"name": plan.job.name, "image": plan.job.image, "command": plan.job.argv,
-                "workdir": plan.job.workdir, "env": dict(plan.job.env)},
+        "job": {
+            "name": plan.job.name,
+            "image": plan.job.image,
+            "command": plan.job.argv,
+            "workdir": plan.job.workdir,
+            "env": dict(plan.job.env),
+        },
         "launcher": plan.launcher,
         "backend": plan.backend,
         "accelerator": plan.accelerator,
@@ -58,10 +68,14 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "world_size": plan.world_size,
         "parallelism": {**_plain(sizes), "order": plan.layout.order},  # type: ignore[dict-item]
         "batch": _plain(plan.batch),
-        "rendezvous": {"master_addr": "node 0", "master_port": plan.rendezvous.master_port,
-                       "port_origin": plan.rendezvous.port_origin},
-        "roles": [{"name": r.name, "first_node": r.first_node, "count": r.count}
-                  for r in plan.roles],
+        "rendezvous": {
+            "master_addr": "node 0",
+            "master_port": plan.rendezvous.master_port,
+            "port_origin": plan.rendezvous.port_origin,
+        },
+        "roles": [
+            {"name": r.name, "first_node": r.first_node, "count": r.count} for r in plan.roles
+        ],
         "ranks_of_node": "node_rank * nproc_per_node + local_rank",
         "groups": groups,
         "disagg": _plain(plan.disagg),
@@ -82,13 +96,25 @@ def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
         "params": {"total": m.params_total, "per_gpu": m.params_per_gpu},
         "stage": {"name": m.stage, "layers": m.stage_layers},
         "dtype": m.dtype,
-        "bytes_per_param": {"weights": m.weight_bytes, "gradients": m.grad_bytes,
-                            "optimizer": m.optimizer_bytes},
+        "bytes_per_param": {
+            "weights": m.weight_bytes,
+            "gradients": m.grad_bytes,
+            "optimizer": m.optimizer_bytes,
+        },
         "sharding": {"zero_stage": m.zero_stage, "dp_cp": m.shard, "expert_dp": m.expert_shard},
-        "activations": {"micro_batch_size": m.micro_batch_size, "in_flight": m.in_flight,
-                        "sequence_parallel": m.sequence_parallel, "recompute": m.recompute},
-        "bytes": {"weights": m.weights, "gradients": m.gradients, "optimizer": m.optimizer,
-                  "activations": m.activations, "total": m.total},
+        "activations": {
+            "micro_batch_size": m.micro_batch_size,
+            "in_flight": m.in_flight,
+            "sequence_parallel": m.sequence_parallel,
+            "recompute": m.recompute,
+        },
+        "bytes": {
+            "weights": m.weights,
+            "gradients": m.gradients,
+            "optimizer": m.optimizer,
+            "activations": m.activations,
+            "total": m.total,
+        },
         "capacity_bytes": m.capacity,
         "fits": None if m.capacity is None else m.total <= m.capacity,
     }
@@ -103,18 +129,20 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
     if memory is None:
         return []
     m = memory
-    stage = {"only": "",
-             "first": f" on the first pipeline stage, {m.stage_layers} layers + input embedding",
-             "last": f" on the last pipeline stage, {m.stage_layers} layers + output layer",
-             }[m.stage]
+    stage = {
+        "only": "",
+        "first": f" on the first pipeline stage, {m.stage_layers} layers + input embedding",
+        "last": f" on the last pipeline stage, {m.stage_layers} layers + output layer",
+    }[m.stage]
     experts = f", experts over expert-dp {m.expert_shard}" if m.expert_shard != m.shard else ""
     over = f", sharded over dp-cp {m.shard}{experts}"
     parallel = "sequence parallel" if m.sequence_parallel else "no sequence parallel"
     if m.capacity is None:
         verdict = "(no accelerator_memory_gib: not checked)"
     else:
-        verdict = (f"of {m.capacity / GIB:g} GiB ({m.total * 100 // m.capacity}%)"
-                   + ("" if m.total <= m.capacity else ": does not fit"))
+        verdict = f"of {m.capacity / GIB:g} GiB ({m.total * 100 // m.capacity}%)" + (
+            "" if m.total <= m.capacity else ": does not fit"
+        )
     return [
         f"memory per GPU (estimate; {m.dtype}, zero stage {m.zero_stage}){stage}:",
         f"  parameters  {m.params_total:,} in total, {m.params_per_gpu:,} on each GPU here",
@@ -124,8 +152,10 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
         + (over if m.zero_stage >= 2 else ""),
         f"  optimizer   {_gib(m.optimizer)}   {m.optimizer_bytes} B/param (Adam)"
         + (over if m.zero_stage >= 1 else ""),
-        (f"  activations {_gib(m.activations)}   micro batch {m.micro_batch_size}, "
-         f"{m.in_flight} in flight, recompute {m.recompute}, {parallel}"),
+        (
+            f"  activations {_gib(m.activations)}   micro batch {m.micro_batch_size}, "
+            f"{m.in_flight} in flight, recompute {m.recompute}, {parallel}"
+        ),
         f"  total       {_gib(m.total)}   {verdict}",
     ]
 
@@ -139,24 +169,32 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     s, nproc = plan.sizes, plan.nproc_per_node
     elastic = f" (elastic: {plan.min_nnodes}..{plan.nnodes} nodes)" if plan.elastic else ""
     lines = [
-        (f"job {plan.job.name}: launcher {plan.launcher} on backend {plan.backend}, "
-         f"accelerator {plan.accelerator}"),
+        (
+            f"job {plan.job.name}: launcher {plan.launcher} on backend {plan.backend}, "
+            f"accelerator {plan.accelerator}"
+        ),
         f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks{elastic}",
-        (f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
-         f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]"),
+        (
+            f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
+            f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]"
+        ),
         f"experts: ep {s.ep} x etp {s.etp} x expert-dp {s.edp} x pp {s.pp}"
         + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
     ]
     if plan.batch:
         b = plan.batch
-        lines.append(f"batch: global {b.global_batch_size} = micro {b.micro_batch_size} x dp "
-                     f"{s.dp} x {b.grad_accum_steps} gradient accumulation step(s)")
+        lines.append(
+            f"batch: global {b.global_batch_size} = micro {b.micro_batch_size} x dp "
+            f"{s.dp} x {b.grad_accum_steps} gradient accumulation step(s)"
+        )
     port = plan.rendezvous
     lines.append(f"rendezvous: node 0, port {port.master_port} ({port.port_origin})")
     if plan.disagg:
         d = plan.disagg
-        lines.append(f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
-                     f"{d.decode} decode node(s)")
+        lines.append(
+            f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
+            f"{d.decode} decode node(s)"
+        )
     lines.append("nodes:")
     shown = list(range(min(plan.nnodes, MAX_SHOWN)))
     if plan.nnodes > MAX_SHOWN:

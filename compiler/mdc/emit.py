@@ -22,8 +22,9 @@ class ArtifactError(ValueError):
     """An artifact path is absolute, escapes ``out/``, or repeats."""
 
 
-def check_paths(artifacts: Iterable[Artifact], *, reserved: Iterable[str] = (MANIFEST,)
-                ) -> list[Artifact]:
+def check_paths(
+    artifacts: Iterable[Artifact], *, reserved: Iterable[str] = (MANIFEST,)
+) -> list[Artifact]:
     """The artifacts sorted by path; raises :class:`ArtifactError` on a bad or repeated path."""
     taken = set(reserved)
     seen: dict[str, Artifact] = {}
@@ -31,15 +32,21 @@ def check_paths(artifacts: Iterable[Artifact], *, reserved: Iterable[str] = (MAN
     for artifact in artifacts:
         path = artifact.path
         parts = path.split("/")
-        if (path in taken or path.startswith("/") or "\\" in path or "\0" in path
-                or any(part in ("", ".", "..") for part in parts)):
+        if (
+            path in taken
+            or path.startswith("/")
+            or "\\" in path
+            or "\0" in path
+            or any(part in ("", ".", "..") for part in parts)
+        ):
             raise ArtifactError(f"artifact path {path!r} must be a plain relative path inside out/")
         if path in seen:
             raise ArtifactError(f"artifact path {path!r} is produced twice")
         parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
         if path in folders or any(parent in seen for parent in parents):
-            raise ArtifactError(f"artifact path {path!r} lies under another artifact, or "
-                                "another lies under it")
+            raise ArtifactError(
+                f"artifact path {path!r} lies under another artifact, or another lies under it"
+            )
         seen[path] = artifact
         folders.update(parents)
     return [seen[p] for p in sorted(seen)]
@@ -49,21 +56,27 @@ def mode_of(artifact: Artifact) -> int:
     return 0o755 if artifact.executable else 0o644
 
 
-def manifest(artifacts: Iterable[Artifact], *, spec_sha256: str,
-             plugins: Mapping[str, str]) -> Artifact:
+def manifest(
+    artifacts: Iterable[Artifact], *, spec_sha256: str, plugins: Mapping[str, str]
+) -> Artifact:
     """Every file with its sha256 and mode, the spec's hash, and the plugins that wrote them."""
-    files = {a.path: {"sha256": hashlib.sha256(a.data).hexdigest(), "mode": f"{mode_of(a):04o}"}
-             for a in artifacts}
-    return Artifact.json(MANIFEST, {"files": files, "spec_sha256": spec_sha256,
-                                    "plugins": dict(plugins)})
+    files = {
+        a.path: {"sha256": hashlib.sha256(a.data).hexdigest(), "mode": f"{mode_of(a):04o}"}
+        for a in artifacts
+    }
+    return Artifact.json(
+        MANIFEST, {"files": files, "spec_sha256": spec_sha256, "plugins": dict(plugins)}
+    )
 
 
-def finish(artifacts: Iterable[Artifact], *, spec_sha256: str,
-           plugins: Mapping[str, str]) -> list[Artifact]:
+def finish(
+    artifacts: Iterable[Artifact], *, spec_sha256: str, plugins: Mapping[str, str]
+) -> list[Artifact]:
     """The complete, sorted output tree: the artifacts plus their manifest."""
     checked = check_paths(artifacts)
-    return check_paths([*checked, manifest(checked, spec_sha256=spec_sha256, plugins=plugins)],
-                       reserved=())
+    return check_paths(
+        [*checked, manifest(checked, spec_sha256=spec_sha256, plugins=plugins)], reserved=()
+    )
 
 
 def is_replaceable(out: Path) -> bool:
@@ -116,7 +129,7 @@ def _prefix(out: Path, kind: str) -> str:
 def _recover(out: Path) -> None:
     """Undo what a killed writer left beside ``out``: restore a parked tree, drop staging."""
     for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.mdc-*-*-*")):
-        kind, pid = leftover.name[len(out.name) + 1:].split("-")[1:3]
+        kind, pid = leftover.name[len(out.name) + 1 :].split("-")[1:3]
         if not pid.isdigit() or _alive(int(pid)):
             continue
         parked = leftover / out.name
@@ -144,6 +157,7 @@ def _exchange(a: Path, b: Path) -> bool:
     if sys.platform != "linux":
         return False
     import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     renameat2 = getattr(libc, "renameat2", None)
     if renameat2 is None:
@@ -160,8 +174,11 @@ def _exchange(a: Path, b: Path) -> bool:
 def drift(out: Path, tree: Iterable[Artifact]) -> list[str]:
     """How ``out`` differs from ``tree``: one line per missing, changed or extra file."""
     expected = {a.path: a for a in tree}
-    found = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} \
-        if out.is_dir() else set()
+    found = (
+        {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+        if out.is_dir()
+        else set()
+    )
     lines = []
     for path in sorted(expected.keys() | found):
         if path not in found:

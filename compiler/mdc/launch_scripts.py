@@ -29,8 +29,10 @@ def render_role(plan: Plan, role: Role, env: Mapping[str, Word]) -> Artifact:
     ]
     for name in refs_in([*role.argv, *env.values()]):
         if name == OUT_DIR.name:  # launcher files are found beside this script
-            lines += [f'{name}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"',
-                      f"export {name}"]
+            lines += [
+                f'{name}="$(cd "$(dirname "${{BASH_SOURCE[0]}}")/.." && pwd)"',
+                f"export {name}",
+            ]
         else:
             lines.append(f': "${{{name}:?{name} must be set by the backend}}"')
     lines += [f"export {name}={shell_word(value)}" for name, value in env.items()]

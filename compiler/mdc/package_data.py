@@ -19,4 +19,5 @@ def package_text(package: str, resource: str) -> str:
         with open(path, encoding="utf-8") as file:
             return file.read()
     from importlib import resources
+
     return resources.files(package).joinpath(resource).read_text(encoding="utf-8")

@@ -37,11 +37,17 @@ PLANNED_TABLES = ("distributed", "parallelism", "batch", "model")
 def _without(data: object, pointers: set[str], here: str = "") -> object:
     """A copy of ``data`` without the members at ``pointers``."""
     if isinstance(data, dict):
-        return {k: _without(v, pointers, f"{here}/{escape_pointer_token(k)}")
-                for k, v in data.items() if f"{here}/{escape_pointer_token(k)}" not in pointers}
+        return {
+            k: _without(v, pointers, f"{here}/{escape_pointer_token(k)}")
+            for k, v in data.items()
+            if f"{here}/{escape_pointer_token(k)}" not in pointers
+        }
     if isinstance(data, list):
-        return [_without(v, pointers, f"{here}/{i}") for i, v in enumerate(data)
-                if f"{here}/{i}" not in pointers]
+        return [
+            _without(v, pointers, f"{here}/{i}")
+            for i, v in enumerate(data)
+            if f"{here}/{i}" not in pointers
+        ]
     return data
 
 
@@ -65,9 +71,12 @@ class Compiler:
     def __init__(self, plugins: PluginSet) -> None:
         self.plugins = plugins
         # A plugin is imported when a spec needs it: its table, launcher or backend.
-        self.checker = ComposedChecker([*plugins.launchers, *plugins.backends],
-                                       lambda name: plugins.table(name).record.schema,
-                                       plugins.launchers, plugins.backends)
+        self.checker = ComposedChecker(
+            [*plugins.launchers, *plugins.backends],
+            lambda name: plugins.table(name).record.schema,
+            plugins.launchers,
+            plugins.backends,
+        )
         self.option_types = plugins.option_types()
 
     @property
@@ -88,8 +97,9 @@ class Compiler:
         except SpecError as exc:
             raise SpecError([*notes, *exc.diagnostics]) from None
 
-    def compile_document(self, doc: LoadedDocument, notes: Sequence[Diagnostic] = (), *,
-                         tree: bool = True) -> Compiled:
+    def compile_document(
+        self, doc: LoadedDocument, notes: Sequence[Diagnostic] = (), *, tree: bool = True
+    ) -> Compiled:
         """Compile a loaded document (e.g. one a tool has edited) in memory."""
         found = self.checker.check(doc)
         if found:
@@ -110,14 +120,16 @@ class Compiler:
         if self.checker.check(repaired):
             return []
         try:
-            self._compile(repaired, damaged=frozenset(p.split("/")[1] for p in pointers),
-                          tree=False)
+            self._compile(
+                repaired, damaged=frozenset(p.split("/")[1] for p in pointers), tree=False
+            )
         except SpecError as exc:
             return list(exc.diagnostics)
         return []
 
-    def _compile(self, doc: LoadedDocument, damaged: frozenset[str] = frozenset(), *,
-                 tree: bool) -> Compiled:
+    def _compile(
+        self, doc: LoadedDocument, damaged: frozenset[str] = frozenset(), *, tree: bool
+    ) -> Compiled:
         """Compile a schema-valid document.
 
         ``damaged``: the tables a repaired document lost (see :meth:`_plan_despite`); their
@@ -127,10 +139,19 @@ class Compiler:
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
         backend_name = spec.distributed.backend or DEFAULT_BACKEND
         if backend_name not in self.plugins.backends:  # the default, when blocked or absent
-            raise SpecError([self._diag(doc, Finding(
-                code="MDC104", pointer="/distributed",
-                message=f"the default backend {backend_name!r} is not available",
-                hint=f"set backend to one of: {', '.join(self.plugins.backends) or '(none)'}"))])
+            raise SpecError(
+                [
+                    self._diag(
+                        doc,
+                        Finding(
+                            code="MDC104",
+                            pointer="/distributed",
+                            message=f"the default backend {backend_name!r} is not available",
+                            hint=f"set backend to one of: {', '.join(self.plugins.backends) or '(none)'}",
+                        ),
+                    )
+                ]
+            )
         backend_reg = self.plugins.backends[backend_name]
         launcher = self.plugins.launcher(spec.distributed.launcher)
         backend = self.plugins.backend(backend_name)
@@ -138,20 +159,31 @@ class Compiler:
         runs = backend.launchers
         unsupported = runs is not None and launcher.name not in runs
         if runs is not None and unsupported:
-            findings.append(self._diag(doc, Finding(
-                code="MDC231", pointer="/distributed/backend",
-                message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
-                hint=f"it runs: {', '.join(sorted(runs))}")))
+            findings.append(
+                self._diag(
+                    doc,
+                    Finding(
+                        code="MDC231",
+                        pointer="/distributed/backend",
+                        message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
+                        hint=f"it runs: {', '.join(sorted(runs))}",
+                    ),
+                )
+            )
         launcher_options = spec.plugin_tables.get(launcher.name)
         backend_options = spec.plugin_tables.get(backend.name)
         training = TrainingSetup()
         if launcher.training is not None:
             training_of = launcher.training
             training = _call(launcher_reg, "training", lambda: training_of(launcher_options))
-        plan, planned = build_plan(spec, parallelism=launcher.parallelism,
-                                   disaggregated=launcher.disaggregated, locate=doc.locate,
-                                   serving=launcher.workload == "serving",
-                                   training=training)
+        plan, planned = build_plan(
+            spec,
+            parallelism=launcher.parallelism,
+            disaggregated=launcher.disaggregated,
+            locate=doc.locate,
+            serving=launcher.workload == "serving",
+            training=training,
+        )
         findings += planned
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
@@ -164,50 +196,72 @@ class Compiler:
                 skip = reg.record.name in damaged or (reg is backend_reg and unsupported)
                 if check is not None and not skip:
                     # list() inside _call: a generator's errors surface while it is consumed
-                    results = _call(reg, "check", functools.partial(
-                        _listed, check, plan, plan.options.get(reg.record.name)))
+                    results = _call(
+                        reg,
+                        "check",
+                        functools.partial(_listed, check, plan, plan.options.get(reg.record.name)),
+                    )
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
         failed = any(d.is_error for d in findings)
         if plan is None or failed or damaged:
             raise SpecError(findings if plan is None or failed else [])
         plan = attrs.evolve(plan, warnings=tuple(sorted(findings, key=Diagnostic.sort_key)))
-        launch = _call(launcher_reg, "emit", lambda: launcher.emit(
-            plan, plan.options.get(launcher.name)))
+        launch = _call(
+            launcher_reg, "emit", lambda: launcher.emit(plan, plan.options.get(launcher.name))
+        )
         self._check_launch(launcher_reg, plan, launch, doc)
         _call(launcher_reg, "emit", lambda: emit.check_paths(launch.files))
         # the backend sees every file a node needs: the role scripts, then the launcher's
         # (a launcher file that takes a role script's path, or a word that is not one, is
         # the launcher's fault, found before the backend runs)
-        launched = attrs.evolve(launch, files=_call(launcher_reg, "emit", lambda: (
-            *render_launch(plan, launch), *launch.files)))
+        launched = attrs.evolve(
+            launch,
+            files=_call(
+                launcher_reg, "emit", lambda: (*render_launch(plan, launch), *launch.files)
+            ),
+        )
         _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
         own = [*launched.files]
         if tree:
             own.append(Artifact.json(PLAN, plan_json(plan, launch)))
-        scheduler = _call(backend_reg, "emit", lambda: list(backend.emit(
-            plan, launched, plan.options.get(backend.name))))
+        scheduler = _call(
+            backend_reg,
+            "emit",
+            lambda: list(backend.emit(plan, launched, plan.options.get(backend.name))),
+        )
         # without the tree, plan.json's path is still taken
         reserved = (emit.MANIFEST,) if tree else (emit.MANIFEST, PLAN)
-        _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler],
-                                                            reserved=reserved))
+        _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler], reserved=reserved))
         if not tree:
             return Compiled(plan=plan, launch=launch, tree=())
-        plugins = {name: reg.origin.distribution for name, reg in
-                   ((launcher.name, launcher_reg), (backend.name, backend_reg))}
-        files = emit.finish([*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data),
-                            plugins=plugins)
+        plugins = {
+            name: reg.origin.distribution
+            for name, reg in ((launcher.name, launcher_reg), (backend.name, backend_reg))
+        }
+        files = emit.finish(
+            [*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data), plugins=plugins
+        )
         return Compiled(plan=plan, launch=launch, tree=tuple(files))
 
-    def _check_launch(self, reg: Registered, plan: Plan, launch: Launch,
-                      doc: LoadedDocument) -> None:
+    def _check_launch(
+        self, reg: Registered, plan: Plan, launch: Launch, doc: LoadedDocument
+    ) -> None:
         if not isinstance(launch, Launch):
-            raise PluginError(reg.origin, "emit", f"returned {type(launch).__name__}, "
-                              "expected mdc.api.Launch")
-        if not (isinstance(launch.roles, (tuple, list)) and isinstance(launch.files, (tuple, list))
-                and all(isinstance(r, Role) for r in launch.roles)
-                and all(isinstance(f, Artifact) for f in launch.files)):
-            raise PluginError(reg.origin, "emit", "returned a Launch whose roles are not all "
-                              "mdc.api.Role or whose files are not all mdc.api.Artifact")
+            raise PluginError(
+                reg.origin, "emit", f"returned {type(launch).__name__}, expected mdc.api.Launch"
+            )
+        if not (
+            isinstance(launch.roles, (tuple, list))
+            and isinstance(launch.files, (tuple, list))
+            and all(isinstance(r, Role) for r in launch.roles)
+            and all(isinstance(f, Artifact) for f in launch.files)
+        ):
+            raise PluginError(
+                reg.origin,
+                "emit",
+                "returned a Launch whose roles are not all "
+                "mdc.api.Role or whose files are not all mdc.api.Artifact",
+            )
         wanted = sorted(r.name for r in plan.roles)
         given = sorted(r.name for r in launch.roles)
         if wanted != given:
@@ -218,16 +272,31 @@ class Compiler:
         managed |= set(launch.worker_env) | {*RUNTIME_VARIABLES, OUT_DIR.name}
         clashes = sorted(managed & set(plan.job.env))
         if clashes:
-            raise SpecError([self._diag(doc, Finding(
-                code="MDC240", pointer=f"/job/env/{name}",
-                message=f"{name} is set by the {plan.launcher} launcher or the {plan.backend} "
-                        "backend; [job] env cannot override it",
-                hint="remove it from [job] env; the plan sets it")) for name in clashes])
+            raise SpecError(
+                [
+                    self._diag(
+                        doc,
+                        Finding(
+                            code="MDC240",
+                            pointer=f"/job/env/{name}",
+                            message=f"{name} is set by the {plan.launcher} launcher or the {plan.backend} "
+                            "backend; [job] env cannot override it",
+                            hint="remove it from [job] env; the plan sets it",
+                        ),
+                    )
+                    for name in clashes
+                ]
+            )
 
     @staticmethod
     def _diag(doc: LoadedDocument, finding: Finding) -> Diagnostic:
-        return Diagnostic(severity=finding.severity, code=finding.code, message=finding.message,
-                          hint=finding.hint, location=doc.locate(finding.pointer))
+        return Diagnostic(
+            severity=finding.severity,
+            code=finding.code,
+            message=finding.message,
+            hint=finding.hint,
+            location=doc.locate(finding.pointer),
+        )
 
 
 def _call(reg: Registered, hook: str, function: Callable[[], T]) -> T:
@@ -237,18 +306,23 @@ def _call(reg: Registered, hook: str, function: Callable[[], T]) -> T:
     except (SpecError, PluginError):
         raise
     except Exception as exc:
-        raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} {hook}",
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise PluginError(
+            reg.origin, f"{reg.kind} {reg.record.name!r} {hook}", f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
-def _listed(function: Callable[[Plan, Any], Iterable[Finding]], plan: Plan,
-            options: Any) -> list[Finding]:
+def _listed(
+    function: Callable[[Plan, Any], Iterable[Finding]], plan: Plan, options: Any
+) -> list[Finding]:
     return list(function(plan, options))
 
 
 def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:
     items = list(results)
     if not all(isinstance(f, Finding) for f in items):
-        raise PluginError(reg.origin, f"{reg.kind} {reg.record.name!r} check",
-                          "returned something other than mdc.api.Finding records")
+        raise PluginError(
+            reg.origin,
+            f"{reg.kind} {reg.record.name!r} check",
+            "returned something other than mdc.api.Finding records",
+        )
     return items

@@ -36,10 +36,26 @@ from mdc.spec import CORE_TABLES
 GROUP = "mdc"
 DISTRIBUTION = "mdc-compiler"
 #: mdc's own launcher and backend entry points: each registers one record of that name.
-BUILTIN_LAUNCHERS = ("basic", "deepspeed", "megatron", "primus", "sglang", "sglang_disagg",
-                     "torchrun", "torchtitan", "vllm")
-BUILTIN_BACKENDS = ("kubernetes", "leaderworkerset", "local", "pytorchjob", "slurm", "ssh",
-                    "trainjob")
+BUILTIN_LAUNCHERS = (
+    "basic",
+    "deepspeed",
+    "megatron",
+    "primus",
+    "sglang",
+    "sglang_disagg",
+    "torchrun",
+    "torchtitan",
+    "vllm",
+)
+BUILTIN_BACKENDS = (
+    "kubernetes",
+    "leaderworkerset",
+    "local",
+    "pytorchjob",
+    "slurm",
+    "ssh",
+    "trainjob",
+)
 #: Entry points mdc itself declares; missing ones mean a broken install.
 BUILTINS = tuple(sorted(BUILTIN_LAUNCHERS + BUILTIN_BACKENDS))
 #: A plugin's name is also its spec table's name.
@@ -147,7 +163,9 @@ class EntryPoint:
 
 
 #: importlib.metadata's pattern for an entry point's value
-_OBJECT_REFERENCE = re.compile(r"(?P<module>[\w.]+)\s*(:\s*(?P<attr>[\w.]+)\s*)?((?P<extras>\[.*\])\s*)?$")
+_OBJECT_REFERENCE = re.compile(
+    r"(?P<module>[\w.]+)\s*(:\s*(?P<attr>[\w.]+)\s*)?((?P<extras>\[.*\])\s*)?$"
+)
 _INFO_SUFFIXES = (".dist-info", ".egg-info")
 
 
@@ -172,8 +190,11 @@ def _scan(group: str) -> list[EntryPoint] | None:
     then importlib.metadata is asked.
     """
     from importlib.machinery import PathFinder
-    if any(getattr(finder, "find_distributions", None) is not None and finder is not PathFinder
-           for finder in sys.meta_path):
+
+    if any(
+        getattr(finder, "find_distributions", None) is not None and finder is not PathFinder
+        for finder in sys.meta_path
+    ):
         return None
     seen: set[str] = set()
     found: list[EntryPoint] = []
@@ -236,6 +257,7 @@ def _name_version(info: Path) -> tuple[str, str]:
 def _from_metadata(group: str) -> list[EntryPoint]:
     """The entry points of ``group`` as importlib.metadata lists them."""
     from importlib.metadata import entry_points
+
     dists: dict[int, tuple[object, str, str]] = {}
     found = []
     for ep in entry_points(group=group):
@@ -252,33 +274,44 @@ def _from_metadata(group: str) -> list[EntryPoint]:
 
 
 def _origin(ep: EntryPoint) -> PluginOrigin:
-    return PluginOrigin(entry_point=f"{ep.name} = {ep.value}", distribution=ep.distribution,
-                        version=ep.version)
+    return PluginOrigin(
+        entry_point=f"{ep.name} = {ep.value}", distribution=ep.distribution, version=ep.version
+    )
 
 
 def discover(*, autoload: bool = True, blocked: Iterable[str] = ()) -> list[EntryPoint]:
     """The entry points to load, sorted by name; duplicates are errors."""
     listed = _scan(GROUP)
-    found = sorted(_from_metadata(GROUP) if listed is None else listed,
-                   key=lambda ep: (ep.name, ep.value))
+    found = sorted(
+        _from_metadata(GROUP) if listed is None else listed, key=lambda ep: (ep.name, ep.value)
+    )
     ours = {ep.name for ep in found if ep.distribution == DISTRIBUTION}
     missing = [name for name in BUILTINS if name not in ours]
     if missing:
-        raise PluginError(None, "startup", f"mdc's own entry points are missing ({', '.join(missing)}); "
-                          "reinstall mdc with `pip install -e .`")
+        raise PluginError(
+            None,
+            "startup",
+            f"mdc's own entry points are missing ({', '.join(missing)}); "
+            "reinstall mdc with `pip install -e .`",
+        )
     seen: dict[str, EntryPoint] = {}
     for ep in found:
         if ep.name in seen and seen[ep.name].value != ep.value:
-            raise PluginError(_origin(ep), "startup", f"entry point name {ep.name!r} is also "
-                              f"declared by {_origin(seen[ep.name]).distribution}")
+            raise PluginError(
+                _origin(ep),
+                "startup",
+                f"entry point name {ep.name!r} is also "
+                f"declared by {_origin(seen[ep.name]).distribution}",
+            )
         seen[ep.name] = ep
     skip = set(blocked)
-    return [ep for name, ep in sorted(seen.items()) if name not in skip and
-            (autoload or name in ours)]
+    return [
+        ep for name, ep in sorted(seen.items()) if name not in skip and (autoload or name in ours)
+    ]
 
 
 def _builtin_kind(ep: EntryPoint) -> str | None:
-    """"launcher"/"backend" for one of mdc's own entry points, as declared; else None."""
+    """ "launcher"/"backend" for one of mdc's own entry points, as declared; else None."""
     if ep.distribution != DISTRIBUTION:
         return None
     for kind, names in (("launcher", BUILTIN_LAUNCHERS), ("backend", BUILTIN_BACKENDS)):
@@ -287,10 +320,14 @@ def _builtin_kind(ep: EntryPoint) -> str | None:
     return None
 
 
-def load_plugins(*, autoload: bool = True, blocked: Iterable[str] = (),
-                 extra: Sequence[tuple[str, object, PluginOrigin]] = (),
-                 trace: Callable[[str], Any] | None = None,
-                 lazy: bool = True) -> PluginSet:
+def load_plugins(
+    *,
+    autoload: bool = True,
+    blocked: Iterable[str] = (),
+    extra: Sequence[tuple[str, object, PluginOrigin]] = (),
+    trace: Callable[[str], Any] | None = None,
+    lazy: bool = True,
+) -> PluginSet:
     """Load entry-point plugins (plus ``extra`` in-process ones) and collect their records.
 
     With ``lazy`` (the default, unless tracing), mdc's own plugins are imported only when
@@ -307,9 +344,12 @@ def load_plugins(*, autoload: bool = True, blocked: Iterable[str] = (),
     if set(deferred) & ({*launchers, *backends, *(name for name, _, _ in extra)}):
         return _load(eps, extra, None)  # a clash: the full load reports it as always
     for name in sorted(set(launchers) & set(backends)):
-        raise PluginError(backends[name].origin, "mdc_register_backends",
-                          f"backend name {name!r} is already a launcher from "
-                          f"{launchers[name].origin.distribution}")
+        raise PluginError(
+            backends[name].origin,
+            "mdc_register_backends",
+            f"backend name {name!r} is already a launcher from "
+            f"{launchers[name].origin.distribution}",
+        )
     by_name = {ep.name: ep for ep in eps}
     for name in deferred:
         origins[name] = _origin(by_name[name])
@@ -321,14 +361,15 @@ def load_plugins(*, autoload: bool = True, blocked: Iterable[str] = (),
         return loaded[name]
 
     return PluginSet(
-        launchers=_Records([*launchers, *(n for n, k in deferred.items() if k == "launcher")],
-                           get),
+        launchers=_Records([*launchers, *(n for n, k in deferred.items() if k == "launcher")], get),
         backends=_Records([*backends, *(n for n, k in deferred.items() if k == "backend")], get),
-        plugins=dict(sorted(origins.items())))
+        plugins=dict(sorted(origins.items())),
+    )
 
 
-def _load_builtin(manager: pluggy.PluginManager, ep: EntryPoint, kind: str,
-                  origin: PluginOrigin) -> Registered:
+def _load_builtin(
+    manager: pluggy.PluginManager, ep: EntryPoint, kind: str, origin: PluginOrigin
+) -> Registered:
     """Import one of mdc's own plugins and collect its one record."""
     try:
         module: ModuleType = ep.load()
@@ -340,17 +381,25 @@ def _load_builtin(manager: pluggy.PluginManager, ep: EntryPoint, kind: str,
     except pluggy.PluginValidationError as exc:
         raise PluginError(origin, "registration", str(exc)) from exc
     origins = {ep.name: origin}
-    found = {**_collect(manager, origins, "mdc_register_launchers", LauncherSpec, only=ep.name),
-             **_collect(manager, origins, "mdc_register_backends", BackendSpec, only=ep.name)}
+    found = {
+        **_collect(manager, origins, "mdc_register_launchers", LauncherSpec, only=ep.name),
+        **_collect(manager, origins, "mdc_register_backends", BackendSpec, only=ep.name),
+    }
     if list(found) != [ep.name] or found[ep.name].kind != kind:
-        raise PluginError(origin, "registration", f"registered {sorted(found)}; mdc's list of "
-                          f"its own plugins expects one {kind} named {ep.name!r}")
+        raise PluginError(
+            origin,
+            "registration",
+            f"registered {sorted(found)}; mdc's list of "
+            f"its own plugins expects one {kind} named {ep.name!r}",
+        )
     return found[ep.name]
 
 
-def _manager(eps: Sequence[EntryPoint], extra: Sequence[tuple[str, object, PluginOrigin]],
-             trace: Callable[[str], Any] | None,
-             ) -> tuple[pluggy.PluginManager, dict[str, PluginOrigin]]:
+def _manager(
+    eps: Sequence[EntryPoint],
+    extra: Sequence[tuple[str, object, PluginOrigin]],
+    trace: Callable[[str], Any] | None,
+) -> tuple[pluggy.PluginManager, dict[str, PluginOrigin]]:
     """A plugin manager with ``eps`` imported and ``extra`` registered."""
     manager = pluggy.PluginManager(GROUP)
     manager.add_hookspecs(hookspecs)
@@ -377,29 +426,41 @@ def _manager(eps: Sequence[EntryPoint], extra: Sequence[tuple[str, object, Plugi
     return manager, origins
 
 
-def _load(eps: Sequence[EntryPoint], extra: Sequence[tuple[str, object, PluginOrigin]],
-          trace: Callable[[str], Any] | None) -> PluginSet:
+def _load(
+    eps: Sequence[EntryPoint],
+    extra: Sequence[tuple[str, object, PluginOrigin]],
+    trace: Callable[[str], Any] | None,
+) -> PluginSet:
     """Import every plugin now and collect all records."""
     manager, origins = _manager(eps, extra, trace)
     launchers = _collect(manager, origins, "mdc_register_launchers", LauncherSpec)
     backends = _collect(manager, origins, "mdc_register_backends", BackendSpec)
     for name in sorted(set(launchers) & set(backends)):
-        raise PluginError(backends[name].origin, "mdc_register_backends",
-                          f"backend name {name!r} is already a launcher from "
-                          f"{launchers[name].origin.distribution}")
+        raise PluginError(
+            backends[name].origin,
+            "mdc_register_backends",
+            f"backend name {name!r} is already a launcher from "
+            f"{launchers[name].origin.distribution}",
+        )
     return PluginSet(launchers=launchers, backends=backends, plugins=dict(sorted(origins.items())))
 
 
-def _register(manager: pluggy.PluginManager, plugin: object, name: str,
-              origin: PluginOrigin) -> None:
+def _register(
+    manager: pluggy.PluginManager, plugin: object, name: str, origin: PluginOrigin
+) -> None:
     try:
         manager.register(plugin, name=name)
     except (pluggy.PluginValidationError, ValueError) as exc:
         raise PluginError(origin, "registration", str(exc)) from exc
 
 
-def _collect(manager: pluggy.PluginManager, origins: Mapping[str, PluginOrigin], hook: str,
-             record_type: type[Record], only: str | None = None) -> dict[str, Registered]:
+def _collect(
+    manager: pluggy.PluginManager,
+    origins: Mapping[str, PluginOrigin],
+    hook: str,
+    record_type: type[Record],
+    only: str | None = None,
+) -> dict[str, Registered]:
     kind = "launcher" if record_type is LauncherSpec else "backend"
     collected: dict[str, Registered] = {}
     impls = getattr(manager.hook, hook).get_hookimpls()
@@ -412,16 +473,28 @@ def _collect(manager: pluggy.PluginManager, origins: Mapping[str, PluginOrigin],
         except Exception as exc:
             raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(result, (list, tuple)) or not all(
-                isinstance(r, record_type) for r in result):
-            raise PluginError(origin, hook, f"returned {type(result).__name__}; expected a list "
-                              f"of {record_type.__name__}")
+            isinstance(r, record_type) for r in result
+        ):
+            raise PluginError(
+                origin,
+                hook,
+                f"returned {type(result).__name__}; expected a list of {record_type.__name__}",
+            )
         for record in result:
             if not NAME_PATTERN.match(record.name) or record.name in CORE_TABLES:
-                raise PluginError(origin, hook, f"{kind} name {record.name!r} is not allowed: "
-                                  "use lowercase letters, digits and '_', and not a core table")
+                raise PluginError(
+                    origin,
+                    hook,
+                    f"{kind} name {record.name!r} is not allowed: "
+                    "use lowercase letters, digits and '_', and not a core table",
+                )
             if record.name in collected:
-                raise PluginError(origin, hook, f"{kind} {record.name!r} is also registered by "
-                                  f"{collected[record.name].origin.entry_point} "
-                                  f"({collected[record.name].origin.distribution})")
+                raise PluginError(
+                    origin,
+                    hook,
+                    f"{kind} {record.name!r} is also registered by "
+                    f"{collected[record.name].origin.entry_point} "
+                    f"({collected[record.name].origin.distribution})",
+                )
             collected[record.name] = Registered(kind=kind, record=record, origin=origin)
     return dict(sorted(collected.items()))

@@ -32,8 +32,18 @@ from mdc.plan.ranks import RankGrid
 #: Cell fills by value (group, stage or replica number), repeating beyond the last:
 #: ColorBrewer's Set3, twelve light categorical colours that carry black text.
 PALETTE = (
-    "#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
-    "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f",
+    "#8dd3c7",
+    "#ffffb3",
+    "#bebada",
+    "#fb8072",
+    "#80b1d3",
+    "#fdb462",
+    "#b3de69",
+    "#fccde5",
+    "#d9d9d9",
+    "#bc80bd",
+    "#ccebc5",
+    "#ffed6f",
 )
 #: Node rows drawn per panel: the first MAX_NODES - 1 and the last.
 MAX_NODES = 8
@@ -69,15 +79,33 @@ def _panels(plan: Plan) -> list[Panel]:
     tp, cp, ep = (plan.layout.groups(k) for k in ("tp", "cp", "ep"))
     vpp = f", {s.vpp} virtual stages per rank" if s.vpp else ""
     every = [
-        Panel("tp", "group", f"TP: {tp.count} tensor-parallel group(s) of {s.tp} rank(s); "
-              "colour = group", "TP group"),
+        Panel(
+            "tp",
+            "group",
+            f"TP: {tp.count} tensor-parallel group(s) of {s.tp} rank(s); colour = group",
+            "TP group",
+        ),
         Panel("pp", "coord", f"PP: {s.pp} pipeline stages{vpp}; colour = stage", "stage"),
-        Panel("dp", "coord", f"DP: {s.dp} data-parallel replica(s) of {s.tp * s.pp * s.cp} "
-              "rank(s); colour = replica", "replica"),
-        Panel("cp", "group", f"CP: {cp.count} context-parallel group(s) of {s.cp} rank(s); "
-              "colour = group", "CP group"),
-        Panel("ep", "group", f"EP: {ep.count} expert-parallel group(s) of {s.ep} rank(s) "
-              f"(expert tp {s.etp}, expert dp {s.edp}); colour = group", "EP group"),
+        Panel(
+            "dp",
+            "coord",
+            f"DP: {s.dp} data-parallel replica(s) of {s.tp * s.pp * s.cp} "
+            "rank(s); colour = replica",
+            "replica",
+        ),
+        Panel(
+            "cp",
+            "group",
+            f"CP: {cp.count} context-parallel group(s) of {s.cp} rank(s); colour = group",
+            "CP group",
+        ),
+        Panel(
+            "ep",
+            "group",
+            f"EP: {ep.count} expert-parallel group(s) of {s.ep} rank(s) "
+            f"(expert tp {s.etp}, expert dp {s.edp}); colour = group",
+            "EP group",
+        ),
     ]
     sizes = {"tp": s.tp, "pp": s.pp, "dp": s.dp, "cp": s.cp, "ep": s.ep}
     shown = [p for p in every if sizes[p.kind] > 1]
@@ -156,64 +184,93 @@ def rank_map_svg(plan: Plan) -> str:
     longest = max(len(_coords(plan, r)) for r in _sample_ranks(plan, nodes, columns))
     nouns = max(len(f"{p.noun} {world - 1}") for p in panels)
     cell_w = max(64, CHAR_W * max(longest, nouns, len(f"r{world - 1}")) + 10)
-    cols_w = sum(ELLIPSIS_W if c is None else cell_w for c in columns) \
-        + CELL_GAP * (len(columns) - 1)
+    cols_w = sum(ELLIPSIS_W if c is None else cell_w for c in columns) + CELL_GAP * (
+        len(columns) - 1
+    )
     s = plan.sizes
     unit = "process(es)" if plan.accelerator == "cpu" else "GPU(s)"
     header = [
         f"rank map: job {plan.job.name} ({plan.launcher} on {plan.backend})",
-        (f"{plan.nnodes} node(s) x {nproc} {unit} = {world} ranks; tp {s.tp}, pp {s.pp}, "
-         f"dp {s.dp}, cp {s.cp}, ep {s.ep}; order {plan.layout.order} (fastest first)"),
+        (
+            f"{plan.nnodes} node(s) x {nproc} {unit} = {world} ranks; tp {s.tp}, pp {s.pp}, "
+            f"dp {s.dp}, cp {s.cp}, ep {s.ep}; order {plan.layout.order} (fastest first)"
+        ),
         "cell: rank / its coordinates / what the colour stands for; hover for details",
     ]
     if None in nodes:
-        header.append(f"drawn: nodes 0..{MAX_NODES - 2} and {plan.nnodes - 1} of "
-                      f"{plan.nnodes}; the {plan.nnodes - MAX_NODES} in between are "
-                      "left out (mdc explain and plan.json give every group)")
+        header.append(
+            f"drawn: nodes 0..{MAX_NODES - 2} and {plan.nnodes - 1} of "
+            f"{plan.nnodes}; the {plan.nnodes - MAX_NODES} in between are "
+            "left out (mdc explain and plan.json give every group)"
+        )
     if None in columns:
-        header.append(f"drawn: local ranks 0..{MAX_COLUMNS - 2} and {nproc - 1} of {nproc} "
-                      "per node")
-    width = max(2 * MARGIN + LABEL_W + cols_w + 2 * ROW_PAD,
-                2 * MARGIN + HEADER_CHAR_W * max(len(line) for line in header),
-                2 * MARGIN + HEADER_CHAR_W * max(len(p.title) for p in panels))
+        header.append(
+            f"drawn: local ranks 0..{MAX_COLUMNS - 2} and {nproc - 1} of {nproc} per node"
+        )
+    width = max(
+        2 * MARGIN + LABEL_W + cols_w + 2 * ROW_PAD,
+        2 * MARGIN + HEADER_CHAR_W * max(len(line) for line in header),
+        2 * MARGIN + HEADER_CHAR_W * max(len(p.title) for p in panels),
+    )
 
     canvas = _Canvas()
     y = MARGIN
     for i, line in enumerate(header):
         y += LINE
-        canvas.add(_text(MARGIN, y, line, font_size="14" if i == 0 else "12",
-                         font_weight="bold" if i == 0 else "normal",
-                         **{"class": "header"}))
+        canvas.add(
+            _text(
+                MARGIN,
+                y,
+                line,
+                font_size="14" if i == 0 else "12",
+                font_weight="bold" if i == 0 else "normal",
+                **{"class": "header"},
+            )
+        )
     y += LINE // 2
 
     for panel in panels:
         y = _draw_panel(canvas, plan, panel, nodes, columns, cell_w, y, width)
 
     height = y + MARGIN
-    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
-            f'monospace" font-size="11">')
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
+        f'monospace" font-size="11">'
+    )
     body = "\n".join(canvas.parts)
     title = escape(f"rank map of job {plan.job.name}")
-    return (f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{title}</title>\n'
-            f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n')
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{title}</title>\n'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
+    )
 
 
-def _sample_ranks(plan: Plan, nodes: list[int | None], columns: list[int | None]
-                  ) -> Iterator[int]:
+def _sample_ranks(plan: Plan, nodes: list[int | None], columns: list[int | None]) -> Iterator[int]:
     for node in nodes:
         for local in columns:
             if node is not None and local is not None:
                 yield node * plan.nproc_per_node + local
 
 
-def _draw_panel(canvas: _Canvas, plan: Plan, panel: Panel, nodes: list[int | None],
-                columns: list[int | None], cell_w: int, y: int, width: int) -> int:
+def _draw_panel(
+    canvas: _Canvas,
+    plan: Plan,
+    panel: Panel,
+    nodes: list[int | None],
+    columns: list[int | None],
+    cell_w: int,
+    y: int,
+    width: int,
+) -> int:
     nproc = plan.nproc_per_node
     canvas.add(f'<g class="panel" data-kind="{panel.kind}">')
     y += LINE + 4
-    canvas.add(_text(MARGIN, y, panel.title, font_size="13", font_weight="bold",
-                     **{"class": "panel-title"}))
+    canvas.add(
+        _text(
+            MARGIN, y, panel.title, font_size="13", font_weight="bold", **{"class": "panel-title"}
+        )
+    )
     y += 8
     row_h = CELL_H + 2 * ROW_PAD
     seen: set[int] = set()
@@ -221,9 +278,15 @@ def _draw_panel(canvas: _Canvas, plan: Plan, panel: Panel, nodes: list[int | Non
         if node is None:
             gap = plan.nnodes - MAX_NODES
             first, last = (MAX_NODES - 1) * nproc, (plan.nnodes - 1) * nproc - 1
-            canvas.add(_text(MARGIN + LABEL_W, y + 15,
-                             f"… {gap} more node(s), ranks {first}..{last}, not drawn",
-                             font_style="italic", **{"class": "gap"}))
+            canvas.add(
+                _text(
+                    MARGIN + LABEL_W,
+                    y + 15,
+                    f"… {gap} more node(s), ranks {first}..{last}, not drawn",
+                    font_style="italic",
+                    **{"class": "gap"},
+                )
+            )
             y += 22
             continue
         name, detail = _node_label(plan, node)
@@ -244,8 +307,10 @@ def _draw_panel(canvas: _Canvas, plan: Plan, panel: Panel, nodes: list[int | Non
             _draw_cell(canvas, plan, panel, rank, value, x, y + ROW_PAD, cell_w)
             x += cell_w + CELL_GAP
         frame_w = x - CELL_GAP + ROW_PAD - x0
-        canvas.add(f'<rect class="node-frame" x="{x0}" y="{y}" width="{frame_w}" '
-                   f'height="{row_h}" rx="5" fill="none" stroke="#222222" stroke-width="2"/>')
+        canvas.add(
+            f'<rect class="node-frame" x="{x0}" y="{y}" width="{frame_w}" '
+            f'height="{row_h}" rx="5" fill="none" stroke="#222222" stroke-width="2"/>'
+        )
         canvas.add("</g>")
         y += row_h + ROW_GAP
     y = _draw_legend(canvas, plan, panel, sorted(seen), y, width)
@@ -253,45 +318,57 @@ def _draw_panel(canvas: _Canvas, plan: Plan, panel: Panel, nodes: list[int | Non
     return y
 
 
-def _draw_cell(canvas: _Canvas, plan: Plan, panel: Panel, rank: int, value: int, x: int,
-               y: int, cell_w: int) -> None:
+def _draw_cell(
+    canvas: _Canvas, plan: Plan, panel: Panel, rank: int, value: int, x: int, y: int, cell_w: int
+) -> None:
     s = plan.sizes
     node, local = divmod(rank, plan.nproc_per_node)
-    words = ", ".join(f"{axis} {coordinate(plan, axis, rank)}"
-                      for axis, size in (("tp", s.tp), ("pp", s.pp), ("dp", s.dp),
-                                         ("cp", s.cp), ("ep", s.ep)) if size > 1)
-    groups = ", ".join(f"{kind} group {plan.layout.groups(kind).index_of(rank)}"
-                       for kind, size in (("tp", s.tp), ("cp", s.cp), ("ep", s.ep)) if size > 1)
+    words = ", ".join(
+        f"{axis} {coordinate(plan, axis, rank)}"
+        for axis, size in (("tp", s.tp), ("pp", s.pp), ("dp", s.dp), ("cp", s.cp), ("ep", s.ep))
+        if size > 1
+    )
+    groups = ", ".join(
+        f"{kind} group {plan.layout.groups(kind).index_of(rank)}"
+        for kind, size in (("tp", s.tp), ("cp", s.cp), ("ep", s.ep))
+        if size > 1
+    )
     tip = f"rank {rank}: node {node}, local rank {local}" + "".join(
-        f"; {part}" for part in (words, groups) if part)
+        f"; {part}" for part in (words, groups) if part
+    )
     cx = x + cell_w // 2
-    canvas.add(f'<g class="cell" data-rank="{rank}" data-value="{value}">'
-               f"<title>{escape(tip)}</title>"
-               f'<rect x="{x}" y="{y}" width="{cell_w}" height="{CELL_H}" rx="3" '
-               f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>'
-               + _text(cx, y + 14, f"r{rank}", text_anchor="middle", font_weight="bold")
-               + _text(cx, y + 28, _coords(plan, rank), text_anchor="middle",
-                       font_size="10")
-               + _text(cx, y + 42, f"{panel.noun} {value}", text_anchor="middle",
-                       font_size="10")
-               + "</g>")
+    canvas.add(
+        f'<g class="cell" data-rank="{rank}" data-value="{value}">'
+        f"<title>{escape(tip)}</title>"
+        f'<rect x="{x}" y="{y}" width="{cell_w}" height="{CELL_H}" rx="3" '
+        f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>'
+        + _text(cx, y + 14, f"r{rank}", text_anchor="middle", font_weight="bold")
+        + _text(cx, y + 28, _coords(plan, rank), text_anchor="middle", font_size="10")
+        + _text(cx, y + 42, f"{panel.noun} {value}", text_anchor="middle", font_size="10")
+        + "</g>"
+    )
 
 
-def _draw_legend(canvas: _Canvas, plan: Plan, panel: Panel, values: list[int], y: int,
-                 width: int) -> int:
+def _draw_legend(
+    canvas: _Canvas, plan: Plan, panel: Panel, values: list[int], y: int, width: int
+) -> int:
     listed = values[:MAX_LEGEND]
     group_set = plan.layout.groups(panel.kind) if panel.colour_by == "group" else None
-    labels = [f"{panel.noun} {value}" + (f": ranks {_ranks(group_set[value])}"
-                                         if group_set is not None else "")
-              for value in listed]
+    labels = [
+        f"{panel.noun} {value}"
+        + (f": ranks {_ranks(group_set[value])}" if group_set is not None else "")
+        for value in listed
+    ]
     legend_w = 18 + CHAR_W * max(len(label) for label in labels) + 24
     per_line = max(1, (width - 2 * MARGIN) // legend_w)
     canvas.add('<g class="legend">')
     for i, (value, label) in enumerate(zip(listed, labels)):
         x = MARGIN + (i % per_line) * legend_w
         row_y = y + (i // per_line) * LINE
-        canvas.add(f'<rect class="swatch" x="{x}" y="{row_y + 3}" width="12" height="12" '
-                   f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>')
+        canvas.add(
+            f'<rect class="swatch" x="{x}" y="{row_y + 3}" width="12" height="12" '
+            f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>'
+        )
         canvas.add(_text(x + 18, row_y + 13, label))
     y += (len(listed) + per_line - 1) // per_line * LINE
     notes = []

@@ -59,8 +59,7 @@ def shell_word(word: Word) -> str:
     if isinstance(word, str):
         return shlex.quote(word)
     parts = word.parts if isinstance(word, Concat) else (word,)
-    inner = "".join(f"${{{p.name}}}" if isinstance(p, Ref) else _in_double_quotes(p)
-                    for p in parts)
+    inner = "".join(f"${{{p.name}}}" if isinstance(p, Ref) else _in_double_quotes(p) for p in parts)
     return f'"{inner}"'
 
 

@@ -26,16 +26,31 @@ CORE_SCHEMA = "job.v1.schema.json"
 
 #: jsonschema validator keyword -> diagnostic code
 CODES = {
-    "additionalProperties": "MDC101", "type": "MDC102", "required": "MDC103",
-    "enum": "MDC104", "const": "MDC104",
-    "minimum": "MDC105", "maximum": "MDC105", "exclusiveMinimum": "MDC105",
-    "exclusiveMaximum": "MDC105", "minItems": "MDC105",
-    "pattern": "MDC106", "minLength": "MDC106", "maxLength": "MDC106", "propertyNames": "MDC106",
+    "additionalProperties": "MDC101",
+    "type": "MDC102",
+    "required": "MDC103",
+    "enum": "MDC104",
+    "const": "MDC104",
+    "minimum": "MDC105",
+    "maximum": "MDC105",
+    "exclusiveMinimum": "MDC105",
+    "exclusiveMaximum": "MDC105",
+    "minItems": "MDC105",
+    "pattern": "MDC106",
+    "minLength": "MDC106",
+    "maxLength": "MDC106",
+    "propertyNames": "MDC106",
 }
 
-TYPE_NAMES = {"object": "a table", "array": "a list", "string": "a string",
-              "integer": "an integer", "number": "a number", "boolean": "true or false",
-              "null": "null"}
+TYPE_NAMES = {
+    "object": "a table",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "null",
+}
 
 
 def core_schema() -> dict[str, Any]:
@@ -49,8 +64,11 @@ def _core_schema_text() -> str:
     return package_text("mdc_schemas", CORE_SCHEMA)
 
 
-def compose(tables: Mapping[str, Mapping[str, Any] | None], launchers: Iterable[str],
-            backends: Iterable[str]) -> dict[str, Any]:
+def compose(
+    tables: Mapping[str, Mapping[str, Any] | None],
+    launchers: Iterable[str],
+    backends: Iterable[str],
+) -> dict[str, Any]:
     """The core schema plus each plugin's table fragment, with the plugin names as enums."""
     schema = core_schema()
     dist = schema["properties"]["distributed"]["properties"]
@@ -59,16 +77,23 @@ def compose(tables: Mapping[str, Mapping[str, Any] | None], launchers: Iterable[
     for name in sorted(tables):
         fragment = tables[name]
         if fragment is not None:  # shared, not copied: nothing changes a schema once built
-            schema["properties"][name] = {k: v for k, v in fragment.items()
-                                          if k not in ("$schema", "$id")}
+            schema["properties"][name] = {
+                k: v for k, v in fragment.items() if k not in ("$schema", "$id")
+            }
     return schema
 
 
 def _python_type(value: object) -> str:
     if isinstance(value, bool):
         return "boolean"
-    return {dict: "table", list: "list", str: "string", int: "integer", float: "number",
-            type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "table",
+        list: "list",
+        str: "string",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _table_name(path: Iterable[str | int]) -> str:
@@ -85,9 +110,11 @@ def _is_integer(checker: object, instance: object) -> bool:
 def validator_class() -> Any:
     """Draft 2020-12, except that only true integers are integers (imported when first used)."""
     from jsonschema import Draft202012Validator, validators
+
     return validators.extend(
         Draft202012Validator,
-        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+        type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+    )
 
 
 def nul_characters(doc: LoadedDocument) -> Iterator[Diagnostic]:
@@ -116,18 +143,23 @@ def nul_characters(doc: LoadedDocument) -> Iterator[Diagnostic]:
         if isinstance(value, str):
             if "\0" in value:
                 yield Diagnostic(
-                    severity=Severity.ERROR, code="MDC106", location=doc.locate(join_pointer(path)),
+                    severity=Severity.ERROR,
+                    code="MDC106",
+                    location=doc.locate(join_pointer(path)),
                     message=f"{value[:40]!r} contains a NUL character (\\x00), which no launch "
-                            "script, config file or YAML document can carry",
-                    hint="remove the NUL character")
+                    "script, config file or YAML document can carry",
+                    hint="remove the NUL character",
+                )
         elif isinstance(value, dict):
             for key, item in value.items():
                 if isinstance(key, str) and "\0" in key:
                     yield Diagnostic(
-                        severity=Severity.ERROR, code="MDC106",
+                        severity=Severity.ERROR,
+                        code="MDC106",
                         location=doc.locate(join_pointer([*path, key]), key=True),
                         message=f"the key {key[:40]!r} contains a NUL character (\\x00)",
-                        hint="remove the NUL character")
+                        hint="remove the NUL character",
+                    )
                 stack.append((item, [*path, key]))
         elif isinstance(value, list):
             stack.extend((item, [*path, index]) for index, item in enumerate(value))
@@ -166,65 +198,106 @@ class SchemaChecker:
         keyword = str(error.validator)
         schema = error.schema if isinstance(error.schema, dict) else {}
 
-        def diag(message: str, hint: str | None = None, at: str = pointer,
-                 key: bool = False) -> Diagnostic:
-            return Diagnostic(severity=Severity.ERROR, code=CODES.get(keyword, "MDC100"),
-                              message=message, hint=hint, location=doc.locate(at, key=key))
+        def diag(
+            message: str, hint: str | None = None, at: str = pointer, key: bool = False
+        ) -> Diagnostic:
+            return Diagnostic(
+                severity=Severity.ERROR,
+                code=CODES.get(keyword, "MDC100"),
+                message=message,
+                hint=hint,
+                location=doc.locate(at, key=key),
+            )
 
         if keyword == "additionalProperties" and isinstance(error.instance, dict):
             allowed = sorted(schema.get("properties", {}))
             for extra in sorted(k for k in error.instance if k not in allowed):
                 near = difflib.get_close_matches(extra, allowed, n=1, cutoff=0.6)
-                hint = f"did you mean {near[0]!r}?" if near else (
-                    f"allowed keys: {', '.join(allowed)}" if allowed else None)
-                yield diag(f"unknown key {extra!r} {_table_name(path)}", hint,
-                           join_pointer([*path, extra]), key=True)
+                hint = (
+                    f"did you mean {near[0]!r}?"
+                    if near
+                    else (f"allowed keys: {', '.join(allowed)}" if allowed else None)
+                )
+                yield diag(
+                    f"unknown key {extra!r} {_table_name(path)}",
+                    hint,
+                    join_pointer([*path, extra]),
+                    key=True,
+                )
         elif keyword == "required":
             missing = str(error.message).split("'")[1]
             description = schema.get("properties", {}).get(missing, {}).get("description")
             yield diag(f"missing required key {missing!r} {_table_name(path)}", description)
         elif keyword == "type":
             expected = error.validator_value
-            names = [TYPE_NAMES.get(str(t), str(t)) for t in
-                     (expected if isinstance(expected, list) else [expected])]
-            yield diag(f"expected {' or '.join(names)}, got {_got(error.instance)}",
-                       schema.get("description") if path else None)
+            names = [
+                TYPE_NAMES.get(str(t), str(t))
+                for t in (expected if isinstance(expected, list) else [expected])
+            ]
+            yield diag(
+                f"expected {' or '.join(names)}, got {_got(error.instance)}",
+                schema.get("description") if path else None,
+            )
         elif keyword in ("enum", "const"):
-            choices = [str(c) for c in (error.validator_value if keyword == "enum"
-                                        else [error.validator_value])]
+            choices = [
+                str(c)
+                for c in (error.validator_value if keyword == "enum" else [error.validator_value])
+            ]
             # A high cutoff: "gpu" must not suggest "cpu".
             near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.75)
             hint = f"did you mean {near[0]!r}?" if near else None
             if not choices:  # plugin names, and every plugin of that kind blocked or absent
-                yield diag(f"{_short(error.instance)} is not available: no plugin of this kind "
-                           "is loaded", "see `mdc plugins`; was it blocked with -p no:NAME?")
+                yield diag(
+                    f"{_short(error.instance)} is not available: no plugin of this kind is loaded",
+                    "see `mdc plugins`; was it blocked with -p no:NAME?",
+                )
                 return
             yield diag(f"{_short(error.instance)} is not one of: {', '.join(choices)}", hint)
         elif keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-            op = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=",
-                  "exclusiveMaximum": "<"}[keyword]
-            yield diag(f"must be {op} {error.validator_value}, got {_short(error.instance)}",
-                       schema.get("description"))
+            op = {
+                "minimum": ">=",
+                "exclusiveMinimum": ">",
+                "maximum": "<=",
+                "exclusiveMaximum": "<",
+            }[keyword]
+            yield diag(
+                f"must be {op} {error.validator_value}, got {_short(error.instance)}",
+                schema.get("description"),
+            )
         elif keyword == "oneOf":
-            options = [sub.schema.get("type") for sub in error.context or []
-                       if isinstance(sub.schema, dict)]
+            options = [
+                sub.schema.get("type")
+                for sub in error.context or []
+                if isinstance(sub.schema, dict)
+            ]
             names = [TYPE_NAMES.get(str(t), str(t)) for t in dict.fromkeys(options) if t]
-            yield diag(f"expected {' or '.join(names) or 'another value'}, got "
-                       f"{_got(error.instance)}", schema.get("description"))
+            yield diag(
+                f"expected {' or '.join(names) or 'another value'}, got {_got(error.instance)}",
+                schema.get("description"),
+            )
         elif keyword == "propertyNames":
-            yield diag(f"invalid name {_short(error.instance)}", "names must match "
-                       f"{error.validator_value.get('pattern', 'the schema')}",
-                       join_pointer([*path, str(error.instance)]), key=True)
+            yield diag(
+                f"invalid name {_short(error.instance)}",
+                f"names must match {error.validator_value.get('pattern', 'the schema')}",
+                join_pointer([*path, str(error.instance)]),
+                key=True,
+            )
         elif keyword == "pattern":
-            yield diag(f"{_short(error.instance)} does not match {error.validator_value}",
-                       schema.get("description"))
+            yield diag(
+                f"{_short(error.instance)} does not match {error.validator_value}",
+                schema.get("description"),
+            )
         elif keyword in ("minLength", "maxLength"):
             bound = "at least" if keyword == "minLength" else "at most"
-            yield diag(f"{_short(error.instance)} must be {bound} {error.validator_value} "
-                       "characters long", schema.get("description"))
+            yield diag(
+                f"{_short(error.instance)} must be {bound} {error.validator_value} characters long",
+                schema.get("description"),
+            )
         else:
-            yield diag(f"{_short(error.instance)} is invalid: {keyword} "
-                       f"{_short(error.validator_value)}", schema.get("description"))
+            yield diag(
+                f"{_short(error.instance)} is invalid: {keyword} {_short(error.validator_value)}",
+                schema.get("description"),
+            )
 
 
 def _got(value: object) -> str:
@@ -248,8 +321,13 @@ class ComposedChecker:
     when a new fragment arrives.
     """
 
-    def __init__(self, tables: Iterable[str], fragment: Callable[[str], Mapping[str, Any] | None],
-                 launchers: Iterable[str], backends: Iterable[str]) -> None:
+    def __init__(
+        self,
+        tables: Iterable[str],
+        fragment: Callable[[str], Mapping[str, Any] | None],
+        launchers: Iterable[str],
+        backends: Iterable[str],
+    ) -> None:
         self.tables = tuple(sorted(tables))
         self._fragment = fragment
         self._launchers, self._backends = tuple(launchers), tuple(backends)
@@ -266,8 +344,9 @@ class ComposedChecker:
             wanted += self._fetch_all()
         if wanted or self._checker is None:
             placeholders: dict[str, Mapping[str, Any] | None] = {name: {} for name in self.tables}
-            self._checker = SchemaChecker(compose({**placeholders, **self._fetched},
-                                                  self._launchers, self._backends))
+            self._checker = SchemaChecker(
+                compose({**placeholders, **self._fetched}, self._launchers, self._backends)
+            )
         return self._checker.check(doc)
 
     def _fetch_all(self) -> list[str]:
@@ -284,8 +363,21 @@ class ComposedChecker:
 
 
 #: Keywords that never make a document invalid.
-_ANNOTATIONS = frozenset({"$schema", "$id", "$comment", "title", "description", "default",
-                          "examples", "deprecated", "format", "readOnly", "writeOnly"})
+_ANNOTATIONS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$comment",
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "format",
+        "readOnly",
+        "writeOnly",
+    }
+)
 _TYPES: dict[str, Callable[[object], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
@@ -342,6 +434,7 @@ def _enum(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
 def _bound(test: Callable[[Any, Any], bool]) -> Keyword:
     def check(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
         return not _number(instance) or (_number(value) and test(instance, value))
+
     return check
 
 
@@ -350,6 +443,7 @@ def _length(test: Callable[[int, Any], bool]) -> Keyword:
         if not isinstance(instance, str):
             return True
         return isinstance(value, int) and test(len(instance), value)
+
     return check
 
 
@@ -365,7 +459,8 @@ def _required(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
 
 def _properties(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
     return not isinstance(instance, dict) or all(
-        surely_valid(item, value[key]) for key, item in instance.items() if key in value)
+        surely_valid(item, value[key]) for key, item in instance.items() if key in value
+    )
 
 
 def _additional(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
@@ -393,9 +488,14 @@ def _one_of(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
         return False
     proven = [surely_valid(instance, branch) for branch in value]
     return proven.count(True) == 1 and all(
-        ok or (isinstance(branch, dict) and "type" in branch and
-               not _type(instance, branch["type"], branch))
-        for ok, branch in zip(proven, value))
+        ok
+        or (
+            isinstance(branch, dict)
+            and "type" in branch
+            and not _type(instance, branch["type"], branch)
+        )
+        for ok, branch in zip(proven, value)
+    )
 
 
 def _min_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
@@ -405,17 +505,29 @@ def _min_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
 def _unique_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
     if not isinstance(instance, list) or value is False:
         return True
-    return value is True and all(isinstance(i, str) for i in instance) and \
-        len(set(instance)) == len(instance)
+    return (
+        value is True
+        and all(isinstance(i, str) for i in instance)
+        and len(set(instance)) == len(instance)
+    )
 
 
 _KEYWORDS: dict[str, Keyword] = {
-    "type": _type, "enum": _enum,
-    "minimum": _bound(lambda v, b: v >= b), "maximum": _bound(lambda v, b: v <= b),
+    "type": _type,
+    "enum": _enum,
+    "minimum": _bound(lambda v, b: v >= b),
+    "maximum": _bound(lambda v, b: v <= b),
     "exclusiveMinimum": _bound(lambda v, b: v > b),
     "exclusiveMaximum": _bound(lambda v, b: v < b),
-    "minLength": _length(lambda n, b: n >= b), "maxLength": _length(lambda n, b: n <= b),
-    "pattern": _pattern, "required": _required, "properties": _properties,
-    "additionalProperties": _additional, "items": _items, "propertyNames": _property_names,
-    "oneOf": _one_of, "minItems": _min_items, "uniqueItems": _unique_items,
+    "minLength": _length(lambda n, b: n >= b),
+    "maxLength": _length(lambda n, b: n <= b),
+    "pattern": _pattern,
+    "required": _required,
+    "properties": _properties,
+    "additionalProperties": _additional,
+    "items": _items,
+    "propertyNames": _property_names,
+    "oneOf": _one_of,
+    "minItems": _min_items,
+    "uniqueItems": _unique_items,
 }

@@ -43,8 +43,17 @@ import attrs
 import pytest
 
 __all__ = [
-    "PLUGIN_VARIABLES", "Golden", "MdcCli", "Run", "Tree", "in_ci", "normal_mode", "only_plugins",
-    "read_tree", "run_mdc", "subprocess_env",
+    "PLUGIN_VARIABLES",
+    "Golden",
+    "MdcCli",
+    "Run",
+    "Tree",
+    "in_ci",
+    "normal_mode",
+    "only_plugins",
+    "read_tree",
+    "run_mdc",
+    "subprocess_env",
 ]
 
 #: environment variables that let plugins installed on the machine change mdc's output
@@ -86,7 +95,9 @@ def read_tree(root: Path, *, normalize: bool = False) -> Tree:
         if path.is_file():
             mode = path.stat().st_mode & 0o777
             tree[path.relative_to(root).as_posix()] = (
-                path.read_bytes(), normal_mode(mode) if normalize else mode)
+                path.read_bytes(),
+                normal_mode(mode) if normalize else mode,
+            )
     return tree
 
 
@@ -95,8 +106,14 @@ def _text_diff(expected: bytes, actual: bytes, name: str, limit: int = 60) -> st
         old, new = expected.decode("utf-8"), actual.decode("utf-8")
     except UnicodeDecodeError:
         return f"  {name}: binary content differs"
-    lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                      f"golden/{name}", f"actual/{name}"))
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            f"golden/{name}",
+            f"actual/{name}",
+        )
+    )
     if len(lines) > limit:
         lines = [*lines[:limit], f"... ({len(lines) - limit} more diff lines)\n"]
     return "".join(lines)
@@ -110,8 +127,14 @@ class Golden:
     ``base``: paths in messages are shown relative to it (default: the working directory).
     """
 
-    def __init__(self, root: Path, *, update: bool, written: list[str] | None = None,
-                 base: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        update: bool,
+        written: list[str] | None = None,
+        base: Path | None = None,
+    ) -> None:
         self.root = root
         self.update = update
         self.written = written if written is not None else []
@@ -121,8 +144,9 @@ class Golden:
         shown = _shown(path, self.base)
         self.written.append(f"{verb} {shown}")
         if verb == "created":
-            pytest.fail(f"created golden {shown}: it did not exist; read it, then rerun",
-                        pytrace=False)
+            pytest.fail(
+                f"created golden {shown}: it did not exist; read it, then rerun", pytrace=False
+            )
         pytest.fail(f"updated golden {shown}; review `git diff golden/`", pytrace=False)
 
     def check_text(self, expected: Path, actual: str) -> None:
@@ -138,9 +162,11 @@ class Golden:
         if self.update:
             expected.write_bytes(data)
             self._record_and_fail("updated", expected)
-        pytest.fail(f"{_shown(expected, self.base)} differs from the output (rerun with "
-                    f"--update-golden to accept it):\n{_text_diff(old, data, expected.name)}",
-                    pytrace=False)
+        pytest.fail(
+            f"{_shown(expected, self.base)} differs from the output (rerun with "
+            f"--update-golden to accept it):\n{_text_diff(old, data, expected.name)}",
+            pytrace=False,
+        )
 
     def check_tree(self, expected: Path, actual: Path) -> None:
         """``expected`` must hold exactly the files of ``actual``: names, bytes and modes."""
@@ -166,9 +192,11 @@ class Golden:
         if self.update and not bad_modes:
             self._write_tree(expected, found)
             self._record_and_fail("updated", expected)
-        pytest.fail(f"{_shown(expected, self.base)}/ differs from the output (rerun with "
-                    "--update-golden to accept it):\n" + "\n".join(problems) + "\n"
-                    + "".join(diffs), pytrace=False)
+        pytest.fail(
+            f"{_shown(expected, self.base)}/ differs from the output (rerun with "
+            "--update-golden to accept it):\n" + "\n".join(problems) + "\n" + "".join(diffs),
+            pytrace=False,
+        )
 
     @staticmethod
     def _write_tree(expected: Path, found: Tree) -> None:
@@ -192,13 +220,19 @@ def only_plugins(names: Sequence[str]) -> list[str]:
     so a test never silently compiles without the plugin it is about.
     """
     from mdc.plugin_manager import DISTRIBUTION, GROUP
+
     installed = {ep.name: ep for ep in entry_points(group=GROUP)}
     missing = sorted(set(names) - set(installed))
     if missing:
-        raise LookupError(f"no entry point {', '.join(missing)} in the group {GROUP!r}: install "
-                          "the plugin's distribution (e.g. pip install -e .) before testing it")
-    others = sorted(name for name, ep in installed.items() if name not in names and
-                    (ep.dist is None or ep.dist.name != DISTRIBUTION))
+        raise LookupError(
+            f"no entry point {', '.join(missing)} in the group {GROUP!r}: install "
+            "the plugin's distribution (e.g. pip install -e .) before testing it"
+        )
+    others = sorted(
+        name
+        for name, ep in installed.items()
+        if name not in names and (ep.dist is None or ep.dist.name != DISTRIBUTION)
+    )
     return [word for name in others for word in ("-p", f"no:{name}")]
 
 
@@ -233,6 +267,7 @@ def run_mdc(argv: Sequence[str], *, plugins: Sequence[str] = ()) -> Run:
     """Run ``mdc ARGV`` in this process with mdc's own plugins and ``plugins`` (entry-point
     names) only; the MDC_* plugin variables are ignored for the call."""
     from mdc.cli import main
+
     if not argv:
         raise ValueError("run_mdc needs a subcommand")
     out, err = io.StringIO(), io.StringIO()
@@ -254,8 +289,9 @@ class MdcCli:
         """``mdc compile SPEC -o OUT``; fails the test unless it exits 0 and prints nothing."""
         done = self.run("compile", str(spec), "-o", str(out))
         if done.code != 0 or done.stdout:
-            pytest.fail(f"mdc compile {spec} exited {done.code}:\n{done.stderr}{done.stdout}",
-                        pytrace=False)
+            pytest.fail(
+                f"mdc compile {spec} exited {done.code}:\n{done.stderr}{done.stdout}", pytrace=False
+            )
         return done
 
     def validate(self, spec: str | Path) -> str:
@@ -272,9 +308,12 @@ class MdcCli:
 def pytest_addoption(parser: pytest.Parser) -> None:
     try:
         parser.addoption(
-            "--update-golden", action="store_true", default=False,
+            "--update-golden",
+            action="store_true",
+            default=False,
             help="rewrite the goldens that differ from the current output; those tests still "
-                 "fail, so review `git diff golden/` (refused under CI and xdist)")
+            "fail, so review `git diff golden/` (refused under CI and xdist)",
+        )
     except ValueError:  # registered already (a conftest of an older mdc): keep that one
         pass
 
@@ -286,23 +325,27 @@ def pytest_configure(config: pytest.Config) -> None:
     if in_ci():
         raise pytest.UsageError(
             "--update-golden is refused when CI is set: update goldens on your machine, "
-            "review `git diff golden/` and commit them")
+            "review `git diff golden/` and commit them"
+        )
     worker = hasattr(config, "workerinput") or os.environ.get("PYTEST_XDIST_WORKER")
     if worker or config.getoption("numprocesses", default=None):
         raise pytest.UsageError(
             "--update-golden cannot run under pytest-xdist (workers would race on golden/); "
-            "rerun without -n")
+            "rerun without -n"
+        )
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter,
-                            config: pytest.Config) -> None:
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
     written = config.stash.get(_WRITTEN, [])
     if written:
         terminalreporter.section("golden files written")
         for line in written:
             terminalreporter.write_line(line)
         terminalreporter.write_line(
-            f"{len(written)} golden case(s) written; review `git diff golden/` before committing")
+            f"{len(written)} golden case(s) written; review `git diff golden/` before committing"
+        )
 
 
 @pytest.fixture
@@ -315,8 +358,12 @@ def golden_root(request: pytest.FixtureRequest) -> Path:
 def golden(request: pytest.FixtureRequest, golden_root: Path) -> Golden:
     """Checks output against the goldens (and rewrites them under ``--update-golden``)."""
     config = request.config
-    return Golden(golden_root, update=bool(config.getoption("update_golden")),
-                  written=config.stash[_WRITTEN], base=Path(config.rootpath))
+    return Golden(
+        golden_root,
+        update=bool(config.getoption("update_golden")),
+        written=config.stash[_WRITTEN],
+        base=Path(config.rootpath),
+    )
 
 
 @pytest.fixture

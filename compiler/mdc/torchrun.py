@@ -74,26 +74,44 @@ def torchrun_flags(plan: Plan, opts: TorchrunOptions) -> Iterator[Word]:
         yield "--nnodes"
         yield f"{plan.min_nnodes}:{plan.nnodes}" if plan.elastic else str(plan.nnodes)
         if rdzv_backend(opts) == "c10d":
-            yield from ("--rdzv-backend", "c10d", "--rdzv-endpoint",
-                        Concat((MASTER_ADDR, ":", MASTER_PORT)),
-                        "--rdzv-id", opts.rdzv_id or plan.job.name)
+            yield from (
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                Concat((MASTER_ADDR, ":", MASTER_PORT)),
+                "--rdzv-id",
+                opts.rdzv_id or plan.job.name,
+            )
         else:
-            yield from ("--rdzv-backend", "static", "--node-rank", NODE_RANK,
-                        "--master-addr", MASTER_ADDR, "--master-port", MASTER_PORT)
+            yield from (
+                "--rdzv-backend",
+                "static",
+                "--node-rank",
+                NODE_RANK,
+                "--master-addr",
+                MASTER_ADDR,
+                "--master-port",
+                MASTER_PORT,
+            )
         if opts.rdzv_conf:
             yield "--rdzv-conf"
             yield ",".join(f"{k}={conf_value(v)}" for k, v in sorted(opts.rdzv_conf.items()))
     yield from ("--nproc-per-node", str(plan.nproc_per_node))
     yield from ("--max-restarts", str(opts.max_restarts))
-    for flag, value in (("--monitor-interval", opts.monitor_interval),
-                        ("--start-method", opts.start_method), ("--role", opts.role),
-                        ("--log-dir", opts.log_dir), ("--tee", opts.tee)):
+    for flag, value in (
+        ("--monitor-interval", opts.monitor_interval),
+        ("--start-method", opts.start_method),
+        ("--role", opts.role),
+        ("--log-dir", opts.log_dir),
+        ("--tee", opts.tee),
+    ):
         if value is not None:
             yield from (flag, str(value))
 
 
-def torchrun_argv(plan: Plan, opts: TorchrunOptions | None,
-                  program_args: list[Word] | None = None) -> list[Word]:
+def torchrun_argv(
+    plan: Plan, opts: TorchrunOptions | None, program_args: list[Word] | None = None
+) -> list[Word]:
     """``torchrun FLAGS PROGRAM``; the program defaults to the job's command."""
     opts = opts or TorchrunOptions()
     args = program_args if program_args is not None else program(plan.job.argv)
@@ -111,8 +129,11 @@ def torchrun_worker_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, s
     else:
         node = "the node's place in the c10d rendezvous (join order)"
         addr, port = "chosen by the c10d rendezvous", "chosen by the c10d rendezvous"
-    world = str(plan.world_size) if not plan.elastic else \
-        f"{nproc} * nodes that joined ({plan.min_nnodes * nproc}..{plan.world_size})"
+    world = (
+        str(plan.world_size)
+        if not plan.elastic
+        else f"{nproc} * nodes that joined ({plan.min_nnodes * nproc}..{plan.world_size})"
+    )
     return {
         "RANK": f"GROUP_RANK * {nproc} + LOCAL_RANK",
         "LOCAL_RANK": f"0..{nproc - 1}",
@@ -142,17 +163,20 @@ def runner_env(plan: Plan, prefix: Sequence[Word]) -> dict[str, Word]:
             parts.append(" ")
         pieces = word.parts if isinstance(word, Concat) else (word,)
         parts += [shlex.quote(p) if isinstance(p, str) and p else p for p in pieces]
-    return {RUNNER_VARIABLE: Concat(tuple(parts)), "NNODES": str(plan.nnodes),
-            "NPROC_PER_NODE": str(plan.nproc_per_node)}
+    return {
+        RUNNER_VARIABLE: Concat(tuple(parts)),
+        "NNODES": str(plan.nnodes),
+        "NPROC_PER_NODE": str(plan.nproc_per_node),
+    }
 
 
 def runner_worker_env(plan: Plan, command: str) -> dict[str, str]:
     """What :func:`runner_env` gives every worker, as plan.json documents it."""
     return {
         RUNNER_VARIABLE: f"the {command} command up to the script (madengine's runner: "
-                         "scripts run $MAD_MULTI_NODE_RUNNER script.py args unquoted); words "
-                         "separated by spaces, literals shell-quoted, so no word (the out/ "
-                         "path included) may hold a space",
+        "scripts run $MAD_MULTI_NODE_RUNNER script.py args unquoted); words "
+        "separated by spaces, literals shell-quoted, so no word (the out/ "
+        "path included) may hold a space",
         "NNODES": str(plan.nnodes),
         "NPROC_PER_NODE": str(plan.nproc_per_node),
     }
@@ -167,19 +191,25 @@ def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Find
     """What torchrun would reject in the ``[torchrun]`` table, for this plan."""
     opts = opts or TorchrunOptions()
     if plan.elastic and opts.rdzv_backend == "static":
-        yield Finding(code="MDC301", pointer="/torchrun/rdzv_backend",
-                      message="static rendezvous cannot run an elastic job (min_nnodes < nnodes)",
-                      hint="use rdzv_backend = \"c10d\", or remove min_nnodes")
+        yield Finding(
+            code="MDC301",
+            pointer="/torchrun/rdzv_backend",
+            message="static rendezvous cannot run an elastic job (min_nnodes < nnodes)",
+            hint='use rdzv_backend = "c10d", or remove min_nnodes',
+        )
     # words of MAD_MULTI_NODE_RUNNER that the user wrote (rdzv_conf only off --standalone)
     given: list[tuple[str, str]] = []
     for key, value in sorted(opts.rdzv_conf.items()):
         text = conf_value(value)
         # torchrun splits --rdzv-conf on "," and strips each value; an empty value is an error
         if "," in text or not text.strip() or text != text.strip():
-            yield Finding(code="MDC302", pointer=f"/torchrun/rdzv_conf/{key}",
-                          message=f"torchrun cannot pass rdzv_conf value {text!r}: --rdzv-conf "
-                                  "is split on ',' and its values are stripped and non-empty",
-                          hint="use a value without commas or leading/trailing spaces")
+            yield Finding(
+                code="MDC302",
+                pointer=f"/torchrun/rdzv_conf/{key}",
+                message=f"torchrun cannot pass rdzv_conf value {text!r}: --rdzv-conf "
+                "is split on ',' and its values are stripped and non-empty",
+                hint="use a value without commas or leading/trailing spaces",
+            )
         elif plan.nnodes > 1 or plan.elastic:
             given.append((f"/torchrun/rdzv_conf/{key}", text))
     if opts.log_dir is not None:
@@ -187,9 +217,13 @@ def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Find
     for pointer, text in given:
         quoted = shlex.quote(text)
         if quoted != text:
-            yield Finding(code="MDC303", pointer=pointer, severity=Severity.WARNING,
-                          message=f"{RUNNER_VARIABLE} holds {text!r} shell-quoted, as {quoted}: "
-                                  f"a script that runs ${RUNNER_VARIABLE} script.py unquoted "
-                                  "(madengine's way) gets other words; only eval reads it back",
-                          hint="use a value of letters, digits and @%+=:,./-_ if a script uses "
-                               f"{RUNNER_VARIABLE}; mdc's own launch command is not affected")
+            yield Finding(
+                code="MDC303",
+                pointer=pointer,
+                severity=Severity.WARNING,
+                message=f"{RUNNER_VARIABLE} holds {text!r} shell-quoted, as {quoted}: "
+                f"a script that runs ${RUNNER_VARIABLE} script.py unquoted "
+                "(madengine's way) gets other words; only eval reads it back",
+                hint="use a value of letters, digits and @%+=:,./-_ if a script uses "
+                f"{RUNNER_VARIABLE}; mdc's own launch command is not affected",
+            )

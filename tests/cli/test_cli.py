@@ -55,8 +55,11 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -149,8 +152,9 @@ def test_json_compile(tmp_path: Path) -> None:
 
 
 def test_json_compile_invalid(tmp_path: Path, specs: Path) -> None:
-    code, out, err = run("compile", str(specs / "bad.toml"), "-o", str(tmp_path / "out"),
-                         "--format", "json")
+    code, out, err = run(
+        "compile", str(specs / "bad.toml"), "-o", str(tmp_path / "out"), "--format", "json"
+    )
     assert code == 1 and err == ""
     report = json.loads(out)
     assert report["ok"] is False
@@ -158,15 +162,23 @@ def test_json_compile_invalid(tmp_path: Path, specs: Path) -> None:
 
 
 def test_json_validate(specs: Path) -> None:
-    code, out, err = run("validate", "--format", "json", str(specs / "good.toml"),
-                         str(specs / "bad.toml"))
+    code, out, err = run(
+        "validate", "--format", "json", str(specs / "good.toml"), str(specs / "bad.toml")
+    )
     assert code == 1 and err == ""
     report = json.loads(out)
     assert report["ok"] is False
     (diag,) = report["diagnostics"]
     assert diag | {"hint": None} == {
-        "severity": "error", "code": "MDC201", "message": diag["message"], "hint": None,
-        "path": str(specs / "bad.toml"), "pointer": "/parallelism/tp", "line": 11, "column": 6}
+        "severity": "error",
+        "code": "MDC201",
+        "message": diag["message"],
+        "hint": None,
+        "path": str(specs / "bad.toml"),
+        "pointer": "/parallelism/tp",
+        "line": 11,
+        "column": 6,
+    }
 
 
 def test_json_validate_ok() -> None:
@@ -186,8 +198,9 @@ def test_json_plugins(declared_builtins: dict[str, list[str]]) -> None:
     code, out, err = run("plugins", "--format", "json")
     assert code == 0 and err == ""
     rows = json.loads(out)
-    expected = sorted((name, kind) for kind in ("backend", "launcher")
-                      for name in declared_builtins[kind + "s"])
+    expected = sorted(
+        (name, kind) for kind in ("backend", "launcher") for name in declared_builtins[kind + "s"]
+    )
     assert [(r["name"], r["kind"]) for r in rows] == expected
     assert {r["distribution"] for r in rows} == {"mdc-compiler"}
 
@@ -290,8 +303,10 @@ def test_compile_into_an_empty_directory(tmp_path: Path) -> None:
 
 
 def test_validate_reports_every_file_in_one_process(
-        specs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    specs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import mdc.plugin_manager as manager
+
     calls = []
     real = manager.load_plugins
 
@@ -305,8 +320,11 @@ def test_validate_reports_every_file_in_one_process(
     code, out, err = run("validate", *files, QUICKSTART)
     assert code == 1 and out == ""
     assert len(calls) == 1, "plugins are loaded once per process, not per file"
-    for name, code_ in (("bad.toml", "MDC201"), ("broken.yaml", "MDC001"),
-                        ("absent.json", "MDC003")):
+    for name, code_ in (
+        ("bad.toml", "MDC201"),
+        ("broken.yaml", "MDC001"),
+        ("absent.json", "MDC003"),
+    ):
         assert f"{specs / name}" in err and f"error[{code_}]" in err
     assert "good.toml" not in err and QUICKSTART not in err
 
@@ -314,11 +332,22 @@ def test_validate_reports_every_file_in_one_process(
 # ---------------------------------------------------------------- usage errors
 
 
-@pytest.mark.parametrize("argv", [
-    [], ["frobnicate"], ["compile", QUICKSTART], ["compile", "-o", "out"], ["validate"],
-    ["explain"], ["validate", "--format", "xml", QUICKSTART], ["schema", "extra"],
-    ["validate", "-p", "torchrun", QUICKSTART], ["--no-such-flag"],
-], ids=lambda a: " ".join(a) or "no-arguments")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["frobnicate"],
+        ["compile", QUICKSTART],
+        ["compile", "-o", "out"],
+        ["validate"],
+        ["explain"],
+        ["validate", "--format", "xml", QUICKSTART],
+        ["schema", "extra"],
+        ["validate", "-p", "torchrun", QUICKSTART],
+        ["--no-such-flag"],
+    ],
+    ids=lambda a: " ".join(a) or "no-arguments",
+)
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     out, err = io.StringIO(), io.StringIO()
     code = main(argv, stdout=out, stderr=err)
@@ -341,15 +370,27 @@ def test_version_in_process(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_python_m_mdc_version(clean_env: Callable[..., dict[str, str]]) -> None:
-    done = subprocess.run([sys.executable, "-m", "mdc", "--version"], capture_output=True,
-                          text=True, env=clean_env(), timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "mdc", "--version"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, f"mdc {mdc.__version__}\n", "")
 
 
 @pytest.mark.slow
 def test_python_m_mdc_usage_error(clean_env: Callable[..., dict[str, str]]) -> None:
-    done = subprocess.run([sys.executable, "-m", "mdc"], capture_output=True, text=True,
-                          env=clean_env(), timeout=60, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "mdc"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2 and "usage: mdc" in done.stderr and done.stdout == ""
 
 
@@ -359,15 +400,23 @@ def test_python_m_mdc_usage_error(clean_env: Callable[..., dict[str, str]]) -> N
 def bad_inputs(folder: Path) -> list[Path]:
     """Files a user might hand to mdc by mistake, each a different way to be wrong."""
     made = {
-        "empty.toml": b"", "empty.yaml": b"", "empty.json": b"",
-        "whitespace.yaml": b"   \n\n", "not-utf8.toml": b"\xff\xfe\x00[job]\n",
-        "bom.json": "\ufeff[1]".encode(), "list.json": b"[1, 2]\n", "string.yaml": b"hello\n",
-        "null.json": b"null\n", "nan.json": b'{"job": NaN}\n',
+        "empty.toml": b"",
+        "empty.yaml": b"",
+        "empty.json": b"",
+        "whitespace.yaml": b"   \n\n",
+        "not-utf8.toml": b"\xff\xfe\x00[job]\n",
+        "bom.json": "\ufeff[1]".encode(),
+        "list.json": b"[1, 2]\n",
+        "string.yaml": b"hello\n",
+        "null.json": b"null\n",
+        "nan.json": b'{"job": NaN}\n',
         "two-docs.yaml": b"---\na: 1\n---\nb: 2\n",
-        "python-tag.yaml": b'x: !!python/object/apply:os.system {args: [true]}\n',
+        "python-tag.yaml": b"x: !!python/object/apply:os.system {args: [true]}\n",
         "custom-tag.yaml": b"x: !foo {a: 1}\n",
-        "alias-loop.yaml": b"a: &a [*a]\n", "int-keys.yaml": b"1: 2\n",
-        "deep.json": b"[" * 5000 + b"]" * 5000, "deep.toml": b"a = " + b"[" * 5000 + b"]" * 5000,
+        "alias-loop.yaml": b"a: &a [*a]\n",
+        "int-keys.yaml": b"1: 2\n",
+        "deep.json": b"[" * 5000 + b"]" * 5000,
+        "deep.toml": b"a = " + b"[" * 5000 + b"]" * 5000,
         # deeper YAML is rejected too, but ruamel takes seconds to get there
         "deep.yaml": b"a: " + b"[" * 500 + b"]" * 500,
         "nested.yaml": b"a: " + b"[" * 100 + b"]" * 100,
@@ -376,26 +425,33 @@ def bad_inputs(folder: Path) -> list[Path]:
         "unknown-suffix.ini": b"[job]\n",
         "job-is-list.toml": b'job = [1]\n[distributed]\nlauncher = "torchrun"\n',
         "env-not-string.yaml": b"job: {name: a, command: x, env: {A: 1}}\n"
-                               b"distributed: {launcher: torchrun}\n",
+        b"distributed: {launcher: torchrun}\n",
         "bad-env-name.yaml": b"job: {name: a, command: x, env: {1A: x}}\n"
-                             b"distributed: {launcher: torchrun}\n",
+        b"distributed: {launcher: torchrun}\n",
         "empty-command.json": b'{"job": {"name": "a", "command": []},'
-                              b' "distributed": {"launcher": "torchrun"}}',
+        b' "distributed": {"launcher": "torchrun"}}',
         "bool-for-int.json": b'{"job": {"name": "a", "command": "x"},'
-                             b' "distributed": {"launcher": "torchrun", "nnodes": true}}',
+        b' "distributed": {"launcher": "torchrun", "nnodes": true}}',
     }
     for name, data in made.items():
         (folder / name).write_bytes(data)
     (folder / "directory.toml").mkdir()
-    return [*(folder / n for n in sorted(made)), folder / "directory.toml",
-            folder / "missing.yaml", *DIAGNOSTIC_SPECS]
+    return [
+        *(folder / n for n in sorted(made)),
+        folder / "directory.toml",
+        folder / "missing.yaml",
+        *DIAGNOSTIC_SPECS,
+    ]
 
 
 def test_bad_inputs_never_print_a_traceback(tmp_path: Path) -> None:
     problems = []
     for path in bad_inputs(tmp_path):
-        for argv in (["validate", str(path)], ["explain", str(path)],
-                     ["compile", str(path), "-o", str(tmp_path / "out")]):
+        for argv in (
+            ["validate", str(path)],
+            ["explain", str(path)],
+            ["compile", str(path), "-o", str(tmp_path / "out")],
+        ):
             code, _, err = run(*argv)
             if code not in (0, 1) or "Traceback" in err or (code == 1 and not err):
                 problems.append(f"mdc {' '.join(argv)} -> exit {code}:\n{err}")
@@ -403,12 +459,19 @@ def test_bad_inputs_never_print_a_traceback(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_bad_inputs_in_a_real_process(tmp_path: Path,
-                                      clean_env: Callable[..., dict[str, str]]) -> None:
+def test_bad_inputs_in_a_real_process(
+    tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     files = [str(p) for p in bad_inputs(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "mdc", "validate", *files], cwd=REPO,
-                          env=clean_env(MDC_DISABLE_PLUGIN_AUTOLOAD="1"), capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "mdc", "validate", *files],
+        cwd=REPO,
+        env=clean_env(MDC_DISABLE_PLUGIN_AUTOLOAD="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert done.stdout == ""
@@ -426,8 +489,9 @@ def test_integer_valued_float_is_not_an_internal_error(tmp_path: Path) -> None:
     assert code == 1 and "MDC102" in err and "nproc_per_node" in err, err
 
 
-@pytest.mark.parametrize("text", ["x: !foo [1]\n", "x: !!omap [a: 1]\n"],
-                         ids=["custom-tag", "omap"])
+@pytest.mark.parametrize(
+    "text", ["x: !foo [1]\n", "x: !!omap [a: 1]\n"], ids=["custom-tag", "omap"]
+)
 def test_tagged_yaml_sequence_is_not_an_internal_error(text: str, tmp_path: Path) -> None:
     spec = tmp_path / "tagged.yaml"
     spec.write_text(text)
@@ -457,7 +521,13 @@ def test_a_spec_may_name_its_schema_for_editors(tmp_path: Path) -> None:
 
 def test_a_closed_stdout_is_not_an_error(clean_env: Callable[..., dict[str, str]]) -> None:
     """`mdc schema | head -1`: the reader stops early; mdc exits quietly."""
-    result = subprocess.run(f"{sys.executable} -m mdc schema | head -c 1", shell=True,
-                            capture_output=True, text=True, env=clean_env(), check=False)
+    result = subprocess.run(
+        f"{sys.executable} -m mdc schema | head -c 1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        check=False,
+    )
     assert result.stdout == "{"
     assert result.stderr == ""

@@ -24,10 +24,20 @@ from mdc.cli import main
 REPO = Path(__file__).resolve().parents[2]
 PRE_COMMIT = Path(sys.executable).parent / "pre-commit"
 #: what pip needs to build and install mdc, and the hook manifest
-PACKAGE_FILES = ("pyproject.toml", "README.md", ".pre-commit-hooks.yaml",
-                 "compiler", "plugins", "schemas")
-GIT_IDENTITY = {"GIT_AUTHOR_NAME": "mdc tests", "GIT_AUTHOR_EMAIL": "tests@example.invalid",
-                "GIT_COMMITTER_NAME": "mdc tests", "GIT_COMMITTER_EMAIL": "tests@example.invalid"}
+PACKAGE_FILES = (
+    "pyproject.toml",
+    "README.md",
+    ".pre-commit-hooks.yaml",
+    "compiler",
+    "plugins",
+    "schemas",
+)
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "mdc tests",
+    "GIT_AUTHOR_EMAIL": "tests@example.invalid",
+    "GIT_COMMITTER_NAME": "mdc tests",
+    "GIT_COMMITTER_EMAIL": "tests@example.invalid",
+}
 
 GOOD = REPO / "examples" / "quickstart.toml"
 BAD_BATCH = REPO / "golden" / "diagnostics" / "global-batch-not-divisible" / "spec.yaml"
@@ -39,8 +49,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_ambient_plugins")]
 
 def git(cwd: Path, *args: str) -> str:
     env = {**os.environ, **GIT_IDENTITY}
-    return subprocess.run(["git", "-c", "commit.gpgsign=false", *args], cwd=cwd, env=env,
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +69,16 @@ def pre_commit(cwd: Path, home: Path, *args: str) -> subprocess.CompletedProcess
     assert PRE_COMMIT.is_file(), f"{PRE_COMMIT} is missing: install the test extra"
     env = {**os.environ, "PRE_COMMIT_HOME": str(home)}
     env.pop("MDC_DISABLE_PLUGIN_AUTOLOAD", None)  # the hook runs as on a user's machine
-    return subprocess.run([str(PRE_COMMIT), *args, "--color=never"], check=False, cwd=cwd,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [str(PRE_COMMIT), *args, "--color=never"],
+        check=False,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,25 +131,39 @@ def mdc_validate(cwd: Path, *files: str) -> tuple[int, list[str]]:
 def write_config(root: Path, hook_repo: tuple[Path, str], hooks: str) -> None:
     path, rev = hook_repo
     (root / ".pre-commit-config.yaml").write_text(
-        f"repos:\n- repo: {path}\n  rev: {rev}\n  hooks:\n{hooks}")
+        f"repos:\n- repo: {path}\n  rev: {rev}\n  hooks:\n{hooks}"
+    )
 
 
 # ---------------------------------------------------------------- mdc-validate via try-repo
 
 
 def test_manifest_is_valid() -> None:
-    done = subprocess.run([str(PRE_COMMIT), "validate-manifest", ".pre-commit-hooks.yaml"],
-                          check=False, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [str(PRE_COMMIT), "validate-manifest", ".pre-commit-hooks.yaml"],
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_try_repo_fails_on_bad_specs_with_diagnostics(
-        hook_repo: tuple[Path, str], user_repo: Path, tmp_path: Path) -> None:
+    hook_repo: tuple[Path, str], user_repo: Path, tmp_path: Path
+) -> None:
     files = ["jobs/good.toml", "jobs/bad.yaml", "jobs/broken.toml"]
     code, expected = mdc_validate(user_repo, *files)
     assert code == 1
-    done = pre_commit(user_repo, tmp_path / "home", "try-repo", str(hook_repo[0]),
-                      "mdc-validate", "--files", *files)
+    done = pre_commit(
+        user_repo,
+        tmp_path / "home",
+        "try-repo",
+        str(hook_repo[0]),
+        "mdc-validate",
+        "--files",
+        *files,
+    )
     assert done.returncode == 1, done.stdout
     assert "mdc validate" in done.stdout and "Failed" in done.stdout
     # the direct run's diagnostics, file:line:col and code, appear as they are
@@ -137,10 +174,18 @@ def test_try_repo_fails_on_bad_specs_with_diagnostics(
     assert "jobs/good.toml:" not in done.stdout
 
 
-def test_try_repo_passes_good_specs(hook_repo: tuple[Path, str], user_repo: Path,
-                                    tmp_path: Path) -> None:
-    done = pre_commit(user_repo, tmp_path / "home", "try-repo", str(hook_repo[0]),
-                      "mdc-validate", "--files", "jobs/good.toml")
+def test_try_repo_passes_good_specs(
+    hook_repo: tuple[Path, str], user_repo: Path, tmp_path: Path
+) -> None:
+    done = pre_commit(
+        user_repo,
+        tmp_path / "home",
+        "try-repo",
+        str(hook_repo[0]),
+        "mdc-validate",
+        "--files",
+        "jobs/good.toml",
+    )
     assert done.returncode == 0, done.stdout
     assert "Passed" in done.stdout
 
@@ -148,30 +193,47 @@ def test_try_repo_passes_good_specs(hook_repo: tuple[Path, str], user_repo: Path
 # ---------------------------------------------------------------- configured hooks
 
 
-def test_default_files_pick_specs_only(hook_repo: tuple[Path, str], user_repo: Path,
-                                       pre_commit_home: Path) -> None:
+def test_default_files_pick_specs_only(
+    hook_repo: tuple[Path, str], user_repo: Path, pre_commit_home: Path
+) -> None:
     """--all-files: only jobs/ specs reach mdc; other YAML/JSON and compiled trees do not."""
     out = user_repo / "jobs" / "out" / "quickstart"
-    assert main(["compile", str(GOOD), "-o", str(out)], stdout=io.StringIO(),
-                stderr=io.StringIO()) == 0
+    assert (
+        main(["compile", str(GOOD), "-o", str(out)], stdout=io.StringIO(), stderr=io.StringIO())
+        == 0
+    )
     assert (out / "plan.json").is_file() and (out / "manifest.json").is_file()
     write_config(user_repo, hook_repo, "  - id: mdc-validate\n")
     git(user_repo, "add", "-A")
     done = pre_commit(user_repo, pre_commit_home, "run", "mdc-validate", "--all-files")
     assert done.returncode == 1, done.stdout
-    _, expected = mdc_validate(user_repo, "jobs/bad.yaml", "jobs/broken.toml",
-                               "jobs/nested/incomplete.yaml", "jobs/good.toml")
-    assert any(line.startswith("jobs/nested/incomplete.yaml:3:3: error[MDC103]")
-               for line in expected)
+    _, expected = mdc_validate(
+        user_repo,
+        "jobs/bad.yaml",
+        "jobs/broken.toml",
+        "jobs/nested/incomplete.yaml",
+        "jobs/good.toml",
+    )
+    assert any(
+        line.startswith("jobs/nested/incomplete.yaml:3:3: error[MDC103]") for line in expected
+    )
     for line in expected:
         assert line in done.stdout.splitlines(), (line, done.stdout)
-    for never in ("ci.yml", "package.json", "other/elsewhere.yaml", "plan.json",
-                  "manifest.json", ".pre-commit-config.yaml", "jobs/good.toml:"):
+    for never in (
+        "ci.yml",
+        "package.json",
+        "other/elsewhere.yaml",
+        "plan.json",
+        "manifest.json",
+        ".pre-commit-config.yaml",
+        "jobs/good.toml:",
+    ):
         assert never not in done.stdout, (never, done.stdout)
 
 
-def test_narrowed_files(hook_repo: tuple[Path, str], user_repo: Path,
-                        pre_commit_home: Path) -> None:
+def test_narrowed_files(
+    hook_repo: tuple[Path, str], user_repo: Path, pre_commit_home: Path
+) -> None:
     """`files:` in the user's config replaces the default folder pattern."""
     write_config(user_repo, hook_repo, "  - id: mdc-validate\n    files: ^other/\n")
     git(user_repo, "add", "-A")
@@ -181,8 +243,9 @@ def test_narrowed_files(hook_repo: tuple[Path, str], user_repo: Path,
     assert "jobs/" not in done.stdout
 
 
-def test_hook_environment_has_no_torch(hook_repo: tuple[Path, str], user_repo: Path,
-                                       pre_commit_home: Path) -> None:
+def test_hook_environment_has_no_torch(
+    hook_repo: tuple[Path, str], user_repo: Path, pre_commit_home: Path
+) -> None:
     write_config(user_repo, hook_repo, "  - id: mdc-validate\n")
     done = pre_commit(user_repo, pre_commit_home, "install-hooks")
     assert done.returncode == 0, done.stdout
@@ -196,13 +259,21 @@ def test_hook_environment_has_no_torch(hook_repo: tuple[Path, str], user_repo: P
 # ---------------------------------------------------------------- mdc-compile-check
 
 
-def test_compile_check_fresh_then_stale(hook_repo: tuple[Path, str], user_repo: Path,
-                                        pre_commit_home: Path) -> None:
+def test_compile_check_fresh_then_stale(
+    hook_repo: tuple[Path, str], user_repo: Path, pre_commit_home: Path
+) -> None:
     spec, out = "jobs/good.toml", "jobs/out/quickstart"
-    assert main(["compile", str(user_repo / spec), "-o", str(user_repo / out)],
-                stdout=io.StringIO(), stderr=io.StringIO()) == 0
-    write_config(user_repo, hook_repo,
-                 f"  - id: mdc-compile-check\n    args: [{spec}, -o, {out}]\n")
+    assert (
+        main(
+            ["compile", str(user_repo / spec), "-o", str(user_repo / out)],
+            stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )
+        == 0
+    )
+    write_config(
+        user_repo, hook_repo, f"  - id: mdc-compile-check\n    args: [{spec}, -o, {out}]\n"
+    )
     git(user_repo, "add", "-A")
     fresh = pre_commit(user_repo, pre_commit_home, "run", "mdc-compile-check", "--all-files")
     assert fresh.returncode == 0, fresh.stdout
@@ -217,6 +288,9 @@ def test_compile_check_fresh_then_stale(hook_repo: tuple[Path, str], user_repo: 
     stale = pre_commit(user_repo, pre_commit_home, "run", "mdc-compile-check", "--all-files")
     assert stale.returncode == 1, stale.stdout
     assert "Failed" in stale.stdout
-    for line in (f"{out}: changed: plan.json", f"{out}: changed: manifest.json",
-                 f"{out}: extra: stray.txt"):
+    for line in (
+        f"{out}: changed: plan.json",
+        f"{out}: changed: manifest.json",
+        f"{out}: extra: stray.txt",
+    ):
         assert line in stale.stdout.splitlines(), (line, stale.stdout)

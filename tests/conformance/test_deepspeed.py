@@ -47,8 +47,10 @@ from mdc.plugin_manager import load_plugins
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # third-party import-time deprecations
-    pytest.importorskip("deepspeed", reason="conformance needs deepspeed==0.19.8 and "
-                        "torch==2.13.0 (the venv of scripts/test)")
+    pytest.importorskip(
+        "deepspeed",
+        reason="conformance needs deepspeed==0.19.8 and torch==2.13.0 (the venv of scripts/test)",
+    )
     import deepspeed
     import deepspeed.comm.comm as ds_comm
     import hjson
@@ -110,7 +112,8 @@ def read_script(out: Path, values: dict[str, str]) -> tuple[list[str], dict[str,
     assert sep, script
     guarded = set(re.findall(r'^: "\$\{(\w+):\?', head, flags=re.MULTILINE))
     assert guarded == {"NODE_RANK", "MASTER_ADDR", "MASTER_PORT"} & set(
-        re.findall(r"\$\{(\w+)\}", script)), "every runtime variable is guarded"
+        re.findall(r"\$\{(\w+)\}", script)
+    ), "every runtime variable is guarded"
     exported = {}
     for line in head.splitlines():
         if line.startswith("export ") and "=" in line:
@@ -144,13 +147,23 @@ def expectations(spec: dict[str, Any], hosts: list[str] | None = None) -> dict[s
     command = spec["job"]["command"]
     words = shlex.split(command) if isinstance(command, str) else list(command)
     return {
-        "nnodes": nnodes, "nproc": nproc, "world": world, "dp": dp, "mp": tp * pp * cp,
-        "micro": micro, "total": total, "gas": total // (micro * dp),
-        "zero": options.get("zero_stage", 0), "precision": precision, "runner": runner,
+        "nnodes": nnodes,
+        "nproc": nproc,
+        "world": world,
+        "dp": dp,
+        "mp": tp * pp * cp,
+        "micro": micro,
+        "total": total,
+        "gas": total // (micro * dp),
+        "zero": options.get("zero_stage", 0),
+        "precision": precision,
+        "runner": runner,
         "config_argument": options.get("config_argument", True),
         "local_rank_argument": options.get("local_rank_argument", True),
-        "passthrough": options.get("config", {}), "words": words,
-        "port": dist.get("master_port"), "accelerator": dist.get("accelerator", "nvidia"),
+        "passthrough": options.get("config", {}),
+        "words": words,
+        "port": dist.get("master_port"),
+        "accelerator": dist.get("accelerator", "nvidia"),
     }
 
 
@@ -218,8 +231,9 @@ def no_remote(*args: Any, **kwargs: Any) -> None:
     raise AssertionError(f"the deepspeed runner tried to reach a host: {args}")
 
 
-def run_deepspeed(argv: list[str], exported: dict[str, str],
-                  monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[tuple[list[str], dict[str, str]]]]:
+def run_deepspeed(
+    argv: list[str], exported: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[tuple[list[str], dict[str, str]]]]:
     """deepspeed's runner, then its per-node launcher, with processes recorded, not started.
 
     Returns the launcher command the runner starts and each local worker's (argv, env).
@@ -228,10 +242,13 @@ def run_deepspeed(argv: list[str], exported: dict[str, str],
         monkeypatch.delenv(name, raising=False)  # the runner and CPU accelerator read them
     for name, value in exported.items():
         monkeypatch.setenv(name, value)
-    fake_subprocess = types.SimpleNamespace(Popen=Recorder, check_call=no_remote,
-                                            check_output=no_remote,
-                                            CalledProcessError=RuntimeError,
-                                            DEVNULL=None)
+    fake_subprocess = types.SimpleNamespace(
+        Popen=Recorder,
+        check_call=no_remote,
+        check_output=no_remote,
+        CalledProcessError=RuntimeError,
+        DEVNULL=None,
+    )
     monkeypatch.setattr(ds_runner, "subprocess", fake_subprocess)
     Recorder.started = []
     ds_runner.main(argv[1:])
@@ -242,8 +259,9 @@ def run_deepspeed(argv: list[str], exported: dict[str, str],
     # deepspeed.launcher.launch on this node, with the environment the runner gave it
     monkeypatch.setattr(ds_launch, "subprocess", types.SimpleNamespace(Popen=Recorder))
     monkeypatch.setattr(ds_launch, "time", types.SimpleNamespace(sleep=lambda _: None))
-    monkeypatch.setattr(ds_launch, "signal", types.SimpleNamespace(
-        signal=lambda *_: None, SIGINT=2, SIGTERM=15))
+    monkeypatch.setattr(
+        ds_launch, "signal", types.SimpleNamespace(signal=lambda *_: None, SIGINT=2, SIGTERM=15)
+    )
     monkeypatch.setattr(sys, "argv", ["deepspeed.launcher.launch", *node_cmd[4:]])
     for name in list(node_env):
         monkeypatch.setenv(name, node_env[name])
@@ -252,9 +270,15 @@ def run_deepspeed(argv: list[str], exported: dict[str, str],
     return node_cmd, list(Recorder.started)
 
 
-def check_deepspeed_runner(argv: list[str], exported: dict[str, str], want: dict[str, Any],
-                           out: Path, node: int, hosts: list[str] | None,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
+def check_deepspeed_runner(
+    argv: list[str],
+    exported: dict[str, str],
+    want: dict[str, Any],
+    out: Path,
+    node: int,
+    hosts: list[str] | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     nnodes, nproc = want["nnodes"], want["nproc"]
     hostfile = str(out / "launch" / "hostfile")
     args = ds_runner.parse_args(argv[1:])
@@ -274,7 +298,7 @@ def check_deepspeed_runner(argv: list[str], exported: dict[str, str], want: dict
     user_words = words if program is None else program[1]
     assert args.no_python is (program is None)
     assert args.module is (program is not None and program[0] == "-m")
-    assert [args.user_script, *args.user_args][:len(user_words)] == user_words
+    assert [args.user_script, *args.user_args][: len(user_words)] == user_words
 
     node_cmd, workers = run_deepspeed(argv, exported, monkeypatch)
     assert f"--node_rank={node}" in node_cmd and f"--master_addr={MASTER_ADDR}" in node_cmd
@@ -291,18 +315,24 @@ def check_deepspeed_runner(argv: list[str], exported: dict[str, str], want: dict
         assert env["MDC_DEEPSPEED_CONFIG"] == str(out / "launch" / "ds_config.json")
         local_flag = [f"--local_rank={local}"] if want["local_rank_argument"] else []
         head, own = worker_head(words)
-        assert cmd[:len(head)] == head, cmd
+        assert cmd[: len(head)] == head, cmd
         # the deepspeed launcher puts --local_rank=<i> right after the program
-        assert cmd[len(head):len(head) + len(local_flag)] == local_flag, cmd
-        assert check_script_arguments(cmd[len(head) + len(local_flag):], want, out) == own
+        assert cmd[len(head) : len(head) + len(local_flag)] == local_flag, cmd
+        assert check_script_arguments(cmd[len(head) + len(local_flag) :], want, out) == own
 
 
 # ---------------------------------------------------------------- torchrun
 
 
-def check_torchrun_runner(argv: list[str], exported: dict[str, str], want: dict[str, Any],
-                          out: Path, node: int, tmp_path: Path,
-                          monkeypatch: pytest.MonkeyPatch) -> None:
+def check_torchrun_runner(
+    argv: list[str],
+    exported: dict[str, str],
+    want: dict[str, Any],
+    out: Path,
+    node: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     nnodes, nproc = want["nnodes"], want["nproc"]
     for name in [k for k in os.environ if k.startswith("PET_")]:
         monkeypatch.delenv(name)
@@ -321,8 +351,8 @@ def check_torchrun_runner(argv: list[str], exported: dict[str, str], want: dict[
         assert config.rdzv_backend == "static" and config.rdzv_configs["rank"] == node
     worker = [cmd, *cmd_args]
     head, own = worker_head(want["words"])
-    assert worker[:len(head)] == head, worker
-    assert check_script_arguments(worker[len(head):], want, out) == own
+    assert worker[: len(head)] == head, worker
+    assert check_script_arguments(worker[len(head) :], want, out) == own
     # what the deepspeed launcher would have given, set by mdc
     assert (exported["LOCAL_SIZE"], exported["CROSS_SIZE"]) == (str(nproc), str(nnodes))
     assert exported["CROSS_RANK"] == str(node)
@@ -355,8 +385,7 @@ def fake_world() -> Iterator[Any]:
             torch.distributed.destroy_process_group()
         torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
         if ds_comm.cdb is None:
-            deepspeed.init_distributed(dist_backend="fake", dist_init_required=False,
-                                       verbose=False)
+            deepspeed.init_distributed(dist_backend="fake", dist_init_required=False, verbose=False)
         assert ds_comm.get_world_size() == size
 
     yield world
@@ -392,20 +421,30 @@ def check_ds_config(out: Path, want: dict[str, Any], fake_world: Any) -> None:
 # ---------------------------------------------------------------- the whole check
 
 
-def check_compiled(spec: dict[str, Any], out: Path, hosts: list[str] | None, tmp_path: Path,
-                   monkeypatch: pytest.MonkeyPatch, fake_world: Any) -> None:
+def check_compiled(
+    spec: dict[str, Any],
+    out: Path,
+    hosts: list[str] | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_world: Any,
+) -> None:
     want = expectations(spec, hosts)
     node = want["nnodes"] - 1  # the last node: its ranks are not the first ones
-    values = {"NODE_RANK": str(node), "MASTER_ADDR": MASTER_ADDR,
-              "MASTER_PORT": str(want["port"]), "MDC_OUT": str(out)}
+    values = {
+        "NODE_RANK": str(node),
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": str(want["port"]),
+        "MDC_OUT": str(out),
+    }
     argv, exported = read_script(out, values)
     assert argv[0] == want["runner"], argv
     assert exported["MDC_DEEPSPEED_CONFIG"] == str(out / "launch" / "ds_config.json")
     assert exported["DS_ACCELERATOR"] == {"cpu": "cpu"}.get(want["accelerator"], "cuda")
     # madengine's runner prefix: the command up to the program, as words after eval
     prefix = shlex.split(exported["MAD_MULTI_NODE_RUNNER"])
-    assert argv[:len(prefix)] == prefix and argv[0] == prefix[0]
-    rest = argv[len(prefix):]
+    assert argv[: len(prefix)] == prefix and argv[0] == prefix[0]
+    rest = argv[len(prefix) :]
     assert rest[0] not in ("--hostfile", "--nnodes", "--no_ssh", "--nproc-per-node")
     if want["runner"] == "deepspeed":
         check_deepspeed_runner(argv, exported, want, out, node, hosts, monkeypatch)
@@ -421,9 +460,13 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_is_read_by_deepspeed_as_planned(example: Path, compiler: Compiler,
-                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 fake_world: Any) -> None:
+def test_example_is_read_by_deepspeed_as_planned(
+    example: Path,
+    compiler: Compiler,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_world: Any,
+) -> None:
     out = tmp_path / "out"
     plan = compile_to(compiler, example, out)
     spec = load_spec(example)
@@ -447,19 +490,27 @@ COMMANDS = [
 
 
 def grid() -> Iterator[Any]:
-    combos = itertools.product((1, 2, 3, 4), (1, 2, 8), ("none", "global+micro", "micro"),
-                               (None, "deepspeed", "torchrun"))
+    combos = itertools.product(
+        (1, 2, 3, 4), (1, 2, 8), ("none", "global+micro", "micro"), (None, "deepspeed", "torchrun")
+    )
     for index, (nnodes, nproc, batch, runner) in enumerate(combos):
         world = nnodes * nproc
         spec: dict[str, Any] = {
             "job": {"name": f"grid-{index}", "command": COMMANDS[index % len(COMMANDS)]},
-            "distributed": {"launcher": "deepspeed", "backend": "local", "nnodes": nnodes,
-                            "nproc_per_node": nproc, "accelerator": "cpu",
-                            "master_port": 21000 + index},
+            "distributed": {
+                "launcher": "deepspeed",
+                "backend": "local",
+                "nnodes": nnodes,
+                "nproc_per_node": nproc,
+                "accelerator": "cpu",
+                "master_port": 21000 + index,
+            },
         }
         if batch == "global+micro":
-            spec["batch"] = {"micro_batch_size": 1 + index % 3,
-                             "global_batch_size": (1 + index % 3) * world * (1 + index % 4)}
+            spec["batch"] = {
+                "micro_batch_size": 1 + index % 3,
+                "global_batch_size": (1 + index % 3) * world * (1 + index % 4),
+            }
         elif batch == "micro":
             spec["batch"] = {"micro_batch_size": 1 + index % 4}
         options: dict[str, Any] = {"zero_stage": index % 4}
@@ -472,31 +523,47 @@ def grid() -> Iterator[Any]:
             spec["model"] = {"dtype": "bf16"}
         if index % 7 == 3:
             options["config_argument"] = False
-        if index % 5 == 2 and (runner or ("torchrun" if nnodes > 1 else "deepspeed")) == \
-                "deepspeed":
+        if (
+            index % 5 == 2
+            and (runner or ("torchrun" if nnodes > 1 else "deepspeed")) == "deepspeed"
+        ):
             options["local_rank_argument"] = False
         if index % 3 == 1:
-            options["config"] = {"steps_per_print": 5, "gradient_clipping": 1.0,
-                                 "zero_optimization": {"overlap_comm": True}}
+            options["config"] = {
+                "steps_per_print": 5,
+                "gradient_clipping": 1.0,
+                "zero_optimization": {"overlap_comm": True},
+            }
         spec["deepspeed"] = options
         yield pytest.param(spec, id=f"{nnodes}x{nproc}-{batch}-{runner or 'default'}")
     # model parallelism: DeepSpeed gets the data-parallel size from an mpu
     for tp, pp, stage in ((2, 1, 2), (1, 2, 1), (2, 2, 0)):
-        yield pytest.param({
-            "job": {"name": f"mp-{tp}-{pp}", "command": ["python", "train.py"]},
-            "distributed": {"launcher": "deepspeed", "nnodes": 2, "nproc_per_node": 8,
-                            "accelerator": "cpu", "master_port": 22000 + tp * 10 + pp},
-            "parallelism": {"tp": tp, "pp": pp},
-            "batch": {"global_batch_size": 64, "micro_batch_size": 2},
-            "deepspeed": {"zero_stage": stage, "runner": "deepspeed"},
-        }, id=f"tp{tp}-pp{pp}-zero{stage}")
+        yield pytest.param(
+            {
+                "job": {"name": f"mp-{tp}-{pp}", "command": ["python", "train.py"]},
+                "distributed": {
+                    "launcher": "deepspeed",
+                    "nnodes": 2,
+                    "nproc_per_node": 8,
+                    "accelerator": "cpu",
+                    "master_port": 22000 + tp * 10 + pp,
+                },
+                "parallelism": {"tp": tp, "pp": pp},
+                "batch": {"global_batch_size": 64, "micro_batch_size": 2},
+                "deepspeed": {"zero_stage": stage, "runner": "deepspeed"},
+            },
+            id=f"tp{tp}-pp{pp}-zero{stage}",
+        )
 
 
 @pytest.mark.parametrize("spec", list(grid()))
-def test_generated_spec_is_read_by_deepspeed_as_planned(spec: dict[str, Any],
-                                                        compiler: Compiler, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        fake_world: Any) -> None:
+def test_generated_spec_is_read_by_deepspeed_as_planned(
+    spec: dict[str, Any],
+    compiler: Compiler,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_world: Any,
+) -> None:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec), encoding="utf-8")
     out = tmp_path / "out"
@@ -510,6 +577,7 @@ def test_generated_spec_is_read_by_deepspeed_as_planned(spec: dict[str, Any],
 def test_zero_keys_are_deepspeeds() -> None:
     """mdc's list of zero_optimization keys is DeepSpeedZeroConfig's fields and aliases."""
     from mdc_builtin.launchers.deepspeed import ZERO_KEYS
+
     fields = DeepSpeedZeroConfig.model_fields
     accepted = set(fields) | {f.alias for f in fields.values() if f.alias}
     assert set(ZERO_KEYS) == accepted
@@ -520,9 +588,13 @@ def test_removed_keys_are_refused_by_deepspeed(fake_world: Any) -> None:
     from deepspeed.runtime.config import DeepSpeedConfigError
 
     from mdc_builtin.launchers.deepspeed import REMOVED_KEYS, REMOVED_ZERO_KEYS
+
     fake_world(2)
-    base = {"train_batch_size": 2, "train_micro_batch_size_per_gpu": 1,
-            "gradient_accumulation_steps": 1}
+    base = {
+        "train_batch_size": 2,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+    }
     DeepSpeedConfig({**base, "zero_optimization": {"stage": 1, "overlap_comm": True}})
     for key in REMOVED_KEYS:
         with pytest.raises(DeepSpeedConfigError):
@@ -538,8 +610,10 @@ def test_zero_with_pipeline_rule_is_deepspeeds() -> None:
     """MDC310 quotes the assertion of DeepSpeed's pipeline engine, which uses stage >= 2."""
     source = Path(deepspeed.__file__).parent / "runtime" / "pipe" / "engine.py"
     text = source.read_text(encoding="utf-8")
-    assert "< ZeroStageEnum.gradients, \"ZeRO-2 and ZeRO-3 are incompatible with pipeline " \
-           "parallelism\"" in text.replace("\n        ) ", " ").replace("(\n        )", "()")
+    assert (
+        '< ZeroStageEnum.gradients, "ZeRO-2 and ZeRO-3 are incompatible with pipeline '
+        'parallelism"' in text.replace("\n        ) ", " ").replace("(\n        )", "()")
+    )
 
 
 # ---------------------------------------------------------------- real runs on this CPU
@@ -565,16 +639,22 @@ RUNS = [
     # (example, overrides of the [deepspeed] table, runner the workers are started by)
     pytest.param("deepspeed-1x2-cpu.toml", {}, "deepspeed", id="1x2-deepspeed-runner"),
     pytest.param("deepspeed-2x2-cpu.json", {}, "torchrun", id="2x2-torchrun-runner"),
-    pytest.param("deepspeed-2x2-cpu.json", {"runner": "deepspeed"}, "deepspeed",
-                 id="2x2-deepspeed-runner"),
+    pytest.param(
+        "deepspeed-2x2-cpu.json", {"runner": "deepspeed"}, "deepspeed", id="2x2-deepspeed-runner"
+    ),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("example", "overrides", "runner"), RUNS)
-def test_deepspeed_trains_one_step_on_every_rank(example: str, overrides: dict[str, Any],
-                                                 runner: str, compiler: Compiler,
-                                                 tmp_path: Path, token: str) -> None:
+def test_deepspeed_trains_one_step_on_every_rank(
+    example: str,
+    overrides: dict[str, Any],
+    runner: str,
+    compiler: Compiler,
+    tmp_path: Path,
+    token: str,
+) -> None:
     """examples/ds_check.py: deepspeed.initialize with the emitted config, one step, gloo."""
     spec = load_spec(REPO / "examples" / example)
     spec["deepspeed"] = {**spec.get("deepspeed", {}), **overrides}
@@ -586,8 +666,9 @@ def test_deepspeed_trains_one_step_on_every_rank(example: str, overrides: dict[s
     reports.mkdir()
     compile_to(compiler, path, out)
     want = expectations(spec)
-    argv, _ = read_script(out, {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                                "MASTER_PORT": "0", "MDC_OUT": str(out)})
+    argv, _ = read_script(
+        out, {"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0", "MDC_OUT": str(out)}
+    )
     assert argv[0] == runner == want["runner"]
 
     code, output, seconds = LOCAL_RUN.run_job(out, reports, token, timeout=DS_RUN_TIMEOUT)
@@ -602,8 +683,9 @@ def test_deepspeed_trains_one_step_on_every_rank(example: str, overrides: dict[s
     for rank in range(world):
         report = json.loads((reports / f"rank-{rank}.json").read_text(encoding="utf-8"))
         node, local = divmod(rank, nproc)  # ranks are contiguous per node, in node order
-        assert (report["RANK"], report["dist_rank"], report["LOCAL_RANK"]) == \
-            (rank, rank, local), report
+        assert (report["RANK"], report["dist_rank"], report["LOCAL_RANK"]) == (rank, rank, local), (
+            report
+        )
         assert report["WORLD_SIZE"] == report["dist_world_size"] == world, report
         # both runners' names, whichever started the workers
         assert (report["LOCAL_SIZE"], report["LOCAL_WORLD_SIZE"]) == (nproc, nproc), report
@@ -613,12 +695,17 @@ def test_deepspeed_trains_one_step_on_every_rank(example: str, overrides: dict[s
         assert report["config_argument"] == report["config_variable"] == config, report
         assert report["deepspeed_flag"] is True
         # what DeepSpeed made of ds_config.json with the real world
-        assert (report["train_batch_size"], report["micro_batch_size"],
-                report["grad_accum_steps"]) == (want["total"], want["micro"], want["gas"])
+        assert (
+            report["train_batch_size"],
+            report["micro_batch_size"],
+            report["grad_accum_steps"],
+        ) == (want["total"], want["micro"], want["gas"])
         assert report["dp_world_size"] == want["dp"]
         assert report["zero_stage"] == want["zero"]
-        assert (report["bf16"], report["fp16"]) == (want["precision"] == "bf16",
-                                                    want["precision"] == "fp16")
+        assert (report["bf16"], report["fp16"]) == (
+            want["precision"] == "bf16",
+            want["precision"] == "fp16",
+        )
         assert report["global_steps"] == 1
         assert report["allreduce"] == world * (world - 1) / 2
         seen.add((node, local))

@@ -45,8 +45,10 @@ import pytest
 with warnings.catch_warnings():
     # megatron-core warns at import about Transformer Engine/Apex and torch.jit deprecations.
     warnings.simplefilter("ignore")
-    pytest.importorskip("megatron.core", reason="conformance needs megatron-core==0.16.1 and "
-                        "torch==2.13.0: run scripts/test")
+    pytest.importorskip(
+        "megatron.core",
+        reason="conformance needs megatron-core==0.16.1 and torch==2.13.0: run scripts/test",
+    )
     import torch
     import torch.distributed
     import torch.distributed.run as torchrun
@@ -64,8 +66,11 @@ from mdc.cli import main
 pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (REPO / "examples").glob("megatron-*")
-                  if p.suffix in (".toml", ".yaml", ".yml", ".json"))
+EXAMPLES = sorted(
+    p
+    for p in (REPO / "examples").glob("megatron-*")
+    if p.suffix in (".toml", ".yaml", ".yml", ".json")
+)
 DEFAULT_ORDER, TP_PP_DP_ORDER = "tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"
 NODE_RANK, MASTER_ADDR = 1, "10.0.0.1"
 #: the worker (this module run as a script) writes rank-<RANK>.json here
@@ -84,18 +89,20 @@ class Flag(NamedTuple):
 #: (type int, store_true, or a string choice), and where megatron-core 0.16.1 takes it.
 FLAGS: dict[str, Flag] = {
     "--tensor-model-parallel-size": Flag(int, ModelParallelConfig, "tensor_model_parallel_size"),
-    "--pipeline-model-parallel-size": Flag(int, ModelParallelConfig,
-                                           "pipeline_model_parallel_size"),
+    "--pipeline-model-parallel-size": Flag(
+        int, ModelParallelConfig, "pipeline_model_parallel_size"
+    ),
     "--context-parallel-size": Flag(int, ModelParallelConfig, "context_parallel_size"),
     "--expert-model-parallel-size": Flag(int, ModelParallelConfig, "expert_model_parallel_size"),
-    "--expert-tensor-parallel-size": Flag(int, ModelParallelConfig,
-                                          "expert_tensor_parallel_size"),
-    "--num-virtual-stages-per-pipeline-rank": Flag(int, ModelParallelConfig,
-                                                   "virtual_pipeline_model_parallel_size"),
+    "--expert-tensor-parallel-size": Flag(int, ModelParallelConfig, "expert_tensor_parallel_size"),
+    "--num-virtual-stages-per-pipeline-rank": Flag(
+        int, ModelParallelConfig, "virtual_pipeline_model_parallel_size"
+    ),
     "--use-tp-pp-dp-mapping": Flag(bool, parallel_state.initialize_model_parallel, "order"),
     "--sequence-parallel": Flag(bool, ModelParallelConfig, "sequence_parallel"),
-    "--use-distributed-optimizer": Flag(bool, DistributedDataParallelConfig,
-                                        "use_distributed_optimizer"),
+    "--use-distributed-optimizer": Flag(
+        bool, DistributedDataParallelConfig, "use_distributed_optimizer"
+    ),
     "--overlap-grad-reduce": Flag(bool, DistributedDataParallelConfig, "overlap_grad_reduce"),
     "--overlap-param-gather": Flag(bool, DistributedDataParallelConfig, "overlap_param_gather"),
     "--micro-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "micro_batch_size"),
@@ -113,8 +120,9 @@ FLAGS: dict[str, Flag] = {
     "--moe-ffn-hidden-size": Flag(int, TransformerConfig, "moe_ffn_hidden_size"),
     "--moe-router-topk": Flag(int, TransformerConfig, "moe_router_topk"),
     "--swiglu": Flag(bool, TransformerConfig, "gated_linear_unit"),
-    "--untie-embeddings-and-output-weights": Flag(bool, GPTModel.__init__,
-                                                  "share_embeddings_and_output_weights"),
+    "--untie-embeddings-and-output-weights": Flag(
+        bool, GPTModel.__init__, "share_embeddings_and_output_weights"
+    ),
     "--position-embedding-type": Flag(str, GPTModel.__init__, "position_embedding_type"),
     "--disable-bias-linear": Flag(bool, TransformerConfig, "add_bias_linear"),
     "--normalization": Flag(str, TransformerConfig, "normalization"),
@@ -127,9 +135,15 @@ FLAGS: dict[str, Flag] = {
 }
 #: mdc group kind -> (megatron generator, get_ranks token)
 MEGATRON_TOKENS = {
-    "tp": ("dense", "tp"), "cp": ("dense", "cp"), "dp": ("dense", "dp"), "pp": ("dense", "pp"),
-    "dp-cp": ("dense", "dp-cp"), "tp-pp": ("dense", "tp-pp"), "ep": ("expert", "ep"),
-    "expert-tp": ("expert", "tp"), "expert-dp": ("expert", "dp"),
+    "tp": ("dense", "tp"),
+    "cp": ("dense", "cp"),
+    "dp": ("dense", "dp"),
+    "pp": ("dense", "pp"),
+    "dp-cp": ("dense", "dp-cp"),
+    "tp-pp": ("dense", "tp-pp"),
+    "ep": ("expert", "ep"),
+    "expert-tp": ("expert", "tp"),
+    "expert-dp": ("expert", "dp"),
 }
 
 
@@ -153,8 +167,9 @@ def megatron_parser(*, user_flags: bool = True) -> argparse.ArgumentParser:
 def compile_spec(spec: Path, out: Path) -> tuple[int, str, dict[str, Any] | None]:
     """``mdc compile`` with only mdc's own plugins; (exit code, stderr, plan.json)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                stdout=stdout, stderr=stderr)
+    code = main(
+        ["compile", str(spec), "-o", str(out), "--no-plugin-autoload"], stdout=stdout, stderr=stderr
+    )
     plan = json.loads((out / "plan.json").read_text(encoding="utf-8")) if code == 0 else None
     return code, stderr.getvalue(), plan
 
@@ -169,13 +184,17 @@ def read_script(out: Path, port: int) -> tuple[list[str], dict[str, str]]:
     """The argv launch/worker.sh execs (runtime variables put in as a backend would) and the
     variables it exports."""
     script = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
-    values = {"NODE_RANK": str(NODE_RANK), "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port),
-              "MDC_OUT": str(out)}
+    values = {
+        "NODE_RANK": str(NODE_RANK),
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": str(port),
+        "MDC_OUT": str(out),
+    }
     expanded = re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], script)
     env = {}
     for line in expanded.splitlines():
         if line.startswith("export ") and "=" in line:
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             env[name] = shlex.split(value)[0]
     _, sep, command = expanded.partition("\nexec ")
     assert sep, script
@@ -208,9 +227,11 @@ def _stop(*args: object, **kwargs: object) -> None:
 def initialize_verdict(world: int, ns: argparse.Namespace) -> str | None:
     """None if megatron-core's initialize_model_parallel accepts the sizes, else its error."""
     with contextlib.ExitStack() as stack:
-        for name, fake in (("is_initialized", lambda: True),
-                           ("get_world_size", lambda group=None: world),
-                           ("get_rank", lambda group=None: 0)):
+        for name, fake in (
+            ("is_initialized", lambda: True),
+            ("get_world_size", lambda group=None: world),
+            ("get_rank", lambda group=None: 0),
+        ):
             stack.enter_context(mock.patch.object(torch.distributed, name, fake))
         stack.enter_context(mock.patch.object(parallel_state, "create_group", _stop))
         try:
@@ -235,18 +256,22 @@ def model_parallel_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def megatron_groups(world: int, ns: argparse.Namespace) -> dict[str, list[list[int]]]:
-    tp, pp, cp = (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size,
-                  ns.context_parallel_size)
+    tp, pp, cp = (
+        ns.tensor_model_parallel_size,
+        ns.pipeline_model_parallel_size,
+        ns.context_parallel_size,
+    )
     ep, etp = ns.expert_model_parallel_size, ns.expert_tensor_parallel_size
     order = model_parallel_kwargs(ns)["order"]
     generators = {
-        "dense": RankGenerator(tp=tp, ep=1, dp=world // (tp * pp * cp), pp=pp, cp=cp,
-                               order=order),
-        "expert": RankGenerator(tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1,
-                                order=order),
+        "dense": RankGenerator(tp=tp, ep=1, dp=world // (tp * pp * cp), pp=pp, cp=cp, order=order),
+        "expert": RankGenerator(
+            tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order=order
+        ),
     }
-    return {kind: generators[grid].get_ranks(token)
-            for kind, (grid, token) in MEGATRON_TOKENS.items()}
+    return {
+        kind: generators[grid].get_ranks(token) for kind, (grid, token) in MEGATRON_TOKENS.items()
+    }
 
 
 def dtype_of(ns: argparse.Namespace) -> torch.dtype:
@@ -265,9 +290,12 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         expert_model_parallel_size=ns.expert_model_parallel_size,
         expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
         sequence_parallel=ns.sequence_parallel,
-        pipeline_dtype=dtype_of(ns), params_dtype=dtype_of(ns), bf16=ns.bf16, fp16=ns.fp16,
-        num_layers=ns.num_layers or ns.pipeline_model_parallel_size * (
-            ns.num_virtual_stages_per_pipeline_rank or 1),
+        pipeline_dtype=dtype_of(ns),
+        params_dtype=dtype_of(ns),
+        bf16=ns.bf16,
+        fp16=ns.fp16,
+        num_layers=ns.num_layers
+        or ns.pipeline_model_parallel_size * (ns.num_virtual_stages_per_pipeline_rank or 1),
         hidden_size=ns.hidden_size or 8 * heads,
         ffn_hidden_size=ns.ffn_hidden_size,
         num_attention_heads=heads,
@@ -285,7 +313,6 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
     )
 
 
-
 def resolve_torchrun(args: Any, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun's own resolution of its parsed flags (config_from_args) matches the plan."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # keep config_from_args off this process's env
@@ -299,8 +326,9 @@ def resolve_torchrun(args: Any, plan: dict[str, Any], monkeypatch: pytest.Monkey
 # ------------------------------------------------------------------ one compiled job
 
 
-def check_job(out: Path, plan: dict[str, Any],
-              monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+def check_job(
+    out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> argparse.Namespace:
     """Parse and check launch/worker.sh against plan.json and megatron-core; the parsed flags."""
     argv, env = read_script(out, plan["rendezvous"]["master_port"])
     assert argv[0] == "torchrun"
@@ -320,14 +348,18 @@ def check_job(out: Path, plan: dict[str, Any],
     # switches in FLAGS that a user may also pass (when mdc does not) are parsed away too
     theirs = [w for w in [*own, *extra_args] if not (w in FLAGS and FLAGS[w].kind is bool)]
     assert rest == theirs, "mdc's flags must come after the user's own arguments"
-    assert script_args[:len(own)] == own
+    assert script_args[: len(own)] == own
     for flag in FLAGS:  # each flag once: Megatron-LM's parser keeps the last one silently
         assert script_args.count(flag) <= 1, flag
 
     p, world = plan["parallelism"], plan["world_size"]
-    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size,
-            ns.context_parallel_size, ns.expert_model_parallel_size,
-            ns.expert_tensor_parallel_size) == (p["tp"], p["pp"], p["cp"], p["ep"], p["etp"])
+    assert (
+        ns.tensor_model_parallel_size,
+        ns.pipeline_model_parallel_size,
+        ns.context_parallel_size,
+        ns.expert_model_parallel_size,
+        ns.expert_tensor_parallel_size,
+    ) == (p["tp"], p["pp"], p["cp"], p["ep"], p["etp"])
     assert ns.num_virtual_stages_per_pipeline_rank == p["vpp"]
     # Megatron-LM's own derivation of dp (world from torchrun's WORLD_SIZE)
     assert world // (p["tp"] * p["pp"] * p["cp"]) == p["dp"]
@@ -352,23 +384,32 @@ def check_job(out: Path, plan: dict[str, Any],
     assert bias_refused == ("MDC324" in codes)
     ep_without_sp = [w for w in caught if "sequence parallelism must be used" in str(w.message)]
     assert bool(ep_without_sp) == ("MDC325" in codes)
-    DistributedDataParallelConfig(use_distributed_optimizer=ns.use_distributed_optimizer,
-                                  overlap_grad_reduce=ns.overlap_grad_reduce,
-                                  overlap_param_gather=ns.overlap_param_gather)
+    DistributedDataParallelConfig(
+        use_distributed_optimizer=ns.use_distributed_optimizer,
+        overlap_grad_reduce=ns.overlap_grad_reduce,
+        overlap_param_gather=ns.overlap_param_gather,
+    )
     if plan["batch"] is not None:
         assert (ns.micro_batch_size, ns.global_batch_size) == (
-            plan["batch"]["micro_batch_size"], plan["batch"]["global_batch_size"])
-        calculator = ConstantNumMicroBatchesCalculator(ns.global_batch_size, ns.micro_batch_size,
-                                                       p["dp"], False, 0)
+            plan["batch"]["micro_batch_size"],
+            plan["batch"]["global_batch_size"],
+        )
+        calculator = ConstantNumMicroBatchesCalculator(
+            ns.global_batch_size, ns.micro_batch_size, p["dp"], False, 0
+        )
         assert calculator.get() == plan["batch"]["grad_accum_steps"]
     else:
         assert ns.micro_batch_size is None and ns.global_batch_size is None
 
     model = plan["model"] or {}
-    for flag_dest, key in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"),
-                           ("num_attention_heads", "num_attention_heads"),
-                           ("ffn_hidden_size", "ffn_hidden_size"),
-                           ("seq_length", "seq_length"), ("num_experts", "num_experts")):
+    for flag_dest, key in (
+        ("num_layers", "num_layers"),
+        ("hidden_size", "hidden_size"),
+        ("num_attention_heads", "num_attention_heads"),
+        ("ffn_hidden_size", "ffn_hidden_size"),
+        ("seq_length", "seq_length"),
+        ("num_experts", "num_experts"),
+    ):
         assert getattr(ns, flag_dest) == model.get(key), flag_dest
     groups_given = model.get("num_query_groups")
     if groups_given not in (None, model.get("num_attention_heads")):
@@ -377,8 +418,10 @@ def check_job(out: Path, plan: dict[str, Any],
         assert not ns.group_query_attention
     if model.get("seq_length"):
         assert ns.max_position_embeddings >= model["seq_length"]
-    assert (ns.bf16, ns.fp16) == (model.get("dtype") in ("bf16", "fp8"),
-                                  model.get("dtype") == "fp16")
+    assert (ns.bf16, ns.fp16) == (
+        model.get("dtype") in ("bf16", "fp8"),
+        model.get("dtype") == "fp16",
+    )
     assert ns.sequence_parallel == (p["tp"] > 1 and options.get("sequence_parallel") is not False)
 
     # the environment contract
@@ -387,8 +430,11 @@ def check_job(out: Path, plan: dict[str, Any],
     assert env["CONTEXT_PARALLEL_SIZE"] == str(p["cp"])
     wanted = plan["accelerator"] != "cpu" and (p["tp"] > 1 or p["cp"] > 1)
     assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == ("1" if wanted else None)
-    for name in ("TENSOR_MODEL_PARALLEL_SIZE", "PIPELINE_MODEL_PARALLEL_SIZE",
-                 "CONTEXT_PARALLEL_SIZE"):
+    for name in (
+        "TENSOR_MODEL_PARALLEL_SIZE",
+        "PIPELINE_MODEL_PARALLEL_SIZE",
+        "CONTEXT_PARALLEL_SIZE",
+    ):
         assert plan["worker_env"][name] == env[name]
     return ns
 
@@ -412,28 +458,46 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_is_what_megatron_core_accepts(example: Path, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_is_what_megatron_core_accepts(
+    example: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     code, stderr, plan = compile_spec(example, tmp_path / "out")
     assert code == 0 and plan is not None, stderr
     check_job(tmp_path / "out", plan, monkeypatch)
 
 
-def spec(tp: int, pp: int, cp: int = 1, ep: int = 1, etp: int | None = None,
-         vpp: int | None = None, order: str | None = None, nnodes: int = 2, nproc: int = 8,
-         model: dict[str, Any] | None = None, batch: dict[str, int] | None = None,
-         megatron: dict[str, Any] | None = None, command: list[str] | None = None,
-         accelerator: str = "nvidia") -> dict[str, Any]:
+def spec(
+    tp: int,
+    pp: int,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    vpp: int | None = None,
+    order: str | None = None,
+    nnodes: int = 2,
+    nproc: int = 8,
+    model: dict[str, Any] | None = None,
+    batch: dict[str, int] | None = None,
+    megatron: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+    accelerator: str = "nvidia",
+) -> dict[str, Any]:
     parallelism: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
     for key, value in (("etp", etp), ("vpp", vpp), ("order", order)):
         if value is not None:
             parallelism[key] = value
     data: dict[str, Any] = {
-        "job": {"name": "megatron-conformance",
-                "command": command or ["python", "pretrain_gpt.py", "--mock-data"]},
-        "distributed": {"launcher": "megatron", "nnodes": nnodes, "nproc_per_node": nproc,
-                        "accelerator": accelerator},
+        "job": {
+            "name": "megatron-conformance",
+            "command": command or ["python", "pretrain_gpt.py", "--mock-data"],
+        },
+        "distributed": {
+            "launcher": "megatron",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": accelerator,
+        },
         "parallelism": parallelism,
     }
     for key, value in (("model", model), ("batch", batch), ("megatron", megatron)):
@@ -447,37 +511,71 @@ MOE = {**DENSE, "num_experts": 8}
 #: written specs: every size, the two orders, vpp, MoE, GQA, each dtype, the options
 SPECS: dict[str, dict[str, Any]] = {
     "tp8-pp2": spec(8, 2),
-    "tp1-pp1-dp16-cpu": spec(1, 1, accelerator="cpu",
-                             batch={"global_batch_size": 64, "micro_batch_size": 2}),
-    "tp2-cp4-pp2": spec(2, 2, cp=4, model={**DENSE, "dtype": "bf16"},
-                        batch={"global_batch_size": 8, "micro_batch_size": 1}),
+    "tp1-pp1-dp16-cpu": spec(
+        1, 1, accelerator="cpu", batch={"global_batch_size": 64, "micro_batch_size": 2}
+    ),
+    "tp2-cp4-pp2": spec(
+        2,
+        2,
+        cp=4,
+        model={**DENSE, "dtype": "bf16"},
+        batch={"global_batch_size": 8, "micro_batch_size": 1},
+    ),
     "tp2-pp2-vpp4": spec(2, 2, vpp=4, model={**DENSE, "num_query_groups": 2}),
     "tp-pp-dp-order": spec(2, 2, order=TP_PP_DP_ORDER, model=DENSE),
     "short-order": spec(2, 2, order="tp-pp-dp", model=DENSE),
     "moe-etp1": spec(2, 2, ep=4, etp=1, model={**MOE, "dtype": "bf16"}),
-    "moe-etp-tp-no-sp": spec(2, 1, ep=2, model=MOE, megatron={
-        "sequence_parallel": False, "extra_args": ["--disable-bias-linear"]}),
+    "moe-etp-tp-no-sp": spec(
+        2,
+        1,
+        ep=2,
+        model=MOE,
+        megatron={"sequence_parallel": False, "extra_args": ["--disable-bias-linear"]},
+    ),
     "moe-tp-pp-dp-order": spec(2, 2, ep=2, etp=1, order=TP_PP_DP_ORDER, model=MOE),
-    "fp16-gqa-ffn": spec(4, 1, model={**DENSE, "num_query_groups": 8, "ffn_hidden_size": 1024,
-                                      "dtype": "fp16"}),
+    "fp16-gqa-ffn": spec(
+        4, 1, model={**DENSE, "num_query_groups": 8, "ffn_hidden_size": 1024, "dtype": "fp16"}
+    ),
     "fp8": spec(8, 1, model={**DENSE, "dtype": "fp8"}, megatron={"fp8_format": "e4m3"}),
-    "no-dist-opt-no-sp": spec(4, 2, model=DENSE, megatron={
-        "use_distributed_optimizer": False, "sequence_parallel": False,
-        "overlap_grad_reduce": True}),
-    "overlap-recompute-full": spec(2, 4, model=DENSE, megatron={
-        "overlap_grad_reduce": True, "overlap_param_gather": True,
-        "recompute_granularity": "full", "recompute_method": "block",
-        "recompute_num_layers": 2, "max_position_embeddings": 4096}),
-    "recompute-selective-extra": spec(8, 2, model=DENSE, megatron={
-        "recompute_granularity": "selective", "extra_args": ["--lr", "3e-4", "--swiglu"]}),
-    "bare-command": spec(2, 2, command=["bash", "-c", "exec python pretrain_gpt.py \"$@\"",
-                                        "pretrain"]),
+    "no-dist-opt-no-sp": spec(
+        4,
+        2,
+        model=DENSE,
+        megatron={
+            "use_distributed_optimizer": False,
+            "sequence_parallel": False,
+            "overlap_grad_reduce": True,
+        },
+    ),
+    "overlap-recompute-full": spec(
+        2,
+        4,
+        model=DENSE,
+        megatron={
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": 2,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "recompute-selective-extra": spec(
+        8,
+        2,
+        model=DENSE,
+        megatron={"recompute_granularity": "selective", "extra_args": ["--lr", "3e-4", "--swiglu"]},
+    ),
+    "bare-command": spec(
+        2, 2, command=["bash", "-c", 'exec python pretrain_gpt.py "$@"', "pretrain"]
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
-def test_written_spec_is_what_megatron_core_accepts(case: str, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_written_spec_is_what_megatron_core_accepts(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, stderr, plan = compile_spec(write_spec(tmp_path, SPECS[case]), tmp_path / "out")
     assert code == 0 and plan is not None, stderr
     ns = check_job(tmp_path / "out", plan, monkeypatch)
@@ -485,15 +583,33 @@ def test_written_spec_is_what_megatron_core_accepts(case: str, tmp_path: Path,
         assert ns.fp8_format == "e4m3" and ns.bf16
     if case == "overlap-recompute-full":
         assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == (
-            "full", "block", 2)
+            "full",
+            "block",
+            2,
+        )
         assert ns.overlap_param_gather and ns.overlap_grad_reduce
         assert ns.max_position_embeddings == 4096
 
 
-ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-pp-dp", "tp-dp-pp", "cp-tp-ep-dp-pp",
-          "tp-ep-cp-dp-pp", "dp-tp-cp-ep-pp", "tp-cp-pp-ep-dp", "pp-tp-cp-ep-dp")
-SIZES = ((2, 2, 1, 1, 2), (2, 2, 2, 1, 2), (4, 1, 2, 2, 1), (2, 2, 1, 2, 1), (1, 2, 2, 2, 1),
-         (2, 1, 1, 4, 2))
+ORDERS = (
+    "tp-cp-ep-dp-pp",
+    "tp-cp-ep-pp-dp",
+    "tp-pp-dp",
+    "tp-dp-pp",
+    "cp-tp-ep-dp-pp",
+    "tp-ep-cp-dp-pp",
+    "dp-tp-cp-ep-pp",
+    "tp-cp-pp-ep-dp",
+    "pp-tp-cp-ep-dp",
+)
+SIZES = (
+    (2, 2, 1, 1, 2),
+    (2, 2, 2, 1, 2),
+    (4, 1, 2, 2, 1),
+    (2, 2, 1, 2, 1),
+    (1, 2, 2, 2, 1),
+    (2, 1, 1, 4, 2),
+)
 
 
 def order_cases() -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -502,35 +618,47 @@ def order_cases() -> Iterator[tuple[str, tuple[int, ...]]]:
             yield order, sizes
 
 
-@pytest.mark.parametrize(("order", "sizes"), list(order_cases()),
-                         ids=[f"{o}-{'.'.join(map(str, s))}" for o, s in order_cases()])
+@pytest.mark.parametrize(
+    ("order", "sizes"),
+    list(order_cases()),
+    ids=[f"{o}-{'.'.join(map(str, s))}" for o, s in order_cases()],
+)
 def test_order_is_accepted_exactly_when_megatron_lm_can_lay_it_out(
-        order: str, sizes: tuple[int, int, int, int, int], tmp_path: Path) -> None:
+    order: str, sizes: tuple[int, int, int, int, int], tmp_path: Path
+) -> None:
     """An order compiles iff it gives the groups of one of Megatron-LM's two orders."""
     tp, pp, cp, ep, etp = sizes
     model = {**DENSE, "num_experts": 8} if ep > 1 else DENSE
-    code, stderr, plan = compile_spec(write_spec(tmp_path, spec(
-        tp, pp, cp=cp, ep=ep, etp=etp, order=order, model=model, nnodes=2, nproc=8)),
-        tmp_path / "out")
+    code, stderr, plan = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(tp, pp, cp=cp, ep=ep, etp=etp, order=order, model=model, nnodes=2, nproc=8),
+        ),
+        tmp_path / "out",
+    )
     world = 16
     dense_dp, expert_dp = world // (tp * pp * cp), world // (etp * ep * pp)
     try:
-        wanted = {"dense": RankGenerator(tp=tp, ep=1, dp=dense_dp, pp=pp, cp=cp, order=order),
-                  "expert": RankGenerator(tp=etp, ep=ep, dp=expert_dp, pp=pp, cp=1,
-                                          order=order)}
-        layout = {kind: wanted[grid].get_ranks(token)
-                  for kind, (grid, token) in MEGATRON_TOKENS.items()}
+        wanted = {
+            "dense": RankGenerator(tp=tp, ep=1, dp=dense_dp, pp=pp, cp=cp, order=order),
+            "expert": RankGenerator(tp=etp, ep=ep, dp=expert_dp, pp=pp, cp=1, order=order),
+        }
+        layout = {
+            kind: wanted[grid].get_ranks(token) for kind, (grid, token) in MEGATRON_TOKENS.items()
+        }
     except RuntimeError:  # the order leaves out an axis larger than 1: the core says MDC204
         assert code != 0 and "MDC204" in stderr
         return
     expressible = []
     for megatron_order in (DEFAULT_ORDER, TP_PP_DP_ORDER):
-        same = {"dense": RankGenerator(tp=tp, ep=1, dp=dense_dp, pp=pp, cp=cp,
-                                       order=megatron_order),
-                "expert": RankGenerator(tp=etp, ep=ep, dp=expert_dp, pp=pp, cp=1,
-                                        order=megatron_order)}
-        if all(same[grid].get_ranks(token) == layout[kind]
-               for kind, (grid, token) in MEGATRON_TOKENS.items()):
+        same = {
+            "dense": RankGenerator(tp=tp, ep=1, dp=dense_dp, pp=pp, cp=cp, order=megatron_order),
+            "expert": RankGenerator(tp=etp, ep=ep, dp=expert_dp, pp=pp, cp=1, order=megatron_order),
+        }
+        if all(
+            same[grid].get_ranks(token) == layout[kind]
+            for kind, (grid, token) in MEGATRON_TOKENS.items()
+        ):
             expressible.append(megatron_order)
     if code != 0 and "MDC320" not in stderr:
         # the core's rule for pp not last (dp and expert dp differ) stops the plan first
@@ -547,29 +675,41 @@ def test_order_is_accepted_exactly_when_megatron_lm_can_lay_it_out(
         assert plan["groups"][kind]["ranks"] == expected, kind
 
 
-RECOMPUTE = [(g, m, n) for g in ("selective", "full") for m in (None, "uniform", "block")
-             for n in (None, 1, 2)]
+RECOMPUTE = [
+    (g, m, n)
+    for g in ("selective", "full")
+    for m in (None, "uniform", "block")
+    for n in (None, 1, 2)
+]
 
 
-@pytest.mark.parametrize(("granularity", "method", "count"), RECOMPUTE,
-                         ids=[f"{g}-{m}-{n}" for g, m, n in RECOMPUTE])
+@pytest.mark.parametrize(
+    ("granularity", "method", "count"), RECOMPUTE, ids=[f"{g}-{m}-{n}" for g, m, n in RECOMPUTE]
+)
 def test_recompute_settings_rejected_exactly_when_megatron_core_rejects_them(
-        granularity: str, method: str | None, count: int | None, tmp_path: Path) -> None:
+    granularity: str, method: str | None, count: int | None, tmp_path: Path
+) -> None:
     options: dict[str, Any] = {"recompute_granularity": granularity}
     if method is not None:
         options["recompute_method"] = method
     if count is not None:
         options["recompute_num_layers"] = count
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 2, model=DENSE,
-                                                             megatron=options)),
-                                   tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 2, model=DENSE, megatron=options)), tmp_path / "out"
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # advice about Transformer Engine's fused attention
-            TransformerConfig(num_layers=16, hidden_size=256, num_attention_heads=8,
-                              pipeline_model_parallel_size=2, pipeline_dtype=torch.float32,
-                              recompute_granularity=granularity, recompute_method=method,
-                              recompute_num_layers=count)
+            TransformerConfig(
+                num_layers=16,
+                hidden_size=256,
+                num_attention_heads=8,
+                pipeline_model_parallel_size=2,
+                pipeline_dtype=torch.float32,
+                recompute_granularity=granularity,
+                recompute_method=method,
+                recompute_num_layers=count,
+            )
         rejected = False
     except ValueError:
         rejected = True
@@ -581,29 +721,52 @@ def test_recompute_settings_rejected_exactly_when_megatron_core_rejects_them(
 
 def test_recompute_settings_without_granularity_are_refused(tmp_path: Path) -> None:
     """megatron-core ignores them; mdc says they do nothing rather than drop them silently."""
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 2, model=DENSE, megatron={
-        "recompute_method": "block", "recompute_num_layers": 1})), tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2, 2, model=DENSE, megatron={"recompute_method": "block", "recompute_num_layers": 1}
+            ),
+        ),
+        tmp_path / "out",
+    )
     assert code == 1 and stderr.count("MDC322") == 2
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
 def test_uniform_recompute_runs_must_divide_the_model_chunk(count: int, tmp_path: Path) -> None:
     """16 layers over pp 2 x vpp 2: chunks of 4 layers, walked in runs of ``count``."""
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 2, vpp=2, model=DENSE, megatron={
-        "recompute_granularity": "full", "recompute_method": "uniform",
-        "recompute_num_layers": count})), tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2,
+                2,
+                vpp=2,
+                model=DENSE,
+                megatron={
+                    "recompute_granularity": "full",
+                    "recompute_method": "uniform",
+                    "recompute_num_layers": count,
+                },
+            ),
+        ),
+        tmp_path / "out",
+    )
     chunk = 16 // (2 * 2)
     assert (code == 0) == (chunk % count == 0), stderr
 
 
 @pytest.mark.parametrize(("etp", "disable_bias"), [(1, False), (2, False), (2, True)])
-def test_moe_bias_warning_matches_transformer_config(etp: int, disable_bias: bool,
-                                                     tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_moe_bias_warning_matches_transformer_config(
+    etp: int, disable_bias: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """check_job holds MDC324 against TransformerConfig's own refusal of MoE bias with etp > 1."""
     extra = ["--disable-bias-linear"] if disable_bias else []
-    code, stderr, plan = compile_spec(write_spec(tmp_path, spec(
-        2, 1, ep=2, etp=etp, model=MOE, megatron={"extra_args": extra})), tmp_path / "out")
+    code, stderr, plan = compile_spec(
+        write_spec(tmp_path, spec(2, 1, ep=2, etp=etp, model=MOE, megatron={"extra_args": extra})),
+        tmp_path / "out",
+    )
     assert code == 0 and plan is not None, stderr
     assert ("MDC324" in stderr) == (etp > 1 and not disable_bias)
     check_job(tmp_path / "out", plan, monkeypatch)
@@ -612,8 +775,10 @@ def test_moe_bias_warning_matches_transformer_config(etp: int, disable_bias: boo
 @pytest.mark.parametrize("tp", [1, 2])
 def test_sequence_parallel_follows_tp(tp: int, tmp_path: Path) -> None:
     """With tp = 1 ModelParallelConfig refuses --sequence-parallel; mdc never passes it then."""
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(tp, 1, model=DENSE, megatron={
-        "sequence_parallel": True})), tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(tp, 1, model=DENSE, megatron={"sequence_parallel": True})),
+        tmp_path / "out",
+    )
     assert code == 0, stderr
     script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
     assert ("--sequence-parallel" in script) == (tp > 1)
@@ -622,50 +787,94 @@ def test_sequence_parallel_follows_tp(tp: int, tmp_path: Path) -> None:
         ModelParallelConfig(tensor_model_parallel_size=1, sequence_parallel=True)
 
 
-@pytest.mark.parametrize(("options", "code_wanted"), [
-    ({"overlap_param_gather": True}, "MDC321"),
-    ({"overlap_param_gather": True, "overlap_grad_reduce": True,
-      "use_distributed_optimizer": False}, "MDC321"),
-    ({"extra_args": ["--use-torch-fsdp2"]}, "MDC321"),
-    ({"extra_args": ["--tensor-model-parallel-size", "4"]}, "MDC323"),
-    ({"extra_args": ["--num-layers-per-virtual-pipeline-stage=2"]}, "MDC323"),
-    ({"extra_args": ["--micro-batch-size", "4"]}, "MDC323"),
-    ({"max_position_embeddings": 256}, "MDC326"),
-    ({"fp8_format": "hybrid"}, "MDC326"),
-], ids=["param-gather-alone", "param-gather-no-dist-opt", "fsdp2-dist-opt", "tp-twice",
-        "vpp-alias", "batch-twice", "positions-below-seq", "fp8-format-without-fp8"])
-def test_megatron_lm_rules_are_errors(options: dict[str, Any], code_wanted: str,
-                                      tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(
-        2, 2, model=DENSE, batch={"global_batch_size": 16, "micro_batch_size": 1},
-        megatron=options)), tmp_path / "out")
+@pytest.mark.parametrize(
+    ("options", "code_wanted"),
+    [
+        ({"overlap_param_gather": True}, "MDC321"),
+        (
+            {
+                "overlap_param_gather": True,
+                "overlap_grad_reduce": True,
+                "use_distributed_optimizer": False,
+            },
+            "MDC321",
+        ),
+        ({"extra_args": ["--use-torch-fsdp2"]}, "MDC321"),
+        ({"extra_args": ["--tensor-model-parallel-size", "4"]}, "MDC323"),
+        ({"extra_args": ["--num-layers-per-virtual-pipeline-stage=2"]}, "MDC323"),
+        ({"extra_args": ["--micro-batch-size", "4"]}, "MDC323"),
+        ({"max_position_embeddings": 256}, "MDC326"),
+        ({"fp8_format": "hybrid"}, "MDC326"),
+    ],
+    ids=[
+        "param-gather-alone",
+        "param-gather-no-dist-opt",
+        "fsdp2-dist-opt",
+        "tp-twice",
+        "vpp-alias",
+        "batch-twice",
+        "positions-below-seq",
+        "fp8-format-without-fp8",
+    ],
+)
+def test_megatron_lm_rules_are_errors(
+    options: dict[str, Any], code_wanted: str, tmp_path: Path
+) -> None:
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2,
+                2,
+                model=DENSE,
+                batch={"global_batch_size": 16, "micro_batch_size": 1},
+                megatron=options,
+            ),
+        ),
+        tmp_path / "out",
+    )
     assert code == 1 and f"error[{code_wanted}]" in stderr, stderr
 
 
 def test_a_flag_in_the_command_is_an_error_but_other_flags_pass(tmp_path: Path) -> None:
     command = ["python", "pretrain_gpt.py", "--hidden-size", "512", "--lr", "1e-4"]
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 2, model=DENSE, command=command)),
-                                   tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 2, model=DENSE, command=command)), tmp_path / "out"
+    )
     assert code == 1 and stderr.count("MDC323") == 1 and "/job/command/2" in stderr
     without = {k: v for k, v in DENSE.items() if k != "hidden_size"}
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 2, model=without,
-                                                             command=command)),
-                                   tmp_path / "out2")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 2, model=without, command=command)), tmp_path / "out2"
+    )
     assert code == 0, stderr
 
 
 def test_fsdp_flags_keep_cuda_device_max_connections_unset(tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 1, model=DENSE, megatron={
-        "use_distributed_optimizer": False, "extra_args": ["--use-megatron-fsdp"]})),
-        tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2,
+                1,
+                model=DENSE,
+                megatron={
+                    "use_distributed_optimizer": False,
+                    "extra_args": ["--use-megatron-fsdp"],
+                },
+            ),
+        ),
+        tmp_path / "out",
+    )
     assert code == 0, stderr
     _, env = read_script(tmp_path / "out", 29500)
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in env
 
 
 def test_fp16_with_expert_parallelism_is_an_error(tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 1, ep=2, etp=1, model={
-        **MOE, "dtype": "fp16"})), tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 1, ep=2, etp=1, model={**MOE, "dtype": "fp16"})),
+        tmp_path / "out",
+    )
     assert code == 1 and "error[MDC324]" in stderr
 
 
@@ -681,8 +890,9 @@ def worker() -> None:
     transformer_config(ns)
     DistributedDataParallelConfig(use_distributed_optimizer=ns.use_distributed_optimizer)
     dp = parallel_state.get_data_parallel_world_size()
-    calculator = ConstantNumMicroBatchesCalculator(ns.global_batch_size, ns.micro_batch_size,
-                                                   dp, False, rank)
+    calculator = ConstantNumMicroBatchesCalculator(
+        ns.global_batch_size, ns.micro_batch_size, dp, False, rank
+    )
     ranks = torch.distributed.get_process_group_ranks
     groups = {
         "tp": ranks(parallel_state.get_tensor_model_parallel_group()),
@@ -697,21 +907,40 @@ def worker() -> None:
     }
     total = torch.tensor([float(rank)])
     torch.distributed.all_reduce(total, group=parallel_state.get_tensor_model_parallel_group())
-    report = {"rank": rank, "world": world, "groups": groups,
-              "microbatches": calculator.get(), "tp_sum": total.item(),
-              "env": {name: os.environ.get(name) for name in (
-                  "TENSOR_MODEL_PARALLEL_SIZE", "PIPELINE_MODEL_PARALLEL_SIZE",
-                  "CONTEXT_PARALLEL_SIZE", "CUDA_DEVICE_MAX_CONNECTIONS")}}
+    report = {
+        "rank": rank,
+        "world": world,
+        "groups": groups,
+        "microbatches": calculator.get(),
+        "tp_sum": total.item(),
+        "env": {
+            name: os.environ.get(name)
+            for name in (
+                "TENSOR_MODEL_PARALLEL_SIZE",
+                "PIPELINE_MODEL_PARALLEL_SIZE",
+                "CONTEXT_PARALLEL_SIZE",
+                "CUDA_DEVICE_MAX_CONNECTIONS",
+            )
+        },
+    }
     Path(os.environ[REPORT_DIR], f"rank-{rank}.json").write_text(json.dumps(report) + "\n")
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
 
 
-def run_local(out: Path, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def run_local(
+    out: Path, env: dict[str, str], timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """``bash out/local/run.sh`` from the repository root, in its own process group."""
-    process = subprocess.Popen(["bash", str(out / "local" / "run.sh")], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -731,9 +960,12 @@ def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     reports = tmp_path / "reports"
     reports.mkdir()
     venv_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, REPORT_DIR: str(reports),
-           "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-           "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        REPORT_DIR: str(reports),
+        "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONWARNINGS": "ignore",
+    }
     result = run_local(out, env)
     assert result.returncode == 0, result.stderr[-5000:]
     found = sorted(reports.glob("rank-*.json"))
@@ -748,10 +980,12 @@ def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         assert report["microbatches"] == plan["batch"]["grad_accum_steps"]
         tp_group = next(g for g in plan["groups"]["tp"]["ranks"] if rank in g)
         assert report["tp_sum"] == sum(tp_group)
-        assert report["env"] == {"TENSOR_MODEL_PARALLEL_SIZE": "2",
-                                 "PIPELINE_MODEL_PARALLEL_SIZE": "1",
-                                 "CONTEXT_PARALLEL_SIZE": "1",
-                                 "CUDA_DEVICE_MAX_CONNECTIONS": None}
+        assert report["env"] == {
+            "TENSOR_MODEL_PARALLEL_SIZE": "2",
+            "PIPELINE_MODEL_PARALLEL_SIZE": "1",
+            "CONTEXT_PARALLEL_SIZE": "1",
+            "CUDA_DEVICE_MAX_CONNECTIONS": None,
+        }
 
 
 if __name__ == "__main__":

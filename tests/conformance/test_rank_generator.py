@@ -27,8 +27,10 @@ from mdc.plan import GROUP_KINDS, Plan, build_plan
 with warnings.catch_warnings():
     # megatron-core warns at import about Transformer Engine/Apex and torch.jit deprecations.
     warnings.simplefilter("ignore")
-    pytest.importorskip("megatron.core", reason="conformance needs megatron-core==0.16.1 and "
-                        "torch==2.13.0: run scripts/test")
+    pytest.importorskip(
+        "megatron.core",
+        reason="conformance needs megatron-core==0.16.1 and torch==2.13.0: run scripts/test",
+    )
     import torch.distributed
     from megatron.core import parallel_state
     from megatron.core.parallel_state import RankGenerator
@@ -81,8 +83,10 @@ class Case(NamedTuple):
 
     @property
     def id(self) -> str:
-        return (f"w{self.world}-tp{self.tp}-pp{self.pp}-cp{self.cp}-ep{self.ep}"
-                f"-etp{self.etp}-{self.order}")
+        return (
+            f"w{self.world}-tp{self.tp}-pp{self.pp}-cp{self.cp}-ep{self.ep}"
+            f"-etp{self.etp}-{self.order}"
+        )
 
 
 def divisors(n: int) -> list[int]:
@@ -113,8 +117,17 @@ def non_dividing_grid() -> Iterator[Case]:
 
 def places_its_axes(case: Case) -> bool:
     """Whether the order names every axis of size > 1 (used only to balance the sample)."""
-    big = {axis for axis, size in (("tp", case.tp), ("cp", case.cp), ("ep", case.ep),
-                                   ("tp", case.etp), ("pp", case.pp)) if size > 1}
+    big = {
+        axis
+        for axis, size in (
+            ("tp", case.tp),
+            ("cp", case.cp),
+            ("ep", case.ep),
+            ("tp", case.etp),
+            ("pp", case.pp),
+        )
+        if size > 1
+    }
     dense_dp = case.world // (case.tp * case.pp * case.cp)
     expert_dp = case.world // (case.etp * case.ep * case.pp)
     if dense_dp > 1 or expert_dp > 1:
@@ -132,8 +145,11 @@ def sample() -> list[Case]:
     buckets: dict[tuple[int, str, bool], list[Case]] = {}
     for case in divisor_grid():
         buckets.setdefault((case.world, case.order, places_its_axes(case)), []).append(case)
-    chosen = [case for (_, _, placed), cases in buckets.items()
-              for case in spread(cases, PER_BUCKET if placed else PER_BUCKET_UNPLACED)]
+    chosen = [
+        case
+        for (_, _, placed), cases in buckets.items()
+        for case in spread(cases, PER_BUCKET if placed else PER_BUCKET_UNPLACED)
+    ]
     return chosen + spread(list(non_dividing_grid()), 60)
 
 
@@ -148,9 +164,11 @@ def _stop(*args: object, **kwargs: object) -> None:
 def megatron_verdict(case: Case) -> str | None:
     """None if megatron-core's initialize_model_parallel accepts the case, else its error."""
     with contextlib.ExitStack() as stack:
-        for name, fake in (("is_initialized", lambda: True),
-                           ("get_world_size", lambda group=None: case.world),
-                           ("get_rank", lambda group=None: 0)):
+        for name, fake in (
+            ("is_initialized", lambda: True),
+            ("get_world_size", lambda group=None: case.world),
+            ("get_rank", lambda group=None: 0),
+        ):
             stack.enter_context(mock.patch.object(torch.distributed, name, fake))
         stack.enter_context(mock.patch.object(parallel_state, "create_group", _stop))
         try:
@@ -200,32 +218,44 @@ def _classify() -> tuple[list[Case], list[tuple[Case, str]]]:
 ACCEPTED, REJECTED = _classify()
 
 
-
-
 def mdc_plan(case: Case) -> tuple[Plan | None, tuple]:
     nproc = gcd(case.world, 8)
     data = {
         "job": {"name": "conformance", "command": "train.py"},
-        "distributed": {"launcher": "torchrun", "nnodes": case.world // nproc,
-                        "nproc_per_node": nproc},
-        "parallelism": {"tp": case.tp, "pp": case.pp, "cp": case.cp, "ep": case.ep,
-                        "etp": case.etp, "order": case.order},
+        "distributed": {
+            "launcher": "torchrun",
+            "nnodes": case.world // nproc,
+            "nproc_per_node": nproc,
+        },
+        "parallelism": {
+            "tp": case.tp,
+            "pp": case.pp,
+            "cp": case.cp,
+            "ep": case.ep,
+            "etp": case.etp,
+            "order": case.order,
+        },
     }
-    return build_plan(structure_spec(data, {}), parallelism="data", disaggregated=False,
-                      locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
+    return build_plan(
+        structure_spec(data, {}),
+        parallelism="data",
+        disaggregated=False,
+        locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer),
+    )
 
 
 def megatron_groups(case: Case) -> dict[str, list[list[int]]]:
     dp = case.world // (case.tp * case.pp * case.cp)
     edp = case.world // (case.etp * case.ep * case.pp)
     generators = {
-        "dense": RankGenerator(tp=case.tp, ep=1, dp=dp, pp=case.pp, cp=case.cp,
-                               order=case.order),
-        "expert": RankGenerator(tp=case.etp, ep=case.ep, dp=edp, pp=case.pp, cp=1,
-                                order=case.order),
+        "dense": RankGenerator(tp=case.tp, ep=1, dp=dp, pp=case.pp, cp=case.cp, order=case.order),
+        "expert": RankGenerator(
+            tp=case.etp, ep=case.ep, dp=edp, pp=case.pp, cp=1, order=case.order
+        ),
     }
-    return {kind: generators[grid].get_ranks(token)
-            for kind, (grid, token) in MEGATRON_TOKENS.items()}
+    return {
+        kind: generators[grid].get_ranks(token) for kind, (grid, token) in MEGATRON_TOKENS.items()
+    }
 
 
 def test_every_kind_is_compared() -> None:
@@ -237,7 +267,11 @@ def test_grid_is_large_and_varied() -> None:
     assert {c.order for c in ACCEPTED} == set(ORDERS)
     assert {c.world for c in ACCEPTED} == set(WORLDS)
     assert {expected_code(error) for _, error in REJECTED} == {
-        "MDC201", "MDC203", "MDC204", "MDC205"}
+        "MDC201",
+        "MDC203",
+        "MDC204",
+        "MDC205",
+    }
 
 
 @pytest.mark.parametrize("case", ACCEPTED, ids=lambda c: c.id)
@@ -272,8 +306,9 @@ def test_group_set_queries_match_enumeration(case: Case) -> None:
                 assert found is None, (kind, block)
 
 
-@pytest.mark.parametrize(("case", "error"),
-                         [pytest.param(case, error, id=case.id) for case, error in REJECTED])
+@pytest.mark.parametrize(
+    ("case", "error"), [pytest.param(case, error, id=case.id) for case, error in REJECTED]
+)
 def test_megatron_rejections_are_mdc_errors(case: Case, error: str) -> None:
     plan, diagnostics = mdc_plan(case)
     assert plan is None

@@ -27,9 +27,21 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[2]
-OTHERS = ("torchrun", "basic", "deepspeed", "megatron", "torchtitan", "primus",
-          "sglang_disagg", "slurm", "ssh", "kubernetes", "pytorchjob", "trainjob",
-          "leaderworkerset")
+OTHERS = (
+    "torchrun",
+    "basic",
+    "deepspeed",
+    "megatron",
+    "torchtitan",
+    "primus",
+    "sglang_disagg",
+    "slurm",
+    "ssh",
+    "kubernetes",
+    "pytorchjob",
+    "trainjob",
+    "leaderworkerset",
+)
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 
 #: (flags, kind, extra): kind "value" takes one value (converted by extra, a type, or
@@ -83,10 +95,14 @@ SGLANG_FLAGS: list[Flag] = [
 ]
 
 #: the programs in front of the flags, and whether the model may come positionally
-VLLM_PROGRAMS: dict[tuple[str, ...], bool] = {("vllm", "serve"): True,
-                 ("python", "-m", "vllm.entrypoints.openai.api_server"): False}
-SGLANG_PROGRAMS: dict[tuple[str, ...], bool] = {("python", "-m", "sglang.launch_server"): False,
-                   ("python3", "-m", "sglang.launch_server"): False}
+VLLM_PROGRAMS: dict[tuple[str, ...], bool] = {
+    ("vllm", "serve"): True,
+    ("python", "-m", "vllm.entrypoints.openai.api_server"): False,
+}
+SGLANG_PROGRAMS: dict[tuple[str, ...], bool] = {
+    ("python", "-m", "sglang.launch_server"): False,
+    ("python3", "-m", "sglang.launch_server"): False,
+}
 
 
 def parser_of(flags: list[Flag], positional_model: bool) -> argparse.ArgumentParser:
@@ -106,11 +122,12 @@ def parser_of(flags: list[Flag], positional_model: bool) -> argparse.ArgumentPar
     return parser
 
 
-def parse(flags: list[Flag], programs: dict[tuple[str, ...], bool],
-          argv: Sequence[str]) -> argparse.Namespace:
+def parse(
+    flags: list[Flag], programs: dict[tuple[str, ...], bool], argv: Sequence[str]
+) -> argparse.Namespace:
     for program, positional in programs.items():
-        if tuple(argv[:len(program)]) == program:
-            rest = list(argv[len(program):])
+        if tuple(argv[: len(program)]) == program:
+            rest = list(argv[len(program) :])
             try:
                 return parser_of(flags, positional).parse_args(rest)
             except (argparse.ArgumentError, SystemExit) as error:
@@ -124,8 +141,12 @@ MASTER_ADDR = "10.0.0.1"
 
 def resolve(word: Word, master_port: int) -> str:
     """A word as bash gives it to the program on node 1."""
-    values = {"NODE_RANK": NODE_RANK, "MASTER_ADDR": MASTER_ADDR,
-              "MASTER_PORT": str(master_port), "MDC_OUT": "/out"}
+    values = {
+        "NODE_RANK": NODE_RANK,
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": str(master_port),
+        "MDC_OUT": "/out",
+    }
     if isinstance(word, str):
         return word
     if isinstance(word, Ref):
@@ -137,8 +158,7 @@ def resolve(word: Word, master_port: int) -> str:
 def server_argv(compiled: Compiled) -> list[str]:
     (role,) = compiled.launch.roles
     words = [resolve(w, compiled.plan.rendezvous.master_port) for w in role.argv]
-    if words[:2] in (["bash", "/out/launch/vllm-node.sh"],
-                     ["bash", "/out/launch/sglang-node.sh"]):
+    if words[:2] in (["bash", "/out/launch/vllm-node.sh"], ["bash", "/out/launch/sglang-node.sh"]):
         return words[2:]
     return words
 
@@ -153,15 +173,18 @@ def compile_data(tmp_path: Path, data: dict[str, Any]) -> Compiled:
     return COMPILER.compile(path)
 
 
-EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
-                  if p.name.startswith(("vllm-", "sglang-")) and "disagg" not in p.name
-                  and p.suffix in {".toml", ".yaml", ".json"})
+EXAMPLES = sorted(
+    p
+    for p in (REPO / "examples").iterdir()
+    if p.name.startswith(("vllm-", "sglang-"))
+    and "disagg" not in p.name
+    and p.suffix in {".toml", ".yaml", ".json"}
+)
 
 
 def test_there_are_vllm_and_sglang_examples() -> None:
     names = {p.stem for p in EXAMPLES}
-    assert {"vllm-1x8", "vllm-ray-2x8", "vllm-replicas-4x8", "sglang-1x8",
-            "sglang-2x8"} <= names
+    assert {"vllm-1x8", "vllm-ray-2x8", "vllm-replicas-4x8", "sglang-1x8", "sglang-2x8"} <= names
 
 
 def check_vllm(compiled: Compiled) -> None:
@@ -205,36 +228,61 @@ def test_every_flag_of_an_example_is_one_the_real_cli_takes(path: Path) -> None:
 
 
 def vllm_spec(nnodes: int, nproc: int, **tables: Any) -> dict[str, Any]:
-    return {"job": {"name": "vllm-flags", "command": tables.pop("command", ["vllm", "serve"])},
-            "distributed": {"launcher": "vllm", "backend": "local", "nnodes": nnodes,
-                            "nproc_per_node": nproc, "master_port": 29777},
-            **tables}
+    return {
+        "job": {"name": "vllm-flags", "command": tables.pop("command", ["vllm", "serve"])},
+        "distributed": {
+            "launcher": "vllm",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "master_port": 29777,
+        },
+        **tables,
+    }
 
 
 def sglang_spec(nnodes: int, nproc: int, **tables: Any) -> dict[str, Any]:
-    return {"job": {"name": "sglang-flags", "command": ["python", "-m", "sglang.launch_server"]},
-            "distributed": {"launcher": "sglang", "backend": "local", "nnodes": nnodes,
-                            "nproc_per_node": nproc, "master_port": 29777},
-            **tables}
+    return {
+        "job": {"name": "sglang-flags", "command": ["python", "-m", "sglang.launch_server"]},
+        "distributed": {
+            "launcher": "sglang",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "master_port": 29777,
+        },
+        **tables,
+    }
 
 
 MORE = [
     vllm_spec(1, 2, vllm={"model": "m", "port": 9000, "host": "127.0.0.1"}),
     vllm_spec(4, 4, vllm={"model": "m"}),
-    vllm_spec(2, 4, vllm={"model": "m", "mode": "replicas", "args": ["-dp", "1"]},
-              parallelism={"tp": 2, "pp": 2}),
-    vllm_spec(2, 4, vllm={"model": "m"},
-              command=["python", "-m", "vllm.entrypoints.openai.api_server"]),
+    vllm_spec(
+        2,
+        4,
+        vllm={"model": "m", "mode": "replicas", "args": ["-dp", "1"]},
+        parallelism={"tp": 2, "pp": 2},
+    ),
+    vllm_spec(
+        2, 4, vllm={"model": "m"}, command=["python", "-m", "vllm.entrypoints.openai.api_server"]
+    ),
     sglang_spec(1, 4, sglang={"model": "m", "args": ["--trust-remote-code"]}),
-    sglang_spec(4, 8, sglang={"model": "m", "port": 31000},
-                parallelism={"tp": 16, "pp": 2}),
+    sglang_spec(4, 8, sglang={"model": "m", "port": 31000}, parallelism={"tp": 16, "pp": 2}),
 ]
 
 
-@pytest.mark.parametrize("data", MORE, ids=lambda d: f"{d['distributed']['launcher']}-"
-                         f"{d['distributed']['nnodes']}x{d['distributed']['nproc_per_node']}")
-def test_every_flag_of_more_specs_is_one_the_real_cli_takes(tmp_path: Path,
-                                                            data: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "data",
+    MORE,
+    ids=lambda d: (
+        f"{d['distributed']['launcher']}-"
+        f"{d['distributed']['nnodes']}x{d['distributed']['nproc_per_node']}"
+    ),
+)
+def test_every_flag_of_more_specs_is_one_the_real_cli_takes(
+    tmp_path: Path, data: dict[str, Any]
+) -> None:
     compiled = compile_data(tmp_path, data)
     (check_vllm if compiled.plan.launcher == "vllm" else check_sglang)(compiled)
 
@@ -244,11 +292,17 @@ def test_the_parsers_reject_what_the_real_clis_reject() -> None:
     with pytest.raises(AssertionError, match="would reject"):
         parse(VLLM_FLAGS, VLLM_PROGRAMS, ["vllm", "serve", "m", "--tp-size", "2"])
     with pytest.raises(AssertionError, match="would reject"):
-        parse(VLLM_FLAGS, VLLM_PROGRAMS, ["vllm", "serve", "m",
-                                          "--distributed-executor-backend", "mpi"])
+        parse(
+            VLLM_FLAGS,
+            VLLM_PROGRAMS,
+            ["vllm", "serve", "m", "--distributed-executor-backend", "mpi"],
+        )
     with pytest.raises(AssertionError, match="would reject"):
-        parse(SGLANG_FLAGS, SGLANG_PROGRAMS, ["python", "-m", "sglang.launch_server",
-                                              "--model-path", "m", "--tensor-parallel", "2"])
+        parse(
+            SGLANG_FLAGS,
+            SGLANG_PROGRAMS,
+            ["python", "-m", "sglang.launch_server", "--model-path", "m", "--tensor-parallel", "2"],
+        )
 
 
 def shellcheck() -> str:
@@ -263,9 +317,14 @@ def test_the_generated_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, path: 
     scripts = sorted((tmp_path / "out").rglob("*.sh"))
     assert scripts
     for script in scripts:
-        parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                                check=False)
+        parsed = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
         assert parsed.returncode == 0, f"{script.name}: {parsed.stderr}"
-    linted = subprocess.run([shellcheck(), "--norc", "-S", "warning", *map(str, scripts)],
-                            capture_output=True, text=True, check=False)
+    linted = subprocess.run(
+        [shellcheck(), "--norc", "-S", "warning", *map(str, scripts)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert linted.returncode == 0, linted.stdout + linted.stderr

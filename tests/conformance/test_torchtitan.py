@@ -50,8 +50,10 @@ if importlib.util.find_spec("triton") is None:
 with warnings.catch_warnings():
     # torch and torchtitan warn at import about deprecations
     warnings.simplefilter("ignore")
-    pytest.importorskip("torchtitan", reason="conformance needs torchtitan==0.2.2 and "
-                        "torch==2.13.0: run scripts/test")
+    pytest.importorskip(
+        "torchtitan",
+        reason="conformance needs torchtitan==0.2.2 and torch==2.13.0: run scripts/test",
+    )
     import torch
     import torch.distributed as dist
     import torch.distributed.run as torchrun
@@ -67,20 +69,36 @@ from mdc.cli import main
 pytestmark = pytest.mark.torch
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (REPO / "examples").glob("torchtitan-*")
-                  if p.suffix in (".toml", ".yaml", ".yml", ".json"))
+EXAMPLES = sorted(
+    p
+    for p in (REPO / "examples").glob("torchtitan-*")
+    if p.suffix in (".toml", ".yaml", ".yml", ".json")
+)
 NODE_RANK, MASTER_ADDR = 1, "10.0.0.1"
 REPORT_DIR = "MDC_TORCHTITAN_CHECK_DIR"
 #: TorchTitan mesh dimension -> the mdc group kind holding the same ranks
-MESH_KINDS = {"tp": "tp", "cp": "cp", "pp": "pp", "batch": "dp", "loss": "dp-cp", "ep": "ep",
-              "etp": "expert-tp", "efsdp": "expert-dp"}
+MESH_KINDS = {
+    "tp": "tp",
+    "cp": "cp",
+    "pp": "pp",
+    "batch": "dp",
+    "loss": "dp-cp",
+    "ep": "ep",
+    "etp": "expert-tp",
+    "efsdp": "expert-dp",
+}
 #: Override keys TorchTitan 0.3.0 also reads (its config/configs.py: TrainingConfig,
 #: ParallelismConfig; 0.3.0 has no expert_tensor_parallel_degree and no TOML files).
 KEYS_IN_0_3 = {
-    "training.local_batch_size", "training.global_batch_size", "training.seq_len",
-    "training.steps", "parallelism.data_parallel_replicate_degree",
-    "parallelism.data_parallel_shard_degree", "parallelism.tensor_parallel_degree",
-    "parallelism.pipeline_parallel_degree", "parallelism.context_parallel_degree",
+    "training.local_batch_size",
+    "training.global_batch_size",
+    "training.seq_len",
+    "training.steps",
+    "parallelism.data_parallel_replicate_degree",
+    "parallelism.data_parallel_shard_degree",
+    "parallelism.tensor_parallel_degree",
+    "parallelism.pipeline_parallel_degree",
+    "parallelism.context_parallel_degree",
     "parallelism.expert_parallel_degree",
 }
 
@@ -91,8 +109,9 @@ KEYS_IN_0_3 = {
 def compile_spec(spec: Path, out: Path) -> tuple[int, str, dict[str, Any] | None]:
     """``mdc compile`` with only mdc's own plugins; (exit code, stderr, plan.json)."""
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                stdout=stdout, stderr=stderr)
+    code = main(
+        ["compile", str(spec), "-o", str(out), "--no-plugin-autoload"], stdout=stdout, stderr=stderr
+    )
     plan = json.loads((out / "plan.json").read_text(encoding="utf-8")) if code == 0 else None
     return code, stderr.getvalue(), plan
 
@@ -107,31 +126,49 @@ def read_script(out: Path, port: int) -> tuple[list[str], dict[str, str]]:
     """The argv launch/worker.sh execs (runtime variables put in as a backend and the script
     itself would) and the variables it exports."""
     script = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
-    values = {"NODE_RANK": str(NODE_RANK), "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port),
-              "MDC_OUT": str(out)}
+    values = {
+        "NODE_RANK": str(NODE_RANK),
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": str(port),
+        "MDC_OUT": str(out),
+    }
     expanded = re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], script)
     env = {}
     for line in expanded.splitlines():
         if line.startswith("export ") and "=" in line:
-            name, _, value = line[len("export "):].partition("=")
+            name, _, value = line[len("export ") :].partition("=")
             env[name] = shlex.split(value)[0]
     _, sep, command = expanded.partition("\nexec ")
     assert sep, script
     return shlex.split(command), env
 
 
-def spec(tp: int, pp: int, cp: int = 1, ep: int = 1, etp: int | None = None,
-         vpp: int | None = None, order: str | None = None, nnodes: int = 2, nproc: int = 8,
-         model: dict[str, Any] | None = None, batch: dict[str, int] | None = None,
-         torchtitan: dict[str, Any] | None = None) -> dict[str, Any]:
+def spec(
+    tp: int,
+    pp: int,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    vpp: int | None = None,
+    order: str | None = None,
+    nnodes: int = 2,
+    nproc: int = 8,
+    model: dict[str, Any] | None = None,
+    batch: dict[str, int] | None = None,
+    torchtitan: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     parallelism: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
     for key, value in (("etp", etp), ("vpp", vpp), ("order", order)):
         if value is not None:
             parallelism[key] = value
     data: dict[str, Any] = {
         "job": {"name": "torchtitan-conformance", "command": ["python", "-m", "torchtitan.train"]},
-        "distributed": {"launcher": "torchtitan", "nnodes": nnodes, "nproc_per_node": nproc,
-                        "accelerator": "nvidia"},
+        "distributed": {
+            "launcher": "torchtitan",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "nvidia",
+        },
         "parallelism": parallelism,
     }
     for key, value in (("model", model), ("batch", batch), ("torchtitan", torchtitan)):
@@ -150,11 +187,16 @@ def parse(args: list[str]) -> JobConfig:
 
 def dims_of(config: JobConfig, world: int) -> ParallelDims:
     p = config.parallelism
-    return ParallelDims(dp_replicate=p.data_parallel_replicate_degree,
-                        dp_shard=p.data_parallel_shard_degree,
-                        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-                        pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
-                        etp=p.expert_tensor_parallel_degree, world_size=world)
+    return ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        ep=p.expert_parallel_degree,
+        etp=p.expert_tensor_parallel_degree,
+        world_size=world,
+    )
 
 
 @contextlib.contextmanager
@@ -207,7 +249,6 @@ def compare_groups(plan: dict[str, Any], dims: ParallelDims, replicate: int) -> 
             assert sorted(group) == mine, (name, rank)
 
 
-
 def resolve_torchrun(args: Any, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """torchrun's own resolution of its parsed flags (config_from_args) matches the plan."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # keep config_from_args off this process's env
@@ -246,8 +287,12 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     replicate = options.get("dp_replicate") or 1
     for loaded in (config, from_file, from_overrides):
         q = loaded.parallelism
-        assert (q.tensor_parallel_degree, q.pipeline_parallel_degree, q.context_parallel_degree,
-                q.expert_parallel_degree) == (p["tp"], p["pp"], p["cp"], p["ep"])
+        assert (
+            q.tensor_parallel_degree,
+            q.pipeline_parallel_degree,
+            q.context_parallel_degree,
+            q.expert_parallel_degree,
+        ) == (p["tp"], p["pp"], p["cp"], p["ep"])
         assert q.data_parallel_replicate_degree == replicate
         assert q.data_parallel_shard_degree == p["dp"] // replicate
         if plan["batch"] is not None:
@@ -295,14 +340,18 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
 
     # madengine's runner env (as torchrun's): torchrun's words up to the program, and sizes
     runner = env.pop("MAD_MULTI_NODE_RUNNER").split(" ")
-    assert runner == argv[:len(runner)] and args.training_script not in runner
-    assert (env.pop("NNODES"), env.pop("NPROC_PER_NODE")) == \
-        (str(plan["nnodes"]), str(plan["nproc_per_node"]))
-    assert env == {"TORCHTITAN_TENSOR_PARALLEL_SIZE": str(dims.tp),
-                   "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
-                   "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",
-                   "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(dims.cp),
-                   **{k: v for k, v in plan["job"]["env"].items()}}
+    assert runner == argv[: len(runner)] and args.training_script not in runner
+    assert (env.pop("NNODES"), env.pop("NPROC_PER_NODE")) == (
+        str(plan["nnodes"]),
+        str(plan["nproc_per_node"]),
+    )
+    assert env == {
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE": str(dims.tp),
+        "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
+        "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",
+        "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(dims.cp),
+        **{k: v for k, v in plan["job"]["env"].items()},
+    }
     return config
 
 
@@ -314,17 +363,26 @@ def pipeline_stages(config: JobConfig, layers: int) -> int:
     """How many pipeline stages TorchTitan's pipeline_llm makes for ``layers`` layers."""
     captured: list[int] = []
 
-    def split(model: object, pp_mesh: object, schedule: str, device: object,
-              module_names_per_stage: list[list[str]]) -> None:
+    def split(
+        model: object,
+        pp_mesh: object,
+        schedule: str,
+        device: object,
+        module_names_per_stage: list[list[str]],
+    ) -> None:
         captured.append(len(module_names_per_stage))
         raise _Split
 
-    dims = types.SimpleNamespace(pp=config.parallelism.pipeline_parallel_degree,
-                                 get_mesh=lambda name: None)
-    with mock.patch.object(pipeline_parallel, "pipeline_module_split", split), \
-            pytest.raises(_Split):
-        pipeline_parallel.pipeline_llm(None, dims, config, None,
-                                       types.SimpleNamespace(n_layers=layers), None, None)
+    dims = types.SimpleNamespace(
+        pp=config.parallelism.pipeline_parallel_degree, get_mesh=lambda name: None
+    )
+    with (
+        mock.patch.object(pipeline_parallel, "pipeline_module_split", split),
+        pytest.raises(_Split),
+    ):
+        pipeline_parallel.pipeline_llm(
+            None, dims, config, None, types.SimpleNamespace(n_layers=layers), None, None
+        )
     return captured[0]
 
 
@@ -356,8 +414,9 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_loads_in_torchtitan(example: Path, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_example_loads_in_torchtitan(
+    example: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)
     code, stderr, plan = compile_spec(example, tmp_path / "out")
     assert code == 0 and plan is not None, stderr
@@ -368,32 +427,60 @@ LLAMA = {"num_layers": 16, "num_attention_heads": 16, "seq_length": 4096}
 SPECS: dict[str, dict[str, Any]] = {
     "fsdp-only": spec(1, 1, batch={"global_batch_size": 64, "micro_batch_size": 4}),
     "tp8-pp2": spec(8, 2, model=LLAMA),
-    "tp2-cp2-pp2-hsdp": spec(2, 2, cp=2, model=LLAMA, torchtitan={"dp_replicate": 2},
-                             batch={"global_batch_size": 32, "micro_batch_size": 4}),
-    "moe-etp-tp": spec(2, 1, ep=4, model={**LLAMA, "num_experts": 8},
-                       torchtitan={"model": "deepseek_v3", "flavor": "16B"}),
+    "tp2-cp2-pp2-hsdp": spec(
+        2,
+        2,
+        cp=2,
+        model=LLAMA,
+        torchtitan={"dp_replicate": 2},
+        batch={"global_batch_size": 32, "micro_batch_size": 4},
+    ),
+    "moe-etp-tp": spec(
+        2,
+        1,
+        ep=4,
+        model={**LLAMA, "num_experts": 8},
+        torchtitan={"model": "deepseek_v3", "flavor": "16B"},
+    ),
     "moe-etp1-cp": spec(2, 1, cp=2, ep=2, etp=1, model={**LLAMA, "num_experts": 4}),
-    "vpp2-looped": spec(2, 4, vpp=2, model=LLAMA,
-                        batch={"global_batch_size": 64, "micro_batch_size": 8}),
-    "vpp4-layers-per-stage": spec(2, 2, vpp=4, model={**LLAMA, "num_layers": 48},
-                                  batch={"global_batch_size": 32, "micro_batch_size": 8},
-                                  torchtitan={"pipeline_microbatch_size": 2}),
+    "vpp2-looped": spec(
+        2, 4, vpp=2, model=LLAMA, batch={"global_batch_size": 64, "micro_batch_size": 8}
+    ),
+    "vpp4-layers-per-stage": spec(
+        2,
+        2,
+        vpp=4,
+        model={**LLAMA, "num_layers": 48},
+        batch={"global_batch_size": 32, "micro_batch_size": 8},
+        torchtitan={"pipeline_microbatch_size": 2},
+    ),
     "zbv": spec(2, 2, vpp=2, model=LLAMA, torchtitan={"pipeline_schedule": "ZBVZeroBubble"}),
-    "gpipe-seq-option": spec(4, 2, torchtitan={"pipeline_schedule": "GPipe", "seq_len": 1024,
-                                               "steps": 50}),
-    "fp8-and-config": spec(4, 1, model={**LLAMA, "dtype": "fp8"}, torchtitan={
-        "dump_folder": "/tmp/run", "config": {
-            "training": {"dataset": "c4", "dataloader": {"num_workers": 2}},
-            "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"},
-            "optimizer": {"lr": 0.0003}, "compile": {"enable": True},
-            "lr_scheduler": {"warmup_steps": 100}}}),
+    "gpipe-seq-option": spec(
+        4, 2, torchtitan={"pipeline_schedule": "GPipe", "seq_len": 1024, "steps": 50}
+    ),
+    "fp8-and-config": spec(
+        4,
+        1,
+        model={**LLAMA, "dtype": "fp8"},
+        torchtitan={
+            "dump_folder": "/tmp/run",
+            "config": {
+                "training": {"dataset": "c4", "dataloader": {"num_workers": 2}},
+                "activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"},
+                "optimizer": {"lr": 0.0003},
+                "compile": {"enable": True},
+                "lr_scheduler": {"warmup_steps": 100},
+            },
+        },
+    ),
     "short-order": spec(2, 2, order="tp-dp-pp", model=LLAMA),
 }
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))
-def test_written_spec_loads_in_torchtitan(case: str, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_written_spec_loads_in_torchtitan(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, stderr, plan = compile_spec(write_spec(tmp_path, SPECS[case]), tmp_path / "out")
     assert code == 0 and plan is not None, stderr
     config = check_job(tmp_path / "out", plan, monkeypatch)
@@ -408,10 +495,13 @@ def test_written_spec_loads_in_torchtitan(case: str, tmp_path: Path,
 
 
 def test_an_unknown_config_key_compiles_but_torchtitan_refuses_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Pass-through keys are not checked at compile time (mdc does not import TorchTitan)."""
-    code, stderr, plan = compile_spec(write_spec(tmp_path, spec(2, 1, torchtitan={
-        "config": {"training": {"no_such_key": 1}}})), tmp_path / "out")
+    code, stderr, plan = compile_spec(
+        write_spec(tmp_path, spec(2, 1, torchtitan={"config": {"training": {"no_such_key": 1}}})),
+        tmp_path / "out",
+    )
     assert code == 0 and plan is not None, stderr
     with pytest.raises(ValueError, match="Invalid field names"):
         parse(["--job.config_file", str(tmp_path / "out" / "launch" / "torchtitan.toml")])
@@ -456,50 +546,100 @@ def test_degree_grid_covers_each_rule() -> None:
 
 @pytest.mark.parametrize("case", DEGREES, ids=["-".join(map(str, c)) for c in DEGREES])
 def test_degrees_rejected_exactly_when_torchtitan_rejects_them(
-        case: tuple[int, ...], tmp_path: Path) -> None:
+    case: tuple[int, ...], tmp_path: Path
+) -> None:
     world, tp, cp, pp, ep, etp, replicate = case
     dp = world // (tp * cp * pp)
-    data = spec(tp, pp, cp=cp, ep=ep, etp=etp, nnodes=world // 8, nproc=8,
-                model={"num_experts": 8} if ep > 1 else None,
-                torchtitan={"dp_replicate": replicate, "seq_len": 64})
+    data = spec(
+        tp,
+        pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        nnodes=world // 8,
+        nproc=8,
+        model={"num_experts": 8} if ep > 1 else None,
+        torchtitan={"dp_replicate": replicate, "seq_len": 64},
+    )
     code, stderr, _ = compile_spec(write_spec(tmp_path, data), tmp_path / "out")
     codes = set(re.findall(r"error\[(MDC\d+)\]", stderr))
     # what a user would hand TorchTitan for these sizes: the shard degree mdc writes, or,
     # when dp_replicate does not divide dp, TorchTitan's own default (-1, "the rest")
     shard = dp // replicate if dp % replicate == 0 else -1
-    error = titan_verdict({"dp_replicate": replicate, "dp_shard": shard, "cp": cp, "tp": tp,
-                           "pp": pp, "ep": ep, "etp": etp}, world)
+    error = titan_verdict(
+        {
+            "dp_replicate": replicate,
+            "dp_shard": shard,
+            "cp": cp,
+            "tp": tp,
+            "pp": pp,
+            "ep": ep,
+            "etp": etp,
+        },
+        world,
+    )
     assert codes <= {"MDC331", "MDC332", "MDC333"}, stderr
     assert (code == 0) == (error is None), (stderr, error)
 
 
-ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-pp", "tp-pp-dp", "cp-tp-ep-dp-pp",
-          "tp-ep-cp-dp-pp", "dp-tp-cp-ep-pp")
+ORDERS = (
+    "tp-cp-ep-dp-pp",
+    "tp-cp-ep-pp-dp",
+    "tp-dp-pp",
+    "tp-pp-dp",
+    "cp-tp-ep-dp-pp",
+    "tp-ep-cp-dp-pp",
+    "dp-tp-cp-ep-pp",
+)
 ORDER_SIZES = ((2, 1, 2, 1, 2), (2, 2, 1, 1, 2), (1, 2, 2, 2, 1), (2, 2, 1, 2, 1))
 
 
-@pytest.mark.parametrize(("order", "sizes"), [(o, s) for o in ORDERS for s in ORDER_SIZES],
-                         ids=[f"{o}-{'.'.join(map(str, s))}" for o in ORDERS
-                              for s in ORDER_SIZES])
+@pytest.mark.parametrize(
+    ("order", "sizes"),
+    [(o, s) for o in ORDERS for s in ORDER_SIZES],
+    ids=[f"{o}-{'.'.join(map(str, s))}" for o in ORDERS for s in ORDER_SIZES],
+)
 def test_order_accepted_exactly_when_torchtitan_mesh_has_its_groups(
-        order: str, sizes: tuple[int, int, int, int, int], tmp_path: Path) -> None:
+    order: str, sizes: tuple[int, int, int, int, int], tmp_path: Path
+) -> None:
     tp, cp, pp, ep, etp = sizes
     world = 16
-    data = spec(tp, pp, cp=cp, ep=ep, etp=etp, order=order, nnodes=2, nproc=8,
-                model={"num_experts": 8} if ep > 1 else None, torchtitan={"seq_len": 64})
+    data = spec(
+        tp,
+        pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        order=order,
+        nnodes=2,
+        nproc=8,
+        model={"num_experts": 8} if ep > 1 else None,
+        torchtitan={"seq_len": 64},
+    )
     code, stderr, _ = compile_spec(write_spec(tmp_path, data), tmp_path / "out")
     if code != 0 and "MDC330" not in stderr:
         assert re.search(r"error\[MDC20[45]\]", stderr), stderr  # the core's order rules
         return
-    plan_data = spec(tp, pp, cp=cp, ep=ep, etp=etp, order=order, nnodes=2, nproc=8,
-                     model={"num_experts": 8} if ep > 1 else None)
+    plan_data = spec(
+        tp,
+        pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        order=order,
+        nnodes=2,
+        nproc=8,
+        model={"num_experts": 8} if ep > 1 else None,
+    )
     plan_data["distributed"]["launcher"] = "torchrun"  # the same plan, without TorchTitan's rule
-    torchrun_code, torchrun_err, layout = compile_spec(write_spec(tmp_path, plan_data),
-                                                       tmp_path / "plain")
+    torchrun_code, torchrun_err, layout = compile_spec(
+        write_spec(tmp_path, plan_data), tmp_path / "plain"
+    )
     assert torchrun_code == 0 and layout is not None, torchrun_err
     dp = world // (tp * cp * pp)
-    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
-                        world_size=world)
+    dims = ParallelDims(
+        dp_replicate=1, dp_shard=dp, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp, world_size=world
+    )
     same = True
     for rank in range(world):
         for name, group in mesh_groups(dims, rank).items():
@@ -513,11 +653,14 @@ def test_order_accepted_exactly_when_torchtitan_mesh_has_its_groups(
 @pytest.mark.parametrize("seq", [64, 96, 100, 128, 192, 4097])
 @pytest.mark.parametrize(("tp", "cp"), [(1, 1), (2, 1), (4, 2), (2, 4)])
 def test_seq_len_rejected_exactly_when_torchtitan_divisor_rejects_it(
-        seq: int, tp: int, cp: int, tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(
-        tp, 1, cp=cp, torchtitan={"seq_len": seq})), tmp_path / "out")
-    dims = ParallelDims(dp_replicate=1, dp_shard=16 // (tp * cp), cp=cp, tp=tp, pp=1, ep=1,
-                        etp=1, world_size=16)
+    seq: int, tp: int, cp: int, tmp_path: Path
+) -> None:
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(tp, 1, cp=cp, torchtitan={"seq_len": seq})), tmp_path / "out"
+    )
+    dims = ParallelDims(
+        dp_replicate=1, dp_shard=16 // (tp * cp), cp=cp, tp=tp, pp=1, ep=1, etp=1, world_size=16
+    )
     assert (code == 0) == (seq % dims.seq_len_divisor == 0), stderr
     if code:
         assert "MDC334" in stderr
@@ -525,31 +668,60 @@ def test_seq_len_rejected_exactly_when_torchtitan_divisor_rejects_it(
 
 @pytest.mark.parametrize(("local", "size"), [(8, 1), (8, 2), (8, 3), (6, 4), (6, 3), (1, 2)])
 def test_pipeline_microbatch_rejected_exactly_when_torchtitan_rejects_it(
-        local: int, size: int, tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(
-        2, 2, batch={"global_batch_size": local * 4, "micro_batch_size": local},
-        torchtitan={"pipeline_microbatch_size": size})), tmp_path / "out")
-    config = parse(["--parallelism.pipeline_parallel_degree", "2",
-                    "--training.local_batch_size", str(local),
-                    "--parallelism.pipeline_parallel_microbatch_size", str(size)])
+    local: int, size: int, tmp_path: Path
+) -> None:
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2,
+                2,
+                batch={"global_batch_size": local * 4, "micro_batch_size": local},
+                torchtitan={"pipeline_microbatch_size": size},
+            ),
+        ),
+        tmp_path / "out",
+    )
+    config = parse(
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--training.local_batch_size",
+            str(local),
+            "--parallelism.pipeline_parallel_microbatch_size",
+            str(size),
+        ]
+    )
     assert (code == 0) == (microbatch_verdict(config) is None), stderr
 
 
-STAGE_CASES = [(layers, pp, vpp, schedule)
-               for layers in (8, 16, 30, 32) for pp in (2, 4) for vpp in (None, 2, 3, 4)
-               for schedule in (None, "1F1B", "Interleaved1F1B", "DualPipeV")
-               if layers % pp == 0 and (vpp is None or (layers // pp) % vpp == 0)]
+STAGE_CASES = [
+    (layers, pp, vpp, schedule)
+    for layers in (8, 16, 30, 32)
+    for pp in (2, 4)
+    for vpp in (None, 2, 3, 4)
+    for schedule in (None, "1F1B", "Interleaved1F1B", "DualPipeV")
+    if layers % pp == 0 and (vpp is None or (layers // pp) % vpp == 0)
+]
 
 
-@pytest.mark.parametrize(("layers", "pp", "vpp", "schedule"), STAGE_CASES,
-                         ids=[f"{a}-{b}-{c}-{d}" for a, b, c, d in STAGE_CASES])
-def test_pipeline_stages_are_what_torchtitan_makes(layers: int, pp: int, vpp: int | None,
-                                                   schedule: str | None, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "schedule"),
+    STAGE_CASES,
+    ids=[f"{a}-{b}-{c}-{d}" for a, b, c, d in STAGE_CASES],
+)
+def test_pipeline_stages_are_what_torchtitan_makes(
+    layers: int, pp: int, vpp: int | None, schedule: str | None, tmp_path: Path
+) -> None:
     """mdc compiles iff TorchTitan's pipeline_llm makes exactly pp * vpp stages."""
     options = {"pipeline_schedule": schedule} if schedule else {}
-    code, stderr, plan = compile_spec(write_spec(tmp_path, spec(
-        2, pp, vpp=vpp, nnodes=pp, model={"num_layers": layers}, torchtitan=options)),
-        tmp_path / "out")
+    code, stderr, plan = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(2, pp, vpp=vpp, nnodes=pp, model={"num_layers": layers}, torchtitan=options),
+        ),
+        tmp_path / "out",
+    )
     if code != 0:
         assert "MDC336" in stderr, stderr
     name = schedule or ("Interleaved1F1B" if vpp else "1F1B")
@@ -557,8 +729,12 @@ def test_pipeline_stages_are_what_torchtitan_makes(layers: int, pp: int, vpp: in
     wanted = pp * (vpp or 1)
     # TorchTitan, given what mdc would write: the schedule, and the layers per stage when
     # mdc found one (else none: TorchTitan's default of 1 or 2 stages per rank)
-    args = ["--parallelism.pipeline_parallel_degree", str(pp),
-            "--parallelism.pipeline_parallel_schedule", name]
+    args = [
+        "--parallelism.pipeline_parallel_degree",
+        str(pp),
+        "--parallelism.pipeline_parallel_schedule",
+        name,
+    ]
     if code == 0 and plan is not None:
         toml = (tmp_path / "out" / "launch" / "torchtitan.toml").read_text(encoding="utf-8")
         found = re.search(r"pipeline_parallel_layers_per_stage = (\d+)", toml)
@@ -577,9 +753,18 @@ def test_pipeline_stages_are_what_torchtitan_makes(layers: int, pp: int, vpp: in
         reachable = set()
         for per_stage in range(1, layers + 3):
             try:
-                reachable.add(pipeline_stages(parse(
-                    [*args, "--parallelism.pipeline_parallel_layers_per_stage",
-                     str(per_stage)]), layers))
+                reachable.add(
+                    pipeline_stages(
+                        parse(
+                            [
+                                *args,
+                                "--parallelism.pipeline_parallel_layers_per_stage",
+                                str(per_stage),
+                            ]
+                        ),
+                        layers,
+                    )
+                )
             except ValueError:
                 continue
         assert wanted not in reachable
@@ -588,39 +773,61 @@ def test_pipeline_stages_are_what_torchtitan_makes(layers: int, pp: int, vpp: in
 
 
 def test_fp16_is_refused(tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 1, model={"dtype": "fp16"})),
-                                   tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 1, model={"dtype": "fp16"})), tmp_path / "out"
+    )
     assert code == 1 and "MDC337" in stderr
     # TorchTitan's mixed precision has no float16
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         parse(["--training.mixed_precision_param", "float16"])
 
 
-@pytest.mark.parametrize(("config", "pointer"), [
-    ({"parallelism": {"tensor_parallel_degree": 2}}, "parallelism/tensor_parallel_degree"),
-    ({"training": {"seq_len": 128}}, "training/seq_len"),
-    ({"job": {"config_file": "x.toml"}}, "job/config_file"),
-    ({"training": {"dataloader": {"num_workers": None}}}, "training/dataloader/num_workers"),
-])
-def test_pass_through_keys_mdc_owns_are_errors(config: dict[str, Any], pointer: str,
-                                               tmp_path: Path) -> None:
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(2, 1, torchtitan={
-        "config": config})), tmp_path / "out")
+@pytest.mark.parametrize(
+    ("config", "pointer"),
+    [
+        ({"parallelism": {"tensor_parallel_degree": 2}}, "parallelism/tensor_parallel_degree"),
+        ({"training": {"seq_len": 128}}, "training/seq_len"),
+        ({"job": {"config_file": "x.toml"}}, "job/config_file"),
+        ({"training": {"dataloader": {"num_workers": None}}}, "training/dataloader/num_workers"),
+    ],
+)
+def test_pass_through_keys_mdc_owns_are_errors(
+    config: dict[str, Any], pointer: str, tmp_path: Path
+) -> None:
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 1, torchtitan={"config": config})), tmp_path / "out"
+    )
     assert code == 1 and "MDC338" in stderr and f"/torchtitan/config/{pointer}" in stderr
 
 
 @pytest.mark.parametrize(("local", "size"), [(2, 1), (4, 1), (8, 2), (8, 4)])
-def test_too_few_pipeline_microbatches_is_a_warning(local: int, size: int,
-                                                    tmp_path: Path) -> None:
+def test_too_few_pipeline_microbatches_is_a_warning(local: int, size: int, tmp_path: Path) -> None:
     """TorchTitan warns when a step has fewer pipeline microbatches than stages (bubbles)."""
-    code, stderr, _ = compile_spec(write_spec(tmp_path, spec(
-        2, 4, nnodes=4, batch={"global_batch_size": local * 4, "micro_batch_size": local},
-        torchtitan={"pipeline_microbatch_size": size})), tmp_path / "out")
+    code, stderr, _ = compile_spec(
+        write_spec(
+            tmp_path,
+            spec(
+                2,
+                4,
+                nnodes=4,
+                batch={"global_batch_size": local * 4, "micro_batch_size": local},
+                torchtitan={"pipeline_microbatch_size": size},
+            ),
+        ),
+        tmp_path / "out",
+    )
     assert code == 0, stderr
-    config = parse(["--training.local_batch_size", str(local),
-                    "--parallelism.pipeline_parallel_microbatch_size", str(size)])
-    microbatches = (config.training.local_batch_size
-                    // config.parallelism.pipeline_parallel_microbatch_size)
+    config = parse(
+        [
+            "--training.local_batch_size",
+            str(local),
+            "--parallelism.pipeline_parallel_microbatch_size",
+            str(size),
+        ]
+    )
+    microbatches = (
+        config.training.local_batch_size // config.parallelism.pipeline_parallel_microbatch_size
+    )
     assert ("warning[MDC335]" in stderr) == (microbatches < 4)
 
 
@@ -643,10 +850,16 @@ def worker() -> None:
     tp_mesh = dims.get_optional_mesh("tp")
     if tp_mesh is not None:
         dist.all_reduce(total, group=tp_mesh.get_group())
-    report = {"rank": rank, "world": world, "groups": groups, "tp_sum": total.item(),
-              "seq_len": config.training.seq_len, "steps": config.training.steps,
-              "local_batch_size": config.training.local_batch_size,
-              "env": {k: v for k, v in os.environ.items() if k.startswith("TORCHTITAN_")}}
+    report = {
+        "rank": rank,
+        "world": world,
+        "groups": groups,
+        "tp_sum": total.item(),
+        "seq_len": config.training.seq_len,
+        "steps": config.training.steps,
+        "local_batch_size": config.training.local_batch_size,
+        "env": {k: v for k, v in os.environ.items() if k.startswith("TORCHTITAN_")},
+    }
     Path(os.environ[REPORT_DIR], f"rank-{rank}.json").write_text(json.dumps(report) + "\n")
     dist.destroy_process_group()
 
@@ -660,11 +873,21 @@ def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert code == 0 and plan is not None, stderr
     reports = tmp_path / "reports"
     reports.mkdir()
-    env = {**os.environ, REPORT_DIR: str(reports), "PYTHONWARNINGS": "ignore",
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    process = subprocess.Popen(["bash", str(out / "local" / "run.sh")], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+    env = {
+        **os.environ,
+        REPORT_DIR: str(reports),
+        "PYTHONWARNINGS": "ignore",
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    process = subprocess.Popen(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _, err = process.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -686,10 +909,12 @@ def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         tp_group = next(g for g in plan["groups"]["tp"]["ranks"] if rank in g)
         assert report["tp_sum"] == sum(tp_group)
         assert (report["seq_len"], report["steps"], report["local_batch_size"]) == (256, 10, 2)
-        assert report["env"] == {"TORCHTITAN_TENSOR_PARALLEL_SIZE": "2",
-                                 "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "1",
-                                 "TORCHTITAN_FSDP_ENABLED": "1",
-                                 "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1"}
+        assert report["env"] == {
+            "TORCHTITAN_TENSOR_PARALLEL_SIZE": "2",
+            "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "1",
+            "TORCHTITAN_FSDP_ENABLED": "1",
+            "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1",
+        }
 
 
 if __name__ == "__main__":

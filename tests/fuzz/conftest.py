@@ -24,8 +24,20 @@ CI_EXAMPLES = 100
 DEEP_EXAMPLES = 10_000
 
 settings.register_profile(
-    "ci", max_examples=CI_EXAMPLES, derandomize=True, database=None, deadline=None,
-    print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    "ci",
+    max_examples=CI_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.register_profile(
-    "deep", max_examples=DEEP_EXAMPLES, derandomize=False, database=None, deadline=None,
-    print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    "deep",
+    max_examples=DEEP_EXAMPLES,
+    derandomize=False,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)

@@ -88,11 +88,27 @@ EXAMPLE_TABLES = example_tables()
 SIZES = st.sampled_from([1, 1, 1, 2, 2, 4, 8, 3, 16])
 NAMES = st.one_of(
     st.sampled_from(["demo", "a", "gpt-hybrid", "x1", "train-0", "a" * 40]),
-    st.from_regex(re.compile(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", re.ASCII), fullmatch=True))
+    st.from_regex(re.compile(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", re.ASCII), fullmatch=True),
+)
 WORDS = st.one_of(
-    st.sampled_from(["train.py", "-m", "pkg.train", "--lr", "0.1", "--data", "/data/x",
-                     "--deepspeed", "--tensor-model-parallel-size", "--", "-x", ""]),
-    st.text(max_size=12))
+    st.sampled_from(
+        [
+            "train.py",
+            "-m",
+            "pkg.train",
+            "--lr",
+            "0.1",
+            "--data",
+            "/data/x",
+            "--deepspeed",
+            "--tensor-model-parallel-size",
+            "--",
+            "-x",
+            "",
+        ]
+    ),
+    st.text(max_size=12),
+)
 COMMANDS = st.one_of(
     st.lists(WORDS, max_size=5).map(lambda rest: ["python", "train.py", *rest]),
     st.lists(WORDS, max_size=4).map(lambda rest: ["python", "-m", "pkg.train", *rest]),
@@ -131,9 +147,14 @@ def from_fragment(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
     if kind == "array":
         items = from_fragment(schema.get("items", {"type": "string"}))
         low = schema.get("minItems", 0)
-        return st.lists(items, min_size=low, max_size=max(low, min(schema.get("maxItems", 4), 4)),
-                        unique_by=(lambda v: json.dumps(v, sort_keys=True))
-                        if schema.get("uniqueItems") else None)
+        return st.lists(
+            items,
+            min_size=low,
+            max_size=max(low, min(schema.get("maxItems", 4), 4)),
+            unique_by=(lambda v: json.dumps(v, sort_keys=True))
+            if schema.get("uniqueItems")
+            else None,
+        )
     return scalar(schema)
 
 
@@ -152,13 +173,17 @@ def object_from(draw: st.DrawFn, schema: dict[str, Any]) -> dict[str, Any]:
     extra = schema.get("additionalProperties", True)
     if isinstance(extra, dict):
         pattern = schema.get("propertyNames", {}).get("pattern")
-        keys = (st.from_regex(pattern, fullmatch=True) if pattern
-                else st.text(string.ascii_letters + "_.-/", min_size=1, max_size=10))
+        keys = (
+            st.from_regex(pattern, fullmatch=True)
+            if pattern
+            else st.text(string.ascii_letters + "_.-/", min_size=1, max_size=10)
+        )
         for key, value in draw(st.dictionaries(keys, from_fragment(extra), max_size=3)).items():
             out.setdefault(key, value)
     for pattern, sub in schema.get("patternProperties", {}).items():
-        for key, value in draw(st.dictionaries(st.from_regex(pattern, fullmatch=True),
-                                               from_fragment(sub), max_size=2)).items():
+        for key, value in draw(
+            st.dictionaries(st.from_regex(pattern, fullmatch=True), from_fragment(sub), max_size=2)
+        ).items():
             out.setdefault(key, value)
     return out
 
@@ -175,9 +200,13 @@ def plugin_table(draw: st.DrawFn, name: str) -> Any:
     return {}
 
 
-SUPPORTED = [(launcher, backend) for backend in BACKENDS for launcher in LAUNCHERS
-             if PLUGINS.backend(backend).launchers is None
-             or launcher in (PLUGINS.backend(backend).launchers or ())]
+SUPPORTED = [
+    (launcher, backend)
+    for backend in BACKENDS
+    for launcher in LAUNCHERS
+    if PLUGINS.backend(backend).launchers is None
+    or launcher in (PLUGINS.backend(backend).launchers or ())
+]
 
 
 def rare(draw: st.DrawFn, one_in: int) -> bool:
@@ -205,21 +234,25 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     world = nnodes * nproc
     job: dict[str, Any] = {"name": draw(NAMES), "command": draw(COMMANDS)}
     if draw(st.booleans()):
-        job["image"] = draw(st.sampled_from(["nvcr.io/nvidia/pytorch:25.01-py3", "busybox",
-                                             "rocm/primus:v25.9"]))
+        job["image"] = draw(
+            st.sampled_from(["nvcr.io/nvidia/pytorch:25.01-py3", "busybox", "rocm/primus:v25.9"])
+        )
     if draw(st.booleans()):
         job["workdir"] = draw(st.sampled_from(["/workspace", "work dir", "/tmp/x y"]))
     if draw(st.booleans()):
         job["env"] = draw(st.dictionaries(ENV_NAMES, st.text(max_size=10), max_size=3))
-    dist: dict[str, Any] = {"launcher": launcher, "backend": backend, "nnodes": nnodes,
-                            "nproc_per_node": nproc,
-                            "accelerator": draw(st.sampled_from(["nvidia", "amd", "cpu"]))}
+    dist: dict[str, Any] = {
+        "launcher": launcher,
+        "backend": backend,
+        "nnodes": nnodes,
+        "nproc_per_node": nproc,
+        "accelerator": draw(st.sampled_from(["nvidia", "amd", "cpu"])),
+    }
     if rare(draw, 8):
         dist["min_nnodes"] = draw(st.integers(1, nnodes + 1))
     if draw(st.booleans()):
         dist["master_port"] = draw(st.integers(1, 65535))
-    if launcher == "sglang_disagg" and nnodes >= 3 and draw(st.booleans()) or \
-            rare(draw, 16):
+    if launcher == "sglang_disagg" and nnodes >= 3 and draw(st.booleans()) or rare(draw, 16):
         prefill = draw(st.integers(1, max(1, nnodes - 2)))
         dist["prefill_nodes"] = prefill
         dist["decode_nodes"] = draw(st.sampled_from([max(1, nnodes - 1 - prefill), 1, 2]))
@@ -231,8 +264,7 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if rare(draw, 3):
         par: dict[str, Any] = {}
         if consistent:
-            tp, pp = draw(st.sampled_from(divisors(nproc))), draw(st.sampled_from(
-                divisors(nnodes)))
+            tp, pp = draw(st.sampled_from(divisors(nproc))), draw(st.sampled_from(divisors(nnodes)))
             cp = draw(st.sampled_from([c for c in (1, 2) if (world // (tp * pp)) % c == 0]))
             par.update(tp=tp, pp=pp, cp=cp)
             if draw(st.booleans()):
@@ -247,19 +279,32 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         micro = draw(SIZES)
         dp = max(1, world // (tp * pp * cp))
-        spec["batch"] = {"micro_batch_size": micro, "global_batch_size": draw(
-            st.integers(1, 4).map(lambda k: micro * dp * k) if consistent
-            else st.integers(1, 4096))}
+        spec["batch"] = {
+            "micro_batch_size": micro,
+            "global_batch_size": draw(
+                st.integers(1, 4).map(lambda k: micro * dp * k)
+                if consistent
+                else st.integers(1, 4096)
+            ),
+        }
     if draw(st.booleans()):
         heads = draw(st.sampled_from([8, 16, 32, 12]))
-        model: dict[str, Any] = {"num_layers": draw(st.sampled_from([2, 4, 32, 30])),
-                                 "hidden_size": heads * 64, "num_attention_heads": heads,
-                                 "seq_length": draw(st.sampled_from([128, 2048, 4097]))}
-        for key, values in (("num_query_groups", [1, 2, 8, 3]), ("vocab_size", [32000, 50257]),
-                            ("ffn_hidden_size", [2048, 11008]), ("num_experts", [8, 6]),
-                            ("dtype", ["bf16", "fp16", "fp32", "fp8"]),
-                            ("gated_mlp", [True, False]), ("position_embedding", ["rope"]),
-                            ("normalization", ["rmsnorm", "layernorm"])):
+        model: dict[str, Any] = {
+            "num_layers": draw(st.sampled_from([2, 4, 32, 30])),
+            "hidden_size": heads * 64,
+            "num_attention_heads": heads,
+            "seq_length": draw(st.sampled_from([128, 2048, 4097])),
+        }
+        for key, values in (
+            ("num_query_groups", [1, 2, 8, 3]),
+            ("vocab_size", [32000, 50257]),
+            ("ffn_hidden_size", [2048, 11008]),
+            ("num_experts", [8, 6]),
+            ("dtype", ["bf16", "fp16", "fp32", "fp8"]),
+            ("gated_mlp", [True, False]),
+            ("position_embedding", ["rope"]),
+            ("normalization", ["rmsnorm", "layernorm"]),
+        ):
             if rare(draw, 3):
                 model[key] = draw(st.sampled_from(values))
         spec["model"] = model
@@ -272,12 +317,41 @@ def valid_specs(draw: st.DrawFn) -> dict[str, Any]:
 # ---------------------------------------------------------------- strategies: mutations
 
 WRONG_VALUES = st.one_of(
-    st.sampled_from([None, True, False, 0, -1, 1.5, "", " ", "8", [], {}, [1, "a"], {"x": 1},
-                     2**31, 2**63 - 1, 2**63, 2**64 + 1, -(2**63) - 1, 10**30,
-                     math.nan, math.inf, -math.inf, 1e308, "yes", "null", "0x1", "\x00"]
-                    # a copy each time: a later mutation may write into a drawn {} or []
-                    ).map(copy.deepcopy),
-    st.integers(), st.floats(), st.text(max_size=20),
+    st.sampled_from(
+        [
+            None,
+            True,
+            False,
+            0,
+            -1,
+            1.5,
+            "",
+            " ",
+            "8",
+            [],
+            {},
+            [1, "a"],
+            {"x": 1},
+            2**31,
+            2**63 - 1,
+            2**63,
+            2**64 + 1,
+            -(2**63) - 1,
+            10**30,
+            math.nan,
+            math.inf,
+            -math.inf,
+            1e308,
+            "yes",
+            "null",
+            "0x1",
+            "\x00",
+        ]
+        # a copy each time: a later mutation may write into a drawn {} or []
+    ).map(copy.deepcopy),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=20),
 )
 
 
@@ -298,14 +372,15 @@ def near_miss(key: str, data: st.DataObject) -> str:
     if not key:
         return "x"
     i = data.draw(st.integers(0, len(key) - 1), label="at")
-    how = data.draw(st.sampled_from(["drop", "double", "swap", "replace", "case", "dash"]),
-                    label="how")
+    how = data.draw(
+        st.sampled_from(["drop", "double", "swap", "replace", "case", "dash"]), label="how"
+    )
     if how == "drop" and len(key) > 1:
-        return key[:i] + key[i + 1:]
+        return key[:i] + key[i + 1 :]
     if how == "swap" and i + 1 < len(key):
-        return key[:i] + key[i + 1] + key[i] + key[i + 2:]
+        return key[:i] + key[i + 1] + key[i] + key[i + 2 :]
     if how == "replace":
-        return key[:i] + data.draw(st.sampled_from(string.ascii_lowercase)) + key[i + 1:]
+        return key[:i] + data.draw(st.sampled_from(string.ascii_lowercase)) + key[i + 1 :]
     if how == "case":
         return key.upper()
     if how == "dash":
@@ -321,11 +396,24 @@ def mutate(spec: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
         parent: Any = spec
         for part in path[:-1]:
             parent = parent[part]
-        kind = data.draw(st.sampled_from(["replace", "delete", "unknown", "replace", "table"]),
-                         label="kind")
+        kind = data.draw(
+            st.sampled_from(["replace", "delete", "unknown", "replace", "table"]), label="kind"
+        )
         if not path:  # the root: add or break a whole table
-            table = data.draw(st.sampled_from(["job", "distributed", "parallelism", "batch",
-                                               "model", *PLUGINS.tables(), "jobs", "torchrum"]))
+            table = data.draw(
+                st.sampled_from(
+                    [
+                        "job",
+                        "distributed",
+                        "parallelism",
+                        "batch",
+                        "model",
+                        *PLUGINS.tables(),
+                        "jobs",
+                        "torchrum",
+                    ]
+                )
+            )
             spec[table] = data.draw(WRONG_VALUES, label="table value")
             continue
         key = path[-1]
@@ -334,14 +422,14 @@ def mutate(spec: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
         elif kind == "unknown" and isinstance(parent, dict):
             parent[near_miss(str(key), data)] = parent[key]
         elif kind == "table":
-            parent[key] = data.draw(st.dictionaries(st.text(max_size=8), WRONG_VALUES,
-                                                    max_size=3))
+            parent[key] = data.draw(st.dictionaries(st.text(max_size=8), WRONG_VALUES, max_size=3))
         else:
             parent[key] = data.draw(WRONG_VALUES, label="value")
     return spec
 
 
 # ---------------------------------------------------------------- writing and compiling
+
 
 def dump(spec: Any, fmt: str, path: Path) -> Path:
     """Write ``spec`` as ``fmt``; a value the format cannot hold falls back to JSON."""
@@ -366,8 +454,10 @@ def dump(spec: Any, fmt: str, path: Path) -> Path:
     return target
 
 
-DIAGNOSTIC = re.compile(r"^(?P<path>.+?)(?::(?P<line>\d+):(?P<col>\d+))?: (?P<sev>error|warning)"
-                        r"\[(?P<code>MDC\d{3})\]: ")
+DIAGNOSTIC = re.compile(
+    r"^(?P<path>.+?)(?::(?P<line>\d+):(?P<col>\d+))?: (?P<sev>error|warning)"
+    r"\[(?P<code>MDC\d{3})\]: "
+)
 
 
 @contextmanager
@@ -381,11 +471,17 @@ def run_compile(spec_path: Path, out: Path) -> tuple[int, str, list[dict[str, An
     """``mdc compile`` in text and in JSON form: exit code, stderr text, JSON diagnostics."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with shared_compiler():
-        code = main(["compile", str(spec_path), "-o", str(out), "--no-plugin-autoload"],
-                    stdout=stdout, stderr=stderr)
+        code = main(
+            ["compile", str(spec_path), "-o", str(out), "--no-plugin-autoload"],
+            stdout=stdout,
+            stderr=stderr,
+        )
         js_out, js_err = io.StringIO(), io.StringIO()
-        js_code = main(["validate", "--format", "json", str(spec_path), "--no-plugin-autoload"],
-                       stdout=js_out, stderr=js_err)
+        js_code = main(
+            ["validate", "--format", "json", str(spec_path), "--no-plugin-autoload"],
+            stdout=js_out,
+            stderr=js_err,
+        )
     text = stderr.getvalue()
     note(text)
     assert code in (0, 1), f"mdc compile exited {code}:\n{text}"
@@ -395,16 +491,18 @@ def run_compile(spec_path: Path, out: Path) -> tuple[int, str, list[dict[str, An
     return code, text, report["diagnostics"]
 
 
-def check_diagnostics(spec_path: Path, code: int, text: str,
-                      diagnostics: list[dict[str, Any]]) -> None:
+def check_diagnostics(
+    spec_path: Path, code: int, text: str, diagnostics: list[dict[str, Any]]
+) -> None:
     errors = [d for d in diagnostics if d["severity"] == "error"]
     assert bool(errors) == (code == 1), diagnostics
     for diag in diagnostics:
         assert re.fullmatch(r"MDC\d{3}", diag["code"]), diag
         assert diag["path"] == str(spec_path), diag
         if diag["line"] is None:
-            assert diag["column"] is None and diag["pointer"] in ("", None), \
+            assert diag["column"] is None and diag["pointer"] in ("", None), (
                 f"an unlocated diagnostic that points into the spec: {diag}"
+            )
         else:
             assert diag["line"] >= 1 and diag["column"] >= 1, diag
     # the text form: every diagnostic starts a line with path[:line:col]: severity[code]:
@@ -431,8 +529,9 @@ def compile_file_and_check(spec_path: Path, tmp: Path) -> int:
         first = [(a.path, a.data, a.executable) for a in COMPILER.compile(spec_path).tree]
         again = [(a.path, a.data, a.executable) for a in COMPILER.compile(spec_path).tree]
         assert first == again, "the same spec compiled to different bytes"
-        written = {p.relative_to(out).as_posix(): p.read_bytes()
-                   for p in out.rglob("*") if p.is_file()}
+        written = {
+            p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()
+        }
         assert written == {path: data for path, data, _exe in first}
     return code
 
@@ -458,15 +557,15 @@ def fresh(base: Path) -> Path:
 
 @FUZZ
 @given(spec=valid_specs(), fmt=FORMATS)
-def test_valid_specs_compile_or_fail_located(spec: dict[str, Any], fmt: str,
-                                             workdir: Path) -> None:
+def test_valid_specs_compile_or_fail_located(spec: dict[str, Any], fmt: str, workdir: Path) -> None:
     compile_and_check(spec, fmt, fresh(workdir))
 
 
 @FUZZ
 @given(spec=valid_specs(), fmt=FORMATS, data=st.data())
-def test_mutated_specs_compile_or_fail_located(spec: dict[str, Any], fmt: str,
-                                               data: st.DataObject, workdir: Path) -> None:
+def test_mutated_specs_compile_or_fail_located(
+    spec: dict[str, Any], fmt: str, data: st.DataObject, workdir: Path
+) -> None:
     broken = mutate(spec, data)
     assume(broken != spec)
     compile_and_check(broken, fmt, fresh(workdir))
@@ -478,8 +577,14 @@ def schema_specs(draw: st.DrawFn) -> dict[str, Any]:
     launcher, backend = draw(st.sampled_from(SUPPORTED))
     spec: dict[str, Any] = {
         "job": {"name": "fuzz", "command": ["python", "train.py"]},
-        "distributed": {"launcher": launcher, "backend": backend, "nnodes": draw(SIZES),
-                        "nproc_per_node": draw(SIZES), "accelerator": "cpu"}}
+        "distributed": {
+            "launcher": launcher,
+            "backend": backend,
+            "nnodes": draw(SIZES),
+            "nproc_per_node": draw(SIZES),
+            "accelerator": "cpu",
+        },
+    }
     for name in (launcher, backend):
         fragment = SCHEMA["properties"].get(name)
         if fragment is not None:
@@ -513,8 +618,12 @@ def yaml_with_references(spec: dict[str, Any], data: st.DataObject) -> str:
         for key, value in items:
             if name == "job" and key == "name" and isinstance(value, str):
                 lines.append(f"  name: &name {json.dumps(value)}")
-            elif name == "job" and key == "env" and isinstance(value, dict) \
-                    and isinstance(table.get("name"), str):
+            elif (
+                name == "job"
+                and key == "env"
+                and isinstance(value, dict)
+                and isinstance(table.get("name"), str)
+            ):
                 pairs = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]
                 lines.append(f"  env: {{{', '.join([*pairs, 'FUZZ_ALIAS: *name'])}}}")
             else:
@@ -524,13 +633,13 @@ def yaml_with_references(spec: dict[str, Any], data: st.DataObject) -> str:
 
 @FUZZ
 @given(spec=valid_specs(), data=st.data())
-def test_yaml_anchors_aliases_and_merge_keys(spec: dict[str, Any], data: st.DataObject,
-                                            workdir: Path) -> None:
+def test_yaml_anchors_aliases_and_merge_keys(
+    spec: dict[str, Any], data: st.DataObject, workdir: Path
+) -> None:
     """YAML's references (which only the thorough reader takes) compile or fail located."""
     tmp = fresh(workdir)
     spec_path = tmp / "spec.yaml"
-    spec_path.write_text(yaml_with_references(spec, data), encoding="utf-8",
-                         errors="surrogatepass")
+    spec_path.write_text(yaml_with_references(spec, data), encoding="utf-8", errors="surrogatepass")
     compile_file_and_check(spec_path, tmp)
 
 

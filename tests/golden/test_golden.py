@@ -49,8 +49,11 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
 
 
 def read_tree(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -64,8 +67,9 @@ def at_repo_root(monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.name)
-def test_example_output_matches_golden(spec: Path, at_repo_root: Path, tmp_path: Path,
-                                       golden: Any) -> None:
+def test_example_output_matches_golden(
+    spec: Path, at_repo_root: Path, tmp_path: Path, golden: Any
+) -> None:
     out = tmp_path / "out"
     code, stdout, stderr = run_main(["compile", f"examples/{spec.name}", "-o", str(out)])
     assert code == 0, f"mdc compile examples/{spec.name} exited {code}:\n{stderr}"
@@ -90,10 +94,12 @@ def test_example_goldens_have_examples(golden: Any) -> None:
             else:
                 folder.unlink()
             golden.written.append(f"deleted golden/examples/{folder.name}")
-        pytest.fail(f"deleted orphan golden(s) {shown}; review `git diff golden/`",
-                    pytrace=False)
-    pytest.fail(f"orphan golden(s) with no example in examples/: {shown} "
-                "(delete them, or rerun with --update-golden)", pytrace=False)
+        pytest.fail(f"deleted orphan golden(s) {shown}; review `git diff golden/`", pytrace=False)
+    pytest.fail(
+        f"orphan golden(s) with no example in examples/: {shown} "
+        "(delete them, or rerun with --update-golden)",
+        pytrace=False,
+    )
 
 
 def test_there_are_examples() -> None:
@@ -105,8 +111,10 @@ def test_there_are_examples() -> None:
 
 def _case_spec(case: Path) -> Path:
     specs = sorted(p for p in case.iterdir() if p.stem == "spec" and p.suffix in SPEC_SUFFIXES)
-    assert len(specs) == 1, (f"golden/diagnostics/{case.name} needs exactly one "
-                             f"spec.{{toml,yaml,yml,json}}, found {[p.name for p in specs]}")
+    assert len(specs) == 1, (
+        f"golden/diagnostics/{case.name} needs exactly one "
+        f"spec.{{toml,yaml,yml,json}}, found {[p.name for p in specs]}"
+    )
     return specs[0]
 
 
@@ -116,8 +124,7 @@ def validate_case(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str
 
 
 @pytest.mark.parametrize("case", diagnostic_cases(), ids=lambda p: p.name)
-def test_diagnostics_match_golden(case: Path, monkeypatch: pytest.MonkeyPatch,
-                                  golden: Any) -> None:
+def test_diagnostics_match_golden(case: Path, monkeypatch: pytest.MonkeyPatch, golden: Any) -> None:
     code, stdout, stderr = validate_case(case, monkeypatch)
     assert stdout == "", "validate prints diagnostics to stderr, nothing to stdout"
     golden.check_text(case / "expected.txt", f"{stderr}exit: {code}\n")
@@ -131,9 +138,12 @@ def test_hand_broken_spec_reports_every_mistake(monkeypatch: pytest.MonkeyPatch)
     """A schema error elsewhere must not hide the arithmetic errors, nor the reverse."""
     code, _, stderr = validate_case(GOLDEN / "diagnostics" / "hand-broken", monkeypatch)
     assert code == 1
-    for what, code_ in (("wrong type", "MDC102"), ("unknown key", "MDC101"),
-                        ("tp does not divide the world", "MDC201"),
-                        ("global batch not divisible", "MDC207")):
+    for what, code_ in (
+        ("wrong type", "MDC102"),
+        ("unknown key", "MDC101"),
+        ("tp does not divide the world", "MDC201"),
+        ("global batch not divisible", "MDC207"),
+    ):
         assert f"error[{code_}]" in stderr, f"{what} ({code_}) is not reported:\n{stderr}"
 
 
@@ -148,14 +158,20 @@ def test_warning_only_spec_passes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.name)
-def test_output_does_not_depend_on_hash_seed(spec: Path, tmp_path: Path,
-                                             clean_env: Callable[..., dict[str, str]]) -> None:
+def test_output_does_not_depend_on_hash_seed(
+    spec: Path, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     trees = []
     for seed, out in (("0", tmp_path / "a" / "out"), ("1", tmp_path / "b" / "elsewhere")):
         done = subprocess.run(
             [sys.executable, "-m", "mdc", "compile", f"examples/{spec.name}", "-o", str(out)],
-            cwd=REPO, env=clean_env(PYTHONHASHSEED=seed, MDC_DISABLE_PLUGIN_AUTOLOAD="1"),
-            capture_output=True, text=True, timeout=120, check=False)
+            cwd=REPO,
+            env=clean_env(PYTHONHASHSEED=seed, MDC_DISABLE_PLUGIN_AUTOLOAD="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         trees.append(read_tree(out))
     first, second = trees
@@ -213,11 +229,26 @@ def test_golden_harness_tree_update_deletes_stale_files(tmp_path: Path, golden: 
 @pytest.mark.slow
 @pytest.mark.parametrize("variable", ["CI", "PYTEST_XDIST_WORKER"])
 def test_update_flag_is_refused_under_ci_and_xdist(
-        variable: str, clean_env: Callable[..., dict[str, str]]) -> None:
+    variable: str, clean_env: Callable[..., dict[str, str]]
+) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--update-golden", "--collect-only", "-q",
-         "-p", "no:cacheprovider", "tests/golden/test_golden.py"],
-        cwd=REPO, env=clean_env(**{variable: "1"}), capture_output=True, text=True,
-        timeout=120, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--update-golden",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/golden/test_golden.py",
+        ],
+        cwd=REPO,
+        env=clean_env(**{variable: "1"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "--update-golden" in done.stderr

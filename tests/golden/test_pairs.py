@@ -45,8 +45,11 @@ def runs(launcher: str, backend: str) -> bool:
     return allowed is None or launcher in allowed
 
 
-PAIRS = [(launcher, backend) for launcher in sorted(PLUGINS.launchers)
-         for backend in sorted(PLUGINS.backends)]
+PAIRS = [
+    (launcher, backend)
+    for launcher in sorted(PLUGINS.launchers)
+    for backend in sorted(PLUGINS.backends)
+]
 SUPPORTED = [pair for pair in PAIRS if runs(*pair)]
 REFUSED = [pair for pair in PAIRS if not runs(*pair)]
 
@@ -68,18 +71,19 @@ def test_every_launcher_has_a_base_spec_and_every_backend_a_table() -> None:
     assert sorted(BACKEND_TABLES) == sorted(PLUGINS.backends)
 
 
-@pytest.mark.parametrize(("launcher", "backend"), SUPPORTED,
-                         ids=[f"{l}--{b}" for l, b in SUPPORTED])
-def test_pair_output_matches_golden(launcher: str, backend: str, tmp_path: Path,
-                                    golden: Any) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "backend"), SUPPORTED, ids=[f"{l}--{b}" for l, b in SUPPORTED]
+)
+def test_pair_output_matches_golden(
+    launcher: str, backend: str, tmp_path: Path, golden: Any
+) -> None:
     compiled = COMPILER.compile(pair_spec(launcher, backend, tmp_path))
     out = tmp_path / "out"
     emit.write_tree(out, compiled.tree)
     golden.check_tree(GOLDEN / f"{launcher}--{backend}", out)
 
 
-@pytest.mark.parametrize(("launcher", "backend"), REFUSED,
-                         ids=[f"{l}--{b}" for l, b in REFUSED])
+@pytest.mark.parametrize(("launcher", "backend"), REFUSED, ids=[f"{l}--{b}" for l, b in REFUSED])
 def test_unsupported_pair_is_refused(launcher: str, backend: str, tmp_path: Path) -> None:
     with pytest.raises(SpecError) as failed:
         COMPILER.compile(pair_spec(launcher, backend, tmp_path))

@@ -28,8 +28,11 @@ def compile_spec(monkeypatch: pytest.MonkeyPatch) -> CompileSpec:
 
     def compile_(spec: str | Path, out: Path) -> dict[str, Any]:
         stdout, stderr = io.StringIO(), io.StringIO()
-        code = main(["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
-                    stdout=stdout, stderr=stderr)
+        code = main(
+            ["compile", str(spec), "-o", str(out), "--no-plugin-autoload"],
+            stdout=stdout,
+            stderr=stderr,
+        )
         assert code == 0, f"mdc compile {spec} exited {code}:\n{stderr.getvalue()}"
         plan: dict[str, Any] = json.loads((out / "plan.json").read_text(encoding="utf-8"))
         return plan

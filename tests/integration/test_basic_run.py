@@ -68,8 +68,9 @@ EXAMPLES = [
 @pytest.mark.slow
 @pytest.mark.torch
 @pytest.mark.parametrize(("example", "nnodes", "nproc"), EXAMPLES)
-def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnodes: int,
-                                      nproc: int, tmp_path: Path, token: str) -> None:
+def test_example_runs_every_rank_once(
+    compile_spec: Compile, example: str, nnodes: int, nproc: int, tmp_path: Path, token: str
+) -> None:
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
     plan = compile_spec(f"examples/{example}", out)
@@ -82,18 +83,33 @@ def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnode
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_a_shared_rendezvous_file_is_passed_as_init_method(compile_spec: Compile,
-                                                           tmp_path: Path, token: str) -> None:
+def test_a_shared_rendezvous_file_is_passed_as_init_method(
+    compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     rendezvous = tmp_path / "shared fs" / "rdzv $file"  # a fresh file each run, as torch needs
     rendezvous.parent.mkdir()
     spec = tmp_path / "rdzv.json"
-    spec.write_text(json.dumps({
-        "job": {"name": "basic-file-rendezvous", "command": ["python", "examples/basic_check.py"],
-                "env": {"GLOO_SOCKET_IFNAME": "lo"}},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu", "master_port": 29747},
-        "basic": {"rendezvous_file": str(rendezvous)},
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "name": "basic-file-rendezvous",
+                    "command": ["python", "examples/basic_check.py"],
+                    "env": {"GLOO_SOCKET_IFNAME": "lo"},
+                },
+                "distributed": {
+                    "launcher": "basic",
+                    "backend": "local",
+                    "nnodes": 2,
+                    "nproc_per_node": 2,
+                    "accelerator": "cpu",
+                    "master_port": 29747,
+                },
+                "basic": {"rendezvous_file": str(rendezvous)},
+            }
+        ),
+        encoding="utf-8",
+    )
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
     plan = compile_spec(spec, out)
@@ -116,20 +132,34 @@ def failing_spec(tmp_path: Path, nnodes: int, port: int) -> Path:
     program = tmp_path / "fail_on_one_rank.py"
     program.write_text(FAILING_PROGRAM, encoding="utf-8")
     spec = tmp_path / "fail.json"
-    spec.write_text(json.dumps({
-        "job": {"name": f"basic-fail-{nnodes}", "command": ["python", str(program)],
-                "env": {"FAIL_RANK": str(nnodes * 2 - 1)}},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": 2, "accelerator": "cpu", "master_port": port},
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "name": f"basic-fail-{nnodes}",
+                    "command": ["python", str(program)],
+                    "env": {"FAIL_RANK": str(nnodes * 2 - 1)},
+                },
+                "distributed": {
+                    "launcher": "basic",
+                    "backend": "local",
+                    "nnodes": nnodes,
+                    "nproc_per_node": 2,
+                    "accelerator": "cpu",
+                    "master_port": port,
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
     return spec
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("nnodes", "port"), [(1, 29748), (2, 29749)])
-def test_a_failing_rank_ends_the_job_with_its_status(compile_spec: Compile, nnodes: int,
-                                                     port: int, tmp_path: Path,
-                                                     token: str) -> None:
+def test_a_failing_rank_ends_the_job_with_its_status(
+    compile_spec: Compile, nnodes: int, port: int, tmp_path: Path, token: str
+) -> None:
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
     compile_spec(failing_spec(tmp_path, nnodes, port), out)
@@ -157,19 +187,39 @@ def test_term_stops_every_process(compile_spec: Compile, tmp_path: Path, token: 
     ready = tmp_path / "ready"
     ready.mkdir()
     spec = tmp_path / "wait.json"
-    spec.write_text(json.dumps({
-        "job": {"name": "basic-term", "command": ["python", str(program)],
-                "env": {"READY_DIR": str(ready)}},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu", "master_port": 29750},
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "name": "basic-term",
+                    "command": ["python", str(program)],
+                    "env": {"READY_DIR": str(ready)},
+                },
+                "distributed": {
+                    "launcher": "basic",
+                    "backend": "local",
+                    "nnodes": 2,
+                    "nproc_per_node": 2,
+                    "accelerator": "cpu",
+                    "master_port": 29750,
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "out"
     compile_spec(spec, out)
     env = {k: v for k, v in os.environ.items() if k not in ("NODE_RANK", "RANK", "WORLD_SIZE")}
     env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", **{TOKEN_VARIABLE: token})
-    with subprocess.Popen(["bash", str(out / "local" / "run.sh")], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, start_new_session=True) as proc:
+    with subprocess.Popen(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as proc:
         deadline = time.monotonic() + 60
         while len(list(ready.iterdir())) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -204,28 +254,61 @@ def test_the_spawner_passes_the_command_verbatim(compile_spec: Compile, tmp_path
     hostile = ["it's", 'say "hi"', "$(touch canary)", "`touch canary`", "a b\tc", "*", "", "--"]
     rendezvous = "/shared/rdzv $HOME"
     spec = tmp_path / "record.json"
-    spec.write_text(json.dumps({
-        "job": {"name": "basic-record", "command": [sys.executable, str(recorder), *hostile]},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": 3,
-                        "nproc_per_node": 3, "accelerator": "cpu", "master_port": 29751},
-        "basic": {"rendezvous_file": rendezvous},
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "name": "basic-record",
+                    "command": [sys.executable, str(recorder), *hostile],
+                },
+                "distributed": {
+                    "launcher": "basic",
+                    "backend": "local",
+                    "nnodes": 3,
+                    "nproc_per_node": 3,
+                    "accelerator": "cpu",
+                    "master_port": 29751,
+                },
+                "basic": {"rendezvous_file": rendezvous},
+            }
+        ),
+        encoding="utf-8",
+    )
     out, records = tmp_path / "out", tmp_path / "records"
     records.mkdir()
     compile_spec(spec, out)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(NODE_RANK="1", MASTER_ADDR="10.1.2.3", MASTER_PORT="29751",
-               RECORD_DIR=str(records))
-    done = subprocess.run(["bash", str(out / "launch" / "worker.sh")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    env.update(NODE_RANK="1", MASTER_ADDR="10.1.2.3", MASTER_PORT="29751", RECORD_DIR=str(records))
+    done = subprocess.run(
+        ["bash", str(out / "launch" / "worker.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "canary").exists(), "a command hidden in the arguments ran"
     assert sorted(p.name for p in records.iterdir()) == ["3.json", "4.json", "5.json"]
     for local in range(3):
         rank = 3 + local
         record = json.loads((records / f"{rank}.json").read_text(encoding="utf-8"))
-        assert record["argv"] == [*hostile, "--world_size", "9", "--rank", str(rank),
-                                  "--init_method", f"file://{rendezvous}"]
-        assert record["env"] == {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": "9",
-                                 "LOCAL_WORLD_SIZE": "3", "NODE_RANK": "1",
-                                 "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29751"}
+        assert record["argv"] == [
+            *hostile,
+            "--world_size",
+            "9",
+            "--rank",
+            str(rank),
+            "--init_method",
+            f"file://{rendezvous}",
+        ]
+        assert record["env"] == {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "WORLD_SIZE": "9",
+            "LOCAL_WORLD_SIZE": "3",
+            "NODE_RANK": "1",
+            "MASTER_ADDR": "10.1.2.3",
+            "MASTER_PORT": "29751",
+        }

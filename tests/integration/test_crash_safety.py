@@ -52,24 +52,30 @@ while True:
 
 def expected_trees() -> list[dict[str, bytes]]:
     from mdc.api import Artifact
+
     trees = []
     for tag in "ab":
         files = [Artifact.text(f"d{i % 7}/f{i}.txt", f"{tag} {i}\n" * 50) for i in range(300)]
-        trees.append({a.path: a.data for a in emit.finish(files, spec_sha256=tag * 64,
-                                                          plugins={})})
+        trees.append({a.path: a.data for a in emit.finish(files, spec_sha256=tag * 64, plugins={})})
     return trees
 
 
 def on_disk(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes()
-            for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()
+    }
 
 
-def kill_writer_at_random(tmp_path: Path, mode: str, seed: int,
-                          clean_env: Callable[..., dict[str, str]]) -> Path:
+def kill_writer_at_random(
+    tmp_path: Path, mode: str, seed: int, clean_env: Callable[..., dict[str, str]]
+) -> Path:
     out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(out), mode],
-                             stdout=subprocess.PIPE, text=True, env=clean_env())
+    child = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(out), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=clean_env(),
+    )
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
     time.sleep(random.Random(seed).uniform(0.0, 0.4))
@@ -80,15 +86,17 @@ def kill_writer_at_random(tmp_path: Path, mode: str, seed: int,
 
 
 @pytest.mark.parametrize("seed", range(KILLS))
-def test_killed_writer_leaves_old_or_new_tree(seed: int, tmp_path: Path,
-                                              clean_env: Callable[..., dict[str, str]]) -> None:
+def test_killed_writer_leaves_old_or_new_tree(
+    seed: int, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     out = kill_writer_at_random(tmp_path, "exchange", seed, clean_env)
     assert on_disk(out) in expected_trees()
 
 
 @pytest.mark.parametrize("seed", range(KILLS))
 def test_killed_fallback_writer_is_recovered_by_the_next_write(
-        seed: int, tmp_path: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    seed: int, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     out = kill_writer_at_random(tmp_path, "fallback", seed, clean_env)
     if not out.exists():  # killed between the two renames: the old tree is parked
         parked = list(tmp_path.glob(".out.mdc-old-*/out"))
@@ -109,8 +117,8 @@ def test_a_live_writers_staging_is_left_alone(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_killed_mdc_compile_leaves_previous_output_or_the_new_one(
-        seed: int, tmp_path: Path, repo_root: Path,
-        clean_env: Callable[..., dict[str, str]]) -> None:
+    seed: int, tmp_path: Path, repo_root: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     examples = repo_root / "examples"
     first, second = examples / "quickstart.toml", examples / "slurm-torchrun-2x8.toml"
     out = tmp_path / "out"

@@ -50,21 +50,42 @@ from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
-EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
-                  if p.suffix in (".toml", ".yaml", ".yml", ".json"))
+EXAMPLES = sorted(
+    p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
+)
 #: chosen by the spec's vocabulary, not free text: an enum, a launcher or backend name
-FIXED = {("distributed", "launcher"), ("distributed", "backend"), ("distributed", "accelerator"),
-         ("$schema",)}
+FIXED = {
+    ("distributed", "launcher"),
+    ("distributed", "backend"),
+    ("distributed", "accelerator"),
+    ("$schema",),
+}
 #: string maps that get a hostile key too
-MAPS = {("job", "env"), ("torchrun", "rdzv_conf"), ("kubernetes", "labels"),
-        ("kubernetes", "node_selector"), ("leaderworkerset", "labels"),
-        ("leaderworkerset", "node_selector"), ("pytorchjob", "labels"),
-        ("pytorchjob", "node_selector"), ("trainjob", "labels"), ("trainjob", "node_selector")}
+MAPS = {
+    ("job", "env"),
+    ("torchrun", "rdzv_conf"),
+    ("kubernetes", "labels"),
+    ("kubernetes", "node_selector"),
+    ("leaderworkerset", "labels"),
+    ("leaderworkerset", "node_selector"),
+    ("pytorchjob", "labels"),
+    ("pytorchjob", "node_selector"),
+    ("trainjob", "labels"),
+    ("trainjob", "node_selector"),
+}
 MAP_POINTERS = {join_pointer(table) for table in MAPS}
 #: fields that land in a Kubernetes document as they are (the last part may be any key)
-VERBATIM_IN_YAML = {("job", "image"), ("namespace",), ("labels", "*"), ("node_selector", "*"),
-                    ("service_account",), ("priority_class",), ("image_pull_secrets", "*"),
-                    ("tolerations", "*", "value"), ("tolerations", "*", "key")}
+VERBATIM_IN_YAML = {
+    ("job", "image"),
+    ("namespace",),
+    ("labels", "*"),
+    ("node_selector", "*"),
+    ("service_account",),
+    ("priority_class",),
+    ("image_pull_secrets", "*"),
+    ("tolerations", "*", "value"),
+    ("tolerations", "*", "key"),
+}
 K8S_TABLES = {"kubernetes", "leaderworkerset", "pytorchjob", "trainjob"}
 
 
@@ -79,15 +100,33 @@ def hostile_values(canary: Path) -> dict[str, str]:
         "newline": f"line1\ntouch {canary}/newline\n",
         "operators": f"x && touch {canary}/and | tee {canary}/pipe & > {canary}/redirect",
         "variables": "${HOME} $HOME \\$x ${x:-$(id)} $'\\x41'",
-        "yaml-yes": "yes", "yaml-no": "No", "yaml-on": "on", "yaml-null": "null",
-        "yaml-tilde": "~", "yaml-hex": "0x1", "yaml-octal": "012", "yaml-float": "1e3",
-        "yaml-date": "2026-11-22", "yaml-time": "12:30", "yaml-map": "{a: 1}",
-        "yaml-list": "- item", "yaml-comment": "x # y", "yaml-anchor": "&anchor",
-        "yaml-alias": "*alias", "yaml-tag": "!!str x", "yaml-document": "---",
-        "yaml-block": "|\n  text", "percent": "%s %n %(x)s",
+        "yaml-yes": "yes",
+        "yaml-no": "No",
+        "yaml-on": "on",
+        "yaml-null": "null",
+        "yaml-tilde": "~",
+        "yaml-hex": "0x1",
+        "yaml-octal": "012",
+        "yaml-float": "1e3",
+        "yaml-date": "2026-11-22",
+        "yaml-time": "12:30",
+        "yaml-map": "{a: 1}",
+        "yaml-list": "- item",
+        "yaml-comment": "x # y",
+        "yaml-anchor": "&anchor",
+        "yaml-alias": "*alias",
+        "yaml-tag": "!!str x",
+        "yaml-document": "---",
+        "yaml-block": "|\n  text",
+        "percent": "%s %n %(x)s",
         "unicode": "naïve ✓ 日本語 🚀 \u202eevil\u200b",
-        "spaces": " leading and trailing ", "tab-cr": "a\tb\rc", "backslash": "back\\slash\\",
-        "glob": "*", "option": "--help", "dash": "-", "empty": "",
+        "spaces": " leading and trailing ",
+        "tab-cr": "a\tb\rc",
+        "backslash": "back\\slash\\",
+        "glob": "*",
+        "option": "--help",
+        "dash": "-",
+        "empty": "",
         "long": "x" * 5000 + f"$(touch {canary}/long)",
     }
 
@@ -188,8 +227,9 @@ def inject(spec: dict[str, Any], value: str) -> dict[tuple[Any, ...], str]:
     return changed
 
 
-def compile_hostile(compiler: Compiler, original: dict[str, Any], value: str, path: Path
-                    ) -> tuple[dict[str, Any], dict[tuple[Any, ...], str], Any]:
+def compile_hostile(
+    compiler: Compiler, original: dict[str, Any], value: str, path: Path
+) -> tuple[dict[str, Any], dict[tuple[Any, ...], str], Any]:
     """Inject ``value``; restore each field whose own located error refuses it; compile."""
     spec = copy.deepcopy(original)
     changed = inject(spec, value)
@@ -203,13 +243,16 @@ def compile_hostile(compiler: Compiler, original: dict[str, Any], value: str, pa
         refused = set()
         for diag in errors:
             pointer = diag.location.pointer or ""
-            owners = [p for p in accepted
-                      if related(join_pointer(p[:-1] if p[-1] == "<key>" else p), pointer)]
+            owners = [
+                p
+                for p in accepted
+                if related(join_pointer(p[:-1] if p[-1] == "<key>" else p), pointer)
+            ]
             if pointer in MAP_POINTERS:  # a bad key is reported at its table: only keys go
-                owners = [p for p in owners if p[-1] == "<key>" and p[-2] != "mdc_hostile"
-                          ] or owners
-            assert owners, (f"{value!r}: an error no injected field explains:\n"
-                            f"{diag.render()}")
+                owners = [
+                    p for p in owners if p[-1] == "<key>" and p[-2] != "mdc_hostile"
+                ] or owners
+            assert owners, f"{value!r}: an error no injected field explains:\n{diag.render()}"
             assert diag.location.line is not None, f"unlocated: {diag.render()}"
             refused.update(owners)
         for owner in refused:
@@ -224,8 +267,9 @@ def compile_hostile(compiler: Compiler, original: dict[str, Any], value: str, pa
 
 
 def scripts_of(tree: dict[str, bytes]) -> list[str]:
-    return sorted(p for p, data in tree.items()
-                  if data.startswith(b"#!") and b"sh" in data.split(b"\n", 1)[0])
+    return sorted(
+        p for p, data in tree.items() if data.startswith(b"#!") and b"sh" in data.split(b"\n", 1)[0]
+    )
 
 
 def yaml_documents(tree: dict[str, bytes]) -> list[Any]:
@@ -262,28 +306,34 @@ def lands_verbatim(path: tuple[Any, ...], backend: str) -> bool:
         return False
     if path[0] not in K8S_TABLES:
         return False
-    rest = tuple("*" if isinstance(p, int) or (i == 1 and len(path) > 2 and p not in (
-        "value", "key")) else p for i, p in enumerate(path[1:]))
+    rest = tuple(
+        "*" if isinstance(p, int) or (i == 1 and len(path) > 2 and p not in ("value", "key")) else p
+        for i, p in enumerate(path[1:])
+    )
     return rest in VERBATIM_IN_YAML
 
 
 def check_scripts(root: Path, scripts: list[Path]) -> None:
     for script in scripts:
-        parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                                check=False)
+        parsed = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
         assert parsed.returncode == 0, f"bash -n {script.relative_to(root)}:\n{parsed.stderr}"
     for start in range(0, len(scripts), 200):
-        batch = scripts[start:start + 200]
-        linted = subprocess.run([str(SHELLCHECK), "--norc", "-S", "warning",
-                                 *map(str, batch)], capture_output=True, text=True, check=False)
+        batch = scripts[start : start + 200]
+        linted = subprocess.run(
+            [str(SHELLCHECK), "--norc", "-S", "warning", *map(str, batch)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert linted.returncode == 0, f"shellcheck:\n{linted.stdout}{linted.stderr}"
 
 
 def shape(path: tuple[Any, ...]) -> tuple[Any, ...]:
     """A field's path with list indexes and free-form keys (env names, labels, ...) as ``*``."""
     free = path[:2] in MAPS or path[:2] in {("deepspeed", "config"), ("torchtitan", "config")}
-    return tuple("*" if isinstance(p, int) or (free and i == 2) else p
-                 for i, p in enumerate(path))
+    return tuple("*" if isinstance(p, int) or (free and i == 2) else p for i, p in enumerate(path))
 
 
 def covering_examples() -> list[Path]:
@@ -293,7 +343,8 @@ def covering_examples() -> list[Path]:
         data: Any = load_file(example).data
         shapes[example] = {shape(p) for p in string_fields(data)} | {
             ("backend", data["distributed"].get("backend", "local")),
-            ("launcher", data["distributed"]["launcher"])}
+            ("launcher", data["distributed"]["launcher"]),
+        }
     wanted = set().union(*shapes.values())
     chosen: list[Path] = []
     while wanted:
@@ -308,9 +359,9 @@ SWEPT = covering_examples()
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", SWEPT, ids=[p.name for p in SWEPT])
-def test_hostile_values_in_every_string_field(example: Path, compiler: Compiler, canary: Path,
-                                              tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_values_in_every_string_field(
+    example: Path, compiler: Compiler, canary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(REPO)  # the examples' relative paths (primus configs, programs)
     original = load_file(example).data
     assert isinstance(original, dict)
@@ -318,8 +369,9 @@ def test_hostile_values_in_every_string_field(example: Path, compiler: Compiler,
     read_back: set[str] = set()
     written: set[bytes] = set()
     for name, value in hostile_values(canary).items():
-        spec, accepted, compiled = compile_hostile(compiler, original, value,
-                                                   tmp_path / f"{name}.json")
+        spec, accepted, compiled = compile_hostile(
+            compiler, original, value, tmp_path / f"{name}.json"
+        )
         tree = {a.path: a.data for a in compiled.tree}
         docs = yaml_documents(tree)
         found = set(map(str, scalars(docs)))
@@ -345,8 +397,9 @@ def test_hostile_values_in_every_string_field(example: Path, compiler: Compiler,
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_a_nul_is_refused_in_every_field(example: Path, compiler: Compiler, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_nul_is_refused_in_every_field(
+    example: Path, compiler: Compiler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No artifact can carry a NUL: each field that holds one is a located error."""
     monkeypatch.chdir(REPO)
     original = load_file(example).data
@@ -358,8 +411,11 @@ def test_a_nul_is_refused_in_every_field(example: Path, compiler: Compiler, tmp_
     with pytest.raises(SpecError) as refused:
         compiler.compile(spec_path)
     # MDC106, or the field's own error where the value is refused anyway (an enum: MDC104)
-    nul = {d.location.pointer for d in refused.value.diagnostics
-           if d.is_error and d.location.line is not None}
+    nul = {
+        d.location.pointer
+        for d in refused.value.diagnostics
+        if d.is_error and d.location.line is not None
+    }
     assert any(d.code == "MDC106" and "NUL" in d.message for d in refused.value.diagnostics)
     for path in changed:
         pointer = join_pointer(path[:-1] if path[-1] == "<key>" else path)
@@ -390,24 +446,44 @@ def test_a_local_run_gets_the_exact_bytes_and_runs_nothing_hidden(tmp_path: Path
     capture.mkdir()
     env["CAPTURE"] = str(capture)
     spec = {
-        "job": {"name": "hostile-run", "command": ["python", "-c", PROGRAM, *args],
-                "workdir": str(workdir), "env": env},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu"},
+        "job": {
+            "name": "hostile-run",
+            "command": ["python", "-c", PROGRAM, *args],
+            "workdir": str(workdir),
+            "env": env,
+        },
+        "distributed": {
+            "launcher": "basic",
+            "backend": "local",
+            "nnodes": 2,
+            "nproc_per_node": 2,
+            "accelerator": "cpu",
+        },
     }
     spec_path = tmp_path / "hostile.json"
     spec_path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     out = tmp_path / "out"
     from mdc.cli import main
+
     stderr = io.StringIO()
-    code = main(["compile", str(spec_path), "-o", str(out), "--no-plugin-autoload"],
-                stdout=io.StringIO(), stderr=stderr)
+    code = main(
+        ["compile", str(spec_path), "-o", str(out), "--no-plugin-autoload"],
+        stdout=io.StringIO(),
+        stderr=stderr,
+    )
     assert code == 0, stderr.getvalue()
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     run_env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTILE_")}
     run_env["PATH"] = path
-    done = subprocess.run(["bash", str(out / "local" / "run.sh")], cwd=tmp_path, env=run_env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=tmp_path,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, f"run.sh exited {done.returncode}:\n{done.stderr}"
     assert sorted(os.listdir(canary)) == [], "a command hidden in the spec ran"
     records = sorted(p.name for p in capture.iterdir())

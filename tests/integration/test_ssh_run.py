@@ -48,9 +48,14 @@ class Sshd:
 
     def options(self) -> list[str]:
         """[ssh] ssh_options that reach this sshd with its own keys only."""
-        return [f"IdentityFile={self.identity}", "IdentitiesOnly=yes",
-                f"UserKnownHostsFile={self.known_hosts}", "GlobalKnownHostsFile=/dev/null",
-                "StrictHostKeyChecking=yes", "ConnectTimeout=10"]
+        return [
+            f"IdentityFile={self.identity}",
+            "IdentitiesOnly=yes",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "GlobalKnownHostsFile=/dev/null",
+            "StrictHostKeyChecking=yes",
+            "ConnectTimeout=10",
+        ]
 
 
 def _free_port() -> int:
@@ -68,15 +73,42 @@ def _install_openssh() -> None:
         policy.chmod(0o755)
     try:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                               "openssh-server", "openssh-client"], env=env,
-                              capture_output=True, text=True, timeout=600, check=False)
+        done = subprocess.run(
+            [
+                "apt-get",
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                "openssh-server",
+                "openssh-client",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         if done.returncode != 0:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True,
-                           timeout=600, check=False)
-            done = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                                   "openssh-server", "openssh-client"], env=env,
-                                  capture_output=True, text=True, timeout=600, check=False)
+            subprocess.run(
+                ["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600, check=False
+            )
+            done = subprocess.run(
+                [
+                    "apt-get",
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "openssh-server",
+                    "openssh-client",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
         assert done.returncode == 0, f"apt-get install openssh-server failed:\n{done.stderr}"
     finally:
         if made:
@@ -89,36 +121,66 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         pytest.skip("the ssh tests start an sshd on this machine and log in as root: need root")
     if not (SSHD.is_file() and Path(SSH).is_file()):
         if shutil.which("apt-get") is None:
-            pytest.skip("sshd and ssh are not installed and there is no apt-get to install "
-                        "openssh-server")
+            pytest.skip(
+                "sshd and ssh are not installed and there is no apt-get to install openssh-server"
+            )
         _install_openssh()
     home = tmp_path_factory.mktemp("sshd")
     for key in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / key)],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / key)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     shutil.copy(home / "client_key.pub", home / "authorized_keys")
     port = _free_port()
     host_key = (home / "host_key.pub").read_text(encoding="utf-8").strip()
     (home / "known_hosts").write_text(
         "".join(f"[{name}]:{port} {host_key}\n" for name in ("127.0.0.1", "localhost")),
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     config = home / "sshd_config"
-    config.write_text("\n".join([
-        f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {home}/host_key",
-        f"AuthorizedKeysFile {home}/authorized_keys", "PubkeyAuthentication yes",
-        "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no",
-        f"PidFile {home}/sshd.pid", "PrintMotd no", "LogLevel ERROR", "MaxStartups 64",
-    ]) + "\n", encoding="utf-8")
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {home}/host_key",
+                f"AuthorizedKeysFile {home}/authorized_keys",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "PermitRootLogin prohibit-password",
+                "StrictModes no",
+                "UsePAM no",
+                f"PidFile {home}/sshd.pid",
+                "PrintMotd no",
+                "LogLevel ERROR",
+                "MaxStartups 64",
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     privsep = Path("/run/sshd")  # sshd refuses to start without its privilege separation dir
     made_privsep = not privsep.exists()
     privsep.mkdir(mode=0o755, exist_ok=True)
-    checked = subprocess.run([str(SSHD), "-t", "-f", str(config)], capture_output=True,
-                             text=True, timeout=60, check=False)
+    checked = subprocess.run(
+        [str(SSHD), "-t", "-f", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert checked.returncode == 0, f"sshd -t refused the config:\n{checked.stderr}"
     log = (home / "sshd.log").open("wb")
-    server = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(config)], stdout=log,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(SSHD), "-D", "-e", "-f", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -127,8 +189,10 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"sshd did not listen on 127.0.0.1:{port}:\n"
-                                f"{(home / 'sshd.log').read_text(errors='replace')}")
+                    pytest.fail(
+                        f"sshd did not listen on 127.0.0.1:{port}:\n"
+                        f"{(home / 'sshd.log').read_text(errors='replace')}"
+                    )
                 time.sleep(0.1)
         yield Sshd(port=port, identity=home / "client_key", known_hosts=home / "known_hosts")
     finally:
@@ -188,38 +252,60 @@ def token() -> Iterator[str]:
 FORWARDED = ["PATH", "PROBE_DIR", "TMPDIR", "PYTHONUNBUFFERED", TOKEN_VARIABLE]
 
 
-def ssh_job(sshd: Sshd, name: str, command: list[str], port: int, **tables: Any
-            ) -> dict[str, Any]:
+def ssh_job(sshd: Sshd, name: str, command: list[str], port: int, **tables: Any) -> dict[str, Any]:
     return {
         "job": {"name": name, "command": command, "env": {"GLOO_SOCKET_IFNAME": "lo"}},
-        "distributed": {"launcher": "torchrun", "backend": "ssh", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu", "master_port": port},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "ssh",
+            "nnodes": 2,
+            "nproc_per_node": 2,
+            "accelerator": "cpu",
+            "master_port": port,
+        },
         "torchrun": {"rdzv_backend": "static"},
-        "ssh": {"hosts": ["127.0.0.1", "localhost"], "port": sshd.port, "user": "root",
-                "ssh_options": sshd.options(), "forward_env": FORWARDED},
+        "ssh": {
+            "hosts": ["127.0.0.1", "localhost"],
+            "port": sshd.port,
+            "user": "root",
+            "ssh_options": sshd.options(),
+            "forward_env": FORWARDED,
+        },
         **tables,
     }
 
 
 def launch_env(tmp_path: Path, token: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PET_", "TORCHELASTIC_")) and k not in (
-               "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PET_", "TORCHELASTIC_"))
+        and k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
     scratch = tmp_path / "tmp"
     scratch.mkdir(exist_ok=True)
-    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
-               TMPDIR=str(scratch), **{TOKEN_VARIABLE: token}, **extra)
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(scratch),
+        **{TOKEN_VARIABLE: token},
+        **extra,
+    )
     return env
 
 
 def start(out: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["bash", str(out / "ssh" / "launch.sh")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        ["bash", str(out / "ssh" / "launch.sh")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-def finish(proc: subprocess.Popen[bytes], token: str, timeout: float = 240
-           ) -> tuple[int, str, str]:
+def finish(proc: subprocess.Popen[bytes], token: str, timeout: float = 240) -> tuple[int, str, str]:
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -227,17 +313,21 @@ def finish(proc: subprocess.Popen[bytes], token: str, timeout: float = 240
         for pid in _processes_with(token):
             os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"launch.sh did not finish within {timeout} s:\n"
-                    f"{stdout.decode(errors='replace')[-4000:]}"
-                    f"{stderr.decode(errors='replace')[-4000:]}")
+        pytest.fail(
+            f"launch.sh did not finish within {timeout} s:\n"
+            f"{stdout.decode(errors='replace')[-4000:]}"
+            f"{stderr.decode(errors='replace')[-4000:]}"
+        )
     return proc.returncode, stdout.decode(errors="replace"), stderr.decode(errors="replace")
 
 
 def needs_torch() -> None:
     """The job's workers import torch (from this venv); the test process does not."""
     if importlib.util.find_spec("torch") is None:
-        pytest.skip("real runs need torch==2.13.0: run scripts/test, or pip install "
-                    "torch==2.13.0 into the venv")
+        pytest.skip(
+            "real runs need torch==2.13.0: run scripts/test, or pip install "
+            "torch==2.13.0 into the venv"
+        )
 
 
 PROBE = """\
@@ -260,27 +350,31 @@ dist.destroy_process_group()
 
 
 @pytest.mark.torch
-def test_torchrun_2x2_over_ssh(sshd: Sshd, compile_spec: Compile, tmp_path: Path,
-                               token: str) -> None:
+def test_torchrun_2x2_over_ssh(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     needs_torch()
     probe, probes = tmp_path / "probe.py", tmp_path / "probes"
     probe.write_text(PROBE, encoding="utf-8")
     probes.mkdir()
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(ssh_job(sshd, "ssh-2x2", ["python", str(probe)], 29821)),
-                    encoding="utf-8")
+    spec.write_text(
+        json.dumps(ssh_job(sshd, "ssh-2x2", ["python", str(probe)], 29821)), encoding="utf-8"
+    )
     out = tmp_path / "out"
     plan = compile_spec(spec, out)
     assert (out / "ssh" / "hostfile").read_text() == "127.0.0.1\nlocalhost\n"
 
-    code, stdout, stderr = finish(start(out, launch_env(tmp_path, token,
-                                                        PROBE_DIR=str(probes))), token)
+    code, stdout, stderr = finish(
+        start(out, launch_env(tmp_path, token, PROBE_DIR=str(probes))), token
+    )
     assert code == 0, f"launch.sh exited {code}:\n{stdout[-4000:]}{stderr[-4000:]}"
     assert not leftovers(token), "processes left behind after a successful run"
     assert "\r" not in stdout, "the remote terminal's CR LF line ends reached the output"
     # two processes of one node share a terminal: their lines may run into each other
-    assert sorted(re.findall(r"probe rank \d+ done", stdout)) == \
-        [f"probe rank {r} done" for r in range(4)]
+    assert sorted(re.findall(r"probe rank \d+ done", stdout)) == [
+        f"probe rank {r} done" for r in range(4)
+    ]
     world, nproc = plan["world_size"], plan["nproc_per_node"]
     found = {int(r["RANK"]): r for r in (json.loads(p.read_text()) for p in probes.iterdir())}
     assert sorted(found) == list(range(world))
@@ -306,14 +400,16 @@ time.sleep(600)  # node 0 would wait ten minutes unless launch.sh stops it
 
 
 @pytest.mark.torch
-def test_a_failing_node_stops_the_others_over_ssh(sshd: Sshd, compile_spec: Compile,
-                                                  tmp_path: Path, token: str) -> None:
+def test_a_failing_node_stops_the_others_over_ssh(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     needs_torch()
     program = tmp_path / "fail.py"
     program.write_text(FAIL_ON_NODE_1, encoding="utf-8")
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(ssh_job(sshd, "ssh-fail", ["python", str(program)], 29822)),
-                    encoding="utf-8")
+    spec.write_text(
+        json.dumps(ssh_job(sshd, "ssh-fail", ["python", str(program)], 29822)), encoding="utf-8"
+    )
     out = tmp_path / "out"
     compile_spec(spec, out)
     started = time.monotonic()
@@ -328,17 +424,22 @@ def test_a_failing_node_stops_the_others_over_ssh(sshd: Sshd, compile_spec: Comp
 
 
 @pytest.mark.torch
-def test_terminating_launch_sh_ends_the_remote_nodes(sshd: Sshd, compile_spec: Compile,
-                                                     tmp_path: Path, token: str) -> None:
+def test_terminating_launch_sh_ends_the_remote_nodes(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     """Why ssh -tt: the remote side has a terminal, so when launch.sh stops its ssh
     clients, sshd hangs it up and the remote torchrun and its workers get SIGHUP."""
     needs_torch()
     program = tmp_path / "sleep.py"
-    program.write_text("import os, time\nprint(f\"worker {os.environ['RANK']} up\", "
-                       "flush=True)\ntime.sleep(600)\n", encoding="utf-8")
+    program.write_text(
+        "import os, time\nprint(f\"worker {os.environ['RANK']} up\", "
+        "flush=True)\ntime.sleep(600)\n",
+        encoding="utf-8",
+    )
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(ssh_job(sshd, "ssh-term", ["python", str(program)], 29823)),
-                    encoding="utf-8")
+    spec.write_text(
+        json.dumps(ssh_job(sshd, "ssh-term", ["python", str(program)], 29823)), encoding="utf-8"
+    )
     out = tmp_path / "out"
     compile_spec(spec, out)
     proc = start(out, launch_env(tmp_path, token))
@@ -365,14 +466,17 @@ Path(os.environ["STUB_CAPTURE_DIR"], "node-" + os.environ["NODE_RANK"] + ".json"
 """
 
 
-def test_hostile_strings_survive_both_shells(sshd: Sshd, compile_spec: Compile, tmp_path: Path,
-                                             token: str) -> None:
+def test_hostile_strings_survive_both_shells(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     """The tree's path, [job] values and a forwarded variable full of shell syntax reach the
     remote torchrun verbatim, through launch.sh's quoting and the remote login shell's."""
     canary = tmp_path / "canary"
     canary.mkdir()
-    hostile = (f"$(touch {canary}/a)`touch {canary}/b`; touch {canary}/c ' \" \\ * ~ "
-               f"'\"'\"' $HOME ü ✓ %s\nsecond line")
+    hostile = (
+        f"$(touch {canary}/a)`touch {canary}/b`; touch {canary}/c ' \" \\ * ~ "
+        f"'\"'\"' $HOME ü ✓ %s\nsecond line"
+    )
     stub_bin, capture = tmp_path / "stub-bin", tmp_path / "capture"
     stub_bin.mkdir()
     capture.mkdir()
@@ -397,14 +501,19 @@ def test_hostile_strings_survive_both_shells(sshd: Sshd, compile_spec: Compile, 
         record = json.loads((capture / f"node-{node}.json").read_text(encoding="utf-8"))
         assert record["argv"][-4:] == ["train.py", hostile, "--", ""]
         assert record["cwd"] == str(out)
-        assert record["env"] == {"HOSTILE": hostile, "FORWARDED": hostile,
-                                 "NODE_RANK": str(node), "MASTER_ADDR": "127.0.0.1",
-                                 "MASTER_PORT": "29824"}
+        assert record["env"] == {
+            "HOSTILE": hostile,
+            "FORWARDED": hostile,
+            "NODE_RANK": str(node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29824",
+        }
 
 
 @pytest.mark.torch
-def test_deepspeed_runner_over_ssh(sshd: Sshd, compile_spec: Compile, tmp_path: Path,
-                                   token: str) -> None:
+def test_deepspeed_runner_over_ssh(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str
+) -> None:
     """The ssh backend names its hosts, so the deepspeed launcher writes them to
     launch/hostfile and each node runs ``deepspeed --no_ssh`` with its node rank. The probe
     checks DeepSpeed's variables and --deepspeed_config, and DeepSpeed starts on gloo."""
@@ -423,7 +532,9 @@ def test_deepspeed_runner_over_ssh(sshd: Sshd, compile_spec: Compile, tmp_path: 
     plan = compile_spec(spec, out)
     hostfile = (out / "launch" / "hostfile").read_text(encoding="utf-8")
     assert [line for line in hostfile.splitlines() if not line.startswith("#")] == [
-        "127.0.0.1 slots=2", "localhost slots=2"]
+        "127.0.0.1 slots=2",
+        "localhost slots=2",
+    ]
     assert "exec deepspeed " in (out / "launch" / "worker.sh").read_text(encoding="utf-8")
 
     env = launch_env(tmp_path, token, PROBE_DIR=str(probes), PROBE_PLAN=str(out / "plan.json"))

@@ -53,8 +53,11 @@ def plugin_rows(*options: str) -> dict[str, dict[str, Any]]:
 
 
 def test_it_is_installed_from_its_own_distribution() -> None:
-    [entry] = [ep for ep in importlib.metadata.entry_points(group=GROUP)
-               if ep.name in PROJECT["entry-points"]["mdc"]]
+    [entry] = [
+        ep
+        for ep in importlib.metadata.entry_points(group=GROUP)
+        if ep.name in PROJECT["entry-points"]["mdc"]
+    ]
     assert entry.value == PROJECT["entry-points"]["mdc"][entry.name] == "mdc_mpi"
     assert entry.dist is not None and entry.dist.name == PROJECT["name"] != DISTRIBUTION
     assert importlib.metadata.version(PROJECT["name"]) == PROJECT["version"]
@@ -62,17 +65,23 @@ def test_it_is_installed_from_its_own_distribution() -> None:
 
 def test_mdc_plugins_lists_it_with_distribution_and_version() -> None:
     row = plugin_rows()["mpirun"]
-    assert row == {"name": "mpirun", "kind": "launcher", "distribution": "mdc-mpi",
-                   "version": PROJECT["version"], "entry_point": "mpirun = mdc_mpi",
-                   "description": row["description"]}
+    assert row == {
+        "name": "mpirun",
+        "kind": "launcher",
+        "distribution": "mdc-mpi",
+        "version": PROJECT["version"],
+        "entry_point": "mpirun = mdc_mpi",
+        "description": row["description"],
+    }
     code, out, _ = run("plugins")
     assert code == 0
     [line] = [line for line in out.splitlines() if line.startswith("mpirun ")]
     assert f"launcher  mdc-mpi {PROJECT['version']}  (mpirun = mdc_mpi)" in line
 
 
-@pytest.mark.parametrize("how", ["-p", "MDC_BLOCK_PLUGINS", "--no-plugin-autoload",
-                                 "MDC_DISABLE_PLUGIN_AUTOLOAD"])
+@pytest.mark.parametrize(
+    "how", ["-p", "MDC_BLOCK_PLUGINS", "--no-plugin-autoload", "MDC_DISABLE_PLUGIN_AUTOLOAD"]
+)
 def test_blocking_removes_it(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     options: tuple[str, ...] = ()
     if how == "-p":
@@ -96,8 +105,13 @@ def test_it_imports_only_the_public_surface() -> None:
     assert sources
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
             for name in names:
                 if name == "mdc" or name.startswith("mdc."):
                     assert name in PUBLIC, f"{path.relative_to(REPO)}:{node.lineno}: {name}"
@@ -109,8 +123,11 @@ def test_its_schema_fragment_composes_into_mdc_schema() -> None:
     assert code == 0, err
     composed = json.loads(out)
     Draft202012Validator.check_schema(composed)
-    fragment = json.loads((PLUGIN / "src" / "mdc_mpi" / "schemas" / "mpirun.v1.schema.json")
-                          .read_text(encoding="utf-8"))
+    fragment = json.loads(
+        (PLUGIN / "src" / "mdc_mpi" / "schemas" / "mpirun.v1.schema.json").read_text(
+            encoding="utf-8"
+        )
+    )
     Draft202012Validator.check_schema(fragment)
     assert fragment["additionalProperties"] is False
     assert all("description" in prop for prop in fragment["properties"].values())
@@ -130,25 +147,37 @@ def test_its_examples_stay_out_of_mdcs_own() -> None:
 
 
 def test_importing_mdc_does_not_import_the_test_harness() -> None:
-    code = ("import sys, mdc, mdc.api, mdc.cli, mdc.plugin_manager, mdc.pipeline\n"
-            "mdc.cli.main(['plugins'])\n"
-            "assert 'mdc.testing' not in sys.modules and 'pytest' not in sys.modules, "
-            "sorted(m for m in sys.modules if 'pytest' in m or m == 'mdc.testing')\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=False, env=subprocess_env())
+    code = (
+        "import sys, mdc, mdc.api, mdc.cli, mdc.plugin_manager, mdc.pipeline\n"
+        "mdc.cli.main(['plugins'])\n"
+        "assert 'mdc.testing' not in sys.modules and 'pytest' not in sys.modules, "
+        "sorted(m for m in sys.modules if 'pytest' in m or m == 'mdc.testing')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=subprocess_env(),
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_only_plugins_blocks_every_other_third_party_plugin() -> None:
     from mdc.testing import only_plugins, run_mdc
+
     assert "no:mpirun" in only_plugins([])
     assert "no:mpirun" not in only_plugins(["mpirun"])
-    assert not any(word.removeprefix("no:") in ("torchrun", "local")
-                   for word in only_plugins([]))  # mdc's own are never blocked
+    assert not any(
+        word.removeprefix("no:") in ("torchrun", "local") for word in only_plugins([])
+    )  # mdc's own are never blocked
     with pytest.raises(LookupError, match="no entry point not_installed"):
         only_plugins(["not_installed"])
-    names = {row["name"] for row in json.loads(
-        run_mdc(["plugins", "--format", "json"], plugins=[]).stdout)}
+    names = {
+        row["name"]
+        for row in json.loads(run_mdc(["plugins", "--format", "json"], plugins=[]).stdout)
+    }
     assert "mpirun" not in names and "torchrun" in names
 
 
@@ -156,10 +185,24 @@ def test_only_plugins_blocks_every_other_third_party_plugin() -> None:
 def test_both_suites_share_one_update_golden_option() -> None:
     """mdc's conftest and the plugin's both enable mdc.testing: one --update-golden."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-         "tests/golden/test_golden.py", "examples/mdc-mpi/tests"],
-        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-        env=subprocess_env())
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--collect-only",
+            "-q",
+            "tests/golden/test_golden.py",
+            "examples/mdc-mpi/tests",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=subprocess_env(),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "examples/mdc-mpi/tests/test_mpirun.py::test_example_matches_golden" in done.stdout
 
@@ -167,9 +210,23 @@ def test_both_suites_share_one_update_golden_option() -> None:
 @pytest.mark.slow
 def test_the_plugin_suite_refuses_update_golden_under_ci() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--update-golden",
-         "--collect-only", "-q", "tests"],
-        cwd=PLUGIN, capture_output=True, text=True, timeout=300, check=False,
-        env=subprocess_env(CI="true"))
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--update-golden",
+            "--collect-only",
+            "-q",
+            "tests",
+        ],
+        cwd=PLUGIN,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=subprocess_env(CI="true"),
+    )
     assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
     assert "--update-golden is refused when CI is set" in done.stderr

@@ -28,8 +28,10 @@ from mdc.plugin_manager import PluginSet
 REPO = Path(__file__).resolve().parents[2]
 HOOKSPECS = REPO / "compiler" / "mdc" / "hookspecs.py"
 GUIDE = REPO / "docs" / "plugin-guide.md"
-BEGIN = ("<!-- BEGIN HOOK REFERENCE: generated from compiler/mdc/hookspecs.py by "
-         "tests/plugins/test_hooks_documented.py --write; do not edit by hand -->")
+BEGIN = (
+    "<!-- BEGIN HOOK REFERENCE: generated from compiler/mdc/hookspecs.py by "
+    "tests/plugins/test_hooks_documented.py --write; do not edit by hand -->"
+)
 END = "<!-- END HOOK REFERENCE -->"
 
 
@@ -51,9 +53,13 @@ def hookspecs(path: Path = HOOKSPECS) -> list[Hook]:
         if not any(isinstance(m, ast.Name) and m.id == "hookspec" for m in marks):
             continue
         returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-        found.append(Hook(name=node.name,
-                          signature=f"{node.name}({ast.unparse(node.args)}){returns}",
-                          docstring=ast.get_docstring(node) or ""))
+        found.append(
+            Hook(
+                name=node.name,
+                signature=f"{node.name}({ast.unparse(node.args)}){returns}",
+                docstring=ast.get_docstring(node) or "",
+            )
+        )
     return found
 
 
@@ -62,8 +68,7 @@ def _markdown(docstring: str) -> str:
     text = re.sub(r":(?:class|func|data|mod|meth|attr):`~?([^`]+)`", r"`\1`", docstring)
     text = re.sub(r"``([^`]+)``", r"`\1`", text)
     text = re.sub(r"^:returns:", "**Returns:**", text, flags=re.MULTILINE)
-    text = re.sub(r"^\.\. versionadded:: (\S+)$", r"*Added in mdc \1.*", text,
-                  flags=re.MULTILINE)
+    text = re.sub(r"^\.\. versionadded:: (\S+)$", r"*Added in mdc \1.*", text, flags=re.MULTILINE)
     out: list[str] = []
     lines = text.splitlines()
     index = 0
@@ -73,8 +78,9 @@ def _markdown(docstring: str) -> str:
             out += [line[:-1], "", "```python"]
             index += 1
             block = []
-            while index < len(lines) and (not lines[index].strip() or
-                                          lines[index].startswith("    ")):
+            while index < len(lines) and (
+                not lines[index].strip() or lines[index].startswith("    ")
+            ):
                 block.append(lines[index])
                 index += 1
             out += textwrap.dedent("\n".join(block)).strip("\n").splitlines()
@@ -89,8 +95,17 @@ def reference(hooks: list[Hook]) -> str:
     """The generated hook reference, markers included."""
     parts = [BEGIN, ""]
     for hook in hooks:
-        parts += [f"### `{hook.name}`", "", "```python", "@mdc.hookimpl",
-                  f"def {hook.signature}: ...", "```", "", _markdown(hook.docstring), ""]
+        parts += [
+            f"### `{hook.name}`",
+            "",
+            "```python",
+            "@mdc.hookimpl",
+            f"def {hook.signature}: ...",
+            "```",
+            "",
+            _markdown(hook.docstring),
+            "",
+        ]
     return "\n".join([*parts, END])
 
 
@@ -98,7 +113,7 @@ def _guide_reference(text: str) -> str | None:
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:
         return None
-    return text[start:end + len(END)]
+    return text[start : end + len(END)]
 
 
 def write() -> None:
@@ -121,10 +136,12 @@ def test_the_parser_sees_what_pluggy_sees() -> None:
     import pluggy
 
     from mdc import hookspecs as module
+
     manager = pluggy.PluginManager("mdc")
     manager.add_hookspecs(module)
     assert sorted(h.name for h in hookspecs()) == sorted(
-        name for name in dir(manager.hook) if not name.startswith("_"))
+        name for name in dir(manager.hook) if not name.startswith("_")
+    )
 
 
 @pytest.mark.parametrize("hook", hookspecs(), ids=lambda h: h.name)
@@ -136,7 +153,8 @@ def test_every_hook_has_a_full_docstring(hook: Hook) -> None:
     assert re.search(r"^:returns: \S", doc, re.MULTILINE), f"{hook.name}: no `:returns:`"
     assert "Called" in doc, f"{hook.name}: does not say when mdc calls it"
     assert re.search(r"^\.\. versionadded:: \d", doc, re.MULTILINE), (
-        f"{hook.name}: no `.. versionadded::`")
+        f"{hook.name}: no `.. versionadded::`"
+    )
 
 
 def test_guide_holds_the_generated_reference() -> None:
@@ -146,7 +164,8 @@ def test_guide_holds_the_generated_reference() -> None:
     assert current == reference(hookspecs()), (
         "the hook reference in docs/plugin-guide.md differs from compiler/mdc/hookspecs.py; "
         "regenerate it with `.venv/bin/python tests/plugins/test_hooks_documented.py --write` "
-        "and review the diff")
+        "and review the diff"
+    )
 
 
 @pytest.mark.parametrize("hook", hookspecs(), ids=lambda h: h.name)
@@ -156,10 +175,19 @@ def test_every_signature_appears_exactly(hook: Hook) -> None:
 
 def _record_fields() -> list[tuple[str, str]]:
     from mdc import api
-    return [(record.__name__, field.name)
-            for record in (api.LauncherSpec, api.BackendSpec, api.Launch, api.Role,
-                           api.Artifact, api.Finding)
-            for field in attrs.fields(record)]
+
+    return [
+        (record.__name__, field.name)
+        for record in (
+            api.LauncherSpec,
+            api.BackendSpec,
+            api.Launch,
+            api.Role,
+            api.Artifact,
+            api.Finding,
+        )
+        for field in attrs.fields(record)
+    ]
 
 
 @pytest.mark.parametrize(("record", "field"), _record_fields(), ids=lambda x: str(x))
@@ -177,8 +205,10 @@ def test_every_record_field_is_in_the_guide(record: str, field: str) -> None:
 def _load_with(plugin: object) -> PluginSet:
     from mdc.errors import PluginOrigin
     from mdc.plugin_manager import load_plugins
-    origin = PluginOrigin(entry_point="probe = tests_probe", distribution="probe-dist",
-                          version="9.9")
+
+    origin = PluginOrigin(
+        entry_point="probe = tests_probe", distribution="probe-dist", version="9.9"
+    )
     return load_plugins(autoload=False, extra=[("probe", plugin, origin)])
 
 
@@ -192,8 +222,11 @@ def test_hook_mdc_register_launchers_is_called() -> None:
     class Probe:
         @mdc.hookimpl
         def mdc_register_launchers(self) -> list[LauncherSpec]:
-            return [LauncherSpec(name="probe_launcher", description="probe",
-                                 parallelism="data", emit=emit)]
+            return [
+                LauncherSpec(
+                    name="probe_launcher", description="probe", parallelism="data", emit=emit
+                )
+            ]
 
     plugins = _load_with(Probe())
     registered = plugins.launchers["probe_launcher"]
@@ -229,13 +262,16 @@ HOOK_TESTS = {
 def test_every_hook_is_called_by_a_test() -> None:
     names = [h.name for h in hookspecs()]
     missing = [n for n in names if n not in HOOK_TESTS]
-    assert not missing, (f"hooks without a test: {missing}; add a test that registers a plugin "
-                         "implementing each and add it to HOOK_TESTS")
+    assert not missing, (
+        f"hooks without a test: {missing}; add a test that registers a plugin "
+        "implementing each and add it to HOOK_TESTS"
+    )
     for name, test in HOOK_TESTS.items():
         assert name in names, f"HOOK_TESTS names {name}, which is no longer a hook"
         source = inspect.getsource(test)
         assert f"@mdc.hookimpl\n        def {name}(self)" in source, (
-            f"{test.__name__} does not implement {name}")
+            f"{test.__name__} does not implement {name}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,11 +36,15 @@ def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.module
             for alias in node.names:
                 yield node.lineno, f"{node.module}.{alias.name}"
-        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))
-              and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr)
-              in ("import_module", "__import__")
-              and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Name, ast.Attribute))
+            and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             yield node.lineno, node.args[0].value
 
 
@@ -64,20 +68,25 @@ def test_the_scans_see_files() -> None:
 
 def test_import_scan_understands_the_forms(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("import mdc.errors\nfrom mdc import hookimpl, plan\n"
-                      "def f():\n    import torch.nn\n"
-                      "importlib.import_module('mdc_builtin.x')\n")
+    sample.write_text(
+        "import mdc.errors\nfrom mdc import hookimpl, plan\n"
+        "def f():\n    import torch.nn\n"
+        "importlib.import_module('mdc_builtin.x')\n"
+    )
     names = {name for _, name in imported_modules(sample)}
     assert {"mdc.errors", "mdc.hookimpl", "mdc.plan", "torch.nn", "mdc_builtin.x"} <= names
     assert not is_module_of_mdc("mdc.hookimpl") and is_module_of_mdc("mdc.plan")
 
 
-@pytest.mark.parametrize("path", python_files(BUILTINS),
-                         ids=lambda p: p.relative_to(BUILTINS).as_posix())
+@pytest.mark.parametrize(
+    "path", python_files(BUILTINS), ids=lambda p: p.relative_to(BUILTINS).as_posix()
+)
 def test_builtins_use_only_the_public_api(path: Path) -> None:
-    private = [f"{path.relative_to(REPO)}:{line}: imports {name}"
-               for line, name in imported_modules(path)
-               if is_module_of_mdc(name) and name not in PUBLIC]
+    private = [
+        f"{path.relative_to(REPO)}:{line}: imports {name}"
+        for line, name in imported_modules(path)
+        if is_module_of_mdc(name) and name not in PUBLIC
+    ]
     assert not private, "built-ins may import only mdc and mdc.api:\n" + "\n".join(private)
 
 
@@ -86,13 +95,18 @@ def test_builtins_use_only_the_public_api(path: Path) -> None:
 WORKER_PROGRAMS = {REPO / "compiler" / "mdc" / "rehearse" / "probe.py"}
 
 
-@pytest.mark.parametrize("path", python_files(REPO / "compiler"),
-                         ids=lambda p: p.relative_to(REPO / "compiler").as_posix())
+@pytest.mark.parametrize(
+    "path",
+    python_files(REPO / "compiler"),
+    ids=lambda p: p.relative_to(REPO / "compiler").as_posix(),
+)
 def test_core_never_imports_builtins_or_torch(path: Path) -> None:
     torch_allowed = path in WORKER_PROGRAMS
-    bad = [f"{path.relative_to(REPO)}:{line}: imports {name}"
-           for line, name in imported_modules(path)
-           if within(name, "mdc_builtin") or (within(name, "torch") and not torch_allowed)]
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: imports {name}"
+        for line, name in imported_modules(path)
+        if within(name, "mdc_builtin") or (within(name, "torch") and not torch_allowed)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -112,7 +126,8 @@ print("torch imported:", 'torch' in sys.modules)
 @pytest.mark.slow
 @pytest.mark.parametrize("trap", [False, True], ids=["as-installed", "with-a-torch-trap"])
 def test_validate_and_compile_do_not_import_torch(
-        trap: bool, tmp_path: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    trap: bool, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     """Checked as installed, and with a stand-in ``torch`` on the path that any import loads.
 
     The stand-in makes the check bite even where torch is not installed.
@@ -123,7 +138,14 @@ def test_validate_and_compile_do_not_import_torch(
         (fake / "torch").mkdir(parents=True)
         (fake / "torch" / "__init__.py").write_text("# stand-in: importing it is the failure\n")
         env["PYTHONPATH"] = str(fake) + (f":{env['PYTHONPATH']}" if env.get("PYTHONPATH") else "")
-    done = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "out")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "out")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["codes 0 0 0", "torch imported: False"], done.stderr

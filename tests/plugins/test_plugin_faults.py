@@ -139,7 +139,8 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Install
         info = site / f"{DISTRIBUTION}-{VERSION}.dist-info"
         info.mkdir(parents=True)
         (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: {VERSION}\n")
+            f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: {VERSION}\n"
+        )
         (info / "entry_points.txt").write_text(f"[mdc]\nfaulty = {module}\n")
         (site / f"{module}.py").write_text(PLUGIN_SOURCE.format(fault=fault))
         monkeypatch.syspath_prepend(str(site))
@@ -153,9 +154,11 @@ def install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Install
 
 def spec_for(tmp_path: Path, launcher: str = "faulty", backend: str = "local") -> Path:
     spec = tmp_path / "spec.toml"
-    spec.write_text(f'[job]\nname = "demo"\ncommand = ["python", "train.py"]\n\n'
-                    f'[distributed]\nlauncher = "{launcher}"\nbackend = "{backend}"\n'
-                    "nnodes = 2\nnproc_per_node = 2\naccelerator = \"cpu\"\n")
+    spec.write_text(
+        f'[job]\nname = "demo"\ncommand = ["python", "train.py"]\n\n'
+        f'[distributed]\nlauncher = "{launcher}"\nbackend = "{backend}"\n'
+        'nnodes = 2\nnproc_per_node = 2\naccelerator = "cpu"\n'
+    )
     return spec
 
 
@@ -175,14 +178,14 @@ def mdc_compile(spec: Path, out: Path, *extra: str) -> tuple[int, str, str]:
     return code, stdout.getvalue(), stderr.getvalue()
 
 
-def assert_plugin_error(code: int, stdout: str, stderr: str, entry_point: str, hook: str,
-                        *reason: str) -> None:
+def assert_plugin_error(
+    code: int, stdout: str, stderr: str, entry_point: str, hook: str, *reason: str
+) -> None:
     assert code == ExitCode.PLUGIN_ERROR, f"exit {code}:\n{stderr}"
     assert stdout == ""
     first = stderr.splitlines()[0]
     assert first.startswith("mdc: error: plugin "), stderr
-    for part in (repr(entry_point), f"from {DISTRIBUTION} {VERSION}", f"failed in {hook}",
-                 *reason):
+    for part in (repr(entry_point), f"from {DISTRIBUTION} {VERSION}", f"failed in {hook}", *reason):
         assert part in first, f"{part!r} missing from: {stderr}"
     assert "-p no:faulty" in stderr
     assert "Traceback" not in stderr and "internal error" not in stderr
@@ -192,8 +195,7 @@ def assert_plugin_error(code: int, stdout: str, stderr: str, entry_point: str, h
 def previous_out(tmp_path: Path) -> Path:
     """An out/ from an earlier, good compile (before the faulty plugin was installed)."""
     out = tmp_path / "work" / "out"
-    code, _, stderr = mdc_compile(REPO / "examples" / "basic-1x2.toml", out,
-                                  "--no-plugin-autoload")
+    code, _, stderr = mdc_compile(REPO / "examples" / "basic-1x2.toml", out, "--no-plugin-autoload")
     assert code == 0, stderr
     return out
 
@@ -210,16 +212,21 @@ LOAD_FAULTS = [
     ("import-crash", "import", ["KeyError", "missing"]),
     ("register-raises", "mdc_register_launchers", ["RuntimeError: no licence server"]),
     ("register-backends-raises", "mdc_register_backends", ["KeyError", "cluster"]),
-    ("register-wrong-type", "mdc_register_launchers", ["returned dict",
-                                                       "expected a list of LauncherSpec"]),
+    (
+        "register-wrong-type",
+        "mdc_register_launchers",
+        ["returned dict", "expected a list of LauncherSpec"],
+    ),
     ("register-backend-record", "mdc_register_launchers", ["expected a list of LauncherSpec"]),
 ]
 
 
-@pytest.mark.parametrize(("fault", "hook", "reason"), LOAD_FAULTS,
-                         ids=[f for f, _, _ in LOAD_FAULTS])
-def test_a_plugin_that_fails_to_load(fault: str, hook: str, reason: list[str], tmp_path: Path,
-                                     install: Install, previous_out: Path) -> None:
+@pytest.mark.parametrize(
+    ("fault", "hook", "reason"), LOAD_FAULTS, ids=[f for f, _, _ in LOAD_FAULTS]
+)
+def test_a_plugin_that_fails_to_load(
+    fault: str, hook: str, reason: list[str], tmp_path: Path, install: Install, previous_out: Path
+) -> None:
     """Any command fails before reading the spec, even one that does not use the plugin."""
     before = snapshot(previous_out)
     entry_point = install(fault)
@@ -233,8 +240,9 @@ def test_a_plugin_that_fails_to_load(fault: str, hook: str, reason: list[str], t
     assert_plugin_error(code, stdout, stderr, entry_point, hook, *reason)
     assert list(fresh.parent.iterdir()) == []
     # the hint works: blocking the plugin runs the compile
-    code, _, stderr = mdc_compile(REPO / "examples" / "basic-1x2.toml", previous_out,
-                                  "-p", "no:faulty")
+    code, _, stderr = mdc_compile(
+        REPO / "examples" / "basic-1x2.toml", previous_out, "-p", "no:faulty"
+    )
     assert code == 0, stderr
 
 
@@ -267,15 +275,27 @@ BACKEND_FAULTS = [
     ("backend-manifest", "backend 'faultyback' emit", ["manifest.json"]),
     ("backend-launch", "backend 'faultyback' emit", ["launch/worker.sh"]),
 ]
-COMPILE_FAULTS = [*[(f, "faulty", "local", h, r) for f, h, r in LAUNCHER_FAULTS],
-                  *[(f, "torchrun", "faultyback", h, r) for f, h, r in BACKEND_FAULTS]]
+COMPILE_FAULTS = [
+    *[(f, "faulty", "local", h, r) for f, h, r in LAUNCHER_FAULTS],
+    *[(f, "torchrun", "faultyback", h, r) for f, h, r in BACKEND_FAULTS],
+]
 
 
-@pytest.mark.parametrize(("fault", "launcher", "backend", "hook", "reason"), COMPILE_FAULTS,
-                         ids=[case[0] for case in COMPILE_FAULTS])
-def test_a_plugin_that_fails_while_compiling(fault: str, launcher: str, backend: str, hook: str,
-                                             reason: list[str], tmp_path: Path,
-                                             install: Install, previous_out: Path) -> None:
+@pytest.mark.parametrize(
+    ("fault", "launcher", "backend", "hook", "reason"),
+    COMPILE_FAULTS,
+    ids=[case[0] for case in COMPILE_FAULTS],
+)
+def test_a_plugin_that_fails_while_compiling(
+    fault: str,
+    launcher: str,
+    backend: str,
+    hook: str,
+    reason: list[str],
+    tmp_path: Path,
+    install: Install,
+    previous_out: Path,
+) -> None:
     before = snapshot(previous_out)
     entry_point = install(fault)
     spec = spec_for(tmp_path, launcher, backend)
@@ -304,5 +324,6 @@ def test_the_faultless_plugin_compiles(tmp_path: Path, install: Install) -> None
         out = tmp_path / f"{launcher}-{backend}"
         code, _, stderr = mdc_compile(spec_for(tmp_path, launcher, backend), out)
         assert code == 0, stderr
-        assert os.access(out / ("sched/run.sh" if backend == "faultyback" else "launch/worker.sh"),
-                         os.R_OK)
+        assert os.access(
+            out / ("sched/run.sh" if backend == "faultyback" else "launch/worker.sh"), os.R_OK
+        )

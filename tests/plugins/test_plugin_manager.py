@@ -43,20 +43,24 @@ class FakeOptions:
 
 
 def origin(name: str, distribution: str | None = None, version: str = "1.0") -> PluginOrigin:
-    return PluginOrigin(entry_point=f"{name} = tests_{name}", distribution=distribution or
-                        f"{name}-dist", version=version)
+    return PluginOrigin(
+        entry_point=f"{name} = tests_{name}",
+        distribution=distribution or f"{name}-dist",
+        version=version,
+    )
 
 
-def worker_launch(plan: Plan, options: FakeOptions | None,
-                  files: Sequence[Artifact] = ()) -> Launch:
+def worker_launch(
+    plan: Plan, options: FakeOptions | None, files: Sequence[Artifact] = ()
+) -> Launch:
     opts = options or FakeOptions()
     argv = ("echo", *[opts.greeting] * opts.repeat)
-    return Launch(roles=tuple(Role(name=r.name, argv=argv) for r in plan.roles),
-                  files=tuple(files))
+    return Launch(roles=tuple(Role(name=r.name, argv=argv) for r in plan.roles), files=tuple(files))
 
 
-def launcher(name: str = "fake", *, emit: Callable[[Plan, Any], Launch] = worker_launch,
-             **fields: Any) -> LauncherSpec:
+def launcher(
+    name: str = "fake", *, emit: Callable[[Plan, Any], Launch] = worker_launch, **fields: Any
+) -> LauncherSpec:
     fields.setdefault("description", f"the {name} launcher")
     return LauncherSpec(name=name, parallelism="data", emit=emit, **fields)
 
@@ -66,6 +70,7 @@ def launcher_plugin(*records: LauncherSpec) -> object:
         @mdc.hookimpl
         def mdc_register_launchers(self) -> list[LauncherSpec]:
             return list(records)
+
     return Plugin()
 
 
@@ -74,30 +79,34 @@ def backend_plugin(*records: BackendSpec) -> object:
         @mdc.hookimpl
         def mdc_register_backends(self) -> list[BackendSpec]:
             return list(records)
+
     return Plugin()
 
 
 def load(*plugins: tuple[str, object], **kwargs: Any) -> PluginSet:
-    return load_plugins(autoload=False, extra=[(name, plugin, origin(name))
-                                               for name, plugin in plugins], **kwargs)
+    return load_plugins(
+        autoload=False, extra=[(name, plugin, origin(name)) for name, plugin in plugins], **kwargs
+    )
 
 
 @pytest.fixture
 def write_spec(tmp_path: Path) -> Callable[..., Path]:
     def write(launcher_name: str = "fake", extra: str = "", backend: str = "local") -> Path:
         path = tmp_path / "spec.toml"
-        path.write_text(f'[job]\nname = "demo"\ncommand = ["python", "train.py"]\n\n'
-                        f'[distributed]\nlauncher = "{launcher_name}"\nbackend = "{backend}"\n'
-                        f"nnodes = 2\nnproc_per_node = 2\n{extra}")
+        path.write_text(
+            f'[job]\nname = "demo"\ncommand = ["python", "train.py"]\n\n'
+            f'[distributed]\nlauncher = "{launcher_name}"\nbackend = "{backend}"\n'
+            f"nnodes = 2\nnproc_per_node = 2\n{extra}"
+        )
         return path
+
     return write
 
 
 # ---------------------------------------------------------------- a working inline launcher
 
 
-def test_inline_launcher_table_is_validated_and_structured(write_spec: Callable[..., Path]
-                                                           ) -> None:
+def test_inline_launcher_table_is_validated_and_structured(write_spec: Callable[..., Path]) -> None:
     record = launcher(schema=FAKE_SCHEMA, options_type=FakeOptions)
     compiler = Compiler(load(("fake", launcher_plugin(record))))
     assert compiler.schema["properties"]["fake"]["properties"].keys() == {"greeting", "repeat"}
@@ -117,7 +126,8 @@ def test_inline_launcher_table_is_validated_and_structured(write_spec: Callable[
 
 
 def test_table_of_a_plugin_without_schema_is_a_plain_mapping(
-        write_spec: Callable[..., Path]) -> None:
+    write_spec: Callable[..., Path],
+) -> None:
     compiler = Compiler(load(("fake", launcher_plugin(launcher()))))
     compiled = compiler.compile(write_spec())
     assert compiled.plan.launcher == "fake"
@@ -128,8 +138,10 @@ def test_table_of_a_plugin_without_schema_is_a_plain_mapping(
 
 def test_duplicate_launcher_names_name_both_plugins() -> None:
     with pytest.raises(PluginError) as failed:
-        load(("alpha", launcher_plugin(launcher("twin"))),
-             ("beta", launcher_plugin(launcher("twin"))))
+        load(
+            ("alpha", launcher_plugin(launcher("twin"))),
+            ("beta", launcher_plugin(launcher("twin"))),
+        )
     message = str(failed.value)
     assert "alpha-dist" in message and "beta-dist" in message and "'twin'" in message
 
@@ -171,15 +183,22 @@ def test_a_raising_hook_names_plugin_and_hook() -> None:
     assert error.hook == "mdc_register_launchers"
     assert error.origin == origin("broken")
     message = str(error)
-    for part in ("broken = tests_broken", "broken-dist", "1.0", "mdc_register_launchers",
-                 "RuntimeError: no licence server"):
+    for part in (
+        "broken = tests_broken",
+        "broken-dist",
+        "1.0",
+        "mdc_register_launchers",
+        "RuntimeError: no licence server",
+    ):
         assert part in message
     assert isinstance(error.__cause__, RuntimeError)
 
 
-@pytest.mark.parametrize("returned", [None, {"name": "x"}, "fake", [object()],
-                                      (launcher(), "extra")],
-                         ids=["None", "dict", "str", "object", "mixed"])
+@pytest.mark.parametrize(
+    "returned",
+    [None, {"name": "x"}, "fake", [object()], (launcher(), "extra")],
+    ids=["None", "dict", "str", "object", "mixed"],
+)
 def test_a_hook_returning_the_wrong_type(returned: object) -> None:
     class Wrong:
         @mdc.hookimpl
@@ -189,7 +208,8 @@ def test_a_hook_returning_the_wrong_type(returned: object) -> None:
     with pytest.raises(PluginError) as failed:
         load(("wrong", Wrong()))
     assert "wrong-dist" in str(failed.value) and "expected a list of LauncherSpec" in str(
-        failed.value)
+        failed.value
+    )
 
 
 def test_a_backend_record_from_the_launcher_hook() -> None:
@@ -241,15 +261,17 @@ def test_a_raising_emit_is_a_plugin_error(write_spec: Callable[..., Path]) -> No
 
 
 def test_an_emit_returning_the_wrong_type(write_spec: Callable[..., Path]) -> None:
-    compiler = Compiler(load(("fake", launcher_plugin(
-        launcher(emit=lambda plan, options: ["torchrun"])))))  # type: ignore[arg-type,return-value]
+    compiler = Compiler(
+        load(("fake", launcher_plugin(launcher(emit=lambda plan, options: ["torchrun"]))))
+    )  # type: ignore[arg-type,return-value]
     with pytest.raises(PluginError, match="expected mdc.api.Launch"):
         compiler.compile(write_spec())
 
 
 def test_an_emit_missing_a_role(write_spec: Callable[..., Path]) -> None:
-    compiler = Compiler(load(("fake", launcher_plugin(
-        launcher(emit=lambda plan, options: Launch(roles=()))))))
+    compiler = Compiler(
+        load(("fake", launcher_plugin(launcher(emit=lambda plan, options: Launch(roles=())))))
+    )
     with pytest.raises(PluginError, match="roles"):
         compiler.compile(write_spec())
 
@@ -258,12 +280,13 @@ def files_launcher(*files: Artifact) -> LauncherSpec:
     return launcher(emit=lambda plan, options: worker_launch(plan, options, files))
 
 
-@pytest.mark.parametrize("path", ["../x", "/abs", "launch/../../x", "launch//x", "launch/./x",
-                                  "launch\\x", ""])
+@pytest.mark.parametrize(
+    "path", ["../x", "/abs", "launch/../../x", "launch//x", "launch/./x", "launch\\x", ""]
+)
 def test_a_launcher_file_outside_out_is_a_plugin_error(
-        path: str, write_spec: Callable[..., Path]) -> None:
-    compiler = Compiler(load(("fake", launcher_plugin(files_launcher(
-        Artifact.text(path, "x"))))))
+    path: str, write_spec: Callable[..., Path]
+) -> None:
+    compiler = Compiler(load(("fake", launcher_plugin(files_launcher(Artifact.text(path, "x"))))))
     with pytest.raises(PluginError) as failed:
         compiler.compile(write_spec())
     assert "emit" in str(failed.value)
@@ -277,7 +300,8 @@ def test_a_launcher_file_given_twice_is_a_plugin_error(write_spec: Callable[...,
 
 
 def test_a_launcher_file_clashing_with_mdc_own_is_a_plugin_error(
-        write_spec: Callable[..., Path]) -> None:
+    write_spec: Callable[..., Path],
+) -> None:
     clash = files_launcher(Artifact.text("launch/worker.sh", "echo mine"))
     with pytest.raises(PluginError, match="launch/worker.sh"):
         Compiler(load(("fake", launcher_plugin(clash)))).compile(write_spec())
@@ -292,9 +316,13 @@ def test_a_bad_launcher_path_blames_the_launcher(write_spec: Callable[..., Path]
 
 @pytest.mark.parametrize("path", ["../x", "/abs", "plan.json", "manifest.json"])
 def test_a_backend_file_outside_out_or_taken_is_a_plugin_error(
-        path: str, write_spec: Callable[..., Path]) -> None:
-    backend = BackendSpec(name="bad_backend", description="d",
-                          emit=lambda plan, launch, opts: [Artifact.text(path, "x")])
+    path: str, write_spec: Callable[..., Path]
+) -> None:
+    backend = BackendSpec(
+        name="bad_backend",
+        description="d",
+        emit=lambda plan, launch, opts: [Artifact.text(path, "x")],
+    )
     compiler = Compiler(load(("bad_backend", backend_plugin(backend))))
     with pytest.raises(PluginError) as failed:
         compiler.compile(write_spec(launcher_name="torchrun", backend="bad_backend"))
@@ -323,9 +351,11 @@ def test_a_raising_check_is_a_plugin_error(write_spec: Callable[..., Path]) -> N
 
 
 def test_a_check_returning_the_wrong_type_is_a_plugin_error(
-        write_spec: Callable[..., Path]) -> None:
-    compiler = Compiler(load(("fake", launcher_plugin(
-        launcher(check=lambda plan, options: ["looks wrong"])))))
+    write_spec: Callable[..., Path],
+) -> None:
+    compiler = Compiler(
+        load(("fake", launcher_plugin(launcher(check=lambda plan, options: ["looks wrong"]))))
+    )
     with pytest.raises(PluginError, match="Finding"):
         compiler.compile(write_spec())
 
@@ -335,10 +365,13 @@ def test_a_check_returning_the_wrong_type_is_a_plugin_error(
 
 @pytest.mark.parametrize("order", [("p1", "p2", "p3"), ("p3", "p1", "p2"), ("p2", "p3", "p1")])
 def test_records_are_sorted_by_name_whatever_the_registration_order(
-        order: tuple[str, ...], declared_builtins: dict[str, list[str]]) -> None:
-    records = {"p1": launcher_plugin(launcher("zeta"), launcher("beta")),
-               "p2": launcher_plugin(launcher("alpha")),
-               "p3": launcher_plugin(launcher("mu"))}
+    order: tuple[str, ...], declared_builtins: dict[str, list[str]]
+) -> None:
+    records = {
+        "p1": launcher_plugin(launcher("zeta"), launcher("beta")),
+        "p2": launcher_plugin(launcher("alpha")),
+        "p3": launcher_plugin(launcher("mu")),
+    }
     plugins = load(*[(name, records[name]) for name in order])
     launchers = sorted(["alpha", "beta", "mu", "zeta", *declared_builtins["launchers"]])
     assert list(plugins.launchers) == launchers
@@ -349,8 +382,9 @@ def test_records_are_sorted_by_name_whatever_the_registration_order(
 
 
 def test_records_are_attributed_to_their_plugin() -> None:
-    plugins = load(("p2", launcher_plugin(launcher("alpha"))),
-                   ("p1", launcher_plugin(launcher("zeta"))))
+    plugins = load(
+        ("p2", launcher_plugin(launcher("alpha"))), ("p1", launcher_plugin(launcher("zeta")))
+    )
     assert plugins.launchers["alpha"].origin == origin("p2")
     assert plugins.launchers["zeta"].origin == origin("p1")
     assert plugins.launchers["torchrun"].origin.distribution == "mdc-compiler"
@@ -386,22 +420,30 @@ def broken_distribution(tmp_path: Path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakeplug\nVersion: 1.2\n")
     (info / "entry_points.txt").write_text("[mdc]\nbroken = fakeplug_mod\n")
     (site / "fakeplug_mod.py").write_text(
-        'raise ImportError("fakeplug_mod needs libfrob, which is not installed")\n')
+        'raise ImportError("fakeplug_mod needs libfrob, which is not installed")\n'
+    )
     return site
 
 
-def run_validate(site: Path, env_factory: Callable[..., dict[str, str]], *extra: str,
-                 **env: str) -> subprocess.CompletedProcess[str]:
+def run_validate(
+    site: Path, env_factory: Callable[..., dict[str, str]], *extra: str, **env: str
+) -> subprocess.CompletedProcess[str]:
     path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     return subprocess.run(
         [sys.executable, "-m", "mdc", "validate", *extra, "examples/quickstart.toml"],
-        cwd=REPO, env=env_factory(PYTHONPATH=path, **env), capture_output=True, text=True,
-        timeout=120, check=False)
+        cwd=REPO,
+        env=env_factory(PYTHONPATH=path, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.slow
 def test_a_broken_entry_point_is_a_plugin_error(
-        broken_distribution: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    broken_distribution: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     done = run_validate(broken_distribution, clean_env)
     assert done.returncode == 3, done.stderr
     for part in ("fakeplug", "1.2", "broken = fakeplug_mod", "import", "libfrob"):
@@ -412,7 +454,8 @@ def test_a_broken_entry_point_is_a_plugin_error(
 
 @pytest.mark.slow
 def test_a_broken_entry_point_with_traceback_flag(
-        broken_distribution: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    broken_distribution: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     done = run_validate(broken_distribution, clean_env, "--traceback")
     assert done.returncode == 3
     assert "Traceback" in done.stderr and "fakeplug_mod.py" in done.stderr
@@ -420,14 +463,16 @@ def test_a_broken_entry_point_with_traceback_flag(
 
 @pytest.mark.slow
 def test_a_broken_entry_point_can_be_blocked(
-        broken_distribution: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    broken_distribution: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     done = run_validate(broken_distribution, clean_env, "-p", "no:broken")
     assert (done.returncode, done.stderr) == (0, "")
 
 
 @pytest.mark.slow
 def test_a_broken_entry_point_is_skipped_without_autoload(
-        broken_distribution: Path, clean_env: Callable[..., dict[str, str]]) -> None:
+    broken_distribution: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
     done = run_validate(broken_distribution, clean_env, MDC_DISABLE_PLUGIN_AUTOLOAD="1")
     assert (done.returncode, done.stderr) == (0, "")
 
@@ -438,6 +483,7 @@ def test_a_broken_entry_point_is_skipped_without_autoload(
 def test_the_builtin_lists_match_what_each_builtin_registers() -> None:
     """Each built-in entry point registers one record, named after it, of the listed kind."""
     from mdc.plugin_manager import BUILTIN_BACKENDS, BUILTIN_LAUNCHERS
+
     eager = load_plugins(autoload=False, lazy=False)
     for name, reg in eager.tables().items():
         assert reg.origin.entry_point == f"{name} = mdc_builtin.{reg.kind}s.{name}"
@@ -455,13 +501,16 @@ def test_a_deferred_builtin_equals_the_eagerly_loaded_one() -> None:
         assert (deferred.kind, deferred.origin) == (reg.kind, reg.origin)
         assert deferred.record.schema == reg.record.schema
         assert deferred.record.options_type is reg.record.options_type
-    assert dict(lazy.option_types()) == {n: r.record.options_type
-                                         for n, r in eager.tables().items()}
+    assert dict(lazy.option_types()) == {
+        n: r.record.options_type for n, r in eager.tables().items()
+    }
 
 
 def test_the_composed_schema_is_the_same_with_deferred_builtins() -> None:
-    assert Compiler(load_plugins(autoload=False)).schema == \
-        Compiler(load_plugins(autoload=False, lazy=False)).schema
+    assert (
+        Compiler(load_plugins(autoload=False)).schema
+        == Compiler(load_plugins(autoload=False, lazy=False)).schema
+    )
 
 
 DIAGNOSTIC_CASES = sorted(p for p in (REPO / "golden" / "diagnostics").glob("*/spec.*"))
@@ -470,21 +519,25 @@ DIAGNOSTIC_CASES = sorted(p for p in (REPO / "golden" / "diagnostics").glob("*/s
 @pytest.mark.parametrize("spec", DIAGNOSTIC_CASES, ids=lambda p: p.parent.name)
 def test_deferred_builtins_give_the_same_diagnostics(spec: Path) -> None:
     """A fresh compiler that imports plugins on demand reports what the eager one does."""
+
     def diagnostics(lazy: bool) -> list[str]:
         compiler = Compiler(load_plugins(autoload=False, lazy=lazy))
         try:
             return [d.render() for d in compiler.compile(spec).diagnostics]
         except SpecError as exc:
             return [d.render() for d in exc.diagnostics]
+
     assert diagnostics(True) == diagnostics(False)
 
 
 def test_an_unknown_table_lists_every_plugin_table(tmp_path: Path) -> None:
     """The hint for an unknown top-level key names the tables of plugins not yet imported."""
     spec = tmp_path / "spec.toml"
-    spec.write_text('[job]\nname = "x"\ncommand = ["python", "t.py"]\n[distributed]\n'
-                    'launcher = "torchrun"\nnnodes = 1\nnproc_per_node = 1\n[torchrn]\n'
-                    'rdzv_backend = "static"\n[slurmm]\npartition = "p"\n')
+    spec.write_text(
+        '[job]\nname = "x"\ncommand = ["python", "t.py"]\n[distributed]\n'
+        'launcher = "torchrun"\nnnodes = 1\nnproc_per_node = 1\n[torchrn]\n'
+        'rdzv_backend = "static"\n[slurmm]\npartition = "p"\n'
+    )
     with pytest.raises(SpecError) as failed:
         Compiler(load_plugins(autoload=False)).compile(spec)
     hints = {d.location.pointer: d.hint for d in failed.value.diagnostics}
@@ -494,16 +547,34 @@ def test_an_unknown_table_lists_every_plugin_table(tmp_path: Path) -> None:
 def test_a_name_clash_with_a_deferred_builtin_loads_everything() -> None:
     """The clash is reported exactly as when every plugin is imported up front."""
     with pytest.raises(PluginError) as lazy:
-        load(("impostor", backend_plugin(BackendSpec(
-            name="torchrun", description="d", emit=lambda plan, launch, opts: []))))
+        load(
+            (
+                "impostor",
+                backend_plugin(
+                    BackendSpec(
+                        name="torchrun", description="d", emit=lambda plan, launch, opts: []
+                    )
+                ),
+            )
+        )
     with pytest.raises(PluginError) as eager:
-        load(("impostor", backend_plugin(BackendSpec(
-            name="torchrun", description="d", emit=lambda plan, launch, opts: []))), lazy=False)
+        load(
+            (
+                "impostor",
+                backend_plugin(
+                    BackendSpec(
+                        name="torchrun", description="d", emit=lambda plan, launch, opts: []
+                    )
+                ),
+            ),
+            lazy=False,
+        )
     assert str(lazy.value) == str(eager.value) and "mdc-compiler" in str(lazy.value)
 
 
 def test_the_entry_point_scan_agrees_with_importlib_metadata(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from mdc.plugin_manager import _from_metadata, _scan
 
     def listed(found: Sequence[Any] | None) -> list[tuple[str, str, str, str]]:
@@ -512,23 +583,30 @@ def test_the_entry_point_scan_agrees_with_importlib_metadata(
 
     assert listed(_scan("mdc")) == listed(_from_metadata("mdc"))
     site = tmp_path / "site"
-    for dist, body in (("Other_Plug-2.0.dist-info", ("[mdc]\nother = other_mod:plugin [extra]\n"
-                                                    "# a comment\n[console_scripts]\nx = y\n")),
-                       ("legacy_plug-0.3.egg-info", "[mdc]\nlegacy=legacy_mod\n")):
+    for dist, body in (
+        (
+            "Other_Plug-2.0.dist-info",
+            ("[mdc]\nother = other_mod:plugin [extra]\n# a comment\n[console_scripts]\nx = y\n"),
+        ),
+        ("legacy_plug-0.3.egg-info", "[mdc]\nlegacy=legacy_mod\n"),
+    ):
         (site / dist).mkdir(parents=True)
         (site / dist / "entry_points.txt").write_text(body)
         meta = "METADATA" if dist.endswith("dist-info") else "PKG-INFO"
         name, version = dist.rsplit(".", 1)[0].split("-")
-        (site / dist / meta).write_text(f"Metadata-Version: 2.1\nName: {name}\n"
-                                        f"Version: {version}\n\nName: not-a-header\n")
+        (site / dist / meta).write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\nName: not-a-header\n"
+        )
     monkeypatch.syspath_prepend(str(site))
     assert listed(_scan("mdc")) == listed(_from_metadata("mdc"))
     assert ("other", "other_mod:plugin [extra]", "Other_Plug", "2.0") in listed(_scan("mdc"))
 
 
 def test_the_scan_defers_to_importlib_metadata_for_a_zip_on_the_path(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from mdc.plugin_manager import _scan
+
     archive = tmp_path / "plugins.zip"
     archive.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an empty zip archive
     monkeypatch.syspath_prepend(str(archive))
@@ -537,13 +615,29 @@ def test_the_scan_defers_to_importlib_metadata_for_a_zip_on_the_path(
 
 @pytest.mark.slow
 def test_validate_imports_only_what_the_spec_needs(
-        clean_env: Callable[..., dict[str, str]]) -> None:
+    clean_env: Callable[..., dict[str, str]],
+) -> None:
     """A TOML torchrun/local spec: two built-ins imported, no YAML parser, no metadata parser."""
-    code = ("import sys; from mdc.cli import main\n"
-            "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('mdc_builtin.', 'ruamel', "
-            "'importlib.metadata', 'email'))))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(),
-                          capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.strip() == str(["mdc_builtin.backends", "mdc_builtin.backends.local",
-                                       "mdc_builtin.launchers", "mdc_builtin.launchers.torchrun"])
+    code = (
+        "import sys; from mdc.cli import main\n"
+        "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mdc_builtin.', 'ruamel', "
+        "'importlib.metadata', 'email'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == str(
+        [
+            "mdc_builtin.backends",
+            "mdc_builtin.backends.local",
+            "mdc_builtin.launchers",
+            "mdc_builtin.launchers.torchrun",
+        ]
+    )

@@ -20,18 +20,23 @@ def by_json(value: object) -> str:
     """The reference: json's indenting encoder, then integer lists joined onto one line."""
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
     joined = _INTEGER_LIST.sub(
-        lambda m: "[" + ", ".join(n.strip() for n in m.group(1).split(",")) + "]", text)
+        lambda m: "[" + ", ".join(n.strip() for n in m.group(1).split(",")) + "]", text
+    )
     return joined + "\n"
 
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
 VALUES = st.recursive(
     SCALARS,
-    lambda inner: (st.lists(inner) | st.lists(st.integers()) | st.tuples(inner, inner)
-                   | st.dictionaries(st.text(), inner)
-                   | st.dictionaries(st.integers() | st.booleans() | st.none(), inner,
-                                     max_size=2)),
-    max_leaves=40)
+    lambda inner: (
+        st.lists(inner)
+        | st.lists(st.integers())
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(), inner)
+        | st.dictionaries(st.integers() | st.booleans() | st.none(), inner, max_size=2)
+    ),
+    max_leaves=40,
+)
 
 
 @given(VALUES)
@@ -55,6 +60,11 @@ class Name(str, enum.Enum):
 
 def test_edge_values_as_json_writes_them() -> None:
     """Subclasses of int and str; floats equal to booleans (0.0 == False)."""
-    value = {"levels": [Level.LOW, 2], "name": Name.A, "nested": [[1, 2], [], {}],
-             "floats": [0.0, 1.0, -0.0], "flags": [True, False, None, 0, 1]}
+    value = {
+        "levels": [Level.LOW, 2],
+        "name": Name.A,
+        "nested": [[1, 2], [], {}],
+        "floats": [0.0, 1.0, -0.0],
+        "flags": [True, False, None, 0, 1],
+    }
     assert Artifact.json("x.json", value).data.decode("utf-8") == by_json(value)

@@ -8,8 +8,21 @@ from mdc.api import Artifact
 from mdc.emit import ArtifactError, check_paths
 
 PLAIN = ["plan.json", "launch/worker.sh", "a/b/c.txt", "é/ü.yaml", "a..b", ".hidden/x"]
-REFUSED = ["", ".", "..", "/abs", "//abs", "a//b", "a/./b", "./a", "a/../b", "a/", "a\\b",
-           "a\x00b", "manifest.json"]
+REFUSED = [
+    "",
+    ".",
+    "..",
+    "/abs",
+    "//abs",
+    "a//b",
+    "a/./b",
+    "./a",
+    "a/../b",
+    "a/",
+    "a\\b",
+    "a\x00b",
+    "manifest.json",
+]
 
 
 def artifacts(*paths: str) -> list[Artifact]:

@@ -23,12 +23,19 @@ def compiler() -> Compiler:
     return Compiler(load_plugins(autoload=False))
 
 
-def spec(name: str = "train", nnodes: int = 2, accelerator: str = "nvidia",
-         **table: Any) -> dict[str, Any]:
+def spec(
+    name: str = "train", nnodes: int = 2, accelerator: str = "nvidia", **table: Any
+) -> dict[str, Any]:
     return {
         "job": {"name": name, "image": "img:1", "command": ["python", "train.py"]},
-        "distributed": {"launcher": "torchrun", "backend": "kubernetes", "nnodes": nnodes,
-                        "nproc_per_node": 8, "accelerator": accelerator, "master_port": 29400},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "kubernetes",
+            "nnodes": nnodes,
+            "nproc_per_node": 8,
+            "accelerator": accelerator,
+            "master_port": 29400,
+        },
         "kubernetes": table,
     }
 
@@ -56,11 +63,14 @@ def codes(found: list[Diagnostic] | tuple[Diagnostic, ...]) -> list[tuple[str, s
     return [(d.code, d.location.pointer) for d in found]
 
 
-def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(compiler: Compiler,
-                                                               tmp_path: Path,
-        pod_node_hosts: Callable[[str], list[str]]) -> None:
-    docs = docs_of(compiled_of(compiler, tmp_path, spec(nnodes=3, backoff_limit=2,
-                                                       ttl_seconds_after_finished=60)))
+def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(
+    compiler: Compiler, tmp_path: Path, pod_node_hosts: Callable[[str], list[str]]
+) -> None:
+    docs = docs_of(
+        compiled_of(
+            compiler, tmp_path, spec(nnodes=3, backoff_limit=2, ttl_seconds_after_finished=60)
+        )
+    )
     assert list(docs) == ["ConfigMap", "Service", "Job"]
     job = docs["Job"]["spec"]
     assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", 3, 3)
@@ -78,44 +88,92 @@ def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(compiler: Compile
     assert pod["restartPolicy"] == "Never"
 
 
-@pytest.mark.parametrize(("accelerator", "table", "limits"), [
-    ("nvidia", {}, {"nvidia.com/gpu": 8}),
-    ("amd", {"cpu": "500m", "memory": "64Gi"}, {"amd.com/gpu": 8, "cpu": "500m",
-                                                "memory": "64Gi"}),
-    ("cpu", {}, None),
-    ("nvidia", {"gpu_resource": "nvidia.com/gpumem", "gpus_per_node": 20000},
-     {"nvidia.com/gpumem": 20000}),
-    ("nvidia", {"gpus_per_node": 0}, None),
-])
-def test_the_gpu_resource_follows_the_accelerator(compiler: Compiler, tmp_path: Path,
-                                                  accelerator: str, table: dict[str, Any],
-                                                  limits: dict[str, Any] | None) -> None:
+@pytest.mark.parametrize(
+    ("accelerator", "table", "limits"),
+    [
+        ("nvidia", {}, {"nvidia.com/gpu": 8}),
+        (
+            "amd",
+            {"cpu": "500m", "memory": "64Gi"},
+            {"amd.com/gpu": 8, "cpu": "500m", "memory": "64Gi"},
+        ),
+        ("cpu", {}, None),
+        (
+            "nvidia",
+            {"gpu_resource": "nvidia.com/gpumem", "gpus_per_node": 20000},
+            {"nvidia.com/gpumem": 20000},
+        ),
+        ("nvidia", {"gpus_per_node": 0}, None),
+    ],
+)
+def test_the_gpu_resource_follows_the_accelerator(
+    compiler: Compiler,
+    tmp_path: Path,
+    accelerator: str,
+    table: dict[str, Any],
+    limits: dict[str, Any] | None,
+) -> None:
     docs = docs_of(compiled_of(compiler, tmp_path, spec(accelerator=accelerator, **table)))
     container = docs["Job"]["spec"]["template"]["spec"]["containers"][0]
-    assert container.get("resources") == (None if limits is None else
-                                          {"limits": limits, "requests": limits})
+    assert container.get("resources") == (
+        None if limits is None else {"limits": limits, "requests": limits}
+    )
 
 
 def test_shm_volumes_and_pod_placement(compiler: Compiler, tmp_path: Path) -> None:
-    docs = docs_of(compiled_of(compiler, tmp_path, spec(
-        namespace="ml", shm_size="32Gi", image_pull_policy="Never", service_account="sa",
-        priority_class="high", node_selector={"pool": "gpu"}, image_pull_secrets=["reg"],
-        tolerations=[{"key": "gpu", "operator": "Equal", "value": "yes",
-                      "effect": "NoExecute", "toleration_seconds": 30}],
-        volumes=[{"name": "ckpt", "mount_path": "/ckpt", "claim": "ckpt-pvc"},
-                 {"name": "data", "mount_path": "/data", "host_path": "/mnt/d",
-                  "read_only": True}])))
+    docs = docs_of(
+        compiled_of(
+            compiler,
+            tmp_path,
+            spec(
+                namespace="ml",
+                shm_size="32Gi",
+                image_pull_policy="Never",
+                service_account="sa",
+                priority_class="high",
+                node_selector={"pool": "gpu"},
+                image_pull_secrets=["reg"],
+                tolerations=[
+                    {
+                        "key": "gpu",
+                        "operator": "Equal",
+                        "value": "yes",
+                        "effect": "NoExecute",
+                        "toleration_seconds": 30,
+                    }
+                ],
+                volumes=[
+                    {"name": "ckpt", "mount_path": "/ckpt", "claim": "ckpt-pvc"},
+                    {
+                        "name": "data",
+                        "mount_path": "/data",
+                        "host_path": "/mnt/d",
+                        "read_only": True,
+                    },
+                ],
+            ),
+        )
+    )
     pod = docs["Job"]["spec"]["template"]["spec"]
     assert docs["Job"]["metadata"]["namespace"] == "ml"
     assert pod["containers"][0]["imagePullPolicy"] == "Never"
     assert (pod["serviceAccountName"], pod["priorityClassName"]) == ("sa", "high")
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert pod["imagePullSecrets"] == [{"name": "reg"}]
-    assert pod["tolerations"] == [{"key": "gpu", "operator": "Equal", "value": "yes",
-                                   "effect": "NoExecute", "tolerationSeconds": 30}]
+    assert pod["tolerations"] == [
+        {
+            "key": "gpu",
+            "operator": "Equal",
+            "value": "yes",
+            "effect": "NoExecute",
+            "tolerationSeconds": 30,
+        }
+    ]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["dshm"] == {"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                           "sizeLimit": "32Gi"}}
+    assert volumes["dshm"] == {
+        "name": "dshm",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"},
+    }
     assert volumes["ckpt"]["persistentVolumeClaim"] == {"claimName": "ckpt-pvc"}
     assert volumes["data"]["hostPath"] == {"path": "/mnt/d", "type": "Directory"}
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
@@ -125,30 +183,46 @@ def test_shm_volumes_and_pod_placement(compiler: Compiler, tmp_path: Path) -> No
     assert env["MASTER_ADDR"] == "train-0.train.ml.svc.cluster.local"
 
 
-@pytest.mark.parametrize(("table", "expected"), [
-    ({"namespace": "Team_A"}, [("MDC461", "/kubernetes/namespace")]),
-    ({"node_selector": {"pool": "gpu pool"}}, [("MDC462", "/kubernetes/node_selector/pool")]),
-    ({"node_selector": {"-bad": "x"}}, [("MDC462", "/kubernetes/node_selector/-bad")]),
-    ({"labels": {"team": "a" * 64}}, [("MDC462", "/kubernetes/labels/team")]),
-    ({"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]},
-     [("MDC463", "/kubernetes/tolerations/0/value")]),
-    ({"tolerations": [{"effect": "NoSchedule"}]}, [("MDC463", "/kubernetes/tolerations/0")]),
-    ({"tolerations": [{"key": "gpu", "effect": "NoSchedule", "toleration_seconds": 5}]},
-     [("MDC463", "/kubernetes/tolerations/0/toleration_seconds")]),
-    ({"memory": "64GB"}, [("MDC464", "/kubernetes/memory")]),
-    ({"gpu_resource": "gpu"}, [("MDC464", "/kubernetes/gpu_resource")]),
-    ({"volumes": [{"name": "v", "mount_path": "/v"}]}, [("MDC465", "/kubernetes/volumes/0")]),
-    ({"volumes": [{"name": "v", "mount_path": "/mdc", "claim": "c"}]},
-     [("MDC465", "/kubernetes/volumes/0/mount_path")]),
-    ({"volumes": [{"name": "dshm", "mount_path": "/x", "claim": "c"}]},
-     [("MDC465", "/kubernetes/volumes/0/name")]),
-    ({"volumes": [{"name": "Data", "mount_path": "/x", "host_path": "rel"}]},
-     [("MDC461", "/kubernetes/volumes/0/name"), ("MDC465", "/kubernetes/volumes/0/host_path")]),
-    ({"service_account": "Trainer"}, [("MDC461", "/kubernetes/service_account")]),
-])
-def test_mdcs_own_lint_catches_what_no_schema_checks(compiler: Compiler, tmp_path: Path,
-                                                     table: dict[str, Any],
-                                                     expected: list[tuple[str, str]]) -> None:
+@pytest.mark.parametrize(
+    ("table", "expected"),
+    [
+        ({"namespace": "Team_A"}, [("MDC461", "/kubernetes/namespace")]),
+        ({"node_selector": {"pool": "gpu pool"}}, [("MDC462", "/kubernetes/node_selector/pool")]),
+        ({"node_selector": {"-bad": "x"}}, [("MDC462", "/kubernetes/node_selector/-bad")]),
+        ({"labels": {"team": "a" * 64}}, [("MDC462", "/kubernetes/labels/team")]),
+        (
+            {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]},
+            [("MDC463", "/kubernetes/tolerations/0/value")],
+        ),
+        ({"tolerations": [{"effect": "NoSchedule"}]}, [("MDC463", "/kubernetes/tolerations/0")]),
+        (
+            {"tolerations": [{"key": "gpu", "effect": "NoSchedule", "toleration_seconds": 5}]},
+            [("MDC463", "/kubernetes/tolerations/0/toleration_seconds")],
+        ),
+        ({"memory": "64GB"}, [("MDC464", "/kubernetes/memory")]),
+        ({"gpu_resource": "gpu"}, [("MDC464", "/kubernetes/gpu_resource")]),
+        ({"volumes": [{"name": "v", "mount_path": "/v"}]}, [("MDC465", "/kubernetes/volumes/0")]),
+        (
+            {"volumes": [{"name": "v", "mount_path": "/mdc", "claim": "c"}]},
+            [("MDC465", "/kubernetes/volumes/0/mount_path")],
+        ),
+        (
+            {"volumes": [{"name": "dshm", "mount_path": "/x", "claim": "c"}]},
+            [("MDC465", "/kubernetes/volumes/0/name")],
+        ),
+        (
+            {"volumes": [{"name": "Data", "mount_path": "/x", "host_path": "rel"}]},
+            [
+                ("MDC461", "/kubernetes/volumes/0/name"),
+                ("MDC465", "/kubernetes/volumes/0/host_path"),
+            ],
+        ),
+        ({"service_account": "Trainer"}, [("MDC461", "/kubernetes/service_account")]),
+    ],
+)
+def test_mdcs_own_lint_catches_what_no_schema_checks(
+    compiler: Compiler, tmp_path: Path, table: dict[str, Any], expected: list[tuple[str, str]]
+) -> None:
     assert codes(errors(compiler, tmp_path, spec(**table))) == expected
 
 
@@ -175,8 +249,7 @@ def test_an_elastic_job_cannot_be_an_indexed_job(compiler: Compiler, tmp_path: P
     assert codes(errors(compiler, tmp_path, data)) == [("MDC441", "/distributed/min_nnodes")]
 
 
-def test_gpu_count_below_the_process_count_is_a_warning(compiler: Compiler,
-                                                        tmp_path: Path) -> None:
+def test_gpu_count_below_the_process_count_is_a_warning(compiler: Compiler, tmp_path: Path) -> None:
     compiled = compiled_of(compiler, tmp_path, spec(gpus_per_node=4))
     assert codes(compiled.diagnostics) == [("MDC466", "/kubernetes/gpus_per_node")]
 
@@ -191,16 +264,73 @@ def test_dns_labels_refused(name: str) -> None:
     assert [f.code for f in k8s.dns_label_findings(name, "/x", "name")] == ["MDC461"]
 
 
-@pytest.mark.parametrize("value", [
-    "yes", "No", "ON", "off", "null", "~", "Null", "true", "False", "0x1F", "0o17", "012", "1e3",
-    ".5", "-1", "+1", ".inf", "-.Inf", ".NaN", "1_000", "2026-11-22", "12:30:00", "0b101",
-    "a: b", "- x", "#c", "x #c", "'q'", '"q"', "{a}", "[a]", "*a", "&a", "!t", "%p", "@a", "`b`",
-    "?", ":", ">", "|", "trailing ", " leading", "multi\nline", "multi\nline\n", "tab\there",
-    "cr\rlf", "\u2028", "ünï", "", " ", "\n", "a\n\nb", "back\\slash", "x\x07bell",
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yes",
+        "No",
+        "ON",
+        "off",
+        "null",
+        "~",
+        "Null",
+        "true",
+        "False",
+        "0x1F",
+        "0o17",
+        "012",
+        "1e3",
+        ".5",
+        "-1",
+        "+1",
+        ".inf",
+        "-.Inf",
+        ".NaN",
+        "1_000",
+        "2026-11-22",
+        "12:30:00",
+        "0b101",
+        "a: b",
+        "- x",
+        "#c",
+        "x #c",
+        "'q'",
+        '"q"',
+        "{a}",
+        "[a]",
+        "*a",
+        "&a",
+        "!t",
+        "%p",
+        "@a",
+        "`b`",
+        "?",
+        ":",
+        ">",
+        "|",
+        "trailing ",
+        " leading",
+        "multi\nline",
+        "multi\nline\n",
+        "tab\there",
+        "cr\rlf",
+        "\u2028",
+        "ünï",
+        "",
+        " ",
+        "\n",
+        "a\n\nb",
+        "back\\slash",
+        "x\x07bell",
+    ],
+)
 def test_every_string_reads_back_as_itself(value: str) -> None:
-    doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"},
-           "data": {"k": value, "list": [value], value or "empty": value}}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "x"},
+        "data": {"k": value, "list": [value], value or "empty": value},
+    }
     text = k8s.dump_yaml([doc])
     assert k8s.load_yaml(text) == [doc]
     assert list(yaml.safe_load_all(text)) == [doc]  # PyYAML (YAML 1.1, like kubectl's parser)

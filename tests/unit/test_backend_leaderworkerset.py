@@ -19,12 +19,18 @@ def compiler() -> Compiler:
     return Compiler(load_plugins(autoload=False))
 
 
-def spec(launcher: str = "vllm", name: str = "serve", nnodes: int = 2,
-         **table: Any) -> dict[str, Any]:
+def spec(
+    launcher: str = "vllm", name: str = "serve", nnodes: int = 2, **table: Any
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": name, "image": "vllm/vllm-openai:latest", "command": ["vllm", "serve"]},
-        "distributed": {"launcher": launcher, "backend": "leaderworkerset", "nnodes": nnodes,
-                        "nproc_per_node": 8, "accelerator": "nvidia"},
+        "distributed": {
+            "launcher": launcher,
+            "backend": "leaderworkerset",
+            "nnodes": nnodes,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+        },
         "leaderworkerset": table,
     }
     if launcher == "vllm":
@@ -51,8 +57,7 @@ def documents(compiler: Compiler, tmp_path: Path, data: dict[str, Any]) -> list[
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed", "basic"])
-def test_training_launchers_are_refused(compiler: Compiler, tmp_path: Path,
-                                        launcher: str) -> None:
+def test_training_launchers_are_refused(compiler: Compiler, tmp_path: Path, launcher: str) -> None:
     found = errors(compiler, tmp_path, spec(launcher=launcher))
     assert [d.location.pointer for d in found] == ["/distributed/backend"]
     assert "vllm" in found[0].hint
@@ -66,15 +71,19 @@ def test_replicas_and_the_leader_service_port(compiler: Compiler, tmp_path: Path
 
 
 def test_the_launchers_port_is_used_and_without_one_there_is_no_service(
-        compiler: Compiler, tmp_path: Path) -> None:
+    compiler: Compiler, tmp_path: Path
+) -> None:
     data = spec()
     data["vllm"]["port"] = 8123
     assert documents(compiler, tmp_path, data)[2]["spec"]["ports"][0]["port"] == 8123
     assert [d["kind"] for d in documents(compiler, tmp_path, spec())] == [
-        "ConfigMap", "LeaderWorkerSet"]
+        "ConfigMap",
+        "LeaderWorkerSet",
+    ]
 
 
 def test_the_shared_lint_applies(compiler: Compiler, tmp_path: Path) -> None:
     found = errors(compiler, tmp_path, spec(node_selector={"pool": "a b"}))
     assert [(d.code, d.location.pointer) for d in found] == [
-        ("MDC462", "/leaderworkerset/node_selector/pool")]
+        ("MDC462", "/leaderworkerset/node_selector/pool")
+    ]

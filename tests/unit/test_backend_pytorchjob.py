@@ -35,8 +35,14 @@ def compiler() -> Compiler:
 def spec(**extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "pj", "command": ["python", "train.py"], "image": "img:1"},
-        "distributed": {"launcher": "torchrun", "backend": "pytorchjob", "nnodes": 3,
-                        "nproc_per_node": 4, "accelerator": "nvidia", "master_port": 23456},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "pytorchjob",
+            "nnodes": 3,
+            "nproc_per_node": 4,
+            "accelerator": "nvidia",
+            "master_port": 23456,
+        },
     }
     for key, value in extra.items():
         data.setdefault(key, {}).update(value)
@@ -68,8 +74,9 @@ def containers(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def test_master_and_workers_match_the_operator(compiler: Compiler, tmp_path: Path,
-        pod_node_hosts: Callable[[str], list[str]]) -> None:
+def test_master_and_workers_match_the_operator(
+    compiler: Compiler, tmp_path: Path, pod_node_hosts: Callable[[str], list[str]]
+) -> None:
     compiled = compile_(compiler, tmp_path, spec())
     job = job_of(compiled)
     specs = job["spec"]["pytorchReplicaSpecs"]
@@ -79,8 +86,9 @@ def test_master_and_workers_match_the_operator(compiler: Compiler, tmp_path: Pat
     assert "elasticPolicy" not in job["spec"]
     for container in containers(job).values():
         assert container["name"] == "pytorch"
-        assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456,
-                                       "protocol": "TCP"}]
+        assert container["ports"] == [
+            {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
+        ]
         assert container["command"] == ["bash", "/mdc/k8s/node.sh"]
         env = {e["name"]: e["value"] for e in container.get("env", [])}
         assert env == {}  # MASTER_* come from the operator, NODE_HOSTS from node.sh
@@ -101,21 +109,32 @@ def test_torchrun_flags_agree_with_the_pet_env(compiler: Compiler, tmp_path: Pat
     assert "--nnodes 3 " in script and "--nproc-per-node 4 " in script
 
 
-def test_elastic_is_workers_only(compiler: Compiler, tmp_path: Path,
-        pod_node_hosts: Callable[[str], list[str]]) -> None:
-    compiled = compile_(compiler, tmp_path, spec(distributed={"min_nnodes": 2, "nnodes": 4},
-                                                 torchrun={"max_restarts": 2}))
+def test_elastic_is_workers_only(
+    compiler: Compiler, tmp_path: Path, pod_node_hosts: Callable[[str], list[str]]
+) -> None:
+    compiled = compile_(
+        compiler,
+        tmp_path,
+        spec(distributed={"min_nnodes": 2, "nnodes": 4}, torchrun={"max_restarts": 2}),
+    )
     job = job_of(compiled)
     # the HPA scales Worker.replicas within [min, max]: every node must be a Worker
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 4
     policy = job["spec"]["elasticPolicy"]
-    assert policy == {"minReplicas": 2, "maxReplicas": 4, "rdzvBackend": "c10d",
-                      "rdzvHost": "pj-worker-0", "rdzvPort": 23456, "maxRestarts": 2}
+    assert policy == {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "rdzvBackend": "c10d",
+        "rdzvHost": "pj-worker-0",
+        "rdzvPort": 23456,
+        "maxRestarts": 2,
+    }
     env = {e["name"]: e["value"] for e in containers(job)["Worker"]["env"]}
     # PET_RDZV_ENDPOINT = rdzvHost:rdzvPort = the MASTER_ADDR:MASTER_PORT torchrun gets
-    assert f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == \
-        f"{policy['rdzvHost']}:{policy['rdzvPort']}"
+    assert (
+        f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == f"{policy['rdzvHost']}:{policy['rdzvPort']}"
+    )
     data = docs_of(compiled)[0]["data"]
     assert pod_node_hosts(data["k8s--node.sh"]) == [f"pj-worker-{i}" for i in range(4)]
     # PET_NNODES = "min:max", PET_MAX_RESTARTS = maxRestarts
@@ -130,28 +149,59 @@ def test_single_node_is_a_master_only(compiler: Compiler, tmp_path: Path) -> Non
 
 
 def test_run_policy(compiler: Compiler, tmp_path: Path) -> None:
-    job = job_of(compile_(compiler, tmp_path, spec(pytorchjob={
-        "backoff_limit": 2, "ttl_seconds_after_finished": 60, "active_deadline_seconds": 9,
-        "restart_policy": "ExitCode"})))
-    assert job["spec"]["runPolicy"] == {"activeDeadlineSeconds": 9, "backoffLimit": 2,
-                                        "ttlSecondsAfterFinished": 60}
-    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == \
-        {"ExitCode"}
+    job = job_of(
+        compile_(
+            compiler,
+            tmp_path,
+            spec(
+                pytorchjob={
+                    "backoff_limit": 2,
+                    "ttl_seconds_after_finished": 60,
+                    "active_deadline_seconds": 9,
+                    "restart_policy": "ExitCode",
+                }
+            ),
+        )
+    )
+    assert job["spec"]["runPolicy"] == {
+        "activeDeadlineSeconds": 9,
+        "backoffLimit": 2,
+        "ttlSecondsAfterFinished": 60,
+    }
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}
 
 
-@pytest.mark.parametrize("value", ["yes", "on", "no", "1:20", "0x1F", "1e3", "~", "null", "-",
-                                   "a: 'b' \"c\" # $(rm -rf /)\n- d", " x ", ""])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yes",
+        "on",
+        "no",
+        "1:20",
+        "0x1F",
+        "1e3",
+        "~",
+        "null",
+        "-",
+        "a: 'b' \"c\" # $(rm -rf /)\n- d",
+        " x ",
+        "",
+    ],
+)
 def test_strings_read_back_as_strings(compiler: Compiler, tmp_path: Path, value: str) -> None:
     """YAML 1.1 readers (kubectl's sigs.k8s.io/yaml, PyYAML) read the text back unchanged."""
-    data = spec(job={"image": f"img{value}", "env": {"HOSTILE": value}},
-                pytorchjob={"labels": {"team": "on"}, "namespace": "yes"})
+    data = spec(
+        job={"image": f"img{value}", "env": {"HOSTILE": value}},
+        pytorchjob={"labels": {"team": "on"}, "namespace": "yes"},
+    )
     compiled = compile_(compiler, tmp_path, data)
     job = job_of(compiled)
     assert job["metadata"]["namespace"] == "yes"
     assert job["metadata"]["labels"]["team"] == "on"
     assert containers(job)["Master"]["image"] == f"img{value}"
     assert docs_of(compiled)[0]["data"]["launch--worker.sh"] == next(
-        a.data.decode() for a in compiled.tree if a.path == "launch/worker.sh")
+        a.data.decode() for a in compiled.tree if a.path == "launch/worker.sh"
+    )
 
 
 def codes(compiler: Compiler, tmp_path: Path, data: dict[str, Any]) -> set[str]:

@@ -29,10 +29,19 @@ from mdc_builtin.backends.slurm import apptainer_image, pyxis_image
 
 def roles_launch(plan: Plan, options: object) -> Launch:
     """Each role prints its name, node rank and rendezvous address."""
-    return Launch(roles=tuple(
-        Role(name=r.name, argv=("bash", "-c", (f'echo "{r.name} $NODE_RANK $MASTER_ADDR:'
-                                              '$MASTER_PORT" >> "$ROLE_LOG"')))
-        for r in plan.roles))
+    return Launch(
+        roles=tuple(
+            Role(
+                name=r.name,
+                argv=(
+                    "bash",
+                    "-c",
+                    (f'echo "{r.name} $NODE_RANK $MASTER_ADDR:$MASTER_PORT" >> "$ROLE_LOG"'),
+                ),
+            )
+            for r in plan.roles
+        )
+    )
 
 
 class RolesPlugin:
@@ -40,8 +49,15 @@ class RolesPlugin:
 
     @mdc.hookimpl
     def mdc_register_launchers(self) -> list[LauncherSpec]:
-        return [LauncherSpec(name="roles", description="prints each node's role",
-                             parallelism="data", disaggregated=True, emit=roles_launch)]
+        return [
+            LauncherSpec(
+                name="roles",
+                description="prints each node's role",
+                parallelism="data",
+                disaggregated=True,
+                emit=roles_launch,
+            )
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +70,14 @@ def spec(**tables: Any) -> dict[str, Any]:
     """A 2 x 8 nvidia torchrun job on slurm; ``tables`` replace or add whole tables."""
     data: dict[str, Any] = {
         "job": {"name": "unit", "command": ["python", "train.py"]},
-        "distributed": {"launcher": "torchrun", "backend": "slurm", "nnodes": 2,
-                        "nproc_per_node": 8, "accelerator": "nvidia", "master_port": 29400},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "slurm",
+            "nnodes": 2,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+            "master_port": 29400,
+        },
     }
     data.update(tables)
     return data
@@ -80,61 +102,101 @@ def errors(compiler: Compiler, tmp_path: Path, data: dict[str, Any]) -> list[Dia
 
 
 def sbatch_lines(script: str) -> list[str]:
-    return [line.removeprefix("#SBATCH ") for line in script.splitlines()
-            if line.startswith("#SBATCH ")]
+    return [
+        line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")
+    ]
 
 
 # ---------------------------------------------------------------- directives
 
 
 def test_directives_come_from_the_plan_and_the_table(compiler: Compiler, tmp_path: Path) -> None:
-    table = {"partition": "batch", "account": "llm", "qos": "high", "time": "2-00:00:00",
-             "constraint": "h100&ib", "exclusive": True, "nodelist": "gpu[01-02]",
-             "exclude": "gpu07", "mem": "0", "cpus_per_task": 96, "output": "logs/%x-%j.out",
-             "error": "logs/%x-%j.err", "sbatch_args": ["--reservation=big", "--requeue"]}
+    table = {
+        "partition": "batch",
+        "account": "llm",
+        "qos": "high",
+        "time": "2-00:00:00",
+        "constraint": "h100&ib",
+        "exclusive": True,
+        "nodelist": "gpu[01-02]",
+        "exclude": "gpu07",
+        "mem": "0",
+        "cpus_per_task": 96,
+        "output": "logs/%x-%j.out",
+        "error": "logs/%x-%j.err",
+        "sbatch_args": ["--reservation=big", "--requeue"],
+    }
     out = files(compile_data(compiler, tmp_path, spec(slurm=table)))
     assert out["slurm/job.sbatch"].startswith("#!/bin/bash\n#SBATCH ")
     assert sbatch_lines(out["slurm/job.sbatch"]) == [
-        "--job-name=unit", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8",
-        "--cpus-per-task=96", "--mem=0", "--time=2-00:00:00", "--partition=batch",
-        "--account=llm", "--qos=high", "--constraint=h100&ib", "--nodelist=gpu[01-02]",
-        "--exclude=gpu07", "--output=logs/%x-%j.out", "--error=logs/%x-%j.err", "--exclusive",
-        "--reservation=big", "--requeue"]
+        "--job-name=unit",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+        "--cpus-per-task=96",
+        "--mem=0",
+        "--time=2-00:00:00",
+        "--partition=batch",
+        "--account=llm",
+        "--qos=high",
+        "--constraint=h100&ib",
+        "--nodelist=gpu[01-02]",
+        "--exclude=gpu07",
+        "--output=logs/%x-%j.out",
+        "--error=logs/%x-%j.err",
+        "--exclusive",
+        "--reservation=big",
+        "--requeue",
+    ]
     # srun does not inherit --cpus-per-task from the job: it is repeated there
     assert "--cpus-per-task=96 \\\n" in out["slurm/job.sbatch"]
 
 
-def test_a_bare_spec_asks_only_for_what_the_plan_needs(compiler: Compiler,
-                                                       tmp_path: Path) -> None:
+def test_a_bare_spec_asks_only_for_what_the_plan_needs(compiler: Compiler, tmp_path: Path) -> None:
     compiled = compile_data(compiler, tmp_path, spec())
     out = files(compiled)
     assert sbatch_lines(out["slurm/job.sbatch"]) == [
-        "--job-name=unit", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8"]
+        "--job-name=unit",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--gpus-per-node=8",
+    ]
     assert compiled.diagnostics == ()
     assert compiled.plan.hosts is None  # SLURM names the hosts only when the job runs
-    assert sorted(p for p in out if p.startswith("slurm/")) == ["slurm/job.sbatch",
-                                                                "slurm/node.sh"]
+    assert sorted(p for p in out if p.startswith("slurm/")) == ["slurm/job.sbatch", "slurm/node.sh"]
     modes = {a.path: a.executable for a in compiled.tree}
     assert modes["slurm/job.sbatch"] and modes["slurm/node.sh"]
     assert "export MASTER_PORT=29400\n" in out["slurm/job.sbatch"]
 
 
-@pytest.mark.parametrize(("accelerator", "gpus", "directive", "warned"), [
-    ("nvidia", None, "--gpus-per-node=8", False),
-    ("amd", None, "--gpus-per-node=8", False),
-    ("cpu", None, None, False),
-    ("cpu", 2, "--gpus-per-node=2", False),
-    ("nvidia", "h100:8", "--gpus-per-node=h100:8", False),
-    ("nvidia", 4, "--gpus-per-node=4", True),
-    ("nvidia", 0, None, True),
-])
-def test_gpus_per_node(compiler: Compiler, tmp_path: Path, accelerator: str, gpus: Any,
-                       directive: str | None, warned: bool) -> None:
+@pytest.mark.parametrize(
+    ("accelerator", "gpus", "directive", "warned"),
+    [
+        ("nvidia", None, "--gpus-per-node=8", False),
+        ("amd", None, "--gpus-per-node=8", False),
+        ("cpu", None, None, False),
+        ("cpu", 2, "--gpus-per-node=2", False),
+        ("nvidia", "h100:8", "--gpus-per-node=h100:8", False),
+        ("nvidia", 4, "--gpus-per-node=4", True),
+        ("nvidia", 0, None, True),
+    ],
+)
+def test_gpus_per_node(
+    compiler: Compiler,
+    tmp_path: Path,
+    accelerator: str,
+    gpus: Any,
+    directive: str | None,
+    warned: bool,
+) -> None:
     data = spec(slurm={} if gpus is None else {"gpus_per_node": gpus})
     data["distributed"]["accelerator"] = accelerator
     compiled = compile_data(compiler, tmp_path, data)
-    lines = [d for d in sbatch_lines(files(compiled)["slurm/job.sbatch"])
-             if d.startswith("--gpus-per-node")]
+    lines = [
+        d
+        for d in sbatch_lines(files(compiled)["slurm/job.sbatch"])
+        if d.startswith("--gpus-per-node")
+    ]
     assert lines == ([directive] if directive else [])
     assert [d.code for d in compiled.diagnostics] == (["MDC419"] if warned else [])
 
@@ -151,70 +213,95 @@ def test_an_elastic_job_asks_for_a_node_range(compiler: Compiler, tmp_path: Path
 # ---------------------------------------------------------------- checks
 
 
-@pytest.mark.parametrize(("key", "value", "code"), [
-    ("partition", "gpu a", "MDC412"),
-    ("account", "llm#1", "MDC412"),
-    ("qos", "it's", "MDC412"),
-    ("output", "/logs/a\nb", "MDC412"),
-    ("constraint", 'a"b', "MDC412"),
-    ("nodelist", "gpu\\01", "MDC412"),
-    ("time", "tomorrow", "MDC415"),
-    ("time", "1:2:3:4", "MDC415"),
-    ("time", "1.5", "MDC415"),
-    ("mem", "64 GB", "MDC412"),
-    ("mem", "lots", "MDC416"),
-    ("mem", "1.5G", "MDC416"),
-    ("gpus_per_node", "eight", "MDC417"),
-])
-def test_values_an_sbatch_line_cannot_carry_are_refused(compiler: Compiler, tmp_path: Path,
-                                                        key: str, value: str, code: str) -> None:
+@pytest.mark.parametrize(
+    ("key", "value", "code"),
+    [
+        ("partition", "gpu a", "MDC412"),
+        ("account", "llm#1", "MDC412"),
+        ("qos", "it's", "MDC412"),
+        ("output", "/logs/a\nb", "MDC412"),
+        ("constraint", 'a"b', "MDC412"),
+        ("nodelist", "gpu\\01", "MDC412"),
+        ("time", "tomorrow", "MDC415"),
+        ("time", "1:2:3:4", "MDC415"),
+        ("time", "1.5", "MDC415"),
+        ("mem", "64 GB", "MDC412"),
+        ("mem", "lots", "MDC416"),
+        ("mem", "1.5G", "MDC416"),
+        ("gpus_per_node", "eight", "MDC417"),
+    ],
+)
+def test_values_an_sbatch_line_cannot_carry_are_refused(
+    compiler: Compiler, tmp_path: Path, key: str, value: str, code: str
+) -> None:
     found = errors(compiler, tmp_path, spec(slurm={key: value}))
     assert [(d.code, d.location.pointer) for d in found] == [(code, f"/slurm/{key}")]
     assert repr(value) in found[0].message and found[0].hint
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    ("time", 90), ("time", "30:00"), ("time", "12:00:00"), ("time", "2-00"),
-    ("time", "2-00:00:00"), ("time", "UNLIMITED"), ("time", "infinite"), ("mem", 64000),
-    ("mem", "0"), ("mem", "480G"), ("mem", "1GB"), ("mem", "512m"),
-])
-def test_values_sbatch_accepts_pass(compiler: Compiler, tmp_path: Path, key: str,
-                                    value: Any) -> None:
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("time", 90),
+        ("time", "30:00"),
+        ("time", "12:00:00"),
+        ("time", "2-00"),
+        ("time", "2-00:00:00"),
+        ("time", "UNLIMITED"),
+        ("time", "infinite"),
+        ("mem", 64000),
+        ("mem", "0"),
+        ("mem", "480G"),
+        ("mem", "1GB"),
+        ("mem", "512m"),
+    ],
+)
+def test_values_sbatch_accepts_pass(
+    compiler: Compiler, tmp_path: Path, key: str, value: Any
+) -> None:
     out = files(compile_data(compiler, tmp_path, spec(slurm={key: value})))
     assert f"--{key}={value}" in sbatch_lines(out["slurm/job.sbatch"])
 
 
-@pytest.mark.parametrize(("arg", "says"), [
-    ("-p gpu", "is not a long sbatch option"),
-    ("reservation=big", "is not a long sbatch option"),
-    ("--partition=gpu", "repeats --partition, which mdc writes itself"),
-    ("--exclusive", "repeats --exclusive"),
-    ("--nodes=4", "repeats --nodes"),
-    ("--ntasks=16", "contradicts --nodes and --ntasks-per-node"),
-    ("--gres=gpu:8", "contradicts --gpus-per-node"),
-    ("--mem-per-cpu=4G", "contradicts --mem"),
-    ("--wrap=hostname", "contradicts the batch script, which mdc writes"),
-    ("--part=gpu", "abbreviates --partition"),
-    ("--excl", "abbreviates --exclude"),
-    ("--reservation=a b", "holds a space"),
-    ("--comment=#1", "holds '#'"),
-])
-def test_sbatch_args_must_be_new_long_options(compiler: Compiler, tmp_path: Path, arg: str,
-                                              says: str) -> None:
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("-p gpu", "is not a long sbatch option"),
+        ("reservation=big", "is not a long sbatch option"),
+        ("--partition=gpu", "repeats --partition, which mdc writes itself"),
+        ("--exclusive", "repeats --exclusive"),
+        ("--nodes=4", "repeats --nodes"),
+        ("--ntasks=16", "contradicts --nodes and --ntasks-per-node"),
+        ("--gres=gpu:8", "contradicts --gpus-per-node"),
+        ("--mem-per-cpu=4G", "contradicts --mem"),
+        ("--wrap=hostname", "contradicts the batch script, which mdc writes"),
+        ("--part=gpu", "abbreviates --partition"),
+        ("--excl", "abbreviates --exclude"),
+        ("--reservation=a b", "holds a space"),
+        ("--comment=#1", "holds '#'"),
+    ],
+)
+def test_sbatch_args_must_be_new_long_options(
+    compiler: Compiler, tmp_path: Path, arg: str, says: str
+) -> None:
     found = errors(compiler, tmp_path, spec(slurm={"sbatch_args": ["--requeue", arg]}))
     assert [(d.code, d.location.pointer) for d in found] == [("MDC413", "/slurm/sbatch_args/1")]
     assert says in found[0].message, found[0].message
 
 
-@pytest.mark.parametrize(("arg", "says"), [
-    ("--nodes=3", "repeats --nodes"),
-    ("--ntasks-per-node=8", "repeats --ntasks-per-node"),
-    ("--container-image=x", "repeats --container-image"),
-    ("--kill", "abbreviates --kill-on-bad-exit"),
-    ("-l", "is not a long srun option"),
-])
-def test_srun_args_cannot_change_the_task_layout(compiler: Compiler, tmp_path: Path, arg: str,
-                                                 says: str) -> None:
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("--nodes=3", "repeats --nodes"),
+        ("--ntasks-per-node=8", "repeats --ntasks-per-node"),
+        ("--container-image=x", "repeats --container-image"),
+        ("--kill", "abbreviates --kill-on-bad-exit"),
+        ("-l", "is not a long srun option"),
+    ],
+)
+def test_srun_args_cannot_change_the_task_layout(
+    compiler: Compiler, tmp_path: Path, arg: str, says: str
+) -> None:
     found = errors(compiler, tmp_path, spec(slurm={"srun_args": [arg]}))
     assert [(d.code, d.location.pointer) for d in found] == [("MDC414", "/slurm/srun_args/0")]
     assert says in found[0].message, found[0].message
@@ -223,63 +310,77 @@ def test_srun_args_cannot_change_the_task_layout(compiler: Compiler, tmp_path: P
 def test_srun_args_are_quoted_on_the_srun_line(compiler: Compiler, tmp_path: Path) -> None:
     data = spec(slurm={"srun_args": ["--mpi=pmix", "--comment=it's $HOME"]})
     out = files(compile_data(compiler, tmp_path, data))["slurm/job.sbatch"]
-    assert "  --mpi=pmix \\\n  '--comment=it'\"'\"'s $HOME' \\\n  bash \"${out}/slurm/node.sh\"" \
-        in out
+    assert (
+        "  --mpi=pmix \\\n  '--comment=it'\"'\"'s $HOME' \\\n  bash \"${out}/slurm/node.sh\"" in out
+    )
 
 
 # ---------------------------------------------------------------- containers
 
 
-@pytest.mark.parametrize(("image", "expected"), [
-    ("nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
-    ("docker://nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
-    ("registry.local:5000/team/img:1", "registry.local:5000#team/img:1"),
-    ("localhost/img", "localhost#img"),
-    ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
-    ("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"),
-    ("ubuntu:24.04", "ubuntu:24.04"),
-    ("/shared/images/pytorch.sqsh", "/shared/images/pytorch.sqsh"),
-])
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
+        ("docker://nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
+        ("registry.local:5000/team/img:1", "registry.local:5000#team/img:1"),
+        ("localhost/img", "localhost#img"),
+        ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3"),
+        (
+            "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+            "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
+        ),
+        ("ubuntu:24.04", "ubuntu:24.04"),
+        ("/shared/images/pytorch.sqsh", "/shared/images/pytorch.sqsh"),
+    ],
+)
 def test_pyxis_image_names_the_registry_with_a_hash(image: str, expected: str) -> None:
     assert pyxis_image(image) == expected
 
 
-@pytest.mark.parametrize(("image", "expected"), [
-    ("nvcr.io/nvidia/pytorch:25.01-py3", "docker://nvcr.io/nvidia/pytorch:25.01-py3"),
-    ("rocm/pytorch:latest", "docker://rocm/pytorch:latest"),
-    ("docker://rocm/pytorch:latest", "docker://rocm/pytorch:latest"),
-    ("oras://ghcr.io/team/img:1", "oras://ghcr.io/team/img:1"),
-    ("/shared/images/pytorch.sif", "/shared/images/pytorch.sif"),
-    ("./pytorch.sif", "./pytorch.sif"),
-    ("pytorch.sif", "pytorch.sif"),
-])
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("nvcr.io/nvidia/pytorch:25.01-py3", "docker://nvcr.io/nvidia/pytorch:25.01-py3"),
+        ("rocm/pytorch:latest", "docker://rocm/pytorch:latest"),
+        ("docker://rocm/pytorch:latest", "docker://rocm/pytorch:latest"),
+        ("oras://ghcr.io/team/img:1", "oras://ghcr.io/team/img:1"),
+        ("/shared/images/pytorch.sif", "/shared/images/pytorch.sif"),
+        ("./pytorch.sif", "./pytorch.sif"),
+        ("pytorch.sif", "pytorch.sif"),
+    ],
+)
 def test_apptainer_image_gets_a_scheme_for_registries(image: str, expected: str) -> None:
     assert apptainer_image(image) == expected
 
 
 def test_pyxis_runs_the_srun_tasks_in_the_image(compiler: Compiler, tmp_path: Path) -> None:
-    data = spec(slurm={"container": {"runtime": "pyxis", "mounts": ["/data:/data:ro",
-                                                                    "/scratch"]}})
+    data = spec(slurm={"container": {"runtime": "pyxis", "mounts": ["/data:/data:ro", "/scratch"]}})
     data["job"]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
     compiled = compile_data(compiler, tmp_path, data)
     out = files(compiled)
     assert compiled.diagnostics == ()
-    assert ("  '--container-image=nvcr.io#nvidia/pytorch:25.01-py3' \\\n"
-            '  "--container-mounts=${out}:${out},/data:/data:ro,/scratch" \\\n') \
-        in out["slurm/job.sbatch"]
+    assert (
+        "  '--container-image=nvcr.io#nvidia/pytorch:25.01-py3' \\\n"
+        '  "--container-mounts=${out}:${out},/data:/data:ro,/scratch" \\\n'
+    ) in out["slurm/job.sbatch"]
     assert "apptainer" not in out["slurm/node.sh"]
 
 
-@pytest.mark.parametrize(("accelerator", "flag"), [("nvidia", "--nv "), ("amd", "--rocm "),
-                                                   ("cpu", "")])
-def test_apptainer_runs_the_role_script_in_the_image(compiler: Compiler, tmp_path: Path,
-                                                     accelerator: str, flag: str) -> None:
+@pytest.mark.parametrize(
+    ("accelerator", "flag"), [("nvidia", "--nv "), ("amd", "--rocm "), ("cpu", "")]
+)
+def test_apptainer_runs_the_role_script_in_the_image(
+    compiler: Compiler, tmp_path: Path, accelerator: str, flag: str
+) -> None:
     data = spec(slurm={"container": {"runtime": "apptainer", "mounts": ["/data"]}})
     data["job"]["image"] = "rocm/pytorch:latest"
     data["distributed"]["accelerator"] = accelerator
     out = files(compile_data(compiler, tmp_path, data))
-    assert (f'exec apptainer exec {flag}--bind "${{out}},/data" docker://rocm/pytorch:latest '
-            'bash "${out}/${script}"') in out["slurm/node.sh"]
+    assert (
+        f'exec apptainer exec {flag}--bind "${{out}},/data" docker://rocm/pytorch:latest '
+        'bash "${out}/${script}"'
+    ) in out["slurm/node.sh"]
     assert "--container-image" not in out["slurm/job.sbatch"]
 
 
@@ -293,7 +394,8 @@ def test_an_image_without_a_container_is_a_warning(compiler: Compiler, tmp_path:
     data["job"]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
     compiled = compile_data(compiler, tmp_path, data)
     assert [(d.code, d.location.pointer) for d in compiled.diagnostics] == [
-        ("MDC411", "/job/image")]
+        ("MDC411", "/job/image")
+    ]
 
 
 @pytest.mark.parametrize("mount", ["data:/data", "/a,/b:/b", "/a b:/a", "/a:/b:ro:x"])
@@ -302,15 +404,15 @@ def test_container_mounts_are_checked(compiler: Compiler, tmp_path: Path, mount:
     data["job"]["image"] = "img.sif"
     found = errors(compiler, tmp_path, data)
     assert [(d.code, d.location.pointer) for d in found] == [
-        ("MDC418", "/slurm/container/mounts/0")]
+        ("MDC418", "/slurm/container/mounts/0")
+    ]
 
 
 def test_schema_refuses_an_unknown_runtime(compiler: Compiler, tmp_path: Path) -> None:
     data = spec(slurm={"container": {"runtime": "docker"}})
     data["job"]["image"] = "img"
     found = errors(compiler, tmp_path, data)
-    assert [(d.code, d.location.pointer) for d in found] == [
-        ("MDC104", "/slurm/container/runtime")]
+    assert [(d.code, d.location.pointer) for d in found] == [("MDC104", "/slurm/container/runtime")]
 
 
 # ---------------------------------------------------------------- the scripts, without SLURM
@@ -348,15 +450,18 @@ def fake_slurm(tmp_path: Path) -> Iterator[dict[str, str]]:
     bin_dir, log = tmp_path / "fake-bin", tmp_path / "fake-log"
     bin_dir.mkdir()
     log.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
-                       ("module", FAKE_MODULE)):
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("module", FAKE_MODULE)):
         (bin_dir / name).write_text(text, encoding="utf-8")
         (bin_dir / name).chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "MDC_")) and k not in (
-               "MASTER_ADDR", "MASTER_PORT", "NODE_RANK")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_LOG=str(log),
-               ROLE_LOG=str(log / "roles"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "MDC_"))
+        and k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK")
+    }
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_LOG=str(log), ROLE_LOG=str(log / "roles")
+    )
     yield env
 
 
@@ -365,40 +470,69 @@ def write(compiled: Compiled, out: Path) -> Path:
     return out
 
 
-def submit(out: Path, env: dict[str, str], cwd: Path, nodelist: str,
-           **extra: str) -> subprocess.CompletedProcess[str]:
+def submit(
+    out: Path, env: dict[str, str], cwd: Path, nodelist: str, **extra: str
+) -> subprocess.CompletedProcess[str]:
     """Run job.sbatch the way SLURM would: a copy of it, with the job's variables set."""
     copy = cwd / "spooled-copy.sbatch"  # SLURM runs a copy from its spool directory
     copy.write_text((out / "slurm" / "job.sbatch").read_text(encoding="utf-8"), encoding="utf-8")
-    job_env = {**env, "SLURM_JOB_NODELIST": nodelist,
-               "SLURM_JOB_NUM_NODES": str(len(nodelist.split(","))),
-               "SLURM_SUBMIT_DIR": str(cwd), **extra}
-    return subprocess.run(["bash", str(copy)], cwd=cwd, env=job_env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    job_env = {
+        **env,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_JOB_NUM_NODES": str(len(nodelist.split(","))),
+        "SLURM_SUBMIT_DIR": str(cwd),
+        **extra,
+    }
+    return subprocess.run(
+        ["bash", str(copy)],
+        cwd=cwd,
+        env=job_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.slow
-def test_each_node_runs_its_role_with_its_rank(compiler: Compiler, tmp_path: Path,
-                                               fake_slurm: dict[str, str]) -> None:
+def test_each_node_runs_its_role_with_its_rank(
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     data = spec()
-    data["distributed"].update(launcher="roles", nnodes=6, prefill_nodes=2, decode_nodes=3,
-                               accelerator="cpu")
+    data["distributed"].update(
+        launcher="roles", nnodes=6, prefill_nodes=2, decode_nodes=3, accelerator="cpu"
+    )
     out = write(compile_data(compiler, tmp_path, data), tmp_path / "out")
     done = submit(out, fake_slurm, out, "n1,n2,n3,n4,n5,n6")
     assert done.returncode == 0, done.stderr
-    roles = sorted((tmp_path / "fake-log" / "roles").read_text().splitlines(),
-                   key=lambda line: int(line.split()[1]))
+    roles = sorted(
+        (tmp_path / "fake-log" / "roles").read_text().splitlines(),
+        key=lambda line: int(line.split()[1]),
+    )
     # proxy on node 0, then the prefill nodes, then decode; every node sees node 0's address
-    assert roles == ["proxy 0 n1:29400", "prefill 1 n1:29400", "prefill 2 n1:29400",
-                     "decode 3 n1:29400", "decode 4 n1:29400", "decode 5 n1:29400"]
+    assert roles == [
+        "proxy 0 n1:29400",
+        "prefill 1 n1:29400",
+        "prefill 2 n1:29400",
+        "decode 3 n1:29400",
+        "decode 4 n1:29400",
+        "decode 5 n1:29400",
+    ]
     srun = (tmp_path / "fake-log" / "srun.args").read_text().splitlines()
-    assert srun == ["--kill-on-bad-exit=1", "--nodes=6", "--ntasks=6", "--ntasks-per-node=1",
-                    "bash", f"{out}/slurm/node.sh"]
+    assert srun == [
+        "--kill-on-bad-exit=1",
+        "--nodes=6",
+        "--ntasks=6",
+        "--ntasks-per-node=1",
+        "bash",
+        f"{out}/slurm/node.sh",
+    ]
 
 
 @pytest.mark.slow
 def test_the_tree_is_found_through_mdc_out_or_the_submit_dir(
-        compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]) -> None:
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     data = spec()
     data["distributed"].update(launcher="roles", nnodes=3, accelerator="cpu")
     out = write(compile_data(compiler, tmp_path, data), tmp_path / "out")
@@ -416,8 +550,9 @@ def test_the_tree_is_found_through_mdc_out_or_the_submit_dir(
 
 
 @pytest.mark.slow
-def test_a_job_of_the_wrong_size_stops_before_srun(compiler: Compiler, tmp_path: Path,
-                                                   fake_slurm: dict[str, str]) -> None:
+def test_a_job_of_the_wrong_size_stops_before_srun(
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     out = write(compile_data(compiler, tmp_path, spec()), tmp_path / "out")
     done = submit(out, fake_slurm, out, "a,b,c")
     assert done.returncode == 2
@@ -426,23 +561,32 @@ def test_a_job_of_the_wrong_size_stops_before_srun(compiler: Compiler, tmp_path:
 
 
 @pytest.mark.slow
-def test_node_sh_refuses_to_run_outside_srun(compiler: Compiler, tmp_path: Path,
-                                             fake_slurm: dict[str, str]) -> None:
+def test_node_sh_refuses_to_run_outside_srun(
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     out = write(compile_data(compiler, tmp_path, spec()), tmp_path / "out")
-    done = subprocess.run(["bash", str(out / "slurm" / "node.sh")], env=fake_slurm,
-                          capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        ["bash", str(out / "slurm" / "node.sh")],
+        env=fake_slurm,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 2
     assert "run by slurm/job.sbatch through srun" in done.stderr
 
 
 @pytest.mark.slow
-def test_hostile_values_reach_srun_and_module_verbatim(compiler: Compiler, tmp_path: Path,
-                                                       fake_slurm: dict[str, str]) -> None:
+def test_hostile_values_reach_srun_and_module_verbatim(
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
     canary = tmp_path / "canary"
     canary.mkdir()
     hostile = f"$(touch {canary}/a)`touch {canary}/b`; touch {canary}/c ' \" \\ *"
-    data = spec(slurm={"modules": [f"cuda/{hostile}", "nccl"],
-                       "srun_args": [f"--comment={hostile}"]})
+    data = spec(
+        slurm={"modules": [f"cuda/{hostile}", "nccl"], "srun_args": [f"--comment={hostile}"]}
+    )
     data["distributed"].update(launcher="roles", nnodes=3, accelerator="cpu")
     out_dir = tmp_path / "out $(touch x) 'q'"
     out = write(compile_data(compiler, tmp_path, data), out_dir)
@@ -451,7 +595,11 @@ def test_hostile_values_reach_srun_and_module_verbatim(compiler: Compiler, tmp_p
     assert os.listdir(canary) == []
     log = tmp_path / "fake-log"
     assert (log / "module.args").read_text().splitlines() == [
-        "load", f"cuda/{hostile}", "load", "nccl"]
+        "load",
+        f"cuda/{hostile}",
+        "load",
+        "nccl",
+    ]
     srun = (log / "srun.args").read_text().splitlines()
     assert f"--comment={hostile}" in srun
     assert srun[-2:] == ["bash", f"{out_dir}/slurm/node.sh"]

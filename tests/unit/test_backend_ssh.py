@@ -28,18 +28,30 @@ from mdc.plugin_manager import load_plugins
 
 def roles_launch(plan: Plan, options: object) -> Launch:
     """Each role records where it ran: role, node rank, rendezvous, host and directory."""
+
     def line(role: str) -> str:
-        return (f'echo "{role} $NODE_RANK $MASTER_ADDR:$MASTER_PORT $FAKE_HOST $PWD '
-                '${FORWARDED-unset}" >> "$ROLE_LOG"; exit "${EXIT_STATUS:-0}"')
-    return Launch(roles=tuple(Role(name=r.name, argv=("bash", "-c", line(r.name)))
-                              for r in plan.roles))
+        return (
+            f'echo "{role} $NODE_RANK $MASTER_ADDR:$MASTER_PORT $FAKE_HOST $PWD '
+            '${FORWARDED-unset}" >> "$ROLE_LOG"; exit "${EXIT_STATUS:-0}"'
+        )
+
+    return Launch(
+        roles=tuple(Role(name=r.name, argv=("bash", "-c", line(r.name))) for r in plan.roles)
+    )
 
 
 class RolesPlugin:
     @mdc.hookimpl
     def mdc_register_launchers(self) -> list[LauncherSpec]:
-        return [LauncherSpec(name="roles", description="records each node's role",
-                             parallelism="data", disaggregated=True, emit=roles_launch)]
+        return [
+            LauncherSpec(
+                name="roles",
+                description="records each node's role",
+                parallelism="data",
+                disaggregated=True,
+                emit=roles_launch,
+            )
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,14 @@ def spec(hosts: list[str] | None = None, **ssh: Any) -> dict[str, Any]:
     nnodes = len(table["hosts"]) or 2
     return {
         "job": {"name": "unit", "command": ["python", "train.py"]},
-        "distributed": {"launcher": "torchrun", "backend": "ssh", "nnodes": nnodes,
-                        "nproc_per_node": 8, "accelerator": "nvidia", "master_port": 29400},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "ssh",
+            "nnodes": nnodes,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+            "master_port": 29400,
+        },
         "ssh": table,
     }
 
@@ -98,13 +116,18 @@ def test_hostfile_lists_the_hosts_in_node_order(compiler: Compiler, tmp_path: Pa
     assert compiled.diagnostics == ()
 
 
-def test_ssh_options_come_before_mdcs_own_so_they_win(compiler: Compiler,
-                                                     tmp_path: Path) -> None:
-    data = spec(user="train", port=2222, master_addr="10.1.0.1",
-                ssh_options=["BatchMode=no", "IdentityFile=/keys/id ed25519"])
+def test_ssh_options_come_before_mdcs_own_so_they_win(compiler: Compiler, tmp_path: Path) -> None:
+    data = spec(
+        user="train",
+        port=2222,
+        master_addr="10.1.0.1",
+        ssh_options=["BatchMode=no", "IdentityFile=/keys/id ed25519"],
+    )
     out = files(compiled_of(compiler, tmp_path, data))["ssh/launch.sh"]
-    assert ("ssh_command=(ssh -o BatchMode=no -o 'IdentityFile=/keys/id ed25519' "
-            "-o BatchMode=yes -o LogLevel=ERROR -tt -p 2222 -l train)\n") in out
+    assert (
+        "ssh_command=(ssh -o BatchMode=no -o 'IdentityFile=/keys/id ed25519' "
+        "-o BatchMode=yes -o LogLevel=ERROR -tt -p 2222 -l train)\n"
+    ) in out
     assert "export MASTER_ADDR=10.1.0.1\n" in out
 
 
@@ -135,8 +158,9 @@ def test_the_ssh_table_is_needed(compiler: Compiler, tmp_path: Path) -> None:
     assert located(errors(compiler, tmp_path, data)) == [("MDC103", "/ssh")]
 
 
-@pytest.mark.parametrize("host", ["-oProxyCommand=touch x", "root@gpu1", "gpu 1", "gpu1;ls",
-                                  "gpu1\n"])
+@pytest.mark.parametrize(
+    "host", ["-oProxyCommand=touch x", "root@gpu1", "gpu 1", "gpu1;ls", "gpu1\n"]
+)
 def test_hosts_are_names_or_addresses(compiler: Compiler, tmp_path: Path, host: str) -> None:
     found = errors(compiler, tmp_path, spec(["gpu1", host]))
     assert located(found) == [("MDC431", "/ssh/hosts/1")]
@@ -148,28 +172,34 @@ def test_a_repeated_host_is_a_warning(compiler: Compiler, tmp_path: Path) -> Non
     assert "node 0 and node 2" in compiled.diagnostics[0].message
 
 
-@pytest.mark.parametrize(("table", "code", "pointer"), [
-    ({"user": "-oProxyCommand=x"}, "MDC438", "/ssh/user"),
-    ({"ssh_options": ["-v"]}, "MDC433", "/ssh/ssh_options/0"),
-    ({"ssh_options": ["BatchMode"]}, "MDC433", "/ssh/ssh_options/0"),
-    ({"remote_dir": "jobs/out"}, "MDC434", "/ssh/remote_dir"),
-    ({"forward_env": ["PATH", "NODE_RANK"]}, "MDC435", "/ssh/forward_env/1"),
-    ({"forward_env": ["MDC_OUT"]}, "MDC435", "/ssh/forward_env/0"),
-    ({"forward_env": ["A-B"]}, "MDC106", "/ssh/forward_env/0"),
-    ({"master_addr": "--x"}, "MDC437", "/ssh/master_addr"),
-    ({"port": 0}, "MDC105", "/ssh/port"),
-])
-def test_table_values_are_checked(compiler: Compiler, tmp_path: Path, table: dict[str, Any],
-                                  code: str, pointer: str) -> None:
+@pytest.mark.parametrize(
+    ("table", "code", "pointer"),
+    [
+        ({"user": "-oProxyCommand=x"}, "MDC438", "/ssh/user"),
+        ({"ssh_options": ["-v"]}, "MDC433", "/ssh/ssh_options/0"),
+        ({"ssh_options": ["BatchMode"]}, "MDC433", "/ssh/ssh_options/0"),
+        ({"remote_dir": "jobs/out"}, "MDC434", "/ssh/remote_dir"),
+        ({"forward_env": ["PATH", "NODE_RANK"]}, "MDC435", "/ssh/forward_env/1"),
+        ({"forward_env": ["MDC_OUT"]}, "MDC435", "/ssh/forward_env/0"),
+        ({"forward_env": ["A-B"]}, "MDC106", "/ssh/forward_env/0"),
+        ({"master_addr": "--x"}, "MDC437", "/ssh/master_addr"),
+        ({"port": 0}, "MDC105", "/ssh/port"),
+    ],
+)
+def test_table_values_are_checked(
+    compiler: Compiler, tmp_path: Path, table: dict[str, Any], code: str, pointer: str
+) -> None:
     assert located(errors(compiler, tmp_path, spec(**table))) == [(code, pointer)]
 
 
-def test_a_loopback_master_other_hosts_cannot_reach_is_a_warning(compiler: Compiler,
-                                                                 tmp_path: Path) -> None:
+def test_a_loopback_master_other_hosts_cannot_reach_is_a_warning(
+    compiler: Compiler, tmp_path: Path
+) -> None:
     found = compiled_of(compiler, tmp_path, spec(["localhost", "gpu2"])).diagnostics
     assert located(found) == [("MDC437", "/ssh/hosts/0")]
-    found = compiled_of(compiler, tmp_path, spec(["gpu1", "gpu2"], master_addr="127.0.0.1")
-                        ).diagnostics
+    found = compiled_of(
+        compiler, tmp_path, spec(["gpu1", "gpu2"], master_addr="127.0.0.1")
+    ).diagnostics
     assert located(found) == [("MDC437", "/ssh/master_addr")]
     # every node on this machine: loopback is right
     assert compiled_of(compiler, tmp_path, spec(["127.0.0.1", "localhost"])).diagnostics == ()
@@ -178,8 +208,7 @@ def test_a_loopback_master_other_hosts_cannot_reach_is_a_warning(compiler: Compi
 def test_an_image_is_a_warning(compiler: Compiler, tmp_path: Path) -> None:
     data = spec()
     data["job"]["image"] = "nvcr.io/nvidia/pytorch:25.01-py3"
-    assert located(compiled_of(compiler, tmp_path, data).diagnostics) == [
-        ("MDC436", "/job/image")]
+    assert located(compiled_of(compiler, tmp_path, data).diagnostics) == [("MDC436", "/job/image")]
 
 
 # ---------------------------------------------------------------- launch.sh, stand-in ssh
@@ -209,10 +238,14 @@ def fake_ssh(tmp_path: Path) -> dict[str, str]:
     log.mkdir()
     (bin_dir / "ssh").write_text(FAKE_SSH, encoding="utf-8")
     (bin_dir / "ssh").chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "FORWARDED")}
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_LOG=str(log),
-               ROLE_LOG=str(log / "roles"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "FORWARDED")
+    }
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", FAKE_LOG=str(log), ROLE_LOG=str(log / "roles")
+    )
     return env
 
 
@@ -222,42 +255,69 @@ def roles_spec(hosts: list[str], **ssh: Any) -> dict[str, Any]:
     return data
 
 
-def run_launch(out: Path, env: dict[str, str], timeout: float = 60
-               ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(out / "ssh" / "launch.sh")], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def run_launch(
+    out: Path, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(out / "ssh" / "launch.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.slow
-def test_every_host_runs_its_role_with_its_rank(compiler: Compiler, tmp_path: Path,
-                                                fake_ssh: dict[str, str]) -> None:
+def test_every_host_runs_its_role_with_its_rank(
+    compiler: Compiler, tmp_path: Path, fake_ssh: dict[str, str]
+) -> None:
     hosts = ["h0", "h1", "h2", "h3"]
     out = tmp_path / "out"
     emit.write_tree(out, compiled_of(compiler, tmp_path, roles_spec(hosts)).tree)
     done = run_launch(out, {**fake_ssh, "FORWARDED": "not forwarded"})
     assert done.returncode == 0, done.stderr
-    lines = sorted((tmp_path / "fake-log" / "roles").read_text().splitlines(),
-                   key=lambda line: int(line.split()[1]))
+    lines = sorted(
+        (tmp_path / "fake-log" / "roles").read_text().splitlines(),
+        key=lambda line: int(line.split()[1]),
+    )
     # 4 nodes: proxy, then max(1, 3 * 2 // 5) = 1 prefill node, then 2 decode nodes
-    assert lines == [f"{role} {node} h0:29400 h{node} {out} unset" for node, role in
-                     enumerate(["proxy", "prefill", "decode", "decode"])]
+    assert lines == [
+        f"{role} {node} h0:29400 h{node} {out} unset"
+        for node, role in enumerate(["proxy", "prefill", "decode", "decode"])
+    ]
     args = (tmp_path / "fake-log" / "ssh-h2.args").read_text().splitlines()
-    assert args[:7] == ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-tt", "h2",
-                        (f"stty -onlcr 2>/dev/null; cd '{out}' && exec env NODE_RANK=2 "
-                        "'MASTER_ADDR=h0' MASTER_PORT=29400 'NODE_HOSTS=h0 h1 h2 h3' "
-                        "bash 'launch/decode.sh'")]
+    assert args[:7] == [
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        "-tt",
+        "h2",
+        (
+            f"stty -onlcr 2>/dev/null; cd '{out}' && exec env NODE_RANK=2 "
+            "'MASTER_ADDR=h0' MASTER_PORT=29400 'NODE_HOSTS=h0 h1 h2 h3' "
+            "bash 'launch/decode.sh'"
+        ),
+    ]
 
 
 @pytest.mark.slow
-def test_hostile_paths_and_values_survive_two_shells(compiler: Compiler, tmp_path: Path,
-                                                     fake_ssh: dict[str, str]) -> None:
+def test_hostile_paths_and_values_survive_two_shells(
+    compiler: Compiler, tmp_path: Path, fake_ssh: dict[str, str]
+) -> None:
     canary = tmp_path / "canary"
     canary.mkdir()
-    hostile = (f"$(touch {canary}/a)`touch {canary}/b`; touch {canary}/c ' \" \\ * "
-               f"'\"'\"' $HOME ü\nline")
+    hostile = (
+        f"$(touch {canary}/a)`touch {canary}/b`; touch {canary}/c ' \" \\ * '\"'\"' $HOME ü\nline"
+    )
     out = tmp_path / f"out {hostile}".replace("\n", " ")
-    emit.write_tree(out, compiled_of(compiler, tmp_path, roles_spec(
-        ["h0", "h1", "h2"], forward_env=["FORWARDED"])).tree)
+    emit.write_tree(
+        out,
+        compiled_of(
+            compiler, tmp_path, roles_spec(["h0", "h1", "h2"], forward_env=["FORWARDED"])
+        ).tree,
+    )
     done = run_launch(out, {**fake_ssh, "FORWARDED": hostile})
     assert done.returncode == 0, done.stderr
     assert os.listdir(canary) == []
@@ -268,15 +328,19 @@ def test_hostile_paths_and_values_survive_two_shells(compiler: Compiler, tmp_pat
 
 @pytest.mark.slow
 def test_the_first_failure_is_the_status_and_stops_the_others(
-        compiler: Compiler, tmp_path: Path, fake_ssh: dict[str, str]) -> None:
+    compiler: Compiler, tmp_path: Path, fake_ssh: dict[str, str]
+) -> None:
     data = roles_spec(["h0", "h1", "h2"], forward_env=["EXIT_STATUS", "SLEEP"])
     out = tmp_path / "out"
     compiled = compiled_of(compiler, tmp_path, data)
     emit.write_tree(out, compiled.tree)
     # node 1 exits 7 at once; the other nodes would sleep for 10 minutes
     for script in (out / "launch").iterdir():
-        script.write_text(script.read_text().replace(
-            "\nexec ", '\nif [[ "$NODE_RANK" != 1 ]]; then exec sleep 600; fi\nexec '))
+        script.write_text(
+            script.read_text().replace(
+                "\nexec ", '\nif [[ "$NODE_RANK" != 1 ]]; then exec sleep 600; fi\nexec '
+            )
+        )
     started = time.monotonic()
     done = run_launch(out, {**fake_ssh, "EXIT_STATUS": "7"}, timeout=120)
     assert done.returncode == 7, done.stderr

@@ -36,8 +36,14 @@ def compiler() -> Compiler:
 def spec(**extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "tj", "command": ["python", "train.py"], "image": "img:1"},
-        "distributed": {"launcher": "torchrun", "backend": "trainjob", "nnodes": 4,
-                        "nproc_per_node": 8, "accelerator": "amd", "master_port": 29500},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "trainjob",
+            "nnodes": 4,
+            "nproc_per_node": 8,
+            "accelerator": "amd",
+            "master_port": 29500,
+        },
     }
     for key, value in extra.items():
         data.setdefault(key, {}).update(value)
@@ -63,8 +69,9 @@ def patched_pod(job: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return rjob["name"], rjob["template"]["spec"]["template"]["spec"]
 
 
-def test_trainer_contract(compiler: Compiler, tmp_path: Path,
-        pod_node_hosts: Callable[[str], list[str]]) -> None:
+def test_trainer_contract(
+    compiler: Compiler, tmp_path: Path, pod_node_hosts: Callable[[str], list[str]]
+) -> None:
     compiled = compile_(compiler, tmp_path, spec())
     configmap, job = docs_of(compiled)
     trainer = job["spec"]["trainer"]
@@ -79,20 +86,35 @@ def test_trainer_contract(compiler: Compiler, tmp_path: Path,
     assert pod_node_hosts(node_sh) == [f"tj-node-0-{i}.tj" for i in range(4)]
     assert 'export NODE_RANK="${PET_NODE_RANK:-}"' in node_sh
     assert 'export MASTER_ADDR="${PET_MASTER_ADDR:-}"' in node_sh
-    assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org",
-                                         "kind": "ClusterTrainingRuntime",
-                                         "name": "torch-distributed"}
+    assert job["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
     worker = configmap["data"]["launch--worker.sh"]
     # torchrun's flags agree with PET_NNODES and PET_NPROC_PER_NODE
     assert "--nnodes 4 " in worker and "--nproc-per-node 8 " in worker
 
 
-def test_patch_targets_the_runtime_names(compiler: Compiler, tmp_path: Path,
-                                        shared_crds: Path) -> None:
-    _, job = docs_of(compile_(compiler, tmp_path, spec(trainjob={
-        "node_selector": {"pool": "mi300x"}, "service_account": "trainer",
-        "tolerations": [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "volumes": [{"name": "ckpt", "mount_path": "/ckpt", "claim": "ckpt-pvc"}]})))
+def test_patch_targets_the_runtime_names(
+    compiler: Compiler, tmp_path: Path, shared_crds: Path
+) -> None:
+    _, job = docs_of(
+        compile_(
+            compiler,
+            tmp_path,
+            spec(
+                trainjob={
+                    "node_selector": {"pool": "mi300x"},
+                    "service_account": "trainer",
+                    "tolerations": [
+                        {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                    ],
+                    "volumes": [{"name": "ckpt", "mount_path": "/ckpt", "claim": "ckpt-pvc"}],
+                }
+            ),
+        )
+    )
     runtime = yaml.safe_load((shared_crds / RUNTIME_SAMPLE).read_text(encoding="utf-8"))
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     (rcontainer,) = rjob["template"]["spec"]["template"]["spec"]["containers"]
@@ -104,15 +126,29 @@ def test_patch_targets_the_runtime_names(compiler: Compiler, tmp_path: Path,
     assert {v["name"] for v in pod["volumes"]} == set(mounts)
     assert pod["nodeSelector"] == {"pool": "mi300x"}
     assert pod["serviceAccountName"] == "trainer"
-    assert pod["tolerations"] == [{"key": "amd.com/gpu", "operator": "Exists",
-                                   "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
 
 
-def test_named_runtime(compiler: Compiler, tmp_path: Path,
-        pod_node_hosts: Callable[[str], list[str]]) -> None:
-    configmap, job = docs_of(compile_(compiler, tmp_path, spec(trainjob={
-        "runtime": "torch-rocm", "runtime_kind": "TrainingRuntime", "replicated_job": "trainer-node",
-        "container": "trainer", "namespace": "ml"})))
+def test_named_runtime(
+    compiler: Compiler, tmp_path: Path, pod_node_hosts: Callable[[str], list[str]]
+) -> None:
+    configmap, job = docs_of(
+        compile_(
+            compiler,
+            tmp_path,
+            spec(
+                trainjob={
+                    "runtime": "torch-rocm",
+                    "runtime_kind": "TrainingRuntime",
+                    "replicated_job": "trainer-node",
+                    "container": "trainer",
+                    "namespace": "ml",
+                }
+            ),
+        )
+    )
     assert job["spec"]["runtimeRef"]["kind"] == "TrainingRuntime"
     assert job["spec"]["runtimeRef"]["name"] == "torch-rocm"
     name, pod = patched_pod(job)
@@ -123,8 +159,13 @@ def test_named_runtime(compiler: Compiler, tmp_path: Path,
 
 @pytest.mark.parametrize("value", ["yes", "off", "1:20", "0o17", "a: 'b' \"c\" # $(x)\n- d"])
 def test_strings_read_back_as_strings(compiler: Compiler, tmp_path: Path, value: str) -> None:
-    _, job = docs_of(compile_(compiler, tmp_path, spec(
-        job={"image": value}, trainjob={"namespace": "no", "node_selector": {"k": "on"}})))
+    _, job = docs_of(
+        compile_(
+            compiler,
+            tmp_path,
+            spec(job={"image": value}, trainjob={"namespace": "no", "node_selector": {"k": "on"}}),
+        )
+    )
     assert job["spec"]["trainer"]["image"] == value
     assert job["metadata"]["namespace"] == "no"
     assert patched_pod(job)[1]["nodeSelector"] == {"k": "on"}
@@ -142,8 +183,9 @@ def test_findings(compiler: Compiler, tmp_path: Path) -> None:
     assert "MDC460" in codes(compiler, tmp_path, no_image)
     assert "MDC480" in codes(compiler, tmp_path, spec(job={"name": "9lives"}))
     assert "MDC481" in codes(compiler, tmp_path, spec(distributed={"min_nnodes": 2}))
-    found = codes(compiler, tmp_path, spec(trainjob={"image_pull_policy": "Always",
-                                                     "priority_class": "high"}))
+    found = codes(
+        compiler, tmp_path, spec(trainjob={"image_pull_policy": "Always", "priority_class": "high"})
+    )
     assert "MDC483" in found
 
 

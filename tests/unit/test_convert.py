@@ -23,19 +23,28 @@ from mdc.plugin_manager import load_plugins
 from mdc.spec import CORE_TABLES, JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
-SPECS = sorted(p for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")
-               for p in folder.iterdir() if p.suffix in FORMATS)
+SPECS = sorted(
+    p
+    for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")
+    for p in folder.iterdir()
+    if p.suffix in FORMATS
+)
 
 
 def reference_converter() -> cattrs.Converter:
     """The cattrs converter mdc structured with before it had its own structurer."""
     converter = cattrs.Converter(forbid_extra_keys=True)
     converter.register_structure_hook(
-        str | tuple[str, ...], lambda value, _: value if isinstance(value, str) else tuple(value))
+        str | tuple[str, ...], lambda value, _: value if isinstance(value, str) else tuple(value)
+    )
     converter.register_structure_hook_func(
-        lambda tp: typing.get_origin(tp) in (types.UnionType, typing.Union)
-        and tp != (str | None) and all(a in SCALARS for a in typing.get_args(tp)),
-        lambda value, _: value)
+        lambda tp: (
+            typing.get_origin(tp) in (types.UnionType, typing.Union)
+            and tp != (str | None)
+            and all(a in SCALARS for a in typing.get_args(tp))
+        ),
+        lambda value, _: value,
+    )
     return converter
 
 
@@ -50,11 +59,19 @@ def test_example_specs_structure_as_cattrs_does(path: Path, option_types: dict[s
     assert isinstance(data, dict)
     reference = reference_converter()
     expected = JobSpec(
-        **{name: reference.structure(data[name], cls) for name, cls in CORE_TABLES.items()
-           if name in data},
-        plugin_tables={name: data[name] if option_types.get(name) is None
-                       else reference.structure(data[name], option_types[name])
-                       for name in sorted(data) if name not in CORE_TABLES and name in option_types})
+        **{
+            name: reference.structure(data[name], cls)
+            for name, cls in CORE_TABLES.items()
+            if name in data
+        },
+        plugin_tables={
+            name: data[name]
+            if option_types.get(name) is None
+            else reference.structure(data[name], option_types[name])
+            for name in sorted(data)
+            if name not in CORE_TABLES and name in option_types
+        },
+    )
     assert structure_spec(data, option_types) == expected
 
 
@@ -107,11 +124,24 @@ class Everything:
 
 
 EVERYTHING = {
-    "words": ["a", "b"], "pair": [1, "x"], "numbers": [1, 2], "sequence": ["s"],
-    "unique": ["u", "u"], "members": ["m"], "changing": [1], "table": {"k": 1}, "plain": {"any": [1, {"x": None}]},
-    "colour": "red", "mode": "b", "scalar": True, "ratio": 2, "inner": {"size": 3},
-    "inners": [{"size": 1, "ratio": 0.5}], "tree": {"label": "r", "children": [{"label": "c"}]},
-    "point": {"x": 1, "y": 2}, "_private": 7,
+    "words": ["a", "b"],
+    "pair": [1, "x"],
+    "numbers": [1, 2],
+    "sequence": ["s"],
+    "unique": ["u", "u"],
+    "members": ["m"],
+    "changing": [1],
+    "table": {"k": 1},
+    "plain": {"any": [1, {"x": None}]},
+    "colour": "red",
+    "mode": "b",
+    "scalar": True,
+    "ratio": 2,
+    "inner": {"size": 3},
+    "inners": [{"size": 1, "ratio": 0.5}],
+    "tree": {"label": "r", "children": [{"label": "c"}]},
+    "point": {"x": 1, "y": 2},
+    "_private": 7,
 }
 
 
@@ -123,13 +153,23 @@ def test_every_kind_of_field_as_cattrs_does() -> None:
     assert got.colour is Colour.RED and got.tree == Tree("r", (Tree("c"),))
 
 
-@pytest.mark.parametrize("data", [
-    {"job": {"name": "x", "command": "c", "surplus": 1}, "distributed": {"launcher": "torchrun"}},
-    {"job": {"name": "x", "command": "c"}, "distributed": "torchrun"},
-    {"job": {"name": "x", "command": "c"}, "distributed": {"launcher": "torchrun"},
-     "torchrun": {"no_such_option": 1}},
-])
-def test_data_the_model_refuses_is_an_internal_error(data: dict[str, Any],
-                                                     option_types: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "data",
+    [
+        {
+            "job": {"name": "x", "command": "c", "surplus": 1},
+            "distributed": {"launcher": "torchrun"},
+        },
+        {"job": {"name": "x", "command": "c"}, "distributed": "torchrun"},
+        {
+            "job": {"name": "x", "command": "c"},
+            "distributed": {"launcher": "torchrun"},
+            "torchrun": {"no_such_option": 1},
+        },
+    ],
+)
+def test_data_the_model_refuses_is_an_internal_error(
+    data: dict[str, Any], option_types: dict[str, Any]
+) -> None:
     with pytest.raises(InternalError, match="does not fit the model"):
         structure_spec(data, option_types)

@@ -85,11 +85,13 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 # --- goldens: the imported spec and the report ------------------------------------------------
 
+
 @pytest.mark.parametrize("case", CASES)
 def test_import_matches_golden(case: str, tmp_path: Path, golden: Golden) -> None:
     spec = tmp_path / "spec.toml"
-    code, out, err = run_cli("import", "madengine", fixture(case), "-o", str(spec),
-                             "--no-plugin-autoload")
+    code, out, err = run_cli(
+        "import", "madengine", fixture(case), "-o", str(spec), "--no-plugin-autoload"
+    )
     assert out == ""
     assert code == (1 if case in BROKEN else 0), err
     base = GOLDEN_ROOT / "imports" / case
@@ -112,6 +114,7 @@ def test_report_is_located_in_the_json(case: str) -> None:
 
 # --- compiling -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("case", sorted(set(CASES) - BROKEN))
 def test_fixture_compiles(compiler: Compiler, case: str) -> None:
     result = compiled(compiler, case)
@@ -120,9 +123,13 @@ def test_fixture_compiles(compiler: Compiler, case: str) -> None:
     for artifact in result.tree:
         if artifact.path.endswith(".sh") or artifact.path.endswith(".sbatch"):
             text = artifact.data.decode("utf-8")
-            for tool in (["bash", "-n"], [str(SHELLCHECK), "--norc", "-S", "warning", "-s", "bash", "-"]):
-                check = subprocess.run(tool, input=text, text=True, capture_output=True,
-                                       check=False)
+            for tool in (
+                ["bash", "-n"],
+                [str(SHELLCHECK), "--norc", "-S", "warning", "-s", "bash", "-"],
+            ):
+                check = subprocess.run(
+                    tool, input=text, text=True, capture_output=True, check=False
+                )
                 assert check.returncode == 0, (artifact.path, check.stdout, check.stderr)
 
 
@@ -172,8 +179,10 @@ def test_too_few_disagg_nodes_points_at_nnodes(compiler: Compiler) -> None:
 
 def test_nnodes_from_slurm_nodes_is_located_there(tmp_path: Path, compiler: Compiler) -> None:
     """A plan error on nnodes taken from slurm.nodes lands on slurm.nodes."""
-    text = '{\n  "slurm": {"nodes": 2, "gpus_per_node": 8},\n  "distributed": {"launcher": ' \
-           '"sglang-disagg"}\n}\n'
+    text = (
+        '{\n  "slurm": {"nodes": 2, "gpus_per_node": 8},\n  "distributed": {"launcher": '
+        '"sglang-disagg"}\n}\n'
+    )
     path = tmp_path / "disagg.json"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(SpecError) as caught:
@@ -184,6 +193,7 @@ def test_nnodes_from_slurm_nodes_is_located_there(tmp_path: Path, compiler: Comp
 
 # --- madengine's meaning ----------------------------------------------------------------------------
 
+
 def spec_of(case: str) -> dict[str, Any]:
     doc, _ = madengine.translate(load_file(fixture(case)))
     assert isinstance(doc.data, dict)
@@ -193,27 +203,42 @@ def spec_of(case: str) -> dict[str, Any]:
 def test_counts_ports_and_targets() -> None:
     # SLURM: nnodes from slurm.nodes, nproc from gpus_per_node, port from distributed.port
     slurm = spec_of("slurm-torchrun-2x8")["distributed"]
-    assert (slurm["backend"], slurm["nnodes"], slurm["nproc_per_node"], slurm["master_port"]) \
-        == ("slurm", 2, 8, 29600)
+    assert (slurm["backend"], slurm["nnodes"], slurm["nproc_per_node"], slurm["master_port"]) == (
+        "slurm",
+        2,
+        8,
+        29600,
+    )
     # distributed.master_port is ignored by madengine: the port stays 29500
     assert spec_of("slurm-megatron-4x8")["distributed"]["master_port"] == 29500
     # Kubernetes: launcher.master_port
     assert spec_of("k8s-megatron-4x8")["distributed"]["master_port"] == 23456
     # the SLURM presets: 1 node of 8 GPUs unless slurm says otherwise; torchrun by default
     minimal = spec_of("preset-minimal")
-    assert minimal["distributed"] == {"launcher": "torchrun", "backend": "slurm", "nnodes": 2,
-                                      "nproc_per_node": 8, "accelerator": "amd",
-                                      "master_port": 29500}
+    assert minimal["distributed"] == {
+        "launcher": "torchrun",
+        "backend": "slurm",
+        "nnodes": 2,
+        "nproc_per_node": 8,
+        "accelerator": "amd",
+        "master_port": 29500,
+    }
     assert minimal["slurm"]["partition"] == "amd-rccl"
     assert minimal["torchrun"] == {"rdzv_backend": "static"}
     # local: one node, GPUs from the top-level n_gpus; NVIDIA
     local = spec_of("local-env-vars")["distributed"]
-    assert (local["backend"], local["nnodes"], local["nproc_per_node"], local["accelerator"]) \
-        == ("local", 1, 4, "nvidia")
+    assert (local["backend"], local["nnodes"], local["nproc_per_node"], local["accelerator"]) == (
+        "local",
+        1,
+        4,
+        "nvidia",
+    )
     # Kubernetes, one GPU and no launcher: the script runs directly (basic, 1 process)
     native = spec_of("k8s-native-1gpu")
-    assert (native["distributed"]["launcher"], native["distributed"]["nproc_per_node"]) \
-        == ("basic", 1)
+    assert (native["distributed"]["launcher"], native["distributed"]["nproc_per_node"]) == (
+        "basic",
+        1,
+    )
     assert native["job"]["image"] == "nvcr.io/nvidia/pytorch:25.01-py3"
 
 
@@ -222,12 +247,20 @@ def test_kubernetes_keys() -> None:
     assert k8s["namespace"] == "ml-training"
     assert k8s["gpu_resource"] == "amd.com/gpu"
     assert k8s["node_selector"] == {"node.kubernetes.io/instance-type": "mi300x", "gpu-count": "8"}
-    assert k8s["tolerations"][1] == {"key": "maintenance", "operator": "Equal",
-                                     "value": "planned", "effect": "NoExecute",
-                                     "toleration_seconds": 600}
+    assert k8s["tolerations"][1] == {
+        "key": "maintenance",
+        "operator": "Equal",
+        "value": "planned",
+        "effect": "NoExecute",
+        "toleration_seconds": 600,
+    }
     assert k8s["volumes"] == [{"name": "data", "mount_path": "/data", "claim": "datasets-pvc"}]
-    assert (k8s["backoff_limit"], k8s["active_deadline_seconds"], k8s["memory"], k8s["cpu"]) \
-        == (5, 7200, "128Gi", "32")
+    assert (k8s["backoff_limit"], k8s["active_deadline_seconds"], k8s["memory"], k8s["cpu"]) == (
+        5,
+        7200,
+        "128Gi",
+        "32",
+    )
     # gpu_count 3 with nproc 1 (madengine's sglang-disagg-minimal shape): GPUs per pod kept
     assert spec_of("k8s-sglang-disagg-2")["kubernetes"]["gpus_per_node"] == 3
 
@@ -240,8 +273,11 @@ def test_env_layers() -> None:
     assert env["OMP_NUM_THREADS"] == "16"
     assert env["NCCL_TIMEOUT"] == "600"  # the multi-node profile
     local = spec_of("local-env-vars")["job"]["env"]
-    assert local == {"HF_HOME": "/cache/hf", "NCCL_DEBUG": "WARN",
-                     "TOKENIZERS_PARALLELISM": "False"}
+    assert local == {
+        "HF_HOME": "/cache/hf",
+        "NCCL_DEBUG": "WARN",
+        "TOKENIZERS_PARALLELISM": "False",
+    }
     nvidia = spec_of("k8s-native-1gpu")["job"]["env"]
     assert nvidia["OMP_NUM_THREADS"] == "12" and nvidia["NCCL_P2P_LEVEL"] == "NVL"
     assert nvidia["HSA_NO_SCRATCH_RECLAIM"] == "1"
@@ -275,16 +311,21 @@ def test_env_contract_torchrun(compiler: Compiler) -> None:
     for case, nnodes, gpus in (("slurm-torchrun-2x8", 2, 8), ("k8s-torchrun-1x2", 1, 2)):
         result = compiled(compiler, case)
         env = env_of(result)
-        assert (env["NNODES"], env["NPROC_PER_NODE"], env["MAD_RUNTIME_NGPUS"]) == \
-            (str(nnodes), str(gpus), str(gpus))
+        assert (env["NNODES"], env["NPROC_PER_NODE"], env["MAD_RUNTIME_NGPUS"]) == (
+            str(nnodes),
+            str(gpus),
+            str(gpus),
+        )
         runner = runner_words(env["MAD_MULTI_NODE_RUNNER"])
         assert runner[0] == "torchrun"
-        assert (flag(runner, "--nnodes"), flag(runner, "--nproc-per-node")) == \
-            (str(nnodes), str(gpus))
+        assert (flag(runner, "--nnodes"), flag(runner, "--nproc-per-node")) == (
+            str(nnodes),
+            str(gpus),
+        )
         assert ("--standalone" in runner) == (nnodes == 1)
         # the same words start mdc's own command
         (role,) = result.launch.roles
-        assert [text_of(w) for w in role.argv[:len(runner)]] == runner
+        assert [text_of(w) for w in role.argv[: len(runner)]] == runner
 
 
 def test_env_contract_torchrun_based_launchers(compiler: Compiler) -> None:
@@ -307,8 +348,9 @@ def test_launcher_env_lists_everything_the_launchers_set(compiler: Compiler) -> 
     for case in sorted(set(CASES) - BROKEN):
         result = compiled(compiler, case)
         launcher = result.plan.launcher
-        names = {n for role in result.launch.roles for n in role.env} | \
-            set(result.launch.worker_env)
+        names = {n for role in result.launch.roles for n in role.env} | set(
+            result.launch.worker_env
+        )
         known = {*madengine.MANAGED_ENV, *madengine.LAUNCHER_ENV.get(launcher, ())}
         if launcher == "megatron":  # the importer adds it when tp > 1 on GPUs
             known.add("CUDA_DEVICE_MAX_CONNECTIONS")
@@ -317,10 +359,16 @@ def test_launcher_env_lists_everything_the_launchers_set(compiler: Compiler) -> 
 
 def test_env_vars_mdc_sets_are_dropped(tmp_path: Path, compiler: Compiler) -> None:
     path = tmp_path / "ctx.json"
-    path.write_text(json.dumps({
-        "slurm": {"nodes": 2, "gpus_per_node": 8}, "distributed": {"launcher": "torchrun"},
-        "env_vars": {"NNODES": "2", "MAD_MULTI_NODE_RUNNER": "torchrun", "HF_HOME": "/h"}}),
-        encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "slurm": {"nodes": 2, "gpus_per_node": 8},
+                "distributed": {"launcher": "torchrun"},
+                "env_vars": {"NNODES": "2", "MAD_MULTI_NODE_RUNNER": "torchrun", "HF_HOME": "/h"},
+            }
+        ),
+        encoding="utf-8",
+    )
     result = compiler.compile(path)
     assert result.plan.job.env == {**result.plan.job.env, "HF_HOME": "/h"}
     assert "NNODES" not in result.plan.job.env
@@ -332,11 +380,18 @@ def test_env_contract_megatron(compiler: Compiler) -> None:
     """TP = G, PP = N, CP = 1 on several nodes (madengine's K8s rule; SLURM never got it)."""
     for case in ("slurm-megatron-4x8", "k8s-megatron-4x8"):
         env = env_of(compiled(compiler, case))
-        assert {k: literal(env[k]) for k in ("TENSOR_MODEL_PARALLEL_SIZE",
-                                            "PIPELINE_MODEL_PARALLEL_SIZE",
-                                            "CONTEXT_PARALLEL_SIZE")} == \
-            {"TENSOR_MODEL_PARALLEL_SIZE": "8", "PIPELINE_MODEL_PARALLEL_SIZE": "4",
-             "CONTEXT_PARALLEL_SIZE": "1"}
+        assert {
+            k: literal(env[k])
+            for k in (
+                "TENSOR_MODEL_PARALLEL_SIZE",
+                "PIPELINE_MODEL_PARALLEL_SIZE",
+                "CONTEXT_PARALLEL_SIZE",
+            )
+        } == {
+            "TENSOR_MODEL_PARALLEL_SIZE": "8",
+            "PIPELINE_MODEL_PARALLEL_SIZE": "4",
+            "CONTEXT_PARALLEL_SIZE": "1",
+        }
         assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
 
 
@@ -348,23 +403,33 @@ def test_env_contract_torchtitan(compiler: Compiler) -> None:
     env = env_of(compiled(compiler, "slurm-torchtitan-4x8"))
     dp = 4 * 8 // (8 * 4)
     assert {k: env[k] for k in env if k.startswith("TORCHTITAN_")} == {
-        "TORCHTITAN_TENSOR_PARALLEL_SIZE": "8", "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "4",
-        "TORCHTITAN_FSDP_ENABLED": "1" if dp > 1 else "0", "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1"}
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE": "8",
+        "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "4",
+        "TORCHTITAN_FSDP_ENABLED": "1" if dp > 1 else "0",
+        "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1",
+    }
 
 
 def test_env_contract_vllm(compiler: Compiler) -> None:
     """madengine: TP = G and PP = 1 on every node, each node its own server."""
     result = compiled(compiler, "slurm-vllm-2x4")
     env = env_of(result)
-    assert (env["VLLM_TENSOR_PARALLEL_SIZE"], env["VLLM_PIPELINE_PARALLEL_SIZE"],
-            env["NNODES"], env["NPROC_PER_NODE"]) == ("4", "1", "2", "4")
+    assert (
+        env["VLLM_TENSOR_PARALLEL_SIZE"],
+        env["VLLM_PIPELINE_PARALLEL_SIZE"],
+        env["NNODES"],
+        env["NPROC_PER_NODE"],
+    ) == ("4", "1", "2", "4")
     assert getattr(result.plan.options["vllm"], "mode", None) == "replicas"
 
 
 def test_env_contract_sglang(compiler: Compiler) -> None:
     env = env_of(compiled(compiler, "k8s-sglang-2x4"))
-    assert (env["SGLANG_PIPELINE_PARALLEL_SIZE"], env["NNODES"], env["NPROC_PER_NODE"]) == \
-        ("1", "2", "4")
+    assert (env["SGLANG_PIPELINE_PARALLEL_SIZE"], env["NNODES"], env["NPROC_PER_NODE"]) == (
+        "1",
+        "2",
+        "4",
+    )
     # one server over both nodes: tp = 2 x 4 (madengine exports 4; see the README)
     assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "8"
     assert isinstance(env["NCCL_INIT_ADDR"], Concat)
@@ -377,10 +442,16 @@ def test_env_contract_sglang(compiler: Compiler) -> None:
 
 def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
     env = env_of(compiled(compiler, "slurm-sglang-disagg-7"))
-    expected = {"SGLANG_DISAGG_MODE": "enabled", "SGLANG_DISAGG_PREFILL_NODES": "4",
-                "SGLANG_DISAGG_DECODE_NODES": "2", "SGLANG_DISAGG_TOTAL_NODES": "7",
-                "SGLANG_TP_SIZE": "8", "PREFILL_COUNT": "4", "DECODE_COUNT": "2",
-                "TP_SIZE": "8"}
+    expected = {
+        "SGLANG_DISAGG_MODE": "enabled",
+        "SGLANG_DISAGG_PREFILL_NODES": "4",
+        "SGLANG_DISAGG_DECODE_NODES": "2",
+        "SGLANG_DISAGG_TOTAL_NODES": "7",
+        "SGLANG_TP_SIZE": "8",
+        "PREFILL_COUNT": "4",
+        "DECODE_COUNT": "2",
+        "TP_SIZE": "8",
+    }
     assert {k: env[k] for k in expected} == expected
     assert isinstance(env["SGLANG_NODE_RANK"], Ref)
     # madengine's Kubernetes POD_INDEX / TOTAL_PODS / POD_IP and SLURM SGLANG_NODE_IPS
@@ -392,23 +463,35 @@ def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
 def test_disagg_auto_split_and_one_sided_split(tmp_path: Path, compiler: Compiler) -> None:
     """madengine ignores a split with only one side: prefill = max(1, (n-1)*2//5)."""
     path = tmp_path / "disagg.json"
-    path.write_text(json.dumps({"slurm": {"nodes": 5, "gpus_per_node": 8}, "distributed": {
-        "launcher": "sglang-disagg", "sglang_disagg": {"prefill_nodes": 2}}}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "slurm": {"nodes": 5, "gpus_per_node": 8},
+                "distributed": {"launcher": "sglang-disagg", "sglang_disagg": {"prefill_nodes": 2}},
+            }
+        ),
+        encoding="utf-8",
+    )
     result = compiler.compile(path)
     env = env_of(result)
     prefill = max(1, (5 - 1) * 2 // 5)
     assert (env["PREFILL_COUNT"], env["DECODE_COUNT"]) == (str(prefill), str(5 - 1 - prefill))
     assert "/distributed/sglang_disagg/prefill_nodes" in {
-        d.location.pointer for d in result.notes if d.code == "MDC504"}
+        d.location.pointer for d in result.notes if d.code == "MDC504"
+    }
 
 
 def test_env_contract_primus(compiler: Compiler) -> None:
     env = env_of(compiled(compiler, "k8s-primus-2x8"))
-    expected = {"PRIMUS_CONFIG_PATH":
-                "examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml",
-                "PRIMUS_CLI_EXTRA": "--train_iters 100 --micro_batch_size 2",
-                "BACKEND": "megatron", "NNODES": "2", "GPUS_PER_NODE": "8",
-                "MAD_RUNTIME_NGPUS": "8", "HF_HOME": "/data/huggingface"}
+    expected = {
+        "PRIMUS_CONFIG_PATH": "examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml",
+        "PRIMUS_CLI_EXTRA": "--train_iters 100 --micro_batch_size 2",
+        "BACKEND": "megatron",
+        "NNODES": "2",
+        "GPUS_PER_NODE": "8",
+        "MAD_RUNTIME_NGPUS": "8",
+        "HF_HOME": "/data/huggingface",
+    }
     assert {k: env[k] for k in expected} == expected
 
 
@@ -416,7 +499,7 @@ def test_env_contract_deepspeed_runner(compiler: Compiler) -> None:
     result = compiled(compiler, "slurm-deepspeed-1x4")
     script = next(a for a in result.tree if a.path == "launch/worker.sh").data.decode("utf-8")
     line = next(x for x in script.splitlines() if x.startswith("export MAD_MULTI_NODE_RUNNER="))
-    runner = shlex.split(shlex.split(line[len("export "):])[0].split("=", 1)[1])
+    runner = shlex.split(shlex.split(line[len("export ") :])[0].split("=", 1)[1])
     assert runner[0] == "deepspeed" and runner[runner.index("--num_gpus") + 1] == "4"
 
 
@@ -426,8 +509,7 @@ def test_values_are_quoted_not_run(compiler: Compiler) -> None:
     script = next(a for a in result.tree if a.path == "launch/worker.sh")
     text = script.data.decode("utf-8")
     line = next(x for x in text.splitlines() if x.startswith("export RUN_BANNER="))
-    assert shlex.split(line[len("export "):]) == \
-        ['RUN_BANNER=node $(hostname) at `date` "quoted"']
+    assert shlex.split(line[len("export ") :]) == ['RUN_BANNER=node $(hostname) at `date` "quoted"']
 
 
 def test_pods_get_a_subdomain(compiler: Compiler) -> None:
@@ -442,6 +524,7 @@ def test_pods_get_a_subdomain(compiler: Compiler) -> None:
 
 
 # --- errors madengine refuses too -----------------------------------------------------------------
+
 
 def test_k8s_and_slurm_conflict(tmp_path: Path) -> None:
     path = tmp_path / "both.json"
@@ -472,11 +555,13 @@ def test_block_of_the_wrong_type(tmp_path: Path) -> None:
     path.write_text('{"gpu_vendor": "AMD", "env_vars": ["A=1"]}', encoding="utf-8")
     with pytest.raises(SpecError) as caught:
         madengine.translate(load_file(path))
-    assert [(d.code, d.location.pointer) for d in caught.value.diagnostics] == \
-        [("MDC532", "/env_vars")]
+    assert [(d.code, d.location.pointer) for d in caught.value.diagnostics] == [
+        ("MDC532", "/env_vars")
+    ]
 
 
 # --- detection, the CLI, determinism ---------------------------------------------------------------
+
 
 def spec_files() -> list[Path]:
     found = [p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json")]
@@ -503,8 +588,9 @@ def test_detect_fires_on_madengine_contexts(case: str) -> None:
 
 def test_compile_a_madengine_file_directly(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    code, _, err = run_cli("compile", fixture("slurm-torchrun-2x8"), "-o", str(out),
-                           "--no-plugin-autoload")
+    code, _, err = run_cli(
+        "compile", fixture("slurm-torchrun-2x8"), "-o", str(out), "--no-plugin-autoload"
+    )
     assert code == 0, err
     assert "warning[MDC502]" in err and "warning[MDC505]" in err
     assert f"{fixture('slurm-torchrun-2x8')}:" in err
@@ -519,22 +605,23 @@ def test_import_to_stdout_yaml_and_json(tmp_path: Path, compiler: Compiler) -> N
     assert code == 0 and toml_text.startswith("# Imported from madengine's")
     for suffix in (".yaml", ".json", ".toml"):
         target = tmp_path / f"spec{suffix}"
-        assert run_cli("import", "madengine", case, "-o", str(target),
-                       "--no-plugin-autoload")[0] == 0
+        assert (
+            run_cli("import", "madengine", case, "-o", str(target), "--no-plugin-autoload")[0] == 0
+        )
         # the written spec is an mdc spec: it compiles as one, and is not taken for madengine's
         doc = load_file(target)
         assert not madengine.detect(doc)
         assert compiler.compile(target).plan.launcher == "primus"
-    code, out, _ = run_cli("import", "madengine", case, "--format", "json",
-                           "--no-plugin-autoload")
+    code, out, _ = run_cli("import", "madengine", case, "--format", "json", "--no-plugin-autoload")
     report = json.loads(out)
     assert report["ok"] is True and report["text"] == toml_text
     assert {d["code"] for d in report["diagnostics"]} >= {"MDC502", "MDC503"}
 
 
 def test_import_refuses_an_mdc_spec() -> None:
-    code, _, err = run_cli("import", "madengine", "examples/torchrun-2x2-static.json",
-                           "--no-plugin-autoload")
+    code, _, err = run_cli(
+        "import", "madengine", "examples/torchrun-2x2-static.json", "--no-plugin-autoload"
+    )
     assert code == 1 and "MDC533" in err
 
 
@@ -550,10 +637,14 @@ def test_deterministic(case: str, tmp_path: Path) -> None:
 
 def test_detect_by_block_contents(tmp_path: Path) -> None:
     """Keys shared with mdc's tables count only with a madengine-only key inside."""
-    cases = {'{"kubernetes": {"gpu_count": 2}}': True, '{"slurm": {"nodes": 2}}': True,
-             '{"distributed": {"port": 29500}}': True, '{}': False,
-             '{"distributed": {"launcher": "torchrun"}}': False,
-             '{"slurm": {"partition": "gpu"}}': False}
+    cases = {
+        '{"kubernetes": {"gpu_count": 2}}': True,
+        '{"slurm": {"nodes": 2}}': True,
+        '{"distributed": {"port": 29500}}': True,
+        "{}": False,
+        '{"distributed": {"launcher": "torchrun"}}': False,
+        '{"slurm": {"partition": "gpu"}}': False,
+    }
     for index, (text, expected) in enumerate(cases.items()):
         path = tmp_path / f"c{index}.json"
         path.write_text(text, encoding="utf-8")
@@ -565,12 +656,22 @@ def test_detect_by_block_contents(tmp_path: Path) -> None:
 
 def test_kubernetes_block_name_and_timeout(tmp_path: Path, compiler: Compiler) -> None:
     path = tmp_path / "k.json"
-    path.write_text(json.dumps({"kubernetes": {"gpu_count": 4, "kubeconfig": "~/.kube/x"},
-                                "distributed": {"launcher": "torchrun", "nnodes": 2},
-                                "MAD_CONTAINER_IMAGE": "rocm/pytorch:latest"}), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {
+                "kubernetes": {"gpu_count": 4, "kubeconfig": "~/.kube/x"},
+                "distributed": {"launcher": "torchrun", "nnodes": 2},
+                "MAD_CONTAINER_IMAGE": "rocm/pytorch:latest",
+            }
+        ),
+        encoding="utf-8",
+    )
     result = compiler.compile(path)
-    assert (result.plan.backend, result.plan.nnodes, result.plan.nproc_per_node) == \
-        ("kubernetes", 2, 4)
+    assert (result.plan.backend, result.plan.nnodes, result.plan.nproc_per_node) == (
+        "kubernetes",
+        2,
+        4,
+    )
     assert "/kubernetes/kubeconfig" in {d.location.pointer for d in result.notes}
     slurm = tmp_path / "s.json"
     slurm.write_text(json.dumps({"slurm": {"nodes": 1}, "timeout": 600}), encoding="utf-8")

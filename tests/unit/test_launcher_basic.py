@@ -25,13 +25,24 @@ OTHERS = ("deepspeed", "megatron", "torchtitan", "slurm", "ssh")
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 
 
-def spec(basic: dict[str, Any] | None = None, *, nnodes: int = 2, nproc: int = 3,
-         command: Any = ("python", "train.py", "--epochs", "2"),
-         **extra: Any) -> dict[str, Any]:
+def spec(
+    basic: dict[str, Any] | None = None,
+    *,
+    nnodes: int = 2,
+    nproc: int = 3,
+    command: Any = ("python", "train.py", "--epochs", "2"),
+    **extra: Any,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "basic-unit", "command": list(command)},
-        "distributed": {"launcher": "basic", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "accelerator": "cpu", "master_port": 29650},
+        "distributed": {
+            "launcher": "basic",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "cpu",
+            "master_port": 29650,
+        },
     }
     if basic is not None:
         data["basic"] = basic
@@ -60,24 +71,42 @@ def file_of(compiled: Compiled, path: str) -> tuple[str, bool]:
 def test_the_role_runs_the_spawner_with_the_command_as_its_arguments(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, spec())
     (role,) = compiled.launch.roles
-    assert role.argv == ("bash", Concat((Ref("MDC_OUT"), "/launch/spawn.sh")),
-                         "python", "train.py", "--epochs", "2")
+    assert role.argv == (
+        "bash",
+        Concat((Ref("MDC_OUT"), "/launch/spawn.sh")),
+        "python",
+        "train.py",
+        "--epochs",
+        "2",
+    )
     env = dict(role.env)
-    assert env == {"NODE_RANK": Ref("NODE_RANK"), "MASTER_ADDR": Ref("MASTER_ADDR"),
-                   "MASTER_PORT": Ref("MASTER_PORT"), "WORLD_SIZE": "6",
-                   "LOCAL_WORLD_SIZE": "3"}
+    assert env == {
+        "NODE_RANK": Ref("NODE_RANK"),
+        "MASTER_ADDR": Ref("MASTER_ADDR"),
+        "MASTER_PORT": Ref("MASTER_PORT"),
+        "WORLD_SIZE": "6",
+        "LOCAL_WORLD_SIZE": "3",
+    }
     text, executable = file_of(compiled, "launch/spawn.sh")
     assert executable and text.startswith("#!/usr/bin/env bash\n")
     worker, _ = file_of(compiled, "launch/worker.sh")
     assert worker.rstrip().endswith(
-        'exec bash "${MDC_OUT}/launch/spawn.sh" python train.py --epochs 2')
+        'exec bash "${MDC_OUT}/launch/spawn.sh" python train.py --epochs 2'
+    )
 
 
 def test_the_worker_env_contract_is_documented(tmp_path: Path) -> None:
     documented = compile_(tmp_path, spec(nnodes=4, nproc=2)).launch.worker_env
     # what init_process_group(init_method="env://") and the usual helpers read
-    assert set(documented) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+    assert set(documented) == {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
     assert documented["RANK"].startswith("NODE_RANK * 2 + LOCAL_RANK")
     assert documented["WORLD_SIZE"].startswith("8 ")
     assert documented["LOCAL_RANK"] == "0..1"
@@ -112,19 +141,25 @@ def shellcheck() -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("basic", [None, {"rendezvous_file": "/shared/x y/$(touch z)`w`;'\""}])
-def test_the_spawner_passes_bash_n_and_shellcheck(tmp_path: Path,
-                                                  basic: dict[str, Any] | None) -> None:
+def test_the_spawner_passes_bash_n_and_shellcheck(
+    tmp_path: Path, basic: dict[str, Any] | None
+) -> None:
     text, _ = file_of(compile_(tmp_path, spec(basic)), "launch/spawn.sh")
     script = tmp_path / "spawn.sh"
     script.write_text(text, encoding="utf-8")
-    parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                            check=False)
+    parsed = subprocess.run(
+        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+    )
     assert parsed.returncode == 0, parsed.stderr
     # the project's bar is -S warning; the spawner's own text also passes -S style (the
     # hostile path's literal $(...) is an info-level SC2016, which the quoting intends)
     level = "style" if basic is None else "warning"
-    linted = subprocess.run([shellcheck(), "--norc", "-S", level, str(script)],
-                            capture_output=True, text=True, check=False)
+    linted = subprocess.run(
+        [shellcheck(), "--norc", "-S", level, str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
@@ -137,17 +172,21 @@ def test_an_elastic_job_is_refused(tmp_path: Path) -> None:
     assert "--world_size 12" in found.message
 
 
-@pytest.mark.parametrize(("path", "codes"), [
-    ("shared/rdzv", ["MDC351"]),
-    ("./rdzv", ["MDC351"]),
-    ("/shared/rdzv?rank=0", ["MDC352"]),
-    ("/shared/rdzv#1", ["MDC352"]),
-    ("/shared/rdzv/", ["MDC352"]),
-    ("/shared/rd\nzv", ["MDC352"]),
-    ("rdzv?x", ["MDC351", "MDC352"]),
-])
-def test_a_rendezvous_file_must_be_a_plain_absolute_path(tmp_path: Path, path: str,
-                                                         codes: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("path", "codes"),
+    [
+        ("shared/rdzv", ["MDC351"]),
+        ("./rdzv", ["MDC351"]),
+        ("/shared/rdzv?rank=0", ["MDC352"]),
+        ("/shared/rdzv#1", ["MDC352"]),
+        ("/shared/rdzv/", ["MDC352"]),
+        ("/shared/rd\nzv", ["MDC352"]),
+        ("rdzv?x", ["MDC351", "MDC352"]),
+    ],
+)
+def test_a_rendezvous_file_must_be_a_plain_absolute_path(
+    tmp_path: Path, path: str, codes: list[str]
+) -> None:
     found = errors(tmp_path, spec({"rendezvous_file": path}))
     assert sorted(d.code for d in found) == codes
     assert {d.location.pointer for d in found} == {"/basic/rendezvous_file"}
@@ -158,13 +197,21 @@ def test_a_plain_absolute_rendezvous_file_is_fine(tmp_path: Path) -> None:
     assert compiled.diagnostics == ()
 
 
-@pytest.mark.parametrize(("command", "basic", "named"), [
-    (["python", "t.py", "--rank", "0"], None, "--rank"),
-    (["python", "t.py", "--world_size=8"], None, "--world_size"),
-    (["python", "t.py", "--init_method", "env://"], {"rendezvous_file": "/s/f"}, "--init_method"),
-])
+@pytest.mark.parametrize(
+    ("command", "basic", "named"),
+    [
+        (["python", "t.py", "--rank", "0"], None, "--rank"),
+        (["python", "t.py", "--world_size=8"], None, "--world_size"),
+        (
+            ["python", "t.py", "--init_method", "env://"],
+            {"rendezvous_file": "/s/f"},
+            "--init_method",
+        ),
+    ],
+)
 def test_flags_the_launcher_appends_are_flagged_in_the_command(
-        tmp_path: Path, command: list[str], basic: dict[str, Any] | None, named: str) -> None:
+    tmp_path: Path, command: list[str], basic: dict[str, Any] | None, named: str
+) -> None:
     (found,) = compile_(tmp_path, spec(basic, command=command)).diagnostics
     assert found.code == "MDC353" and found.location.pointer == "/job/command"
     assert named in found.message

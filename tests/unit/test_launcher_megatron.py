@@ -22,83 +22,172 @@ def compiled(tmp_path: Path, **tables: Any) -> tuple[list[str], dict[str, str], 
     """Compile a megatron spec; (the exec line's words, the exports, plan.json)."""
     data: dict[str, Any] = {
         "job": {"name": "unit", "command": ["python", "pretrain_gpt.py", "--mock-data"]},
-        "distributed": {"launcher": "megatron", "nnodes": 2, "nproc_per_node": 4,
-                        "accelerator": "nvidia"},
+        "distributed": {
+            "launcher": "megatron",
+            "nnodes": 2,
+            "nproc_per_node": 4,
+            "accelerator": "nvidia",
+        },
         **tables,
     }
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data), encoding="utf-8")
     err = io.StringIO()
-    code = main(["compile", str(spec), "-o", str(tmp_path / "out"), "--no-plugin-autoload"],
-                stdout=io.StringIO(), stderr=err)
+    code = main(
+        ["compile", str(spec), "-o", str(tmp_path / "out"), "--no-plugin-autoload"],
+        stdout=io.StringIO(),
+        stderr=err,
+    )
     assert code == 0, err.getvalue()
     script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
-    exports = dict(line[len("export "):].split("=", 1) for line in script.splitlines()
-                   if line.startswith("export "))
+    exports = dict(
+        line[len("export ") :].split("=", 1)
+        for line in script.splitlines()
+        if line.startswith("export ")
+    )
     words = shlex.split(script.rpartition("\nexec ")[2])
     plan = json.loads((tmp_path / "out" / "plan.json").read_text(encoding="utf-8"))
     return words, exports, plan
 
 
 def after(words: list[str], marker: str) -> list[str]:
-    return words[words.index(marker) + 1:]
+    return words[words.index(marker) + 1 :]
 
 
 def test_defaults_take_tp_from_the_node_and_pp_from_the_nodes(tmp_path: Path) -> None:
     words, exports, _ = compiled(tmp_path)
     args = after(words, "pretrain_gpt.py")
-    assert args == ["--mock-data", "--tensor-model-parallel-size", "4",
-                    "--pipeline-model-parallel-size", "2", "--context-parallel-size", "1",
-                    "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "4",
-                    "--sequence-parallel", "--use-distributed-optimizer"]
+    assert args == [
+        "--mock-data",
+        "--tensor-model-parallel-size",
+        "4",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--context-parallel-size",
+        "1",
+        "--expert-model-parallel-size",
+        "1",
+        "--expert-tensor-parallel-size",
+        "4",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+    ]
     # madengine's runner (§4.1/§5 megatron): the torchrun command up to the script
     runner = shlex.split(exports.pop("MAD_MULTI_NODE_RUNNER"))[0].split(" ")
-    assert runner == words[:words.index("pretrain_gpt.py")]
-    assert exports == {"TENSOR_MODEL_PARALLEL_SIZE": "4", "PIPELINE_MODEL_PARALLEL_SIZE": "2",
-                       "CONTEXT_PARALLEL_SIZE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-                       "NNODES": "2", "NPROC_PER_NODE": "4"}
+    assert runner == words[: words.index("pretrain_gpt.py")]
+    assert exports == {
+        "TENSOR_MODEL_PARALLEL_SIZE": "4",
+        "PIPELINE_MODEL_PARALLEL_SIZE": "2",
+        "CONTEXT_PARALLEL_SIZE": "1",
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "NNODES": "2",
+        "NPROC_PER_NODE": "4",
+    }
 
 
 def test_everything_in_order_user_args_first_extra_args_last(tmp_path: Path) -> None:
     words, _, plan = compiled(
-        tmp_path, parallelism={"tp": 2, "pp": 2, "cp": 2, "vpp": 2},
+        tmp_path,
+        parallelism={"tp": 2, "pp": 2, "cp": 2, "vpp": 2},
         batch={"global_batch_size": 32, "micro_batch_size": 2},
-        model={"num_layers": 8, "hidden_size": 128, "num_attention_heads": 4,
-               "num_query_groups": 2, "ffn_hidden_size": 512, "seq_length": 256,
-               "vocab_size": 1000, "dtype": "bf16"},
-        megatron={"overlap_grad_reduce": True, "overlap_param_gather": True,
-                  "recompute_granularity": "full", "recompute_method": "block",
-                  "recompute_num_layers": 1, "max_position_embeddings": 1024,
-                  "extra_args": ["--lr", "1e-4"]})
+        model={
+            "num_layers": 8,
+            "hidden_size": 128,
+            "num_attention_heads": 4,
+            "num_query_groups": 2,
+            "ffn_hidden_size": 512,
+            "seq_length": 256,
+            "vocab_size": 1000,
+            "dtype": "bf16",
+        },
+        megatron={
+            "overlap_grad_reduce": True,
+            "overlap_param_gather": True,
+            "recompute_granularity": "full",
+            "recompute_method": "block",
+            "recompute_num_layers": 1,
+            "max_position_embeddings": 1024,
+            "extra_args": ["--lr", "1e-4"],
+        },
+    )
     assert after(words, "pretrain_gpt.py") == [
         "--mock-data",
-        "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-        "--context-parallel-size", "2", "--expert-model-parallel-size", "1",
-        "--expert-tensor-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "2",
-        "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-        "--overlap-param-gather", "--micro-batch-size", "2", "--global-batch-size", "32",
-        "--num-layers", "8", "--hidden-size", "128", "--ffn-hidden-size", "512",
-        "--num-attention-heads", "4", "--group-query-attention", "--num-query-groups", "2",
-        "--seq-length", "256", "--max-position-embeddings", "1024", "--bf16",
-        "--recompute-granularity", "full", "--recompute-method", "block",
-        "--recompute-num-layers", "1", "--lr", "1e-4"]
+        "--tensor-model-parallel-size",
+        "2",
+        "--pipeline-model-parallel-size",
+        "2",
+        "--context-parallel-size",
+        "2",
+        "--expert-model-parallel-size",
+        "1",
+        "--expert-tensor-parallel-size",
+        "2",
+        "--num-virtual-stages-per-pipeline-rank",
+        "2",
+        "--sequence-parallel",
+        "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "32",
+        "--num-layers",
+        "8",
+        "--hidden-size",
+        "128",
+        "--ffn-hidden-size",
+        "512",
+        "--num-attention-heads",
+        "4",
+        "--group-query-attention",
+        "--num-query-groups",
+        "2",
+        "--seq-length",
+        "256",
+        "--max-position-embeddings",
+        "1024",
+        "--bf16",
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "block",
+        "--recompute-num-layers",
+        "1",
+        "--lr",
+        "1e-4",
+    ]
     # 8 ranks / (tp 2 * pp 2 * cp 2) = dp 1: 32 = 2 micro * dp 1 * 16 steps
     assert plan["batch"]["grad_accum_steps"] == 16
 
 
-@pytest.mark.parametrize(("order", "pp", "mapping"), [
-    ("tp-cp-ep-pp-dp", 2, True), ("tp-pp-dp", 2, True), ("tp-cp-ep-pp-dp", 1, False),
-    ("tp-dp-pp", 2, False), ("tp-cp-ep-dp-pp", 2, False)])
-def test_tp_pp_dp_mapping_only_when_the_layout_needs_it(order: str, pp: int, mapping: bool,
-                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("order", "pp", "mapping"),
+    [
+        ("tp-cp-ep-pp-dp", 2, True),
+        ("tp-pp-dp", 2, True),
+        ("tp-cp-ep-pp-dp", 1, False),
+        ("tp-dp-pp", 2, False),
+        ("tp-cp-ep-dp-pp", 2, False),
+    ],
+)
+def test_tp_pp_dp_mapping_only_when_the_layout_needs_it(
+    order: str, pp: int, mapping: bool, tmp_path: Path
+) -> None:
     """pp = 1 lays ranks out the same in both orders: no flag is needed."""
     words, _, _ = compiled(tmp_path, parallelism={"tp": 2, "pp": pp, "order": order})
     assert ("--use-tp-pp-dp-mapping" in words) == mapping
 
 
-@pytest.mark.parametrize(("dtype", "flags"), [
-    ("bf16", ["--bf16"]), ("fp16", ["--fp16"]), ("fp32", []),
-    ("fp8", ["--bf16", "--fp8-format", "hybrid"])])
+@pytest.mark.parametrize(
+    ("dtype", "flags"),
+    [
+        ("bf16", ["--bf16"]),
+        ("fp16", ["--fp16"]),
+        ("fp32", []),
+        ("fp8", ["--bf16", "--fp8-format", "hybrid"]),
+    ],
+)
 def test_dtype_flags(dtype: str, flags: list[str], tmp_path: Path) -> None:
     words, _, _ = compiled(tmp_path, model={"dtype": dtype})
     assert [w for w in words if w in ("--bf16", "--fp16", "--fp8-format", "hybrid")] == flags
@@ -109,13 +198,22 @@ def test_gqa_flag_only_when_groups_differ_from_heads(tmp_path: Path) -> None:
     assert "--group-query-attention" not in words and "--num-query-groups" not in words
 
 
-@pytest.mark.parametrize(("accelerator", "tp", "cp", "wanted"), [
-    ("nvidia", 1, 1, False), ("nvidia", 1, 2, True), ("amd", 2, 1, True), ("cpu", 4, 1, False)])
-def test_cuda_device_max_connections(accelerator: str, tp: int, cp: int, wanted: bool,
-                                     tmp_path: Path) -> None:
-    data = {"parallelism": {"tp": tp, "pp": 1, "cp": cp},
-            "distributed": {"launcher": "megatron", "nnodes": 2, "nproc_per_node": 4,
-                            "accelerator": accelerator}}
+@pytest.mark.parametrize(
+    ("accelerator", "tp", "cp", "wanted"),
+    [("nvidia", 1, 1, False), ("nvidia", 1, 2, True), ("amd", 2, 1, True), ("cpu", 4, 1, False)],
+)
+def test_cuda_device_max_connections(
+    accelerator: str, tp: int, cp: int, wanted: bool, tmp_path: Path
+) -> None:
+    data = {
+        "parallelism": {"tp": tp, "pp": 1, "cp": cp},
+        "distributed": {
+            "launcher": "megatron",
+            "nnodes": 2,
+            "nproc_per_node": 4,
+            "accelerator": accelerator,
+        },
+    }
     _, exports, plan = compiled(tmp_path, **data)
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in exports) == wanted
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in plan["worker_env"]) == wanted
@@ -130,6 +228,9 @@ def test_torchrun_table_applies(tmp_path: Path) -> None:
 def test_training_setup() -> None:
     assert training(None).zero_stage == 1 and training(None).grad_bytes == 4
     assert training(None).sequence_parallel and training(None).recompute == "none"
-    off = training(MegatronOptions(use_distributed_optimizer=False, sequence_parallel=False,
-                                   recompute_granularity="full"))
+    off = training(
+        MegatronOptions(
+            use_distributed_optimizer=False, sequence_parallel=False, recompute_granularity="full"
+        )
+    )
     assert (off.zero_stage, off.sequence_parallel, off.recompute) == (0, False, "full")

@@ -30,12 +30,24 @@ COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 CONFIG = "examples/torchtitan/configs/MI300X/qwen3_1.7B-pretrain.yaml"
 
 
-def spec(primus: dict[str, Any] | None = None, *, nnodes: int = 2, nproc: int = 8,
-         command: Any = ("bash", "examples/run_pretrain.sh"), **extra: Any) -> dict[str, Any]:
+def spec(
+    primus: dict[str, Any] | None = None,
+    *,
+    nnodes: int = 2,
+    nproc: int = 8,
+    command: Any = ("bash", "examples/run_pretrain.sh"),
+    **extra: Any,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "primus-unit", "command": list(command)},
-        "distributed": {"launcher": "primus", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "accelerator": "cpu", "master_port": 29600},
+        "distributed": {
+            "launcher": "primus",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "cpu",
+            "master_port": 29600,
+        },
     }
     if primus is not None:
         data["primus"] = primus
@@ -75,41 +87,52 @@ def worker_env(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------ BACKEND inference
 
 
-@pytest.mark.parametrize(("model", "expected"), [
-    ("primus_pretrain/torchtitan_MI300X_qwen3_1.7B-pretrain", "torchtitan"),
-    ("primus_pretrain/megatron_MI355X_llama3.1_8B-BF16-pretrain", "megatron"),
-    ("primus_pretrain/moe_package_MI355X_deepseek_v2_lite-pretrain-baseline", "moe_package"),
-    # JAX: run_pretrain.sh tests "$BACKEND" = "MaxText" literally
-    ("primus_pretrain/maxtext_MI300X_llama2_7B-pretrain", "MaxText"),
-    ("primus_pretrain/MaxText_MI300X_llama2_7B-pretrain", "MaxText"),
-    # longest name first: madengine's split at the first "_" would say "megatron" here
-    ("primus_pretrain/megatron_bridge_MI300X_qwen3_32b_sft_posttrain", "megatron_bridge"),
-    ("primus_pretrain/torchtitan", "torchtitan"),
-    ("primus_pretrain/jax_MI300X_x", None),      # not a known backend
-    ("primus_pretrain/torchtitanx_MI300X", None),  # a prefix of a word is not the word
-    ("torchtitan_MI300X_qwen3", None),           # not madengine's primus_pretrain/ form
-    ("primus_pretrain/", None),
-])
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("primus_pretrain/torchtitan_MI300X_qwen3_1.7B-pretrain", "torchtitan"),
+        ("primus_pretrain/megatron_MI355X_llama3.1_8B-BF16-pretrain", "megatron"),
+        ("primus_pretrain/moe_package_MI355X_deepseek_v2_lite-pretrain-baseline", "moe_package"),
+        # JAX: run_pretrain.sh tests "$BACKEND" = "MaxText" literally
+        ("primus_pretrain/maxtext_MI300X_llama2_7B-pretrain", "MaxText"),
+        ("primus_pretrain/MaxText_MI300X_llama2_7B-pretrain", "MaxText"),
+        # longest name first: madengine's split at the first "_" would say "megatron" here
+        ("primus_pretrain/megatron_bridge_MI300X_qwen3_32b_sft_posttrain", "megatron_bridge"),
+        ("primus_pretrain/torchtitan", "torchtitan"),
+        ("primus_pretrain/jax_MI300X_x", None),  # not a known backend
+        ("primus_pretrain/torchtitanx_MI300X", None),  # a prefix of a word is not the word
+        ("torchtitan_MI300X_qwen3", None),  # not madengine's primus_pretrain/ form
+        ("primus_pretrain/", None),
+    ],
+)
 def test_backend_from_model_name(model: str, expected: str | None) -> None:
     assert backend_from_model(model) == expected
 
 
-@pytest.mark.parametrize(("path", "expected"), [
-    ("examples/torchtitan/configs/MI300X/qwen3_1.7B-pretrain.yaml", "torchtitan"),
-    ("examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml", "megatron"),
-    ("examples/megatron_bridge/configs/MI355X/qwen3_32b_lora_posttrain.yaml", "megatron_bridge"),
-    ("examples/moe_package/configs/MI355X/deepseek_v2_lite-pretrain-baseline.yaml",
-     "moe_package"),
-    ("examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml", "MaxText"),
-    ("/workspace/Primus/examples/torchtitan/configs/MI355X/x.yaml", "torchtitan"),
-    ("C:\\Primus\\examples\\megatron\\configs\\x.yaml", "megatron"),
-    # the last examples/ counts, as madengine's wrapper reads it (${EXP##*examples/})
-    ("/data/examples/megatron/mirror/examples/torchtitan/configs/x.yaml", "torchtitan"),
-    ("examples/unknown_framework/configs/x.yaml", None),
-    ("examples/x.yaml", None),  # a file directly under examples/ names no backend
-    ("configs/torchtitan/x.yaml", None),
-    ("my_exp.yaml", None),
-])
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("examples/torchtitan/configs/MI300X/qwen3_1.7B-pretrain.yaml", "torchtitan"),
+        ("examples/megatron/configs/MI300X/llama3.1_8B-BF16-pretrain.yaml", "megatron"),
+        (
+            "examples/megatron_bridge/configs/MI355X/qwen3_32b_lora_posttrain.yaml",
+            "megatron_bridge",
+        ),
+        (
+            "examples/moe_package/configs/MI355X/deepseek_v2_lite-pretrain-baseline.yaml",
+            "moe_package",
+        ),
+        ("examples/maxtext/configs/MI300X/llama2_7B-pretrain.yaml", "MaxText"),
+        ("/workspace/Primus/examples/torchtitan/configs/MI355X/x.yaml", "torchtitan"),
+        ("C:\\Primus\\examples\\megatron\\configs\\x.yaml", "megatron"),
+        # the last examples/ counts, as madengine's wrapper reads it (${EXP##*examples/})
+        ("/data/examples/megatron/mirror/examples/torchtitan/configs/x.yaml", "torchtitan"),
+        ("examples/unknown_framework/configs/x.yaml", None),
+        ("examples/x.yaml", None),  # a file directly under examples/ names no backend
+        ("configs/torchtitan/x.yaml", None),
+        ("my_exp.yaml", None),
+    ],
+)
 def test_backend_from_config_path(path: str, expected: str | None) -> None:
     assert backend_from_config(path) == expected
 
@@ -144,19 +167,31 @@ def test_no_backend_is_exported_when_nothing_names_one(tmp_path: Path) -> None:
 
 
 def test_node_contract_and_primus_variables(tmp_path: Path) -> None:
-    data = spec({"config_path": CONFIG, "root": "/opt/primus",
-                 "cli_extra": "--train_iters 10"}, nnodes=4, nproc=8)
+    data = spec(
+        {"config_path": CONFIG, "root": "/opt/primus", "cli_extra": "--train_iters 10"},
+        nnodes=4,
+        nproc=8,
+    )
     compiled = compile_(tmp_path, data)
     (role,) = compiled.launch.roles
     assert role.argv == ("bash", "examples/run_pretrain.sh"), "no runner wrapper"
     env = dict(role.env)
     assert {k: v for k, v in env.items() if isinstance(v, str)} == {
-        "PRIMUS_ROOT": "/opt/primus", "PRIMUS_CONFIG_PATH": CONFIG, "EXP": CONFIG,
-        "PRIMUS_CLI_EXTRA": "--train_iters 10", "BACKEND": "torchtitan",
-        "NNODES": "4", "GPUS_PER_NODE": "8", "MAD_RUNTIME_NGPUS": "8"}
+        "PRIMUS_ROOT": "/opt/primus",
+        "PRIMUS_CONFIG_PATH": CONFIG,
+        "EXP": CONFIG,
+        "PRIMUS_CLI_EXTRA": "--train_iters 10",
+        "BACKEND": "torchtitan",
+        "NNODES": "4",
+        "GPUS_PER_NODE": "8",
+        "MAD_RUNTIME_NGPUS": "8",
+    }
     # the per-node values are the backend's, read on the node at run time
     assert {k: getattr(v, "name", None) for k, v in env.items() if not isinstance(v, str)} == {
-        "NODE_RANK": "NODE_RANK", "MASTER_ADDR": "MASTER_ADDR", "MASTER_PORT": "MASTER_PORT"}
+        "NODE_RANK": "NODE_RANK",
+        "MASTER_ADDR": "MASTER_ADDR",
+        "MASTER_PORT": "MASTER_PORT",
+    }
     documented = compiled.launch.worker_env
     assert set(env) | {"RANK", "LOCAL_RANK", "WORLD_SIZE"} == set(documented)
     assert documented["WORLD_SIZE"].startswith("32 ")
@@ -173,10 +208,14 @@ def test_primus_root_is_left_to_the_image_unless_given(tmp_path: Path) -> None:
 
 
 def test_job_env_cannot_override_what_the_launcher_sets(tmp_path: Path) -> None:
-    found = errors(tmp_path, spec({"config_path": CONFIG},
-                                  job={"env": {"GPUS_PER_NODE": "4", "BACKEND": "megatron"}}))
+    found = errors(
+        tmp_path,
+        spec({"config_path": CONFIG}, job={"env": {"GPUS_PER_NODE": "4", "BACKEND": "megatron"}}),
+    )
     assert sorted((d.code, d.location.pointer) for d in found) == [
-        ("MDC240", "/job/env/BACKEND"), ("MDC240", "/job/env/GPUS_PER_NODE")]
+        ("MDC240", "/job/env/BACKEND"),
+        ("MDC240", "/job/env/GPUS_PER_NODE"),
+    ]
 
 
 def test_blank_cli_extra_is_not_exported(tmp_path: Path) -> None:
@@ -198,13 +237,27 @@ json.dump({{"argv": sys.argv[1:], "env": {{n: os.environ.get(n) for n in names}}
 def test_worker_script_exports_what_a_primus_script_reads(tmp_path: Path) -> None:
     """launch/worker.sh, run as a backend runs it, hands the contract to the command."""
     words = ["--train_iters", "10", "--exp_name", "it's a test", "$HOME", "*"]
-    names = ["PRIMUS_CONFIG_PATH", "EXP", "PRIMUS_CLI_EXTRA", "BACKEND", "NNODES", "NODE_RANK",
-             "GPUS_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "MAD_RUNTIME_NGPUS", "PRIMUS_ROOT"]
+    names = [
+        "PRIMUS_CONFIG_PATH",
+        "EXP",
+        "PRIMUS_CLI_EXTRA",
+        "BACKEND",
+        "NNODES",
+        "NODE_RANK",
+        "GPUS_PER_NODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "MAD_RUNTIME_NGPUS",
+        "PRIMUS_ROOT",
+    ]
     recorder = tmp_path / "record.py"
     recorder.write_text(RECORDER.format(names=names), encoding="utf-8")
-    data = spec({"config_path": CONFIG, "model": "primus_pretrain/torchtitan_MI300X_q",
-                 "cli_extra": words}, nnodes=2, nproc=4,
-                command=[sys.executable, str(recorder), "--stub"])
+    data = spec(
+        {"config_path": CONFIG, "model": "primus_pretrain/torchtitan_MI300X_q", "cli_extra": words},
+        nnodes=2,
+        nproc=4,
+        command=[sys.executable, str(recorder), "--stub"],
+    )
     compiled = compile_(tmp_path, data)
     out = tmp_path / "out"
     for artifact in compiled.tree:
@@ -218,15 +271,28 @@ def test_worker_script_exports_what_a_primus_script_reads(tmp_path: Path) -> Non
     seen = json.loads(record.read_text(encoding="utf-8"))
     assert seen["argv"] == ["--stub"]
     got = seen["env"]
-    assert got == {**got, "PRIMUS_CONFIG_PATH": CONFIG, "EXP": CONFIG, "BACKEND": "torchtitan",
-                   "NNODES": "2", "NODE_RANK": "1", "GPUS_PER_NODE": "4",
-                   "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29600", "MAD_RUNTIME_NGPUS": "4",
-                   "PRIMUS_ROOT": None}
+    assert got == {
+        **got,
+        "PRIMUS_CONFIG_PATH": CONFIG,
+        "EXP": CONFIG,
+        "BACKEND": "torchtitan",
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "GPUS_PER_NODE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29600",
+        "MAD_RUNTIME_NGPUS": "4",
+        "PRIMUS_ROOT": None,
+    }
     # a consumer splitting with shell rules gets the words back, hostile ones included
     assert shlex.split(got["PRIMUS_CLI_EXTRA"]) == words
-    split = subprocess.run(["bash", "-c", 'eval "set -- $PRIMUS_CLI_EXTRA"; printf "%s\\0" "$@"'],
-                           env={"PRIMUS_CLI_EXTRA": got["PRIMUS_CLI_EXTRA"], "HOME": "/nowhere"},
-                           capture_output=True, check=True, timeout=30)
+    split = subprocess.run(
+        ["bash", "-c", 'eval "set -- $PRIMUS_CLI_EXTRA"; printf "%s\\0" "$@"'],
+        env={"PRIMUS_CLI_EXTRA": got["PRIMUS_CLI_EXTRA"], "HOME": "/nowhere"},
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
     assert split.stdout.decode().split("\0")[:-1] == words
 
 
@@ -249,15 +315,20 @@ def test_config_path_is_required_by_the_schema(tmp_path: Path) -> None:
 
 
 def test_an_elastic_job_is_refused(tmp_path: Path) -> None:
-    (found,) = errors(tmp_path, spec({"config_path": CONFIG}, nnodes=4,
-                                     distributed={"min_nnodes": 2}))
+    (found,) = errors(
+        tmp_path, spec({"config_path": CONFIG}, nnodes=4, distributed={"min_nnodes": 2})
+    )
     assert found.code == "MDC341" and "min_nnodes 2 < nnodes 4" in found.message
 
 
 def test_parallel_sizes_and_batch_are_checked_but_not_passed(tmp_path: Path) -> None:
-    data = spec({"config_path": CONFIG}, nnodes=2, nproc=8,
-                parallelism={"tp": 4, "pp": 2, "vpp": 2},
-                batch={"global_batch_size": 64, "micro_batch_size": 2})
+    data = spec(
+        {"config_path": CONFIG},
+        nnodes=2,
+        nproc=8,
+        parallelism={"tp": 4, "pp": 2, "vpp": 2},
+        batch={"global_batch_size": 64, "micro_batch_size": 2},
+    )
     found = warnings_of(tmp_path, data)
     assert set(found) == {"MDC342", "MDC343"}
     assert "tp=4, pp=2, vpp=2" in found["MDC342"].message
@@ -273,19 +344,24 @@ def test_sizes_left_at_their_defaults_raise_no_warning(tmp_path: Path) -> None:
 
 
 def test_the_arithmetic_still_applies(tmp_path: Path) -> None:
-    found = errors(tmp_path, spec({"config_path": CONFIG}, nnodes=2, nproc=8,
-                                  parallelism={"tp": 3}))
+    found = errors(
+        tmp_path, spec({"config_path": CONFIG}, nnodes=2, nproc=8, parallelism={"tp": 3})
+    )
     assert [d.code for d in found] == ["MDC201"]
 
 
-@pytest.mark.parametrize(("primus", "code", "pointer"), [
-    ({"backend": "jax", "config_path": "exp.yaml"}, "MDC346", "/primus/backend"),
-    ({"model": "llama3_8b"}, "MDC345", "/primus/model"),
-    ({"backend": "megatron"}, "MDC344", "/primus/backend"),  # the config lies under torchtitan/
-    ({"cli_extra": ["--exp_name", "two words"]}, "MDC347", "/primus/cli_extra"),
-])
-def test_backend_and_cli_extra_warnings(tmp_path: Path, primus: dict[str, Any], code: str,
-                                        pointer: str) -> None:
+@pytest.mark.parametrize(
+    ("primus", "code", "pointer"),
+    [
+        ({"backend": "jax", "config_path": "exp.yaml"}, "MDC346", "/primus/backend"),
+        ({"model": "llama3_8b"}, "MDC345", "/primus/model"),
+        ({"backend": "megatron"}, "MDC344", "/primus/backend"),  # the config lies under torchtitan/
+        ({"cli_extra": ["--exp_name", "two words"]}, "MDC347", "/primus/cli_extra"),
+    ],
+)
+def test_backend_and_cli_extra_warnings(
+    tmp_path: Path, primus: dict[str, Any], code: str, pointer: str
+) -> None:
     found = warnings_of(tmp_path, spec({"config_path": CONFIG, **primus}))
     assert list(found) == [code]
     assert found[code].location.pointer == pointer
@@ -303,8 +379,11 @@ def test_a_config_that_is_not_yaml_is_flagged(tmp_path: Path) -> None:
 
 
 def test_a_python_command_runs_once_per_node(tmp_path: Path) -> None:
-    data = spec({"config_path": CONFIG}, nproc=8,
-                command=["python3", "primus/cli/main.py", "train", "pretrain"])
+    data = spec(
+        {"config_path": CONFIG},
+        nproc=8,
+        command=["python3", "primus/cli/main.py", "train", "pretrain"],
+    )
     found = warnings_of(tmp_path, data)
     assert list(found) == ["MDC349"]
     assert "1 process per node, not 8" in found["MDC349"].message

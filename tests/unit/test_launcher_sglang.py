@@ -24,20 +24,44 @@ from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-OTHERS = ("torchrun", "basic", "deepspeed", "megatron", "torchtitan", "primus", "vllm",
-          "sglang_disagg", "slurm", "ssh", "kubernetes", "pytorchjob", "trainjob",
-          "leaderworkerset")
+OTHERS = (
+    "torchrun",
+    "basic",
+    "deepspeed",
+    "megatron",
+    "torchtitan",
+    "primus",
+    "vllm",
+    "sglang_disagg",
+    "slurm",
+    "ssh",
+    "kubernetes",
+    "pytorchjob",
+    "trainjob",
+    "leaderworkerset",
+)
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 MODEL = "org/some-model"
 SERVER = ("python", "-m", "sglang.launch_server")
 
 
-def spec(sglang: dict[str, Any] | None = None, *, nnodes: int = 1, nproc: int = 4,
-         command: Any = SERVER, **extra: Any) -> dict[str, Any]:
+def spec(
+    sglang: dict[str, Any] | None = None,
+    *,
+    nnodes: int = 1,
+    nproc: int = 4,
+    command: Any = SERVER,
+    **extra: Any,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "sglang-unit", "command": list(command)},
-        "distributed": {"launcher": "sglang", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "master_port": 29650},
+        "distributed": {
+            "launcher": "sglang",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "master_port": 29650,
+        },
         "sglang": {"model": MODEL, **(sglang or {})},
     }
     for table, value in extra.items():
@@ -60,8 +84,18 @@ def diagnostics(tmp_path: Path, data: dict[str, Any]) -> list[Diagnostic]:
 def test_one_node_needs_no_node_flags(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, spec({"args": ["--trust-remote-code"]}))
     (role,) = compiled.launch.roles
-    assert role.argv == (*SERVER, "--model-path", MODEL, "--tp-size", "4", "--host",
-                         "0.0.0.0", "--port", "30000", "--trust-remote-code")
+    assert role.argv == (
+        *SERVER,
+        "--model-path",
+        MODEL,
+        "--tp-size",
+        "4",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30000",
+        "--trust-remote-code",
+    )
     env = dict(role.env)
     assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "4"
     assert env["SGLANG_PIPELINE_PARALLEL_SIZE"] == "1"
@@ -73,16 +107,34 @@ def test_one_node_needs_no_node_flags(tmp_path: Path) -> None:
 
 
 def test_several_nodes_meet_at_node_0(tmp_path: Path) -> None:
-    compiled = compile_(tmp_path, spec({"port": 31000}, nnodes=2, nproc=8,
-                                       parallelism={"tp": 8, "pp": 2}))
+    compiled = compile_(
+        tmp_path, spec({"port": 31000}, nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 2})
+    )
     (role,) = compiled.launch.roles
     meet = Concat((Ref("MASTER_ADDR"), ":", Ref("MASTER_PORT")))
     # launch/sglang-node.sh exports SGLANG_HOST_IP, then runs the server
     node_script = Concat((Ref("MDC_OUT"), "/launch/sglang-node.sh"))
-    assert role.argv == ("bash", node_script,
-                         *SERVER, "--model-path", MODEL, "--tp-size", "8", "--pp-size", "2",
-                         "--nnodes", "2", "--node-rank", Ref("NODE_RANK"),
-                         "--dist-init-addr", meet, "--host", "0.0.0.0", "--port", "31000")
+    assert role.argv == (
+        "bash",
+        node_script,
+        *SERVER,
+        "--model-path",
+        MODEL,
+        "--tp-size",
+        "8",
+        "--pp-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        Ref("NODE_RANK"),
+        "--dist-init-addr",
+        meet,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31000",
+    )
     assert "SGLANG_HOST_IP" in compiled.launch.worker_env
     env = dict(role.env)
     assert env["SGLANG_PIPELINE_PARALLEL_SIZE"] == "2"
@@ -94,13 +146,16 @@ def test_a_missing_model_is_an_error(tmp_path: Path) -> None:
     data = spec()
     del data["sglang"]
     assert [(d.code, d.location.pointer) for d in diagnostics(tmp_path, data)] == [
-        ("MDC370", "/sglang")]
+        ("MDC370", "/sglang")
+    ]
 
 
 def test_one_server_must_use_every_gpu(tmp_path: Path) -> None:
-    found = [d for d in diagnostics(tmp_path, spec(nnodes=2, nproc=4,
-                                                    parallelism={"tp": 4, "pp": 1}))
-             if d.is_error]
+    found = [
+        d
+        for d in diagnostics(tmp_path, spec(nnodes=2, nproc=4, parallelism={"tp": 4, "pp": 1}))
+        if d.is_error
+    ]
     assert [d.code for d in found] == ["MDC371"]
     assert "= 4 GPUs" in found[0].message and "2 x 4 = 8" in found[0].message
 
@@ -110,13 +165,17 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
     assert "MDC372" in {d.code for d in found if d.is_error}
 
 
-@pytest.mark.parametrize(("where", "words", "flags"), [
-    ("command", [*SERVER, "--tensor-parallel-size", "2"], "--tp-size"),
-    ("args", ["--model", "x", "--nccl-init-addr=a:1"], "--model-path, --dist-init-addr"),
-    ("args", ["--node-rank", "0", "--port=1"], "--node-rank, --port"),
-])
-def test_flags_mdc_sets_may_not_be_written_again(tmp_path: Path, where: str,
-                                                 words: list[str], flags: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "words", "flags"),
+    [
+        ("command", [*SERVER, "--tensor-parallel-size", "2"], "--tp-size"),
+        ("args", ["--model", "x", "--nccl-init-addr=a:1"], "--model-path, --dist-init-addr"),
+        ("args", ["--node-rank", "0", "--port=1"], "--node-rank, --port"),
+    ],
+)
+def test_flags_mdc_sets_may_not_be_written_again(
+    tmp_path: Path, where: str, words: list[str], flags: str
+) -> None:
     data = spec({"args": words}) if where == "args" else spec(command=words)
     (found,) = [d for d in diagnostics(tmp_path, data) if d.is_error]
     assert found.code == "MDC373" and f"has {flags}," in found.message
@@ -139,33 +198,67 @@ def shellcheck() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("hosts", "address"), [
-    ("10.0.0.5 10.0.0.6", "10.0.0.6"),  # an IP as it is
-    ("10.0.0.5 localhost", "127.0.0.1"),  # a name: its IPv4 address (getent ahostsv4)
-    ("10.0.0.5 no-such-host.invalid", "no-such-host.invalid"),  # does not resolve: the name
-])
+@pytest.mark.parametrize(
+    ("hosts", "address"),
+    [
+        ("10.0.0.5 10.0.0.6", "10.0.0.6"),  # an IP as it is
+        ("10.0.0.5 localhost", "127.0.0.1"),  # a name: its IPv4 address (getent ahostsv4)
+        ("10.0.0.5 no-such-host.invalid", "no-such-host.invalid"),  # does not resolve: the name
+    ],
+)
 def test_the_worker_script_runs_the_server_with_this_nodes_rank(
-        tmp_path: Path, hosts: str, address: str) -> None:
+    tmp_path: Path, hosts: str, address: str
+) -> None:
     out = tmp_path / "out"
     write_tree(out, compile_(tmp_path, spec(nnodes=2, nproc=2)).tree)
     worker = out / "launch" / "worker.sh"
     for script in (worker, out / "launch" / "sglang-node.sh"):
-        linted = subprocess.run([shellcheck(), "--norc", "-S", "style", str(script)],
-                                capture_output=True, text=True, check=False)
+        linted = subprocess.run(
+            [shellcheck(), "--norc", "-S", "style", str(script)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert linted.returncode == 0, linted.stdout + linted.stderr
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "python").write_text(
         '#!/usr/bin/env bash\necho "$SGLANG_HOST_IP $NCCL_INIT_ADDR $*" > "$LOG"\n',
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     (stubs / "python").chmod(0o755)
     log = tmp_path / "log"
-    env = {"PATH": f"{stubs}:{os.environ['PATH']}", "NODE_RANK": "1", "LOG": str(log),
-           "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29650", "NODE_HOSTS": hosts}
-    done = subprocess.run(["bash", str(worker)], env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+    env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "NODE_RANK": "1",
+        "LOG": str(log),
+        "MASTER_ADDR": "10.1.2.3",
+        "MASTER_PORT": "29650",
+        "NODE_HOSTS": hosts,
+    }
+    done = subprocess.run(
+        ["bash", str(worker)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stderr
     assert log.read_text(encoding="utf-8").split() == [
-        address, "10.1.2.3:29650", "-m", "sglang.launch_server", "--model-path", MODEL,
-        "--tp-size", "2", "--pp-size", "2", "--nnodes", "2", "--node-rank", "1",
-        "--dist-init-addr", "10.1.2.3:29650", "--host", "0.0.0.0", "--port", "30000"]
+        address,
+        "10.1.2.3:29650",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        MODEL,
+        "--tp-size",
+        "2",
+        "--pp-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--dist-init-addr",
+        "10.1.2.3:29650",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30000",
+    ]

@@ -38,8 +38,15 @@ COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 SHELLCHECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "shellcheck"
 
 #: from SGLang's ServerArgs (see the module docstring)
-SERVER_FLAGS = {"--model-path", "--tp-size", "--host", "--port", "--disaggregation-mode",
-                "--disaggregation-transfer-backend", "--disaggregation-bootstrap-port"}
+SERVER_FLAGS = {
+    "--model-path",
+    "--tp-size",
+    "--host",
+    "--port",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-bootstrap-port",
+}
 TRANSFER_BACKENDS = {"mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"}
 ROUTER_FLAGS = {"--pd-disaggregation", "--prefill", "--decode", "--host", "--port", "--policy"}
 #: the issue's proof: nnodes -> (prefill, decode)
@@ -51,12 +58,19 @@ def expected_split(nnodes: int) -> tuple[int, int]:
     return prefill, nnodes - 1 - prefill
 
 
-def spec(nnodes: int = 5, nproc: int = 2, options: dict[str, Any] | None = None,
-         **distributed: Any) -> dict[str, Any]:
+def spec(
+    nnodes: int = 5, nproc: int = 2, options: dict[str, Any] | None = None, **distributed: Any
+) -> dict[str, Any]:
     return {
         "job": {"name": "sgd-unit", "command": "python3"},
-        "distributed": {"launcher": "sglang_disagg", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "accelerator": "cpu", **distributed},
+        "distributed": {
+            "launcher": "sglang_disagg",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "cpu",
+            **distributed,
+        },
         "sglang_disagg": {"model_path": "org/model", **(options or {})},
     }
 
@@ -94,8 +108,10 @@ def test_automatic_split(tmp_path: Path, nnodes: int) -> None:
     assert compiled.plan.disagg is not None
     assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (prefill, decode)
     assert {r.name: list(r.nodes) for r in compiled.plan.roles} == {
-        "proxy": [0], "prefill": list(range(1, 1 + prefill)),
-        "decode": list(range(1 + prefill, nnodes))}
+        "proxy": [0],
+        "prefill": list(range(1, 1 + prefill)),
+        "decode": list(range(1 + prefill, nnodes)),
+    }
     for role in compiled.launch.roles:
         env = dict(role.env)
         assert env["SGLANG_DISAGG_PREFILL_NODES"] == str(prefill)
@@ -129,7 +145,7 @@ def test_commands_use_sglangs_flags(tmp_path: Path) -> None:
     for mode in ("prefill", "decode"):
         argv = [str(w) for w in compiled.launch.role(mode).argv]
         at = argv.index("sglang.launch_server")
-        assert argv[at - 2:at] == ["python3", "-m"]
+        assert argv[at - 2 : at] == ["python3", "-m"]
         flags = {w for w in argv[at:] if w.startswith("--")}
         assert flags <= SERVER_FLAGS
         assert argv[argv.index("--disaggregation-mode") + 1] == mode
@@ -146,6 +162,7 @@ def test_tp_size(tmp_path: Path) -> None:
     def tp(data: dict[str, Any]) -> str:
         argv = [str(w) for w in compile_(tmp_path, data).launch.role("decode").argv]
         return argv[argv.index("--tp-size") + 1]
+
     assert tp(spec(3, 8)) == "8"
     assert tp(spec(3, 8, {"tp_size": 4})) == "4"
     data = spec(3, 8)
@@ -206,12 +223,14 @@ def stand_in_path(tmp_path: Path) -> dict[str, str]:
 
 
 def recorded(env: dict[str, str]) -> dict[str, list[str]]:
-    return {p.name: p.read_text(encoding="utf-8").splitlines()
-            for p in Path(env["RECORD_DIR"]).iterdir()}
+    return {
+        p.name: p.read_text(encoding="utf-8").splitlines()
+        for p in Path(env["RECORD_DIR"]).iterdir()
+    }
 
 
 def after(argv: list[str], module: str) -> list[str]:
-    return argv[argv.index(module) + 1:]
+    return argv[argv.index(module) + 1 :]
 
 
 @pytest.mark.slow
@@ -223,8 +242,11 @@ def test_local_backend_runs_every_role(tmp_path: Path) -> None:
     env = stand_in_path(tmp_path)
     subprocess.run(["bash", str(root / "local" / "run.sh")], env=env, check=True, timeout=60)
     runs = recorded(env)
-    names = ["proxy-0"] + [f"prefill-{i}" for i in range(1, 1 + prefill)] + [
-        f"decode-{i}" for i in range(1 + prefill, nnodes)]
+    names = (
+        ["proxy-0"]
+        + [f"prefill-{i}" for i in range(1, 1 + prefill)]
+        + [f"decode-{i}" for i in range(1 + prefill, nnodes)]
+    )
     assert sorted(runs) == sorted(names)
     expected_router = ["--pd-disaggregation", "--host", "0.0.0.0", "--port", "8000"]
     for i in range(1, 1 + prefill):
@@ -249,18 +271,35 @@ def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
     root = write_tree(compiled, tmp_path / "out")
     env = stand_in_path(tmp_path)
     hosts = ["n0", "n1.cluster", "fd00::2", "n3", "n4"]
-    run_env = {**env, "NODE_RANK": "0", "MASTER_ADDR": "n0", "MASTER_PORT": "29500",
-               "NODE_HOSTS": " ".join(hosts)}
-    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True,
-                   timeout=30)
+    run_env = {
+        **env,
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "n0",
+        "MASTER_PORT": "29500",
+        "NODE_HOSTS": " ".join(hosts),
+    }
+    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True, timeout=30)
     argv = after(recorded(env)["proxy-0"], "sglang_router.launch_router")
-    assert argv[argv.index("--prefill"):] == [
-        "--prefill", "http://n1.cluster:30001", "8999",
-        "--decode", "http://[fd00::2]:30002", "--decode", "http://n3:30003",
-        "--decode", "http://n4:30004"]
+    assert argv[argv.index("--prefill") :] == [
+        "--prefill",
+        "http://n1.cluster:30001",
+        "8999",
+        "--decode",
+        "http://[fd00::2]:30002",
+        "--decode",
+        "http://n3:30003",
+        "--decode",
+        "http://n4:30004",
+    ]
     wrong = {**run_env, "NODE_HOSTS": "n0 n1"}
-    done = subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=wrong, check=False,
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["bash", str(root / "launch" / "proxy.sh")],
+        env=wrong,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 2 and "expected 5" in done.stderr
 
 
@@ -270,17 +309,29 @@ def test_mini_lb(tmp_path: Path) -> None:
     assert [d.code for d in compiled.diagnostics] == ["MDC386"]
     root = write_tree(compiled, tmp_path / "out")
     env = stand_in_path(tmp_path)
-    run_env = {**env, "NODE_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "29500",
-               "NODE_HOSTS": "a b c"}
-    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True,
-                   timeout=30)
+    run_env = {
+        **env,
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "a",
+        "MASTER_PORT": "29500",
+        "NODE_HOSTS": "a b c",
+    }
+    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True, timeout=30)
     run_env["NODE_RANK"] = "1"
-    subprocess.run(["bash", str(root / "launch" / "prefill.sh")], env=run_env, check=True,
-                   timeout=30)
+    subprocess.run(
+        ["bash", str(root / "launch" / "prefill.sh")], env=run_env, check=True, timeout=30
+    )
     runs = recorded(env)
     assert after(runs["proxy-0"], "sglang.srt.disaggregation.mini_lb") == [
-        "--host", "0.0.0.0", "--port", "8000", "--prefill", "http://b:30001",
-        "--decode", "http://c:30002"]
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--prefill",
+        "http://b:30001",
+        "--decode",
+        "http://c:30002",
+    ]
     prefill = runs["prefill-1"]
     assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
 
@@ -291,8 +342,9 @@ def test_madengines_pod_names_are_in_the_env(tmp_path: Path) -> None:
     for role in compiled.launch.roles:
         assert role.env["POD_INDEX"] == Ref("NODE_RANK")
         assert role.env["TOTAL_PODS"] == "5"
-    assert {"POD_INDEX", "POD_IP", "SGLANG_NODE_IPS", "TOTAL_PODS"} <= \
-        set(compiled.launch.worker_env)
+    assert {"POD_INDEX", "POD_IP", "SGLANG_NODE_IPS", "TOTAL_PODS"} <= set(
+        compiled.launch.worker_env
+    )
 
 
 ENV_STAND_IN = """#!/usr/bin/env bash
@@ -314,11 +366,18 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
     hosts = "10.0.0.1 localhost fd00::2 no-such-host.invalid"
     ips = "10.0.0.1,127.0.0.1,fd00::2,no-such-host.invalid"
     for rank, role in ((0, "proxy"), (1, "prefill"), (3, "decode")):
-        run_env = {**env, "NODE_RANK": str(rank), "MASTER_ADDR": "10.0.0.1",
-                   "MASTER_PORT": "29500", "NODE_HOSTS": hosts}
-        subprocess.run(["bash", str(root / "launch" / f"{role}.sh")], env=run_env, check=True,
-                       timeout=30)
+        run_env = {
+            **env,
+            "NODE_RANK": str(rank),
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29500",
+            "NODE_HOSTS": hosts,
+        }
+        subprocess.run(
+            ["bash", str(root / "launch" / f"{role}.sh")], env=run_env, check=True, timeout=30
+        )
     assert recorded(env) == {
         "proxy-0": ["0", "4", "10.0.0.1", ips],
         "prefill-1": ["1", "4", "127.0.0.1", ips],
-        "decode-3": ["3", "4", "no-such-host.invalid", ips]}
+        "decode-3": ["3", "4", "no-such-host.invalid", ips],
+    }

@@ -25,18 +25,26 @@ import pytest
 from mdc.cli import main
 
 NODE_RANK, MASTER_ADDR, MASTER_PORT = "1", "10.0.0.9", "29660"
-COMMANDS = {"torchrun": ["python", "train.py", "--steps", "3"],
-            "megatron": ["python", "pretrain_gpt.py", "--mock-data"],
-            "torchtitan": ["python", "-m", "torchtitan.train"]}
+COMMANDS = {
+    "torchrun": ["python", "train.py", "--steps", "3"],
+    "megatron": ["python", "pretrain_gpt.py", "--mock-data"],
+    "torchtitan": ["python", "-m", "torchtitan.train"],
+}
 
 
-def compile_spec(tmp_path: Path, launcher: str, nnodes: int, nproc: int,
-                 **tables: Any) -> tuple[Path, str]:
+def compile_spec(
+    tmp_path: Path, launcher: str, nnodes: int, nproc: int, **tables: Any
+) -> tuple[Path, str]:
     """Compile a spec; (the out/ directory, what mdc printed on stderr)."""
     data: dict[str, Any] = {
         "job": {"name": "unit", "command": COMMANDS[launcher]},
-        "distributed": {"launcher": launcher, "nnodes": nnodes, "nproc_per_node": nproc,
-                        "accelerator": "nvidia", "master_port": int(MASTER_PORT)},
+        "distributed": {
+            "launcher": launcher,
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "nvidia",
+            "master_port": int(MASTER_PORT),
+        },
         **tables,
     }
     spec = tmp_path / "spec.json"
@@ -51,34 +59,52 @@ def compile_spec(tmp_path: Path, launcher: str, nnodes: int, nproc: int,
 def exports(out: Path) -> dict[str, str]:
     """The exports of launch/worker.sh, as bash reads their values (runtime words kept)."""
     script = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
-    return dict(shlex.split(line[len("export "):])[0].split("=", 1)
-                for line in script.splitlines() if line.startswith("export "))
+    return dict(
+        shlex.split(line[len("export ") :])[0].split("=", 1)
+        for line in script.splitlines()
+        if line.startswith("export ")
+    )
 
 
 def run_worker(tmp_path: Path, out: Path) -> dict[str, Any]:
     """Run worker.sh on node 1 with a stub torchrun; what it got and what the runner gives."""
     stub = tmp_path / "bin"
     stub.mkdir()
-    record = (f"{sys.executable} -c 'import json, os, sys; print(json.dumps({{\"argv\": "
-              "sys.argv[1:], \"env\": {k: os.environ.get(k) for k in (\"NNODES\", "
-              "\"NPROC_PER_NODE\", \"MAD_RUNTIME_NGPUS\")}}))'")
+    record = (
+        f'{sys.executable} -c \'import json, os, sys; print(json.dumps({{"argv": '
+        'sys.argv[1:], "env": {k: os.environ.get(k) for k in ("NNODES", '
+        '"NPROC_PER_NODE", "MAD_RUNTIME_NGPUS")}}))\''
+    )
     (stub / "torchrun").write_text(
         "#!/usr/bin/env bash\n"
         f'{record} "$@" > "$RECORD_DIR/launch.json"\n'
         "# a madengine model script's line: the runner unquoted, then its script\n"
         "# shellcheck disable=SC2086\n"
         f'{record} $MAD_MULTI_NODE_RUNNER script.py --x 1 > "$RECORD_DIR/runner.json"\n',
-        encoding="utf-8")
+        encoding="utf-8",
+    )
     (stub / "torchrun").chmod(0o755)
     done = subprocess.run(
-        ["bash", str(out / "launch" / "worker.sh")], cwd=tmp_path, check=False,
-        capture_output=True, text=True, timeout=60,
-        env={"PATH": f"{stub}:/usr/bin:/bin", "NODE_RANK": NODE_RANK,
-             "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": MASTER_PORT, "NODE_HOSTS": "a b",
-             "RECORD_DIR": str(tmp_path)})
+        ["bash", str(out / "launch" / "worker.sh")],
+        cwd=tmp_path,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "PATH": f"{stub}:/usr/bin:/bin",
+            "NODE_RANK": NODE_RANK,
+            "MASTER_ADDR": MASTER_ADDR,
+            "MASTER_PORT": MASTER_PORT,
+            "NODE_HOSTS": "a b",
+            "RECORD_DIR": str(tmp_path),
+        },
+    )
     assert done.returncode == 0, done.stderr
-    return {"launch": json.loads((tmp_path / "launch.json").read_text(encoding="utf-8")),
-            "runner": json.loads((tmp_path / "runner.json").read_text(encoding="utf-8"))}
+    return {
+        "launch": json.loads((tmp_path / "launch.json").read_text(encoding="utf-8")),
+        "runner": json.loads((tmp_path / "runner.json").read_text(encoding="utf-8")),
+    }
 
 
 def torchrun_parser() -> Any:
@@ -92,17 +118,21 @@ def torchrun_parser() -> Any:
 def test_torchrun_exports_madengines_names(tmp_path: Path, nnodes: int, nproc: int) -> None:
     out, _ = compile_spec(tmp_path, "torchrun", nnodes, nproc)
     env = exports(out)
-    assert (env["NNODES"], env["NPROC_PER_NODE"], env["MAD_RUNTIME_NGPUS"]) == \
-        (str(nnodes), str(nproc), str(nproc))
+    assert (env["NNODES"], env["NPROC_PER_NODE"], env["MAD_RUNTIME_NGPUS"]) == (
+        str(nnodes),
+        str(nproc),
+        str(nproc),
+    )
     runner = env["MAD_MULTI_NODE_RUNNER"].split(" ")
     # the exec line: torchrun's flags, then the program (torchrun drops "python")
     script = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
     words = shlex.split(script.rpartition("\nexec ")[2])
-    assert runner == words[:words.index("train.py")]
+    assert runner == words[: words.index("train.py")]
     plan = json.loads((out / "plan.json").read_text(encoding="utf-8"))
     documented = plan["worker_env"]
-    assert {"MAD_MULTI_NODE_RUNNER", "NNODES", "NPROC_PER_NODE", "MAD_RUNTIME_NGPUS"} <= \
-        set(documented)
+    assert {"MAD_MULTI_NODE_RUNNER", "NNODES", "NPROC_PER_NODE", "MAD_RUNTIME_NGPUS"} <= set(
+        documented
+    )
 
 
 @pytest.mark.slow
@@ -121,7 +151,7 @@ def test_the_runner_word_splits_into_the_launch_command(tmp_path: Path, launcher
     assert runner["argv"][0] == "torchrun"
     flags = runner["argv"][1:-3]
     assert runner["argv"][-3:] == ["script.py", "--x", "1"]
-    assert launch["argv"][:len(flags)] == flags
+    assert launch["argv"][: len(flags)] == flags
     assert launch["argv"][len(flags)] in ("train.py", "pretrain_gpt.py", "--module")
     parsed = torchrun_parser().parse_args([*flags, "script.py", "--x", "1"])
     assert parsed.nnodes == str(nnodes)
@@ -142,14 +172,20 @@ def test_one_node_runner_is_standalone(tmp_path: Path) -> None:
 
 def test_a_word_the_runner_cannot_carry_is_a_warning(tmp_path: Path) -> None:
     """Unquoted expansion splits at spaces and removes no quotes: 'my logs' cannot pass."""
-    out, err = compile_spec(tmp_path, "torchrun", 2, 2,
-                            torchrun={"log_dir": "/tmp/my logs", "rdzv_conf": {"timeout": 60}})
+    out, err = compile_spec(
+        tmp_path,
+        "torchrun",
+        2,
+        2,
+        torchrun={"log_dir": "/tmp/my logs", "rdzv_conf": {"timeout": 60}},
+    )
     assert "MDC303" in err and "/tmp/my logs" in err
     assert err.count("MDC303") == 1  # timeout=60 passes as it is
     assert "'/tmp/my logs'" in exports(out)["MAD_MULTI_NODE_RUNNER"]
 
 
 def test_plain_words_give_no_warning(tmp_path: Path) -> None:
-    _, err = compile_spec(tmp_path, "torchrun", 2, 2,
-                          torchrun={"log_dir": "/tmp/logs", "rdzv_conf": {"timeout": 60}})
+    _, err = compile_spec(
+        tmp_path, "torchrun", 2, 2, torchrun={"log_dir": "/tmp/logs", "rdzv_conf": {"timeout": 60}}
+    )
     assert "MDC303" not in err

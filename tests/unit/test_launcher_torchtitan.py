@@ -23,27 +23,37 @@ def compiled(tmp_path: Path, **tables: Any) -> tuple[list[str], dict[str, str], 
     """Compile a torchtitan spec; (the exec line's words, the exports, the TOML text)."""
     data: dict[str, Any] = {
         "job": {"name": "unit", "command": ["python", "-m", "torchtitan.train"]},
-        "distributed": {"launcher": "torchtitan", "nnodes": 2, "nproc_per_node": 8,
-                        "accelerator": "nvidia"},
+        "distributed": {
+            "launcher": "torchtitan",
+            "nnodes": 2,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+        },
         **tables,
     }
     tmp_path.mkdir(parents=True, exist_ok=True)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data), encoding="utf-8")
     err = io.StringIO()
-    code = main(["compile", str(spec), "-o", str(tmp_path / "out"), "--no-plugin-autoload"],
-                stdout=io.StringIO(), stderr=err)
+    code = main(
+        ["compile", str(spec), "-o", str(tmp_path / "out"), "--no-plugin-autoload"],
+        stdout=io.StringIO(),
+        stderr=err,
+    )
     assert code == 0, err.getvalue()
     script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
-    exports = dict(line[len("export "):].split("=", 1) for line in script.splitlines()
-                   if line.startswith("export ") and not line.startswith("export MDC_OUT"))
+    exports = dict(
+        line[len("export ") :].split("=", 1)
+        for line in script.splitlines()
+        if line.startswith("export ") and not line.startswith("export MDC_OUT")
+    )
     words = shlex.split(script.rpartition("\nexec ")[2])
     toml = (tmp_path / "out" / "launch" / "torchtitan.toml").read_text(encoding="utf-8")
     return words, exports, toml
 
 
 def overrides(words: list[str]) -> dict[str, str]:
-    rest = words[words.index("torchtitan.train") + 1:]
+    rest = words[words.index("torchtitan.train") + 1 :]
     assert rest[:2] == ["--job.config_file", "${MDC_OUT}/launch/torchtitan.toml"]
     pairs = rest[2:]
     return dict(zip(pairs[::2], pairs[1::2]))
@@ -55,42 +65,68 @@ def test_defaults(tmp_path: Path) -> None:
     assert tomllib.loads(toml) == {
         "job": {"description": "unit", "dump_folder": "./outputs"},
         "model": {"name": "llama3", "flavor": "debugmodel"},
-        "parallelism": {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 1,
-                        "tensor_parallel_degree": 8, "pipeline_parallel_degree": 2,
-                        "context_parallel_degree": 1, "expert_parallel_degree": 1,
-                        "expert_tensor_parallel_degree": 8,
-                        "pipeline_parallel_schedule": "1F1B"}}
+        "parallelism": {
+            "data_parallel_replicate_degree": 1,
+            "data_parallel_shard_degree": 1,
+            "tensor_parallel_degree": 8,
+            "pipeline_parallel_degree": 2,
+            "context_parallel_degree": 1,
+            "expert_parallel_degree": 1,
+            "expert_tensor_parallel_degree": 8,
+            "pipeline_parallel_schedule": "1F1B",
+        },
+    }
     assert overrides(words) == {
         "--parallelism.data_parallel_replicate_degree": "1",
         "--parallelism.data_parallel_shard_degree": "1",
-        "--parallelism.tensor_parallel_degree": "8", "--parallelism.pipeline_parallel_degree": "2",
-        "--parallelism.context_parallel_degree": "1", "--parallelism.expert_parallel_degree": "1"}
+        "--parallelism.tensor_parallel_degree": "8",
+        "--parallelism.pipeline_parallel_degree": "2",
+        "--parallelism.context_parallel_degree": "1",
+        "--parallelism.expert_parallel_degree": "1",
+    }
     # madengine's runner (§4.1/§5 torchtitan): the torchrun command up to the program
     runner = shlex.split(exports.pop("MAD_MULTI_NODE_RUNNER"))[0].split(" ")
-    assert runner == words[:words.index("--module")]
-    assert exports == {"TORCHTITAN_TENSOR_PARALLEL_SIZE": "8",
-                       "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "2", "TORCHTITAN_FSDP_ENABLED": "0",
-                       "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1", "NNODES": "2",
-                       "NPROC_PER_NODE": "8"}
+    assert runner == words[: words.index("--module")]
+    assert exports == {
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE": "8",
+        "TORCHTITAN_PIPELINE_PARALLEL_SIZE": "2",
+        "TORCHTITAN_FSDP_ENABLED": "0",
+        "TORCHTITAN_CONTEXT_PARALLEL_SIZE": "1",
+        "NNODES": "2",
+        "NPROC_PER_NODE": "8",
+    }
 
 
 def test_hsdp_batch_sequence_and_pass_through(tmp_path: Path) -> None:
     words, exports, toml = compiled(
-        tmp_path, parallelism={"tp": 2, "pp": 1}, batch={"global_batch_size": 64,
-                                                         "micro_batch_size": 4},
+        tmp_path,
+        parallelism={"tp": 2, "pp": 1},
+        batch={"global_batch_size": 64, "micro_batch_size": 4},
         model={"seq_length": 1024, "dtype": "fp8"},
-        torchtitan={"dp_replicate": 2, "steps": 7, "flavor": "8B", "config": {
-            "training": {"dataset": "c4", "dataloader": {"num_workers": 2}},
-            "optimizer": {"lr": 0.001, "name": "AdamW"}}})
+        torchtitan={
+            "dp_replicate": 2,
+            "steps": 7,
+            "flavor": "8B",
+            "config": {
+                "training": {"dataset": "c4", "dataloader": {"num_workers": 2}},
+                "optimizer": {"lr": 0.001, "name": "AdamW"},
+            },
+        },
+    )
     loaded = tomllib.loads(toml)
     # world 16 / tp 2 = dp 8 = 2 replicas x 4 shards; 64 = 4 * 8 * 2 steps
     assert loaded["parallelism"]["data_parallel_replicate_degree"] == 2
     assert loaded["parallelism"]["data_parallel_shard_degree"] == 4
     assert "pipeline_parallel_schedule" not in loaded["parallelism"]
-    assert loaded["training"] == {"local_batch_size": 4, "global_batch_size": 64,
-                                  "seq_len": 1024, "steps": 7,
-                                  "mixed_precision_param": "bfloat16", "dataset": "c4",
-                                  "dataloader": {"num_workers": 2}}
+    assert loaded["training"] == {
+        "local_batch_size": 4,
+        "global_batch_size": 64,
+        "seq_len": 1024,
+        "steps": 7,
+        "mixed_precision_param": "bfloat16",
+        "dataset": "c4",
+        "dataloader": {"num_workers": 2},
+    }
     assert loaded["model"]["converters"] == ["quantize.linear.float8"]
     assert list(loaded["optimizer"]) == ["lr", "name"]  # pass-through keys sorted
     assert overrides(words)["--training.global_batch_size"] == "64"
@@ -98,8 +134,9 @@ def test_hsdp_batch_sequence_and_pass_through(tmp_path: Path) -> None:
 
 
 def test_expert_tensor_parallel_override_only_with_experts(tmp_path: Path) -> None:
-    words, _, _ = compiled(tmp_path, parallelism={"tp": 2, "pp": 1, "ep": 2},
-                           model={"num_experts": 4})
+    words, _, _ = compiled(
+        tmp_path, parallelism={"tp": 2, "pp": 1, "ep": 2}, model={"num_experts": 4}
+    )
     assert overrides(words)["--parallelism.expert_tensor_parallel_degree"] == "2"
 
 
@@ -109,19 +146,24 @@ def test_context_parallel_alone_turns_fsdp_on(tmp_path: Path) -> None:
     assert exports["TORCHTITAN_FSDP_ENABLED"] == "1"
 
 
-@pytest.mark.parametrize(("layers", "pp", "vpp", "per_stage"), [
-    # ceil((layers + 1 + 1) / n) == pp * vpp, the largest such n
-    (48, 2, 4, 7),   # 50 / 7 -> 8 stages
-    (32, 2, 3, None),  # not reached: 32 / 2 = 16 layers per stage is not divisible by 3
-    (30, 2, 3, 6),   # 32 / 6 -> 6 stages
-    (16, 2, 2, None),  # vpp 2: TorchTitan's own default of 2 stages per rank
-])
-def test_layers_per_stage(layers: int, pp: int, vpp: int, per_stage: int | None,
-                          tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "per_stage"),
+    [
+        # ceil((layers + 1 + 1) / n) == pp * vpp, the largest such n
+        (48, 2, 4, 7),  # 50 / 7 -> 8 stages
+        (32, 2, 3, None),  # not reached: 32 / 2 = 16 layers per stage is not divisible by 3
+        (30, 2, 3, 6),  # 32 / 6 -> 6 stages
+        (16, 2, 2, None),  # vpp 2: TorchTitan's own default of 2 stages per rank
+    ],
+)
+def test_layers_per_stage(
+    layers: int, pp: int, vpp: int, per_stage: int | None, tmp_path: Path
+) -> None:
     if layers // pp % vpp:
         return  # the core refuses it (MDC223); nothing to write
-    _, _, toml = compiled(tmp_path, parallelism={"tp": 2, "pp": pp, "vpp": vpp},
-                          model={"num_layers": layers})
+    _, _, toml = compiled(
+        tmp_path, parallelism={"tp": 2, "pp": pp, "vpp": vpp}, model={"num_layers": layers}
+    )
     parallelism = tomllib.loads(toml)["parallelism"]
     assert parallelism["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert parallelism.get("pipeline_parallel_layers_per_stage") == per_stage
@@ -150,23 +192,41 @@ def validate(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-@pytest.mark.parametrize("word", ["--parallelism.tensor_parallel_degree",
-                                  "--parallelism.tensor-parallel-degree=2",
-                                  "--job.config-file", "--training.local_batch_size"])
+@pytest.mark.parametrize(
+    "word",
+    [
+        "--parallelism.tensor_parallel_degree",
+        "--parallelism.tensor-parallel-degree=2",
+        "--job.config-file",
+        "--training.local_batch_size",
+    ],
+)
 def test_a_derived_key_in_the_command_is_an_error(word: str, tmp_path: Path) -> None:
-    code, err = validate(tmp_path, {
-        "job": {"name": "unit", "command": ["python", "-m", "torchtitan.train", word, "2"]},
-        "distributed": {"launcher": "torchtitan", "nnodes": 1, "nproc_per_node": 8}})
+    code, err = validate(
+        tmp_path,
+        {
+            "job": {"name": "unit", "command": ["python", "-m", "torchtitan.train", word, "2"]},
+            "distributed": {"launcher": "torchtitan", "nnodes": 1, "nproc_per_node": 8},
+        },
+    )
     assert code == 1 and "MDC338" in err and "/job/command/3" in err
 
 
 def test_dtype_keys_are_free_without_a_dtype(tmp_path: Path) -> None:
-    config = {"model": {"converters": ["quantize.linear.mx"]},
-              "training": {"mixed_precision_param": "float32", "dataset": "c4"}}
-    base = {"job": {"name": "unit", "command": ["python", "-m", "torchtitan.train"]},
-            "distributed": {"launcher": "torchtitan", "nnodes": 1, "nproc_per_node": 8,
-                            "accelerator": "cpu"},
-            "torchtitan": {"config": config}}
+    config = {
+        "model": {"converters": ["quantize.linear.mx"]},
+        "training": {"mixed_precision_param": "float32", "dataset": "c4"},
+    }
+    base = {
+        "job": {"name": "unit", "command": ["python", "-m", "torchtitan.train"]},
+        "distributed": {
+            "launcher": "torchtitan",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator": "cpu",
+        },
+        "torchtitan": {"config": config},
+    }
     assert validate(tmp_path / "free", base)[0] == 0
     code, err = validate(tmp_path / "owned", {**base, "model": {"dtype": "fp8"}})
     assert code == 1 and err.count("MDC338") == 2

@@ -25,19 +25,43 @@ from mdc.errors import Diagnostic, Severity, SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-OTHERS = ("torchrun", "basic", "deepspeed", "megatron", "torchtitan", "primus", "sglang",
-          "sglang_disagg", "slurm", "ssh", "kubernetes", "pytorchjob", "trainjob",
-          "leaderworkerset")
+OTHERS = (
+    "torchrun",
+    "basic",
+    "deepspeed",
+    "megatron",
+    "torchtitan",
+    "primus",
+    "sglang",
+    "sglang_disagg",
+    "slurm",
+    "ssh",
+    "kubernetes",
+    "pytorchjob",
+    "trainjob",
+    "leaderworkerset",
+)
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
 MODEL = "org/some-model"
 
 
-def spec(vllm: dict[str, Any] | None = None, *, nnodes: int = 1, nproc: int = 4,
-         command: Any = ("vllm", "serve"), **extra: Any) -> dict[str, Any]:
+def spec(
+    vllm: dict[str, Any] | None = None,
+    *,
+    nnodes: int = 1,
+    nproc: int = 4,
+    command: Any = ("vllm", "serve"),
+    **extra: Any,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "vllm-unit", "command": list(command)},
-        "distributed": {"launcher": "vllm", "backend": "local", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "master_port": 29650},
+        "distributed": {
+            "launcher": "vllm",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "master_port": 29650,
+        },
         "vllm": {"model": MODEL, **(vllm or {})},
     }
     for table, value in extra.items():
@@ -71,9 +95,21 @@ def file_of(compiled: Compiled, path: str) -> str:
 def test_one_node_serves_the_model_over_all_its_gpus(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, spec({"args": ["--max-model-len", "4096"]}))
     (role,) = compiled.launch.roles
-    assert role.argv == ("vllm", "serve", MODEL, "--tensor-parallel-size", "4",
-                         "--pipeline-parallel-size", "1", "--host", "0.0.0.0",
-                         "--port", "8000", "--max-model-len", "4096")
+    assert role.argv == (
+        "vllm",
+        "serve",
+        MODEL,
+        "--tensor-parallel-size",
+        "4",
+        "--pipeline-parallel-size",
+        "1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--max-model-len",
+        "4096",
+    )
     env = dict(role.env)
     assert env["VLLM_TENSOR_PARALLEL_SIZE"] == "4"
     assert env["VLLM_PIPELINE_PARALLEL_SIZE"] == "1"
@@ -88,8 +124,16 @@ def test_a_command_other_than_vllm_serve_gets_the_model_as_an_option(tmp_path: P
     compiled = compile_(tmp_path, spec({"port": 9001, "host": "127.0.0.1"}, command=command))
     (role,) = compiled.launch.roles
     assert role.argv[:7] == (*command, "--model", MODEL)
-    assert role.argv[7:] == ("--tensor-parallel-size", "4", "--pipeline-parallel-size", "1",
-                             "--host", "127.0.0.1", "--port", "9001")
+    assert role.argv[7:] == (
+        "--tensor-parallel-size",
+        "4",
+        "--pipeline-parallel-size",
+        "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9001",
+    )
     assert "MDC365" not in warnings_of(tmp_path, spec(command=command))
 
 
@@ -97,9 +141,21 @@ def test_several_nodes_default_to_one_server_over_ray(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, spec(nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 2}))
     (role,) = compiled.launch.roles
     assert role.argv[:2] == ("bash", Concat((Ref("MDC_OUT"), "/launch/vllm-node.sh")))
-    assert role.argv[2:] == ("vllm", "serve", MODEL, "--tensor-parallel-size", "8",
-                             "--pipeline-parallel-size", "2", "--host", "0.0.0.0",
-                             "--port", "8000", "--distributed-executor-backend", "ray")
+    assert role.argv[2:] == (
+        "vllm",
+        "serve",
+        MODEL,
+        "--tensor-parallel-size",
+        "8",
+        "--pipeline-parallel-size",
+        "2",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--distributed-executor-backend",
+        "ray",
+    )
     assert dict(role.env)["VLLM_DISTRIBUTED_BACKEND"] == "ray"
     (script,) = compiled.launch.files
     assert script.path == "launch/vllm-node.sh" and script.executable
@@ -110,12 +166,23 @@ def test_several_nodes_default_to_one_server_over_ray(tmp_path: Path) -> None:
 
 
 def test_replicas_run_an_independent_server_on_every_node(tmp_path: Path) -> None:
-    compiled = compile_(tmp_path, spec({"mode": "replicas"}, nnodes=3, nproc=4,
-                                       parallelism={"tp": 2, "pp": 2}))
+    compiled = compile_(
+        tmp_path, spec({"mode": "replicas"}, nnodes=3, nproc=4, parallelism={"tp": 2, "pp": 2})
+    )
     (role,) = compiled.launch.roles
-    assert role.argv == ("vllm", "serve", MODEL, "--tensor-parallel-size", "2",
-                         "--pipeline-parallel-size", "2", "--host", "0.0.0.0",
-                         "--port", "8000")
+    assert role.argv == (
+        "vllm",
+        "serve",
+        MODEL,
+        "--tensor-parallel-size",
+        "2",
+        "--pipeline-parallel-size",
+        "2",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+    )
     assert compiled.launch.files == ()
     assert compiled.plan.sizes.dp == 3
 
@@ -138,16 +205,21 @@ def test_a_missing_model_is_an_error(tmp_path: Path) -> None:
 
 def test_replicas_need_tp_times_pp_to_fill_one_node(tmp_path: Path) -> None:
     # pp defaults to nnodes (4) for a model-parallel launcher: 8 x 4 = 32 GPUs per server
-    (found,) = [d for d in diagnostics(tmp_path, spec({"mode": "replicas"}, nnodes=4, nproc=8))
-                if d.is_error]
+    (found,) = [
+        d
+        for d in diagnostics(tmp_path, spec({"mode": "replicas"}, nnodes=4, nproc=8))
+        if d.is_error
+    ]
     assert found.code == "MDC362" and "8 GPUs" in found.message and "= 32" in found.message
     assert "tp = 8 and pp = 1" in (found.hint or "")
 
 
 def test_one_server_must_use_every_gpu(tmp_path: Path) -> None:
-    found = [d for d in diagnostics(tmp_path, spec(nnodes=2, nproc=8,
-                                                    parallelism={"tp": 8, "pp": 1}))
-             if d.is_error]
+    found = [
+        d
+        for d in diagnostics(tmp_path, spec(nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 1}))
+        if d.is_error
+    ]
     assert [d.code for d in found] == ["MDC362"]
     assert "= 8 GPUs" in found[0].message and "2 x 8 = 16" in found[0].message
     assert 'mode = "replicas"' in (found[0].hint or "")
@@ -158,13 +230,17 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
     assert "MDC363" in {d.code for d in found if d.is_error}
 
 
-@pytest.mark.parametrize(("where", "words", "flags"), [
-    ("command", ["vllm", "serve", "--port", "1"], "--port"),
-    ("args", ["-tp", "2", "--model=x"], "--tensor-parallel-size, --model"),
-    ("args", ["--pipeline-parallel-size=2"], "--pipeline-parallel-size"),
-])
-def test_flags_mdc_sets_may_not_be_written_again(tmp_path: Path, where: str,
-                                                 words: list[str], flags: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "words", "flags"),
+    [
+        ("command", ["vllm", "serve", "--port", "1"], "--port"),
+        ("args", ["-tp", "2", "--model=x"], "--tensor-parallel-size, --model"),
+        ("args", ["--pipeline-parallel-size=2"], "--pipeline-parallel-size"),
+    ],
+)
+def test_flags_mdc_sets_may_not_be_written_again(
+    tmp_path: Path, where: str, words: list[str], flags: str
+) -> None:
     data = spec({"args": words}) if where == "args" else spec(command=words)
     (found,) = [d for d in diagnostics(tmp_path, data) if d.is_error]
     assert found.code == "MDC364" and f"has {flags}," in found.message
@@ -185,8 +261,12 @@ def test_ray_over_cpu_is_refused_but_cpu_replicas_are_fine(tmp_path: Path) -> No
     cpu = {"accelerator": "cpu"}
     found = diagnostics(tmp_path, spec(nnodes=2, nproc=2, distributed=cpu))
     assert [d.code for d in found if d.severity is Severity.ERROR] == ["MDC367"]
-    compile_(tmp_path, spec({"mode": "replicas"}, nnodes=2, nproc=2, distributed=cpu,
-                            parallelism={"tp": 2, "pp": 1}))
+    compile_(
+        tmp_path,
+        spec(
+            {"mode": "replicas"}, nnodes=2, nproc=2, distributed=cpu, parallelism={"tp": 2, "pp": 1}
+        ),
+    )
 
 
 def test_unknown_keys_and_bad_modes_are_schema_errors(tmp_path: Path) -> None:
@@ -221,9 +301,13 @@ echo "vllm VLLM_HOST_IP=$VLLM_HOST_IP VLLM_DISTRIBUTED_BACKEND=$VLLM_DISTRIBUTED
 """
 
 
-def run_node(tmp_path: Path, data: dict[str, Any], rank: int, counts: list[str],
-             hosts: str = "127.0.0.1 127.0.0.2") -> tuple[subprocess.CompletedProcess[str],
-                                                         list[str]]:
+def run_node(
+    tmp_path: Path,
+    data: dict[str, Any],
+    rank: int,
+    counts: list[str],
+    hosts: str = "127.0.0.1 127.0.0.2",
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     out = tmp_path / "out"
     write_tree(out, compile_(tmp_path, data).tree)
     stubs = tmp_path / "bin"
@@ -233,11 +317,23 @@ def run_node(tmp_path: Path, data: dict[str, Any], rank: int, counts: list[str],
         (stubs / name).chmod(0o755)
     log = tmp_path / "calls.log"
     (tmp_path / "counts").write_text("\n".join(counts) + "\n", encoding="utf-8")
-    env = {"PATH": f"{stubs}:{os.environ['PATH']}", "NODE_RANK": str(rank),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29650", "NODE_HOSTS": hosts,
-           "STUB_LOG": str(log), "STUB_COUNTS": str(tmp_path / "counts")}
-    done = subprocess.run(["bash", str(out / "launch" / "worker.sh")], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    env = {
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "NODE_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29650",
+        "NODE_HOSTS": hosts,
+        "STUB_LOG": str(log),
+        "STUB_COUNTS": str(tmp_path / "counts"),
+    }
+    done = subprocess.run(
+        ["bash", str(out / "launch" / "worker.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
     return done, calls
 
@@ -248,13 +344,17 @@ RAY_2X2 = spec({"ray_wait_seconds": 30}, nnodes=2, nproc=2)
 @pytest.mark.slow
 def test_the_node_script_passes_bash_n_and_shellcheck(tmp_path: Path) -> None:
     script = tmp_path / "vllm-node.sh"
-    script.write_text(file_of(compile_(tmp_path, RAY_2X2), "launch/vllm-node.sh"),
-                      encoding="utf-8")
-    parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                            check=False)
+    script.write_text(file_of(compile_(tmp_path, RAY_2X2), "launch/vllm-node.sh"), encoding="utf-8")
+    parsed = subprocess.run(
+        ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+    )
     assert parsed.returncode == 0, parsed.stderr
-    linted = subprocess.run([shellcheck(), "--norc", "-S", "style", str(script)],
-                            capture_output=True, text=True, check=False)
+    linted = subprocess.run(
+        [shellcheck(), "--norc", "-S", "style", str(script)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
@@ -263,12 +363,13 @@ def test_node_0_starts_the_head_waits_for_every_gpu_then_serves(tmp_path: Path) 
     # Ray first reports 2 of the 4 GPUs (node 1 not there yet), then all 4
     done, calls = run_node(tmp_path, RAY_2X2, 0, ["2", "4"])
     assert done.returncode == 0, done.stderr
-    assert calls[0] == ("ray start --head --node-ip-address=127.0.0.1 --port=29650 "
-                        "--num-gpus=2")
+    assert calls[0] == ("ray start --head --node-ip-address=127.0.0.1 --port=29650 --num-gpus=2")
     assert calls[1:3] == ["python3 VLLM_HOST_IP=127.0.0.1"] * 2
-    assert calls[3] == ("vllm VLLM_HOST_IP=127.0.0.1 VLLM_DISTRIBUTED_BACKEND=ray serve "
-                        f"{MODEL} --tensor-parallel-size 2 --pipeline-parallel-size 2 "
-                        "--host 0.0.0.0 --port 8000 --distributed-executor-backend ray")
+    assert calls[3] == (
+        "vllm VLLM_HOST_IP=127.0.0.1 VLLM_DISTRIBUTED_BACKEND=ray serve "
+        f"{MODEL} --tensor-parallel-size 2 --pipeline-parallel-size 2 "
+        "--host 0.0.0.0 --port 8000 --distributed-executor-backend ray"
+    )
     assert calls[4:] == ["ray stop"]  # the EXIT trap stops Ray once the server is done
 
 
@@ -276,8 +377,9 @@ def test_node_0_starts_the_head_waits_for_every_gpu_then_serves(tmp_path: Path) 
 def test_other_nodes_join_the_head_and_block(tmp_path: Path) -> None:
     done, calls = run_node(tmp_path, RAY_2X2, 1, ["0"])
     assert done.returncode == 0, done.stderr
-    assert calls == [("ray start --address=127.0.0.1:29650 --node-ip-address=127.0.0.2 "
-                     "--num-gpus=2 --block")]
+    assert calls == [
+        ("ray start --address=127.0.0.1:29650 --node-ip-address=127.0.0.2 --num-gpus=2 --block")
+    ]
 
 
 @pytest.mark.slow

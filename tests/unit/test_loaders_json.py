@@ -73,8 +73,13 @@ def test_corpus_data_and_positions(name: str) -> None:
 def test_explicit_positions() -> None:
     text = '{\n  "a": [10,\n        {"b": null}]\n}'
     doc = parse(text, "s.json")
-    assert doc.values == {"": (1, 1), "/a": (2, 8), "/a/0": (2, 9), "/a/1": (3, 9),
-                          "/a/1/b": (3, 15)}
+    assert doc.values == {
+        "": (1, 1),
+        "/a": (2, 8),
+        "/a/0": (2, 9),
+        "/a/1": (3, 9),
+        "/a/1/b": (3, 15),
+    }
     assert doc.keys == {"/a": (2, 3), "/a/1/b": (3, 10)}
 
 
@@ -87,17 +92,20 @@ def single(exc: pytest.ExceptionInfo[SpecError]) -> tuple[str, int | None, int |
     return diag.code, diag.location.line, diag.location.column, diag.message
 
 
-@pytest.mark.parametrize(("text", "line", "col"), [
-    ("", 1, 1),
-    ('{"a": }', 1, 7),
-    ('{\n  "a": 1,\n}', 3, 1),
-    ("[1, 2\n", 2, 1),
-    ('{"a" 1}', 1, 6),
-    ("[1] [2]", 1, 5),
-    ("[01]", 1, 3),
-    ("{'a': 1}", 1, 2),
-    ('["tab\tinside"]', 1, 6),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "col"),
+    [
+        ("", 1, 1),
+        ('{"a": }', 1, 7),
+        ('{\n  "a": 1,\n}', 3, 1),
+        ("[1, 2\n", 2, 1),
+        ('{"a" 1}', 1, 6),
+        ("[1] [2]", 1, 5),
+        ("[01]", 1, 3),
+        ("{'a': 1}", 1, 2),
+        ('["tab\tinside"]', 1, 6),
+    ],
+)
 def test_syntax_errors_are_located(text: str, line: int, col: int) -> None:
     with pytest.raises(SpecError) as exc:
         parse(text, "s.json")
@@ -106,11 +114,14 @@ def test_syntax_errors_are_located(text: str, line: int, col: int) -> None:
     assert exc.value.diagnostics[0].location.path == "s.json"
 
 
-@pytest.mark.parametrize(("text", "pointer", "line", "col"), [
-    ("[1, NaN]", "/1", 1, 5),
-    ('{"x":\n  Infinity}', "/x", 2, 3),
-    ('{"y": [-Infinity]}', "/y/0", 1, 8),
-])
+@pytest.mark.parametrize(
+    ("text", "pointer", "line", "col"),
+    [
+        ("[1, NaN]", "/1", 1, 5),
+        ('{"x":\n  Infinity}', "/x", 2, 3),
+        ('{"y": [-Infinity]}', "/y/0", 1, 8),
+    ],
+)
 def test_nan_and_infinity_are_rejected(text: str, pointer: str, line: int, col: int) -> None:
     with pytest.raises(SpecError) as exc:
         parse(text, "s.json")
@@ -137,8 +148,9 @@ DUPLICATES = [
 
 
 @pytest.mark.parametrize(("text", "pointer", "second", "first"), DUPLICATES)
-def test_duplicates_name_both_occurrences(text: str, pointer: str, second: tuple[int, int],
-                                          first: tuple[int, int]) -> None:
+def test_duplicates_name_both_occurrences(
+    text: str, pointer: str, second: tuple[int, int], first: tuple[int, int]
+) -> None:
     with pytest.raises(SpecError) as exc:
         parse(text, "s.json")
     (diag,) = exc.value.diagnostics
@@ -161,18 +173,23 @@ def test_deep_nesting_is_a_syntax_error() -> None:
 
 
 DATA = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=15,
 )
 
 
 @settings(max_examples=200, deadline=None)
 @given(DATA, st.sampled_from([None, 0, 2, "\t"]), st.booleans())
-def test_round_trip_through_json_dumps(data: object, indent: int | str | None,
-                                       ascii_only: bool) -> None:
+def test_round_trip_through_json_dumps(
+    data: object, indent: int | str | None, ascii_only: bool
+) -> None:
     text = json.dumps(data, indent=indent, ensure_ascii=ascii_only)
     doc = parse(text, "s.json")
     assert doc.data == data

@@ -152,7 +152,7 @@ def walk(value: object, path: tuple[str | int, ...] = ()) -> Iterator[tuple[str,
 
 def rest_of_line(text: str, pos: tuple[int, int]) -> str:
     line, col = pos
-    return text.split("\n")[line - 1][col - 1:]
+    return text.split("\n")[line - 1][col - 1 :]
 
 
 _KEY = re.compile(r""""(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_-]+""")
@@ -241,13 +241,16 @@ def single(exc: pytest.ExceptionInfo[SpecError]) -> tuple[str, int | None, int |
     return diag.code, diag.location.line, diag.location.column, diag.message
 
 
-@pytest.mark.parametrize(("text", "line", "col"), [
-    ("a = \n", 1, 5),
-    ("a = 1\nb = ?\n", 2, 5),
-    ("a = 1\n\tb = 'x\n", 2, 8),
-    ("[t\nx = 1\n", 1, 3),
-    ("a = 1 2\n", 1, 7),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "col"),
+    [
+        ("a = \n", 1, 5),
+        ("a = 1\nb = ?\n", 2, 5),
+        ("a = 1\n\tb = 'x\n", 2, 8),
+        ("[t\nx = 1\n", 1, 3),
+        ("a = 1 2\n", 1, 7),
+    ],
+)
 def test_syntax_errors_are_located(text: str, line: int, col: int) -> None:
     with pytest.raises(SpecError) as exc:
         parse(text, "s.toml")
@@ -287,8 +290,9 @@ DUPLICATES = [
 
 
 @pytest.mark.parametrize(("text", "pointer", "second", "first"), DUPLICATES)
-def test_duplicates_name_both_occurrences(text: str, pointer: str, second: tuple[int, int],
-                                          first: tuple[int, int]) -> None:
+def test_duplicates_name_both_occurrences(
+    text: str, pointer: str, second: tuple[int, int], first: tuple[int, int]
+) -> None:
     with pytest.raises(tomllib.TOMLDecodeError):
         tomllib.loads(text)  # the case really is invalid TOML
     with pytest.raises(SpecError) as exc:
@@ -302,10 +306,13 @@ def test_duplicates_name_both_occurrences(text: str, pointer: str, second: tuple
 
 def test_unlocated_tomlkit_duplicate_still_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """When tomlkit and the scanner disagree, tomlkit's complaint stands, as MDC002."""
+
     def reject(text: str) -> None:
         raise KeyAlreadyPresent("a")
+
     def refuse(text: str) -> None:  # tomlkit is asked only about what tomllib refused
         raise tomllib.TOMLDecodeError("refused")
+
     monkeypatch.setattr(tomllib, "loads", refuse)
     monkeypatch.setattr(tomlkit, "parse", reject)
     with pytest.raises(SpecError) as exc:
@@ -313,11 +320,14 @@ def test_unlocated_tomlkit_duplicate_still_reported(monkeypatch: pytest.MonkeyPa
     assert single(exc) == ("MDC002", None, None, 'Key "a" already exists.')
 
 
-@pytest.mark.parametrize(("fmt", "text"), [
-    ("toml", "a = " + "[" * 200 + "]" * 200 + "\n"),
-    ("json", '{"a": ' + "[" * 200 + "]" * 200 + "}"),
-    ("yaml", "a: " + "[" * 200 + "]" * 200 + "\n"),
-])
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        ("toml", "a = " + "[" * 200 + "]" * 200 + "\n"),
+        ("json", '{"a": ' + "[" * 200 + "]" * 200 + "}"),
+        ("yaml", "a: " + "[" * 200 + "]" * 200 + "\n"),
+    ],
+)
 def test_nesting_limit_is_a_syntax_error(fmt: str, text: str) -> None:
     """Every format has the same limit, though tomllib and json read far deeper."""
     with pytest.raises(SpecError) as exc:
@@ -342,13 +352,21 @@ def _nested(depth: int) -> object:
 
 
 KEYS = st.text(alphabet="ab_-. /~\"'é#=", max_size=5)
-SCALARS = (st.booleans() | st.integers(-(2**63), 2**63 - 1)
-           | st.floats(allow_nan=False) | st.text(alphabet="ab \"'\\\n\t#=[]{}é", max_size=8))
-DATA = st.dictionaries(KEYS, st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
-    max_leaves=12,
-), max_size=4)
+SCALARS = (
+    st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(alphabet="ab \"'\\\n\t#=[]{}é", max_size=8)
+)
+DATA = st.dictionaries(
+    KEYS,
+    st.recursive(
+        SCALARS,
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=3),
+        max_leaves=12,
+    ),
+    max_size=4,
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -363,12 +381,21 @@ def test_round_trip_through_tomlkit_dumps(data: dict[str, object]) -> None:
 
 PARTS = st.sampled_from(["a", "b", '"a"', "'b'", "c"])
 KEY_PATH = st.lists(PARTS, min_size=1, max_size=3).map(".".join)
-INLINE = st.recursive(st.just("1"), lambda inner: (
-    st.lists(inner, max_size=2).map(lambda xs: "[" + ", ".join(xs) + "]")
-    | st.lists(st.tuples(KEY_PATH, inner), max_size=3).map(
-        lambda kvs: "{" + ", ".join(f"{k} = {v}" for k, v in kvs) + "}")), max_leaves=5)
-STATEMENT = (KEY_PATH.map(lambda k: f"[{k}]") | KEY_PATH.map(lambda k: f"[[{k}]]")
-             | st.tuples(KEY_PATH, INLINE).map(lambda kv: f"{kv[0]} = {kv[1]}"))
+INLINE = st.recursive(
+    st.just("1"),
+    lambda inner: (
+        st.lists(inner, max_size=2).map(lambda xs: "[" + ", ".join(xs) + "]")
+        | st.lists(st.tuples(KEY_PATH, inner), max_size=3).map(
+            lambda kvs: "{" + ", ".join(f"{k} = {v}" for k, v in kvs) + "}"
+        )
+    ),
+    max_leaves=5,
+)
+STATEMENT = (
+    KEY_PATH.map(lambda k: f"[{k}]")
+    | KEY_PATH.map(lambda k: f"[[{k}]]")
+    | st.tuples(KEY_PATH, INLINE).map(lambda kv: f"{kv[0]} = {kv[1]}")
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -32,22 +32,32 @@ def test_yaml_12_scalars_stay_what_they_say() -> None:
     assert data["job"]["command"] == ["python", "train.py"]
 
 
-@pytest.mark.parametrize(("pointer", "token"), [
-    ("/job", "job"), ("/job/name", "name"), ("/distributed/nnodes", "nnodes"),
-])
+@pytest.mark.parametrize(
+    ("pointer", "token"),
+    [
+        ("/job", "job"),
+        ("/job/name", "name"),
+        ("/distributed/nnodes", "nnodes"),
+    ],
+)
 def test_keys_point_at_their_text(pointer: str, token: str) -> None:
     doc = parse(TEXT)
     line, col = doc.keys[pointer]
-    assert TEXT.splitlines()[line - 1][col - 1:].startswith(token)
+    assert TEXT.splitlines()[line - 1][col - 1 :].startswith(token)
 
 
-@pytest.mark.parametrize(("pointer", "token"), [
-    ("/job/name", "demo"), ("/job/command/1", "train.py"), ("/distributed/nnodes", "2"),
-])
+@pytest.mark.parametrize(
+    ("pointer", "token"),
+    [
+        ("/job/name", "demo"),
+        ("/job/command/1", "train.py"),
+        ("/distributed/nnodes", "2"),
+    ],
+)
 def test_values_point_at_their_text(pointer: str, token: str) -> None:
     doc = parse(TEXT)
     line, col = doc.values[pointer]
-    assert TEXT.splitlines()[line - 1][col - 1:].startswith(token)
+    assert TEXT.splitlines()[line - 1][col - 1 :].startswith(token)
 
 
 def test_every_pointer_is_located() -> None:
@@ -120,8 +130,12 @@ d:
 def test_merge_keys_are_read_and_located_where_the_values_are_written() -> None:
     """A member merged in with ``<<`` has the position it has in its anchored mapping."""
     doc = load_text(MERGES, "m.yaml", "yaml")
-    assert doc.data == {"a": {"x": 1}, "b": {"y": "two"}, "c": {"x": 1, "y": "two", "z": 3},
-                        "d": {"x": 1}}
+    assert doc.data == {
+        "a": {"x": 1},
+        "b": {"y": "two"},
+        "c": {"x": 1, "y": "two", "z": 3},
+        "d": {"x": 1},
+    }
     assert doc.values["/c/x"] == doc.values["/d/x"] == doc.values["/a/x"] == (2, 6)
     assert doc.keys["/c/y"] == doc.keys["/b/y"] == (4, 3)
     assert doc.values["/c/z"] == (7, 6)

@@ -39,10 +39,19 @@ from mdc.plan.model import TrainingSetup
 from mdc.spec import ModelTable
 
 LLAMA3_8B: dict[str, Any] = {
-    "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_query_groups": 8,
-    "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 8192, "gated_mlp": True,
-    "tied_embeddings": False, "position_embedding": "rope", "bias": False,
-    "normalization": "rmsnorm"}
+    "num_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_query_groups": 8,
+    "ffn_hidden_size": 14336,
+    "vocab_size": 128256,
+    "seq_length": 8192,
+    "gated_mlp": True,
+    "tied_embeddings": False,
+    "position_embedding": "rope",
+    "bias": False,
+    "normalization": "rmsnorm",
+}
 
 
 def shape_of(**model: Any) -> Shape:
@@ -51,24 +60,41 @@ def shape_of(**model: Any) -> Shape:
     return shape
 
 
-def job(*, nnodes: int = 1, nproc: int = 1, parallelism: dict[str, Any] | None = None,
-        batch: dict[str, Any] | None = None, model: dict[str, Any] | None = None,
-        **distributed: Any) -> dict[str, Any]:
+def job(
+    *,
+    nnodes: int = 1,
+    nproc: int = 1,
+    parallelism: dict[str, Any] | None = None,
+    batch: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    **distributed: Any,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "job": {"name": "mem", "command": "train.py"},
-        "distributed": {"launcher": "torchrun", "nnodes": nnodes, "nproc_per_node": nproc,
-                        **distributed}}
+        "distributed": {
+            "launcher": "torchrun",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            **distributed,
+        },
+    }
     for key, value in (("parallelism", parallelism), ("batch", batch), ("model", model)):
         if value is not None:
             data[key] = value
     return data
 
 
-def plan_of(data: dict[str, Any], training: TrainingSetup | None = None,
-            disaggregated: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+def plan_of(
+    data: dict[str, Any], training: TrainingSetup | None = None, disaggregated: bool = False
+) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     spec = structure_spec(data, {})
-    return build_plan(spec, parallelism="data", disaggregated=disaggregated, training=training,
-                      locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
+    return build_plan(
+        spec,
+        parallelism="data",
+        disaggregated=disaggregated,
+        training=training,
+        locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer),
+    )
 
 
 def planned(data: dict[str, Any], training: TrainingSetup | None = None) -> Plan:
@@ -94,23 +120,26 @@ def classic(l: int, h: int, v: int, s: int) -> int:
     return int(p)
 
 
-@pytest.mark.parametrize(("l", "h", "a", "v", "s"), [
-    (2, 64, 4, 100, 32),
-    (24, 1024, 16, 50257, 1024),     # GPT-2 medium's shape
-    (32, 4096, 32, 50304, 2048),
-    (96, 12288, 96, 50257, 2048),    # GPT-3 175B
-    (80, 8192, 64, 128256, 8192),
-])
+@pytest.mark.parametrize(
+    ("l", "h", "a", "v", "s"),
+    [
+        (2, 64, 4, 100, 32),
+        (24, 1024, 16, 50257, 1024),  # GPT-2 medium's shape
+        (32, 4096, 32, 50304, 2048),
+        (96, 12288, 96, 50257, 2048),  # GPT-3 175B
+        (80, 8192, 64, 128256, 8192),
+    ],
+)
 def test_defaults_reproduce_the_classic_formula(l: int, h: int, a: int, v: int, s: int) -> None:
-    shape = shape_of(num_layers=l, hidden_size=h, num_attention_heads=a, vocab_size=v,
-                     seq_length=s)
+    shape = shape_of(num_layers=l, hidden_size=h, num_attention_heads=a, vocab_size=v, seq_length=s)
     assert parameter_count(shape) == classic(l, h, v, s)
 
 
 def test_gpt3_is_175_billion() -> None:
     """Brown et al. 2020: 175B parameters (96 layers, d_model 12288, 96 heads, 2048 tokens)."""
-    shape = shape_of(num_layers=96, hidden_size=12288, num_attention_heads=96,
-                     vocab_size=50257, seq_length=2048)
+    shape = shape_of(
+        num_layers=96, hidden_size=12288, num_attention_heads=96, vocab_size=50257, seq_length=2048
+    )
     assert round(parameter_count(shape) / 1e9) == 175
 
 
@@ -126,8 +155,13 @@ def test_mixtral_8x7b_is_46_7_billion() -> None:
 
 
 def test_each_layout_key_changes_the_count_by_its_own_term() -> None:
-    base = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "vocab_size": 1000,
-            "seq_length": 128}
+    base = {
+        "num_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "vocab_size": 1000,
+        "seq_length": 128,
+    }
     l, h, v, s = 4, 256, 1000, 128
     count = parameter_count(shape_of(**base))
     assert parameter_count(shape_of(**base, tied_embeddings=False)) - count == v * h
@@ -139,13 +173,14 @@ def test_each_layout_key_changes_the_count_by_its_own_term() -> None:
     # a gated MLP adds one more h x 4h matrix and its 4h bias
     assert parameter_count(shape_of(**base, gated_mlp=True)) - count == l * (4 * h * h + 4 * h)
     # 2 query groups of 8 heads: K and V shrink from h x h to h x h/4 (and their biases)
-    assert count - parameter_count(shape_of(**base, num_query_groups=2)) == \
-        l * 2 * (h * h - h * h // 4 + h - h // 4)
+    assert count - parameter_count(shape_of(**base, num_query_groups=2)) == l * 2 * (
+        h * h - h * h // 4 + h - h // 4
+    )
 
 
 # ------------------------------------------------------------------ megatron-core, per rank
 
-MEGATRON_WORKER = r'''
+MEGATRON_WORKER = r"""
 import json, os, sys, warnings
 
 def worker(rank, world, port, cases, out):
@@ -202,24 +237,55 @@ if __name__ == "__main__":
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(worker, args=(world, port, cases, out), nprocs=world)
-'''
+"""
 
-SMALL_GQA = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 8, "num_query_groups": 2,
-             "ffn_hidden_size": 96, "gated_mlp": True, "vocab_size": 128, "seq_length": 32}
+SMALL_GQA = {
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 8,
+    "num_query_groups": 2,
+    "ffn_hidden_size": 96,
+    "gated_mlp": True,
+    "vocab_size": 128,
+    "seq_length": 32,
+}
 MEGATRON_CASES: list[dict[str, Any]] = [
     # world 4: tp 2 x pp 2, tied embeddings (the last stage keeps a copy), learned positions
     {"tp": 2, "pp": 2, "ep": 1, "model": SMALL_GQA},
     # tp 4 > 2 query groups: each rank holds one K/V group
-    {"tp": 4, "pp": 1, "ep": 1, "model": {**SMALL_GQA, "tied_embeddings": False,
-                                          "position_embedding": "rope", "bias": False,
-                                          "normalization": "rmsnorm"}},
+    {
+        "tp": 4,
+        "pp": 1,
+        "ep": 1,
+        "model": {
+            **SMALL_GQA,
+            "tied_embeddings": False,
+            "position_embedding": "rope",
+            "bias": False,
+            "normalization": "rmsnorm",
+        },
+    },
     # the classic layout, untied, pp 4 (one layer per stage)
-    {"tp": 1, "pp": 4, "ep": 1, "model": {"num_layers": 4, "hidden_size": 48,
-                                          "num_attention_heads": 4, "vocab_size": 96,
-                                          "seq_length": 16, "tied_embeddings": False}},
+    {
+        "tp": 1,
+        "pp": 4,
+        "ep": 1,
+        "model": {
+            "num_layers": 4,
+            "hidden_size": 48,
+            "num_attention_heads": 4,
+            "vocab_size": 96,
+            "seq_length": 16,
+            "tied_embeddings": False,
+        },
+    },
     # MoE: 4 experts over ep 2 (dp 4), expert width 40
-    {"tp": 1, "pp": 1, "ep": 2, "model": {**SMALL_GQA, "num_experts": 4,
-                                          "moe_ffn_hidden_size": 40, "bias": False}},
+    {
+        "tp": 1,
+        "pp": 1,
+        "ep": 2,
+        "model": {**SMALL_GQA, "num_experts": 4, "moe_ffn_hidden_size": 40, "bias": False},
+    },
     # everything on one rank per replica: the whole model's count
     {"tp": 1, "pp": 1, "ep": 1, "model": {**SMALL_GQA, "tied_embeddings": False}},
 ]
@@ -235,31 +301,56 @@ def test_per_gpu_parameters_match_megatron_core(tmp_path: Path) -> None:
     script = tmp_path / "megatron_params.py"
     script.write_text(MEGATRON_WORKER)
     world = 4
-    done = subprocess.run([sys.executable, str(script), json.dumps(MEGATRON_CASES),
-                           str(tmp_path / "out"), str(world)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            json.dumps(MEGATRON_CASES),
+            str(tmp_path / "out"),
+            str(world),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"out.{r}").read_text()) for r in range(world)]
     for index, case in enumerate(MEGATRON_CASES):
-        plan = planned(job(nproc=world, model=case["model"],
-                           parallelism={"tp": case["tp"], "pp": case["pp"], "ep": case["ep"]}))
+        plan = planned(
+            job(
+                nproc=world,
+                model=case["model"],
+                parallelism={"tp": case["tp"], "pp": case["pp"], "ep": case["ep"]},
+            )
+        )
         by_stage = {e.stage: e.params_per_gpu for e in stages(plan)}
         for rank in range(world):
             got = ranks[rank][index]
             pp_rank = got["pp_rank"]
-            stage = ("only" if case["pp"] == 1 else "first" if pp_rank == 0
-                     else "last" if pp_rank == case["pp"] - 1 else "middle")
+            stage = (
+                "only"
+                if case["pp"] == 1
+                else "first"
+                if pp_rank == 0
+                else "last"
+                if pp_rank == case["pp"] - 1
+                else "middle"
+            )
             if stage == "middle":  # layers only: the first stage without its embedding
                 m, tp = case["model"], case["tp"]
                 learned = m.get("position_embedding", "learned") == "learned"
                 embedding = m["vocab_size"] // tp * m["hidden_size"] + (
-                    m["seq_length"] * m["hidden_size"] if learned else 0)
+                    m["seq_length"] * m["hidden_size"] if learned else 0
+                )
                 assert got["params"] == by_stage["first"] - embedding, (case, rank, got)
                 continue
             assert got["params"] == by_stage[stage] + got["final_norm"], (case, rank, got)
         if case["tp"] == case["pp"] == case["ep"] == 1:
-            assert ranks[0][index]["params"] == parameter_count(shape_of(**case["model"])) + \
-                ranks[0][index]["final_norm"]
+            assert (
+                ranks[0][index]["params"]
+                == parameter_count(shape_of(**case["model"])) + ranks[0][index]["final_norm"]
+            )
 
 
 # ------------------------------------------------------------------ weights, grads, optimizer
@@ -269,23 +360,32 @@ def state_bytes(e: MemoryEstimate) -> int:
     return e.weights + e.gradients + e.optimizer
 
 
-BIG = {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 32768,
-       "seq_length": 2048}
+BIG = {
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "vocab_size": 32768,
+    "seq_length": 2048,
+}
 
 
-@pytest.mark.parametrize(("training", "per_param"), [
-    # Megatron's distributed-optimizer docs: bf16 params + fp32 grads
-    (TrainingSetup(grad_bytes=4), lambda d: Fraction(18)),
-    (TrainingSetup(zero_stage=1, grad_bytes=4), lambda d: 6 + Fraction(12, d)),
-    # ZeRO (Rajbhandari et al. 2020), mixed-precision Adam, K = 12
-    (TrainingSetup(), lambda d: Fraction(16)),
-    (TrainingSetup(zero_stage=1), lambda d: 4 + Fraction(12, d)),
-    (TrainingSetup(zero_stage=2), lambda d: 2 + Fraction(14, d)),
-    (TrainingSetup(zero_stage=3), lambda d: Fraction(16, d)),
-])
+@pytest.mark.parametrize(
+    ("training", "per_param"),
+    [
+        # Megatron's distributed-optimizer docs: bf16 params + fp32 grads
+        (TrainingSetup(grad_bytes=4), lambda d: Fraction(18)),
+        (TrainingSetup(zero_stage=1, grad_bytes=4), lambda d: 6 + Fraction(12, d)),
+        # ZeRO (Rajbhandari et al. 2020), mixed-precision Adam, K = 12
+        (TrainingSetup(), lambda d: Fraction(16)),
+        (TrainingSetup(zero_stage=1), lambda d: 4 + Fraction(12, d)),
+        (TrainingSetup(zero_stage=2), lambda d: 2 + Fraction(14, d)),
+        (TrainingSetup(zero_stage=3), lambda d: Fraction(16, d)),
+    ],
+)
 @pytest.mark.parametrize("d", [1, 8, 64])
-def test_bytes_per_parameter_follow_megatron_and_zero(training: TrainingSetup,
-                                                      per_param: Any, d: int) -> None:
+def test_bytes_per_parameter_follow_megatron_and_zero(
+    training: TrainingSetup, per_param: Any, d: int
+) -> None:
     plan = planned(job(nnodes=d, nproc=1, model=BIG), training)
     e = stages(plan)[0]
     assert e.shard == d
@@ -296,8 +396,9 @@ def test_bytes_per_parameter_follow_megatron_and_zero(training: TrainingSetup,
 @pytest.mark.parametrize("replicas", [1, 2, 4])
 def test_hybrid_sharding_shards_within_each_replica(replicas: int) -> None:
     """HSDP: dp = 8 ranks hold ``replicas`` full copies, each sharded ZeRO-3 over 8 / replicas."""
-    plan = planned(job(nnodes=8, nproc=1, model=BIG), TrainingSetup(zero_stage=3,
-                                                                     replicas=replicas))
+    plan = planned(
+        job(nnodes=8, nproc=1, model=BIG), TrainingSetup(zero_stage=3, replicas=replicas)
+    )
     e = stages(plan)[0]
     assert e.shard == 8 // replicas
     assert abs(state_bytes(e) - Fraction(16 * replicas, 8) * e.params_per_gpu) <= 3
@@ -314,23 +415,32 @@ def test_experts_split_over_ep_and_shard_over_expert_dp() -> None:
     model = {**SMALL_GQA, "num_experts": 8, "moe_ffn_hidden_size": 40, "bias": False}
     h, f, experts = 64, 40, 8
     one_expert = 3 * h * f
-    dense_only = planned(job(nproc=8, model={k: v for k, v in model.items()
-                                             if k not in ("num_experts", "moe_ffn_hidden_size")}))
+    dense_only = planned(
+        job(
+            nproc=8,
+            model={
+                k: v for k, v in model.items() if k not in ("num_experts", "moe_ffn_hidden_size")
+            },
+        )
+    )
     # dense: attention + norms; MoE adds a router (E x h) and replaces the MLP by experts
     dense_mlp = 3 * h * 96
     for ep in (1, 2, 4, 8):
-        plan = planned(job(nproc=8, model=model, parallelism={"ep": ep}),
-                       TrainingSetup(zero_stage=1))
+        plan = planned(
+            job(nproc=8, model=model, parallelism={"ep": ep}), TrainingSetup(zero_stage=1)
+        )
         e = stages(plan)[0]
         layers = 4
-        expected = (stages(dense_only)[0].params_per_gpu
-                    + layers * (experts * h - dense_mlp + experts // ep * one_expert))
+        expected = stages(dense_only)[0].params_per_gpu + layers * (
+            experts * h - dense_mlp + experts // ep * one_expert
+        )
         assert e.params_per_gpu == expected
         assert e.expert_shard == 8 // ep and e.shard == 8
         expert_params = layers * experts // ep * one_expert
         dense_params = e.params_per_gpu - expert_params
-        assert e.optimizer == math.ceil(12 * (Fraction(dense_params, 8)
-                                              + Fraction(expert_params, 8 // ep)))
+        assert e.optimizer == math.ceil(
+            12 * (Fraction(dense_params, 8) + Fraction(expert_params, 8 // ep))
+        )
 
 
 # ------------------------------------------------------------------ activations (Korthikanti)
@@ -338,8 +448,9 @@ def test_experts_split_over_ep_and_shard_over_expert_dp() -> None:
 L, H, A, V, S = 8, 1024, 16, 32000, 2048
 
 
-def korthikanti_layer(s: Fraction | int, b: int, t: int, *, sp: bool = False,
-                      selective: bool = False, keys: int = S) -> Fraction:
+def korthikanti_layer(
+    s: Fraction | int, b: int, t: int, *, sp: bool = False, selective: bool = False, keys: int = S
+) -> Fraction:
     """Per-layer bytes, Korthikanti et al. 2022 (Table 2), with s queries against `keys` keys."""
     scores = Fraction(0) if selective else Fraction(5 * A * keys, H)
     sbh = Fraction(s) * b * H
@@ -352,26 +463,46 @@ def logits(s: Fraction | int, b: int, t: int) -> Fraction:
     return 4 * s * b * Fraction(V, t)
 
 
-def classic_plan(tp: int = 1, pp: int = 1, cp: int = 1, vpp: int | None = None, micro: int = 2,
-                 gas: int = 1, **training: Any) -> Plan:
+def classic_plan(
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    vpp: int | None = None,
+    micro: int = 2,
+    gas: int = 1,
+    **training: Any,
+) -> Plan:
     parallelism = {"tp": tp, "pp": pp, "cp": cp, **({"vpp": vpp} if vpp else {})}
     dp = 1
-    return planned(job(nnodes=pp, nproc=tp * cp, parallelism=parallelism,
-                       batch={"micro_batch_size": micro, "global_batch_size": micro * dp * gas},
-                       model={"num_layers": L, "hidden_size": H, "num_attention_heads": A,
-                              "vocab_size": V, "seq_length": S, "flash_attention": False}),
-                   TrainingSetup(**training))
+    return planned(
+        job(
+            nnodes=pp,
+            nproc=tp * cp,
+            parallelism=parallelism,
+            batch={"micro_batch_size": micro, "global_batch_size": micro * dp * gas},
+            model={
+                "num_layers": L,
+                "hidden_size": H,
+                "num_attention_heads": A,
+                "vocab_size": V,
+                "seq_length": S,
+                "flash_attention": False,
+            },
+        ),
+        TrainingSetup(**training),
+    )
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
-@pytest.mark.parametrize(("sp", "selective"), [(False, False), (True, False), (True, True),
-                                               (False, True)])
+@pytest.mark.parametrize(
+    ("sp", "selective"), [(False, False), (True, False), (True, True), (False, True)]
+)
 def test_activations_follow_korthikanti(t: int, sp: bool, selective: bool) -> None:
-    plan = classic_plan(tp=t, sequence_parallel=sp,
-                        recompute="selective" if selective else "none")
+    plan = classic_plan(tp=t, sequence_parallel=sp, recompute="selective" if selective else "none")
     (e,) = stages(plan)
-    expected = L * korthikanti_layer(S, 2, t, sp=sp and t > 1, selective=selective) \
-        + logits(S, 2, t)
+    expected = L * korthikanti_layer(S, 2, t, sp=sp and t > 1, selective=selective) + logits(
+        S, 2, t
+    )
     assert e.activations == math.ceil(expected)
 
 
@@ -379,11 +510,19 @@ def test_flash_attention_keeps_no_scores() -> None:
     """The default: fused attention stores what selective recompute would keep."""
     eager = classic_plan(tp=2, recompute="selective")
     model = {**(attrs.asdict(eager.model) if eager.model else {}), "flash_attention": None}
-    flash = planned(job(nproc=2, parallelism={"tp": 2}, model={
-        k: v for k, v in model.items() if v is not None},
-        batch={"micro_batch_size": 2, "global_batch_size": 2}))
-    assert stages(flash)[0].activations == stages(eager)[0].activations == math.ceil(
-        L * korthikanti_layer(S, 2, 2, selective=True) + logits(S, 2, 2))
+    flash = planned(
+        job(
+            nproc=2,
+            parallelism={"tp": 2},
+            model={k: v for k, v in model.items() if v is not None},
+            batch={"micro_batch_size": 2, "global_batch_size": 2},
+        )
+    )
+    assert (
+        stages(flash)[0].activations
+        == stages(eager)[0].activations
+        == math.ceil(L * korthikanti_layer(S, 2, 2, selective=True) + logits(S, 2, 2))
+    )
 
 
 def test_full_recompute_keeps_each_layers_input_and_one_layer() -> None:
@@ -391,8 +530,9 @@ def test_full_recompute_keeps_each_layers_input_and_one_layer() -> None:
     expected = L * 2 * S * 2 * H + korthikanti_layer(S, 2, 4) + logits(S, 2, 4)
     assert e.activations == math.ceil(expected)
     (e,) = stages(classic_plan(tp=4, recompute="full", sequence_parallel=True))
-    expected = L * 2 * S * 2 * Fraction(H, 4) + korthikanti_layer(S, 2, 4, sp=True) \
-        + logits(S, 2, 4)
+    expected = (
+        L * 2 * S * 2 * Fraction(H, 4) + korthikanti_layer(S, 2, 4, sp=True) + logits(S, 2, 4)
+    )
     assert e.activations == math.ceil(expected)
 
 
@@ -402,8 +542,9 @@ def test_context_parallel_divides_the_sequence() -> None:
     assert e.activations == math.ceil(L * korthikanti_layer(s, 2, 2) + logits(s, 2, 2))
 
 
-@pytest.mark.parametrize(("pp", "gas", "vpp"), [(2, 8, None), (4, 8, None), (4, 2, None),
-                                                (4, 8, 2), (2, 4, 4)])
+@pytest.mark.parametrize(
+    ("pp", "gas", "vpp"), [(2, 8, None), (4, 8, None), (4, 2, None), (4, 8, 2), (2, 4, 4)]
+)
 def test_pipeline_first_stage_holds_pp_microbatches(pp: int, gas: int, vpp: int | None) -> None:
     first, last = stages(classic_plan(tp=2, pp=pp, gas=gas, vpp=vpp))
     per_layer = korthikanti_layer(S, 2, 2)
@@ -416,8 +557,9 @@ def test_pipeline_first_stage_holds_pp_microbatches(pp: int, gas: int, vpp: int 
 def test_gated_gqa_layer_counts_its_own_intermediates() -> None:
     """Generalised split part: Q + K + V + projection input, and 3 MLP intermediates."""
     model = {**LLAMA3_8B, "num_layers": 4}
-    plan = planned(job(nproc=4, parallelism={"tp": 4}, model=model),
-                   TrainingSetup(recompute="selective"))
+    plan = planned(
+        job(nproc=4, parallelism={"tp": 4}, model=model), TrainingSetup(recompute="selective")
+    )
     (e,) = stages(plan)
     s, b, h, t, f, kv = 8192, 1, 4096, 4, 14336, 8 * 128
     replicated = 10 * s * b * h
@@ -428,15 +570,22 @@ def test_gated_gqa_layer_counts_its_own_intermediates() -> None:
 def test_moe_layers_hold_top_k_copies_of_the_expert_work() -> None:
     """Each token reaches top-k experts: k copies of its input (h) and of the gated
     intermediates (3 * moe_ffn, over etp); attention as in a dense layer."""
-    model = {**LLAMA3_8B, "num_layers": 2, "num_experts": 8, "moe_ffn_hidden_size": 2048,
-             "moe_router_topk": 3}
-    plan = planned(job(nproc=8, parallelism={"tp": 2, "ep": 4, "etp": 1}, model=model),
-                   TrainingSetup(recompute="selective", sequence_parallel=True))
+    model = {
+        **LLAMA3_8B,
+        "num_layers": 2,
+        "num_experts": 8,
+        "moe_ffn_hidden_size": 2048,
+        "moe_router_topk": 3,
+    }
+    plan = planned(
+        job(nproc=8, parallelism={"tp": 2, "ep": 4, "etp": 1}, model=model),
+        TrainingSetup(recompute="selective", sequence_parallel=True),
+    )
     (e,) = stages(plan)
     s, b, h, t, kv = 8192, 1, 4096, 2, 8 * 128
-    replicated = 10 * s * b * h // t                      # sequence parallel
+    replicated = 10 * s * b * h // t  # sequence parallel
     attention = 2 * s * b * (2 * h + 2 * kv) // t
-    experts = 2 * s * b * 3 * (3 * 2048 + h)              # k = 3, etp = 1
+    experts = 2 * s * b * 3 * (3 * 2048 + h)  # k = 3, etp = 1
     assert e.activations == 2 * (replicated + attention + experts) + 4 * s * b * 128256 // t
 
 
@@ -447,8 +596,13 @@ def codes(found: tuple[Diagnostic, ...]) -> list[str]:
     return [d.code for d in found]
 
 
-LLAMA_JOB = job(nnodes=2, nproc=8, parallelism={"tp": 2, "pp": 2},
-                batch={"global_batch_size": 64, "micro_batch_size": 2}, model=LLAMA3_8B)
+LLAMA_JOB = job(
+    nnodes=2,
+    nproc=8,
+    parallelism={"tp": 2, "pp": 2},
+    batch={"global_batch_size": 64, "micro_batch_size": 2},
+    model=LLAMA3_8B,
+)
 
 
 def with_capacity(data: dict[str, Any], gib: float) -> dict[str, Any]:
@@ -474,12 +628,15 @@ def test_too_little_memory_is_an_error_with_the_numbers() -> None:
     assert d.hint and "GiB" in d.hint
 
 
-LEVER = re.compile(r'(tp|pp|cp|micro_batch_size|zero stage) (\d+)|recompute "(\w+)"'
-                   r"|(sequence parallel)")
+LEVER = re.compile(
+    r'(tp|pp|cp|micro_batch_size|zero stage) (\d+)|recompute "(\w+)"'
+    r"|(sequence parallel)"
+)
 
 
-def apply_lever(data: dict[str, Any], training: TrainingSetup,
-                lever: str) -> tuple[dict[str, Any], TrainingSetup]:
+def apply_lever(
+    data: dict[str, Any], training: TrainingSetup, lever: str
+) -> tuple[dict[str, Any], TrainingSetup]:
     match = LEVER.match(lever)
     assert match, lever
     key, value, recompute, sp = match.groups()
@@ -502,14 +659,15 @@ def test_every_lever_said_to_fit_does_fit(capacity: int) -> None:
     _, found = plan_of(data, training)
     (d,) = found
     assert d.code == "MDC260" and d.hint
-    levers = re.findall(r"([^:,;]+) gives (\d+\.\d) GiB( \(fits\))?", d.hint.removeprefix(
-        "estimated per-GPU total with one change each: "))
+    levers = re.findall(
+        r"([^:,;]+) gives (\d+\.\d) GiB( \(fits\))?",
+        d.hint.removeprefix("estimated per-GPU total with one change each: "),
+    )
     assert levers, d.hint
     totals = [float(t) for _, t, _ in levers]
     assert totals == sorted(totals)
     for label, shown, fits in levers:
-        changed, trained = apply_lever(data, training, label.strip().removesuffix(
-            " (spans nodes)"))
+        changed, trained = apply_lever(data, training, label.strip().removesuffix(" (spans nodes)"))
         plan, again = plan_of(changed, trained)
         if fits:
             assert plan is not None and plan.memory is not None, [x.render() for x in again]
@@ -552,9 +710,16 @@ def test_serving_launchers_get_no_training_estimate() -> None:
 
 def test_a_million_ranks_plan_with_an_estimate_and_a_hint() -> None:
     """1,048,576 ranks: the estimate and the hint's alternatives are arithmetic, not loops."""
-    data = with_capacity(job(nnodes=131072, nproc=8, parallelism={"tp": 8, "pp": 16, "cp": 2},
-                             batch={"global_batch_size": 32768, "micro_batch_size": 1},
-                             model={**LLAMA3_8B, "num_layers": 128, "seq_length": 131072}), 80)
+    data = with_capacity(
+        job(
+            nnodes=131072,
+            nproc=8,
+            parallelism={"tp": 8, "pp": 16, "cp": 2},
+            batch={"global_batch_size": 32768, "micro_batch_size": 1},
+            model={**LLAMA3_8B, "num_layers": 128, "seq_length": 131072},
+        ),
+        80,
+    )
     _, found = plan_of(data)
     assert codes(found) == ["MDC260"] and found[0].hint
     assert "gives" in found[0].hint
@@ -571,9 +736,13 @@ def test_plan_json_and_explain_show_the_breakdown() -> None:
     entry = plan_json(plan, launch)["memory"]
     assert entry == memory_json(m)
     assert isinstance(entry, dict)
-    assert entry["bytes"] == {"weights": m.weights, "gradients": m.gradients,
-                              "optimizer": m.optimizer, "activations": m.activations,
-                              "total": m.total}
+    assert entry["bytes"] == {
+        "weights": m.weights,
+        "gradients": m.gradients,
+        "optimizer": m.optimizer,
+        "activations": m.activations,
+        "total": m.total,
+    }
     assert entry["fits"] is True and entry["capacity_bytes"] == 400 * GIB
     assert m.weights + m.gradients + m.optimizer + m.activations == m.total
     text = explain_text(plan, launch)
@@ -587,20 +756,38 @@ def test_plan_json_and_explain_show_the_breakdown() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(tp=st.sampled_from([1, 2, 4, 8]), dp=st.sampled_from([1, 2, 4]),
-       micro=st.integers(1, 4), gated=st.booleans(), groups=st.sampled_from([2, 4, 8, 16]))
-def test_more_sharding_or_recompute_never_needs_more(tp: int, dp: int, micro: int, gated: bool,
-                                                     groups: int) -> None:
-    model = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 16,
-             "num_query_groups": groups, "vocab_size": 5000, "seq_length": 256,
-             "gated_mlp": gated, "flash_attention": False}
-    data = job(nproc=tp * dp, parallelism={"tp": tp}, model=model,
-               batch={"micro_batch_size": micro})
-    totals = [planned(data, TrainingSetup(zero_stage=z)).memory.total  # type: ignore[union-attr]
-              for z in range(4)]
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    dp=st.sampled_from([1, 2, 4]),
+    micro=st.integers(1, 4),
+    gated=st.booleans(),
+    groups=st.sampled_from([2, 4, 8, 16]),
+)
+def test_more_sharding_or_recompute_never_needs_more(
+    tp: int, dp: int, micro: int, gated: bool, groups: int
+) -> None:
+    model = {
+        "num_layers": 4,
+        "hidden_size": 512,
+        "num_attention_heads": 16,
+        "num_query_groups": groups,
+        "vocab_size": 5000,
+        "seq_length": 256,
+        "gated_mlp": gated,
+        "flash_attention": False,
+    }
+    data = job(
+        nproc=tp * dp, parallelism={"tp": tp}, model=model, batch={"micro_batch_size": micro}
+    )
+    totals = [
+        planned(data, TrainingSetup(zero_stage=z)).memory.total  # type: ignore[union-attr]
+        for z in range(4)
+    ]
     assert totals == sorted(totals, reverse=True)
-    none, selective = (planned(data, TrainingSetup(recompute=r)).memory  # type: ignore[union-attr]
-                       .activations for r in ("none", "selective"))
+    none, selective = (
+        planned(data, TrainingSetup(recompute=r)).memory.activations  # type: ignore[union-attr]
+        for r in ("none", "selective")
+    )
     assert selective < none
     flash = planned({**data, "model": {**model, "flash_attention": True}}).memory
     assert flash is not None and flash.activations == selective

@@ -14,12 +14,14 @@ from mdc.package_data import package_text
 
 def test_a_package_on_disk_reads_as_importlib_resources_reads_it() -> None:
     name = "job.v1.schema.json"
-    assert package_text("mdc_schemas", name) == \
-        resources.files("mdc_schemas").joinpath(name).read_text(encoding="utf-8")
+    assert package_text("mdc_schemas", name) == resources.files("mdc_schemas").joinpath(
+        name
+    ).read_text(encoding="utf-8")
 
 
 def test_a_zipped_package_is_read_through_importlib_resources(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     archive = tmp_path / "plugins.zip"
     with zipfile.ZipFile(archive, "w") as zipped:
         zipped.writestr("zipped_plugin/__init__.py", "")

@@ -12,8 +12,12 @@ from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[2]
-SPECS = sorted(p for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")
-               for p in folder.iterdir() if p.suffix in FORMATS)
+SPECS = sorted(
+    p
+    for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")
+    for p in folder.iterdir()
+    if p.suffix in FORMATS
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,5 +30,8 @@ def test_without_the_tree_everything_else_is_the_same(spec: Path, compiler: Comp
     full = compiler.compile(spec)
     checked = compiler.compile(spec, tree=False)
     assert checked.tree == () and {a.path for a in full.tree} >= {"plan.json", "manifest.json"}
-    assert (checked.plan, checked.launch, checked.diagnostics) == \
-        (full.plan, full.launch, full.diagnostics)
+    assert (checked.plan, checked.launch, checked.diagnostics) == (
+        full.plan,
+        full.launch,
+        full.diagnostics,
+    )

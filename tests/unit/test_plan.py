@@ -13,9 +13,16 @@ from mdc.plan import Plan, build_plan
 from mdc.plan.build import PORT_RANGE
 
 
-def job(*, nnodes: int | None = None, nproc: int | None = None, name: str = "unit",
-        parallelism: dict[str, Any] | None = None, batch: dict[str, Any] | None = None,
-        model: dict[str, Any] | None = None, **distributed: Any) -> dict[str, Any]:
+def job(
+    *,
+    nnodes: int | None = None,
+    nproc: int | None = None,
+    name: str = "unit",
+    parallelism: dict[str, Any] | None = None,
+    batch: dict[str, Any] | None = None,
+    model: dict[str, Any] | None = None,
+    **distributed: Any,
+) -> dict[str, Any]:
     """Spec data as a loader hands it over: only the keys given are written."""
     dist = {"launcher": "torchrun", **distributed}
     if nnodes is not None:
@@ -29,12 +36,21 @@ def job(*, nnodes: int | None = None, nproc: int | None = None, name: str = "uni
     return data
 
 
-def plan_of(data: dict[str, Any], *, parallelism: str = "data", disaggregated: bool = False,
-            serving: bool = False) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+def plan_of(
+    data: dict[str, Any],
+    *,
+    parallelism: str = "data",
+    disaggregated: bool = False,
+    serving: bool = False,
+) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     spec = structure_spec(data, {})
-    return build_plan(spec, parallelism=parallelism, disaggregated=disaggregated,
-                      serving=serving,
-                      locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
+    return build_plan(
+        spec,
+        parallelism=parallelism,
+        disaggregated=disaggregated,
+        serving=serving,
+        locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer),
+    )
 
 
 def built(data: dict[str, Any], **traits: Any) -> Plan:
@@ -67,15 +83,19 @@ def divisors_of(n: int) -> list[int]:
 # --- sizes --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("parallelism", "nnodes", "nproc", "tp", "pp"), [
-    ("model", 2, 4, 4, 2),
-    ("model", 4, 8, 8, 4),
-    ("model", None, None, 1, 1),
-    ("data", 2, 4, 1, 1),
-    ("data", 4, 8, 1, 1),
-])
-def test_launcher_defaults(parallelism: str, nnodes: int | None, nproc: int | None,
-                           tp: int, pp: int) -> None:
+@pytest.mark.parametrize(
+    ("parallelism", "nnodes", "nproc", "tp", "pp"),
+    [
+        ("model", 2, 4, 4, 2),
+        ("model", 4, 8, 8, 4),
+        ("model", None, None, 1, 1),
+        ("data", 2, 4, 1, 1),
+        ("data", 4, 8, 1, 1),
+    ],
+)
+def test_launcher_defaults(
+    parallelism: str, nnodes: int | None, nproc: int | None, tp: int, pp: int
+) -> None:
     plan = built(job(nnodes=nnodes, nproc=nproc), parallelism=parallelism)
     world = (nnodes or 1) * (nproc or 1)
     s = plan.sizes
@@ -91,14 +111,16 @@ def test_written_sizes_override_the_model_parallel_defaults() -> None:
     assert (plan.sizes.tp, plan.sizes.pp, plan.sizes.dp) == (2, 1, 16 // 2)
 
 
-@pytest.mark.parametrize(("nnodes", "nproc", "tp", "pp", "cp"), [
-    (2, 8, 2, 2, 2),
-    (4, 8, 8, 2, 1),
-    (3, 4, 2, 3, 2),
-    (1, 6, 1, 1, 3),
-])
-def test_dp_is_the_world_over_tp_pp_cp(nnodes: int, nproc: int, tp: int, pp: int,
-                                       cp: int) -> None:
+@pytest.mark.parametrize(
+    ("nnodes", "nproc", "tp", "pp", "cp"),
+    [
+        (2, 8, 2, 2, 2),
+        (4, 8, 8, 2, 1),
+        (3, 4, 2, 3, 2),
+        (1, 6, 1, 1, 3),
+    ],
+)
+def test_dp_is_the_world_over_tp_pp_cp(nnodes: int, nproc: int, tp: int, pp: int, cp: int) -> None:
     dp = nnodes * nproc // (tp * pp * cp)
     par = {"tp": tp, "pp": pp, "cp": cp}
     assert built(job(nnodes=nnodes, nproc=nproc, parallelism=par)).sizes.dp == dp
@@ -171,12 +193,15 @@ def test_expert_tp_alone_not_dividing_points_at_etp() -> None:
 # --- order --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("par", "axis"), [
-    ({"tp": 2, "cp": 2, "order": "tp-dp-pp"}, "cp = 2"),
-    ({"tp": 2, "ep": 2, "order": "tp-cp-dp-pp"}, "ep = 2"),
-    ({"pp": 2, "order": "tp-cp-ep-dp"}, "pp = 2"),
-    ({"tp": 8, "order": "cp-pp"}, "tp = 8"),
-])
+@pytest.mark.parametrize(
+    ("par", "axis"),
+    [
+        ({"tp": 2, "cp": 2, "order": "tp-dp-pp"}, "cp = 2"),
+        ({"tp": 2, "ep": 2, "order": "tp-cp-dp-pp"}, "ep = 2"),
+        ({"pp": 2, "order": "tp-cp-ep-dp"}, "pp = 2"),
+        ({"tp": 8, "order": "cp-pp"}, "tp = 8"),
+    ],
+)
 def test_order_must_place_every_axis_above_one(par: dict[str, Any], axis: str) -> None:
     d = only("MDC204", job(nproc=8, parallelism=par))
     assert d.location.pointer == "/parallelism/order"
@@ -185,9 +210,11 @@ def test_order_must_place_every_axis_above_one(par: dict[str, Any], axis: str) -
 
 def test_order_may_leave_out_size_one_axes() -> None:
     plan = built(job(nproc=8, parallelism={"tp": 2, "pp": 2, "order": "tp-pp-dp"}))
+
     # rank = tp + 2 * (pp + 2 * dp)
     def rank(tp: int, pp: int, dp: int) -> int:
         return tp + 2 * (pp + 2 * dp)
+
     expected_pp = [tuple(rank(t, p, d) for p in range(2)) for d in range(2) for t in range(2)]
     expected_dp = [tuple(rank(t, p, d) for d in range(2)) for p in range(2) for t in range(2)]
     assert list(plan.layout.groups("pp")) == expected_pp
@@ -200,13 +227,16 @@ def test_order_must_not_repeat_an_axis() -> None:
     assert "'tp'" in d.message
 
 
-@pytest.mark.parametrize("par", [
-    # pp not last and dp (8 / 4 = 2) != expert dp (8 / 2 = 4): megatron-core's pp-last assertion
-    {"tp": 2, "pp": 2, "etp": 1, "order": "tp-cp-ep-pp-dp"},
-    # the same when pp is followed only by a size-1 axis (the pipeline groups would agree)
-    {"tp": 2, "pp": 2, "etp": 1, "order": "tp-cp-dp-pp-ep"},
-    {"tp": 2, "pp": 2, "etp": 1, "order": "pp-tp-cp-ep-dp"},
-])
+@pytest.mark.parametrize(
+    "par",
+    [
+        # pp not last and dp (8 / 4 = 2) != expert dp (8 / 2 = 4): megatron-core's pp-last assertion
+        {"tp": 2, "pp": 2, "etp": 1, "order": "tp-cp-ep-pp-dp"},
+        # the same when pp is followed only by a size-1 axis (the pipeline groups would agree)
+        {"tp": 2, "pp": 2, "etp": 1, "order": "tp-cp-dp-pp-ep"},
+        {"tp": 2, "pp": 2, "etp": 1, "order": "pp-tp-cp-ep-dp"},
+    ],
+)
 def test_pp_not_last_needs_equal_data_parallel_sizes(par: dict[str, Any]) -> None:
     d = only("MDC205", job(nproc=8, parallelism=par))
     assert d.location.pointer == "/parallelism/order"
@@ -224,10 +254,8 @@ def test_pp_not_last_needs_the_same_pipeline_groups() -> None:
 @pytest.mark.parametrize("order", ["tp-cp-ep-pp-dp", "tp-cp-dp-pp-ep"])
 def test_pp_not_last_is_fine_when_both_layouts_agree(order: str) -> None:
     # etp * ep = tp * cp, so dp = expert dp and the same sizes precede pp
-    plan = built(job(nproc=16, parallelism={"tp": 2, "cp": 2, "pp": 2, "etp": 4,
-                                            "order": order}))
-    assert list(plan.layout.groups("pp")) == [
-        tuple(g) for g in plan.layout.expert.groups("pp")]
+    plan = built(job(nproc=16, parallelism={"tp": 2, "cp": 2, "pp": 2, "etp": 4, "order": order}))
+    assert list(plan.layout.groups("pp")) == [tuple(g) for g in plan.layout.expert.groups("pp")]
 
 
 def test_vpp_needs_pipeline_parallelism() -> None:
@@ -240,44 +268,59 @@ def test_vpp_needs_pipeline_parallelism() -> None:
 # --- model shape --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("par", "model", "code", "pointer"), [
-    ({"tp": 4}, {"num_attention_heads": 6}, "MDC220", "/model/num_attention_heads"),
-    ({"tp": 4}, {"num_attention_heads": 24, "num_query_groups": 6}, "MDC221",
-     "/model/num_query_groups"),
-    ({"pp": 4}, {"num_layers": 10}, "MDC222", "/model/num_layers"),
-    ({"pp": 2, "vpp": 3}, {"num_layers": 8}, "MDC223", "/parallelism/vpp"),
-    ({"ep": 2}, {"num_layers": 8}, "MDC224", "/model"),
-    ({"ep": 4}, {"num_experts": 6}, "MDC224", "/model/num_experts"),
-    ({"cp": 2}, {"seq_length": 4098}, "MDC225", "/model/seq_length"),
-    ({}, {"num_attention_heads": 12, "num_query_groups": 5}, "MDC226",
-     "/model/num_query_groups"),
-])
-def test_model_rules(par: dict[str, Any], model: dict[str, Any], code: str,
-                     pointer: str) -> None:
+@pytest.mark.parametrize(
+    ("par", "model", "code", "pointer"),
+    [
+        ({"tp": 4}, {"num_attention_heads": 6}, "MDC220", "/model/num_attention_heads"),
+        (
+            {"tp": 4},
+            {"num_attention_heads": 24, "num_query_groups": 6},
+            "MDC221",
+            "/model/num_query_groups",
+        ),
+        ({"pp": 4}, {"num_layers": 10}, "MDC222", "/model/num_layers"),
+        ({"pp": 2, "vpp": 3}, {"num_layers": 8}, "MDC223", "/parallelism/vpp"),
+        ({"ep": 2}, {"num_layers": 8}, "MDC224", "/model"),
+        ({"ep": 4}, {"num_experts": 6}, "MDC224", "/model/num_experts"),
+        ({"cp": 2}, {"seq_length": 4098}, "MDC225", "/model/seq_length"),
+        (
+            {},
+            {"num_attention_heads": 12, "num_query_groups": 5},
+            "MDC226",
+            "/model/num_query_groups",
+        ),
+    ],
+)
+def test_model_rules(par: dict[str, Any], model: dict[str, Any], code: str, pointer: str) -> None:
     d = only(code, job(nproc=8, parallelism=par, model=model))
     assert d.location.pointer == pointer
 
 
-@pytest.mark.parametrize(("par", "model"), [
-    ({"pp": 4}, {"num_layers": 10}),
-    ({"pp": 2, "vpp": 3}, {"num_layers": 8}),
-])
-def test_serving_engines_split_layers_unevenly(par: dict[str, Any],
-                                               model: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("par", "model"),
+    [
+        ({"pp": 4}, {"num_layers": 10}),
+        ({"pp": 2, "vpp": 3}, {"num_layers": 8}),
+    ],
+)
+def test_serving_engines_split_layers_unevenly(par: dict[str, Any], model: dict[str, Any]) -> None:
     """The layers-per-stage rules (MDC222/223) are training's; a serving plan has none."""
     assert not plan_of(job(nproc=8, parallelism=par, model=model), serving=True)[1]
     assert plan_of(job(nproc=8, parallelism=par, model=model))[1]
 
 
-@pytest.mark.parametrize(("par", "model"), [
-    ({"tp": 4}, {"num_attention_heads": 32, "num_query_groups": 8}),   # groups a multiple
-    ({"tp": 4}, {"num_attention_heads": 32, "num_query_groups": 2}),   # groups a divisor
-    ({"pp": 4}, {"num_layers": 12}),
-    ({"pp": 2, "vpp": 3}, {"num_layers": 12}),                          # 6 per stage
-    ({"ep": 4}, {"num_experts": 8}),
-    ({"cp": 2}, {"seq_length": 4096}),
-    ({"cp": 1}, {"seq_length": 4097}),                                  # only checked for cp > 1
-])
+@pytest.mark.parametrize(
+    ("par", "model"),
+    [
+        ({"tp": 4}, {"num_attention_heads": 32, "num_query_groups": 8}),  # groups a multiple
+        ({"tp": 4}, {"num_attention_heads": 32, "num_query_groups": 2}),  # groups a divisor
+        ({"pp": 4}, {"num_layers": 12}),
+        ({"pp": 2, "vpp": 3}, {"num_layers": 12}),  # 6 per stage
+        ({"ep": 4}, {"num_experts": 8}),
+        ({"cp": 2}, {"seq_length": 4096}),
+        ({"cp": 1}, {"seq_length": 4097}),  # only checked for cp > 1
+    ],
+)
 def test_model_shapes_that_fit(par: dict[str, Any], model: dict[str, Any]) -> None:
     plan, diagnostics = plan_of(job(nproc=8, parallelism=par, model=model))
     assert plan is not None and codes(diagnostics) == []
@@ -294,14 +337,22 @@ def test_model_rule_hints_list_what_would_fit() -> None:
 # --- batch --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("nproc", "par", "micro", "total"), [
-    (8, {}, 2, 64),
-    (8, {"tp": 2, "cp": 2}, 4, 8),
-    (16, {"tp": 4, "pp": 2}, 1, 6),
-])
+@pytest.mark.parametrize(
+    ("nproc", "par", "micro", "total"),
+    [
+        (8, {}, 2, 64),
+        (8, {"tp": 2, "cp": 2}, 4, 8),
+        (16, {"tp": 4, "pp": 2}, 1, 6),
+    ],
+)
 def test_accumulation_steps(nproc: int, par: dict[str, Any], micro: int, total: int) -> None:
-    plan = built(job(nproc=nproc, parallelism=par,
-                     batch={"micro_batch_size": micro, "global_batch_size": total}))
+    plan = built(
+        job(
+            nproc=nproc,
+            parallelism=par,
+            batch={"micro_batch_size": micro, "global_batch_size": total},
+        )
+    )
     dp = nproc // (par.get("tp", 1) * par.get("pp", 1) * par.get("cp", 1))
     assert plan.batch is not None
     assert plan.batch.grad_accum_steps == total // (micro * dp)
@@ -315,13 +366,15 @@ def test_global_batch_defaults_to_one_step() -> None:
     assert built(job(nproc=8)).batch is None
 
 
-@pytest.mark.parametrize(("micro", "total", "nearest"), [
-    (2, 20, "16 or 32"),   # micro * dp = 16
-    (1, 4, "8"),           # below one step: only the step itself
-])
+@pytest.mark.parametrize(
+    ("micro", "total", "nearest"),
+    [
+        (2, 20, "16 or 32"),  # micro * dp = 16
+        (1, 4, "8"),  # below one step: only the step itself
+    ],
+)
 def test_global_batch_must_be_whole_steps(micro: int, total: int, nearest: str) -> None:
-    d = only("MDC207", job(nproc=8, batch={"micro_batch_size": micro,
-                                           "global_batch_size": total}))
+    d = only("MDC207", job(nproc=8, batch={"micro_batch_size": micro, "global_batch_size": total}))
     assert d.location.pointer == "/batch/global_batch_size"
     assert f"= {micro} * 8 = {micro * 8}" in d.message
     assert d.hint is not None and f"nearest valid global_batch_size is {nearest}" in d.hint
@@ -360,14 +413,23 @@ def roles_by_node(plan: Plan) -> list[str]:
     return [plan.role_of(node).name for node in range(plan.nnodes)]
 
 
-@pytest.mark.parametrize(("nnodes", "prefill", "decode"), [
-    (3, 1, 1), (5, 1, 3), (7, 2, 4), (11, 4, 6),
-])
+@pytest.mark.parametrize(
+    ("nnodes", "prefill", "decode"),
+    [
+        (3, 1, 1),
+        (5, 1, 3),
+        (7, 2, 4),
+        (11, 4, 6),
+    ],
+)
 def test_automatic_disaggregated_split(nnodes: int, prefill: int, decode: int) -> None:
     plan = built(job(nnodes=nnodes, nproc=8), disaggregated=True)
     assert plan.disagg is not None
-    assert (plan.disagg.prefill, plan.disagg.decode, plan.disagg.origin) == \
-        (prefill, decode, "auto")
+    assert (plan.disagg.prefill, plan.disagg.decode, plan.disagg.origin) == (
+        prefill,
+        decode,
+        "auto",
+    )
     assert roles_by_node(plan) == ["proxy"] + ["prefill"] * prefill + ["decode"] * decode
 
 
@@ -401,7 +463,9 @@ def test_split_keys_need_a_disaggregated_launcher() -> None:
     plan, diagnostics = plan_of(job(nnodes=4, prefill_nodes=1, decode_nodes=2))
     assert plan is None
     assert sorted((d.code, d.location.pointer) for d in diagnostics) == [
-        ("MDC211", "/distributed/decode_nodes"), ("MDC211", "/distributed/prefill_nodes")]
+        ("MDC211", "/distributed/decode_nodes"),
+        ("MDC211", "/distributed/prefill_nodes"),
+    ]
     assert roles_by_node(built(job(nnodes=4))) == ["worker"] * 4
 
 
@@ -439,8 +503,11 @@ def test_tp_spanning_nodes_warns(nnodes: int, nproc: int, tp: int) -> None:
     plan, diagnostics = plan_of(job(nnodes=nnodes, nproc=nproc, parallelism={"tp": tp}))
     assert plan is not None
     (d,) = diagnostics
-    assert (d.code, d.severity, d.location.pointer) == ("MDC250", Severity.WARNING,
-                                                        "/parallelism/tp")
+    assert (d.code, d.severity, d.location.pointer) == (
+        "MDC250",
+        Severity.WARNING,
+        "/parallelism/tp",
+    )
     assert plan.warnings == (d,)
     ranks, nodes = spanned(d)
     assert ranks == list(range(ranks[0], ranks[0] + tp)) and ranks[0] % tp == 0
@@ -458,8 +525,11 @@ def test_ep_spanning_nodes_warns() -> None:
     plan, diagnostics = plan_of(job(nnodes=2, nproc=8, parallelism={"tp": 8, "ep": 2}))
     assert plan is not None
     (d,) = diagnostics
-    assert (d.code, d.severity, d.location.pointer) == ("MDC251", Severity.WARNING,
-                                                        "/parallelism/ep")
+    assert (d.code, d.severity, d.location.pointer) == (
+        "MDC251",
+        Severity.WARNING,
+        "/parallelism/ep",
+    )
     ranks, nodes = spanned(d)
     assert ranks[1] - ranks[0] == 8 and nodes == [0, 1]
 
@@ -471,8 +541,10 @@ def test_a_million_ranks_without_enumerating() -> None:
     nnodes, nproc, TP, PP, CP = 131072, 8, 8, 16, 2
     world = nnodes * nproc
     DP = world // (TP * PP * CP)
-    plan = built(job(nnodes=nnodes, nproc=nproc, parallelism={"tp": TP, "pp": PP, "cp": CP}),
-                 parallelism="model")
+    plan = built(
+        job(nnodes=nnodes, nproc=nproc, parallelism={"tp": TP, "pp": PP, "cp": CP}),
+        parallelism="model",
+    )
     assert plan.world_size == world and plan.sizes.dp == DP == 4096
     assert plan.warnings == ()
 
@@ -481,7 +553,10 @@ def test_a_million_ranks_without_enumerating() -> None:
 
     tp_groups, dp_groups, pp_groups = (plan.layout.groups(k) for k in ("tp", "dp", "pp"))
     assert (len(tp_groups), len(dp_groups), len(pp_groups)) == (
-        world // TP, world // DP, world // PP)
+        world // TP,
+        world // DP,
+        world // PP,
+    )
     for r in (0, 1, 9, 12345, 524287, 777777, world - 1):
         t, c, d, p = r % TP, r // TP % CP, r // (TP * CP) % DP, r // (TP * CP * DP)
         assert rank(t, c, d, p) == r

@@ -21,8 +21,9 @@ def locate(pointer: str) -> SourceLocation:
     return SourceLocation(path="job.toml", pointer=pointer)
 
 
-def plan_for(data: dict[str, Any], parallelism: str = "data",
-             disaggregated: bool = False) -> tuple[Plan | None, tuple[Any, ...]]:
+def plan_for(
+    data: dict[str, Any], parallelism: str = "data", disaggregated: bool = False
+) -> tuple[Plan | None, tuple[Any, ...]]:
     spec = structure_spec(data, {})
     return build_plan(spec, parallelism=parallelism, disaggregated=disaggregated, locate=locate)
 
@@ -84,14 +85,16 @@ def test_sizes_multiply_to_the_world(data: dict[str, Any]) -> None:
 
 @FEW
 @given(valid_jobs())
-def test_accumulation_steps_times_micro_times_dp_is_the_global_batch(
-        data: dict[str, Any]) -> None:
+def test_accumulation_steps_times_micro_times_dp_is_the_global_batch(data: dict[str, Any]) -> None:
     plan, _ = plan_for(data)
     assert plan is not None and plan.batch is not None
     batch = plan.batch
     assert batch.grad_accum_steps >= 1
-    assert batch.grad_accum_steps * batch.micro_batch_size * plan.sizes.dp == \
-        batch.global_batch_size == data["batch"]["global_batch_size"]
+    assert (
+        batch.grad_accum_steps * batch.micro_batch_size * plan.sizes.dp
+        == batch.global_batch_size
+        == data["batch"]["global_batch_size"]
+    )
 
 
 def maybe(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -112,26 +115,44 @@ ANY_JOB = st.fixed_dictionaries(
         "job": st.just({"name": "fuzz", "command": "train.py"}),
         "distributed": st.fixed_dictionaries(
             {"launcher": st.just("torchrun")},
-            optional={"nnodes": st.integers(1, 24), "nproc_per_node": st.integers(1, 16),
-                      "min_nnodes": st.integers(1, 24), "master_port": st.integers(1, 65535),
-                      "prefill_nodes": st.integers(1, 12), "decode_nodes": st.integers(1, 12)}),
+            optional={
+                "nnodes": st.integers(1, 24),
+                "nproc_per_node": st.integers(1, 16),
+                "min_nnodes": st.integers(1, 24),
+                "master_port": st.integers(1, 65535),
+                "prefill_nodes": st.integers(1, 12),
+                "decode_nodes": st.integers(1, 12),
+            },
+        ),
     },
     optional={
-        "parallelism": table(tp=SMALL, pp=SMALL, cp=SMALL, ep=SMALL, etp=SMALL, vpp=SMALL,
-                             dp=st.integers(1, 64), order=ORDERS),
-        "batch": table(global_batch_size=st.integers(1, 4096),
-                       micro_batch_size=st.integers(1, 64)),
-        "model": table(num_layers=st.integers(1, 128), num_attention_heads=st.integers(1, 128),
-                       num_query_groups=st.integers(1, 64), seq_length=st.integers(1, 8192),
-                       num_experts=st.integers(1, 128)),
+        "parallelism": table(
+            tp=SMALL,
+            pp=SMALL,
+            cp=SMALL,
+            ep=SMALL,
+            etp=SMALL,
+            vpp=SMALL,
+            dp=st.integers(1, 64),
+            order=ORDERS,
+        ),
+        "batch": table(global_batch_size=st.integers(1, 4096), micro_batch_size=st.integers(1, 64)),
+        "model": table(
+            num_layers=st.integers(1, 128),
+            num_attention_heads=st.integers(1, 128),
+            num_query_groups=st.integers(1, 64),
+            seq_length=st.integers(1, 8192),
+            num_experts=st.integers(1, 128),
+        ),
     },
 )
 
 
 @settings(max_examples=200, deadline=None)
 @given(ANY_JOB, st.sampled_from(("model", "data")), st.booleans())
-def test_build_plan_never_raises(data: dict[str, Any], parallelism: str,
-                                 disaggregated: bool) -> None:
+def test_build_plan_never_raises(
+    data: dict[str, Any], parallelism: str, disaggregated: bool
+) -> None:
     plan, diagnostics = plan_for(data, parallelism, disaggregated)
     for diagnostic in diagnostics:
         assert re.fullmatch(r"MDC\d{3}", diagnostic.code)

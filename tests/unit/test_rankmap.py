@@ -30,13 +30,18 @@ NOUNS = {"tp": "TP group", "pp": "stage", "dp": "replica", "cp": "CP group", "ep
 
 
 def plan_of(nnodes: int, nproc: int, **parallelism: Any) -> Plan:
-    data = {"job": {"name": "map", "command": "train.py"},
-            "distributed": {"launcher": "torchrun", "nnodes": nnodes, "nproc_per_node": nproc},
-            "parallelism": parallelism}
+    data = {
+        "job": {"name": "map", "command": "train.py"},
+        "distributed": {"launcher": "torchrun", "nnodes": nnodes, "nproc_per_node": nproc},
+        "parallelism": parallelism,
+    }
     spec = structure_spec(data, {})
     plan, diagnostics = build_plan(
-        spec, parallelism="data", disaggregated=False,
-        locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer))
+        spec,
+        parallelism="data",
+        disaggregated=False,
+        locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer),
+    )
     assert plan is not None, [d.render() for d in diagnostics]
     return plan
 
@@ -66,16 +71,25 @@ def drawn(count: int, cap: int) -> list[int]:
 # ---------------------------------------------------------------- structure
 
 
-@pytest.mark.parametrize(("nnodes", "nproc", "sizes", "kinds"), [
-    (1, 2, {}, ["dp"]),
-    (1, 1, {}, ["dp"]),
-    (4, 8, {"tp": 2, "pp": 2, "ep": 2, "etp": 1, "order": "tp-cp-ep-pp-dp"}, ["tp", "pp", "dp", "ep"]),
-    (16, 8, {"tp": 8, "pp": 4, "cp": 2}, ["tp", "pp", "dp", "cp"]),
-    (3, 64, {"tp": 4}, ["tp", "dp"]),
-    (2, 8, {"tp": 8, "pp": 2}, ["tp", "pp"]),
-])
-def test_panels_cells_and_frames(nnodes: int, nproc: int, sizes: dict[str, Any],
-                                 kinds: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("nnodes", "nproc", "sizes", "kinds"),
+    [
+        (1, 2, {}, ["dp"]),
+        (1, 1, {}, ["dp"]),
+        (
+            4,
+            8,
+            {"tp": 2, "pp": 2, "ep": 2, "etp": 1, "order": "tp-cp-ep-pp-dp"},
+            ["tp", "pp", "dp", "ep"],
+        ),
+        (16, 8, {"tp": 8, "pp": 4, "cp": 2}, ["tp", "pp", "dp", "cp"]),
+        (3, 64, {"tp": 4}, ["tp", "dp"]),
+        (2, 8, {"tp": 8, "pp": 2}, ["tp", "pp"]),
+    ],
+)
+def test_panels_cells_and_frames(
+    nnodes: int, nproc: int, sizes: dict[str, Any], kinds: list[str]
+) -> None:
     plan = plan_of(nnodes, nproc, **sizes)
     root = parse(rank_map_svg(plan))
     found = panels(root)
@@ -113,8 +127,10 @@ def test_cells_are_labelled_with_rank_and_coordinates() -> None:
         assert texts(cell)[:2] == [f"r{rank}", f"tp{tp} pp{pp} dp{dp} cp{cp}"]
         title = cell.find(f"{SVG}title")
         assert title is not None and title.text is not None
-        assert title.text.startswith(f"rank {rank}: node {rank // 8}, local rank {rank % 8}; "
-                                     f"tp {tp}, pp {pp}, dp {dp}, cp {cp}")
+        assert title.text.startswith(
+            f"rank {rank}: node {rank // 8}, local rank {rank % 8}; "
+            f"tp {tp}, pp {pp}, dp {dp}, cp {cp}"
+        )
 
 
 def test_million_ranks_stay_small_and_say_so() -> None:
@@ -126,10 +142,14 @@ def test_million_ranks_stay_small_and_say_so() -> None:
     assert list(found) == ["tp", "pp", "dp", "cp", "ep"]
     for panel in found.values():
         assert len(cells(panel)) == MAX_NODES * 8
-        assert f"… {131072 - MAX_NODES} more node(s), ranks {(MAX_NODES - 1) * 8}.."\
+        assert (
+            f"… {131072 - MAX_NODES} more node(s), ranks {(MAX_NODES - 1) * 8}.."
             f"{131071 * 8 - 1}, not drawn" in texts(panel)
-    assert (f"drawn: nodes 0..{MAX_NODES - 2} and 131071 of 131072; the {131072 - MAX_NODES} "
-            "in between are left out (mdc explain and plan.json give every group)") in texts(root)
+        )
+    assert (
+        f"drawn: nodes 0..{MAX_NODES - 2} and 131071 of 131072; the {131072 - MAX_NODES} "
+        "in between are left out (mdc explain and plan.json give every group)"
+    ) in texts(root)
     last = [c for c in cells(found["pp"]) if c.get("data-rank") == str(131071 * 8)]
     assert texts(last[0])[2] == "stage 15"
 
@@ -146,8 +166,9 @@ def test_wide_nodes_are_cut_with_an_ellipsis() -> None:
 def test_deterministic_and_escaped() -> None:
     plan = plan_of(2, 2, tp=2)
     assert rank_map_svg(plan) == rank_map_svg(plan_of(2, 2, tp=2))
-    odd = attrs.evolve(plan, hosts=("gpu<1>&co", 'gpu"2"'),
-                       job=attrs.evolve(plan.job, name="a<b>&c"))
+    odd = attrs.evolve(
+        plan, hosts=("gpu<1>&co", 'gpu"2"'), job=attrs.evolve(plan.job, name="a<b>&c")
+    )
     svg = rank_map_svg(odd)
     root = parse(svg)
     assert "rank map: job a<b>&c (torchrun on local)" in texts(root)
@@ -157,7 +178,8 @@ def test_deterministic_and_escaped() -> None:
 
 def test_roles_and_hosts_label_the_rows() -> None:
     compiled = Compiler(load_plugins(autoload=False, blocked=[])).compile(
-        REPO / "examples" / "sglang-disagg-7-custom.yaml")
+        REPO / "examples" / "sglang-disagg-7-custom.yaml"
+    )
     root = parse(rank_map_svg(compiled.plan))
     labels = texts(next(iter(panels(root).values())))
     roles = [compiled.plan.role_of(n).name for n in range(compiled.plan.nnodes)]
@@ -172,8 +194,7 @@ def test_explain_writes_the_svg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     spec = REPO / "examples" / "ssh-torchrun-2x8.toml"
     target = tmp_path / "map.svg"
     out = io.StringIO()
-    assert main(["explain", str(spec), "--svg", str(target)], stdout=out,
-                stderr=io.StringIO()) == 0
+    assert main(["explain", str(spec), "--svg", str(target)], stdout=out, stderr=io.StringIO()) == 0
     assert out.getvalue().startswith("job ")  # the text explanation still goes to stdout
     plan = Compiler(load_plugins(autoload=False, blocked=[])).compile(spec).plan
     assert target.read_text(encoding="utf-8") == rank_map_svg(plan)
@@ -183,8 +204,11 @@ def test_explain_writes_the_svg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 def test_golden_megatron_moe(golden: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MDC_DISABLE_PLUGIN_AUTOLOAD", "1")
-    plan = Compiler(load_plugins(autoload=False, blocked=[])).compile(
-        REPO / "examples" / "megatron-moe-4x8.json").plan
+    plan = (
+        Compiler(load_plugins(autoload=False, blocked=[]))
+        .compile(REPO / "examples" / "megatron-moe-4x8.json")
+        .plan
+    )
     golden.check_text(REPO / "golden" / "rankmap" / "megatron-moe-4x8.svg", rank_map_svg(plan))
 
 
@@ -202,10 +226,10 @@ CASES = [
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize(("nnodes", "nproc", "sizes"), CASES,
-                         ids=lambda v: re.sub(r"[^\w-]", "", str(v)))
-def test_colours_and_labels_match_megatron(nnodes: int, nproc: int,
-                                           sizes: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("nnodes", "nproc", "sizes"), CASES, ids=lambda v: re.sub(r"[^\w-]", "", str(v))
+)
+def test_colours_and_labels_match_megatron(nnodes: int, nproc: int, sizes: dict[str, Any]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # megatron-core warns at import (TE/Apex missing)
         from megatron.core.parallel_state import RankGenerator
@@ -214,9 +238,13 @@ def test_colours_and_labels_match_megatron(nnodes: int, nproc: int,
     order = plan.layout.order
     dense = RankGenerator(tp=s.tp, ep=1, dp=s.dp, pp=s.pp, cp=s.cp, order=order)
     expert = RankGenerator(tp=s.etp, ep=s.ep, dp=s.edp, pp=s.pp, cp=1, order=order)
-    groups = {"tp": dense.get_ranks("tp"), "pp": dense.get_ranks("pp"),
-              "dp": dense.get_ranks("dp"), "cp": dense.get_ranks("cp"),
-              "ep": expert.get_ranks("ep")}
+    groups = {
+        "tp": dense.get_ranks("tp"),
+        "pp": dense.get_ranks("pp"),
+        "dp": dense.get_ranks("dp"),
+        "cp": dense.get_ranks("cp"),
+        "ep": expert.get_ranks("ep"),
+    }
 
     def group_index(kind: str, rank: int) -> int:
         return next(i for i, g in enumerate(groups[kind]) if rank in g)
@@ -226,8 +254,11 @@ def test_colours_and_labels_match_megatron(nnodes: int, nproc: int,
 
     root = parse(rank_map_svg(plan))
     found = panels(root)
-    assert set(found) == {k for k, n in (("tp", s.tp), ("pp", s.pp), ("dp", s.dp),
-                                         ("cp", s.cp), ("ep", s.ep)) if n > 1}
+    assert set(found) == {
+        k
+        for k, n in (("tp", s.tp), ("pp", s.pp), ("dp", s.dp), ("cp", s.cp), ("ep", s.ep))
+        if n > 1
+    }
     for kind, panel in found.items():
         for cell in cells(panel):
             rank = int(cell.get("data-rank", ""))
@@ -236,7 +267,9 @@ def test_colours_and_labels_match_megatron(nnodes: int, nproc: int,
             rect = cell.find(f"{SVG}rect")
             assert rect is not None
             assert rect.get("fill") == PALETTE[value % len(PALETTE)], (kind, rank)
-            coords = " ".join(f"{k}{position(k, rank)}" for k, n in
-                              (("tp", s.tp), ("pp", s.pp), ("dp", s.dp), ("cp", s.cp),
-                               ("ep", s.ep)) if n > 1)
+            coords = " ".join(
+                f"{k}{position(k, rank)}"
+                for k, n in (("tp", s.tp), ("pp", s.pp), ("dp", s.dp), ("cp", s.cp), ("ep", s.ep))
+                if n > 1
+            )
             assert texts(cell) == [f"r{rank}", coords, f"{NOUNS[kind]} {value}"], (kind, rank)

@@ -65,9 +65,11 @@ def test_yaml_alias_bomb_is_refused_before_it_expands(compiler: Compiler, tmp_pa
 
 def test_a_few_aliases_are_fine(compiler: Compiler, tmp_path: Path) -> None:
     spec = tmp_path / "ok.yaml"
-    spec.write_text("job:\n  name: a\n  command: &cmd [python, train.py]\n"
-                    "distributed: {launcher: torchrun, nnodes: 1, nproc_per_node: 2}\n"
-                    "x-unused: *cmd\n")
+    spec.write_text(
+        "job:\n  name: a\n  command: &cmd [python, train.py]\n"
+        "distributed: {launcher: torchrun, nnodes: 1, nproc_per_node: 2}\n"
+        "x-unused: *cmd\n"
+    )
     found = refused(compiler, spec)
     # the alias expands fine; only the unused key is wrong
     assert [(d.code, d.location.pointer) for d in found] == [("MDC101", "/x-unused")]
@@ -92,8 +94,9 @@ def nestings(depth: int) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(("name", "text"), list(nestings(10_000)), ids=lambda v: v[:12])
-def test_10000_deep_nesting_is_refused(name: str, text: str, compiler: Compiler,
-                                       tmp_path: Path) -> None:
+def test_10000_deep_nesting_is_refused(
+    name: str, text: str, compiler: Compiler, tmp_path: Path
+) -> None:
     spec = tmp_path / name
     spec.write_text(text)
     [found] = refused(compiler, spec)
@@ -108,15 +111,17 @@ def test_nesting_within_the_limit_is_not_called_deep(compiler: Compiler, tmp_pat
 
 
 @pytest.mark.parametrize("backend", ["slurm", "kubernetes", "pytorchjob", "trainjob"])
-def test_a_million_nodes_compile_in_bounded_memory(backend: str, compiler: Compiler,
-                                                   tmp_path: Path) -> None:
+def test_a_million_nodes_compile_in_bounded_memory(
+    backend: str, compiler: Compiler, tmp_path: Path
+) -> None:
     """10**6 nodes x 8: the plan is formulas, not lists; artifacts do not grow with nnodes."""
     spec = tmp_path / "big.toml"
     spec.write_text(
         '[job]\nname = "big"\nimage = "img:1"\ncommand = ["python", "train.py"]\n'
         f'[distributed]\nlauncher = "megatron"\nbackend = "{backend}"\nnnodes = 1000000\n'
-        'nproc_per_node = 8\n[parallelism]\ntp = 8\npp = 16\ncp = 2\n'
-        '[batch]\nglobal_batch_size = 250000\nmicro_batch_size = 1\n')
+        "nproc_per_node = 8\n[parallelism]\ntp = 8\npp = 16\ncp = 2\n"
+        "[batch]\nglobal_batch_size = 250000\nmicro_batch_size = 1\n"
+    )
     result, peak = peak_while(lambda: compiler.compile(spec))
     assert not isinstance(result, list), [d.render() for d in result]  # type: ignore[union-attr]
     assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
@@ -125,15 +130,20 @@ def test_a_million_nodes_compile_in_bounded_memory(backend: str, compiler: Compi
 
 
 HUGE = [10**30, 2**62]
-SIZE_LIMITS = {"nnodes": 1_048_576, "min_nnodes": 1_048_576, "prefill_nodes": 1_048_576,
-               "decode_nodes": 1_048_576, "nproc_per_node": 1024}
+SIZE_LIMITS = {
+    "nnodes": 1_048_576,
+    "min_nnodes": 1_048_576,
+    "prefill_nodes": 1_048_576,
+    "decode_nodes": 1_048_576,
+    "nproc_per_node": 1024,
+}
 
 
 @pytest.mark.parametrize("value", HUGE)
 @pytest.mark.parametrize("key", sorted(SIZE_LIMITS))
-def test_absurd_node_and_process_counts_are_schema_errors(key: str, value: int,
-                                                          compiler: Compiler,
-                                                          tmp_path: Path) -> None:
+def test_absurd_node_and_process_counts_are_schema_errors(
+    key: str, value: int, compiler: Compiler, tmp_path: Path
+) -> None:
     """Rank arithmetic over 10**30 processes would never end (a fuzz run found one that
     did not): the counts have a bound, far above any cluster."""
     distributed = {"nnodes": 4, "nproc_per_node": 8, key: value}
@@ -142,25 +152,29 @@ def test_absurd_node_and_process_counts_are_schema_errors(key: str, value: int,
         '[job]\nname = "huge"\ncommand = ["python", "train.py"]\n'
         '[distributed]\nlauncher = "torchrun"\n'
         + "".join(f"{k} = {v}\n" for k, v in distributed.items())
-        + '[parallelism]\ntp = 2\npp = 2\n')
+        + "[parallelism]\ntp = 2\npp = 2\n"
+    )
     found = refused(compiler, spec)
-    assert [(d.code, d.location.pointer) for d in found if d.is_error] == \
-        [("MDC105", f"/distributed/{key}")]
+    assert [(d.code, d.location.pointer) for d in found if d.is_error] == [
+        ("MDC105", f"/distributed/{key}")
+    ]
     assert f"<= {SIZE_LIMITS[key]}" in found[0].message
 
 
 @pytest.mark.parametrize("order", ["tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp", "pp-dp-cp-ep-tp"])
 @pytest.mark.parametrize(("tp", "cp"), [(2, 2), (3, 1), (1024, 1), (6, 2)])
-def test_the_largest_counts_plan_in_bounded_memory(order: str, tp: int, cp: int,
-                                                   compiler: Compiler, tmp_path: Path) -> None:
+def test_the_largest_counts_plan_in_bounded_memory(
+    order: str, tp: int, cp: int, compiler: Compiler, tmp_path: Path
+) -> None:
     """At the bounds (2**20 nodes x 1024), tensor-parallel groups that do or do not cross
     nodes are found without listing the groups."""
     spec = tmp_path / "edge.toml"
     spec.write_text(
         '[job]\nname = "edge"\ncommand = ["python", "train.py"]\n'
         '[distributed]\nlauncher = "megatron"\nbackend = "slurm"\nnnodes = 1048576\n'
-        f'nproc_per_node = 1024\n[parallelism]\ntp = {tp}\npp = 1\ncp = {cp}\n'
-        f'order = "{order}"\n')
+        f"nproc_per_node = 1024\n[parallelism]\ntp = {tp}\npp = 1\ncp = {cp}\n"
+        f'order = "{order}"\n'
+    )
     result, peak = peak_while(lambda: compiler.compile(spec, tree=False))
     assert peak < PEAK_LIMIT, f"peak {peak / 2**20:.0f} MiB"
     findings = result if isinstance(result, list) else list(result.diagnostics)  # type: ignore[attr-defined]

@@ -33,9 +33,10 @@ def schema_files() -> list[Traversable]:
     root = resources.files("mdc_schemas")
     found = [root.joinpath(CORE_SCHEMA)]
     for folder in (root, root.joinpath("plugins")):
-        found += sorted((p for p in folder.iterdir()
-                         if p.name.endswith(".json") and p.name != CORE_SCHEMA),
-                        key=lambda p: p.name)
+        found += sorted(
+            (p for p in folder.iterdir() if p.name.endswith(".json") and p.name != CORE_SCHEMA),
+            key=lambda p: p.name,
+        )
     return found
 
 
@@ -72,8 +73,19 @@ def properties(schema: Any, where: str = "#") -> Iterator[tuple[str, Any]]:
         if keyword == "properties":
             for name, prop in sub.items():
                 yield from properties(prop, f"{where}/properties/{name}")
-        elif keyword in ("items", "additionalProperties", "oneOf", "anyOf", "allOf",
-                         "prefixItems", "$defs", "not", "if", "then", "else"):
+        elif keyword in (
+            "items",
+            "additionalProperties",
+            "oneOf",
+            "anyOf",
+            "allOf",
+            "prefixItems",
+            "$defs",
+            "not",
+            "if",
+            "then",
+            "else",
+        ):
             if keyword == "$defs":
                 for name, prop in sub.items():
                     yield from properties(prop, f"{where}/$defs/{name}")
@@ -102,14 +114,20 @@ def test_composed_schema_is_valid(composed: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("resource", schema_files(), ids=lambda p: p.name)
 def test_every_property_in_file_is_described(resource: Traversable) -> None:
-    undocumented = [where for where, sub in properties(load(resource))
-                    if not (isinstance(sub, dict) and str(sub.get("description", "")).strip())]
+    undocumented = [
+        where
+        for where, sub in properties(load(resource))
+        if not (isinstance(sub, dict) and str(sub.get("description", "")).strip())
+    ]
     assert not undocumented, f"{resource.name}: properties without a description: {undocumented}"
 
 
 def test_every_property_in_composed_schema_is_described(composed: dict[str, Any]) -> None:
-    undocumented = [where for where, sub in properties(composed)
-                    if not (isinstance(sub, dict) and str(sub.get("description", "")).strip())]
+    undocumented = [
+        where
+        for where, sub in properties(composed)
+        if not (isinstance(sub, dict) and str(sub.get("description", "")).strip())
+    ]
     assert not undocumented, f"properties without a description: {undocumented}"
 
 
@@ -119,8 +137,9 @@ def test_property_walk_sees_nested_levels(composed: dict[str, Any]) -> None:
     assert "#/properties/torchrun/properties/rdzv_conf" in seen
 
 
-def test_composed_schema_identity_and_enums(composed: dict[str, Any], plugins: PluginSet,
-                                            declared_builtins: dict[str, list[str]]) -> None:
+def test_composed_schema_identity_and_enums(
+    composed: dict[str, Any], plugins: PluginSet, declared_builtins: dict[str, list[str]]
+) -> None:
     assert composed["$id"] == core_schema()["$id"]
     assert composed["title"]
     dist = composed["properties"]["distributed"]["properties"]
@@ -156,7 +175,8 @@ def test_core_tables_match_schema() -> None:
 def test_core_table_fields_match_schema(table: str) -> None:
     schema = core_schema()["properties"][table]
     assert field_names(CORE_TABLES[table]) == set(schema["properties"]), (
-        f"mdc.spec.{CORE_TABLES[table].__name__} and the schema's [{table}] disagree")
+        f"mdc.spec.{CORE_TABLES[table].__name__} and the schema's [{table}] disagree"
+    )
 
 
 def test_required_keys_have_no_default_in_model() -> None:
@@ -174,7 +194,8 @@ def test_plugin_option_types_match_their_fragments(plugins: PluginSet) -> None:
             continue
         assert record.schema is not None, f"{name} has an options_type but no schema"
         assert field_names(record.options_type) == set(record.schema["properties"]), (
-            f"{record.options_type.__name__} and the [{name}] schema disagree")
+            f"{record.options_type.__name__} and the [{name}] schema disagree"
+        )
         checked.append(name)
     assert "torchrun" in checked
 
@@ -182,8 +203,11 @@ def test_plugin_option_types_match_their_fragments(plugins: PluginSet) -> None:
 # ---------------------------------------------------------------- fragments fetched on demand
 
 FRAGMENTS: dict[str, dict[str, Any] | None] = {
-    "alpha": {"type": "object", "additionalProperties": False,
-              "properties": {"size": {"type": "integer", "description": "A size."}}},
+    "alpha": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"size": {"type": "integer", "description": "A size."}},
+    },
     "beta": {"type": "object", "additionalProperties": False, "properties": {}},
     "gamma": None,
 }
@@ -196,13 +220,23 @@ def composed_checker() -> tuple[ComposedChecker, list[str]]:
     def fragment(name: str) -> dict[str, Any] | None:
         fetched.append(name)
         return FRAGMENTS[name]
+
     return ComposedChecker(FRAGMENTS, fragment, ["alpha"], ["beta", "gamma"]), fetched
 
 
-@pytest.mark.parametrize("text", [
-    HEAD, HEAD + "[alpha]\nsize = 2\n", HEAD + '[alpha]\nsize = "2"\n',
-    HEAD + "[alpha]\nsise = 2\n", HEAD + "[gamma]\nx = 1\n", HEAD + "[betta]\n",
-    HEAD.replace('"alpha"', '"alpah"'), "job = 1\n"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        HEAD,
+        HEAD + "[alpha]\nsize = 2\n",
+        HEAD + '[alpha]\nsize = "2"\n',
+        HEAD + "[alpha]\nsise = 2\n",
+        HEAD + "[gamma]\nx = 1\n",
+        HEAD + "[betta]\n",
+        HEAD.replace('"alpha"', '"alpah"'),
+        "job = 1\n",
+    ],
+)
 def test_fetching_on_demand_reports_what_the_full_schema_does(text: str) -> None:
     doc = load_text(text, "spec.toml", "toml")
     full = SchemaChecker(compose(FRAGMENTS, ["alpha"], ["beta", "gamma"])).check(doc)
@@ -226,11 +260,31 @@ def test_only_the_tables_a_document_has_are_fetched() -> None:
 
 # ---------------------------------------------------------------- the quick validity check
 
-SPEC_FILES = sorted([*(REPO_ROOT / "examples").glob("*.toml"), *(REPO_ROOT / "examples").glob(
-    "*.yaml"), *(REPO_ROOT / "examples").glob("*.json"),
-    *(REPO_ROOT / "golden" / "diagnostics").glob("*/spec.*")])
-REPLACEMENTS: list[object] = [None, True, False, 0, -1, 2, 1.5, "", "x", "A b", [], ["x"],
-                              [1], {}, {"x": 1}]
+SPEC_FILES = sorted(
+    [
+        *(REPO_ROOT / "examples").glob("*.toml"),
+        *(REPO_ROOT / "examples").glob("*.yaml"),
+        *(REPO_ROOT / "examples").glob("*.json"),
+        *(REPO_ROOT / "golden" / "diagnostics").glob("*/spec.*"),
+    ]
+)
+REPLACEMENTS: list[object] = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    2,
+    1.5,
+    "",
+    "x",
+    "A b",
+    [],
+    ["x"],
+    [1],
+    {},
+    {"x": 1},
+]
 
 
 def mutations(data: object) -> Iterator[object]:
@@ -244,22 +298,25 @@ def mutations(data: object) -> Iterator[object]:
     elif isinstance(data, list):
         for index, value in enumerate(data):
             for other in [*REPLACEMENTS, *mutations(value)]:
-                yield [*data[:index], other, *data[index + 1:]]
+                yield [*data[:index], other, *data[index + 1 :]]
 
 
 @pytest.fixture(scope="module")
 def full_schema() -> dict[str, Any]:
     from mdc.pipeline import Compiler
+
     return Compiler(load_plugins(autoload=False)).schema
 
 
 @pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_the_quick_check_never_passes_what_jsonschema_rejects(
-        path: Path, full_schema: dict[str, Any]) -> None:
+    path: Path, full_schema: dict[str, Any]
+) -> None:
     """Differential: on every example, every diagnostics case and each one-edit mutation of
     them, "surely valid" implies jsonschema finds no error; valid examples are proven."""
     from mdc.loaders import load_file
     from mdc.schema import surely_valid, validator_class
+
     validator = validator_class()(full_schema)
     try:
         data = load_file(path).data
@@ -276,9 +333,18 @@ def test_the_quick_check_never_passes_what_jsonschema_rejects(
 
 @pytest.mark.slow
 def test_a_valid_spec_does_not_import_jsonschema(clean_env: Any) -> None:
-    code = ("import sys; from mdc.cli import main\n"
-            "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
-            "print('jsonschema' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=clean_env(),
-                          capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys; from mdc.cli import main\n"
+        "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
+        "print('jsonschema' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert done.stdout.strip() == "False"

@@ -68,13 +68,15 @@ def agrees(text: str) -> bool:
 
 # --- every YAML file in the repository ---------------------------------------------------
 
+
 def repo_yaml() -> list[Path]:
     """Every *.yaml/*.yml outside hidden and virtual-environment directories."""
     found = []
     for path in REPO.rglob("*.y*ml"):
         folders = path.relative_to(REPO).parts[:-1]
         if path.suffix in (".yaml", ".yml") and not any(
-                part.startswith(".") or part in ("node_modules", "bench") for part in folders):
+            part.startswith(".") or part in ("node_modules", "bench") for part in folders
+        ):
             found.append(path)
     return sorted(found)
 
@@ -111,17 +113,106 @@ def test_every_repository_yaml_reads_the_same(path: Path) -> None:
 
 #: strings YAML 1.1 or 1.2 may read as something else, or that stress quoting
 TRICKY = [
-    "1", "-0", "007", "0o17", "0x1F", "0b101", "1_000", "1e3", "1.5e3", ".5", "1.", "+1", "-1.5",
-    ".inf", "-.inf", ".nan", "NaN", "yes", "no", "on", "off", "y", "n", "Yes", "ON", "~", "null",
-    "Null", "NULL", "true", "True", "tRue", "FALSE", "2024-01-02", "2024-1-2 3:04:05", "12:30",
-    "1:20:30", "=", "<<", "--flag", "--tp=8", "-x", "+x", "-", "+", ".", "...", "---", "- a",
-    "#x", "a #b", "a: b", "a:b", "'q'", '"dq"', "\\/", "\\", "\t", " lead", "trail ", "two\nlines",
-    "\n", "", " ", "\u2028", "\x85", "\ufeff", "é", "日本", "\U0001d11e", "64Gi", "1F1B", "16B",
-    "1-00:00:00", "1.2.3", "%x", "@x", "`x", "!x", "&x", "*x", "?", "? x", "|", ">", "[a]", "{a}",
-    "a,b", "0.1", "1e-3", "1.0e-3", "9" * 30, "-" + "9" * 30,
+    "1",
+    "-0",
+    "007",
+    "0o17",
+    "0x1F",
+    "0b101",
+    "1_000",
+    "1e3",
+    "1.5e3",
+    ".5",
+    "1.",
+    "+1",
+    "-1.5",
+    ".inf",
+    "-.inf",
+    ".nan",
+    "NaN",
+    "yes",
+    "no",
+    "on",
+    "off",
+    "y",
+    "n",
+    "Yes",
+    "ON",
+    "~",
+    "null",
+    "Null",
+    "NULL",
+    "true",
+    "True",
+    "tRue",
+    "FALSE",
+    "2024-01-02",
+    "2024-1-2 3:04:05",
+    "12:30",
+    "1:20:30",
+    "=",
+    "<<",
+    "--flag",
+    "--tp=8",
+    "-x",
+    "+x",
+    "-",
+    "+",
+    ".",
+    "...",
+    "---",
+    "- a",
+    "#x",
+    "a #b",
+    "a: b",
+    "a:b",
+    "'q'",
+    '"dq"',
+    "\\/",
+    "\\",
+    "\t",
+    " lead",
+    "trail ",
+    "two\nlines",
+    "\n",
+    "",
+    " ",
+    "\u2028",
+    "\x85",
+    "\ufeff",
+    "é",
+    "日本",
+    "\U0001d11e",
+    "64Gi",
+    "1F1B",
+    "16B",
+    "1-00:00:00",
+    "1.2.3",
+    "%x",
+    "@x",
+    "`x",
+    "!x",
+    "&x",
+    "*x",
+    "?",
+    "? x",
+    "|",
+    ">",
+    "[a]",
+    "{a}",
+    "a,b",
+    "0.1",
+    "1e-3",
+    "1.0e-3",
+    "9" * 30,
+    "-" + "9" * 30,
 ]
 scalars = st.one_of(
-    st.integers(), st.floats(), st.booleans(), st.none(), st.text(max_size=12),
+    st.integers(),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=12),
     st.sampled_from(TRICKY),
 )
 keys = st.one_of(st.text(max_size=12), st.sampled_from(TRICKY), st.integers(), st.booleans())
@@ -150,13 +241,18 @@ def dump_ruamel(data: object, draw: Any) -> str:
 
 def dump_pyyaml(data: object, draw: Any) -> str:
     text: str = pyyaml.dump(
-        data, Dumper=draw(st.sampled_from([pyyaml.Dumper, pyyaml.CDumper])),
+        data,
+        Dumper=draw(st.sampled_from([pyyaml.Dumper, pyyaml.CDumper])),
         default_flow_style=draw(st.sampled_from([False, True, None])),
         default_style=draw(st.sampled_from([None, None, "'", '"', "|", ">"])),
-        allow_unicode=draw(st.booleans()), width=draw(st.sampled_from([12, 80, 4096])),
-        indent=draw(st.sampled_from([2, 3, 4, 7])), explicit_start=draw(st.booleans()),
-        explicit_end=draw(st.booleans()), canonical=draw(st.sampled_from([False] * 5 + [True])),
-        sort_keys=False)
+        allow_unicode=draw(st.booleans()),
+        width=draw(st.sampled_from([12, 80, 4096])),
+        indent=draw(st.sampled_from([2, 3, 4, 7])),
+        explicit_start=draw(st.booleans()),
+        explicit_end=draw(st.booleans()),
+        canonical=draw(st.sampled_from([False] * 5 + [True])),
+        sort_keys=False,
+    )
     return text
 
 
@@ -176,10 +272,16 @@ def decorate(text: str, seed: int) -> str:
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=specs, style=st.data(), seed=st.integers(0, 2**32), pyyaml_dump=st.booleans(),
-       comments=st.booleans())
-def test_generated_documents_read_the_same(data: object, style: st.DataObject, seed: int,
-                                           pyyaml_dump: bool, comments: bool) -> None:
+@given(
+    data=specs,
+    style=st.data(),
+    seed=st.integers(0, 2**32),
+    pyyaml_dump=st.booleans(),
+    comments=st.booleans(),
+)
+def test_generated_documents_read_the_same(
+    data: object, style: st.DataObject, seed: int, pyyaml_dump: bool, comments: bool
+) -> None:
     text = (dump_pyyaml if pyyaml_dump else dump_ruamel)(data, style.draw)
     agrees(decorate(text, seed) if comments else text)
 
@@ -187,22 +289,32 @@ def test_generated_documents_read_the_same(data: object, style: st.DataObject, s
 #: values a hand-written spec holds; the fast path must take all of these (not None: ruamel
 #: writes it as an empty value, which the fast path declines)
 ordinary_scalars = st.one_of(
-    st.integers(-10**6, 10**6), st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
     st.floats(-1e6, 1e6).filter(lambda f: f == 0 or abs(f) > 1e-3),
     st.from_regex(r"[a-z][a-z0-9_./:=-]{0,15}", fullmatch=True),
     st.sampled_from(["yes", "no", "on", "off", "--flag", "64Gi", "1F1B", "1-00:00:00"]),
 )
 ordinary_keys = st.from_regex(r"[a-z][a-z0-9_-]{0,10}", fullmatch=True)
-ordinary_specs = st.dictionaries(ordinary_keys, st.recursive(
-    ordinary_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(ordinary_keys, inner, max_size=3),
-    max_leaves=12), min_size=1, max_size=6)
+ordinary_specs = st.dictionaries(
+    ordinary_keys,
+    st.recursive(
+        ordinary_scalars,
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(ordinary_keys, inner, max_size=3)
+        ),
+        max_leaves=12,
+    ),
+    min_size=1,
+    max_size=6,
+)
 
 
 @settings(max_examples=150, deadline=None)
 @given(data=ordinary_specs, flow=st.sampled_from([False, True, None]), seed=st.integers(0, 99))
-def test_ordinary_specs_take_the_fast_path(data: dict[str, object], flow: bool | None,
-                                           seed: int) -> None:
+def test_ordinary_specs_take_the_fast_path(
+    data: dict[str, object], flow: bool | None, seed: int
+) -> None:
     yaml = YAML(typ="rt", pure=True)
     yaml.default_flow_style = flow
     out = io.StringIO()
@@ -215,13 +327,71 @@ def test_ordinary_specs_take_the_fast_path(data: dict[str, object], flow: bool |
 
 # --- near-miss text ------------------------------------------------------------------------
 
-NEAR = [*"ab1 :-[]{},#&*!|>'\"\n?%.\\~=<+0", "a: ", "- ", "---", "...", "? ", "!!str ", "&x ",
-        "*x", "\r", "\r\n", "  ", "    ", "é", "\U0001d11e", "yes", "1.5", "-1", "1e3", "0o7",
-        "null", "true", "|-\n", ">+\n", ": ", ", ", "\n  ", "\n- ", "#c\n", " \n", '"\\t"',
-        "'it''s'", '"a\\\nb"', "- - ", "[[", "]]", "{a: [b]}", "a:b", '"\\x41"', '"\\N"', "\n\n",
-        " #x\n", "--- |\n", "12:30", "0x1F", ".5", "2024-01-02", "a : b", "\t", "\x85", "\\/"]
-PREFIXES = ["", "a: ", "a:\n  ", "a:\n- ", "a: [", "a: {", "a:\n  - ", "a: |\n  ", "a: >-\n  ",
-            "a:\n  b: "]
+NEAR = [
+    *"ab1 :-[]{},#&*!|>'\"\n?%.\\~=<+0",
+    "a: ",
+    "- ",
+    "---",
+    "...",
+    "? ",
+    "!!str ",
+    "&x ",
+    "*x",
+    "\r",
+    "\r\n",
+    "  ",
+    "    ",
+    "é",
+    "\U0001d11e",
+    "yes",
+    "1.5",
+    "-1",
+    "1e3",
+    "0o7",
+    "null",
+    "true",
+    "|-\n",
+    ">+\n",
+    ": ",
+    ", ",
+    "\n  ",
+    "\n- ",
+    "#c\n",
+    " \n",
+    '"\\t"',
+    "'it''s'",
+    '"a\\\nb"',
+    "- - ",
+    "[[",
+    "]]",
+    "{a: [b]}",
+    "a:b",
+    '"\\x41"',
+    '"\\N"',
+    "\n\n",
+    " #x\n",
+    "--- |\n",
+    "12:30",
+    "0x1F",
+    ".5",
+    "2024-01-02",
+    "a : b",
+    "\t",
+    "\x85",
+    "\\/",
+]
+PREFIXES = [
+    "",
+    "a: ",
+    "a:\n  ",
+    "a:\n- ",
+    "a: [",
+    "a: {",
+    "a:\n  - ",
+    "a: |\n  ",
+    "a: >-\n  ",
+    "a:\n  b: ",
+]
 
 
 @settings(max_examples=600, deadline=None)
@@ -232,18 +402,53 @@ def test_near_miss_text_reads_the_same(prefix: str, tokens: list[str]) -> None:
 
 # --- what the fast path takes, and each reason it declines ---------------------------------
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("0", 0), ("-0", 0), ("8", 8), ("-12", -12), ("123456789012345678901234567890",
-                                                  123456789012345678901234567890),
-    ("1.5", 1.5), ("-0.25", -0.25), ("1.0e-3", 1.0e-3), ("2.5E+10", 2.5e10), ("-0.0", -0.0),
-    ("true", True), ("True", True), ("TRUE", True), ("false", False), ("FALSE", False),
-    ("~", None), ("null", None), ("Null", None), ("NULL", None),
-    ("yes", "yes"), ("No", "No"), ("on", "on"), ("OFF", "OFF"), ("y", "y"), ("tRue", "tRue"),
-    ("nulls", "nulls"), ("~x", "~x"), ("--flag", "--flag"), ("-x", "-x"), ("+x", "+x"),
-    ("--5", "--5"), ("64Gi", "64Gi"), ("1F1B", "1F1B"), ("16B", "16B"),
-    ("1-00:00:00", "1-00:00:00"), ("<", "<"), ("==", "=="), ("'0o17'", "0o17"),
-    ('"1e3"', "1e3"), ("|\n  0x1F\n", "0x1F\n"), (">-\n  yes\n  no\n", "yes no"),
-])
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("-0", 0),
+        ("8", 8),
+        ("-12", -12),
+        ("123456789012345678901234567890", 123456789012345678901234567890),
+        ("1.5", 1.5),
+        ("-0.25", -0.25),
+        ("1.0e-3", 1.0e-3),
+        ("2.5E+10", 2.5e10),
+        ("-0.0", -0.0),
+        ("true", True),
+        ("True", True),
+        ("TRUE", True),
+        ("false", False),
+        ("FALSE", False),
+        ("~", None),
+        ("null", None),
+        ("Null", None),
+        ("NULL", None),
+        ("yes", "yes"),
+        ("No", "No"),
+        ("on", "on"),
+        ("OFF", "OFF"),
+        ("y", "y"),
+        ("tRue", "tRue"),
+        ("nulls", "nulls"),
+        ("~x", "~x"),
+        ("--flag", "--flag"),
+        ("-x", "-x"),
+        ("+x", "+x"),
+        ("--5", "--5"),
+        ("64Gi", "64Gi"),
+        ("1F1B", "1F1B"),
+        ("16B", "16B"),
+        ("1-00:00:00", "1-00:00:00"),
+        ("<", "<"),
+        ("==", "=="),
+        ("'0o17'", "0o17"),
+        ('"1e3"', "1e3"),
+        ("|\n  0x1F\n", "0x1F\n"),
+        (">-\n  yes\n  no\n", "yes no"),
+    ],
+)
 def test_plain_values_the_fast_path_resolves(text: str, value: object) -> None:
     doc = f"key: {text}\n"
     read = read_fast(doc)
@@ -251,10 +456,33 @@ def test_plain_values_the_fast_path_resolves(text: str, value: object) -> None:
     assert agrees(doc)
 
 
-@pytest.mark.parametrize("text", [
-    "0o17", "0x1F", "0b101", "012", "1_000", "1e3", ".5", "1.", "+1", "+1.5", "-.5", ".inf",
-    "-.inf", ".nan", "2024-01-02", "2024-1-2 3:04:05", "=", "<<", "-", "-_", "1.2.3", "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0o17",
+        "0x1F",
+        "0b101",
+        "012",
+        "1_000",
+        "1e3",
+        ".5",
+        "1.",
+        "+1",
+        "+1.5",
+        "-.5",
+        ".inf",
+        "-.inf",
+        ".nan",
+        "2024-01-02",
+        "2024-1-2 3:04:05",
+        "=",
+        "<<",
+        "-",
+        "-_",
+        "1.2.3",
+        "",
+    ],
+)
 def test_plain_values_that_might_resolve_otherwise_are_declined(text: str) -> None:
     doc = f"key: {text}\n"
     assert read_fast(doc) is None
@@ -264,14 +492,35 @@ def test_plain_values_that_might_resolve_otherwise_are_declined(text: str) -> No
 #: shapes the fast path takes: JSON-style flow, CRLF and CR lines, explicit start, trailing
 #: commas, block scalars with indicators, escapes, comments, non-ASCII text
 TAKEN = [
-    '{"a":1,"b":[1,2],"c":{"d":"e"}}\n', '{"a": 1, "b": [true, null, "x"]}',
-    "a: b\r\nc: d\r\n", "a: b\rc: d\r", "---\na: 1\n", "---\n# c\na: 1\n", "a: 1 # c\n#c\n",
-    "a: [b, c,]\n", "a: {b: c,}\n", "a: [b: c]\n", "a: {b: [c, {d: e}]}\n", "a: [-]\n",
-    "a:\n    - 1\n    - 2\nb:\n  - c: 1\n    d: 2\n", "a:\n- b\n- c\nd: e\n",
-    "a: 'multi\n  line'\n", 'a: "x\\\n  y"\n', "a:  \n  b\n", "a: >\n\n  x\n\n  y\n",
-    "a: |+\n  x\n\n", "a: |2\n   x\n", "a: >-\n  x\n   y\n  z\n", "a: b # c: d\n",
-    "'a''b': 1\n", '"a\\tb": 1\n', 'a: "\\e\\a\\b\\v\\f\\0\\x00\\u00e9\\U0001F600"\n',
-    "a: '\u00a0'\n", "a: b\u00a0\n", "k" * 1000 + ": 1\n", "a: " + "x" * 2000 + "\n",
+    '{"a":1,"b":[1,2],"c":{"d":"e"}}\n',
+    '{"a": 1, "b": [true, null, "x"]}',
+    "a: b\r\nc: d\r\n",
+    "a: b\rc: d\r",
+    "---\na: 1\n",
+    "---\n# c\na: 1\n",
+    "a: 1 # c\n#c\n",
+    "a: [b, c,]\n",
+    "a: {b: c,}\n",
+    "a: [b: c]\n",
+    "a: {b: [c, {d: e}]}\n",
+    "a: [-]\n",
+    "a:\n    - 1\n    - 2\nb:\n  - c: 1\n    d: 2\n",
+    "a:\n- b\n- c\nd: e\n",
+    "a: 'multi\n  line'\n",
+    'a: "x\\\n  y"\n',
+    "a:  \n  b\n",
+    "a: >\n\n  x\n\n  y\n",
+    "a: |+\n  x\n\n",
+    "a: |2\n   x\n",
+    "a: >-\n  x\n   y\n  z\n",
+    "a: b # c: d\n",
+    "'a''b': 1\n",
+    '"a\\tb": 1\n',
+    'a: "\\e\\a\\b\\v\\f\\0\\x00\\u00e9\\U0001F600"\n',
+    "a: '\u00a0'\n",
+    "a: b\u00a0\n",
+    "k" * 1000 + ": 1\n",
+    "a: " + "x" * 2000 + "\n",
 ]
 
 
@@ -367,11 +616,23 @@ def test_positions_are_one_based_line_and_column() -> None:
     read = read_fast(text)
     assert read is not None
     _, values, keys = read
-    assert values == {"": (1, 1), "/job": (2, 3), "/job/name": (2, 9), "/job/command": (3, 12),
-                      "/job/command/0": (3, 13), "/job/command/1": (3, 21), "/env": (4, 6),
-                      "/env/A": (4, 10)}
-    assert keys == {"/job": (1, 1), "/job/name": (2, 3), "/job/command": (3, 3), "/env": (4, 1),
-                    "/env/A": (4, 7)}
+    assert values == {
+        "": (1, 1),
+        "/job": (2, 3),
+        "/job/name": (2, 9),
+        "/job/command": (3, 12),
+        "/job/command/0": (3, 13),
+        "/job/command/1": (3, 21),
+        "/env": (4, 6),
+        "/env/A": (4, 10),
+    }
+    assert keys == {
+        "/job": (1, 1),
+        "/job/name": (2, 3),
+        "/job/command": (3, 3),
+        "/env": (4, 1),
+        "/env/A": (4, 7),
+    }
 
 
 def test_columns_count_characters_not_bytes() -> None:
@@ -382,7 +643,8 @@ def test_columns_count_characters_not_bytes() -> None:
 
 
 def test_without_libyaml_the_thorough_path_reads_everything(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A fresh copy of the loader, imported where ``yaml._yaml`` cannot be."""
     monkeypatch.setitem(sys.modules, "yaml._yaml", None)
     spec = importlib.util.spec_from_file_location("mdc_yaml_without_libyaml", loader.__file__)
@@ -398,11 +660,17 @@ def test_without_libyaml_the_thorough_path_reads_everything(
 
 @pytest.mark.slow
 def test_the_fast_path_does_not_import_ruamel() -> None:
-    probe = ("import sys\nfrom mdc.errors import SpecError\nfrom mdc.loaders import load_file\n"
-             "load_file(sys.argv[1])\nprint('ruamel.yaml' in sys.modules)\n"
-             "try:\n    load_file(sys.argv[2])\nexcept SpecError:\n"
-             "    print('ruamel.yaml' in sys.modules)\n")
+    probe = (
+        "import sys\nfrom mdc.errors import SpecError\nfrom mdc.loaders import load_file\n"
+        "load_file(sys.argv[1])\nprint('ruamel.yaml' in sys.modules)\n"
+        "try:\n    load_file(sys.argv[2])\nexcept SpecError:\n"
+        "    print('ruamel.yaml' in sys.modules)\n"
+    )
     bad = REPO / "golden" / "diagnostics" / "duplicate-key-yaml" / "spec.yaml"
-    run = subprocess.run([sys.executable, "-c", probe, str(REPO / "examples" / "basic-2x2.yaml"),
-                          str(bad)], capture_output=True, text=True, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", probe, str(REPO / "examples" / "basic-2x2.yaml"), str(bad)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert run.stdout.split() == ["False", "True"], run.stderr

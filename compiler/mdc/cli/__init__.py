@@ -39,6 +39,7 @@ class Output:
 
 def _compiler(args: argparse.Namespace) -> Compiler:
     from mdc.plugin_manager import load_plugins
+
     autoload = not (args.no_plugin_autoload or os.environ.get("MDC_DISABLE_PLUGIN_AUTOLOAD"))
     blocked = args.blocked + [n for n in os.environ.get("MDC_BLOCK_PLUGINS", "").split(",") if n]
     trace = sys.stderr.write if os.environ.get("MDC_TRACE_PLUGINS") else None
@@ -47,25 +48,39 @@ def _compiler(args: argparse.Namespace) -> Compiler:
 
 def cmd_compile(args: argparse.Namespace, out: Output) -> int:
     from mdc import emit
+
     compiled = _compiler(args).compile(args.spec)
     out.diagnostics(compiled.diagnostics)
     target = Path(args.output)
     if args.check:
         lines = emit.drift(target, compiled.tree)
         if out.fmt == "json":
-            out.json({"ok": not lines, "drift": lines,
-                      "diagnostics": [d.to_json() for d in compiled.diagnostics]})
+            out.json(
+                {
+                    "ok": not lines,
+                    "drift": lines,
+                    "diagnostics": [d.to_json() for d in compiled.diagnostics],
+                }
+            )
         for line in lines if out.fmt == "text" else ():
             print(f"{target}: {line}", file=out.stderr)
         return ExitCode.SPEC_INVALID if lines else ExitCode.OK
     if not emit.is_replaceable(target):
-        print(f"mdc: refusing to replace {target}: it is not empty and holds no "
-              f"{emit.MANIFEST} from an earlier compile", file=out.stderr)
+        print(
+            f"mdc: refusing to replace {target}: it is not empty and holds no "
+            f"{emit.MANIFEST} from an earlier compile",
+            file=out.stderr,
+        )
         return ExitCode.USAGE
     emit.write_tree(target, compiled.tree)
     if out.fmt == "json":
-        out.json({"ok": True, "files": [a.path for a in compiled.tree],
-                  "diagnostics": [d.to_json() for d in compiled.diagnostics]})
+        out.json(
+            {
+                "ok": True,
+                "files": [a.path for a in compiled.tree],
+                "diagnostics": [d.to_json() for d in compiled.diagnostics],
+            }
+        )
     return ExitCode.OK
 
 
@@ -79,17 +94,23 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
             found += exc.diagnostics
     out.diagnostics(found)
     if out.fmt == "json":
-        out.json({"ok": not any(d.is_error for d in found),
-                  "diagnostics": [d.to_json() for d in sort_diagnostics(found)]})
+        out.json(
+            {
+                "ok": not any(d.is_error for d in found),
+                "diagnostics": [d.to_json() for d in sort_diagnostics(found)],
+            }
+        )
     return ExitCode.SPEC_INVALID if any(d.is_error for d in found) else ExitCode.OK
 
 
 def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     from mdc.describe import explain_text, plan_json
+
     compiled = _compiler(args).compile(args.spec, tree=False)
     out.diagnostics(compiled.notes)
     if args.svg:
         from mdc.rankmap import rank_map_svg
+
         Path(args.svg).write_text(rank_map_svg(compiled.plan), encoding="utf-8")
     if out.fmt == "json":
         out.json(plan_json(compiled.plan, compiled.launch))
@@ -105,26 +126,38 @@ def cmd_schema(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_plugins(args: argparse.Namespace, out: Output) -> int:
     plugins = _compiler(args).plugins
-    rows = [{"name": name, "kind": reg.kind, "distribution": reg.origin.distribution,
-             "version": reg.origin.version, "entry_point": reg.origin.entry_point,
-             "description": reg.record.description}
-            for name, reg in sorted(plugins.tables().items())]
+    rows = [
+        {
+            "name": name,
+            "kind": reg.kind,
+            "distribution": reg.origin.distribution,
+            "version": reg.origin.version,
+            "entry_point": reg.origin.entry_point,
+            "description": reg.record.description,
+        }
+        for name, reg in sorted(plugins.tables().items())
+    ]
     if out.fmt == "json":
         out.json(rows)
     else:
         for row in rows:
-            print(f"{row['name']:<16} {row['kind']:<9} {row['distribution']} {row['version']}"
-                  f"  ({row['entry_point']})  {row['description']}", file=out.stdout)
+            print(
+                f"{row['name']:<16} {row['kind']:<9} {row['distribution']} {row['version']}"
+                f"  ({row['entry_point']})  {row['description']}",
+                file=out.stdout,
+            )
     return ExitCode.OK
 
 
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
     from mdc.importers.madengine import cmd_import as import_madengine
+
     return import_madengine(args, out)
 
 
 def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:
     from mdc.rehearse import cmd_rehearse as rehearse
+
     return rehearse(args, _compiler(args), out)
 
 
@@ -136,16 +169,31 @@ def _blocked_name(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--format", choices=("text", "json"), default="text",
-                        help="output format (default text)")
-    common.add_argument("-p", dest="blocked", action="append", default=[], type=_blocked_name,
-                        metavar="no:NAME", help="block the plugin NAME (repeatable)")
-    common.add_argument("--no-plugin-autoload", action="store_true",
-                        help="load only mdc's own plugins (also MDC_DISABLE_PLUGIN_AUTOLOAD=1)")
-    common.add_argument("--traceback", action="store_true",
-                        help="show the full traceback of plugin and internal errors")
+    common.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default text)"
+    )
+    common.add_argument(
+        "-p",
+        dest="blocked",
+        action="append",
+        default=[],
+        type=_blocked_name,
+        metavar="no:NAME",
+        help="block the plugin NAME (repeatable)",
+    )
+    common.add_argument(
+        "--no-plugin-autoload",
+        action="store_true",
+        help="load only mdc's own plugins (also MDC_DISABLE_PLUGIN_AUTOLOAD=1)",
+    )
+    common.add_argument(
+        "--traceback",
+        action="store_true",
+        help="show the full traceback of plugin and internal errors",
+    )
     parser = argparse.ArgumentParser(
-        prog="mdc", description="Compile a distributed ML job spec into launch artifacts.")
+        prog="mdc", description="Compile a distributed ML job spec into launch artifacts."
+    )
     parser.add_argument("--version", action="version", version=f"mdc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -157,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("compile", cmd_compile, "check a spec and write its artifacts")
     p.add_argument("spec", help="the job spec (.toml, .yaml, .yml or .json)")
     p.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if the output directory differs")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the output directory differs"
+    )
     p = add("validate", cmd_validate, "check specs without writing anything")
     p.add_argument("files", nargs="+", metavar="FILE")
     p = add("explain", cmd_explain, "describe the plan: sizes, batch, nodes, groups")
@@ -169,23 +218,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import", cmd_import, "translate another tool's config into an mdc spec")
     p.add_argument("tool", choices=("madengine",), help="the tool that wrote CONFIG")
     p.add_argument("config", metavar="CONFIG", help="its config file")
-    p.add_argument("-o", "--output", metavar="SPEC",
-                   help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)")
-    p = add("rehearse", cmd_rehearse, "compile a spec and run the job on this CPU with a probe "
-            "program that checks ranks and groups (needs torch)")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="SPEC",
+        help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)",
+    )
+    p = add(
+        "rehearse",
+        cmd_rehearse,
+        "compile a spec and run the job on this CPU with a probe "
+        "program that checks ranks and groups (needs torch)",
+    )
     p.add_argument("spec")
-    p.add_argument("--max-ranks", type=int, default=64, metavar="N",
-                   help="refuse a world of more than N ranks (default 64)")
-    p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
-                   help="stop every process after SECONDS (default 180)")
-    p.add_argument("--keep", metavar="DIR",
-                   help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
-                        "DIR and keep them (default: a temporary directory, removed)")
+    p.add_argument(
+        "--max-ranks",
+        type=int,
+        default=64,
+        metavar="N",
+        help="refuse a world of more than N ranks (default 64)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="stop every process after SECONDS (default 180)",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
+        "DIR and keep them (default: a temporary directory, removed)",
+    )
     return parser
 
 
-def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
-         stderr: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
+) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     try:
         args = build_parser().parse_args(argv)
@@ -206,15 +277,21 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         print(f"mdc: error: {exc.render()}", file=stderr)
         if exc.origin is not None:
             name = exc.origin.entry_point.split(" = ")[0]
-            print(f"  hint: to run without it, pass -p no:{name} (or set "
-                  "MDC_DISABLE_PLUGIN_AUTOLOAD=1 to load only mdc's own plugins)", file=stderr)
+            print(
+                f"  hint: to run without it, pass -p no:{name} (or set "
+                "MDC_DISABLE_PLUGIN_AUTOLOAD=1 to load only mdc's own plugins)",
+                file=stderr,
+            )
         if args.traceback:
             traceback.print_exception(exc, file=stderr)
         return ExitCode.PLUGIN_ERROR
     except Exception as exc:  # noqa: BLE001 - an mdc bug: say so; traceback behind a flag
         kind = "" if isinstance(exc, InternalError) else f"{type(exc).__name__}: "
-        print(f"mdc: internal error: {kind}{exc}\n  this is a bug in mdc; rerun with "
-              "--traceback and report it", file=stderr)
+        print(
+            f"mdc: internal error: {kind}{exc}\n  this is a bug in mdc; rerun with "
+            "--traceback and report it",
+            file=stderr,
+        )
         if args.traceback:
             traceback.print_exception(exc, file=stderr)
         return ExitCode.INTERNAL_ERROR

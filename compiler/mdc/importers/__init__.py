@@ -18,6 +18,7 @@ def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     data = doc.data
     if isinstance(data, dict) and "job" not in data and doc.path.lower().endswith(".json"):
         from mdc.importers import madengine
+
         if madengine.detect(doc):
             return madengine.translate(doc)
     return doc, []

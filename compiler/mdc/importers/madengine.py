@@ -37,49 +37,161 @@ from mdc.loaders import LoadedDocument, Position, load_file
 # --- what madengine's context may hold (madengine.md §2, §7) -----------------------------
 
 #: top-level keys only madengine uses (an mdc spec never has them)
-OWN_TOP = ("gpu_vendor", "guest_os", "k8s", "env_vars", "docker_env_vars", "docker_mounts",
-           "docker_build_arg", "docker_gpus", "deploy", "tools", "pre_scripts", "post_scripts",
-           "encapsulate_script", "debug", "timeout", "MAD_CONTAINER_IMAGE", "context",
-           "shared_data", "deployment_config", "launcher", "gpus_per_node", "gpu_count",
-           "n_gpus", "num_gpus", "ngpus")
+OWN_TOP = (
+    "gpu_vendor",
+    "guest_os",
+    "k8s",
+    "env_vars",
+    "docker_env_vars",
+    "docker_mounts",
+    "docker_build_arg",
+    "docker_gpus",
+    "deploy",
+    "tools",
+    "pre_scripts",
+    "post_scripts",
+    "encapsulate_script",
+    "debug",
+    "timeout",
+    "MAD_CONTAINER_IMAGE",
+    "context",
+    "shared_data",
+    "deployment_config",
+    "launcher",
+    "gpus_per_node",
+    "gpu_count",
+    "n_gpus",
+    "num_gpus",
+    "ngpus",
+)
 #: top-level keys madengine shares with mdc's table names
 SHARED_TOP = ("distributed", "slurm", "kubernetes", "vllm")
 TOP_KEYS = OWN_TOP + SHARED_TOP
-K8S_KEYS = ("gpu_count", "memory", "memory_limit", "cpu", "cpu_limit", "namespace",
-            "image_pull_policy", "node_selector", "backoff_limit", "tolerations", "kubeconfig",
-            "gpu_resource_name", "host_ipc", "results_pvc", "data_pvc", "output_dir",
-            "recreate_shared_data_pvc", "ttl_seconds_after_finished", "allow_privileged_profiling",
-            "storage_class", "nfs_storage_class", "multi_node_results_storage_class",
-            "results_storage_size", "secrets")
-SLURM_KEYS = ("partition", "nodes", "gpus_per_node", "time", "exclusive", "output_dir", "account",
-              "qos", "constraint", "nodelist", "exclude", "reservation", "network_interface",
-              "modules", "shared_workspace", "enable_node_check", "auto_cleanup_nodes",
-              "verbose_node_check", "allow_submit_without_clean_nodes", "mem", "results_dir")
-DISTRIBUTED_KEYS = ("launcher", "nnodes", "nproc_per_node", "master_port", "port", "backend",
-                    "enabled", "sglang_disagg", "primus")
+K8S_KEYS = (
+    "gpu_count",
+    "memory",
+    "memory_limit",
+    "cpu",
+    "cpu_limit",
+    "namespace",
+    "image_pull_policy",
+    "node_selector",
+    "backoff_limit",
+    "tolerations",
+    "kubeconfig",
+    "gpu_resource_name",
+    "host_ipc",
+    "results_pvc",
+    "data_pvc",
+    "output_dir",
+    "recreate_shared_data_pvc",
+    "ttl_seconds_after_finished",
+    "allow_privileged_profiling",
+    "storage_class",
+    "nfs_storage_class",
+    "multi_node_results_storage_class",
+    "results_storage_size",
+    "secrets",
+)
+SLURM_KEYS = (
+    "partition",
+    "nodes",
+    "gpus_per_node",
+    "time",
+    "exclusive",
+    "output_dir",
+    "account",
+    "qos",
+    "constraint",
+    "nodelist",
+    "exclude",
+    "reservation",
+    "network_interface",
+    "modules",
+    "shared_workspace",
+    "enable_node_check",
+    "auto_cleanup_nodes",
+    "verbose_node_check",
+    "allow_submit_without_clean_nodes",
+    "mem",
+    "results_dir",
+)
+DISTRIBUTED_KEYS = (
+    "launcher",
+    "nnodes",
+    "nproc_per_node",
+    "master_port",
+    "port",
+    "backend",
+    "enabled",
+    "sglang_disagg",
+    "primus",
+)
 LAUNCHER_KEYS = ("type", "nnodes", "nproc_per_node", "master_port")
 SGLANG_DISAGG_KEYS = ("prefill_nodes", "decode_nodes")
 PRIMUS_KEYS = ("config_path", "cli_extra", "backend")
 #: madengine keys only madengine's *distributed* or *slurm* blocks have (mdc's do not)
 OWN_DISTRIBUTED = ("port", "enabled", "sglang_disagg", "primus")
-OWN_K8S = ("gpu_count", "memory_limit", "cpu_limit", "kubeconfig", "gpu_resource_name", "host_ipc",
-           "results_pvc", "data_pvc", "output_dir", "recreate_shared_data_pvc", "secrets")
-OWN_SLURM = ("nodes", "output_dir", "network_interface", "shared_workspace", "enable_node_check",
-             "auto_cleanup_nodes", "verbose_node_check", "results_dir", "reservation")
+OWN_K8S = (
+    "gpu_count",
+    "memory_limit",
+    "cpu_limit",
+    "kubeconfig",
+    "gpu_resource_name",
+    "host_ipc",
+    "results_pvc",
+    "data_pvc",
+    "output_dir",
+    "recreate_shared_data_pvc",
+    "secrets",
+)
+OWN_SLURM = (
+    "nodes",
+    "output_dir",
+    "network_interface",
+    "shared_workspace",
+    "enable_node_check",
+    "auto_cleanup_nodes",
+    "verbose_node_check",
+    "results_dir",
+    "reservation",
+)
 #: blocks madengine's CLI requires to be objects ("Invalid additional context: key K must be ...")
-OBJECT_KEYS = ("k8s", "kubernetes", "slurm", "distributed", "env_vars", "docker_env_vars",
-               "launcher")
+OBJECT_KEYS = (
+    "k8s",
+    "kubernetes",
+    "slurm",
+    "distributed",
+    "env_vars",
+    "docker_env_vars",
+    "launcher",
+)
 #: the top-level GPU-count keys madengine's resolve_runtime_gpus tries first, in order
 GPU_COUNT_KEYS = ("gpus_per_node", "gpu_count", "n_gpus", "num_gpus", "ngpus")
 
 #: madengine launcher names -> mdc launcher plugins
-LAUNCHERS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "megatron": "megatron",
-             "megatron-lm": "megatron", "megatron_lm": "megatron", "torchtitan": "torchtitan",
-             "primus": "primus", "vllm": "vllm", "sglang": "sglang",
-             "sglang-disagg": "sglang_disagg", "sglang_disagg": "sglang_disagg",
-             "slurm_multi": "basic", "slurm-multi": "basic"}
-TARGETS = {"k8s": "kubernetes", "kubernetes": "kubernetes", "slurm": "slurm", "local": "local",
-           "docker": "local"}
+LAUNCHERS = {
+    "torchrun": "torchrun",
+    "deepspeed": "deepspeed",
+    "megatron": "megatron",
+    "megatron-lm": "megatron",
+    "megatron_lm": "megatron",
+    "torchtitan": "torchtitan",
+    "primus": "primus",
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "sglang-disagg": "sglang_disagg",
+    "sglang_disagg": "sglang_disagg",
+    "slurm_multi": "basic",
+    "slurm-multi": "basic",
+}
+TARGETS = {
+    "k8s": "kubernetes",
+    "kubernetes": "kubernetes",
+    "slurm": "slurm",
+    "local": "local",
+    "docker": "local",
+}
 DEFAULT_PORT = 29500
 #: madengine's Primus config when distributed.primus.config_path is not given (§4.1)
 PRIMUS_DEFAULT_CONFIG = "examples/torchtitan/configs/MI300X/qwen3_1.7B-pretrain.yaml"
@@ -87,85 +199,181 @@ PLACEHOLDER = "REPLACE_ME"
 
 #: the program each launcher runs when madengine's model card (not in the context) is unknown
 COMMANDS: dict[str, list[str]] = {
-    "torchrun": ["python3", "train.py"], "deepspeed": ["python3", "train.py"],
-    "basic": ["python3", "train.py"], "megatron": ["python3", "pretrain_gpt.py"],
+    "torchrun": ["python3", "train.py"],
+    "deepspeed": ["python3", "train.py"],
+    "basic": ["python3", "train.py"],
+    "megatron": ["python3", "pretrain_gpt.py"],
     "torchtitan": ["python3", "-m", "torchtitan.train"],
-    "primus": ["bash", "examples/run_pretrain.sh"], "vllm": ["vllm", "serve"],
-    "sglang": ["python3", "-m", "sglang.launch_server"], "sglang_disagg": ["python3"]}
+    "primus": ["bash", "examples/run_pretrain.sh"],
+    "vllm": ["vllm", "serve"],
+    "sglang": ["python3", "-m", "sglang.launch_server"],
+    "sglang_disagg": ["python3"],
+}
 #: serving launchers: the table and key naming the model
 MODEL_KEYS = {"vllm": "model", "sglang": "model", "sglang_disagg": "model_path"}
 
 # --- madengine's preset layers (madengine.md §2.3) ----------------------------------------
 
 K8S_DEFAULT_ENV = {"OMP_NUM_THREADS": "8"}
-K8S_NVIDIA_ENV = {"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
-                  "NCCL_P2P_DISABLE": "0", "NCCL_P2P_LEVEL": "NVL", "OMP_NUM_THREADS": "12"}
-AMD_MULTI_GPU_ENV = {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
-                     "TORCH_NCCL_HIGH_PRIORITY": "1", "GPU_MAX_HW_QUEUES": "2",
-                     "HSA_ENABLE_SDMA": "0", "MIOPEN_FIND_MODE": "1",
-                     "MIOPEN_USER_DB_PATH": "/tmp/.miopen", "HSA_FORCE_FINE_GRAIN_PCIE": "1",
-                     "RCCL_ENABLE_HIPGRAPH": "0"}
-K8S_MULTI_NODE_ENV = {"NCCL_DEBUG_SUBSYS": "INIT,NET", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                      "NCCL_TIMEOUT": "600"}
+K8S_NVIDIA_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_P2P_DISABLE": "0",
+    "NCCL_P2P_LEVEL": "NVL",
+    "OMP_NUM_THREADS": "12",
+}
+AMD_MULTI_GPU_ENV = {
+    "NCCL_DEBUG": "WARN",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "TORCH_NCCL_HIGH_PRIORITY": "1",
+    "GPU_MAX_HW_QUEUES": "2",
+    "HSA_ENABLE_SDMA": "0",
+    "MIOPEN_FIND_MODE": "1",
+    "MIOPEN_USER_DB_PATH": "/tmp/.miopen",
+    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+    "RCCL_ENABLE_HIPGRAPH": "0",
+}
+K8S_MULTI_NODE_ENV = {
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_TIMEOUT": "600",
+}
 #: the Job template adds it to every pod's env when the config does not set it (§4)
 K8S_TEMPLATE_ENV = {"HSA_NO_SCRATCH_RECLAIM": "1"}
 SLURM_DEFAULT_ENV = {"OMP_NUM_THREADS": "8", "MIOPEN_FIND_MODE": "1"}
-SLURM_MULTI_NODE_ENV = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                        "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0",
-                        "TORCH_NCCL_HIGH_PRIORITY": "1", "GPU_MAX_HW_QUEUES": "2",
-                        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_TIMEOUT": "600",
-                        "HSA_ENABLE_SDMA": "0", "HSA_FORCE_FINE_GRAIN_PCIE": "1",
-                        "RCCL_ENABLE_HIPGRAPH": "0"}
+SLURM_MULTI_NODE_ENV = {
+    "NCCL_DEBUG": "WARN",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "TORCH_NCCL_HIGH_PRIORITY": "1",
+    "GPU_MAX_HW_QUEUES": "2",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_TIMEOUT": "600",
+    "HSA_ENABLE_SDMA": "0",
+    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+    "RCCL_ENABLE_HIPGRAPH": "0",
+}
 SLURM_SINGLE_NODE_ENV = {"NCCL_DEBUG": "WARN"}
 #: env names mdc's backends and every launcher set themselves (MDC240 refuses them in [job] env)
-MANAGED_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NODE_HOSTS", "MDC_OUT", "RANK",
-               "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+MANAGED_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_RANK",
+    "NODE_HOSTS",
+    "MDC_OUT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+)
 #: ... and those each launcher sets (its role env and worker env)
 LAUNCHER_ENV: dict[str, tuple[str, ...]] = {
     "torchrun": ("MAD_MULTI_NODE_RUNNER", "MAD_RUNTIME_NGPUS", "NNODES", "NPROC_PER_NODE"),
-    "deepspeed": ("CROSS_RANK", "CROSS_SIZE", "LOCAL_SIZE", "DS_ACCELERATOR",
-                  "MDC_DEEPSPEED_CONFIG", "MAD_MULTI_NODE_RUNNER", "NNODES", "NPROC_PER_NODE",
-                  "CUDA_VISIBLE_DEVICES"),
-    "megatron": ("TENSOR_MODEL_PARALLEL_SIZE", "PIPELINE_MODEL_PARALLEL_SIZE",
-                 "CONTEXT_PARALLEL_SIZE", "MAD_MULTI_NODE_RUNNER", "NNODES", "NPROC_PER_NODE"),
-    "torchtitan": ("TORCHTITAN_TENSOR_PARALLEL_SIZE", "TORCHTITAN_PIPELINE_PARALLEL_SIZE",
-                   "TORCHTITAN_FSDP_ENABLED", "TORCHTITAN_CONTEXT_PARALLEL_SIZE",
-                   "MAD_MULTI_NODE_RUNNER", "NNODES", "NPROC_PER_NODE"),
-    "primus": ("BACKEND", "EXP", "GPUS_PER_NODE", "MAD_RUNTIME_NGPUS", "NNODES",
-               "PRIMUS_CLI_EXTRA", "PRIMUS_CONFIG_PATH", "PRIMUS_ROOT"),
-    "vllm": ("NNODES", "NPROC_PER_NODE", "VLLM_DISTRIBUTED_BACKEND",
-             "VLLM_PIPELINE_PARALLEL_SIZE", "VLLM_TENSOR_PARALLEL_SIZE", "VLLM_HOST_IP"),
-    "sglang": ("NCCL_INIT_ADDR", "NNODES", "NPROC_PER_NODE", "SGLANG_PIPELINE_PARALLEL_SIZE",
-               "SGLANG_TENSOR_PARALLEL_SIZE", "SGLANG_HOST_IP"),
-    "sglang_disagg": ("DECODE_COUNT", "MODEL_PATH", "PREFILL_COUNT", "SGLANG_DISAGG_DECODE_NODES",
-                      "SGLANG_DISAGG_MODE", "SGLANG_DISAGG_PREFILL_NODES", "SGLANG_DISAGG_ROLE",
-                      "SGLANG_DISAGG_TOTAL_NODES", "SGLANG_DISAGG_TRANSFER_BACKEND",
-                      "POD_INDEX", "POD_IP", "SGLANG_NODE_IPS", "TOTAL_PODS",
-                      "SGLANG_NODE_RANK", "SGLANG_TP_SIZE", "TP_SIZE"),
+    "deepspeed": (
+        "CROSS_RANK",
+        "CROSS_SIZE",
+        "LOCAL_SIZE",
+        "DS_ACCELERATOR",
+        "MDC_DEEPSPEED_CONFIG",
+        "MAD_MULTI_NODE_RUNNER",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "CUDA_VISIBLE_DEVICES",
+    ),
+    "megatron": (
+        "TENSOR_MODEL_PARALLEL_SIZE",
+        "PIPELINE_MODEL_PARALLEL_SIZE",
+        "CONTEXT_PARALLEL_SIZE",
+        "MAD_MULTI_NODE_RUNNER",
+        "NNODES",
+        "NPROC_PER_NODE",
+    ),
+    "torchtitan": (
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE",
+        "TORCHTITAN_PIPELINE_PARALLEL_SIZE",
+        "TORCHTITAN_FSDP_ENABLED",
+        "TORCHTITAN_CONTEXT_PARALLEL_SIZE",
+        "MAD_MULTI_NODE_RUNNER",
+        "NNODES",
+        "NPROC_PER_NODE",
+    ),
+    "primus": (
+        "BACKEND",
+        "EXP",
+        "GPUS_PER_NODE",
+        "MAD_RUNTIME_NGPUS",
+        "NNODES",
+        "PRIMUS_CLI_EXTRA",
+        "PRIMUS_CONFIG_PATH",
+        "PRIMUS_ROOT",
+    ),
+    "vllm": (
+        "NNODES",
+        "NPROC_PER_NODE",
+        "VLLM_DISTRIBUTED_BACKEND",
+        "VLLM_PIPELINE_PARALLEL_SIZE",
+        "VLLM_TENSOR_PARALLEL_SIZE",
+        "VLLM_HOST_IP",
+    ),
+    "sglang": (
+        "NCCL_INIT_ADDR",
+        "NNODES",
+        "NPROC_PER_NODE",
+        "SGLANG_PIPELINE_PARALLEL_SIZE",
+        "SGLANG_TENSOR_PARALLEL_SIZE",
+        "SGLANG_HOST_IP",
+    ),
+    "sglang_disagg": (
+        "DECODE_COUNT",
+        "MODEL_PATH",
+        "PREFILL_COUNT",
+        "SGLANG_DISAGG_DECODE_NODES",
+        "SGLANG_DISAGG_MODE",
+        "SGLANG_DISAGG_PREFILL_NODES",
+        "SGLANG_DISAGG_ROLE",
+        "SGLANG_DISAGG_TOTAL_NODES",
+        "SGLANG_DISAGG_TRANSFER_BACKEND",
+        "POD_INDEX",
+        "POD_IP",
+        "SGLANG_NODE_IPS",
+        "TOTAL_PODS",
+        "SGLANG_NODE_RANK",
+        "SGLANG_TP_SIZE",
+        "TP_SIZE",
+    ),
 }
 
 # --- why keys are dropped ------------------------------------------------------------------
 
 _BUILD = "madengine's image build setting; mdc compiles launch artifacts and builds no image"
-_RUNNER = ("madengine's container runner (tools, profiling wrappers, data providers); mdc "
-           "runs [job] command as it is")
+_RUNNER = (
+    "madengine's container runner (tools, profiling wrappers, data providers); mdc "
+    "runs [job] command as it is"
+)
 DROPPED: dict[str, str] = {
     "/guest_os": _BUILD + " (the container's OS family)",
     "/docker_build_arg": _BUILD,
     "/docker_mounts": "docker -v mounts of madengine's local container run; mdc does not run "
-                      "docker (mount volumes with [kubernetes] volumes or [slurm] container "
-                      "mounts)",
+    "docker (mount volumes with [kubernetes] volumes or [slurm] container "
+    "mounts)",
     "/docker_gpus": "docker --gpus selection of madengine's local run; mdc derives device "
-                    "visibility from nproc_per_node",
-    "/tools": _RUNNER, "/pre_scripts": _RUNNER, "/post_scripts": _RUNNER,
-    "/encapsulate_script": _RUNNER, "/shared_data": _RUNNER,
+    "visibility from nproc_per_node",
+    "/tools": _RUNNER,
+    "/pre_scripts": _RUNNER,
+    "/post_scripts": _RUNNER,
+    "/encapsulate_script": _RUNNER,
+    "/shared_data": _RUNNER,
     "/debug": "madengine's own verbosity; it changes no launch artifact",
     "/deployment_config": "the build manifest's internal copy of the context; write its "
-                          "blocks at the top level",
+    "blocks at the top level",
     "/context": "madengine never reads a 'context' block (its env_vars and pre_scripts are "
-                "silently dropped there); mdc keeps that meaning",
+    "silently dropped there); mdc keeps that meaning",
     "/vllm": "passed through by madengine to its deployment untouched; mdc's [vllm] table has "
-             "its own keys (model, port, mode, args)",
+    "its own keys (model, port, mode, args)",
     "/k8s/kubeconfig": "mdc writes manifests; kubectl applies them with your own kubeconfig",
     "/k8s/host_ipc": "madengine ignores it (hostIPC is on for every multi-node Job)",
     "/k8s/results_pvc": "madengine ignores it (it always creates <job>-results)",
@@ -176,37 +384,37 @@ DROPPED: dict[str, str] = {
     "/k8s/multi_node_results_storage_class": "madengine's results PVC; mdc creates no PVCs",
     "/k8s/results_storage_size": "madengine's results PVC; mdc creates no PVCs",
     "/k8s/secrets": "madengine's registry/runtime credential Secrets; mdc creates no Secrets "
-                    "(name existing pull Secrets in [kubernetes] image_pull_secrets)",
+    "(name existing pull Secrets in [kubernetes] image_pull_secrets)",
     "/k8s/allow_privileged_profiling": "madengine's profiling tools (SYS_PTRACE); mdc runs "
-                                       "no tools",
+    "no tools",
     "/k8s/memory_limit": "mdc sets requests = limits from k8s.memory (the request madengine "
-                         "schedules on)",
+    "schedules on)",
     "/k8s/cpu_limit": "mdc sets requests = limits from k8s.cpu (the request madengine "
-                      "schedules on)",
+    "schedules on)",
     "/slurm/mem": "madengine ignores slurm.mem (no --mem is written); set [slurm] mem if you "
-                  "want it",
+    "want it",
     "/slurm/results_dir": "madengine ignores it",
     "/slurm/shared_workspace": "madengine's workspace staging on the compute nodes; mdc's tree "
-                               "is the workspace (put it on a shared filesystem)",
+    "is the workspace (put it on a shared filesystem)",
     "/slurm/enable_node_check": "madengine's srun health preflight before sbatch, which makes "
-                                "the submitted script depend on cluster state; mdc's sbatch is "
-                                "deterministic",
+    "the submitted script depend on cluster state; mdc's sbatch is "
+    "deterministic",
     "/slurm/auto_cleanup_nodes": "madengine's preflight node cleanup; mdc has no preflight",
     "/slurm/verbose_node_check": "madengine's preflight output; mdc has no preflight",
-    "/slurm/allow_submit_without_clean_nodes": "madengine's preflight policy; mdc has no "
-                                               "preflight",
+    "/slurm/allow_submit_without_clean_nodes": "madengine's preflight policy; mdc has no preflight",
     "/slurm/reservation": "madengine passes --reservation only for its slurm_multi launcher; "
-                          "mdc keeps that meaning (use [slurm] sbatch_args = "
-                          "[\"--reservation=NAME\"])",
+    "mdc keeps that meaning (use [slurm] sbatch_args = "
+    '["--reservation=NAME"])',
     "/distributed/enabled": "only selects madengine's multi-GPU preset profile (applied above); "
-                            "mdc has no switch",
+    "mdc has no switch",
     "/distributed/backend": "madengine exports it as DISTRIBUTED_BACKEND only in the SLURM batch "
-                            "shell, which never reaches the container; torch picks NCCL/RCCL "
-                            "itself",
+    "shell, which never reaches the container; torch picks NCCL/RCCL "
+    "itself",
 }
 
 
 # --- the document being built ----------------------------------------------------------------
+
 
 def _get(data: object, pointer: str) -> object:
     """The value at ``pointer`` in ``data`` (None if absent); tokens are plain keys here."""
@@ -250,12 +458,26 @@ class _Builder:
 
     def note(self, code: str, pointer: str, message: str, hint: str | None = None) -> None:
         self.handled.add(pointer)
-        self.notes.append(Diagnostic(severity=Severity.WARNING, code=code, message=message,
-                                     hint=hint, location=self.src.locate(pointer, key=True)))
+        self.notes.append(
+            Diagnostic(
+                severity=Severity.WARNING,
+                code=code,
+                message=message,
+                hint=hint,
+                location=self.src.locate(pointer, key=True),
+            )
+        )
 
     def error(self, code: str, pointer: str, message: str, hint: str | None = None) -> None:
-        self.errors.append(Diagnostic(severity=Severity.ERROR, code=code, message=message,
-                                      hint=hint, location=self.src.locate(pointer, key=True)))
+        self.errors.append(
+            Diagnostic(
+                severity=Severity.ERROR,
+                code=code,
+                message=message,
+                hint=hint,
+                location=self.src.locate(pointer, key=True),
+            )
+        )
 
     # target side
     def put(self, path: tuple[str, ...], value: Any, origin: str | None) -> None:
@@ -315,6 +537,7 @@ def _env_value(value: object) -> object:
 
 # --- detection ------------------------------------------------------------------------------
 
+
 def detect(doc: LoadedDocument) -> bool:
     """Whether ``doc`` is a madengine additional context rather than an mdc spec.
 
@@ -329,8 +552,11 @@ def detect(doc: LoadedDocument) -> bool:
         return False
     if any(key in data for key in OWN_TOP):
         return True
-    for block, own in (("distributed", OWN_DISTRIBUTED), ("slurm", OWN_SLURM),
-                       ("kubernetes", OWN_K8S)):
+    for block, own in (
+        ("distributed", OWN_DISTRIBUTED),
+        ("slurm", OWN_SLURM),
+        ("kubernetes", OWN_K8S),
+    ):
         value = data.get(block)
         if isinstance(value, dict) and any(k in value for k in own):
             return True
@@ -338,6 +564,7 @@ def detect(doc: LoadedDocument) -> bool:
 
 
 # --- translation ------------------------------------------------------------------------------
+
 
 def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     """The mdc spec for madengine's context ``doc``, and the report of what changed.
@@ -347,14 +574,23 @@ def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     """
     b = _Builder(doc)
     if not isinstance(doc.data, dict):
-        b.error("MDC533", "", "a madengine additional context is a JSON object, got "
-                f"{type(doc.data).__name__} (madengine exits with code 4)")
+        b.error(
+            "MDC533",
+            "",
+            "a madengine additional context is a JSON object, got "
+            f"{type(doc.data).__name__} (madengine exits with code 4)",
+        )
         raise SpecError(b.errors)
     for key in OBJECT_KEYS:
         if key in doc.data and not isinstance(doc.data[key], dict):
-            b.error("MDC532", f"/{key}", f"madengine requires {key!r} to be an object, got "
-                    f"{type(doc.data[key]).__name__} (\"Invalid additional context: key {key} "
-                    "must be a dict.\")", hint=f"write {key} as {{...}}")
+            b.error(
+                "MDC532",
+                f"/{key}",
+                f"madengine requires {key!r} to be an object, got "
+                f'{type(doc.data[key]).__name__} ("Invalid additional context: key {key} '
+                'must be a dict.")',
+                hint=f"write {key} as {{...}}",
+            )
     if b.errors:
         raise SpecError(b.errors)
     _Translation(b).run()
@@ -412,44 +648,81 @@ class _Translation:
         b, ctx = self.b, self.ctx
         k8s_key = "k8s" if "k8s" in ctx else "kubernetes" if "kubernetes" in ctx else None
         if k8s_key and "slurm" in ctx:
-            b.error("MDC530", "/slurm", "Conflicting deployment configuration: Both 'k8s' and "
-                    "'slurm' fields present. Please specify only one deployment target.",
-                    hint=f"remove {k8s_key!r} or 'slurm'")
+            b.error(
+                "MDC530",
+                "/slurm",
+                "Conflicting deployment configuration: Both 'k8s' and "
+                "'slurm' fields present. Please specify only one deployment target.",
+                hint=f"remove {k8s_key!r} or 'slurm'",
+            )
         if "k8s" in ctx and "kubernetes" in ctx:
-            b.note("MDC504", "/kubernetes", "both 'k8s' and 'kubernetes' are given; madengine "
-                   "reads 'k8s', so 'kubernetes' is dropped", hint="merge it into 'k8s'")
+            b.note(
+                "MDC504",
+                "/kubernetes",
+                "both 'k8s' and 'kubernetes' are given; madengine "
+                "reads 'k8s', so 'kubernetes' is dropped",
+                hint="merge it into 'k8s'",
+            )
         target = "kubernetes" if k8s_key else "slurm" if "slurm" in ctx else "local"
-        self.target_origin: str | None = f"/{k8s_key}" if k8s_key else (
-            "/slurm" if "slurm" in ctx else None)
+        self.target_origin: str | None = (
+            f"/{k8s_key}" if k8s_key else ("/slurm" if "slurm" in ctx else None)
+        )
         deploy = ctx.get("deploy")
         if isinstance(deploy, str):
             wanted = TARGETS.get(deploy.lower())
             if wanted is None:
-                b.error("MDC531", "/deploy", f"unknown deploy target {deploy!r}",
-                        hint="use 'k8s', 'slurm' or 'local'")
+                b.error(
+                    "MDC531",
+                    "/deploy",
+                    f"unknown deploy target {deploy!r}",
+                    hint="use 'k8s', 'slurm' or 'local'",
+                )
             elif wanted != target:
-                have = "no 'k8s' config" if wanted == "kubernetes" else (
-                    "no 'slurm' config" if wanted == "slurm" else "k8s/slurm config")
-                b.error("MDC531", "/deploy", f"Conflicting deployment: 'deploy' field is "
-                        f"{deploy!r} but {have} present", hint=f"the blocks given mean {target}")
+                have = (
+                    "no 'k8s' config"
+                    if wanted == "kubernetes"
+                    else ("no 'slurm' config" if wanted == "slurm" else "k8s/slurm config")
+                )
+                b.error(
+                    "MDC531",
+                    "/deploy",
+                    f"Conflicting deployment: 'deploy' field is {deploy!r} but {have} present",
+                    hint=f"the blocks given mean {target}",
+                )
             else:
-                b.note("MDC505", "/deploy", f"deploy = {deploy!r} agrees with the blocks given "
-                       f"({target}); madengine's CLI would reject this file, since it checks "
-                       "'deploy' as an object while its config loader reads a string; mdc "
-                       "accepts it")
+                b.note(
+                    "MDC505",
+                    "/deploy",
+                    f"deploy = {deploy!r} agrees with the blocks given "
+                    f"({target}); madengine's CLI would reject this file, since it checks "
+                    "'deploy' as an object while its config loader reads a string; mdc "
+                    "accepts it",
+                )
         elif "deploy" in ctx:
-            b.note("MDC500", "/deploy", "madengine's CLI accepts 'deploy' only as an object, "
-                   "which nothing reads; the target comes from the k8s/slurm blocks")
+            b.note(
+                "MDC500",
+                "/deploy",
+                "madengine's CLI accepts 'deploy' only as an object, "
+                "which nothing reads; the target comes from the k8s/slurm blocks",
+            )
         if target == "local":
-            b.note("MDC503", "", "no 'k8s' or 'slurm' block: madengine runs the model in local "
-                   "docker; mdc uses the local backend (one node, no container)")
+            b.note(
+                "MDC503",
+                "",
+                "no 'k8s' or 'slurm' block: madengine runs the model in local "
+                "docker; mdc uses the local backend (one node, no container)",
+            )
         return target, k8s_key
 
     def resolve_vendor(self) -> tuple[Any, str | None]:
         vendor = self.ctx.get("gpu_vendor")
         if vendor is None:
-            self.b.note("MDC503", "", "no gpu_vendor: madengine's default is AMD, so mdc uses "
-                        "accelerator = \"amd\"", hint="set gpu_vendor to NVIDIA for NVIDIA GPUs")
+            self.b.note(
+                "MDC503",
+                "",
+                'no gpu_vendor: madengine\'s default is AMD, so mdc uses accelerator = "amd"',
+                hint="set gpu_vendor to NVIDIA for NVIDIA GPUs",
+            )
             return "amd", None
         if isinstance(vendor, str) and vendor.upper() in ("AMD", "NVIDIA"):
             return vendor.lower(), "/gpu_vendor"  # madengine upper-cases it
@@ -458,9 +731,14 @@ class _Translation:
     def resolve_name(self) -> str:
         stem = re.sub(r"[^a-z0-9]+", "-", PurePath(self.b.src.path).stem.lower()).strip("-")
         name = f"madengine-{stem}"[:40].rstrip("-") if stem else "madengine-job"
-        self.b.note("MDC502", "", f"madengine names its job madengine-<model> after the model "
-                    f"chosen with --tags, which the context does not hold; mdc names it "
-                    f"{name!r} after the file", hint="set [job] name in the imported spec")
+        self.b.note(
+            "MDC502",
+            "",
+            f"madengine names its job madengine-<model> after the model "
+            f"chosen with --tags, which the context does not hold; mdc names it "
+            f"{name!r} after the file",
+            hint="set [job] name in the imported spec",
+        )
         return name
 
     # launcher (§3, §2.3)
@@ -479,24 +757,39 @@ class _Translation:
         mapped = LAUNCHERS.get(raw) or LAUNCHERS.get(raw.lower())
         if mapped is None:
             near = difflib.get_close_matches(raw, list(LAUNCHERS), n=1, cutoff=0.6)
-            where = {"slurm": "renders it as 'docker' with only NNODES, NPROC_PER_NODE and "
-                              "MASTER_PORT", "kubernetes": "runs the model script directly",
-                     "local": "uses its torchrun runner"}[self.target]
-            b.note("MDC504", origin or "", f"launcher {raw!r} is not one madengine knows: "
-                   f"madengine {where}; mdc refuses an unknown launcher",
-                   hint=f"did you mean {near[0]!r}?" if near else
-                   f"use one of: {', '.join(sorted(set(LAUNCHERS) - {'megatron_lm'}))}")
+            where = {
+                "slurm": "renders it as 'docker' with only NNODES, NPROC_PER_NODE and MASTER_PORT",
+                "kubernetes": "runs the model script directly",
+                "local": "uses its torchrun runner",
+            }[self.target]
+            b.note(
+                "MDC504",
+                origin or "",
+                f"launcher {raw!r} is not one madengine knows: "
+                f"madengine {where}; mdc refuses an unknown launcher",
+                hint=f"did you mean {near[0]!r}?"
+                if near
+                else f"use one of: {', '.join(sorted(set(LAUNCHERS) - {'megatron_lm'}))}",
+            )
             return raw, origin
         if mapped == "megatron" and self.target == "slurm":
-            b.note("MDC505", origin or "", f"madengine turns launcher {raw!r} on SLURM into its "
-                   "'docker' fallback (only 'megatron-lm' passes its check, and that has no "
-                   "branch), so no SLURM job gets the Megatron env; mdc runs the megatron "
-                   "launcher with TENSOR/PIPELINE/CONTEXT_MODEL_PARALLEL_SIZE")
+            b.note(
+                "MDC505",
+                origin or "",
+                f"madengine turns launcher {raw!r} on SLURM into its "
+                "'docker' fallback (only 'megatron-lm' passes its check, and that has no "
+                "branch), so no SLURM job gets the Megatron env; mdc runs the megatron "
+                "launcher with TENSOR/PIPELINE/CONTEXT_MODEL_PARALLEL_SIZE",
+            )
         elif mapped == "basic":
-            b.note("MDC504", origin or "", f"madengine's {raw!r} runs the model script once in "
-                   "the allocation, which starts its own srun; mdc has no such launcher and "
-                   "uses 'basic' (nproc_per_node copies of the command on every node)",
-                   hint="check that the command starts one process per GPU")
+            b.note(
+                "MDC504",
+                origin or "",
+                f"madengine's {raw!r} runs the model script once in "
+                "the allocation, which starts its own srun; mdc has no such launcher and "
+                "uses 'basic' (nproc_per_node copies of the command on every node)",
+                hint="check that the command starts one process per GPU",
+            )
         elif mapped != raw:
             b.note("MDC504", origin or "", f"madengine's launcher {raw!r} is mdc's {mapped!r}")
         return mapped, origin
@@ -504,19 +797,32 @@ class _Translation:
     def default_launcher(self) -> str:
         b = self.b
         if self.target == "slurm":
-            b.note("MDC503", "/slurm", "no distributed.launcher: madengine's SLURM default is "
-                   "torchrun")
+            b.note(
+                "MDC503", "/slurm", "no distributed.launcher: madengine's SLURM default is torchrun"
+            )
             return "torchrun"
         if self.target == "local":
-            b.note("MDC503", "", "no distributed.launcher: madengine's local run gives the "
-                   "script a torchrun runner (MAD_MULTI_NODE_RUNNER), so mdc uses torchrun")
+            b.note(
+                "MDC503",
+                "",
+                "no distributed.launcher: madengine's local run gives the "
+                "script a torchrun runner (MAD_MULTI_NODE_RUNNER), so mdc uses torchrun",
+            )
             return "torchrun"
         if self.k8s_multi_node() or self.k8s_multi_gpu():
-            b.note("MDC503", f"/{self.k8s_key}", "no launcher: madengine's multi-GPU/multi-node "
-                   "Kubernetes preset sets distributed.launcher = torchrun")
+            b.note(
+                "MDC503",
+                f"/{self.k8s_key}",
+                "no launcher: madengine's multi-GPU/multi-node "
+                "Kubernetes preset sets distributed.launcher = torchrun",
+            )
             return "torchrun"
-        b.note("MDC503", f"/{self.k8s_key}", "no launcher and one GPU: madengine runs the model "
-               "script directly in the pod; mdc uses the basic launcher with one process")
+        b.note(
+            "MDC503",
+            f"/{self.k8s_key}",
+            "no launcher and one GPU: madengine runs the model "
+            "script directly in the pod; mdc uses the basic launcher with one process",
+        )
         return "basic"
 
     def k8s_multi_node(self) -> bool:
@@ -541,11 +847,15 @@ class _Translation:
             if "nnodes" in dist:
                 nodes = self.slurm.get("nodes")
                 if "nodes" in self.slurm and nodes != dist["nnodes"]:
-                    b.note("MDC505", "/slurm/nodes", f"slurm.nodes = {nodes!r} and "
-                           f"distributed.nnodes = {dist['nnodes']!r} disagree: madengine would "
-                           f"request --nodes={nodes} and start --nnodes={dist['nnodes']} (a job "
-                           f"that never forms); mdc uses {dist['nnodes']!r} for both",
-                           hint="make them equal")
+                    b.note(
+                        "MDC505",
+                        "/slurm/nodes",
+                        f"slurm.nodes = {nodes!r} and "
+                        f"distributed.nnodes = {dist['nnodes']!r} disagree: madengine would "
+                        f"request --nodes={nodes} and start --nnodes={dist['nnodes']} (a job "
+                        f"that never forms); mdc uses {dist['nnodes']!r} for both",
+                        hint="make them equal",
+                    )
                 else:
                     b.handled.add("/slurm/nodes")
                 return dist["nnodes"], "/distributed/nnodes"
@@ -555,9 +865,13 @@ class _Translation:
             return 1, None
         if "nnodes" in dist:
             if dist["nnodes"] != 1:
-                b.note("MDC500", "/distributed/nnodes", f"nnodes = {dist['nnodes']!r} has no "
-                       "effect on madengine's local docker run (one node); mdc keeps 1",
-                       hint="add a 'slurm' or 'k8s' block for a multi-node job")
+                b.note(
+                    "MDC500",
+                    "/distributed/nnodes",
+                    f"nnodes = {dist['nnodes']!r} has no "
+                    "effect on madengine's local docker run (one node); mdc keeps 1",
+                    hint="add a 'slurm' or 'k8s' block for a multi-node job",
+                )
             else:
                 b.handled.add("/distributed/nnodes")
         return 1, None
@@ -579,27 +893,48 @@ class _Translation:
             return override
         if self.target == "kubernetes":
             if "gpu_count" in self.k8s:
-                b.note("MDC504", f"/{self.k8s_key}/gpu_count", "madengine takes nproc_per_node "
-                       "from the model card's n_gpus (not in the context); mdc uses the GPUs "
-                       "per pod, k8s.gpu_count", hint="set distributed.nproc_per_node if they "
-                       "differ")
+                b.note(
+                    "MDC504",
+                    f"/{self.k8s_key}/gpu_count",
+                    "madengine takes nproc_per_node "
+                    "from the model card's n_gpus (not in the context); mdc uses the GPUs "
+                    "per pod, k8s.gpu_count",
+                    hint="set distributed.nproc_per_node if they differ",
+                )
                 return self.k8s["gpu_count"], f"/{self.k8s_key}/gpu_count"
-            b.note("MDC502", f"/{self.k8s_key}", "madengine takes nproc_per_node from the model "
-                   "card's n_gpus (not in the context); mdc uses 1",
-                   hint="set distributed.nproc_per_node or k8s.gpu_count")
+            b.note(
+                "MDC502",
+                f"/{self.k8s_key}",
+                "madengine takes nproc_per_node from the model "
+                "card's n_gpus (not in the context); mdc uses 1",
+                hint="set distributed.nproc_per_node or k8s.gpu_count",
+            )
             return 1, None
         if self.target == "slurm":
             if "gpus_per_node" in self.slurm:
                 return self.slurm["gpus_per_node"], "/slurm/gpus_per_node"
-            b.note("MDC503", "/slurm", "no slurm.gpus_per_node: madengine's SLURM preset has 8 "
-                   "GPUs per node, so nproc_per_node = 8")
+            b.note(
+                "MDC503",
+                "/slurm",
+                "no slurm.gpus_per_node: madengine's SLURM preset has 8 "
+                "GPUs per node, so nproc_per_node = 8",
+            )
             return 8, None
         if "nproc_per_node" in dist:
-            b.note("MDC504", "/distributed/nproc_per_node", "madengine's local run ignores "
-                   "distributed.nproc_per_node (it uses the model card's n_gpus); mdc uses it")
+            b.note(
+                "MDC504",
+                "/distributed/nproc_per_node",
+                "madengine's local run ignores "
+                "distributed.nproc_per_node (it uses the model card's n_gpus); mdc uses it",
+            )
             return dist["nproc_per_node"], "/distributed/nproc_per_node"
-        b.note("MDC502", "", "madengine's local run uses the model card's n_gpus (not in the "
-               "context); mdc uses nproc_per_node = 1", hint="set distributed.nproc_per_node")
+        b.note(
+            "MDC502",
+            "",
+            "madengine's local run uses the model card's n_gpus (not in the "
+            "context); mdc uses nproc_per_node = 1",
+            hint="set distributed.nproc_per_node",
+        )
         return 1, None
 
     # [job]
@@ -608,10 +943,14 @@ class _Translation:
         name = launcher if isinstance(launcher, str) else "torchrun"
         command = COMMANDS.get(name, COMMANDS["torchrun"])
         b.put(("job", "command"), list(command), None)
-        b.note("MDC502", "", f"madengine runs the script of the model chosen with --tags (from "
-               f"its models.json), which the context does not hold; mdc's [job] command is "
-               f"set to {' '.join(command)!r} for the {name} launcher",
-               hint="set [job] command to your program")
+        b.note(
+            "MDC502",
+            "",
+            f"madengine runs the script of the model chosen with --tags (from "
+            f"its models.json), which the context does not hold; mdc's [job] command is "
+            f"set to {' '.join(command)!r} for the {name} launcher",
+            hint="set [job] command to your program",
+        )
         if name == "primus":
             b.put(("job", "workdir"), "/workspace/Primus", None)
         image = self.ctx.get("MAD_CONTAINER_IMAGE")
@@ -619,40 +958,62 @@ class _Translation:
             b.put(("job", "image"), image, "/MAD_CONTAINER_IMAGE")
         elif self.target == "kubernetes":
             b.put(("job", "image"), f"{PLACEHOLDER}/madengine-image:latest", None)
-            b.note("MDC502", "", "madengine's pods run the image its build step made "
-                   "(registry_image in the build manifest); mdc needs [job] image, set to a "
-                   "placeholder", hint="set MAD_CONTAINER_IMAGE or [job] image")
+            b.note(
+                "MDC502",
+                "",
+                "madengine's pods run the image its build step made "
+                "(registry_image in the build manifest); mdc needs [job] image, set to a "
+                "placeholder",
+                hint="set MAD_CONTAINER_IMAGE or [job] image",
+            )
 
     # master port (§3)
     def port(self) -> None:
         b, dist = self.b, self.dist
         if self.target == "kubernetes":
             if "master_port" in self.launcher_block:
-                b.put(("distributed", "master_port"), self.launcher_block["master_port"],
-                      "/launcher/master_port")
+                b.put(
+                    ("distributed", "master_port"),
+                    self.launcher_block["master_port"],
+                    "/launcher/master_port",
+                )
             else:
                 b.put(("distributed", "master_port"), DEFAULT_PORT, None)
             if "port" in dist:
-                b.note("MDC500", "/distributed/port", "madengine reads distributed.port only "
-                       "on SLURM; on Kubernetes the port is launcher.master_port")
+                b.note(
+                    "MDC500",
+                    "/distributed/port",
+                    "madengine reads distributed.port only "
+                    "on SLURM; on Kubernetes the port is launcher.master_port",
+                )
         elif self.target == "slurm":
             if "port" in dist:
                 b.put(("distributed", "master_port"), dist["port"], "/distributed/port")
             else:
                 b.put(("distributed", "master_port"), DEFAULT_PORT, None)
         elif "port" in dist:
-            b.note("MDC500", "/distributed/port", "madengine's local run starts torchrun "
-                   "--standalone, which picks its own port")
+            b.note(
+                "MDC500",
+                "/distributed/port",
+                "madengine's local run starts torchrun --standalone, which picks its own port",
+            )
         if "master_port" in dist:
             used = self.b.data["distributed"].get("master_port", "its own")
-            b.note("MDC504", "/distributed/master_port", "madengine ignores "
-                   "distributed.master_port (it reads launcher.master_port on Kubernetes and "
-                   f"distributed.port on SLURM); the port stays {used}",
-                   hint="use distributed.port (SLURM) or launcher.master_port (Kubernetes)")
+            b.note(
+                "MDC504",
+                "/distributed/master_port",
+                "madengine ignores "
+                "distributed.master_port (it reads launcher.master_port on Kubernetes and "
+                f"distributed.port on SLURM); the port stays {used}",
+                hint="use distributed.port (SLURM) or launcher.master_port (Kubernetes)",
+            )
         if self.target != "kubernetes":
             for key in self.launcher_block:
-                b.note("MDC500", f"/launcher/{_esc(key)}", "madengine reads the top-level "
-                       "'launcher' block only on Kubernetes")
+                b.note(
+                    "MDC500",
+                    f"/launcher/{_esc(key)}",
+                    "madengine reads the top-level 'launcher' block only on Kubernetes",
+                )
 
     # launcher tables
     def launcher_options(self, launcher: object) -> None:
@@ -661,72 +1022,116 @@ class _Translation:
         if launcher in MODEL_KEYS:
             table, key = str(launcher), MODEL_KEYS[str(launcher)]
             b.put((table, key), f"{PLACEHOLDER}/model", None)
-            b.note("MDC502", "", f"madengine's {launcher} script picks the model itself; mdc "
-                   f"needs [{table}] {key}, set to a placeholder", hint=f"set [{table}] {key}")
+            b.note(
+                "MDC502",
+                "",
+                f"madengine's {launcher} script picks the model itself; mdc "
+                f"needs [{table}] {key}, set to a placeholder",
+                hint=f"set [{table}] {key}",
+            )
         if launcher == "vllm" and nnodes > 1:
             b.put(("vllm", "mode"), "replicas", None)
             b.put(("parallelism", "tp"), nproc, None)
             b.put(("parallelism", "pp"), 1, None)
-            b.note("MDC503", "", f"madengine's multi-node vLLM runs an independent server per "
-                   f"node (tensor parallel {nproc}, pipeline 1: a Ray head per pod on "
-                   "Kubernetes, backend 'none' on SLURM); mdc keeps that: [vllm] mode = "
-                   "\"replicas\"", hint="for one server over every node, remove mode and set "
-                   "tp x pp = nnodes x nproc_per_node")
+            b.note(
+                "MDC503",
+                "",
+                f"madengine's multi-node vLLM runs an independent server per "
+                f"node (tensor parallel {nproc}, pipeline 1: a Ray head per pod on "
+                "Kubernetes, backend 'none' on SLURM); mdc keeps that: [vllm] mode = "
+                '"replicas"',
+                hint="for one server over every node, remove mode and set "
+                "tp x pp = nnodes x nproc_per_node",
+            )
         if launcher == "sglang" and nnodes > 1:
             b.put(("parallelism", "tp"), nnodes * nproc, None)
             b.put(("parallelism", "pp"), 1, None)
-            b.note("MDC504", "", f"madengine exports SGLANG_TENSOR_PARALLEL_SIZE = {nproc} and "
-                   f"PIPELINE 1 on each of {nnodes} nodes, with NCCL_INIT_ADDR for one server "
-                   f"across them; one SGLang server over {nnodes} nodes needs tp x pp = "
-                   f"{nnodes * nproc}, so mdc keeps pp 1 and uses tp {nnodes * nproc}")
+            b.note(
+                "MDC504",
+                "",
+                f"madengine exports SGLANG_TENSOR_PARALLEL_SIZE = {nproc} and "
+                f"PIPELINE 1 on each of {nnodes} nodes, with NCCL_INIT_ADDR for one server "
+                f"across them; one SGLang server over {nnodes} nodes needs tp x pp = "
+                f"{nnodes * nproc}, so mdc keeps pp 1 and uses tp {nnodes * nproc}",
+            )
         if launcher == "megatron" and nnodes == 1 and nproc > 8:
             b.put(("parallelism", "tp"), 8, None)
-            b.note("MDC503", "", f"madengine's single-node Megatron uses tensor parallel "
-                   f"min({nproc}, 8) = 8")
+            b.note(
+                "MDC503",
+                "",
+                f"madengine's single-node Megatron uses tensor parallel min({nproc}, 8) = 8",
+            )
         if launcher in ("torchrun", "megatron") and nnodes > 1 and self.target != "local":
             b.put(("torchrun", "rdzv_backend"), "static", None)
-            b.note("MDC503", "", "madengine's multi-node torchrun passes --node_rank and "
-                   "--master_addr (a static rendezvous); mdc keeps it: [torchrun] "
-                   "rdzv_backend = \"static\"")
+            b.note(
+                "MDC503",
+                "",
+                "madengine's multi-node torchrun passes --node_rank and "
+                "--master_addr (a static rendezvous); mdc keeps it: [torchrun] "
+                'rdzv_backend = "static"',
+            )
         if launcher == "sglang_disagg" and self.target == "kubernetes":
-            b.note("MDC504", "", "madengine's Kubernetes pods run SGLang's mini_lb proxy on pod 0 "
-                   "(on the master port) and servers on port 30000 with the mooncake transfer; "
-                   "mdc runs sglang_router on port 8000 and server i on 30000 + i",
-                   hint="for an SGLang without sglang_router set [sglang_disagg] router = "
-                   "\"mini_lb\"")
+            b.note(
+                "MDC504",
+                "",
+                "madengine's Kubernetes pods run SGLang's mini_lb proxy on pod 0 "
+                "(on the master port) and servers on port 30000 with the mooncake transfer; "
+                "mdc runs sglang_router on port 8000 and server i on 30000 + i",
+                hint='for an SGLang without sglang_router set [sglang_disagg] router = "mini_lb"',
+            )
         disagg = dist.get("sglang_disagg")
         if "sglang_disagg" in dist:
             split = disagg if isinstance(disagg, dict) else {}
             if launcher != "sglang_disagg":
-                b.note("MDC500", "/distributed/sglang_disagg", "only the sglang-disagg launcher "
-                       f"reads it; the launcher is {launcher!r}")
+                b.note(
+                    "MDC500",
+                    "/distributed/sglang_disagg",
+                    f"only the sglang-disagg launcher reads it; the launcher is {launcher!r}",
+                )
             elif "prefill_nodes" in split and "decode_nodes" in split:
                 b.table(("distributed",), "/distributed")
-                b.put(("distributed", "prefill_nodes"), split["prefill_nodes"],
-                      "/distributed/sglang_disagg/prefill_nodes")
-                b.put(("distributed", "decode_nodes"), split["decode_nodes"],
-                      "/distributed/sglang_disagg/decode_nodes")
+                b.put(
+                    ("distributed", "prefill_nodes"),
+                    split["prefill_nodes"],
+                    "/distributed/sglang_disagg/prefill_nodes",
+                )
+                b.put(
+                    ("distributed", "decode_nodes"),
+                    split["decode_nodes"],
+                    "/distributed/sglang_disagg/decode_nodes",
+                )
                 b.handled.add("/distributed/sglang_disagg")
             else:
                 for key in SGLANG_DISAGG_KEYS:
                     if key in split:
-                        b.note("MDC504", f"/distributed/sglang_disagg/{key}", "madengine "
-                               "ignores a custom split unless both prefill_nodes and "
-                               "decode_nodes are given; mdc keeps the automatic split "
-                               "(prefill = max(1, (nnodes-1)*2//5))", hint="give both")
+                        b.note(
+                            "MDC504",
+                            f"/distributed/sglang_disagg/{key}",
+                            "madengine "
+                            "ignores a custom split unless both prefill_nodes and "
+                            "decode_nodes are given; mdc keeps the automatic split "
+                            "(prefill = max(1, (nnodes-1)*2//5))",
+                            hint="give both",
+                        )
                 b.handled.add("/distributed/sglang_disagg")
             self.unknown_keys("/distributed/sglang_disagg", split, SGLANG_DISAGG_KEYS)
         primus = dist.get("primus")
         if launcher == "primus":
             opts = primus if isinstance(primus, dict) else {}
             if "config_path" in opts:
-                b.put(("primus", "config_path"), opts["config_path"],
-                      "/distributed/primus/config_path")
+                b.put(
+                    ("primus", "config_path"),
+                    opts["config_path"],
+                    "/distributed/primus/config_path",
+                )
             else:
                 b.put(("primus", "config_path"), PRIMUS_DEFAULT_CONFIG, None)
-                b.note("MDC503", "/distributed" if "distributed" in self.ctx else "",
-                       f"no distributed.primus.config_path: madengine's default is "
-                       f"{PRIMUS_DEFAULT_CONFIG!r}")
+                b.note(
+                    "MDC503",
+                    "/distributed" if "distributed" in self.ctx else "",
+                    f"no distributed.primus.config_path: madengine's default is "
+                    f"{PRIMUS_DEFAULT_CONFIG!r}",
+                )
             for key in ("cli_extra", "backend"):
                 if key in opts:
                     b.put(("primus", key), opts[key], f"/distributed/primus/{key}")
@@ -734,8 +1139,11 @@ class _Translation:
                 b.table(("primus",), "/distributed/primus")
                 b.handled.add("/distributed/primus")
         elif "primus" in dist:
-            b.note("MDC500", "/distributed/primus", "only the primus launcher reads it; the "
-                   f"launcher is {launcher!r}")
+            b.note(
+                "MDC500",
+                "/distributed/primus",
+                f"only the primus launcher reads it; the launcher is {launcher!r}",
+            )
         if isinstance(primus, dict):
             self.unknown_keys("/distributed/primus", primus, PRIMUS_KEYS)
 
@@ -746,33 +1154,53 @@ class _Translation:
         b.table(table, src)
         multi_node = self.k8s_multi_node()
         multi = multi_node or self.k8s_multi_gpu()
-        b.put((*table, "namespace"), k8s.get("namespace", "default"),
-              f"{src}/namespace" if "namespace" in k8s else None)
-        defaults = ["namespace \"default\""] if "namespace" not in k8s else []
+        b.put(
+            (*table, "namespace"),
+            k8s.get("namespace", "default"),
+            f"{src}/namespace" if "namespace" in k8s else None,
+        )
+        defaults = ['namespace "default"'] if "namespace" not in k8s else []
         policy = k8s.get("image_pull_policy", "Always")
-        b.put((*table, "image_pull_policy"), policy,
-              f"{src}/image_pull_policy" if "image_pull_policy" in k8s else None)
+        b.put(
+            (*table, "image_pull_policy"),
+            policy,
+            f"{src}/image_pull_policy" if "image_pull_policy" in k8s else None,
+        )
         if "image_pull_policy" not in k8s:
-            defaults.append("image_pull_policy \"Always\"")
-        b.put((*table, "backoff_limit"), k8s.get("backoff_limit", 3),
-              f"{src}/backoff_limit" if "backoff_limit" in k8s else None)
+            defaults.append('image_pull_policy "Always"')
+        b.put(
+            (*table, "backoff_limit"),
+            k8s.get("backoff_limit", 3),
+            f"{src}/backoff_limit" if "backoff_limit" in k8s else None,
+        )
         if "backoff_limit" not in k8s:
-            defaults.append("backoff_limit 3 (mdc's own default is 0: a distributed job whose "
-                            "pod failed cannot continue)")
+            defaults.append(
+                "backoff_limit 3 (mdc's own default is 0: a distributed job whose "
+                "pod failed cannot continue)"
+            )
         memory, cpu = ("64Gi", 16) if multi else ("16Gi", 8)
         for key, preset in (("memory", memory), ("cpu", cpu)):
             if key in k8s:
                 b.put((*table, key), k8s[key], f"{src}/{key}")
             else:
                 b.put((*table, key), preset, None)
-                defaults.append(f"{key} {json.dumps(preset)} (the "
-                                f"{'multi' if multi else 'single'}-GPU profile's request)")
+                defaults.append(
+                    f"{key} {json.dumps(preset)} (the "
+                    f"{'multi' if multi else 'single'}-GPU profile's request)"
+                )
         if defaults:
-            b.note("MDC503", src, "madengine's Kubernetes presets give " + "; ".join(defaults),
-                   hint="set them in k8s to change them")
+            b.note(
+                "MDC503",
+                src,
+                "madengine's Kubernetes presets give " + "; ".join(defaults),
+                hint="set them in k8s to change them",
+            )
         if "ttl_seconds_after_finished" in k8s and k8s["ttl_seconds_after_finished"] is not None:
-            b.put((*table, "ttl_seconds_after_finished"), k8s["ttl_seconds_after_finished"],
-                  f"{src}/ttl_seconds_after_finished")
+            b.put(
+                (*table, "ttl_seconds_after_finished"),
+                k8s["ttl_seconds_after_finished"],
+                f"{src}/ttl_seconds_after_finished",
+            )
         elif "ttl_seconds_after_finished" in k8s:
             b.handled.add(f"{src}/ttl_seconds_after_finished")
         if "node_selector" in k8s:
@@ -784,25 +1212,37 @@ class _Translation:
             self.tolerations(k8s["tolerations"], f"{src}/tolerations")
         if "gpu_resource_name" in k8s:
             b.put((*table, "gpu_resource"), k8s["gpu_resource_name"], f"{src}/gpu_resource_name")
-        gpus = self.gpu_override() or ((k8s["gpu_count"], f"{src}/gpu_count")
-                                       if "gpu_count" in k8s else None)
+        gpus = self.gpu_override() or (
+            (k8s["gpu_count"], f"{src}/gpu_count") if "gpu_count" in k8s else None
+        )
         if gpus is not None:
             if gpus[0] != self.nproc:
                 b.put((*table, "gpus_per_node"), gpus[0], gpus[1])
             else:
                 b.handled.add(gpus[1])
         if "data_pvc" in k8s:
-            b.put((*table, "volumes"), [{"name": "data", "mount_path": "/data",
-                                         "claim": k8s["data_pvc"]}], None)
+            b.put(
+                (*table, "volumes"),
+                [{"name": "data", "mount_path": "/data", "claim": k8s["data_pvc"]}],
+                None,
+            )
             b.locate_only((*table, "volumes", 0, "claim"), f"{src}/data_pvc")
-            b.note("MDC504", f"{src}/data_pvc", "madengine mounts the data PVC at /data; mdc "
-                   "does the same with a [kubernetes] volume named 'data'")
+            b.note(
+                "MDC504",
+                f"{src}/data_pvc",
+                "madengine mounts the data PVC at /data; mdc "
+                "does the same with a [kubernetes] volume named 'data'",
+            )
         timeout = self.ctx.get("timeout")
         if "timeout" in self.ctx:
             if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
                 b.put((*table, "active_deadline_seconds"), int(timeout), "/timeout")
-                b.note("MDC504", "/timeout", f"madengine stops the model run after {timeout} s; "
-                       "mdc makes it the Job's activeDeadlineSeconds")
+                b.note(
+                    "MDC504",
+                    "/timeout",
+                    f"madengine stops the model run after {timeout} s; "
+                    "mdc makes it the Job's activeDeadlineSeconds",
+                )
             else:
                 b.note("MDC500", "/timeout", f"timeout {timeout!r}: no limit")
         self.unknown_keys(src, k8s, K8S_KEYS)
@@ -815,13 +1255,16 @@ class _Translation:
         renamed = {"tolerationSeconds": "toleration_seconds"}
         items: list[object] = []
         for item in value:
-            items.append({renamed.get(k, k): v for k, v in item.items()}
-                         if isinstance(item, dict) else item)
+            items.append(
+                {renamed.get(k, k): v for k, v in item.items()} if isinstance(item, dict) else item
+            )
         b.put(("kubernetes", "tolerations"), items, origin)
         for index, item in enumerate(value):
             if isinstance(item, dict) and "tolerationSeconds" in item:
-                b.locate_only(("kubernetes", "tolerations", index, "toleration_seconds"),
-                              f"{origin}/{index}/tolerationSeconds")
+                b.locate_only(
+                    ("kubernetes", "tolerations", index, "toleration_seconds"),
+                    f"{origin}/{index}/tolerationSeconds",
+                )
 
     # [slurm] (§5, §2.3)
     def slurm_table(self) -> None:
@@ -830,17 +1273,28 @@ class _Translation:
         b.table(table, "/slurm")
         multi = self.nnodes > 1
         defaults = []
-        for key, preset in (("partition", "amd-rccl"), ("time", "24:00:00" if multi else
-                                                         "12:00:00"), ("exclusive", True)):
+        for key, preset in (
+            ("partition", "amd-rccl"),
+            ("time", "24:00:00" if multi else "12:00:00"),
+            ("exclusive", True),
+        ):
             if key in slurm:
                 b.put((*table, key), slurm[key], f"/slurm/{key}")
             else:
                 b.put((*table, key), preset, None)
                 defaults.append(f"{key} {json.dumps(preset)}")
         if defaults:
-            b.note("MDC503", "/slurm", "madengine's SLURM presets give " + ", ".join(defaults),
-                   hint="set them in slurm" + (" (amd-rccl is a partition of madengine's own "
-                                               "cluster)" if "partition" not in slurm else ""))
+            b.note(
+                "MDC503",
+                "/slurm",
+                "madengine's SLURM presets give " + ", ".join(defaults),
+                hint="set them in slurm"
+                + (
+                    " (amd-rccl is a partition of madengine's own cluster)"
+                    if "partition" not in slurm
+                    else ""
+                ),
+            )
         for key in ("account", "qos", "constraint", "exclude"):
             if key in slurm:
                 b.put((*table, key), slurm[key], f"/slurm/{key}")
@@ -852,8 +1306,11 @@ class _Translation:
                 b.put((*table, "nodelist"), nodes, "/slurm/nodelist")
         if "modules" in slurm:
             b.put((*table, "modules"), slurm["modules"], "/slurm/modules")
-        gpus = self.gpu_override() or ((slurm["gpus_per_node"], "/slurm/gpus_per_node")
-                                       if "gpus_per_node" in slurm else (8, None))
+        gpus = self.gpu_override() or (
+            (slurm["gpus_per_node"], "/slurm/gpus_per_node")
+            if "gpus_per_node" in slurm
+            else (8, None)
+        )
         if gpus[0] != self.nproc:
             b.put((*table, "gpus_per_node"), gpus[0], gpus[1])
         elif gpus[1] is not None:
@@ -863,18 +1320,26 @@ class _Translation:
             if isinstance(out, str):
                 b.put((*table, "output"), f"{out.rstrip('/')}/%x_%j.out", "/slurm/output_dir")
                 b.put((*table, "error"), f"{out.rstrip('/')}/%x_%j.err", "/slurm/output_dir")
-                b.note("MDC504", "/slurm/output_dir", f"madengine writes its logs under "
-                       f"{out!r} and creates it; mdc writes the batch output there as "
-                       "%x_%j.out/.err, and SLURM does not create the directory",
-                       hint=f"mkdir -p {out} before sbatch")
+                b.note(
+                    "MDC504",
+                    "/slurm/output_dir",
+                    f"madengine writes its logs under "
+                    f"{out!r} and creates it; mdc writes the batch output there as "
+                    "%x_%j.out/.err, and SLURM does not create the directory",
+                    hint=f"mkdir -p {out} before sbatch",
+                )
             else:
                 b.put((*table, "output"), out, "/slurm/output_dir")
         if "network_interface" in slurm:
             iface = slurm["network_interface"]
             self.env["NCCL_SOCKET_IFNAME"] = (iface, "/slurm/network_interface")
             self.env["GLOO_SOCKET_IFNAME"] = (iface, "/slurm/network_interface")
-            b.note("MDC504", "/slurm/network_interface", "madengine exports it as "
-                   "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME; mdc puts both in [job] env")
+            b.note(
+                "MDC504",
+                "/slurm/network_interface",
+                "madengine exports it as "
+                "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME; mdc puts both in [job] env",
+            )
         self.unknown_keys("/slurm", slurm, SLURM_KEYS)
 
     # [job] env: presets, then env_vars, then docker_env_vars (§2.3, §4, §5)
@@ -893,8 +1358,11 @@ class _Translation:
             layers.append(("the Job template", K8S_TEMPLATE_ENV))
         elif self.target == "slurm":
             layers.append(("slurm/defaults.json", SLURM_DEFAULT_ENV))
-            layers.append(("the multi-node profile", SLURM_MULTI_NODE_ENV) if self.nnodes > 1
-                          else ("the single-node profile", SLURM_SINGLE_NODE_ENV))
+            layers.append(
+                ("the multi-node profile", SLURM_MULTI_NODE_ENV)
+                if self.nnodes > 1
+                else ("the single-node profile", SLURM_SINGLE_NODE_ENV)
+            )
         preset: dict[str, str] = {}
         names: list[str] = []
         for name, layer in layers:
@@ -909,33 +1377,63 @@ class _Translation:
             for key, value in values.items():
                 origin = f"/{block}/{_esc(key)}"
                 if key.startswith("_"):
-                    b.note("MDC504", origin, f"{key!r} is a comment; madengine's SLURM script "
-                           "exports it anyway, mdc drops it")
+                    b.note(
+                        "MDC504",
+                        origin,
+                        f"{key!r} is a comment; madengine's SLURM script "
+                        "exports it anyway, mdc drops it",
+                    )
                     continue
                 if key in self.managed_env():
-                    b.note("MDC504", origin, f"{key} is set by mdc's {self.launcher} launcher "
-                           "or its backend; madengine's value is dropped")
+                    b.note(
+                        "MDC504",
+                        origin,
+                        f"{key} is set by mdc's {self.launcher} launcher "
+                        "or its backend; madengine's value is dropped",
+                    )
                     continue
-                if block == "docker_env_vars" and key in given and given[key][1] and \
-                        given[key][0] != value:
-                    b.note("MDC504", origin, f"{key} is in env_vars and docker_env_vars; the "
-                           "docker value is what madengine's container sees, so mdc keeps it")
+                if (
+                    block == "docker_env_vars"
+                    and key in given
+                    and given[key][1]
+                    and given[key][0] != value
+                ):
+                    b.note(
+                        "MDC504",
+                        origin,
+                        f"{key} is in env_vars and docker_env_vars; the "
+                        "docker value is what madengine's container sees, so mdc keeps it",
+                    )
                 if not isinstance(value, str) and isinstance(value, bool | int | float):
-                    b.note("MDC504", origin, f"{key} = {json.dumps(value)} is exported as the "
-                           f"string {_env_value(value)!r} (madengine renders it with str())")
+                    b.note(
+                        "MDC504",
+                        origin,
+                        f"{key} = {json.dumps(value)} is exported as the "
+                        f"string {_env_value(value)!r} (madengine renders it with str())",
+                    )
                 given[key] = (_env_value(value), origin)
         applied = sorted(k for k in preset if k not in given)
         if applied:
-            b.note("MDC503", f"/{self.k8s_key}" if self.k8s_key else "/slurm", "madengine's "
-                   f"presets ({', '.join(names)}) add " +
-                   ", ".join(f"{k}={preset[k]}" for k in applied) + "; mdc keeps them in "
-                   "[job] env", hint="override one in env_vars")
+            b.note(
+                "MDC503",
+                f"/{self.k8s_key}" if self.k8s_key else "/slurm",
+                "madengine's "
+                f"presets ({', '.join(names)}) add "
+                + ", ".join(f"{k}={preset[k]}" for k in applied)
+                + "; mdc keeps them in "
+                "[job] env",
+                hint="override one in env_vars",
+            )
         env: dict[str, tuple[object, str | None]] = {k: (preset[k], None) for k in applied}
         env.update(given)
         if self.target == "slurm" and "env_vars" in self.ctx:
-            b.note("MDC505", "/env_vars", "on SLURM, madengine exports env_vars in the batch "
-                   "shell unquoted, and only a whitelist reaches the container; mdc gives every "
-                   "process all of them, quoted")
+            b.note(
+                "MDC505",
+                "/env_vars",
+                "on SLURM, madengine exports env_vars in the batch "
+                "shell unquoted, and only a whitelist reaches the container; mdc gives every "
+                "process all of them, quoted",
+            )
         for key in sorted(env):
             b.put(("job", "env", key), env[key][0], env[key][1])
         for block in ("env_vars", "docker_env_vars"):
@@ -957,8 +1455,12 @@ class _Translation:
                 continue
             near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             label = where.rsplit("/", 1)[-1] or "the context"
-            self.b.note("MDC501", pointer, f"{key!r} is not a madengine key mdc knows in "
-                        f"{label}; dropped", hint=f"did you mean {near[0]!r}?" if near else None)
+            self.b.note(
+                "MDC501",
+                pointer,
+                f"{key!r} is not a madengine key mdc knows in {label}; dropped",
+                hint=f"did you mean {near[0]!r}?" if near else None,
+            )
 
     def leftovers(self) -> None:
         b = self.b
@@ -966,8 +1468,11 @@ class _Translation:
             pointer = f"/{_esc(key)}"
             if key.startswith(("_", "log_error_")):
                 if key.startswith("log_error_"):
-                    b.note("MDC500", pointer, "madengine's log scan for failure patterns; mdc "
-                           "does not run the job")
+                    b.note(
+                        "MDC500",
+                        pointer,
+                        "madengine's log scan for failure patterns; mdc does not run the job",
+                    )
                 continue
             if key not in TOP_KEYS:
                 self.unknown_keys("", {key: None}, TOP_KEYS)
@@ -979,24 +1484,48 @@ class _Translation:
             if b.has(actual) and actual not in b.handled:
                 b.note("MDC500", actual, f"dropped: {reason}")
         if "timeout" in self.ctx and self.target != "kubernetes":
-            b.note("MDC500", "/timeout", "madengine's limit on its own model run ("
-                   + ("madengine run --timeout on the compute node); mdc's limit is slurm.time"
-                      if self.target == "slurm" else "docker run); mdc's local backend has none"))
-        for key in ("gpu_vendor", "MAD_CONTAINER_IMAGE", "env_vars", "docker_env_vars", "deploy",
-                    "k8s", "kubernetes", "slurm", "distributed", "launcher", "timeout", "guest_os"):
+            b.note(
+                "MDC500",
+                "/timeout",
+                "madengine's limit on its own model run ("
+                + (
+                    "madengine run --timeout on the compute node); mdc's limit is slurm.time"
+                    if self.target == "slurm"
+                    else "docker run); mdc's local backend has none"
+                ),
+            )
+        for key in (
+            "gpu_vendor",
+            "MAD_CONTAINER_IMAGE",
+            "env_vars",
+            "docker_env_vars",
+            "deploy",
+            "k8s",
+            "kubernetes",
+            "slurm",
+            "distributed",
+            "launcher",
+            "timeout",
+            "guest_os",
+        ):
             b.handled.add(f"/{key}")
         for key in GPU_COUNT_KEYS:
             pointer = f"/{key}"
             if key in self.ctx and pointer not in b.handled:
-                b.note("MDC500", pointer, "madengine uses only the first of gpus_per_node, "
-                       "gpu_count, n_gpus, num_gpus, ngpus; this one is shadowed")
+                b.note(
+                    "MDC500",
+                    pointer,
+                    "madengine uses only the first of gpus_per_node, "
+                    "gpu_count, n_gpus, num_gpus, ngpus; this one is shadowed",
+                )
         self.unhandled()
 
     def unhandled(self) -> None:
         """Known madengine keys that nothing above carried over or reported."""
         b = self.b
         blocks: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
-            ("/distributed", self.dist, DISTRIBUTED_KEYS)]
+            ("/distributed", self.dist, DISTRIBUTED_KEYS)
+        ]
         if self.k8s_key:
             blocks.append((f"/{self.k8s_key}", self.k8s, K8S_KEYS))
         if "slurm" in self.ctx:
@@ -1007,8 +1536,12 @@ class _Translation:
             for key in block:
                 pointer = f"{where}/{_esc(key)}"
                 if key in known and pointer not in b.handled:
-                    b.note("MDC500", pointer, f"{key!r} has no effect on madengine's "
-                           f"{self.target} deployment with launcher {self.launcher!r}; dropped")
+                    b.note(
+                        "MDC500",
+                        pointer,
+                        f"{key!r} has no effect on madengine's "
+                        f"{self.target} deployment with launcher {self.launcher!r}; dropped",
+                    )
 
 
 # --- writing the spec ----------------------------------------------------------------------
@@ -1023,9 +1556,11 @@ def _ordered(data: Mapping[str, Any]) -> dict[str, Any]:
 
 def render_spec(data: Mapping[str, Any], fmt: str, source: str) -> str:
     """The spec as TOML, YAML or JSON text, with a header saying where it came from."""
-    header = [f"Imported from madengine's additional context {source} by `mdc import madengine`.",
-              f"Edit the {PLACEHOLDER} placeholders, [job] name and [job] command (madengine takes",
-              "them from its model card and build manifest), then `mdc compile` it."]
+    header = [
+        f"Imported from madengine's additional context {source} by `mdc import madengine`.",
+        f"Edit the {PLACEHOLDER} placeholders, [job] name and [job] command (madengine takes",
+        "them from its model card and build manifest), then `mdc compile` it.",
+    ]
     ordered = _ordered(data)
     if fmt == "json":
         return json.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
@@ -1033,6 +1568,7 @@ def render_spec(data: Mapping[str, Any], fmt: str, source: str) -> str:
         import io
 
         from ruamel.yaml import YAML
+
         yaml = YAML(typ="safe", pure=True)
         yaml.default_flow_style = False
         yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
@@ -1040,6 +1576,7 @@ def render_spec(data: Mapping[str, Any], fmt: str, source: str) -> str:
         yaml.dump(ordered, stream)
         return "".join(f"# {line}\n" for line in header) + stream.getvalue()
     import tomlkit
+
     doc = tomlkit.document()
     for line in header:
         doc.add(tomlkit.comment(line))
@@ -1051,11 +1588,16 @@ def render_spec(data: Mapping[str, Any], fmt: str, source: str) -> str:
 
 def _toml_table(value: Mapping[str, Any]) -> Any:
     import tomlkit
+
     table = tomlkit.table()
     nested = []
     for key, item in value.items():
-        if isinstance(item, dict) and item and all(not isinstance(v, dict) for v in item.values()) \
-                and key in ("env", "node_selector"):
+        if (
+            isinstance(item, dict)
+            and item
+            and all(not isinstance(v, dict) for v in item.values())
+            and key in ("env", "node_selector")
+        ):
             nested.append((key, item))
         elif isinstance(item, list) and any(isinstance(v, dict) for v in item):
             array = tomlkit.array()
@@ -1085,8 +1627,7 @@ def _toml_table(value: Mapping[str, Any]) -> Any:
 def _format_of(path: str | None) -> str:
     if path is None:
         return "toml"
-    return {".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(Path(path).suffix.lower(),
-                                                                   "toml")
+    return {".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(Path(path).suffix.lower(), "toml")
 
 
 def cmd_import(args: argparse.Namespace, out: Any) -> int:
@@ -1099,15 +1640,27 @@ def cmd_import(args: argparse.Namespace, out: Any) -> int:
     from mdc.cli import _compiler
 
     source = load_file(args.config)
-    if not isinstance(source.data, dict) or "job" in source.data or \
-            PurePath(source.path).suffix.lower() != ".json":
-        why = ("it has a [job] table: it is already an mdc spec"
-               if isinstance(source.data, dict) and "job" in source.data else
-               "madengine's context file is a JSON object")
-        raise SpecError([Diagnostic(
-            severity=Severity.ERROR, code="MDC533", message=f"not a madengine additional "
-            f"context: {why}", location=source.locate(""),
-            hint="pass the file given to madengine's --additional-context-file")])
+    if (
+        not isinstance(source.data, dict)
+        or "job" in source.data
+        or PurePath(source.path).suffix.lower() != ".json"
+    ):
+        why = (
+            "it has a [job] table: it is already an mdc spec"
+            if isinstance(source.data, dict) and "job" in source.data
+            else "madengine's context file is a JSON object"
+        )
+        raise SpecError(
+            [
+                Diagnostic(
+                    severity=Severity.ERROR,
+                    code="MDC533",
+                    message=f"not a madengine additional context: {why}",
+                    location=source.locate(""),
+                    hint="pass the file given to madengine's --additional-context-file",
+                )
+            ]
+        )
     doc, notes = translate(source)
     data: Mapping[str, Any] = doc.data  # type: ignore[assignment]
     text = render_spec(data, _format_of(args.output), PurePath(source.path).name)
@@ -1129,11 +1682,21 @@ def cmd_import(args: argparse.Namespace, out: Any) -> int:
     out.diagnostics(found)
     if out.fmt == "json":
         from mdc.errors import sort_diagnostics
-        out.json({"ok": ok, "spec": args.output, "text": None if args.output else text,
-                  "diagnostics": [d.to_json() for d in sort_diagnostics(found)]})
+
+        out.json(
+            {
+                "ok": ok,
+                "spec": args.output,
+                "text": None if args.output else text,
+                "diagnostics": [d.to_json() for d in sort_diagnostics(found)],
+            }
+        )
     elif not ok:
-        print(f"mdc: the imported spec does not compile yet; fix the errors above"
-              f"{' in ' + args.output if args.output else ''}", file=out.stderr)
+        print(
+            f"mdc: the imported spec does not compile yet; fix the errors above"
+            f"{' in ' + args.output if args.output else ''}",
+            file=out.stderr,
+        )
     return int(ExitCode.OK if ok else ExitCode.SPEC_INVALID)
 
 

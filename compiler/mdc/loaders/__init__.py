@@ -52,22 +52,38 @@ class LoadedDocument:
             probe = probe.rsplit("/", 1)[0]
 
 
-def syntax_error(path: str, message: str, line: int | None, column: int | None,
-                 *, code: str = "MDC001", hint: str | None = None,
-                 pointer: str = "") -> SpecError:
-    return SpecError([Diagnostic(
-        severity=Severity.ERROR, code=code, message=message, hint=hint,
-        location=SourceLocation(path=path, pointer=pointer, line=line, column=column),
-    )])
+def syntax_error(
+    path: str,
+    message: str,
+    line: int | None,
+    column: int | None,
+    *,
+    code: str = "MDC001",
+    hint: str | None = None,
+    pointer: str = "",
+) -> SpecError:
+    return SpecError(
+        [
+            Diagnostic(
+                severity=Severity.ERROR,
+                code=code,
+                message=message,
+                hint=hint,
+                location=SourceLocation(path=path, pointer=pointer, line=line, column=column),
+            )
+        ]
+    )
 
 
-def duplicate_key(path: str, key: str, pointer: str, line: int, column: int,
-                  first: Position | None = None) -> SpecError:
+def duplicate_key(
+    path: str, key: str, pointer: str, line: int, column: int, first: Position | None = None
+) -> SpecError:
     hint = "remove one of them"
     if first is not None:
         hint = f"first defined at line {first[0]}, column {first[1]}; remove one of them"
-    return syntax_error(path, f"duplicate key {key!r}", line, column, code="MDC002",
-                        hint=hint, pointer=pointer)
+    return syntax_error(
+        path, f"duplicate key {key!r}", line, column, code="MDC002", hint=hint, pointer=pointer
+    )
 
 
 def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
@@ -85,9 +101,14 @@ def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
     deep = _too_deep(doc.data)
     if deep is not None:
         where = doc.locate(deep)
-        raise syntax_error(path, f"nesting deeper than {MAX_DEPTH} levels", where.line,
-                           where.column, pointer=deep,
-                           hint="a job spec nests a few levels; check the brackets")
+        raise syntax_error(
+            path,
+            f"nesting deeper than {MAX_DEPTH} levels",
+            where.line,
+            where.column,
+            pointer=deep,
+            hint="a job spec nests a few levels; check the brackets",
+        )
     return doc
 
 
@@ -110,16 +131,28 @@ def load_file(path: str | Path) -> LoadedDocument:
     shown = str(path)
     fmt = FORMATS.get(Path(path).suffix.lower())
     if fmt is None:
-        raise syntax_error(shown, f"cannot tell the format of {Path(path).name!r}", None, None,
-                           code="MDC003", hint="name the file *.toml, *.yaml, *.yml or *.json")
+        raise syntax_error(
+            shown,
+            f"cannot tell the format of {Path(path).name!r}",
+            None,
+            None,
+            code="MDC003",
+            hint="name the file *.toml, *.yaml, *.yml or *.json",
+        )
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise syntax_error(shown, f"cannot read the file: {exc.strerror}", None, None,
-                           code="MDC003") from None
+        raise syntax_error(
+            shown, f"cannot read the file: {exc.strerror}", None, None, code="MDC003"
+        ) from None
     if len(raw) > MAX_BYTES:
-        raise syntax_error(shown, f"file is {len(raw)} bytes; specs are limited to {MAX_BYTES}",
-                           None, None, code="MDC003")
+        raise syntax_error(
+            shown,
+            f"file is {len(raw)} bytes; specs are limited to {MAX_BYTES}",
+            None,
+            None,
+            code="MDC003",
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

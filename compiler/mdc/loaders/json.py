@@ -82,7 +82,7 @@ class _Scanner:
             self.i += 1
 
     def peek(self) -> str:
-        return self.text[self.i:self.i + 1]
+        return self.text[self.i : self.i + 1]
 
     def value(self, path: Path) -> None:
         self.skip()
@@ -103,9 +103,14 @@ class _Scanner:
             raise _ScanError(f"expected a value at {self.pos(self.i)}")
         if m.group() in _NOT_JSON:
             line, col = self.pos(self.i)
-            raise syntax_error(self.path, f"{m.group()} is not valid JSON", line, col,
-                               hint="JSON has no NaN or infinities; use a number or a string",
-                               pointer=join_pointer(path))
+            raise syntax_error(
+                self.path,
+                f"{m.group()} is not valid JSON",
+                line,
+                col,
+                hint="JSON has no NaN or infinities; use a number or a string",
+                pointer=join_pointer(path),
+            )
         self.i = m.end()
 
     def string(self) -> str:
@@ -116,11 +121,15 @@ class _Scanner:
         if j >= len(self.text):
             raise _ScanError(f"unterminated string at {self.pos(start)}")
         self.i = j + 1
-        decoded: str = json.loads(self.text[start:self.i])
+        decoded: str = json.loads(self.text[start : self.i])
         if SURROGATE.search(decoded):
             # json accepts a lone "\ud800"; no file or terminal could encode it later
-            raise syntax_error(self.path, "string contains an unpaired surrogate escape",
-                               *self.pos(start), hint="escape a non-BMP character as a pair")
+            raise syntax_error(
+                self.path,
+                "string contains an unpaired surrogate escape",
+                *self.pos(start),
+                hint="escape a non-BMP character as a pair",
+            )
         return decoded
 
     def separator(self, close: str) -> bool:

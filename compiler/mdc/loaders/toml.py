@@ -27,8 +27,16 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A date-time may contain one space ("1979-05-27 07:32:00"); other scalars end at a delimiter.
 _SCALAR = re.compile(r"\d{4}-\d{2}-\d{2}[ Tt]\d{2}:\d{2}[^\s,\]}#]*|[^\s,\]}#]+")
 _ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|.)", re.DOTALL)
-_SIMPLE_ESCAPES = {"b": "\b", "t": "\t", "n": "\n", "f": "\f", "r": "\r", "e": "\x1b",
-                   '"': '"', "\\": "\\"}
+_SIMPLE_ESCAPES = {
+    "b": "\b",
+    "t": "\t",
+    "n": "\n",
+    "f": "\f",
+    "r": "\r",
+    "e": "\x1b",
+    '"': '"',
+    "\\": "\\",
+}
 
 # How a path came to exist; decides whether a later statement may reuse it.
 _VALUE, _HEADER, _IMPLICIT, _DOTTED, _AOT = "value", "header", "implicit", "dotted", "aot"
@@ -87,8 +95,11 @@ def _translate(exc: Exception, text: str, path: str) -> SpecError:
     if message == "Unexpected character: '\\x00'" and "\x00" not in text:
         # tomlkit's end-of-input sentinel, reported at a made-up place
         message, where = "unexpected end of file", _end_of(text)
-    if isinstance(exc, KeyAlreadyPresent) or "already exists" in message \
-            or "Redefinition" in message:
+    if (
+        isinstance(exc, KeyAlreadyPresent)
+        or "already exists" in message
+        or "Redefinition" in message
+    ):
         dup = _find_duplicate(text, line)
         if dup is not None:
             return _duplicate_error(dup, path)
@@ -97,8 +108,7 @@ def _translate(exc: Exception, text: str, path: str) -> SpecError:
 
 
 def _duplicate_error(dup: _Duplicate, path: str) -> SpecError:
-    return duplicate_key(path, str(dup.path[-1]), join_pointer(dup.path), *dup.at,
-                         first=dup.first)
+    return duplicate_key(path, str(dup.path[-1]), join_pointer(dup.path), *dup.at, first=dup.first)
 
 
 def _clamp(text: str, line: int | None, col: int | None) -> tuple[int | None, int | None]:
@@ -133,6 +143,7 @@ def _unescape(raw: str) -> str:
         if body[0] in "uUx" and len(body) > 1:
             return chr(int(body[1:], 16))
         return _SIMPLE_ESCAPES.get(body, body)
+
     return _ESCAPE.sub(one, raw)
 
 
@@ -171,7 +182,7 @@ class _Scanner:
 
     # -- lexing -------------------------------------------------------------
     def peek(self, n: int = 1) -> str:
-        return self.text[self.i:self.i + n]
+        return self.text[self.i : self.i + n]
 
     def skip_blank(self, newlines: bool) -> None:
         """Skip spaces and tabs, and with ``newlines`` also line breaks and comments."""
@@ -199,7 +210,7 @@ class _Scanner:
             elif self.text.startswith(quote, j):
                 run = len(quote)
                 # in '"""a""""' up to two quotes before the closing three are content
-                while len(quote) == 3 and run < 5 and self.text[j + run:j + run + 1] == quote[0]:
+                while len(quote) == 3 and run < 5 and self.text[j + run : j + run + 1] == quote[0]:
                     run += 1
                 return j + run
             elif len(quote) == 1 and self.text[j] == "\n":
@@ -216,7 +227,7 @@ class _Scanner:
             start, c = self.i, self.peek()
             if c in ('"', "'"):
                 self.i = self.string_end(start, c)
-                raw = self.text[start + 1:self.i - 1]
+                raw = self.text[start + 1 : self.i - 1]
                 parts.append((_unescape(raw) if c == '"' else raw, start))
             else:
                 m = _BARE_KEY.match(self.text, start)

@@ -119,8 +119,9 @@ def parse_thorough(text: str, path: str) -> LoadedDocument:
     except DuplicateKeyError as exc:
         # ruamel marks the second key; its context mark is the mapping, not the first key.
         mark = exc.problem_mark
-        raise duplicate_key(path, _duplicate_name(exc), "", mark.line + 1, mark.column + 1) \
-            from None
+        raise duplicate_key(
+            path, _duplicate_name(exc), "", mark.line + 1, mark.column + 1
+        ) from None
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = exc.problem or exc.context or "invalid YAML"
@@ -132,13 +133,21 @@ def parse_thorough(text: str, path: str) -> LoadedDocument:
     except (YAMLError, RecursionError) as exc:
         raise syntax_error(path, f"YAML: {exc}", None, None) from None
     except Exception as exc:  # noqa: BLE001 - ruamel's own bugs on some malformed nodes
-        raise syntax_error(path, f"YAML: the parser cannot read this document "
-                           f"({type(exc).__name__}: {exc})", None, None,
-                           hint="check tags (!!...) and anchors near the end of the file") \
-            from None
+        raise syntax_error(
+            path,
+            f"YAML: the parser cannot read this document ({type(exc).__name__}: {exc})",
+            None,
+            None,
+            hint="check tags (!!...) and anchors near the end of the file",
+        ) from None
     if len(docs) > 1:
-        raise syntax_error(path, f"expected one YAML document, found {len(docs)}", None, None,
-                           hint="put one job in each file")
+        raise syntax_error(
+            path,
+            f"expected one YAML document, found {len(docs)}",
+            None,
+            None,
+            hint="put one job in each file",
+        )
     root = docs[0] if docs else None
     values: dict[str, Position] = {"": (1, 1)}
     keys: dict[str, Position] = {}
@@ -146,8 +155,14 @@ def parse_thorough(text: str, path: str) -> LoadedDocument:
     return LoadedDocument(path=path, data=data, values=values, keys=keys)
 
 
-def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
-           keys: dict[str, Position], path: str) -> object:
+def _plain(
+    node: Any,
+    here: str,
+    depth: int,
+    values: dict[str, Position],
+    keys: dict[str, Position],
+    path: str,
+) -> object:
     """Convert ruamel's round-trip nodes to plain built-ins, recording positions.
 
     ``here`` is the node's JSON pointer, ``depth`` its nesting level.
@@ -155,29 +170,44 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
     from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 
     tag = getattr(getattr(node, "tag", None), "value", None)
-    special = isinstance(node, (CommentedMap, CommentedSeq)) and \
-        type(node) not in (CommentedMap, CommentedSeq)  # !!omap, !!set, ...
+    special = isinstance(node, (CommentedMap, CommentedSeq)) and type(node) not in (
+        CommentedMap,
+        CommentedSeq,
+    )  # !!omap, !!set, ...
     if tag is not None or special or isinstance(node, TaggedScalar):
-        raise syntax_error(path, f"YAML tag {tag or '(custom)'} is not allowed in a spec",
-                           *_position(values, here), pointer=here,
-                           hint="write the plain value without a tag")
+        raise syntax_error(
+            path,
+            f"YAML tag {tag or '(custom)'} is not allowed in a spec",
+            *_position(values, here),
+            pointer=here,
+            hint="write the plain value without a tag",
+        )
     if depth > MAX_DEPTH:
-        raise syntax_error(path, f"nesting deeper than {MAX_DEPTH} levels", None, None,
-                           pointer=here)
+        raise syntax_error(
+            path, f"nesting deeper than {MAX_DEPTH} levels", None, None, pointer=here
+        )
     if len(values) > MAX_VALUES:
-        raise syntax_error(path, f"the document expands to more than {MAX_VALUES:,} values",
-                           *_position(values, here), code="MDC004", pointer=here,
-                           hint="YAML aliases (*name) repeat whole subtrees; write the values "
-                                "out, or use fewer aliases")
+        raise syntax_error(
+            path,
+            f"the document expands to more than {MAX_VALUES:,} values",
+            *_position(values, here),
+            code="MDC004",
+            pointer=here,
+            hint="YAML aliases (*name) repeat whole subtrees; write the values "
+            "out, or use fewer aliases",
+        )
     if isinstance(node, CommentedMap):
         out: dict[str, object] = {}
         for key, value in node.items():
             try:
                 name = key if isinstance(key, str) else _scalar(key)
             except TypeError:  # a mapping or list used as a key ("? {a: 1}")
-                raise syntax_error(path, "YAML keys must be plain values, not tables or lists",
-                                   *_position(values, here), pointer=here) \
-                    from None
+                raise syntax_error(
+                    path,
+                    "YAML keys must be plain values, not tables or lists",
+                    *_position(values, here),
+                    pointer=here,
+                ) from None
             name = _paired(name if isinstance(name, str) else str(name), path, values, here)
             child = f"{here}/{escape_pointer_token(name)}"
             kline, kcol, vline, vcol = _member_position(node, key)
@@ -196,8 +226,12 @@ def _plain(node: Any, here: str, depth: int, values: dict[str, Position],
     try:
         value = _scalar(node)
     except TypeError as exc:
-        raise syntax_error(path, f"YAML value of type {exc} is not allowed in a spec",
-                           *_position(values, here), pointer=here) from None
+        raise syntax_error(
+            path,
+            f"YAML value of type {exc} is not allowed in a spec",
+            *_position(values, here),
+            pointer=here,
+        ) from None
     return _paired(value, path, values, here) if isinstance(value, str) else value
 
 
@@ -210,10 +244,13 @@ def _paired(text: str, path: str, values: dict[str, Position], here: str) -> str
     try:
         return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
     except UnicodeDecodeError:
-        raise syntax_error(path, "string contains an unpaired surrogate escape",
-                           *_position(values, here), pointer=here,
-                           hint="escape a character beyond U+FFFF as a pair, or write it as "
-                                "it is") from None
+        raise syntax_error(
+            path,
+            "string contains an unpaired surrogate escape",
+            *_position(values, here),
+            pointer=here,
+            hint="escape a character beyond U+FFFF as a pair, or write it as it is",
+        ) from None
 
 
 def _member_position(node: Any, key: Any) -> tuple[int, int, int, int]:
@@ -233,8 +270,13 @@ def _member_position(node: Any, key: Any) -> tuple[int, int, int, int]:
 
 
 def _too_deep(path: str, where: _TooDeep) -> SpecError:
-    return syntax_error(path, f"nesting deeper than {MAX_DEPTH} levels", where.line,
-                        where.column, hint="a job spec nests a few levels; check the brackets")
+    return syntax_error(
+        path,
+        f"nesting deeper than {MAX_DEPTH} levels",
+        where.line,
+        where.column,
+        hint="a job spec nests a few levels; check the brackets",
+    )
 
 
 def _position(values: dict[str, Position], pointer: str) -> Position | tuple[None, None]:
@@ -267,7 +309,8 @@ def _duplicate_name(exc: DuplicateKeyError) -> str:
 
 # The fast path. libyaml reads YAML 1.1, ruamel here YAML 1.2; on these they differ (found
 # by tests/unit/test_yaml_fast_path.py), so text holding one goes to the thorough path.
-_DISAGREE = re.compile(r"""
+_DISAGREE = re.compile(
+    r"""
     [\t\x85\u2028\u2029\ufeff]  # tabs (ruamel refuses some); 1.1's extra line breaks; a BOM
   | \\/                         # the escape "\/" (1.2 only)
   | ^%                          # a %YAML or %TAG directive
@@ -276,7 +319,9 @@ _DISAGREE = re.compile(r"""
   | [|>][-+0-9]*\x20*(?:        # a block scalar's header followed by
         \#                      #   a comment with no space before it,
       | (?:\#.*)?(?:\r\n?|\n)\x20+(?:\r\n?|\n))  # or a line of spaces (ruamel: error)
-""", re.MULTILINE | re.VERBOSE)
+""",
+    re.MULTILINE | re.VERBOSE,
+)
 _INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+(?:[eE][-+]?[0-9]+)?")
 #: looser than every YAML 1.2 int and float form ruamel resolves (and its timestamps)
@@ -284,8 +329,16 @@ _NUMBER_LIKE = re.compile(r"[-+]?(?:[0-9_.]+(?:[eE][-+]?[0-9]+)?|0[box][0-9a-fA-
 _TIMESTAMP_LIKE = re.compile(r"[0-9]{4}-")
 #: the YAML 1.2 core schema's words; "yes", "on", "tRue", ... are strings
 _WORDS: dict[str, object] = {
-    "~": None, "null": None, "Null": None, "NULL": None,
-    "true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False,
+    "~": None,
+    "null": None,
+    "Null": None,
+    "NULL": None,
+    "true": True,
+    "True": True,
+    "TRUE": True,
+    "false": False,
+    "False": False,
+    "FALSE": False,
 }
 
 
@@ -304,8 +357,12 @@ def read_fast(text: str) -> tuple[object, dict[str, Position], dict[str, Positio
         events = CParser(text)
         events.get_event()  # the stream's start
         start = events.get_event()
-        if type(start) is not DocumentStartEvent or start.version or start.tags \
-                or type(events.peek_event()) is not MappingStartEvent:
+        if (
+            type(start) is not DocumentStartEvent
+            or start.version
+            or start.tags
+            or type(events.peek_event()) is not MappingStartEvent
+        ):
             return None  # no document, a directive, or not a table (e.g. a root block scalar
             # whose "#..." lines at column 0 ruamel reads as text, libyaml as comments)
         data = _fast_node(events, "", 0, values, keys)
@@ -317,13 +374,19 @@ def read_fast(text: str) -> tuple[object, dict[str, Position], dict[str, Positio
     return data, values, keys
 
 
-def _fast_node(events: Any, here: str, depth: int, values: dict[str, Position],
-               keys: dict[str, Position]) -> object:
+def _fast_node(
+    events: Any, here: str, depth: int, values: dict[str, Position], keys: dict[str, Position]
+) -> object:
     """Compose the node whose events come next (its position is already recorded)."""
     event = events.get_event()
     kind = type(event)
-    if kind is AliasEvent or event.anchor is not None or event.tag is not None \
-            or depth > MAX_DEPTH or len(values) > MAX_VALUES:
+    if (
+        kind is AliasEvent
+        or event.anchor is not None
+        or event.tag is not None
+        or depth > MAX_DEPTH
+        or len(values) > MAX_VALUES
+    ):
         raise _Declined
     if kind is ScalarEvent:
         return event.value if event.style else _plain_scalar(event.value)
@@ -366,7 +429,10 @@ def _plain_scalar(text: str) -> object:
         return int(text)
     if _FLOAT.fullmatch(text):
         return float(text)
-    if text in ("<<", "=") or text[0] in "-+.0123456789" and (
-            _NUMBER_LIKE.fullmatch(text) or _TIMESTAMP_LIKE.match(text)):
+    if (
+        text in ("<<", "=")
+        or text[0] in "-+.0123456789"
+        and (_NUMBER_LIKE.fullmatch(text) or _TIMESTAMP_LIKE.match(text))
+    ):
         raise _Declined  # merge, value, octal, hex, "1_000", "1e3", ".inf", dates, ...
     return text

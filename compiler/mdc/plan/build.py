@@ -51,10 +51,23 @@ class _Findings:
         self.locate = locate
         self.items: list[Diagnostic] = []
 
-    def add(self, code: str, message: str, pointer: str, hint: str | None = None,
-            severity: Severity = Severity.ERROR) -> None:
-        self.items.append(Diagnostic(severity=severity, code=code, message=message,
-                                     location=self.locate(pointer), hint=hint))
+    def add(
+        self,
+        code: str,
+        message: str,
+        pointer: str,
+        hint: str | None = None,
+        severity: Severity = Severity.ERROR,
+    ) -> None:
+        self.items.append(
+            Diagnostic(
+                severity=severity,
+                code=code,
+                message=message,
+                location=self.locate(pointer),
+                hint=hint,
+            )
+        )
 
     @property
     def errors(self) -> bool:
@@ -69,18 +82,31 @@ def _command(spec: JobSpec, found: _Findings) -> None:
     try:
         words = shlex.split(command)
     except ValueError as exc:
-        found.add("MDC213", f"command {command[:80]!r} does not split into words: {exc}",
-                  "/job/command", "close the quote, or write the command as a list of words")
+        found.add(
+            "MDC213",
+            f"command {command[:80]!r} does not split into words: {exc}",
+            "/job/command",
+            "close the quote, or write the command as a list of words",
+        )
         return
     if not words:
-        found.add("MDC213", f"command {command[:80]!r} holds no words", "/job/command",
-                  'name the program to run, e.g. command = ["python", "train.py"]')
+        found.add(
+            "MDC213",
+            f"command {command[:80]!r} holds no words",
+            "/job/command",
+            'name the program to run, e.g. command = ["python", "train.py"]',
+        )
 
 
-def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: Locate,
-               serving: bool = False,
-               training: TrainingSetup | None = None,
-               ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
+def build_plan(
+    spec: JobSpec,
+    *,
+    parallelism: str,
+    disaggregated: bool,
+    locate: Locate,
+    serving: bool = False,
+    training: TrainingSetup | None = None,
+) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
 
     :param parallelism: ``"model"`` (default tp = nproc_per_node, pp = nnodes) or
@@ -97,9 +123,12 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
     _command(spec, found)
     min_nnodes = dist.min_nnodes or nnodes
     if min_nnodes > nnodes:
-        found.add("MDC208", f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",
-                  "/distributed/min_nnodes", f"an elastic job runs on min_nnodes..nnodes nodes; "
-                  f"set min_nnodes to at most {nnodes}")
+        found.add(
+            "MDC208",
+            f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",
+            "/distributed/min_nnodes",
+            f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
+        )
     sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
     if sizes:
         batch = _batch(spec, sizes, found)
@@ -113,8 +142,16 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         _span_warnings(layout, sizes, nproc, found)
     memory = None
     if not found.errors and sizes is not None:
-        memory = _memory(spec, sizes, batch, training or TrainingSetup(), disaggregated or serving,
-                         nnodes * nproc, nproc, found)
+        memory = _memory(
+            spec,
+            sizes,
+            batch,
+            training or TrainingSetup(),
+            disaggregated or serving,
+            nnodes * nproc,
+            nproc,
+            found,
+        )
     if found.errors or sizes is None or layout is None:
         return None, tuple(found.items)
     port = dist.master_port
@@ -129,8 +166,10 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
         sizes=sizes,
         layout=layout,
         batch=batch,
-        rendezvous=Rendezvous(master_port=port or derived_port(spec.job.name),
-                              port_origin="spec" if port else "derived"),
+        rendezvous=Rendezvous(
+            master_port=port or derived_port(spec.job.name),
+            port_origin="spec" if port else "derived",
+        ),
         roles=roles,
         disagg=disagg,
         model=spec.model,
@@ -142,8 +181,9 @@ def build_plan(spec: JobSpec, *, parallelism: str, disaggregated: bool, locate: 
     return plan, tuple(found.items)
 
 
-def _parallel(spec: JobSpec, nnodes: int, nproc: int, parallelism: str,
-              found: _Findings) -> tuple[Sizes | None, RankLayout | None]:
+def _parallel(
+    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings
+) -> tuple[Sizes | None, RankLayout | None]:
     par = spec.parallelism
     world = nnodes * nproc
     model_parallel = parallelism == "model"
@@ -159,50 +199,78 @@ def _parallel(spec: JobSpec, nnodes: int, nproc: int, parallelism: str,
         return None, None
     dp = world // model_size
     if par.dp is not None and par.dp != dp:
-        found.add("MDC202", f"dp = {par.dp} disagrees with world / (tp * pp * cp) = "
-                  f"{world} / ({tp} * {pp} * {cp}) = {dp}", "/parallelism/dp",
-                  f"remove dp (it is derived) or write dp = {dp}")
+        found.add(
+            "MDC202",
+            f"dp = {par.dp} disagrees with world / (tp * pp * cp) = "
+            f"{world} / ({tp} * {pp} * {cp}) = {dp}",
+            "/parallelism/dp",
+            f"remove dp (it is derived) or write dp = {dp}",
+        )
     expert_size = etp * ep * pp
     if world % expert_size:
         options = [e for e in divisors(world // (etp * pp))] if world % (etp * pp) == 0 else []
-        found.add("MDC203", f"world size ({world}) is not divisible by etp * ep * pp = "
-                  f"{etp} * {ep} * {pp} = {expert_size}",
-                  "/parallelism/ep" if par.ep else "/parallelism/etp",
-                  f"with etp = {etp} and pp = {pp}, ep can be one of {_listing(options)}"
-                  if options else "choose etp * ep * pp dividing the world size")
+        found.add(
+            "MDC203",
+            f"world size ({world}) is not divisible by etp * ep * pp = "
+            f"{etp} * {ep} * {pp} = {expert_size}",
+            "/parallelism/ep" if par.ep else "/parallelism/etp",
+            f"with etp = {etp} and pp = {pp}, ep can be one of {_listing(options)}"
+            if options
+            else "choose etp * ep * pp dividing the world size",
+        )
         return None, None
     edp = world // expert_size
     vpp = par.vpp if par.vpp and par.vpp > 1 else None
     if vpp is not None and pp == 1:
-        found.add("MDC206", f"vpp = {vpp} (interleaved schedule) needs pp > 1, but pp = 1",
-                  "/parallelism/vpp", "remove vpp, or set pp > 1")
+        found.add(
+            "MDC206",
+            f"vpp = {vpp} (interleaved schedule) needs pp > 1, but pp = 1",
+            "/parallelism/vpp",
+            "remove vpp, or set pp > 1",
+        )
     sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp)
     return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
 
 
-def _not_dividing(found: _Findings, world: int, tp: int, pp: int, cp: int,
-                  written: list[str], model_parallel: bool) -> None:
+def _not_dividing(
+    found: _Findings,
+    world: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    written: list[str],
+    model_parallel: bool,
+) -> None:
     blame = written[0] if written else "tp"
     others = {"tp": pp * cp, "pp": tp * cp, "cp": tp * pp}[blame]
     hint = f"tp * pp * cp must divide the world size {world}"
     if world % others == 0:
-        hint += (f"; keeping the other two, {blame} can be one of "
-                 f"{_listing(divisors(world // others))}")
+        hint += (
+            f"; keeping the other two, {blame} can be one of {_listing(divisors(world // others))}"
+        )
     defaults = {"tp": f"tp = {tp} (nproc_per_node)", "pp": f"pp = {pp} (nnodes)"}
     taken = [text for axis, text in defaults.items() if axis not in written]
     if model_parallel and taken:
         hint += f"; this launcher defaulted {' and '.join(taken)}; set them explicitly to override"
-    found.add("MDC201", f"world size ({world}) is not divisible by tp * pp * cp = "
-              f"{tp} * {pp} * {cp} = {tp * pp * cp}",
-              f"/parallelism/{blame}" if written else "/distributed/nproc_per_node", hint)
+    found.add(
+        "MDC201",
+        f"world size ({world}) is not divisible by tp * pp * cp = "
+        f"{tp} * {pp} * {cp} = {tp * pp * cp}",
+        f"/parallelism/{blame}" if written else "/distributed/nproc_per_node",
+        hint,
+    )
 
 
 def _layout(order: str, sizes: Sizes, found: _Findings) -> RankLayout | None:
     tokens = order.split("-")
     repeated = sorted({t for t in tokens if tokens.count(t) > 1})
     if repeated:
-        found.add("MDC212", f"order {order!r} names {repeated[0]!r} twice",
-                  "/parallelism/order", f"use each axis once, e.g. {DEFAULT_ORDER!r}")
+        found.add(
+            "MDC212",
+            f"order {order!r} names {repeated[0]!r} twice",
+            "/parallelism/order",
+            f"use each axis once, e.g. {DEFAULT_ORDER!r}",
+        )
         return None
     dense = {"tp": sizes.tp, "cp": sizes.cp, "ep": 1, "dp": sizes.dp, "pp": sizes.pp}
     expert = {"tp": sizes.etp, "cp": 1, "ep": sizes.ep, "dp": sizes.edp, "pp": sizes.pp}
@@ -212,28 +280,39 @@ def _layout(order: str, sizes: Sizes, found: _Findings) -> RankLayout | None:
             axes = complete_order(order, table)
         except ValueError as exc:
             axis = str(exc)
-            found.add("MDC204", f"{axis} = {table[axis]} but the order {order!r} does not "
-                      f"place {axis}", "/parallelism/order",
-                      f"add {axis!r} to the order, e.g. {DEFAULT_ORDER!r}")
+            found.add(
+                "MDC204",
+                f"{axis} = {table[axis]} but the order {order!r} does not place {axis}",
+                "/parallelism/order",
+                f"add {axis!r} to the order, e.g. {DEFAULT_ORDER!r}",
+            )
             return None
         grids.append(RankGrid(axes, tuple(table[a] for a in axes)))
     layout = RankLayout(order=order, dense=grids[0], expert=grids[1])
     # Megatron-Core asserts, for pp > 1, that an order not ending in pp keeps dp equal to
     # expert dp, and that both layouts give the same pipeline groups.
     if sizes.pp > 1 and not order.endswith("pp") and sizes.edp != sizes.dp:
-        found.add("MDC205", f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
-                  f"dense and expert layouts disagree: dp = {sizes.dp} but expert dp = "
-                  f"world / (etp * ep * pp) = {sizes.edp}", "/parallelism/order",
-                  "put pp last in the order, or choose etp * ep = tp * cp")
+        found.add(
+            "MDC205",
+            f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
+            f"dense and expert layouts disagree: dp = {sizes.dp} but expert dp = "
+            f"world / (etp * ep * pp) = {sizes.edp}",
+            "/parallelism/order",
+            "put pp last in the order, or choose etp * ep = tp * cp",
+        )
         return None
     dense_stride = layout.dense.groups("pp").inner_strides[0]
     expert_stride = layout.expert.groups("pp").inner_strides[0]
     if sizes.pp > 1 and dense_stride != expert_stride:
-        found.add("MDC205", f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
-                  f"dense and expert layouts give different pipeline groups: the sizes "
-                  f"ordered before pp multiply to {dense_stride} in the dense layout (tp, cp, "
-                  f"dp) but to {expert_stride} in the expert layout (etp, ep, expert dp)",
-                  "/parallelism/order", "put pp last in the order")
+        found.add(
+            "MDC205",
+            f"with order {order!r} (pp not last) and pp = {sizes.pp}, the "
+            f"dense and expert layouts give different pipeline groups: the sizes "
+            f"ordered before pp multiply to {dense_stride} in the dense layout (tp, cp, "
+            f"dp) but to {expert_stride} in the expert layout (etp, ep, expert dp)",
+            "/parallelism/order",
+            "put pp last in the order",
+        )
         return None
     return layout
 
@@ -247,16 +326,20 @@ def _batch(spec: JobSpec, sizes: Sizes, found: _Findings) -> BatchPlan | None:
     if total % step:
         below, above = total // step * step, (total // step + 1) * step
         nearest = " or ".join(str(v) for v in (below, above) if v > 0)
-        found.add("MDC207", f"global_batch_size ({total}) is not divisible by "
-                  f"micro_batch_size * dp = {micro} * {sizes.dp} = {step}",
-                  "/batch/global_batch_size",
-                  f"the nearest valid global_batch_size is {nearest}; or change "
-                  f"micro_batch_size to a divisor of {total} / {sizes.dp}"
-                  if total % sizes.dp == 0 else
-                  f"the nearest valid global_batch_size is {nearest}")
+        found.add(
+            "MDC207",
+            f"global_batch_size ({total}) is not divisible by "
+            f"micro_batch_size * dp = {micro} * {sizes.dp} = {step}",
+            "/batch/global_batch_size",
+            f"the nearest valid global_batch_size is {nearest}; or change "
+            f"micro_batch_size to a divisor of {total} / {sizes.dp}"
+            if total % sizes.dp == 0
+            else f"the nearest valid global_batch_size is {nearest}",
+        )
         return None
-    return BatchPlan(global_batch_size=total, micro_batch_size=micro,
-                     grad_accum_steps=total // step)
+    return BatchPlan(
+        global_batch_size=total, micro_batch_size=micro, grad_accum_steps=total // step
+    )
 
 
 def _batch_without_dp(spec: JobSpec, found: _Findings) -> None:
@@ -265,9 +348,12 @@ def _batch_without_dp(spec: JobSpec, found: _Findings) -> None:
         return
     total, micro = spec.batch.global_batch_size, spec.batch.micro_batch_size or 1
     if total % micro:
-        found.add("MDC207", f"global_batch_size ({total}) is not divisible by micro_batch_size "
-                  f"({micro})", "/batch/global_batch_size",
-                  f"micro_batch_size can be one of {_listing(divisors(total))}")
+        found.add(
+            "MDC207",
+            f"global_batch_size ({total}) is not divisible by micro_batch_size ({micro})",
+            "/batch/global_batch_size",
+            f"micro_batch_size can be one of {_listing(divisors(total))}",
+        )
 
 
 def auto_split(nnodes: int) -> tuple[int, int]:
@@ -276,42 +362,59 @@ def auto_split(nnodes: int) -> tuple[int, int]:
     return prefill, nnodes - 1 - prefill
 
 
-def _roles(spec: JobSpec, nnodes: int, disaggregated: bool,
-           found: _Findings) -> tuple[tuple[NodeRole, ...], DisaggSplit | None]:
+def _roles(
+    spec: JobSpec, nnodes: int, disaggregated: bool, found: _Findings
+) -> tuple[tuple[NodeRole, ...], DisaggSplit | None]:
     dist = spec.distributed
     given = [k for k in ("prefill_nodes", "decode_nodes") if getattr(dist, k) is not None]
     if not disaggregated:
         for key in given:
-            found.add("MDC211", f"{key} applies only to disaggregated serving launchers, "
-                      f"not {dist.launcher!r}", f"/distributed/{key}", f"remove {key}")
+            found.add(
+                "MDC211",
+                f"{key} applies only to disaggregated serving launchers, not {dist.launcher!r}",
+                f"/distributed/{key}",
+                f"remove {key}",
+            )
         return (NodeRole(name="worker", first_node=0, count=nnodes),), None
     if nnodes < 3:
-        found.add("MDC209", "disaggregated serving needs at least 3 nodes (1 proxy + 1 "
-                  f"prefill + 1 decode), got {nnodes}", "/distributed/nnodes",
-                  "set nnodes to 3 or more")
+        found.add(
+            "MDC209",
+            "disaggregated serving needs at least 3 nodes (1 proxy + 1 "
+            f"prefill + 1 decode), got {nnodes}",
+            "/distributed/nnodes",
+            "set nnodes to 3 or more",
+        )
         return (), None
     if len(given) == 1:
-        found.add("MDC210", f"{given[0]} is set but not its partner; set both prefill_nodes "
-                  "and decode_nodes, or neither for the automatic split",
-                  f"/distributed/{given[0]}")
+        found.add(
+            "MDC210",
+            f"{given[0]} is set but not its partner; set both prefill_nodes "
+            "and decode_nodes, or neither for the automatic split",
+            f"/distributed/{given[0]}",
+        )
         return (), None
     if given:
         prefill, decode = dist.prefill_nodes or 0, dist.decode_nodes or 0
         if prefill + decode + 1 != nnodes:
             auto = auto_split(nnodes)
-            found.add("MDC210", f"prefill_nodes ({prefill}) + decode_nodes ({decode}) + 1 proxy "
-                      f"must equal nnodes ({nnodes}), but got {prefill + decode + 1}",
-                      "/distributed/prefill_nodes",
-                      f"for {nnodes} nodes, e.g. prefill_nodes = {auto[0]} and "
-                      f"decode_nodes = {auto[1]} (the automatic split)")
+            found.add(
+                "MDC210",
+                f"prefill_nodes ({prefill}) + decode_nodes ({decode}) + 1 proxy "
+                f"must equal nnodes ({nnodes}), but got {prefill + decode + 1}",
+                "/distributed/prefill_nodes",
+                f"for {nnodes} nodes, e.g. prefill_nodes = {auto[0]} and "
+                f"decode_nodes = {auto[1]} (the automatic split)",
+            )
             return (), None
         split = DisaggSplit(prefill=prefill, decode=decode, origin="spec")
     else:
         prefill, decode = auto_split(nnodes)
         split = DisaggSplit(prefill=prefill, decode=decode, origin="auto")
-    roles = (NodeRole(name="proxy", first_node=0, count=1),
-             NodeRole(name="prefill", first_node=1, count=split.prefill),
-             NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode))
+    roles = (
+        NodeRole(name="proxy", first_node=0, count=1),
+        NodeRole(name="prefill", first_node=1, count=split.prefill),
+        NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode),
+    )
     return roles, split
 
 
@@ -326,54 +429,97 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
         return
     heads, groups = model.num_attention_heads, model.num_query_groups
     if heads and heads % sizes.tp:
-        found.add("MDC220", f"num_attention_heads ({heads}) must be a multiple of tp "
-                  f"({sizes.tp})", "/model/num_attention_heads",
-                  f"tp can be one of {_listing(divisors(heads))}")
+        found.add(
+            "MDC220",
+            f"num_attention_heads ({heads}) must be a multiple of tp ({sizes.tp})",
+            "/model/num_attention_heads",
+            f"tp can be one of {_listing(divisors(heads))}",
+        )
     if heads and groups and heads % groups:
-        found.add("MDC226", f"num_attention_heads ({heads}) must be a multiple of "
-                  f"num_query_groups ({groups})", "/model/num_query_groups",
-                  f"num_query_groups can be one of {_listing(divisors(heads))}")
+        found.add(
+            "MDC226",
+            f"num_attention_heads ({heads}) must be a multiple of num_query_groups ({groups})",
+            "/model/num_query_groups",
+            f"num_query_groups can be one of {_listing(divisors(heads))}",
+        )
     if groups and groups % sizes.tp and sizes.tp % groups:
-        found.add("MDC221", f"num_query_groups ({groups}) must be a multiple or divisor of tp "
-                  f"({sizes.tp})", "/model/num_query_groups")
+        found.add(
+            "MDC221",
+            f"num_query_groups ({groups}) must be a multiple or divisor of tp ({sizes.tp})",
+            "/model/num_query_groups",
+        )
     layers = None if serving else model.num_layers
     if layers and layers % sizes.pp:
-        found.add("MDC222", f"num_layers ({layers}) is not divisible by pp ({sizes.pp})",
-                  "/model/num_layers", f"pp can be one of {_listing(divisors(layers))}")
+        found.add(
+            "MDC222",
+            f"num_layers ({layers}) is not divisible by pp ({sizes.pp})",
+            "/model/num_layers",
+            f"pp can be one of {_listing(divisors(layers))}",
+        )
     elif layers and sizes.vpp and (layers // sizes.pp) % sizes.vpp:
         per_stage = layers // sizes.pp
-        found.add("MDC223", f"layers per pipeline stage ({layers} / {sizes.pp} = {per_stage}) "
-                  f"is not divisible by vpp ({sizes.vpp})", "/parallelism/vpp",
-                  f"vpp can be one of {_listing([d for d in divisors(per_stage) if d > 1])}")
+        found.add(
+            "MDC223",
+            f"layers per pipeline stage ({layers} / {sizes.pp} = {per_stage}) "
+            f"is not divisible by vpp ({sizes.vpp})",
+            "/parallelism/vpp",
+            f"vpp can be one of {_listing([d for d in divisors(per_stage) if d > 1])}",
+        )
     experts = model.num_experts
     if sizes.ep > 1 and not experts:
-        found.add("MDC224", f"ep = {sizes.ep} needs num_experts in the model table",
-                  "/model", "set num_experts, or ep = 1 for a dense model")
+        found.add(
+            "MDC224",
+            f"ep = {sizes.ep} needs num_experts in the model table",
+            "/model",
+            "set num_experts, or ep = 1 for a dense model",
+        )
     elif experts and experts % sizes.ep:
-        found.add("MDC224", f"num_experts ({experts}) must be a multiple of ep ({sizes.ep})",
-                  "/model/num_experts", f"ep can be one of {_listing(divisors(experts))}")
+        found.add(
+            "MDC224",
+            f"num_experts ({experts}) must be a multiple of ep ({sizes.ep})",
+            "/model/num_experts",
+            f"ep can be one of {_listing(divisors(experts))}",
+        )
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
-        found.add("MDC225", f"seq_length ({seq}) must be a multiple of 2 * cp = "
-                  f"{2 * sizes.cp} when cp > 1", "/model/seq_length")
+        found.add(
+            "MDC225",
+            f"seq_length ({seq}) must be a multiple of 2 * cp = {2 * sizes.cp} when cp > 1",
+            "/model/seq_length",
+        )
 
 
-def _memory(spec: JobSpec, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
-            serving: bool, world: int, nproc: int,
-            found: _Findings) -> MemoryEstimate | None:
+def _memory(
+    spec: JobSpec,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    serving: bool,
+    world: int,
+    nproc: int,
+    found: _Findings,
+) -> MemoryEstimate | None:
     """The training memory estimate and its fit check (serving launchers get none)."""
     capacity = spec.distributed.accelerator_memory_gib
     if serving:
         if capacity is not None:
-            found.add("MDC261", f"accelerator_memory_gib = {capacity:g} is set but the memory "
-                      f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
-                      "memory check is made", "/distributed/accelerator_memory_gib",
-                      "remove accelerator_memory_gib", Severity.WARNING)
+            found.add(
+                "MDC261",
+                f"accelerator_memory_gib = {capacity:g} is set but the memory "
+                f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
+                "memory check is made",
+                "/distributed/accelerator_memory_gib",
+                "remove accelerator_memory_gib",
+                Severity.WARNING,
+            )
         return None
-    context = Context(world=world, nproc_per_node=nproc,
-                      global_batch_size=spec.batch.global_batch_size if spec.batch else None,
-                      etp_follows_tp=spec.parallelism.etp is None,
-                      order=spec.parallelism.order or DEFAULT_ORDER)
+    context = Context(
+        world=world,
+        nproc_per_node=nproc,
+        global_batch_size=spec.batch.global_batch_size if spec.batch else None,
+        etp_follows_tp=spec.parallelism.etp is None,
+        order=spec.parallelism.order or DEFAULT_ORDER,
+    )
     memory, findings = plan_memory(spec.model, sizes, batch, training, capacity, context)
     for f in findings:
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
@@ -382,8 +528,9 @@ def _memory(spec: JobSpec, sizes: Sizes, batch: BatchPlan | None, training: Trai
 
 def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:
     for code, kind, article, name, size in (
-            ("MDC250", "tp", "a", "tensor-parallel", sizes.tp),
-            ("MDC251", "ep", "an", "expert-parallel", sizes.ep)):
+        ("MDC250", "tp", "a", "tensor-parallel", sizes.tp),
+        ("MDC251", "ep", "an", "expert-parallel", sizes.ep),
+    ):
         groups = layout.groups(kind)
         index = groups.group_crossing(nproc)
         if index is None:
@@ -391,9 +538,12 @@ def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Finding
         ranks = groups[index] if size <= 16 else groups[index][:16]
         nodes = sorted({r // nproc for r in ranks})
         shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
-        found.add(code, f"{article} {name} group (ranks {shown}) spans nodes "
-                  f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
-                  f"/parallelism/{kind}",
-                  f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "
-                  "rule of thumb: tp within a node, pp across nodes, dp in between",
-                  Severity.WARNING)
+        found.add(
+            code,
+            f"{article} {name} group (ranks {shown}) spans nodes "
+            f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
+            f"/parallelism/{kind}",
+            f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "
+            "rule of thumb: tp within a node, pp across nodes, dp in between",
+            Severity.WARNING,
+        )

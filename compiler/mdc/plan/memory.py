@@ -150,17 +150,25 @@ def resolve_shape(model: ModelTable) -> Shape | None:
     h, a = model.hidden_size or 0, model.num_attention_heads or 0
     ffn = model.ffn_hidden_size or 4 * h
     return Shape(
-        layers=model.num_layers or 0, hidden=h, heads=a,
-        groups=model.num_query_groups or a, kv_channels=h // a, ffn=ffn,
-        vocab=model.vocab_size or 0, seq=model.seq_length or 0,
-        experts=model.num_experts or 0, moe_ffn=model.moe_ffn_hidden_size or ffn,
+        layers=model.num_layers or 0,
+        hidden=h,
+        heads=a,
+        groups=model.num_query_groups or a,
+        kv_channels=h // a,
+        ffn=ffn,
+        vocab=model.vocab_size or 0,
+        seq=model.seq_length or 0,
+        experts=model.num_experts or 0,
+        moe_ffn=model.moe_ffn_hidden_size or ffn,
         topk=model.moe_router_topk or DEFAULT_TOPK,
         gated=bool(model.gated_mlp),
         tied=model.tied_embeddings is not False,
         learned_positions=(model.position_embedding or "learned") == "learned",
         bias=model.bias is not False,
         norm=h if model.normalization == "rmsnorm" else 2 * h,
-        dtype=model.dtype or DEFAULT_DTYPE, flash=model.flash_attention is not False)
+        dtype=model.dtype or DEFAULT_DTYPE,
+        flash=model.flash_attention is not False,
+    )
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -199,7 +207,8 @@ def _layer(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
 
 def _embedding(shape: Shape, tp: int) -> int:
     return _ceil(Fraction(shape.vocab, tp)) * shape.hidden + (
-        shape.seq * shape.hidden if shape.learned_positions else 0)
+        shape.seq * shape.hidden if shape.learned_positions else 0
+    )
 
 
 def parameter_count(shape: Shape) -> int:
@@ -247,8 +256,12 @@ class MemoryEstimate:
     capacity: int | None = None
 
 
-def _activations_per_layer(shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup,
-                           ) -> tuple[Fraction, Fraction]:
+def _activations_per_layer(
+    shape: Shape,
+    sizes: Sizes,
+    micro: int,
+    training: TrainingSetup,
+) -> tuple[Fraction, Fraction]:
     """(bytes kept per layer and micro batch, bytes of one layer's full activations)."""
     t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
     tokens = Fraction(shape.seq, sizes.cp) * micro
@@ -260,8 +273,9 @@ def _activations_per_layer(shape: Shape, sizes: Sizes, micro: int, training: Tra
     split = act * tokens * (2 * q + 2 * kv)
     intermediates = 3 if shape.gated else 2
     if shape.experts:
-        split += act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp)
-                                               + h)
+        split += (
+            act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
+        )
     else:
         split += act * tokens * intermediates * Fraction(shape.ffn, t)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
@@ -273,9 +287,13 @@ def _activations_per_layer(shape: Shape, sizes: Sizes, micro: int, training: Tra
     return full, full
 
 
-def stage_estimates(shape: Shape, sizes: Sizes, batch: BatchPlan | None,
-                    training: TrainingSetup, capacity: int | None = None,
-                    ) -> list[MemoryEstimate]:
+def stage_estimates(
+    shape: Shape,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    capacity: int | None = None,
+) -> list[MemoryEstimate]:
     """Per-GPU memory of the first and the last pipeline stage (one entry when pp = 1)."""
     tp, pp = sizes.tp, sizes.pp
     micro = batch.micro_batch_size if batch else 1
@@ -290,8 +308,10 @@ def stage_estimates(shape: Shape, sizes: Sizes, batch: BatchPlan | None,
     if pp == 1:
         stages = [("only", embedding + (0 if shape.tied else output), 1, logits)]
     else:
-        stages = [("first", embedding, min(pp, microbatches), Fraction(0)),
-                  ("last", output, 1, logits)]
+        stages = [
+            ("first", embedding, min(pp, microbatches), Fraction(0)),
+            ("last", output, 1, logits),
+        ]
     w = WEIGHT_BYTES.get(shape.dtype, 2)
     g = training.grad_bytes or w
     o = 8 if w >= 4 else 12
@@ -305,28 +325,54 @@ def stage_estimates(shape: Shape, sizes: Sizes, batch: BatchPlan | None,
 
         def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
             on = zero >= stage
-            return _ceil(per_param * (Fraction(dense, shard if on else 1)
-                                      + Fraction(expert, expert_shard if on else 1)))
+            return _ceil(
+                per_param
+                * (
+                    Fraction(dense, shard if on else 1)
+                    + Fraction(expert, expert_shard if on else 1)
+                )
+            )
 
         factor = Fraction(1)
         if name == "first" and sizes.vpp:
             factor += Fraction(pp - 1, pp * sizes.vpp)
         activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
         weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
-        found.append(MemoryEstimate(
-            params_total=parameter_count(shape), params_per_gpu=dense + expert, stage=name,
-            stage_layers=per_stage, dtype=shape.dtype, weight_bytes=w, grad_bytes=g,
-            optimizer_bytes=o, zero_stage=zero, shard=shard, expert_shard=expert_shard,
-            micro_batch_size=micro, in_flight=in_flight,
-            sequence_parallel=training.sequence_parallel and tp > 1,
-            recompute=training.recompute, weights=weights, gradients=gradients,
-            optimizer=optimizer, activations=activations,
-            total=weights + gradients + optimizer + activations, capacity=capacity))
+        found.append(
+            MemoryEstimate(
+                params_total=parameter_count(shape),
+                params_per_gpu=dense + expert,
+                stage=name,
+                stage_layers=per_stage,
+                dtype=shape.dtype,
+                weight_bytes=w,
+                grad_bytes=g,
+                optimizer_bytes=o,
+                zero_stage=zero,
+                shard=shard,
+                expert_shard=expert_shard,
+                micro_batch_size=micro,
+                in_flight=in_flight,
+                sequence_parallel=training.sequence_parallel and tp > 1,
+                recompute=training.recompute,
+                weights=weights,
+                gradients=gradients,
+                optimizer=optimizer,
+                activations=activations,
+                total=weights + gradients + optimizer + activations,
+                capacity=capacity,
+            )
+        )
     return found
 
 
-def estimate(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
-             capacity: int | None = None) -> MemoryEstimate:
+def estimate(
+    shape: Shape,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    capacity: int | None = None,
+) -> MemoryEstimate:
     """Per-GPU memory of the heavier of the first and the last pipeline stage."""
     stages = stage_estimates(shape, sizes, batch, training, capacity)
     return max(stages, key=lambda e: e.total)  # the first on a tie
@@ -357,8 +403,15 @@ class Context:
     order: str
 
 
-def _resized(sizes: Sizes, context: Context, shape: Shape, *, tp: int | None = None,
-             pp: int | None = None, cp: int | None = None) -> Sizes | None:
+def _resized(
+    sizes: Sizes,
+    context: Context,
+    shape: Shape,
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    cp: int | None = None,
+) -> Sizes | None:
     """The sizes with tp, pp or cp changed, or None if the plan would reject them."""
     tp, pp, cp = tp or sizes.tp, pp or sizes.pp, cp or sizes.cp
     world = context.world
@@ -378,8 +431,9 @@ def _resized(sizes: Sizes, context: Context, shape: Shape, *, tp: int | None = N
     return attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
 
 
-def _rebatched(batch: BatchPlan | None, dp: int, context: Context,
-               micro: int | None = None) -> tuple[bool, BatchPlan | None]:
+def _rebatched(
+    batch: BatchPlan | None, dp: int, context: Context, micro: int | None = None
+) -> tuple[bool, BatchPlan | None]:
     """(whether the global batch divides, the batch) for another dp or micro batch."""
     if batch is None:
         return True, None
@@ -387,15 +441,17 @@ def _rebatched(batch: BatchPlan | None, dp: int, context: Context,
     total = context.global_batch_size or micro * dp
     if total % (micro * dp):
         return False, None
-    return True, BatchPlan(global_batch_size=total, micro_batch_size=micro,
-                           grad_accum_steps=total // (micro * dp))
+    return True, BatchPlan(
+        global_batch_size=total, micro_batch_size=micro, grad_accum_steps=total // (micro * dp)
+    )
 
 
 Variant = tuple[str, Sizes, BatchPlan | None, TrainingSetup]
 
 
-def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
-            context: Context) -> Iterator[list[Variant]]:
+def _levers(
+    shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup, context: Context
+) -> Iterator[list[Variant]]:
     """Each lever's candidate settings, least disruptive first."""
     for axis in ("tp", "pp", "cp"):
         current = getattr(sizes, axis)
@@ -413,15 +469,18 @@ def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: Train
             options.append((f"{axis} {value}{spans}", resized, rebatched, training))
         yield options
     if max(sizes.dp * sizes.cp, sizes.edp) > 1:
-        yield [(f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
-               for stage in range(training.zero_stage + 1, 4)]
+        yield [
+            (f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
+            for stage in range(training.zero_stage + 1, 4)
+        ]
     if sizes.tp > 1 and not training.sequence_parallel:
-        yield [("sequence parallel", sizes, batch,
-                attrs.evolve(training, sequence_parallel=True))]
+        yield [("sequence parallel", sizes, batch, attrs.evolve(training, sequence_parallel=True))]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
-    yield [(f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
-           for mode in modes[after:]]
+    yield [
+        (f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
+        for mode in modes[after:]
+    ]
     if batch is not None and batch.micro_batch_size > 1:
         options = []
         for micro in reversed(divisors(batch.micro_batch_size)[:-1]):
@@ -431,15 +490,26 @@ def _levers(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: Train
         yield options
 
 
-def _hint(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: TrainingSetup,
-          context: Context, capacity: int, fits: str = "fits") -> str:
+def _hint(
+    shape: Shape,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    context: Context,
+    capacity: int,
+    fits: str = "fits",
+) -> str:
     """The levers that help most, each evaluated alone (the first setting that fits)."""
     chosen: list[tuple[int, str]] = []
     now = estimate(shape, sizes, batch, training).total
     for options in _levers(shape, sizes, batch, training, context):
-        totals = [(total, label) for total, label in
-                  ((estimate(shape, s, b, t).total, label) for label, s, b, t in options)
-                  if total < now]
+        totals = [
+            (total, label)
+            for total, label in (
+                (estimate(shape, s, b, t).total, label) for label, s, b, t in options
+            )
+            if total < now
+        ]
         if not totals:
             continue
         fitting = [item for item in totals if item[0] <= capacity]
@@ -447,59 +517,93 @@ def _hint(shape: Shape, sizes: Sizes, batch: BatchPlan | None, training: Trainin
     chosen.sort()
     if not chosen:
         return "use accelerators with more memory, or a smaller model"
-    shown = ", ".join(f"{label} gives {gib(total)}{f' ({fits})' if total <= capacity else ''}"
-                      for total, label in chosen[:MAX_LEVERS])
+    shown = ", ".join(
+        f"{label} gives {gib(total)}{f' ({fits})' if total <= capacity else ''}"
+        for total, label in chosen[:MAX_LEVERS]
+    )
     text = f"estimated per-GPU total with one change each: {shown}"
     if chosen[0][0] > capacity:
         text += "; none is enough alone, combine several"
     return text
 
 
-def plan_memory(model: ModelTable | None, sizes: Sizes, batch: BatchPlan | None,
-                training: TrainingSetup, capacity_gib: float | None, context: Context,
-                ) -> tuple[MemoryEstimate | None, list[Finding]]:
+def plan_memory(
+    model: ModelTable | None,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    capacity_gib: float | None,
+    context: Context,
+) -> tuple[MemoryEstimate | None, list[Finding]]:
     """The estimate (None without a complete [model]) and the fit findings (MDC260-262)."""
     pointer = "/distributed/accelerator_memory_gib"
     capacity = int(capacity_gib * GIB) if capacity_gib is not None else None
     if model is None:
         if capacity is None:
             return None, []
-        return None, [Finding(
-            code="MDC261", severity=Severity.WARNING, pointer=pointer,
-            message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but there "
-                    "is no [model] table, so no memory check is made",
-            hint=f"add a [model] table with {', '.join(REQUIRED_KEYS)}")]
+        return None, [
+            Finding(
+                code="MDC261",
+                severity=Severity.WARNING,
+                pointer=pointer,
+                message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but there "
+                "is no [model] table, so no memory check is made",
+                hint=f"add a [model] table with {', '.join(REQUIRED_KEYS)}",
+            )
+        ]
     shape = resolve_shape(model)
     if shape is None:
         if capacity is None:
             return None, []
         missing = missing_keys(model)
-        return None, [Finding(
-            code="MDC261", severity=Severity.WARNING, pointer="/model",
-            message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but [model] "
-                    f"lacks {', '.join(missing)}, so no memory estimate or check is made",
-            hint=f"add {', '.join(missing)} to [model]")]
+        return None, [
+            Finding(
+                code="MDC261",
+                severity=Severity.WARNING,
+                pointer="/model",
+                message=f"accelerator_memory_gib = {_number(capacity_gib or 0)} is set but [model] "
+                f"lacks {', '.join(missing)}, so no memory estimate or check is made",
+                hint=f"add {', '.join(missing)} to [model]",
+            )
+        ]
     found = estimate(shape, sizes, batch, training, capacity)
     if capacity is None:
         return found, []
-    parts = (f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
-             f"{gib(found.optimizer)} + activations {gib(found.activations)}")
+    parts = (
+        f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
+        f"{gib(found.optimizer)} + activations {gib(found.activations)}"
+    )
     where = "per GPU" if found.stage == "only" else f"per GPU on the {found.stage} pipeline stage"
     limit = f"accelerator_memory_gib = {_number(capacity_gib or 0)}"
     if found.total > capacity:
-        return found, [Finding(
-            code="MDC260", pointer=pointer,
-            message=f"the job needs an estimated {gib(found.total)} {where} ({parts}), more "
-                    f"than {limit}",
-            hint=_hint(shape, sizes, batch, training, context, capacity))]
+        return found, [
+            Finding(
+                code="MDC260",
+                pointer=pointer,
+                message=f"the job needs an estimated {gib(found.total)} {where} ({parts}), more "
+                f"than {limit}",
+                hint=_hint(shape, sizes, batch, training, context, capacity),
+            )
+        ]
     if found.total > capacity * HEADROOM:
         share = found.total * 100 // capacity
-        return found, [Finding(
-            code="MDC262", severity=Severity.WARNING, pointer=pointer,
-            message=f"the estimated {gib(found.total)} {where} ({parts}) is {share}% of "
-                    f"{limit}; the CUDA/ROCm context, communication buffers and fragmentation "
-                    "are not counted and may not fit",
-            hint=_hint(shape, sizes, batch, training, context, int(capacity * HEADROOM),
-                       f"under {HEADROOM * 100}%"))]
+        return found, [
+            Finding(
+                code="MDC262",
+                severity=Severity.WARNING,
+                pointer=pointer,
+                message=f"the estimated {gib(found.total)} {where} ({parts}) is {share}% of "
+                f"{limit}; the CUDA/ROCm context, communication buffers and fragmentation "
+                "are not counted and may not fit",
+                hint=_hint(
+                    shape,
+                    sizes,
+                    batch,
+                    training,
+                    context,
+                    int(capacity * HEADROOM),
+                    f"under {HEADROOM * 100}%",
+                ),
+            )
+        ]
     return found, []
-

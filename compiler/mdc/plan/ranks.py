@@ -119,8 +119,9 @@ class GroupSet:
 
     def __getitem__(self, index: int) -> tuple[int, ...]:
         base = self.base(index)
-        return tuple(base + _compose(j, self.inner_sizes, self.inner_strides)
-                     for j in range(self.group_size))
+        return tuple(
+            base + _compose(j, self.inner_sizes, self.inner_strides) for j in range(self.group_size)
+        )
 
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         # every group is its base plus the same offsets
@@ -153,8 +154,11 @@ class GroupSet:
             return None
         if self.span >= block:
             return 0
-        moving = [(i, s, t) for i, (s, t) in enumerate(zip(self.outer_sizes, self.outer_strides))
-                  if t % block and s > 1]
+        moving = [
+            (i, s, t)
+            for i, (s, t) in enumerate(zip(self.outer_sizes, self.outer_strides))
+            if t % block and s > 1
+        ]
         # Combine the moving axes' digits; at most ``block`` distinct offsets survive, and an
         # axis's digits repeat their offsets after block / gcd(stride, block) steps.
         offsets = {0: 0}  # base % block -> the first outer index found giving it

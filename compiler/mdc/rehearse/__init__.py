@@ -58,12 +58,25 @@ FAILURE_GRACE = 5.0
 PROBE_COMMAND = ["python", "-m", "mdc.rehearse.probe"]
 TORCH_HINT = "pip install 'mdc-compiler[torch]'"
 #: launchers whose program starts torchrun itself: the probe cannot stand in for it
-UNSUPPORTED = {"primus": "primus runs its own launch script once per node, which starts "
-                         "torchrun itself; rehearse cannot stand a probe in for it"}
+UNSUPPORTED = {
+    "primus": "primus runs its own launch script once per node, which starts "
+    "torchrun itself; rehearse cannot stand a probe in for it"
+}
 #: variables of the calling shell that would confuse the nodes (the backend sets its own)
-SCRUBBED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "MDC_OUT", "JOB_COMPLETION_INDEX",
-            "CUDA_VISIBLE_DEVICES")
+SCRUBBED = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_HOSTS",
+    "MDC_OUT",
+    "JOB_COMPLETION_INDEX",
+    "CUDA_VISIBLE_DEVICES",
+)
 SCRUBBED_PREFIXES = ("SLURM_", "TORCHELASTIC_", "PET_", "OMPI_", "PMI_", "MDC_REHEARSE_")
 #: marks every process of one rehearsal, so that none is left behind
 TOKEN = "MDC_REHEARSE_TOKEN"
@@ -120,8 +133,11 @@ class Outcome:
     warnings: list[str] = attrs.field(factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {**attrs.asdict(self), "exits": {str(k): v for k, v in self.exits.items()},
-                "logs": {str(k): v for k, v in self.logs.items()}}
+        return {
+            **attrs.asdict(self),
+            "exits": {str(k): v for k, v in self.exits.items()},
+            "logs": {str(k): v for k, v in self.logs.items()},
+        }
 
 
 def loopback(index: int) -> str:
@@ -159,8 +175,11 @@ def rehearsal_data(data: dict[str, Any], port: int, *, serving: bool) -> dict[st
 
 
 def _base_env(shims: Path, results: Path, token: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in SCRUBBED and not k.startswith(SCRUBBED_PREFIXES)
+    }
     interpreter_bin = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join([str(shims), interpreter_bin, env.get("PATH", "")])
     package_root = str(Path(__file__).resolve().parents[2])
@@ -174,17 +193,26 @@ def _base_env(shims: Path, results: Path, token: str) -> dict[str, str]:
     return env
 
 
-def nodes_for(plan: Any, backend: str, tree: Path, results: Path,
-              base: dict[str, str]) -> list[Node]:
+def nodes_for(
+    plan: Any, backend: str, tree: Path, results: Path, base: dict[str, str]
+) -> list[Node]:
     """One process per node, with what its backend would give it, on loopback."""
     hosts = [loopback(i) for i in range(plan.nnodes)]
-    runtime = {"MASTER_ADDR": hosts[0], "MASTER_PORT": str(plan.rendezvous.master_port),
-               "NODE_HOSTS": " ".join(hosts)}
+    runtime = {
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": str(plan.rendezvous.master_port),
+        "NODE_HOSTS": " ".join(hosts),
+    }
     nodes = []
     for role in plan.roles:
         for index in range(role.first_node, role.first_node + role.count):
-            env = {**base, **runtime, "MDC_REHEARSE_NODE": str(index),
-                   "MDC_REHEARSE_HOST": hosts[index], "MDC_REHEARSE_ROLE": role.name}
+            env = {
+                **base,
+                **runtime,
+                "MDC_REHEARSE_NODE": str(index),
+                "MDC_REHEARSE_HOST": hosts[index],
+                "MDC_REHEARSE_ROLE": role.name,
+            }
             pod = _pod_entry(tree, backend, results)
             if pod is not None:  # the pod's own entry, with what the pod's env would hold
                 script, reads = pod
@@ -193,24 +221,40 @@ def nodes_for(plan: Any, backend: str, tree: Path, results: Path,
                 env.update({source: wanted[target] for target, source in reads.items()})
                 argv: tuple[str, ...] = ("bash", str(script))
             elif backend == "slurm":
-                env.update(SLURM_NODEID=str(index), SLURM_LOCALID="0", SLURM_PROCID=str(index),
-                           SLURM_JOB_NODELIST=",".join(hosts), SLURM_JOB_NUM_NODES=str(plan.nnodes),
-                           SLURM_NNODES=str(plan.nnodes), SLURM_JOB_ID="1",
-                           SLURM_SUBMIT_DIR=str(tree), MDC_OUT=str(tree))
+                env.update(
+                    SLURM_NODEID=str(index),
+                    SLURM_LOCALID="0",
+                    SLURM_PROCID=str(index),
+                    SLURM_JOB_NODELIST=",".join(hosts),
+                    SLURM_JOB_NUM_NODES=str(plan.nnodes),
+                    SLURM_NNODES=str(plan.nnodes),
+                    SLURM_JOB_ID="1",
+                    SLURM_SUBMIT_DIR=str(tree),
+                    MDC_OUT=str(tree),
+                )
                 argv = ("bash", str(tree / "slurm" / "node.sh"))
             else:
                 env["NODE_RANK"] = str(index)
                 argv = ("bash", str(tree / "launch" / f"{role.name}.sh"))
-            nodes.append(Node(index=index, host=hosts[index], role=role.name, argv=argv,
-                              env=env, log=results / f"node-{index}.log"))
+            nodes.append(
+                Node(
+                    index=index,
+                    host=hosts[index],
+                    role=role.name,
+                    argv=argv,
+                    env=env,
+                    log=results / f"node-{index}.log",
+                )
+            )
     return sorted(nodes, key=lambda n: n.index)
 
 
 #: pod backends whose node.sh reads the node's index and node 0's address from the pod's
 #: env (leaderworkerset derives NODE_HOSTS from DNS names, so it runs launch/<role>.sh)
 POD_BACKENDS = ("kubernetes", "pytorchjob", "trainjob")
-POD_EXPORT = re.compile(r'^export (NODE_RANK|MASTER_ADDR)="\$\{?([A-Z_][A-Z0-9_]*)(:-)?\}?"',
-                        re.MULTILINE)
+POD_EXPORT = re.compile(
+    r'^export (NODE_RANK|MASTER_ADDR)="\$\{?([A-Z_][A-Z0-9_]*)(:-)?\}?"', re.MULTILINE
+)
 
 
 def _pod_entry(tree: Path, backend: str, results: Path) -> tuple[Path, dict[str, str]] | None:
@@ -222,6 +266,7 @@ def _pod_entry(tree: Path, backend: str, results: Path) -> tuple[Path, dict[str,
     script = pod / "k8s" / "node.sh"
     if not script.is_file():
         from ruamel.yaml import YAML
+
         documents = []
         for path in sorted((tree / backend).glob("*.yaml")):
             documents += [d for d in YAML(typ="safe").load_all(path.read_text("utf-8")) if d]
@@ -293,18 +338,32 @@ class Progress:
             self.stream.write("\n")
 
 
-def run_nodes(nodes: list[Node], *, cwd: Path, token: str, timeout: float, count_up:
-              Callable[[], int], progress: Progress) -> tuple[dict[int, int | None], bool, float]:
+def run_nodes(
+    nodes: list[Node],
+    *,
+    cwd: Path,
+    token: str,
+    timeout: float,
+    count_up: Callable[[], int],
+    progress: Progress,
+) -> tuple[dict[int, int | None], bool, float]:
     """Start every node in its own process group; stop them all on timeout or failure."""
     started = time.monotonic()
     procs: dict[int, Any] = {}
     import subprocess
+
     try:
         for node in nodes:
             with node.log.open("wb") as log:
                 procs[node.index] = subprocess.Popen(
-                    list(node.argv), env=dict(node.env), cwd=cwd, stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    list(node.argv),
+                    env=dict(node.env),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         failed_at: float | None = None
         timed_out = False
         while True:
@@ -336,8 +395,9 @@ def _stop(procs: dict[int, Any], token: str) -> None:
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + 3
-    while time.monotonic() < deadline and (any(p.poll() is None for p in procs.values())
-                                           or _processes_with(token)):
+    while time.monotonic() < deadline and (
+        any(p.poll() is None for p in procs.values()) or _processes_with(token)
+    ):
         time.sleep(0.1)
     for pid in _processes_with(token):  # torchrun's workers live in sessions of their own
         try:
@@ -375,8 +435,10 @@ def training_findings(plan: dict[str, Any], reports: dict[int, dict[str, Any]]) 
         by_node.setdefault(int(report.get("node", -1)), []).append(rank)
     for node, ranks in sorted(by_node.items()):
         if len(ranks) != nproc:
-            found.append(f"node {node} ran {len(ranks)} rank(s) {sorted(ranks)}, "
-                         f"plan.json says {nproc} per node")
+            found.append(
+                f"node {node} ran {len(ranks)} rank(s) {sorted(ranks)}, "
+                f"plan.json says {nproc} per node"
+            )
     if "join order" in str(plan.get("worker_env", {}).get("GROUP_RANK", "")):
         group_of: dict[int, set[str]] = {}
         for report in reports.values():
@@ -391,11 +453,18 @@ def training_findings(plan: dict[str, Any], reports: dict[int, dict[str, Any]]) 
     return found
 
 
-def rehearse(spec: str | Path, compiler: Any, *, max_ranks: int = DEFAULT_MAX_RANKS,
-             timeout: float = DEFAULT_TIMEOUT, keep: str | Path | None = None,
-             stderr: TextIO | None = None, cwd: str | Path | None = None,
-             node_env_hook: NodeEnvHook | None = None,
-             tree_hook: TreeHook | None = None) -> Outcome:
+def rehearse(
+    spec: str | Path,
+    compiler: Any,
+    *,
+    max_ranks: int = DEFAULT_MAX_RANKS,
+    timeout: float = DEFAULT_TIMEOUT,
+    keep: str | Path | None = None,
+    stderr: TextIO | None = None,
+    cwd: str | Path | None = None,
+    node_env_hook: NodeEnvHook | None = None,
+    tree_hook: TreeHook | None = None,
+) -> Outcome:
     """Compile ``spec`` for a rehearsal and run it; raises SpecError or RehearseError."""
     from mdc.importers import translate
     from mdc.loaders import load_file
@@ -406,11 +475,14 @@ def rehearse(spec: str | Path, compiler: Any, *, max_ranks: int = DEFAULT_MAX_RA
     distributed = data.get("distributed")
     launcher_name = str(distributed.get("launcher", "")) if isinstance(distributed, dict) else ""
     launchers = compiler.plugins.launchers
-    serving = (launcher_name in launchers
-               and getattr(compiler.plugins.launcher(launcher_name), "workload", "") == "serving")
+    serving = (
+        launcher_name in launchers
+        and getattr(compiler.plugins.launcher(launcher_name), "workload", "") == "serving"
+    )
     if launcher_name in UNSUPPORTED:
-        raise RehearseError(f"mdc rehearse: launcher {launcher_name!r}: "
-                            f"{UNSUPPORTED[launcher_name]}")
+        raise RehearseError(
+            f"mdc rehearse: launcher {launcher_name!r}: {UNSUPPORTED[launcher_name]}"
+        )
     compiler.compile_document(doc, notes=notes)  # the spec as written: compile's own errors
     port = free_port()
     edited = attrs.evolve(doc, data=rehearsal_data(data, port, serving=serving))
@@ -423,10 +495,13 @@ def rehearse(spec: str | Path, compiler: Any, *, max_ranks: int = DEFAULT_MAX_RA
             f"mdc rehearse: the job has {processes} {what} ({plan.nnodes} nodes x "
             f"{plan.nproc_per_node}); this rehearsal is bounded to {max_ranks} processes on "
             f"this machine: nothing was started. Rehearse a smaller world with the same "
-            f"layout, or raise the bound with --max-ranks {processes}")
+            f"layout, or raise the bound with --max-ranks {processes}"
+        )
     if not serving and importlib.util.find_spec("torch") is None:
-        raise RehearseError(f"mdc rehearse: the probe needs torch, which is not installed "
-                            f"for {sys.executable}: {TORCH_HINT}")
+        raise RehearseError(
+            f"mdc rehearse: the probe needs torch, which is not installed "
+            f"for {sys.executable}: {TORCH_HINT}"
+        )
     scratch = None
     if keep is None:
         scratch = Path(tempfile.mkdtemp(prefix="mdc-rehearse-"))
@@ -434,21 +509,39 @@ def rehearse(spec: str | Path, compiler: Any, *, max_ranks: int = DEFAULT_MAX_RA
     else:
         tree = Path(keep).resolve()
         if not emit.is_replaceable(tree):
-            raise RehearseError(f"mdc rehearse: refusing to replace {tree}: it is not empty and "
-                                f"holds no {emit.MANIFEST} from an earlier compile")
+            raise RehearseError(
+                f"mdc rehearse: refusing to replace {tree}: it is not empty and "
+                f"holds no {emit.MANIFEST} from an earlier compile"
+            )
     try:
         emit.write_tree(tree, compiled.tree)
-        outcome = _play(compiled, tree, serving=serving, timeout=timeout, stderr=stderr,
-                        cwd=Path(cwd) if cwd is not None else Path.cwd(),
-                        node_env_hook=node_env_hook, tree_hook=tree_hook)
+        outcome = _play(
+            compiled,
+            tree,
+            serving=serving,
+            timeout=timeout,
+            stderr=stderr,
+            cwd=Path(cwd) if cwd is not None else Path.cwd(),
+            node_env_hook=node_env_hook,
+            tree_hook=tree_hook,
+        )
         return outcome if scratch is None else attrs.evolve(outcome, tree=None)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _play(compiled: Any, tree: Path, *, serving: bool, timeout: float, stderr: TextIO,
-          cwd: Path, node_env_hook: NodeEnvHook | None, tree_hook: TreeHook | None) -> Outcome:
+def _play(
+    compiled: Any,
+    tree: Path,
+    *,
+    serving: bool,
+    timeout: float,
+    stderr: TextIO,
+    cwd: Path,
+    node_env_hook: NodeEnvHook | None,
+    tree_hook: TreeHook | None,
+) -> Outcome:
     plan = compiled.plan
     results = tree / "rehearse"
     shutil.rmtree(results, ignore_errors=True)
@@ -462,6 +555,7 @@ def _play(compiled: Any, tree: Path, *, serving: bool, timeout: float, stderr: T
     base = _base_env(shims, results, token)
     if serving:
         from mdc.rehearse import serving as serving_mod
+
         serving_mod.install_shims(shims, sys.executable)
     nodes = nodes_for(plan, plan.backend, tree, results, base)
     if node_env_hook is not None:
@@ -470,16 +564,20 @@ def _play(compiled: Any, tree: Path, *, serving: bool, timeout: float, stderr: T
         tree_hook(tree)
     total = plan.nnodes if serving else plan.world_size
     kind = "nodes" if serving else "ranks"
-    print(f"rehearse: {plan.launcher} on {plan.backend}: {plan.nnodes} node(s) x "
-          f"{plan.nproc_per_node} = {plan.world_size} rank(s), nodes on {nodes[0].host}.."
-          f"{nodes[-1].host}, master port {plan.rendezvous.master_port}", file=stderr)
+    print(
+        f"rehearse: {plan.launcher} on {plan.backend}: {plan.nnodes} node(s) x "
+        f"{plan.nproc_per_node} = {plan.world_size} rank(s), nodes on {nodes[0].host}.."
+        f"{nodes[-1].host}, master port {plan.rendezvous.master_port}",
+        file=stderr,
+    )
     progress = Progress(stderr, total, kind)
 
     def count_up() -> int:
         return sum(1 for _ in (results / "up").iterdir())
 
-    exits, timed_out, seconds = run_nodes(nodes, cwd=cwd, token=token, timeout=timeout,
-                                          count_up=count_up, progress=progress)
+    exits, timed_out, seconds = run_nodes(
+        nodes, cwd=cwd, token=token, timeout=timeout, count_up=count_up, progress=progress
+    )
     plan_data = json.loads((results / "plan.json").read_text(encoding="utf-8"))
     problems: dict[str, list[str]] = {}
     findings: list[str] = []
@@ -487,6 +585,7 @@ def _play(compiled: Any, tree: Path, *, serving: bool, timeout: float, stderr: T
     explained: set[int] = set()
     if serving:
         from mdc.rehearse import serving as serving_mod
+
         records = serving_mod.read_records(results)
         findings = serving_mod.check(plan_data, records, [n.host for n in nodes])
         missing = [n.index for n in nodes if n.index not in records]
@@ -508,19 +607,34 @@ def _play(compiled: Any, tree: Path, *, serving: bool, timeout: float, stderr: T
     # a node whose ranks reported their mismatches failed because of them: no log needed
     logs = {i: _tail(results / f"node-{i}.log") for i in sorted(failed - explained)}
     ok = not (problems or missing or failed or timed_out or findings)
-    return Outcome(ok=ok, serving=serving, launcher=plan.launcher, backend=plan.backend, nnodes=plan.nnodes,
-                   world_size=plan.world_size, seconds=round(seconds, 1), tree=str(tree),
-                   problems=problems, missing=missing, exits=exits, timed_out=timed_out,
-                   findings=findings, groups_built=built, kinds=kinds, logs=logs,
-                   warnings=[d.render() for d in compiled.diagnostics])
+    return Outcome(
+        ok=ok,
+        serving=serving,
+        launcher=plan.launcher,
+        backend=plan.backend,
+        nnodes=plan.nnodes,
+        world_size=plan.world_size,
+        seconds=round(seconds, 1),
+        tree=str(tree),
+        problems=problems,
+        missing=missing,
+        exits=exits,
+        timed_out=timed_out,
+        findings=findings,
+        groups_built=built,
+        kinds=kinds,
+        logs=logs,
+        warnings=[d.render() for d in compiled.diagnostics],
+    )
 
 
 def render(outcome: Outcome, *, kept: bool) -> str:
     serving = outcome.serving
     lines = []
-    for label, found in sorted(outcome.problems.items(),
-                               key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit()
-                                               else 0, kv[0])):
+    for label, found in sorted(
+        outcome.problems.items(),
+        key=lambda kv: (not kv[0].isdigit(), int(kv[0]) if kv[0].isdigit() else 0, kv[0]),
+    ):
         lines.append(f"rank {label}: " + found[0])
         lines += [f"rank {label}: {p}" for p in found[1:]]
     lines += [f"rehearse: {f}" for f in outcome.findings]
@@ -533,24 +647,32 @@ def render(outcome: Outcome, *, kept: bool) -> str:
     if outcome.timed_out:
         lines.append(f"rehearse: timed out after {outcome.seconds} s: every process was stopped")
     if outcome.missing:
-        lines.append(f"rehearse: {what} that never reported: "
-                     + ", ".join(str(m) for m in outcome.missing))
+        lines.append(
+            f"rehearse: {what} that never reported: " + ", ".join(str(m) for m in outcome.missing)
+        )
     where = f"; tree and logs kept in {outcome.tree}" if kept else ""
     nodes = f"{outcome.nnodes} node{'s' if outcome.nnodes != 1 else ''}"
     size = nodes if serving else f"{outcome.world_size} ranks on {nodes}"
     if outcome.ok:
-        checked = ("roles, argv and every address handed to a node" if serving else
-                   f"ranks, env and arguments; {outcome.groups_built} groups of "
-                   f"{len(outcome.kinds)} kinds ({', '.join(outcome.kinds)}) built and "
-                   "all-reduced")
-        lines.append(f"rehearse: OK: {outcome.launcher} on {outcome.backend}, {size}: "
-                     f"{checked} ({outcome.seconds} s){where}")
+        checked = (
+            "roles, argv and every address handed to a node"
+            if serving
+            else f"ranks, env and arguments; {outcome.groups_built} groups of "
+            f"{len(outcome.kinds)} kinds ({', '.join(outcome.kinds)}) built and "
+            "all-reduced"
+        )
+        lines.append(
+            f"rehearse: OK: {outcome.launcher} on {outcome.backend}, {size}: "
+            f"{checked} ({outcome.seconds} s){where}"
+        )
     else:
         bad = len(outcome.problems)
-        lines.append(f"rehearse: FAILED: {outcome.launcher} on {outcome.backend}, {size}: "
-                     f"{bad} {what[:-1]}(s) with mismatches, {len(outcome.missing)} missing, "
-                     f"{sum(1 for c in outcome.exits.values() if c != 0)} node(s) failed "
-                     f"({outcome.seconds} s){where}")
+        lines.append(
+            f"rehearse: FAILED: {outcome.launcher} on {outcome.backend}, {size}: "
+            f"{bad} {what[:-1]}(s) with mismatches, {len(outcome.missing)} missing, "
+            f"{sum(1 for c in outcome.exits.values() if c != 0)} node(s) failed "
+            f"({outcome.seconds} s){where}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -559,10 +681,14 @@ def cmd_rehearse(args: argparse.Namespace, compiler: Any, out: Any) -> int:
     spec is invalid or the rehearsal found a mismatch, 2 when it cannot run here."""
     keep = getattr(args, "keep", None)
     try:
-        outcome = rehearse(args.spec, compiler,
-                           max_ranks=getattr(args, "max_ranks", DEFAULT_MAX_RANKS),
-                           timeout=getattr(args, "timeout", DEFAULT_TIMEOUT), keep=keep,
-                           stderr=out.stderr)
+        outcome = rehearse(
+            args.spec,
+            compiler,
+            max_ranks=getattr(args, "max_ranks", DEFAULT_MAX_RANKS),
+            timeout=getattr(args, "timeout", DEFAULT_TIMEOUT),
+            keep=keep,
+            stderr=out.stderr,
+        )
     except RehearseError as exc:
         if out.fmt == "json":
             out.json({"ok": False, "error": str(exc)})

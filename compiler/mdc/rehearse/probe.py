@@ -37,9 +37,22 @@ from pathlib import Path
 from typing import Any
 
 #: environment variables the report copies, when set
-REPORTED = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-            "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
-            "SLURM_NODEID", "JOB_COMPLETION_INDEX")
+REPORTED = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_HOSTS",
+    "LOCAL_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "SLURM_NODEID",
+    "JOB_COMPLETION_INDEX",
+)
 #: worker_env descriptions that are not a value the probe can compare
 RANGE = re.compile(r"(\d+)\.\.(\d+)")
 LITERAL = re.compile(r"[^\s*+]+")
@@ -50,14 +63,25 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     """The launcher-added arguments the probe knows; the rest are left alone."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add = parser.add_argument
-    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
-                 "--context-parallel-size", "--expert-model-parallel-size",
-                 "--expert-tensor-parallel-size", "--num-virtual-stages-per-pipeline-rank",
-                 "--micro-batch-size", "--global-batch-size", "--world_size", "--rank",
-                 "--local_rank", "--parallelism.tensor_parallel_degree",
-                 "--parallelism.pipeline_parallel_degree", "--parallelism.context_parallel_degree",
-                 "--parallelism.expert_parallel_degree", "--training.local_batch_size",
-                 "--training.global_batch_size"):
+    for flag in (
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--world_size",
+        "--rank",
+        "--local_rank",
+        "--parallelism.tensor_parallel_degree",
+        "--parallelism.pipeline_parallel_degree",
+        "--parallelism.context_parallel_degree",
+        "--parallelism.expert_parallel_degree",
+        "--training.local_batch_size",
+        "--training.global_batch_size",
+    ):
         add(flag, type=int, default=None)
     add("--use-tp-pp-dp-mapping", action="store_true")
     add("--deepspeed", action="store_true")
@@ -108,16 +132,23 @@ class Probe:
         if self.join_order():
             group = self.env_int("GROUP_RANK")
             if group is not None:
-                self.expect(f"RANK (GROUP_RANK {group} x {nproc} + LOCAL_RANK {local})",
-                            rank, group * nproc + local)
+                self.expect(
+                    f"RANK (GROUP_RANK {group} x {nproc} + LOCAL_RANK {local})",
+                    rank,
+                    group * nproc + local,
+                )
         else:
-            self.expect(f"RANK of local rank {local} on node {self.node} "
-                        f"(node x {nproc} + local rank)", rank, self.node * nproc + local)
+            self.expect(
+                f"RANK of local rank {local} on node {self.node} (node x {nproc} + local rank)",
+                rank,
+                self.node * nproc + local,
+            )
             hosts = os.environ.get("NODE_HOSTS", "").split()
             described = str(self.plan.get("worker_env", {}).get("MASTER_ADDR", ""))
             if hosts and "MASTER_ADDR" in os.environ and described.startswith("node 0"):
-                self.expect("MASTER_ADDR (node 0's host in NODE_HOSTS)",
-                            os.environ["MASTER_ADDR"], hosts[0])
+                self.expect(
+                    "MASTER_ADDR (node 0's host in NODE_HOSTS)", os.environ["MASTER_ADDR"], hosts[0]
+                )
         if "NODE_RANK" in os.environ:
             self.expect(f"NODE_RANK on node {self.node}", self.env_int("NODE_RANK"), self.node)
         return rank, local
@@ -152,16 +183,31 @@ class Probe:
             ("--context-parallel-size", args.context_parallel_size, sizes["cp"]),
             ("--expert-model-parallel-size", args.expert_model_parallel_size, sizes["ep"]),
             ("--expert-tensor-parallel-size", args.expert_tensor_parallel_size, sizes["etp"]),
-            ("--num-virtual-stages-per-pipeline-rank",
-             args.num_virtual_stages_per_pipeline_rank, sizes.get("vpp")),
-            ("--parallelism.tensor_parallel_degree",
-             getattr(args, "parallelism.tensor_parallel_degree"), sizes["tp"]),
-            ("--parallelism.pipeline_parallel_degree",
-             getattr(args, "parallelism.pipeline_parallel_degree"), sizes["pp"]),
-            ("--parallelism.context_parallel_degree",
-             getattr(args, "parallelism.context_parallel_degree"), sizes["cp"]),
-            ("--parallelism.expert_parallel_degree",
-             getattr(args, "parallelism.expert_parallel_degree"), sizes["ep"]),
+            (
+                "--num-virtual-stages-per-pipeline-rank",
+                args.num_virtual_stages_per_pipeline_rank,
+                sizes.get("vpp"),
+            ),
+            (
+                "--parallelism.tensor_parallel_degree",
+                getattr(args, "parallelism.tensor_parallel_degree"),
+                sizes["tp"],
+            ),
+            (
+                "--parallelism.pipeline_parallel_degree",
+                getattr(args, "parallelism.pipeline_parallel_degree"),
+                sizes["pp"],
+            ),
+            (
+                "--parallelism.context_parallel_degree",
+                getattr(args, "parallelism.context_parallel_degree"),
+                sizes["cp"],
+            ),
+            (
+                "--parallelism.expert_parallel_degree",
+                getattr(args, "parallelism.expert_parallel_degree"),
+                sizes["ep"],
+            ),
             ("--world_size", args.world_size, plan["world_size"]),
             ("--rank", args.rank, rank),
             ("--local_rank", args.local_rank, local),
@@ -170,17 +216,26 @@ class Probe:
             pairs += [
                 ("--micro-batch-size", args.micro_batch_size, batch["micro_batch_size"]),
                 ("--global-batch-size", args.global_batch_size, batch["global_batch_size"]),
-                ("--training.local_batch_size", getattr(args, "training.local_batch_size"),
-                 batch["micro_batch_size"]),
-                ("--training.global_batch_size", getattr(args, "training.global_batch_size"),
-                 batch["global_batch_size"]),
+                (
+                    "--training.local_batch_size",
+                    getattr(args, "training.local_batch_size"),
+                    batch["micro_batch_size"],
+                ),
+                (
+                    "--training.global_batch_size",
+                    getattr(args, "training.global_batch_size"),
+                    batch["global_batch_size"],
+                ),
             ]
         for flag, seen, wanted in pairs:
             if seen is not None:
                 self.expect(flag, seen, wanted)
         if plan["launcher"] == "megatron":
-            self.expect("--use-tp-pp-dp-mapping", args.use_tp_pp_dp_mapping,
-                        sizes["order"] == "tp-cp-ep-pp-dp")
+            self.expect(
+                "--use-tp-pp-dp-mapping",
+                args.use_tp_pp_dp_mapping,
+                sizes["order"] == "tp-cp-ep-pp-dp",
+            )
         if args.deepspeed_config is not None:
             self.check_ds_config(Path(args.deepspeed_config))
 
@@ -195,12 +250,16 @@ class Probe:
         steps = config.get("gradient_accumulation_steps")
         total = config.get("train_batch_size")
         if isinstance(micro, int) and isinstance(steps, int):
-            self.expect(f"ds_config train_batch_size (micro {micro} x accumulation {steps} "
-                        f"x dp {dp})", total, micro * steps * dp)
+            self.expect(
+                f"ds_config train_batch_size (micro {micro} x accumulation {steps} x dp {dp})",
+                total,
+                micro * steps * dp,
+            )
         if batch:
             self.expect("ds_config train_batch_size", total, batch["global_batch_size"])
-            self.expect("ds_config train_micro_batch_size_per_gpu", micro,
-                        batch["micro_batch_size"])
+            self.expect(
+                "ds_config train_micro_batch_size_per_gpu", micro, batch["micro_batch_size"]
+            )
             self.expect("ds_config gradient_accumulation_steps", steps, batch["grad_accum_steps"])
         named = os.environ.get("MDC_DEEPSPEED_CONFIG")
         if named is not None:
@@ -214,8 +273,7 @@ class Probe:
         timeout = timedelta(seconds=float(os.environ.get("MDC_REHEARSE_GROUP_TIMEOUT", "120")))
         dist.init_process_group("gloo", timeout=timeout)
         self.expect("torch.distributed rank", dist.get_rank(), rank)
-        self.expect("torch.distributed world size", dist.get_world_size(),
-                    self.plan["world_size"])
+        self.expect("torch.distributed world size", dist.get_world_size(), self.plan["world_size"])
         me = dist.get_rank()
         built, mine = 0, {}
         for kind, listed in sorted(self.plan.get("groups", {}).items()):
@@ -231,15 +289,21 @@ class Probe:
                     member_of.append(ranks)
                     total = torch.tensor([float(me), 1.0], dtype=torch.float64)
                     dist.all_reduce(total, group=group)
-                    self.expect(f"{kind} all-reduce over ranks {ranks} (sum of ranks, count)",
-                                [int(total[0].item()), int(total[1].item())],
-                                [sum(ranks), len(ranks)])
+                    self.expect(
+                        f"{kind} all-reduce over ranks {ranks} (sum of ranks, count)",
+                        [int(total[0].item()), int(total[1].item())],
+                        [sum(ranks), len(ranks)],
+                    )
                     if len(ranks) != listed.get("size"):
-                        self.problems.append(f"{kind} group {ranks} has {len(ranks)} ranks, "
-                                             f"plan.json says size {listed.get('size')}")
+                        self.problems.append(
+                            f"{kind} group {ranks} has {len(ranks)} ranks, "
+                            f"plan.json says size {listed.get('size')}"
+                        )
             if len(member_of) != 1:
-                self.problems.append(f"rank {me} is in {len(member_of)} {kind} groups "
-                                     f"({member_of}), expected exactly 1")
+                self.problems.append(
+                    f"rank {me} is in {len(member_of)} {kind} groups "
+                    f"({member_of}), expected exactly 1"
+                )
             mine[kind] = member_of[0] if member_of else None
         world = self.plan["world_size"]
         total = torch.tensor([float(me)], dtype=torch.float64)
@@ -265,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = json.loads(Path(os.environ["MDC_REHEARSE_PLAN"]).read_text(encoding="utf-8"))
     probe = Probe(plan, argv)
     report: dict[str, Any] = {
-        "rank": label, "node": probe.node, "host": os.environ.get("MDC_REHEARSE_HOST"),
-        "argv": argv, "env": {k: os.environ[k] for k in REPORTED if k in os.environ},
+        "rank": label,
+        "node": probe.node,
+        "host": os.environ.get("MDC_REHEARSE_HOST"),
+        "argv": argv,
+        "env": {k: os.environ[k] for k in REPORTED if k in os.environ},
     }
     groups: dict[str, Any] = {}
     try:
@@ -278,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever fails is reported by rank, never hangs
         probe.problems.append(f"{type(exc).__name__}: {exc}")
         report["traceback"] = traceback.format_exc()
-    report.update(problems=probe.problems, groups=groups,
-                  seconds=round(time.monotonic() - started, 2))
+    report.update(
+        problems=probe.problems, groups=groups, seconds=round(time.monotonic() - started, 2)
+    )
     _write(results, f"rank-{label}.json", report)
     if groups:
         dist = importlib.import_module("torch.distributed")

@@ -23,29 +23,48 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-RECORDED_ENV = ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "NODE_HOSTS", "VLLM_HOST_IP",
-                "NCCL_INIT_ADDR", "SGLANG_DISAGG_ROLE", "SGLANG_NODE_RANK", "MDC_REHEARSE_NODE",
-                "MDC_REHEARSE_ROLE", "MDC_REHEARSE_HOST")
-RECORDED_MODULES = ("sglang.launch_server", "sglang_router.launch_router",
-                    "sglang.srt.disaggregation.mini_lb")
+RECORDED_ENV = (
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NODE_HOSTS",
+    "VLLM_HOST_IP",
+    "NCCL_INIT_ADDR",
+    "SGLANG_DISAGG_ROLE",
+    "SGLANG_NODE_RANK",
+    "MDC_REHEARSE_NODE",
+    "MDC_REHEARSE_ROLE",
+    "MDC_REHEARSE_HOST",
+)
+RECORDED_MODULES = (
+    "sglang.launch_server",
+    "sglang_router.launch_router",
+    "sglang.srt.disaggregation.mini_lb",
+)
 ROUTERS = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
 
 
 def install_shims(shims: Path, python: str) -> None:
-    recorder = f'{shlex.quote(python)} -m mdc.rehearse.serving'
+    recorder = f"{shlex.quote(python)} -m mdc.rehearse.serving"
     for name in ("vllm", "ray"):
         _script(shims / name, f'exec {recorder} {name} "$@"')
     for name in ("python", "python3"):
-        _script(shims / name, "\n".join([
-            'if [[ "${1:-}" == -m ]] && [[ " ' + " ".join(RECORDED_MODULES)
-            + ' " == *" ${2:-} "* ]]; then',
-            f'  exec {recorder} python "$@"',
-            "fi",
-            'if [[ "${1:-}" == -c && "${2:-}" == *ray.cluster_resources* ]]; then',
-            f'  exec {recorder} ray-gpus',
-            "fi",
-            f'exec {shlex.quote(python)} "$@"',
-        ]))
+        _script(
+            shims / name,
+            "\n".join(
+                [
+                    'if [[ "${1:-}" == -m ]] && [[ " '
+                    + " ".join(RECORDED_MODULES)
+                    + ' " == *" ${2:-} "* ]]; then',
+                    f'  exec {recorder} python "$@"',
+                    "fi",
+                    'if [[ "${1:-}" == -c && "${2:-}" == *ray.cluster_resources* ]]; then',
+                    f"  exec {recorder} ray-gpus",
+                    "fi",
+                    f'exec {shlex.quote(python)} "$@"',
+                ]
+            ),
+        )
 
 
 def _script(path: Path, body: str) -> None:
@@ -74,8 +93,11 @@ def record(program: str, argv: list[str]) -> int:
         return 0
     node = os.environ.get("MDC_REHEARSE_NODE", "unknown")
     (results / "up" / f"node-{node}").touch()
-    entry = {"program": program, "argv": argv,
-             "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ}}
+    entry = {
+        "program": program,
+        "argv": argv,
+        "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+    }
     with (folder / f"node-{node}.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(entry, sort_keys=True) + "\n")
     return 0
@@ -86,8 +108,9 @@ def read_records(results: Path) -> dict[int, list[dict[str, Any]]]:
     for path in sorted((results / "serving").glob("node-*.jsonl")):
         index = path.stem.removeprefix("node-")
         if index.isdigit():
-            found[int(index)] = [json.loads(line) for line in
-                                 path.read_text(encoding="utf-8").splitlines()]
+            found[int(index)] = [
+                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            ]
     return found
 
 
@@ -98,7 +121,7 @@ def _value(argv: list[str], flag: str) -> str | None:
         if word == flag and i + 1 < len(argv):
             found = argv[i + 1]
         elif word.startswith(flag + "="):
-            found = word[len(flag) + 1:]
+            found = word[len(flag) + 1 :]
     return found
 
 
@@ -120,23 +143,27 @@ def _role_of(plan: dict[str, Any], node: int) -> str | None:
     return None
 
 
-def check(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
-          hosts: list[str]) -> list[str]:
+def check(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str]
+) -> list[str]:
     """Every mismatch between the plan's roles and what the nodes were started with."""
     found: list[str] = []
     where = {host: i for i, host in enumerate(hosts)}
 
     def node_at(host: str | None, what: str, node: int) -> int | None:
         if host is None or host not in where:
-            found.append(f"node {node}: {what} is {host!r}, which is no node's address "
-                         f"(nodes: {' '.join(hosts)})")
+            found.append(
+                f"node {node}: {what} is {host!r}, which is no node's address "
+                f"(nodes: {' '.join(hosts)})"
+            )
             return None
         return where[host]
 
     for node in range(len(hosts)):
         if not records.get(node):
-            found.append(f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no "
-                         "server")
+            found.append(
+                f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no server"
+            )
     launcher = plan["launcher"]
     if launcher == "sglang_disagg":
         found += _check_disagg(plan, records, hosts, node_at)
@@ -153,8 +180,10 @@ def check(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
                 if node_at(host, "--dist-init-addr's host", node) not in (0, None):
                     found.append(f"node {node}: --dist-init-addr {init} is not node 0")
                 if port != str(plan["rendezvous"]["master_port"]):
-                    found.append(f"node {node}: --dist-init-addr port {port}, the plan's "
-                                 f"master port is {plan['rendezvous']['master_port']}")
+                    found.append(
+                        f"node {node}: --dist-init-addr port {port}, the plan's "
+                        f"master port is {plan['rendezvous']['master_port']}"
+                    )
                 if _value(argv, "--node-rank") != str(node):
                     found.append(f"node {node}: --node-rank is {_value(argv, '--node-rank')}")
                 if _value(argv, "--nnodes") != str(plan["nnodes"]):
@@ -164,11 +193,13 @@ def check(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
     return found
 
 
-def _check_vllm(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
-                hosts: list[str], node_at: Any) -> list[str]:
+def _check_vllm(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str], node_at: Any
+) -> list[str]:
     found: list[str] = []
     ray_mode = plan["nnodes"] > 1 and any(
-        e["program"] == "ray" for entries in records.values() for e in entries)
+        e["program"] == "ray" for entries in records.values() for e in entries
+    )
     servers = {node: _server(entries) for node, entries in records.items()}
     if not ray_mode:
         for node in range(plan["nnodes"]):
@@ -204,15 +235,17 @@ def _check_vllm(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
             if node_at(host, "ray --address's host", node) not in (0, None):
                 found.append(f"node {node}: ray --address {address} is not the head (node 0)")
             if head_port is not None and port != head_port:
-                found.append(f"node {node}: ray --address port {port}, the head listens on "
-                             f"{head_port}")
+                found.append(
+                    f"node {node}: ray --address port {port}, the head listens on {head_port}"
+                )
             if servers.get(node) is not None:
                 found.append(f"node {node}: started vllm serve, but only the head serves")
     return found
 
 
-def _check_disagg(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]],
-                  hosts: list[str], node_at: Any) -> list[str]:
+def _check_disagg(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str], node_at: Any
+) -> list[str]:
     found: list[str] = []
     servers: dict[int, dict[str, Any]] = {}
     for node, entries in sorted(records.items()):
@@ -248,23 +281,31 @@ def _check_disagg(plan: dict[str, Any], records: dict[int, list[dict[str, Any]]]
             continue
         pointed[kind].append(node)
         if _role_of(plan, node) != kind:
-            found.append(f"router {word} {argv[i + 1]} points at node {node}, whose role is "
-                         f"{_role_of(plan, node)}")
+            found.append(
+                f"router {word} {argv[i + 1]} points at node {node}, whose role is "
+                f"{_role_of(plan, node)}"
+            )
         target = servers.get(node)
         if target is not None and str(url.port) != _value(target["argv"], "--port"):
-            found.append(f"router {word} {argv[i + 1]}: node {node} serves on port "
-                         f"{_value(target['argv'], '--port')}")
+            found.append(
+                f"router {word} {argv[i + 1]}: node {node} serves on port "
+                f"{_value(target['argv'], '--port')}"
+            )
         if kind == "prefill" and target is not None:
             bootstrap = argv[i + 2] if i + 2 < len(argv) and argv[i + 2].isdigit() else None
             theirs = _value(target["argv"], "--disaggregation-bootstrap-port")
             if bootstrap != theirs:
-                found.append(f"router --prefill {argv[i + 1]}: bootstrap port {bootstrap}, "
-                             f"node {node}'s bootstrap server is on {theirs}")
+                found.append(
+                    f"router --prefill {argv[i + 1]}: bootstrap port {bootstrap}, "
+                    f"node {node}'s bootstrap server is on {theirs}"
+                )
     for kind in ("prefill", "decode"):
         wanted = [n for n in range(len(hosts)) if _role_of(plan, n) == kind]
         if sorted(pointed[kind]) != wanted:
-            found.append(f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "
-                         f"the plan's {kind} nodes are {wanted}")
+            found.append(
+                f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "
+                f"the plan's {kind} nodes are {wanted}"
+            )
     return found
 
 

@@ -13,8 +13,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-       "MASTER_PORT")
+ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_PORT",
+)
 
 
 def main() -> None:
@@ -25,8 +32,12 @@ def main() -> None:
     report: dict[str, object] = {name: int(os.environ[name]) for name in ENV}
     # the rank the MPI launcher itself gave this process (Open MPI's, or srun's)
     launcher_rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("SLURM_PROCID"))
-    report.update(dist_rank=rank, dist_world_size=world, allreduce=total.item(),
-                  launcher_rank=int(launcher_rank or -1))
+    report.update(
+        dist_rank=rank,
+        dist_world_size=world,
+        allreduce=total.item(),
+        launcher_rank=int(launcher_rank or -1),
+    )
     assert rank == report["RANK"] and world == report["WORLD_SIZE"], report
     assert total.item() == world * (world - 1) / 2, report
     line = json.dumps(report, sort_keys=True)

@@ -47,17 +47,24 @@ def openmpi() -> str:
     found = shutil.which("mpirun")
     if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for command in (["apt-get", "update"],
-                        ["apt-get", "install", "-y", "--no-install-recommends", "openmpi-bin"]):
-            done = subprocess.run(command, env=env, capture_output=True, text=True,
-                                  timeout=900, check=False)
+        for command in (
+            ["apt-get", "update"],
+            ["apt-get", "install", "-y", "--no-install-recommends", "openmpi-bin"],
+        ):
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=900, check=False
+            )
             if done.returncode != 0:
-                pytest.fail(f"{' '.join(command)} failed ({done.returncode}):\n"
-                            f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+                pytest.fail(
+                    f"{' '.join(command)} failed ({done.returncode}):\n"
+                    f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+                )
         found = shutil.which("mpirun")
     if found is None:
-        why = ("Open MPI's mpirun is not installed and cannot be (needs root and apt-get: "
-               "apt-get install openmpi-bin)")
+        why = (
+            "Open MPI's mpirun is not installed and cannot be (needs root and apt-get: "
+            "apt-get install openmpi-bin)"
+        )
         if in_ci():
             pytest.fail(why)
         pytest.skip(why)
@@ -71,8 +78,14 @@ SLURM_SETTINGS = {"MDC_SLURM_NODES": "4", "MDC_SLURM_FAKE_GPUS": "8"}
 
 
 def _slurm_local(action: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SLURM_LOCAL), action], env={**os.environ, **SLURM_SETTINGS},
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        ["bash", str(SLURM_LOCAL), action],
+        env={**os.environ, **SLURM_SETTINGS},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -120,7 +120,8 @@ _OTHER = r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]"
 #: resolves to something other than a string: the 1.1 type repository's implicit bool, null,
 #: int, float, timestamp, merge and value forms and the 1.2 core schema's (both allow "_"
 #: in numbers here, as PyYAML and ruamel read them)
-_IMPLICIT = re.compile(r"""
+_IMPLICIT = re.compile(
+    r"""
     ~ | null | Null | NULL
   | y | Y | yes | Yes | YES | n | N | no | No | NO | on | On | ON | off | Off | OFF  # 1.1
   | true | True | TRUE | false | False | FALSE
@@ -135,20 +136,38 @@ _IMPLICIT = re.compile(r"""
   | [0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?
     (?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?               # ... or a date and time
   | << | =                                                       # merge, value
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 
 #: what a plain scalar in block context cannot be: starting with an indicator or a document
 #: marker, holding ": " or " #", ending in ":" or a space, starting with a space, or holding
 #: a character that is not printable (line breaks and tabs included)
-_NOT_PLAIN = re.compile(r"\A(?:[-?:](?:\ |\Z)|[#,\[\]{}&*!|>'\"%@`]|---|\.\.\.|\ )"
-                        r"|:\ |\ \#|[:\ ]\Z|" + _OTHER, re.VERBOSE)
+_NOT_PLAIN = re.compile(
+    r"\A(?:[-?:](?:\ |\Z)|[#,\[\]{}&*!|>'\"%@`]|---|\.\.\.|\ )"
+    r"|:\ |\ \#|[:\ ]\Z|" + _OTHER,
+    re.VERBOSE,
+)
 #: what a single-quoted scalar on one line cannot hold
 _NOT_SINGLE = re.compile("'|" + _OTHER)
 #: what a double-quoted scalar writes as an escape
 _ESCAPED = re.compile(r'["\\]|' + _OTHER)
-_ESCAPES = {"\0": "0", "\a": "a", "\b": "b", "\t": "t", "\n": "n", "\v": "v", "\f": "f",
-            "\r": "r", "\x1b": "e", '"': '"', "\\": "\\", "\x85": "N", "\u2028": "L",
-            "\u2029": "P"}
+_ESCAPES = {
+    "\0": "0",
+    "\a": "a",
+    "\b": "b",
+    "\t": "t",
+    "\n": "n",
+    "\v": "v",
+    "\f": "f",
+    "\r": "r",
+    "\x1b": "e",
+    '"': '"',
+    "\\": "\\",
+    "\x85": "N",
+    "\u2028": "L",
+    "\u2029": "P",
+}
 #: what a literal block cannot hold so as to read back exactly: a leading space or line break
 #: (that would need an indentation indicator), a space ending a line, any other character
 #: that is not printable
@@ -174,8 +193,13 @@ def _escape_char(match: re.Match[str]) -> str:
     if char in _ESCAPES:
         return "\\" + _ESCAPES[char]
     code = ord(char)
-    return f"\\x{code:02X}" if code <= 0xFF else f"\\u{code:04X}" if code <= 0xFFFF \
+    return (
+        f"\\x{code:02X}"
+        if code <= 0xFF
+        else f"\\u{code:04X}"
+        if code <= 0xFFFF
         else f"\\U{code:08X}"
+    )
 
 
 def _literal_safe(text: str) -> bool:
@@ -299,14 +323,22 @@ def dns_label_findings(name: str, pointer: str, what: str) -> list[Finding]:
     """MDC461 when ``name`` (a given or derived object name) is not a DNS-1123 label (<= 63)."""
     if len(name) <= 63 and DNS_LABEL.fullmatch(name):
         return []
-    why = f"is {len(name)} characters long (the limit is 63)" if len(name) > 63 else \
-        "holds characters other than lowercase letters, digits and '-', or does not " \
+    why = (
+        f"is {len(name)} characters long (the limit is 63)"
+        if len(name) > 63
+        else "holds characters other than lowercase letters, digits and '-', or does not "
         "start and end with a letter or digit"
-    return [Finding(code="MDC461", pointer=pointer,
-                    message=f"{what} {name!r} is not a valid Kubernetes name: it {why}",
-                    hint="use lowercase letters, digits and '-' (for example "
-                         f"{_suggest(name)!r}); mdc never renames, since the pods' DNS names "
-                         "are derived from it")]
+    )
+    return [
+        Finding(
+            code="MDC461",
+            pointer=pointer,
+            message=f"{what} {name!r} is not a valid Kubernetes name: it {why}",
+            hint="use lowercase letters, digits and '-' (for example "
+            f"{_suggest(name)!r}); mdc never renames, since the pods' DNS names "
+            "are derived from it",
+        )
+    ]
 
 
 def _suggest(name: str) -> str:
@@ -319,22 +351,33 @@ def label_findings(labels: Mapping[str, str], pointer: str, what: str) -> list[F
     found = []
     for key, value in sorted(labels.items()):
         prefix, _, name = key.rpartition("/")
-        key_ok = bool(LABEL_NAME.fullmatch(name)) and len(name) <= 63 and (
-            not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix))))
+        key_ok = (
+            bool(LABEL_NAME.fullmatch(name))
+            and len(name) <= 63
+            and (not prefix or (len(prefix) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(prefix))))
+        )
         if not key_ok:
-            found.append(Finding(
-                code="MDC462", pointer=f"{pointer}/{_escape(key)}",
-                message=f"{what} key {key!r} is not a valid label key",
-                hint="write NAME or PREFIX/NAME: NAME up to 63 letters, digits, '-', '_', '.', "
-                     "starting and ending with a letter or digit; PREFIX a DNS subdomain "
-                     "(\"kubernetes.io/hostname\")"))
+            found.append(
+                Finding(
+                    code="MDC462",
+                    pointer=f"{pointer}/{_escape(key)}",
+                    message=f"{what} key {key!r} is not a valid label key",
+                    hint="write NAME or PREFIX/NAME: NAME up to 63 letters, digits, '-', '_', '.', "
+                    "starting and ending with a letter or digit; PREFIX a DNS subdomain "
+                    '("kubernetes.io/hostname")',
+                )
+            )
         if len(value) > 63 or not LABEL_VALUE.fullmatch(value):
-            found.append(Finding(
-                code="MDC462", pointer=f"{pointer}/{_escape(key)}",
-                message=f"{what} value {value!r} of {key!r} is not a valid label value "
-                        f"({len(value)} characters)",
-                hint="up to 63 letters, digits, '-', '_', '.', starting and ending with a "
-                     "letter or digit (\"a100\")"))
+            found.append(
+                Finding(
+                    code="MDC462",
+                    pointer=f"{pointer}/{_escape(key)}",
+                    message=f"{what} value {value!r} of {key!r} is not a valid label value "
+                    f"({len(value)} characters)",
+                    hint="up to 63 letters, digits, '-', '_', '.', starting and ending with a "
+                    'letter or digit ("a100")',
+                )
+            )
     return found
 
 
@@ -345,79 +388,121 @@ def _escape(key: str) -> str:
 def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
     """Every shared check of the pod options in ``[table]`` (MDC460, MDC462-466)."""
     if not plan.job.image:
-        yield Finding(code="MDC460", pointer="/job/image",
-                      message=f"the {table} backend runs the job in pods, which need an image, "
-                              "but [job] image is not set",
-                      hint="set [job] image (for example \"nvcr.io/nvidia/pytorch:25.01-py3\")")
+        yield Finding(
+            code="MDC460",
+            pointer="/job/image",
+            message=f"the {table} backend runs the job in pods, which need an image, "
+            "but [job] image is not set",
+            hint='set [job] image (for example "nvcr.io/nvidia/pytorch:25.01-py3")',
+        )
     if opts.namespace is not None:
         yield from dns_label_findings(opts.namespace, f"/{table}/namespace", "namespace")
-    for key, value in (("service_account", opts.service_account),
-                       ("priority_class", opts.priority_class)):
+    for key, value in (
+        ("service_account", opts.service_account),
+        ("priority_class", opts.priority_class),
+    ):
         if value is not None and (len(value) > 253 or not DNS_SUBDOMAIN.fullmatch(value)):
-            yield Finding(code="MDC461", pointer=f"/{table}/{key}",
-                          message=f"[{table}] {key} {value!r} is not a valid Kubernetes name",
-                          hint="use lowercase letters, digits, '-' and '.'")
+            yield Finding(
+                code="MDC461",
+                pointer=f"/{table}/{key}",
+                message=f"[{table}] {key} {value!r} is not a valid Kubernetes name",
+                hint="use lowercase letters, digits, '-' and '.'",
+            )
     for index, secret in enumerate(opts.image_pull_secrets):
         if len(secret) > 253 or not DNS_SUBDOMAIN.fullmatch(secret):
-            yield Finding(code="MDC461", pointer=f"/{table}/image_pull_secrets/{index}",
-                          message=f"image pull secret {secret!r} is not a valid Kubernetes name",
-                          hint="use lowercase letters, digits, '-' and '.'")
-    yield from label_findings(opts.node_selector, f"/{table}/node_selector",
-                              f"[{table}] node_selector")
+            yield Finding(
+                code="MDC461",
+                pointer=f"/{table}/image_pull_secrets/{index}",
+                message=f"image pull secret {secret!r} is not a valid Kubernetes name",
+                hint="use lowercase letters, digits, '-' and '.'",
+            )
+    yield from label_findings(
+        opts.node_selector, f"/{table}/node_selector", f"[{table}] node_selector"
+    )
     yield from label_findings(opts.labels, f"/{table}/labels", f"[{table}] labels")
     yield from _toleration_findings(opts.tolerations, table)
     for key in ("cpu", "memory", "shm_size", "gpus_per_node"):
         value = getattr(opts, key)
         if value is not None and not QUANTITY.fullmatch(str(value)):
-            yield Finding(code="MDC464", pointer=f"/{table}/{key}",
-                          message=f"[{table}] {key} {str(value)!r} is not a Kubernetes quantity",
-                          hint="write a number with an optional suffix: \"64Gi\", \"500m\", 8")
+            yield Finding(
+                code="MDC464",
+                pointer=f"/{table}/{key}",
+                message=f"[{table}] {key} {str(value)!r} is not a Kubernetes quantity",
+                hint='write a number with an optional suffix: "64Gi", "500m", 8',
+            )
     if opts.gpu_resource is not None:
         prefix, _, name = opts.gpu_resource.rpartition("/")
         if not prefix or not DNS_SUBDOMAIN.fullmatch(prefix) or not LABEL_NAME.fullmatch(name):
-            yield Finding(code="MDC464", pointer=f"/{table}/gpu_resource",
-                          message=f"[{table}] gpu_resource {opts.gpu_resource!r} is not an "
-                                  "extended resource name (DOMAIN/NAME)",
-                          hint="for example \"nvidia.com/gpu\" or \"amd.com/gpu\"")
+            yield Finding(
+                code="MDC464",
+                pointer=f"/{table}/gpu_resource",
+                message=f"[{table}] gpu_resource {opts.gpu_resource!r} is not an "
+                "extended resource name (DOMAIN/NAME)",
+                hint='for example "nvidia.com/gpu" or "amd.com/gpu"',
+            )
     yield from _volume_findings(opts.volumes, table)
     count = gpu_count(plan, opts)
     if plan.accelerator == "cpu" and count is not None and opts.gpu_resource is None:
-        yield Finding(code="MDC466", pointer=f"/{table}/gpus_per_node", severity=Severity.WARNING,
-                      message=f"[{table}] gpus_per_node = {count} on a cpu job, which has no GPU "
-                              "resource name",
-                      hint="set gpu_resource (for example \"nvidia.com/gpu\"), or remove "
-                           "gpus_per_node")
-    elif plan.accelerator != "cpu" and count is not None and opts.gpu_resource is None and \
-            str(count).isdigit() and int(str(count)) < plan.nproc_per_node:
-        yield Finding(code="MDC466", pointer=f"/{table}/gpus_per_node", severity=Severity.WARNING,
-                      message=f"each pod asks for {count} GPU(s) but runs {plan.nproc_per_node} "
-                              "process(es): some processes share a GPU",
-                      hint=f"set gpus_per_node = {plan.nproc_per_node}, or lower nproc_per_node")
+        yield Finding(
+            code="MDC466",
+            pointer=f"/{table}/gpus_per_node",
+            severity=Severity.WARNING,
+            message=f"[{table}] gpus_per_node = {count} on a cpu job, which has no GPU "
+            "resource name",
+            hint='set gpu_resource (for example "nvidia.com/gpu"), or remove gpus_per_node',
+        )
+    elif (
+        plan.accelerator != "cpu"
+        and count is not None
+        and opts.gpu_resource is None
+        and str(count).isdigit()
+        and int(str(count)) < plan.nproc_per_node
+    ):
+        yield Finding(
+            code="MDC466",
+            pointer=f"/{table}/gpus_per_node",
+            severity=Severity.WARNING,
+            message=f"each pod asks for {count} GPU(s) but runs {plan.nproc_per_node} "
+            "process(es): some processes share a GPU",
+            hint=f"set gpus_per_node = {plan.nproc_per_node}, or lower nproc_per_node",
+        )
 
 
 def _toleration_findings(tolerations: Sequence[Toleration], table: str) -> Iterator[Finding]:
     for index, tol in enumerate(tolerations):
         pointer = f"/{table}/tolerations/{index}"
         if tol.operator == "Exists" and tol.value:
-            yield Finding(code="MDC463", pointer=f"{pointer}/value",
-                          message=f"toleration {index} has operator Exists and value "
-                                  f"{tol.value!r}; Kubernetes rejects a value with Exists",
-                          hint="remove value, or use operator = \"Equal\"")
+            yield Finding(
+                code="MDC463",
+                pointer=f"{pointer}/value",
+                message=f"toleration {index} has operator Exists and value "
+                f"{tol.value!r}; Kubernetes rejects a value with Exists",
+                hint='remove value, or use operator = "Equal"',
+            )
         if not tol.key and tol.operator != "Exists":
-            yield Finding(code="MDC463", pointer=pointer,
-                          message=f"toleration {index} has no key, which needs operator Exists",
-                          hint="set key, or operator = \"Exists\" to tolerate every taint")
+            yield Finding(
+                code="MDC463",
+                pointer=pointer,
+                message=f"toleration {index} has no key, which needs operator Exists",
+                hint='set key, or operator = "Exists" to tolerate every taint',
+            )
         if tol.toleration_seconds is not None and tol.effect != "NoExecute":
-            yield Finding(code="MDC463", pointer=f"{pointer}/toleration_seconds",
-                          message=f"toleration {index} sets toleration_seconds with effect "
-                                  f"{tol.effect!r}; it applies only to NoExecute",
-                          hint="set effect = \"NoExecute\", or remove toleration_seconds")
+            yield Finding(
+                code="MDC463",
+                pointer=f"{pointer}/toleration_seconds",
+                message=f"toleration {index} sets toleration_seconds with effect "
+                f"{tol.effect!r}; it applies only to NoExecute",
+                hint='set effect = "NoExecute", or remove toleration_seconds',
+            )
         if tol.key is not None:
             prefix, _, name = tol.key.rpartition("/")
             if not LABEL_NAME.fullmatch(name) or (prefix and not DNS_SUBDOMAIN.fullmatch(prefix)):
-                yield Finding(code="MDC463", pointer=f"{pointer}/key",
-                              message=f"toleration {index} key {tol.key!r} is not a taint key",
-                              hint="write a label key, as \"nvidia.com/gpu\"")
+                yield Finding(
+                    code="MDC463",
+                    pointer=f"{pointer}/key",
+                    message=f"toleration {index} key {tol.key!r} is not a taint key",
+                    hint='write a label key, as "nvidia.com/gpu"',
+                )
 
 
 def _volume_findings(volumes: Sequence[Volume], table: str) -> Iterator[Finding]:
@@ -427,35 +512,55 @@ def _volume_findings(volumes: Sequence[Volume], table: str) -> Iterator[Finding]
         pointer = f"/{table}/volumes/{index}"
         yield from dns_label_findings(vol.name, f"{pointer}/name", "volume name")
         if vol.name in ("mdc", "dshm") or vol.name in seen_names:
-            yield Finding(code="MDC465", pointer=f"{pointer}/name",
-                          message=f"volume name {vol.name!r} is used twice (mdc names its own "
-                                  "volumes \"mdc\" and \"dshm\")",
-                          hint="give every volume its own name")
+            yield Finding(
+                code="MDC465",
+                pointer=f"{pointer}/name",
+                message=f"volume name {vol.name!r} is used twice (mdc names its own "
+                'volumes "mdc" and "dshm")',
+                hint="give every volume its own name",
+            )
         seen_names.add(vol.name)
         path = vol.mount_path.rstrip("/") or "/"
-        if not path.startswith("/") or path in ("/", MOUNT, "/dev/shm") or \
-                path.startswith(MOUNT + "/") or path in seen_paths:
-            yield Finding(code="MDC465", pointer=f"{pointer}/mount_path",
-                          message=f"volume {vol.name!r} mount_path {vol.mount_path!r} is not an "
-                                  f"absolute path of its own (/, {MOUNT}, /dev/shm and paths "
-                                  "used twice are taken)",
-                          hint="mount it at its own absolute path, as \"/checkpoints\"")
+        if (
+            not path.startswith("/")
+            or path in ("/", MOUNT, "/dev/shm")
+            or path.startswith(MOUNT + "/")
+            or path in seen_paths
+        ):
+            yield Finding(
+                code="MDC465",
+                pointer=f"{pointer}/mount_path",
+                message=f"volume {vol.name!r} mount_path {vol.mount_path!r} is not an "
+                f"absolute path of its own (/, {MOUNT}, /dev/shm and paths "
+                "used twice are taken)",
+                hint='mount it at its own absolute path, as "/checkpoints"',
+            )
         seen_paths.add(path)
         if (vol.claim is None) == (vol.host_path is None):
-            yield Finding(code="MDC465", pointer=pointer,
-                          message=f"volume {vol.name!r} needs exactly one of claim and host_path",
-                          hint="claim = \"<pvc name>\" for a PersistentVolumeClaim, or "
-                               "host_path = \"/mnt/data\" for a node directory")
+            yield Finding(
+                code="MDC465",
+                pointer=pointer,
+                message=f"volume {vol.name!r} needs exactly one of claim and host_path",
+                hint='claim = "<pvc name>" for a PersistentVolumeClaim, or '
+                'host_path = "/mnt/data" for a node directory',
+            )
         elif vol.host_path is not None and not vol.host_path.startswith("/"):
-            yield Finding(code="MDC465", pointer=f"{pointer}/host_path",
-                          message=f"volume {vol.name!r} host_path {vol.host_path!r} is not "
-                                  "absolute", hint="write an absolute path, as \"/mnt/data\"")
-        elif vol.claim is not None and (len(vol.claim) > 253 or
-                                        not DNS_SUBDOMAIN.fullmatch(vol.claim)):
-            yield Finding(code="MDC465", pointer=f"{pointer}/claim",
-                          message=f"volume {vol.name!r} claim {vol.claim!r} is not a valid "
-                                  "PersistentVolumeClaim name",
-                          hint="use lowercase letters, digits, '-' and '.'")
+            yield Finding(
+                code="MDC465",
+                pointer=f"{pointer}/host_path",
+                message=f"volume {vol.name!r} host_path {vol.host_path!r} is not absolute",
+                hint='write an absolute path, as "/mnt/data"',
+            )
+        elif vol.claim is not None and (
+            len(vol.claim) > 253 or not DNS_SUBDOMAIN.fullmatch(vol.claim)
+        ):
+            yield Finding(
+                code="MDC465",
+                pointer=f"{pointer}/claim",
+                message=f"volume {vol.name!r} claim {vol.claim!r} is not a valid "
+                "PersistentVolumeClaim name",
+                hint="use lowercase letters, digits, '-' and '.'",
+            )
 
 
 # ---------------------------------------------------------------- files
@@ -474,8 +579,9 @@ def configmap_name(job: str) -> str:
     return f"{job}-mdc"
 
 
-def configmap(plan: Plan, files: Iterable[Artifact], *, namespace: str | None,
-              labels: Mapping[str, str]) -> dict[str, Any]:
+def configmap(
+    plan: Plan, files: Iterable[Artifact], *, namespace: str | None, labels: Mapping[str, str]
+) -> dict[str, Any]:
     """A ConfigMap ``<job>-mdc`` holding ``files`` (one key per path, see :func:`config_key`)."""
     data: dict[str, str] = {}
     for artifact in sorted(files, key=lambda a: a.path):
@@ -483,17 +589,24 @@ def configmap(plan: Plan, files: Iterable[Artifact], *, namespace: str | None,
         if key in data:
             raise ValueError(f"two files map to ConfigMap key {key!r}")
         data[key] = artifact.data.decode("utf-8")
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": metadata(configmap_name(plan.job.name), namespace, labels),
-            "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(configmap_name(plan.job.name), namespace, labels),
+        "data": data,
+    }
 
 
 def configmap_volume(plan: Plan, files: Iterable[Artifact]) -> dict[str, Any]:
     """The pod volume ``mdc`` that lays the ConfigMap's keys out as the tree (scripts 0755)."""
-    items = [{"key": config_key(a.path), "path": a.path, "mode": 0o755 if a.executable else 0o644}
-             for a in sorted(files, key=lambda a: a.path)]
-    return {"name": "mdc", "configMap": {"name": configmap_name(plan.job.name),
-                                         "defaultMode": 0o644, "items": items}}
+    items = [
+        {"key": config_key(a.path), "path": a.path, "mode": 0o755 if a.executable else 0o644}
+        for a in sorted(files, key=lambda a: a.path)
+    ]
+    return {
+        "name": "mdc",
+        "configMap": {"name": configmap_name(plan.job.name), "defaultMode": 0o644, "items": items},
+    }
 
 
 def configmap_findings(files: Iterable[Artifact], table: str) -> list[Finding]:
@@ -501,10 +614,15 @@ def configmap_findings(files: Iterable[Artifact], table: str) -> list[Finding]:
     size = sum(len(a.data) + len(config_key(a.path)) for a in files)
     if size <= CONFIGMAP_LIMIT:
         return []
-    return [Finding(code="MDC467", pointer=f"/{table}",
-                    message=f"the launch files take {size} bytes; a ConfigMap holds at most "
-                            f"{CONFIGMAP_LIMIT} bytes",
-                    hint="ship large files in the image or a volume instead")]
+    return [
+        Finding(
+            code="MDC467",
+            pointer=f"/{table}",
+            message=f"the launch files take {size} bytes; a ConfigMap holds at most "
+            f"{CONFIGMAP_LIMIT} bytes",
+            hint="ship large files in the image or a volume instead",
+        )
+    ]
 
 
 def metadata(name: str, namespace: str | None, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -519,8 +637,11 @@ def metadata(name: str, namespace: str | None, labels: Mapping[str, str]) -> dic
 
 def job_labels(plan: Plan, opts: PodOptions) -> dict[str, str]:
     """The user's labels plus ``app.kubernetes.io/managed-by: mdc`` and ``mdc/job: <job>``."""
-    return dict(sorted({**opts.labels, "app.kubernetes.io/managed-by": "mdc",
-                        "mdc/job": plan.job.name}.items()))
+    return dict(
+        sorted(
+            {**opts.labels, "app.kubernetes.io/managed-by": "mdc", "mdc/job": plan.job.name}.items()
+        )
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -579,8 +700,9 @@ def node_script(plan: Plan, rank_lines: Sequence[str], what: str) -> Artifact:
                 lines.append(f"else {assign}")
             else:
                 keyword = "if" if index == 0 else "elif"
-                lines.append(f"{keyword} ((NODE_RANK < {role.first_node + role.count})); "
-                             f"then {assign}")
+                lines.append(
+                    f"{keyword} ((NODE_RANK < {role.first_node + role.count})); then {assign}"
+                )
         lines.append("fi")
     lines.append('exec bash "$out/$script"')
     return Artifact.text(NODE_SCRIPT, "\n".join(lines), executable=True)
@@ -630,9 +752,14 @@ def field_ref(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
 
-def container(plan: Plan, opts: PodOptions, *, name: str,
-              env: Mapping[str, str | Mapping[str, Any]],
-              ports: Sequence[int] = ()) -> dict[str, Any]:
+def container(
+    plan: Plan,
+    opts: PodOptions,
+    *,
+    name: str,
+    env: Mapping[str, str | Mapping[str, Any]],
+    ports: Sequence[int] = (),
+) -> dict[str, Any]:
     """The one container of a node's pod: image, ``bash /mdc/k8s/node.sh``, env, resources,
     mounts (tree read-only at /mdc, /dev/shm, the table's volumes)."""
     spec: dict[str, Any] = {"name": name, "image": plan.job.image or ""}
@@ -672,8 +799,9 @@ def volumes(plan: Plan, opts: PodOptions, files: Iterable[Artifact]) -> list[dic
                 source["readOnly"] = True
             out.append({"name": vol.name, "persistentVolumeClaim": source})
         else:
-            out.append({"name": vol.name,
-                        "hostPath": {"path": vol.host_path or "", "type": "Directory"}})
+            out.append(
+                {"name": vol.name, "hostPath": {"path": vol.host_path or "", "type": "Directory"}}
+            )
     return out
 
 
@@ -682,17 +810,28 @@ def tolerations(opts: PodOptions) -> list[dict[str, Any]]:
     out = []
     for tol in opts.tolerations:
         entry: dict[str, Any] = {}
-        for key, value in (("key", tol.key), ("operator", tol.operator), ("value", tol.value),
-                           ("effect", tol.effect), ("tolerationSeconds", tol.toleration_seconds)):
+        for key, value in (
+            ("key", tol.key),
+            ("operator", tol.operator),
+            ("value", tol.value),
+            ("effect", tol.effect),
+            ("tolerationSeconds", tol.toleration_seconds),
+        ):
             if value is not None:
                 entry[key] = value
         out.append(entry)
     return out
 
 
-def pod_spec(plan: Plan, opts: PodOptions, *, containers: Sequence[Mapping[str, Any]],
-             files: Iterable[Artifact], restart_policy: str | None = "Never",
-             subdomain: str | None = None) -> dict[str, Any]:
+def pod_spec(
+    plan: Plan,
+    opts: PodOptions,
+    *,
+    containers: Sequence[Mapping[str, Any]],
+    files: Iterable[Artifact],
+    restart_policy: str | None = "Never",
+    subdomain: str | None = None,
+) -> dict[str, Any]:
     """A pod spec: containers, restartPolicy, subdomain, service account, priority class,
     node selector, tolerations, pull secrets and :func:`volumes`."""
     spec: dict[str, Any] = {}
@@ -715,8 +854,13 @@ def pod_spec(plan: Plan, opts: PodOptions, *, containers: Sequence[Mapping[str, 
     return spec
 
 
-def headless_service(name: str, namespace: str | None, labels: Mapping[str, str],
-                     selector: Mapping[str, str], ports: Sequence[int]) -> dict[str, Any]:
+def headless_service(
+    name: str,
+    namespace: str | None,
+    labels: Mapping[str, str],
+    selector: Mapping[str, str],
+    ports: Sequence[int],
+) -> dict[str, Any]:
     """A headless Service (clusterIP None, publishNotReadyAddresses) giving pods DNS names."""
     spec: dict[str, Any] = {
         "clusterIP": "None",
@@ -724,10 +868,16 @@ def headless_service(name: str, namespace: str | None, labels: Mapping[str, str]
         "selector": dict(sorted(selector.items())),
     }
     if ports:
-        spec["ports"] = [{"name": f"p{port}", "port": port, "protocol": "TCP",
-                          "targetPort": port} for port in sorted(set(ports))]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(name, namespace, labels),
-            "spec": spec}
+        spec["ports"] = [
+            {"name": f"p{port}", "port": port, "protocol": "TCP", "targetPort": port}
+            for port in sorted(set(ports))
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, namespace, labels),
+        "spec": spec,
+    }
 
 
 def pod_dns(pod: str, service: str, namespace: str | None) -> str:
@@ -740,6 +890,7 @@ def pod_options_schema() -> dict[str, Any]:
     """The JSON Schema ``properties`` of :class:`PodOptions` (from kubernetes.v1.schema.json),
     for other Kubernetes backends' schemas to merge."""
     from mdc.api import read_schema
+
     full = read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json")
     names = {f.name for f in attrs.fields(PodOptions)}
     props: dict[str, Any] = {k: v for k, v in full["properties"].items() if k in names}

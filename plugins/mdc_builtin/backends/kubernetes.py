@@ -41,23 +41,32 @@ def _opts(options: KubernetesOptions | None) -> KubernetesOptions:
 
 def node_names(plan: Plan, opts: KubernetesOptions) -> k8s.NodeNames:
     """Each node's DNS name: the Indexed Job's pod ``<job>-<index>`` under the Service."""
-    return k8s.NodeNames(count=plan.nnodes, prefix=f"{plan.job.name}-",
-                         suffix=k8s.pod_dns("", plan.job.name, opts.namespace))
+    return k8s.NodeNames(
+        count=plan.nnodes,
+        prefix=f"{plan.job.name}-",
+        suffix=k8s.pod_dns("", plan.job.name, opts.namespace),
+    )
 
 
 def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[str, Any]]:
     name = plan.job.name
     labels = k8s.job_labels(plan, opts)
     hosts = node_names(plan, opts)
-    node = k8s.node_script(plan, [
-        'if [[ -z "${JOB_COMPLETION_INDEX:-}" ]]; then',
-        ('  echo "mdc: JOB_COMPLETION_INDEX is not set: run this in the Indexed Job of '
-        'kubernetes/job.yaml" >&2'),
-        "  exit 2",
-        "fi",
-        'export NODE_RANK="$JOB_COMPLETION_INDEX"',
-        *hosts.shell_lines(),
-    ], "an Indexed Job pod")
+    node = k8s.node_script(
+        plan,
+        [
+            'if [[ -z "${JOB_COMPLETION_INDEX:-}" ]]; then',
+            (
+                '  echo "mdc: JOB_COMPLETION_INDEX is not set: run this in the Indexed Job of '
+                'kubernetes/job.yaml" >&2'
+            ),
+            "  exit 2",
+            "fi",
+            'export NODE_RANK="$JOB_COMPLETION_INDEX"',
+            *hosts.shell_lines(),
+        ],
+        "an Indexed Job pod",
+    )
     files = [*launch.files, node]
     port = plan.rendezvous.master_port
     env: dict[str, Any] = {"MASTER_ADDR": hosts.name(0), "MASTER_PORT": str(port)}
@@ -75,14 +84,17 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
         job_spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
     job_spec["template"] = {
         "metadata": {"labels": dict(sorted(pod_labels.items()))},
-        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files,
-                             subdomain=name),
+        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files, subdomain=name),
     }
     return [
         k8s.configmap(plan, files, namespace=opts.namespace, labels=labels),
         k8s.headless_service(name, opts.namespace, labels, {"mdc/job": name}, [port]),
-        {"apiVersion": "batch/v1", "kind": "Job",
-         "metadata": k8s.metadata(name, opts.namespace, labels), "spec": job_spec},
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": k8s.metadata(name, opts.namespace, labels),
+            "spec": job_spec,
+        },
     ]
 
 
@@ -95,24 +107,27 @@ def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "kubernetes")
     if plan.elastic:
-        yield Finding(code="MDC441", pointer="/distributed/min_nnodes",
-                      message=f"an Indexed Job runs exactly {plan.nnodes} pods; min_nnodes = "
-                              f"{plan.min_nnodes} asks for an elastic job",
-                      hint=f"remove min_nnodes (or set it to {plan.nnodes}), or use the "
-                           "pytorchjob backend (elasticPolicy)")
-
-
+        yield Finding(
+            code="MDC441",
+            pointer="/distributed/min_nnodes",
+            message=f"an Indexed Job runs exactly {plan.nnodes} pods; min_nnodes = "
+            f"{plan.min_nnodes} asks for an elastic job",
+            hint=f"remove min_nnodes (or set it to {plan.nnodes}), or use the "
+            "pytorchjob backend (elasticPolicy)",
+        )
 
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="kubernetes",
-        description="Kubernetes: kubernetes/job.yaml, an Indexed Job + headless Service + "
-                    "ConfigMap (kubectl apply -f)",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
-        options_type=KubernetesOptions,
-        launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
-    )]
+    return [
+        BackendSpec(
+            name="kubernetes",
+            description="Kubernetes: kubernetes/job.yaml, an Indexed Job + headless Service + "
+            "ConfigMap (kubectl apply -f)",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
+            options_type=KubernetesOptions,
+            launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
+        )
+    ]

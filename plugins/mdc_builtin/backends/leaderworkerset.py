@@ -63,8 +63,10 @@ def rank_lines(plan: Plan) -> list[str]:
     """NODE_RANK, MASTER_ADDR and NODE_HOSTS from what LWS gives the pod."""
     return [
         'if [[ -z "${LWS_LEADER_ADDRESS:-}" || -z "${MDC_WORKER_INDEX:-}" ]]; then',
-        ('  echo "mdc: LWS_LEADER_ADDRESS or MDC_WORKER_INDEX is not set: run this in the '
-        'LeaderWorkerSet of leaderworkerset/lws.yaml" >&2'),
+        (
+            '  echo "mdc: LWS_LEADER_ADDRESS or MDC_WORKER_INDEX is not set: run this in the '
+            'LeaderWorkerSet of leaderworkerset/lws.yaml" >&2'
+        ),
         "  exit 2",
         "fi",
         'export NODE_RANK="$MDC_WORKER_INDEX"',
@@ -73,8 +75,10 @@ def rank_lines(plan: Plan) -> list[str]:
         'leader="${LWS_LEADER_ADDRESS%%.*}"',
         'domain="${LWS_LEADER_ADDRESS#*.}"',
         'hosts=("$LWS_LEADER_ADDRESS")',
-        (f"for ((node = 1; node < {plan.nnodes}; node++)); do "
-        'hosts+=("$leader-$node.$domain"); done'),
+        (
+            f"for ((node = 1; node < {plan.nnodes}; node++)); do "
+            'hosts+=("$leader-$node.$domain"); done'
+        ),
         'export NODE_HOSTS="${hosts[*]}"',
     ]
 
@@ -94,11 +98,11 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
     container = k8s.container(plan, opts, name="node", env=env, ports=ports)
     template = {
         "metadata": {"labels": dict(sorted(labels.items()))},
-        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files,
-                             restart_policy=None),
+        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files, restart_policy=None),
     }
     lws = {
-        "apiVersion": API, "kind": "LeaderWorkerSet",
+        "apiVersion": API,
+        "kind": "LeaderWorkerSet",
         "metadata": k8s.metadata(name, opts.namespace, labels),
         "spec": {
             "replicas": opts.replicas if opts.replicas is not None else 1,
@@ -112,17 +116,24 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
     }
     docs = [k8s.configmap(plan, files, namespace=opts.namespace, labels=labels), lws]
     if port is not None:
-        service = k8s.headless_service(f"{name}-leader", opts.namespace, labels,
-                                       {NAME_LABEL: name, INDEX_LABEL: "0"}, [port])
-        service["spec"] = {key: value for key, value in service["spec"].items()
-                           if key not in ("clusterIP", "publishNotReadyAddresses")}
+        service = k8s.headless_service(
+            f"{name}-leader", opts.namespace, labels, {NAME_LABEL: name, INDEX_LABEL: "0"}, [port]
+        )
+        service["spec"] = {
+            key: value
+            for key, value in service["spec"].items()
+            if key not in ("clusterIP", "publishNotReadyAddresses")
+        }
         docs.append(service)
     return docs
 
 
 def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> list[Artifact]:
-    return [Artifact.text("leaderworkerset/lws.yaml",
-                          k8s.dump_yaml(documents(plan, launch, _opts(options))))]
+    return [
+        Artifact.text(
+            "leaderworkerset/lws.yaml", k8s.dump_yaml(documents(plan, launch, _opts(options)))
+        )
+    ]
 
 
 def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Finding]:
@@ -132,13 +143,15 @@ def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Findin
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="leaderworkerset",
-        description="Kubernetes LeaderWorkerSet for multi-node serving: leaderworkerset/lws.yaml "
-                    "(group = nnodes pods, leader = node 0, replicas copies)",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
-        options_type=LeaderWorkerSetOptions,
-        launchers=SERVING,
-    )]
+    return [
+        BackendSpec(
+            name="leaderworkerset",
+            description="Kubernetes LeaderWorkerSet for multi-node serving: leaderworkerset/lws.yaml "
+            "(group = nnodes pods, leader = node 0, replicas copies)",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
+            options_type=LeaderWorkerSetOptions,
+            launchers=SERVING,
+        )
+    ]

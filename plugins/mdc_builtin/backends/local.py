@@ -28,8 +28,10 @@ LOOPBACK = "127.0.0.1"
 def _header(plan: Plan) -> list[str]:
     return [
         "#!/usr/bin/env bash",
-        (f"# Runs job {plan.job.name!r} on this machine: {plan.nnodes} node(s) x "
-        f"{plan.nproc_per_node} process(es), nodes as local agents on {LOOPBACK}."),
+        (
+            f"# Runs job {plan.job.name!r} on this machine: {plan.nnodes} node(s) x "
+            f"{plan.nproc_per_node} process(es), nodes as local agents on {LOOPBACK}."
+        ),
         "set -euo pipefail",
         'out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
         f"export MASTER_ADDR={LOOPBACK}",
@@ -65,20 +67,33 @@ def emit(plan: Plan, launch: Launch, options: object) -> list[Artifact]:
 
 def check(plan: Plan, options: object) -> Iterator[Finding]:
     if plan.job.image:
-        yield Finding(code="MDC401", pointer="/job/image", severity=Severity.WARNING,
-                      message="the local backend runs on this machine without a container; "
-                              "[job] image is not used",
-                      hint="choose a backend that runs containers to use the image")
+        yield Finding(
+            code="MDC401",
+            pointer="/job/image",
+            severity=Severity.WARNING,
+            message="the local backend runs on this machine without a container; "
+            "[job] image is not used",
+            hint="choose a backend that runs containers to use the image",
+        )
     if plan.nnodes > 1 and plan.accelerator != "cpu":
-        yield Finding(code="MDC402", pointer="/distributed/nnodes", severity=Severity.WARNING,
-                      message=f"the local backend runs all {plan.nnodes} nodes on this machine: "
-                              f"every node's local ranks 0..{plan.nproc_per_node - 1} use the "
-                              f"same {plan.accelerator} devices",
-                      hint="use accelerator = \"cpu\" to rehearse multi-node wiring here, or a "
-                           "cluster backend")
+        yield Finding(
+            code="MDC402",
+            pointer="/distributed/nnodes",
+            severity=Severity.WARNING,
+            message=f"the local backend runs all {plan.nnodes} nodes on this machine: "
+            f"every node's local ranks 0..{plan.nproc_per_node - 1} use the "
+            f"same {plan.accelerator} devices",
+            hint='use accelerator = "cpu" to rehearse multi-node wiring here, or a cluster backend',
+        )
 
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(name="local", emit=emit, check=check,
-                        description="this machine: one launcher agent per node on loopback")]
+    return [
+        BackendSpec(
+            name="local",
+            emit=emit,
+            check=check,
+            description="this machine: one launcher agent per node on loopback",
+        )
+    ]

@@ -78,22 +78,31 @@ def node_names(plan: Plan) -> k8s.NodeNames:
 
 def files_of(plan: Plan, launch: Launch) -> list[Artifact]:
     lines = ELASTIC_RANK_LINES if plan.elastic else RANK_LINES
-    return [*launch.files, k8s.node_script(plan, [*lines, *node_names(plan).shell_lines()],
-                                           "PyTorchJob")]
+    return [
+        *launch.files,
+        k8s.node_script(plan, [*lines, *node_names(plan).shell_lines()], "PyTorchJob"),
+    ]
 
 
-def replica(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact],
-            count: int) -> dict[str, Any]:
+def replica(
+    plan: Plan, opts: PyTorchJobOptions, files: list[Artifact], count: int
+) -> dict[str, Any]:
     env = {}
     if plan.elastic:  # no Master: the operator sets no MASTER_ADDR/PORT; node 0 hosts c10d
-        env = {"MASTER_ADDR": node_names(plan).name(0),
-               "MASTER_PORT": str(plan.rendezvous.master_port)}
+        env = {
+            "MASTER_ADDR": node_names(plan).name(0),
+            "MASTER_PORT": str(plan.rendezvous.master_port),
+        }
     container = k8s.container(plan, opts, name=CONTAINER, env=env)
-    container["ports"] = [{"name": PORT_NAME, "containerPort": plan.rendezvous.master_port,
-                           "protocol": "TCP"}]
+    container["ports"] = [
+        {"name": PORT_NAME, "containerPort": plan.rendezvous.master_port, "protocol": "TCP"}
+    ]
     pod = k8s.pod_spec(plan, opts, containers=[container], files=files, restart_policy=None)
-    return {"replicas": count, "restartPolicy": opts.restart_policy,
-            "template": {"metadata": {"labels": k8s.job_labels(plan, opts)}, "spec": pod}}
+    return {
+        "replicas": count,
+        "restartPolicy": opts.restart_policy,
+        "template": {"metadata": {"labels": k8s.job_labels(plan, opts)}, "spec": pod},
+    }
 
 
 def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> dict[str, Any]:
@@ -105,8 +114,11 @@ def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> di
         specs = {"Worker": replica(plan, opts, files, plan.nnodes)}
         torchrun = plan.options.get("torchrun")
         spec["elasticPolicy"] = {
-            "minReplicas": plan.min_nnodes, "maxReplicas": plan.nnodes, "rdzvBackend": "c10d",
-            "rdzvHost": node_names(plan).name(0), "rdzvPort": plan.rendezvous.master_port,
+            "minReplicas": plan.min_nnodes,
+            "maxReplicas": plan.nnodes,
+            "rdzvBackend": "c10d",
+            "rdzvHost": node_names(plan).name(0),
+            "rdzvPort": plan.rendezvous.master_port,
             "maxRestarts": int(getattr(torchrun, "max_restarts", 0) or 0),
         }
     else:
@@ -116,23 +128,32 @@ def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> di
     spec["nprocPerNode"] = str(plan.nproc_per_node)
     spec["pytorchReplicaSpecs"] = specs
     run_policy: dict[str, Any] = {}
-    for key, value in (("activeDeadlineSeconds", opts.active_deadline_seconds),
-                       ("backoffLimit", opts.backoff_limit),
-                       ("ttlSecondsAfterFinished", opts.ttl_seconds_after_finished)):
+    for key, value in (
+        ("activeDeadlineSeconds", opts.active_deadline_seconds),
+        ("backoffLimit", opts.backoff_limit),
+        ("ttlSecondsAfterFinished", opts.ttl_seconds_after_finished),
+    ):
         if value is not None:
             run_policy[key] = value
     if run_policy:
         spec["runPolicy"] = run_policy
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
-            "spec": spec}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
+        "spec": spec,
+    }
 
 
-def documents(plan: Plan, launch: Launch, options: PyTorchJobOptions | None) -> list[dict[str, Any]]:
+def documents(
+    plan: Plan, launch: Launch, options: PyTorchJobOptions | None
+) -> list[dict[str, Any]]:
     opts = _opts(options)
     files = files_of(plan, launch)
-    return [k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
-            pytorchjob(plan, opts, files)]
+    return [
+        k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
+        pytorchjob(plan, opts, files),
+    ]
 
 
 def emit(plan: Plan, launch: Launch, options: PyTorchJobOptions | None) -> list[Artifact]:
@@ -144,19 +165,25 @@ def check(plan: Plan, options: PyTorchJobOptions | None) -> Iterator[Finding]:
     yield from k8s.pod_findings(plan, opts, "pytorchjob")
     longest = node_names(plan).name(plan.nnodes - 1)
     if not DNS_1035.fullmatch(plan.job.name) or len(longest) > 63:
-        yield Finding(code="MDC470", pointer="/job/name",
-                      message=f"the operator names the pods and their Services <job>-master-0 "
-                              f"and <job>-worker-<i>, which must be DNS-1035 labels; {longest!r} "
-                              f"({len(longest)} characters) is not: lowercase letters, digits "
-                              "and '-', starting with a letter, at most 63 characters",
-                      hint="start the job name with a letter and keep it to at most "
-                           f"{63 - (len(longest) - len(plan.job.name))} characters")
+        yield Finding(
+            code="MDC470",
+            pointer="/job/name",
+            message=f"the operator names the pods and their Services <job>-master-0 "
+            f"and <job>-worker-<i>, which must be DNS-1035 labels; {longest!r} "
+            f"({len(longest)} characters) is not: lowercase letters, digits "
+            "and '-', starting with a letter, at most 63 characters",
+            hint="start the job name with a letter and keep it to at most "
+            f"{63 - (len(longest) - len(plan.job.name))} characters",
+        )
     if len(plan.roles) != 1:
-        yield Finding(code="MDC471", pointer="/distributed/launcher",
-                      message=f"a PyTorchJob runs one program on the Master and the Workers; "
-                              f"launcher {plan.launcher} has {len(plan.roles)} roles "
-                              f"({', '.join(r.name for r in plan.roles)})",
-                      hint="use the kubernetes or leaderworkerset backend")
+        yield Finding(
+            code="MDC471",
+            pointer="/distributed/launcher",
+            message=f"a PyTorchJob runs one program on the Master and the Workers; "
+            f"launcher {plan.launcher} has {len(plan.roles)} roles "
+            f"({', '.join(r.name for r in plan.roles)})",
+            hint="use the kubernetes or leaderworkerset backend",
+        )
 
 
 def schema() -> dict[str, Any]:
@@ -167,8 +194,15 @@ def schema() -> dict[str, Any]:
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="pytorchjob", emit=emit, check=check, launchers=LAUNCHERS, schema=schema(),
-        options_type=PyTorchJobOptions,
-        description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "
-                    "replicas; elastic min:max nodes as Workers under an elasticPolicy")]
+    return [
+        BackendSpec(
+            name="pytorchjob",
+            emit=emit,
+            check=check,
+            launchers=LAUNCHERS,
+            schema=schema(),
+            options_type=PyTorchJobOptions,
+            description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "
+            "replicas; elastic min:max nodes as Workers under an elasticPolicy",
+        )
+    ]

@@ -39,25 +39,51 @@ from mdc.api import (
 
 #: Directives mdc writes itself, by ``[slurm]`` key (None: from the plan, not a key).
 DIRECTIVES: dict[str, str | None] = {
-    "job-name": None, "nodes": None, "ntasks-per-node": None, "gpus-per-node": "gpus_per_node",
-    "cpus-per-task": "cpus_per_task", "mem": "mem", "time": "time", "partition": "partition",
-    "account": "account", "qos": "qos", "constraint": "constraint", "exclusive": "exclusive",
-    "nodelist": "nodelist", "exclude": "exclude", "output": "output", "error": "error",
+    "job-name": None,
+    "nodes": None,
+    "ntasks-per-node": None,
+    "gpus-per-node": "gpus_per_node",
+    "cpus-per-task": "cpus_per_task",
+    "mem": "mem",
+    "time": "time",
+    "partition": "partition",
+    "account": "account",
+    "qos": "qos",
+    "constraint": "constraint",
+    "exclusive": "exclusive",
+    "nodelist": "nodelist",
+    "exclude": "exclude",
+    "output": "output",
+    "error": "error",
 }
 #: Options that would contradict a directive mdc writes (other spellings of the same request).
 CONFLICTS = {
-    "ntasks": "--nodes and --ntasks-per-node", "tasks-per-node": "--ntasks-per-node",
-    "gpus": "--gpus-per-node", "gres": "--gpus-per-node", "mem-per-cpu": "--mem",
-    "mem-per-gpu": "--mem", "cpus-per-gpu": "--cpus-per-task", "wrap": "the batch script",
+    "ntasks": "--nodes and --ntasks-per-node",
+    "tasks-per-node": "--ntasks-per-node",
+    "gpus": "--gpus-per-node",
+    "gres": "--gpus-per-node",
+    "mem-per-cpu": "--mem",
+    "mem-per-gpu": "--mem",
+    "cpus-per-gpu": "--cpus-per-task",
+    "wrap": "the batch script",
 }
 #: The [slurm] key that sets what a conflicting option asks for.
-CONFLICT_KEYS = {"gpus": "gpus_per_node", "gres": "gpus_per_node", "mem-per-cpu": "mem",
-                 "mem-per-gpu": "mem", "cpus-per-gpu": "cpus_per_task"}
+CONFLICT_KEYS = {
+    "gpus": "gpus_per_node",
+    "gres": "gpus_per_node",
+    "mem-per-cpu": "mem",
+    "mem-per-gpu": "mem",
+    "cpus-per-gpu": "cpus_per_task",
+}
 #: srun options mdc writes, and what they would contradict.
 SRUN_OWN = {
-    "kill-on-bad-exit": "kill-on-bad-exit", "nodes": "nodes", "ntasks": "ntasks",
-    "ntasks-per-node": "ntasks-per-node", "tasks-per-node": "ntasks-per-node",
-    "cpus-per-task": "cpus-per-task", "container-image": "container-image",
+    "kill-on-bad-exit": "kill-on-bad-exit",
+    "nodes": "nodes",
+    "ntasks": "ntasks",
+    "ntasks-per-node": "ntasks-per-node",
+    "tasks-per-node": "ntasks-per-node",
+    "cpus-per-task": "cpus-per-task",
+    "container-image": "container-image",
     "container-mounts": "container-mounts",
 }
 #: Characters an #SBATCH value cannot hold: sbatch splits on whitespace, strips quotes,
@@ -66,8 +92,9 @@ UNSAFE = re.compile(r"[\s\"'#\\]|[\x00-\x1f\x7f]")
 LONG_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=(.+))?", re.DOTALL)
 #: sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 #: days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED/INFINITE
-TIME = re.compile(r"(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)",
-                  re.IGNORECASE)
+TIME = re.compile(
+    r"(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE
+)
 #: sbatch --mem: an integer with an optional K, M, G or T suffix, B allowed after it
 #: (default MB); 0 = all of each node's memory
 MEMORY = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE)
@@ -177,8 +204,10 @@ def _mount_words(mounts: Sequence[str]) -> str:
 def _out_mount_check(what: str) -> list[str]:
     return [
         'case "$out" in',
-        (f"  *[,:]*) echo \"mdc: the compiled tree's path $out holds ',' or ':', which {what} "
-        "cannot mount; move it\" >&2; exit 2 ;;"),
+        (
+            f"  *[,:]*) echo \"mdc: the compiled tree's path $out holds ',' or ':', which {what} "
+            'cannot mount; move it" >&2; exit 2 ;;'
+        ),
         "esac",
     ]
 
@@ -186,9 +215,11 @@ def _out_mount_check(what: str) -> list[str]:
 def batch_script(plan: Plan, opts: SlurmOptions) -> str:
     lines = ["#!/bin/bash", *(f"#SBATCH {d}" for d in directives(plan, opts))]
     lines += [
-        (f"# Job {plan.job.name!r} on SLURM: {nodes_value(plan)} node(s) x "
-         f"{plan.nproc_per_node} process(es), launcher {plan.launcher}; one srun task per node "
-         "runs slurm/node.sh."),
+        (
+            f"# Job {plan.job.name!r} on SLURM: {nodes_value(plan)} node(s) x "
+            f"{plan.nproc_per_node} process(es), launcher {plan.launcher}; one srun task per node "
+            "runs slurm/node.sh."
+        ),
         "# Submit from inside the compiled tree (on a filesystem every node sees):",
         "#   cd OUT && sbatch slurm/job.sbatch",
         "# or from anywhere: MDC_OUT=/absolute/path/to/OUT sbatch OUT/slurm/job.sbatch",
@@ -211,8 +242,10 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
     lines += [
         'out="${MDC_OUT:-${SLURM_SUBMIT_DIR:-}}"',
         'if [[ -z "$out" || ! -f "$out/slurm/node.sh" || ! -d "$out/launch" ]]; then',
-        ("  echo \"mdc: no compiled tree at '$out' (no slurm/node.sh and launch/ there): submit "
-        "from inside it (cd OUT && sbatch slurm/job.sbatch) or set MDC_OUT=/path/to/OUT\" >&2"),
+        (
+            "  echo \"mdc: no compiled tree at '$out' (no slurm/node.sh and launch/ there): submit "
+            'from inside it (cd OUT && sbatch slurm/job.sbatch) or set MDC_OUT=/path/to/OUT" >&2'
+        ),
         "  exit 2",
         "fi",
         'out="$(cd "$out" && pwd)"',
@@ -225,22 +258,26 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
     if plan.elastic:
         lines += [
             f"if ((nodes < {plan.min_nnodes} || nodes > {plan.nnodes})); then",
-            (f'  echo "mdc: the job has $nodes node(s); the plan runs on {plan.min_nnodes} to '
-            f'{plan.nnodes}" >&2'),
+            (
+                f'  echo "mdc: the job has $nodes node(s); the plan runs on {plan.min_nnodes} to '
+                f'{plan.nnodes}" >&2'
+            ),
         ]
     else:
         lines += [
             f"if ((nodes != {plan.nnodes})); then",
-            (f'  echo "mdc: the job has $nodes node(s); the plan needs exactly {plan.nnodes} '
-            '(was --nodes given to sbatch?)" >&2'),
+            (
+                f'  echo "mdc: the job has $nodes node(s); the plan needs exactly {plan.nnodes} '
+                '(was --nodes given to sbatch?)" >&2'
+            ),
         ]
     lines += [
         "  exit 2",
         "fi",
         "# Node 0 is the first host of the allocation; srun gives it SLURM_NODEID 0.",
         'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        'if ((${#hosts[@]} != nodes)); then',
-        "  echo \"mdc: scontrol show hostnames gave ${#hosts[@]} host(s) for $nodes node(s)\" >&2",
+        "if ((${#hosts[@]} != nodes)); then",
+        '  echo "mdc: scontrol show hostnames gave ${#hosts[@]} host(s) for $nodes node(s)" >&2',
         "  exit 2",
         "fi",
         'export MASTER_ADDR="${hosts[0]}"',
@@ -257,8 +294,10 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
     container = opts.container
     if container is not None and container.runtime == "pyxis" and plan.job.image:
         lines += _out_mount_check("pyxis")
-        srun += [f"--container-image={pyxis_image(plan.job.image)}",
-                 Concat(("--container-mounts=", OUT, ":", OUT, _mount_words(container.mounts)))]
+        srun += [
+            f"--container-image={pyxis_image(plan.job.image)}",
+            Concat(("--container-mounts=", OUT, ":", OUT, _mount_words(container.mounts))),
+        ]
     srun += [*opts.srun_args, "bash", Concat((OUT, "/slurm/node.sh"))]
     lines.append("exec " + " \\\n  ".join(_grouped(srun)))
     return "\n".join(lines)
@@ -270,8 +309,12 @@ def _grouped(words: Sequence[Word]) -> list[str]:
     lines: list[str] = []
     for word in words:
         text = shell_word(word)
-        starts_option = isinstance(word, str) and word.startswith("--") or \
-            isinstance(word, Concat) and str(word.parts[0]).startswith("--")
+        starts_option = (
+            isinstance(word, str)
+            and word.startswith("--")
+            or isinstance(word, Concat)
+            and str(word.parts[0]).startswith("--")
+        )
         if lines and not starts_option and word != "bash":
             lines[-1] += " " + text
         else:
@@ -281,6 +324,7 @@ def _grouped(words: Sequence[Word]) -> list[str]:
 
 def _role_dispatch(plan: Plan) -> list[str]:
     """``script=launch/<role>.sh`` for this node's role (roles are consecutive node ranges)."""
+
     def assign(name: str) -> str:
         return f"script={shell_word(script_path(name))}"
 
@@ -301,8 +345,10 @@ def _role_dispatch(plan: Plan) -> list[str]:
 def node_script(plan: Plan, opts: SlurmOptions) -> str:
     lines = [
         "#!/usr/bin/env bash",
-        (f"# One srun task per node of job {plan.job.name!r}: NODE_RANK is SLURM_NODEID "
-        "(0 on the first host, MASTER_ADDR),"),
+        (
+            f"# One srun task per node of job {plan.job.name!r}: NODE_RANK is SLURM_NODEID "
+            "(0 on the first host, MASTER_ADDR),"
+        ),
         "# then the node's role runs: launch/<role>.sh. Started by slurm/job.sbatch.",
         "set -euo pipefail",
         'if [[ -z "${SLURM_NODEID:-}" || -z "${MASTER_ADDR:-}" || -z "${MASTER_PORT:-}" ]]; then',
@@ -333,8 +379,10 @@ def node_script(plan: Plan, opts: SlurmOptions) -> str:
 
 def emit(plan: Plan, launch: Launch, options: SlurmOptions | None) -> list[Artifact]:
     opts = _opts(options)
-    return [Artifact.text("slurm/job.sbatch", batch_script(plan, opts), executable=True),
-            Artifact.text("slurm/node.sh", node_script(plan, opts), executable=True)]
+    return [
+        Artifact.text("slurm/job.sbatch", batch_script(plan, opts), executable=True),
+        Artifact.text("slurm/node.sh", node_script(plan, opts), executable=True),
+    ]
 
 
 # ---------------------------------------------------------------- checks
@@ -346,76 +394,124 @@ def _unsafe(value: str) -> str | None:
     if found is None:
         return None
     char = found.group()
-    names = {" ": "a space", "\t": "a tab", "\n": "a line break", "#": "'#'", '"': "a quote",
-             "'": "a quote", "\\": "a backslash"}
+    names = {
+        " ": "a space",
+        "\t": "a tab",
+        "\n": "a line break",
+        "#": "'#'",
+        '"': "a quote",
+        "'": "a quote",
+        "\\": "a backslash",
+    }
     return names.get(char, f"the character {char!r}")
 
 
 def _value_findings(opts: SlurmOptions) -> Iterator[Finding]:
-    hint = ("sbatch reads #SBATCH lines itself and cannot take shell quoting: use a value "
-            "without whitespace, quotes, '#' or backslashes")
-    for key in ("partition", "account", "qos", "constraint", "nodelist", "exclude", "output",
-                "error", "time", "mem", "gpus_per_node"):
+    hint = (
+        "sbatch reads #SBATCH lines itself and cannot take shell quoting: use a value "
+        "without whitespace, quotes, '#' or backslashes"
+    )
+    for key in (
+        "partition",
+        "account",
+        "qos",
+        "constraint",
+        "nodelist",
+        "exclude",
+        "output",
+        "error",
+        "time",
+        "mem",
+        "gpus_per_node",
+    ):
         value = getattr(opts, key)
         if value is None:
             continue
         why = _unsafe(str(value))
         if why is not None:
-            yield Finding(code="MDC412", pointer=f"/slurm/{key}", hint=hint,
-                          message=f"[slurm] {key} {str(value)!r} holds {why}, which an #SBATCH "
-                                  "line cannot carry")
+            yield Finding(
+                code="MDC412",
+                pointer=f"/slurm/{key}",
+                hint=hint,
+                message=f"[slurm] {key} {str(value)!r} holds {why}, which an #SBATCH "
+                "line cannot carry",
+            )
         elif key == "time" and not TIME.fullmatch(str(value)):
-            yield Finding(code="MDC415", pointer="/slurm/time",
-                          message=f"[slurm] time {str(value)!r} is not a SLURM time limit",
-                          hint="write minutes (90), \"HH:MM:SS\" (\"12:00:00\") or "
-                               "\"D-HH:MM:SS\" (\"2-00:00:00\")")
+            yield Finding(
+                code="MDC415",
+                pointer="/slurm/time",
+                message=f"[slurm] time {str(value)!r} is not a SLURM time limit",
+                hint='write minutes (90), "HH:MM:SS" ("12:00:00") or "D-HH:MM:SS" ("2-00:00:00")',
+            )
         elif key == "mem" and not MEMORY.fullmatch(str(value)):
-            yield Finding(code="MDC416", pointer="/slurm/mem",
-                          message=f"[slurm] mem {str(value)!r} is not a SLURM memory size",
-                          hint="write megabytes (64000) or a number with K, M, G or T "
-                               "(\"480G\"); 0 asks for all of each node's memory")
+            yield Finding(
+                code="MDC416",
+                pointer="/slurm/mem",
+                message=f"[slurm] mem {str(value)!r} is not a SLURM memory size",
+                hint="write megabytes (64000) or a number with K, M, G or T "
+                '("480G"); 0 asks for all of each node\'s memory',
+            )
         elif key == "gpus_per_node" and isinstance(value, str) and not GPUS.fullmatch(value):
-            yield Finding(code="MDC417", pointer="/slurm/gpus_per_node",
-                          message=f"[slurm] gpus_per_node {value!r} is not a GPU count",
-                          hint="write a count (8) or \"TYPE:COUNT\" (\"h100:8\")")
+            yield Finding(
+                code="MDC417",
+                pointer="/slurm/gpus_per_node",
+                message=f"[slurm] gpus_per_node {value!r} is not a GPU count",
+                hint='write a count (8) or "TYPE:COUNT" ("h100:8")',
+            )
 
 
-def _pass_through_findings(args: Sequence[str], key: str, code: str,
-                           own: dict[str, str]) -> Iterator[Finding]:
+def _pass_through_findings(
+    args: Sequence[str], key: str, code: str, own: dict[str, str]
+) -> Iterator[Finding]:
     tool = "sbatch" if key == "sbatch_args" else "srun"
     for index, arg in enumerate(args):
         pointer = f"/slurm/{key}/{index}"
         shape = LONG_OPTION.fullmatch(arg)
         if shape is None:
-            yield Finding(code=code, pointer=pointer,
-                          message=f"[slurm] {key} entry {arg!r} is not a long {tool} option "
-                                  "(--name or --name=value)",
-                          hint="write one option per entry, as --name=value "
-                               "(\"--reservation=big\"); short options (-x) are not accepted")
+            yield Finding(
+                code=code,
+                pointer=pointer,
+                message=f"[slurm] {key} entry {arg!r} is not a long {tool} option "
+                "(--name or --name=value)",
+                hint="write one option per entry, as --name=value "
+                '("--reservation=big"); short options (-x) are not accepted',
+            )
             continue
         name, value = shape.group(1), shape.group(3)
         if name in own:
-            yield Finding(code=code, pointer=pointer,
-                          message=f"[slurm] {key} entry {arg!r} repeats --{own[name]}, "
-                                  "which mdc writes itself",
-                          hint=_own_hint(name, key))
+            yield Finding(
+                code=code,
+                pointer=pointer,
+                message=f"[slurm] {key} entry {arg!r} repeats --{own[name]}, "
+                "which mdc writes itself",
+                hint=_own_hint(name, key),
+            )
         elif key == "sbatch_args" and name in CONFLICTS:
-            yield Finding(code=code, pointer=pointer,
-                          message=f"[slurm] {key} entry {arg!r} contradicts "
-                                  f"{CONFLICTS[name]}, which mdc writes",
-                          hint=_own_hint(name, key))
+            yield Finding(
+                code=code,
+                pointer=pointer,
+                message=f"[slurm] {key} entry {arg!r} contradicts "
+                f"{CONFLICTS[name]}, which mdc writes",
+                hint=_own_hint(name, key),
+            )
         elif abbreviated := sorted(d for d in own if d.startswith(name)):
-            yield Finding(code=code, pointer=pointer,
-                          message=f"[slurm] {key} entry {arg!r} abbreviates "
-                                  f"--{abbreviated[0]}, which mdc writes itself",
-                          hint=_own_hint(abbreviated[0], key))
+            yield Finding(
+                code=code,
+                pointer=pointer,
+                message=f"[slurm] {key} entry {arg!r} abbreviates "
+                f"--{abbreviated[0]}, which mdc writes itself",
+                hint=_own_hint(abbreviated[0], key),
+            )
         elif key == "sbatch_args" and value is not None and (why := _unsafe(value)):
-            yield Finding(code=code, pointer=pointer,
-                          message=f"[slurm] sbatch_args entry {arg!r} holds {why}, which an "
-                                  "#SBATCH line cannot carry",
-                          hint="sbatch reads #SBATCH lines itself and cannot take shell "
-                               "quoting: use a value without whitespace, quotes, '#' or "
-                               "backslashes")
+            yield Finding(
+                code=code,
+                pointer=pointer,
+                message=f"[slurm] sbatch_args entry {arg!r} holds {why}, which an "
+                "#SBATCH line cannot carry",
+                hint="sbatch reads #SBATCH lines itself and cannot take shell "
+                "quoting: use a value without whitespace, quotes, '#' or "
+                "backslashes",
+            )
 
 
 def _own_hint(name: str, key: str) -> str:
@@ -430,53 +526,75 @@ def _own_hint(name: str, key: str) -> str:
 def check(plan: Plan, options: SlurmOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from _value_findings(opts)
-    yield from _pass_through_findings(opts.sbatch_args, "sbatch_args", "MDC413",
-                                      {name: name for name in DIRECTIVES})
+    yield from _pass_through_findings(
+        opts.sbatch_args, "sbatch_args", "MDC413", {name: name for name in DIRECTIVES}
+    )
     yield from _pass_through_findings(opts.srun_args, "srun_args", "MDC414", SRUN_OWN)
     container = opts.container
     if container is not None and not plan.job.image:
-        yield Finding(code="MDC410", pointer="/slurm/container",
-                      message=f"[slurm] container runs {container.runtime} but [job] image "
-                              "is not set",
-                      hint="set [job] image (for example \"nvcr.io/nvidia/pytorch:25.01-py3\"), "
-                           "or remove [slurm] container")
+        yield Finding(
+            code="MDC410",
+            pointer="/slurm/container",
+            message=f"[slurm] container runs {container.runtime} but [job] image is not set",
+            hint='set [job] image (for example "nvcr.io/nvidia/pytorch:25.01-py3"), '
+            "or remove [slurm] container",
+        )
     if container is None and plan.job.image:
-        yield Finding(code="MDC411", pointer="/job/image", severity=Severity.WARNING,
-                      message="[job] image is not used: the slurm backend runs on the nodes' "
-                              "own software unless [slurm] container is set",
-                      hint="add [slurm] container = { runtime = \"pyxis\" } (or \"apptainer\")")
+        yield Finding(
+            code="MDC411",
+            pointer="/job/image",
+            severity=Severity.WARNING,
+            message="[job] image is not used: the slurm backend runs on the nodes' "
+            "own software unless [slurm] container is set",
+            hint='add [slurm] container = { runtime = "pyxis" } (or "apptainer")',
+        )
     if container is not None:
         for index, mount in enumerate(container.mounts):
             if not MOUNT.fullmatch(mount):
-                yield Finding(code="MDC418", pointer=f"/slurm/container/mounts/{index}",
-                              message=f"[slurm] container mount {mount!r} is not "
-                                      "/SRC[:/DST[:FLAGS]]",
-                              hint="write absolute paths without ',' ':' or spaces in them, "
-                                   "as \"/data:/data:ro\"")
+                yield Finding(
+                    code="MDC418",
+                    pointer=f"/slurm/container/mounts/{index}",
+                    message=f"[slurm] container mount {mount!r} is not /SRC[:/DST[:FLAGS]]",
+                    hint="write absolute paths without ',' ':' or spaces in them, "
+                    'as "/data:/data:ro"',
+                )
     gpus = gpus_per_node(plan, opts)
     count = GPUS.fullmatch(gpus) if gpus is not None else None
-    if plan.accelerator != "cpu" and count is not None and \
-            int(count.group(2)) < plan.nproc_per_node:
-        yield Finding(code="MDC419", pointer="/slurm/gpus_per_node", severity=Severity.WARNING,
-                      message=f"each node asks for {count.group(2)} GPU(s) but runs "
-                              f"{plan.nproc_per_node} process(es): some processes share a GPU",
-                      hint=f"set gpus_per_node = {plan.nproc_per_node}, or lower nproc_per_node")
+    if (
+        plan.accelerator != "cpu"
+        and count is not None
+        and int(count.group(2)) < plan.nproc_per_node
+    ):
+        yield Finding(
+            code="MDC419",
+            pointer="/slurm/gpus_per_node",
+            severity=Severity.WARNING,
+            message=f"each node asks for {count.group(2)} GPU(s) but runs "
+            f"{plan.nproc_per_node} process(es): some processes share a GPU",
+            hint=f"set gpus_per_node = {plan.nproc_per_node}, or lower nproc_per_node",
+        )
     if plan.accelerator != "cpu" and gpus is None:
-        yield Finding(code="MDC419", pointer="/slurm/gpus_per_node", severity=Severity.WARNING,
-                      message=f"gpus_per_node = 0 asks for no GPUs, but the job runs "
-                              f"{plan.nproc_per_node} {plan.accelerator} process(es) per node",
-                      hint=f"remove gpus_per_node (it defaults to {plan.nproc_per_node}), or "
-                           "set accelerator = \"cpu\"")
+        yield Finding(
+            code="MDC419",
+            pointer="/slurm/gpus_per_node",
+            severity=Severity.WARNING,
+            message=f"gpus_per_node = 0 asks for no GPUs, but the job runs "
+            f"{plan.nproc_per_node} {plan.accelerator} process(es) per node",
+            hint=f"remove gpus_per_node (it defaults to {plan.nproc_per_node}), or "
+            'set accelerator = "cpu"',
+        )
 
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="slurm",
-        description="SLURM: slurm/job.sbatch, one srun task per node (pyxis or apptainer "
-                    "optional)",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/slurm.v1.schema.json"),
-        options_type=SlurmOptions,
-    )]
+    return [
+        BackendSpec(
+            name="slurm",
+            description="SLURM: slurm/job.sbatch, one srun task per node (pyxis or apptainer "
+            "optional)",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/slurm.v1.schema.json"),
+            options_type=SlurmOptions,
+        )
+    ]

@@ -85,19 +85,25 @@ def _array(name: str, words: Sequence[str]) -> str:
 
 def launch_script(plan: Plan, opts: SshOptions) -> str:
     hosts = list(opts.hosts)
-    where = (f"at {opts.remote_dir} on every host" if opts.remote_dir else
-             "at this same path on every host (a shared filesystem)")
+    where = (
+        f"at {opts.remote_dir} on every host"
+        if opts.remote_dir
+        else "at this same path on every host (a shared filesystem)"
+    )
     lines = [
         "#!/usr/bin/env bash",
-        (f"# Runs job {plan.job.name!r} over ssh: {plan.nnodes} node(s) x {plan.nproc_per_node} "
-        f"process(es), launcher {plan.launcher}."),
+        (
+            f"# Runs job {plan.job.name!r} over ssh: {plan.nnodes} node(s) x {plan.nproc_per_node} "
+            f"process(es), launcher {plan.launcher}."
+        ),
         "# Node i runs on line i+1 of ssh/hostfile. Needs password-less ssh from here to every",
         f"# host, and the compiled tree {where}.",
         "# The first node to fail stops the others; its status is the job's.",
         "set -euo pipefail",
         # where the tree is on the hosts: given, or this tree's own path
-        f"dir={shell_word(opts.remote_dir)}" if opts.remote_dir else
-        'dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
+        f"dir={shell_word(opts.remote_dir)}"
+        if opts.remote_dir
+        else 'dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
         _array("hosts", hosts),
         _array("ssh_command", ssh_words(opts)),
         _array("forward", opts.forward_env),
@@ -107,13 +113,13 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         "",
         "# One word for the remote shell, in POSIX single quotes.",
         "quote() {",
-        "  local text=\"$1\" tick=\"'\"",
-        "  printf \"'%s'\" \"${text//$tick/$tick\\\\$tick$tick}\"",
+        '  local text="$1" tick="\'"',
+        '  printf "\'%s\'" "${text//$tick/$tick\\\\$tick$tick}"',
         "}",
         "",
         "# The command the remote login shell runs for node $1 with role script $2.",
         "remote_command() {",
-        '  local command name',
+        "  local command name",
         "  # a terminal would turn each line end into CR LF: keep the output as it is",
         '  command="stty -onlcr 2>/dev/null; cd $(quote "$dir") && exec env"',
         '  for name in "${forward[@]}"; do',
@@ -133,8 +139,10 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         last = role.first_node + role.count
         start += [
             f"for ((node = {role.first_node}; node < {last}; node++)); do",
-            ('  "${ssh_command[@]}" "${hosts[node]}" '
-             f'"$(remote_command "$node" {shell_word(script_path(role.name))})" </dev/null &'),
+            (
+                '  "${ssh_command[@]}" "${hosts[node]}" '
+                f'"$(remote_command "$node" {shell_word(script_path(role.name))})" </dev/null &'
+            ),
             '  pids+=("$!")',
             "done",
         ]
@@ -144,8 +152,10 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
 
 def emit(plan: Plan, launch: Launch, options: SshOptions | None) -> list[Artifact]:
     opts = _opts(options)
-    return [Artifact.text("ssh/hostfile", "\n".join(opts.hosts)),
-            Artifact.text("ssh/launch.sh", launch_script(plan, opts), executable=True)]
+    return [
+        Artifact.text("ssh/hostfile", "\n".join(opts.hosts)),
+        Artifact.text("ssh/launch.sh", launch_script(plan, opts), executable=True),
+    ]
 
 
 def hosts(nnodes: int, options: SshOptions | None) -> Sequence[str] | None:
@@ -167,73 +177,108 @@ def check(plan: Plan, options: SshOptions | None) -> Iterator[Finding]:
             pointer = "/ssh/hosts"
         example = ", ".join(f'"gpu{i + 1}"' for i in range(min(plan.nnodes, 3)))
         more = ", ..." if plan.nnodes > 3 else ""
-        yield Finding(code="MDC430", pointer=pointer, message=message,
-                      hint=f"list exactly {plan.nnodes} host(s), node 0 first: "
-                           f"hosts = [{example}{more}]")
+        yield Finding(
+            code="MDC430",
+            pointer=pointer,
+            message=message,
+            hint=f"list exactly {plan.nnodes} host(s), node 0 first: hosts = [{example}{more}]",
+        )
     seen: dict[str, int] = {}
     for index, host in enumerate(opts.hosts):
         if not HOST.fullmatch(host):
-            yield Finding(code="MDC431", pointer=f"/ssh/hosts/{index}",
-                          message=f"[ssh] host {host!r} is not a host name or address",
-                          hint="write a name or IP address only (letters, digits, '.', '-', "
-                               "'_', ':'), not starting with '-'; set the login name in "
-                               "[ssh] user")
+            yield Finding(
+                code="MDC431",
+                pointer=f"/ssh/hosts/{index}",
+                message=f"[ssh] host {host!r} is not a host name or address",
+                hint="write a name or IP address only (letters, digits, '.', '-', "
+                "'_', ':'), not starting with '-'; set the login name in "
+                "[ssh] user",
+            )
         elif host in seen:
-            yield Finding(code="MDC432", pointer=f"/ssh/hosts/{index}", severity=Severity.WARNING,
-                          message=f"[ssh] host {host!r} is node {seen[host]} and node {index}: "
-                                  "both run on one machine and share its devices",
-                          hint="list each machine once (the deepspeed launcher's hostfile "
-                               "refuses repeated hosts)")
+            yield Finding(
+                code="MDC432",
+                pointer=f"/ssh/hosts/{index}",
+                severity=Severity.WARNING,
+                message=f"[ssh] host {host!r} is node {seen[host]} and node {index}: "
+                "both run on one machine and share its devices",
+                hint="list each machine once (the deepspeed launcher's hostfile "
+                "refuses repeated hosts)",
+            )
         seen.setdefault(host, index)
     if opts.user is not None and not USER.fullmatch(opts.user):
-        yield Finding(code="MDC438", pointer="/ssh/user",
-                      message=f"[ssh] user {opts.user!r} is not a login name",
-                      hint="letters, digits, '.', '-' and '_', not starting with '-'")
+        yield Finding(
+            code="MDC438",
+            pointer="/ssh/user",
+            message=f"[ssh] user {opts.user!r} is not a login name",
+            hint="letters, digits, '.', '-' and '_', not starting with '-'",
+        )
     for index, option in enumerate(opts.ssh_options):
         if not SSH_OPTION.fullmatch(option):
-            yield Finding(code="MDC433", pointer=f"/ssh/ssh_options/{index}",
-                          message=f"[ssh] ssh_options entry {option!r} is not Key=Value",
-                          hint="write one ssh_config option per entry, as ssh -o takes it: "
-                               "\"StrictHostKeyChecking=accept-new\"")
+            yield Finding(
+                code="MDC433",
+                pointer=f"/ssh/ssh_options/{index}",
+                message=f"[ssh] ssh_options entry {option!r} is not Key=Value",
+                hint="write one ssh_config option per entry, as ssh -o takes it: "
+                '"StrictHostKeyChecking=accept-new"',
+            )
     if opts.remote_dir is not None and not opts.remote_dir.startswith("/"):
-        yield Finding(code="MDC434", pointer="/ssh/remote_dir",
-                      message=f"[ssh] remote_dir {opts.remote_dir!r} is not an absolute path",
-                      hint="write where the compiled tree lies on every host, from /")
+        yield Finding(
+            code="MDC434",
+            pointer="/ssh/remote_dir",
+            message=f"[ssh] remote_dir {opts.remote_dir!r} is not an absolute path",
+            hint="write where the compiled tree lies on every host, from /",
+        )
     for index, name in enumerate(opts.forward_env):
         if name in RESERVED:
-            yield Finding(code="MDC435", pointer=f"/ssh/forward_env/{index}",
-                          message=f"[ssh] forward_env names {name}, which launch.sh sets for "
-                                  "every node itself",
-                          hint=f"remove it; {', '.join(RESERVED)} come from the plan")
+            yield Finding(
+                code="MDC435",
+                pointer=f"/ssh/forward_env/{index}",
+                message=f"[ssh] forward_env names {name}, which launch.sh sets for "
+                "every node itself",
+                hint=f"remove it; {', '.join(RESERVED)} come from the plan",
+            )
     master = opts.master_addr
     if master is not None and not HOST.fullmatch(master):
-        yield Finding(code="MDC437", pointer="/ssh/master_addr",
-                      message=f"[ssh] master_addr {master!r} is not a host name or address",
-                      hint="write a name or IP address of node 0 that every host can reach")
-    elif opts.hosts and LOOPBACK.fullmatch(master or opts.hosts[0]) and \
-            any(not LOOPBACK.fullmatch(h) for h in opts.hosts):
+        yield Finding(
+            code="MDC437",
+            pointer="/ssh/master_addr",
+            message=f"[ssh] master_addr {master!r} is not a host name or address",
+            hint="write a name or IP address of node 0 that every host can reach",
+        )
+    elif (
+        opts.hosts
+        and LOOPBACK.fullmatch(master or opts.hosts[0])
+        and any(not LOOPBACK.fullmatch(h) for h in opts.hosts)
+    ):
         pointer = "/ssh/master_addr" if master else "/ssh/hosts/0"
-        yield Finding(code="MDC437", pointer=pointer, severity=Severity.WARNING,
-                      message=f"MASTER_ADDR would be {master or opts.hosts[0]!r}, a loopback "
-                              "address, but some hosts are other machines: they cannot reach it",
-                      hint="name node 0 by an address the other hosts reach, or set "
-                           "[ssh] master_addr")
+        yield Finding(
+            code="MDC437",
+            pointer=pointer,
+            severity=Severity.WARNING,
+            message=f"MASTER_ADDR would be {master or opts.hosts[0]!r}, a loopback "
+            "address, but some hosts are other machines: they cannot reach it",
+            hint="name node 0 by an address the other hosts reach, or set [ssh] master_addr",
+        )
     if plan.job.image:
-        yield Finding(code="MDC436", pointer="/job/image", severity=Severity.WARNING,
-                      message="the ssh backend runs on the hosts' own software; [job] image "
-                              "is not used",
-                      hint="run in a container from your command, or use a backend that "
-                           "starts containers")
+        yield Finding(
+            code="MDC436",
+            pointer="/job/image",
+            severity=Severity.WARNING,
+            message="the ssh backend runs on the hosts' own software; [job] image is not used",
+            hint="run in a container from your command, or use a backend that starts containers",
+        )
 
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="ssh",
-        description="hosts without a scheduler: ssh/launch.sh starts every node over ssh",
-        emit=emit,
-        check=check,
-        hosts=hosts,
-        schema=read_schema("mdc_schemas", "plugins/ssh.v1.schema.json"),
-        options_type=SshOptions,
-    )]
+    return [
+        BackendSpec(
+            name="ssh",
+            description="hosts without a scheduler: ssh/launch.sh starts every node over ssh",
+            emit=emit,
+            check=check,
+            hosts=hosts,
+            schema=read_schema("mdc_schemas", "plugins/ssh.v1.schema.json"),
+            options_type=SshOptions,
+        )
+    ]

@@ -69,8 +69,9 @@ def _opts(options: TrainJobOptions | None) -> TrainJobOptions:
 def node_names(plan: Plan, opts: TrainJobOptions) -> k8s.NodeNames:
     """JobSet pod DNS names: <jobset>-<replicatedJob>-<job index>-<pod index>.<jobset>."""
     name = plan.job.name
-    return k8s.NodeNames(count=plan.nnodes, prefix=f"{name}-{opts.replicated_job}-0-",
-                         suffix=f".{name}")
+    return k8s.NodeNames(
+        count=plan.nnodes, prefix=f"{name}-{opts.replicated_job}-0-", suffix=f".{name}"
+    )
 
 
 def files_of(plan: Plan, launch: Launch, opts: TrainJobOptions) -> list[Artifact]:
@@ -82,38 +83,63 @@ def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[s
     env = {"MASTER_PORT": str(plan.rendezvous.master_port)}
     # the shared container: its image, command, env and mounts; the rest goes to the patch
     full = k8s.container(plan, opts, name=opts.container, env=env)
-    trainer: dict[str, Any] = {"numNodes": plan.nnodes, "numProcPerNode": plan.nproc_per_node,
-                               "image": full["image"], "command": full["command"],
-                               "env": full["env"]}
+    trainer: dict[str, Any] = {
+        "numNodes": plan.nnodes,
+        "numProcPerNode": plan.nproc_per_node,
+        "image": full["image"],
+        "command": full["command"],
+        "env": full["env"],
+    }
     if "resources" in full:
         trainer["resourcesPerNode"] = full["resources"]
-    pod = k8s.pod_spec(plan, opts, containers=[{"name": opts.container,
-                                                "volumeMounts": full["volumeMounts"]}],
-                       files=files, restart_policy=None)
+    pod = k8s.pod_spec(
+        plan,
+        opts,
+        containers=[{"name": opts.container, "volumeMounts": full["volumeMounts"]}],
+        files=files,
+        restart_policy=None,
+    )
     template: dict[str, Any] = {"spec": pod}
     if opts.labels:
         template = {"metadata": {"labels": dict(sorted(opts.labels.items()))}, "spec": pod}
-    patch = {"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
-        "replicatedJobs": [{"name": opts.replicated_job,
-                            "template": {"spec": {"template": template}}}]}}}}
+    patch = {
+        "manager": MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {"name": opts.replicated_job, "template": {"spec": {"template": template}}}
+                    ]
+                }
+            }
+        },
+    }
     spec: dict[str, Any] = {
-        "runtimeRef": {"apiGroup": "trainer.kubeflow.org", "kind": opts.runtime_kind,
-                       "name": opts.runtime},
+        "runtimeRef": {
+            "apiGroup": "trainer.kubeflow.org",
+            "kind": opts.runtime_kind,
+            "name": opts.runtime,
+        },
         "trainer": trainer,
         "runtimePatches": [patch],
     }
     if opts.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
-    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-            "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
-            "spec": spec}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
+        "spec": spec,
+    }
 
 
 def documents(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[dict[str, Any]]:
     opts = _opts(options)
     files = files_of(plan, launch, opts)
-    return [k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
-            trainjob(plan, opts, files)]
+    return [
+        k8s.configmap(plan, files, namespace=opts.namespace, labels=k8s.job_labels(plan, opts)),
+        trainjob(plan, opts, files),
+    ]
 
 
 def emit(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[Artifact]:
@@ -125,36 +151,50 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
     yield from k8s.pod_findings(plan, opts, "trainjob")
     # the replicatedJob names pods and hosts: a bad one is its own finding, not the job's
     bad_replicated_job = k8s.dns_label_findings(
-        opts.replicated_job, "/trainjob/replicated_job", "[trainjob] replicated_job")
+        opts.replicated_job, "/trainjob/replicated_job", "[trainjob] replicated_job"
+    )
     yield from bad_replicated_job
     longest = node_names(plan, opts).name(plan.nnodes - 1).split(".")[0]
     if not RFC1035.fullmatch(plan.job.name) or (len(longest) > 63 and not bad_replicated_job):
-        yield Finding(code="MDC480", pointer="/job/name",
-                      message=f"the TrainJob name must be an RFC 1035 label and its pods are "
-                              f"named <job>-{opts.replicated_job}-0-<i>; {longest!r} "
-                              f"({len(longest)} characters) must be lowercase letters, digits "
-                              "and '-', starting with a letter, at most 63 characters",
-                      hint="start the job name with a letter and keep it to at most "
-                           f"{63 - (len(longest) - len(plan.job.name))} characters")
+        yield Finding(
+            code="MDC480",
+            pointer="/job/name",
+            message=f"the TrainJob name must be an RFC 1035 label and its pods are "
+            f"named <job>-{opts.replicated_job}-0-<i>; {longest!r} "
+            f"({len(longest)} characters) must be lowercase letters, digits "
+            "and '-', starting with a letter, at most 63 characters",
+            hint="start the job name with a letter and keep it to at most "
+            f"{63 - (len(longest) - len(plan.job.name))} characters",
+        )
     if plan.elastic:
-        yield Finding(code="MDC481", pointer="/distributed/min_nnodes",
-                      message=f"a TrainJob runs a fixed trainer.numNodes = {plan.nnodes}; "
-                              f"min_nnodes = {plan.min_nnodes} (elastic) is not supported",
-                      hint="remove min_nnodes, or use the pytorchjob backend (elasticPolicy)")
+        yield Finding(
+            code="MDC481",
+            pointer="/distributed/min_nnodes",
+            message=f"a TrainJob runs a fixed trainer.numNodes = {plan.nnodes}; "
+            f"min_nnodes = {plan.min_nnodes} (elastic) is not supported",
+            hint="remove min_nnodes, or use the pytorchjob backend (elasticPolicy)",
+        )
     if len(plan.roles) != 1:
-        yield Finding(code="MDC482", pointer="/distributed/launcher",
-                      message=f"a TrainJob runs one trainer command on every node; launcher "
-                              f"{plan.launcher} has {len(plan.roles)} roles "
-                              f"({', '.join(r.name for r in plan.roles)})",
-                      hint="use the kubernetes or leaderworkerset backend")
-    for key, field in (("image_pull_policy", "imagePullPolicy"),
-                       ("priority_class", "priorityClassName")):
+        yield Finding(
+            code="MDC482",
+            pointer="/distributed/launcher",
+            message=f"a TrainJob runs one trainer command on every node; launcher "
+            f"{plan.launcher} has {len(plan.roles)} roles "
+            f"({', '.join(r.name for r in plan.roles)})",
+            hint="use the kubernetes or leaderworkerset backend",
+        )
+    for key, field in (
+        ("image_pull_policy", "imagePullPolicy"),
+        ("priority_class", "priorityClassName"),
+    ):
         if getattr(opts, key) is not None:
-            yield Finding(code="MDC483", pointer=f"/trainjob/{key}",
-                          message=f"a TrainJob cannot set {field}: neither trainer nor "
-                                  "runtimePatches (v1alpha1) has that field",
-                          hint=f"remove {key} and set {field} in the "
-                               f"{opts.runtime_kind} {opts.runtime!r}")
+            yield Finding(
+                code="MDC483",
+                pointer=f"/trainjob/{key}",
+                message=f"a TrainJob cannot set {field}: neither trainer nor "
+                "runtimePatches (v1alpha1) has that field",
+                hint=f"remove {key} and set {field} in the {opts.runtime_kind} {opts.runtime!r}",
+            )
 
 
 def schema() -> dict[str, Any]:
@@ -166,8 +206,15 @@ def schema() -> dict[str, Any]:
 
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(
-        name="trainjob", emit=emit, check=check, launchers=LAUNCHERS, schema=schema(),
-        options_type=TrainJobOptions,
-        description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "
-                    "(default torch-distributed): numNodes, numProcPerNode, resources")]
+    return [
+        BackendSpec(
+            name="trainjob",
+            emit=emit,
+            check=check,
+            launchers=LAUNCHERS,
+            schema=schema(),
+            options_type=TrainJobOptions,
+            description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "
+            "(default torch-distributed): numNodes, numProcPerNode, resources",
+        )
+    ]

@@ -70,30 +70,41 @@ def spawn_script(plan: Plan, options: BasicOptions | None) -> str:
     """launch/spawn.sh: one node's processes, started, watched and stopped together."""
     nproc = plan.nproc_per_node
     extra = "".join(" " + shell_word(word) for word in extra_arguments(options))
-    return "\n".join([
-        "#!/usr/bin/env bash",
-        (f"# Starts the processes of job {plan.job.name!r} on one node (basic launcher): "
-         f"{nproc} per node, {plan.world_size} in all."),
-        "# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT, WORLD_SIZE and",
-        "# LOCAL_WORLD_SIZE exported and the job's command as its arguments. Each process gets",
-        "# RANK and LOCAL_RANK, and --world_size WORLD_SIZE --rank RANK after the command.",
-        "set -euo pipefail",
-        ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
-        ': "${WORLD_SIZE:?WORLD_SIZE must be set by launch/worker.sh}"',
-        ': "${LOCAL_WORLD_SIZE:?LOCAL_WORLD_SIZE must be set by launch/worker.sh}"',
-        "if (($# == 0)); then",
-        '  echo "mdc: spawn.sh needs the command to run as its arguments" >&2',
-        "  exit 2",
-        "fi",
-        *supervise([
-            "for ((local_rank = 0; local_rank < LOCAL_WORLD_SIZE; local_rank++)); do",
-            "  rank=$((NODE_RANK * LOCAL_WORLD_SIZE + local_rank))",
-            ('  RANK="$rank" LOCAL_RANK="$local_rank" "$@" '
-             f'{WORLD_SIZE_FLAG} "$WORLD_SIZE" {RANK_FLAG} "$rank"{extra} &'),
-            '  pids+=("$!")',
-            "done",
-        ], children="process", failed="a process on node $NODE_RANK", owner="node"),
-    ])
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            (
+                f"# Starts the processes of job {plan.job.name!r} on one node (basic launcher): "
+                f"{nproc} per node, {plan.world_size} in all."
+            ),
+            "# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT, WORLD_SIZE and",
+            "# LOCAL_WORLD_SIZE exported and the job's command as its arguments. Each process gets",
+            "# RANK and LOCAL_RANK, and --world_size WORLD_SIZE --rank RANK after the command.",
+            "set -euo pipefail",
+            ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
+            ': "${WORLD_SIZE:?WORLD_SIZE must be set by launch/worker.sh}"',
+            ': "${LOCAL_WORLD_SIZE:?LOCAL_WORLD_SIZE must be set by launch/worker.sh}"',
+            "if (($# == 0)); then",
+            '  echo "mdc: spawn.sh needs the command to run as its arguments" >&2',
+            "  exit 2",
+            "fi",
+            *supervise(
+                [
+                    "for ((local_rank = 0; local_rank < LOCAL_WORLD_SIZE; local_rank++)); do",
+                    "  rank=$((NODE_RANK * LOCAL_WORLD_SIZE + local_rank))",
+                    (
+                        '  RANK="$rank" LOCAL_RANK="$local_rank" "$@" '
+                        f'{WORLD_SIZE_FLAG} "$WORLD_SIZE" {RANK_FLAG} "$rank"{extra} &'
+                    ),
+                    '  pids+=("$!")',
+                    "done",
+                ],
+                children="process",
+                failed="a process on node $NODE_RANK",
+                owner="node",
+            ),
+        ]
+    )
 
 
 def emit(plan: Plan, options: BasicOptions | None) -> Launch:
@@ -115,57 +126,73 @@ def emit(plan: Plan, options: BasicOptions | None) -> Launch:
         "MASTER_ADDR": "node 0's address (set by the backend)",
         "MASTER_PORT": str(plan.rendezvous.master_port),
     }
-    return Launch(roles=(Role(name="worker", argv=argv, env=env),),
-                  files=(Artifact.text(SPAWNER, spawn_script(plan, options), executable=True),),
-                  worker_env=worker_env)
+    return Launch(
+        roles=(Role(name="worker", argv=argv, env=env),),
+        files=(Artifact.text(SPAWNER, spawn_script(plan, options), executable=True),),
+        worker_env=worker_env,
+    )
 
 
 def check(plan: Plan, options: BasicOptions | None) -> Iterator[Finding]:
     if plan.elastic:
-        yield Finding(code="MDC350", pointer="/distributed/min_nnodes",
-                      message=f"the basic launcher passes a fixed --world_size "
-                              f"{plan.world_size}; it cannot run an elastic job "
-                              f"(min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
-                      hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})")
+        yield Finding(
+            code="MDC350",
+            pointer="/distributed/min_nnodes",
+            message=f"the basic launcher passes a fixed --world_size "
+            f"{plan.world_size}; it cannot run an elastic job "
+            f"(min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
+            hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})",
+        )
     path = options.rendezvous_file if options is not None else None
     if path is not None:
         if not path.startswith("/"):
-            yield Finding(code="MDC351", pointer="/basic/rendezvous_file",
-                          message=f"rendezvous_file {path!r} is not an absolute path; every "
-                                  "process on every node must name the same file",
-                          hint=f"use an absolute path on a shared filesystem, e.g. "
-                               f"/shared/rendezvous/{plan.job.name}")
+            yield Finding(
+                code="MDC351",
+                pointer="/basic/rendezvous_file",
+                message=f"rendezvous_file {path!r} is not an absolute path; every "
+                "process on every node must name the same file",
+                hint=f"use an absolute path on a shared filesystem, e.g. "
+                f"/shared/rendezvous/{plan.job.name}",
+            )
         bad = sorted({c for c in path if c in "?#" or not c.isprintable()})
         if bad or path.endswith("/"):
             shown = ", ".join(repr(c) for c in bad) if bad else "a trailing '/'"
-            yield Finding(code="MDC352", pointer="/basic/rendezvous_file",
-                          message=f"rendezvous_file {path!r} cannot be a file:// URL "
-                                  f"init_process_group reads: it has {shown} (in such a URL, "
-                                  "'?' starts torch's rank/world_size parameters and '#' a "
-                                  "fragment)",
-                          hint="use a file path of plain characters, e.g. "
-                               f"/shared/rendezvous/{plan.job.name}")
+            yield Finding(
+                code="MDC352",
+                pointer="/basic/rendezvous_file",
+                message=f"rendezvous_file {path!r} cannot be a file:// URL "
+                f"init_process_group reads: it has {shown} (in such a URL, "
+                "'?' starts torch's rank/world_size parameters and '#' a "
+                "fragment)",
+                hint="use a file path of plain characters, e.g. "
+                f"/shared/rendezvous/{plan.job.name}",
+            )
     flags = [WORLD_SIZE_FLAG, RANK_FLAG] + ([INIT_METHOD_FLAG] if path is not None else [])
-    written = [f for f in flags if any(w == f or w.startswith(f + "=")
-                                       for w in plan.job.argv)]
+    written = [f for f in flags if any(w == f or w.startswith(f + "=") for w in plan.job.argv)]
     if written:
-        yield Finding(code="MDC353", pointer="/job/command", severity=Severity.WARNING,
-                      message=f"the command already has {', '.join(written)}; the basic "
-                              "launcher appends its own after the command, and argparse "
-                              "keeps the last",
-                      hint=f"remove {', '.join(written)} from the command")
+        yield Finding(
+            code="MDC353",
+            pointer="/job/command",
+            severity=Severity.WARNING,
+            message=f"the command already has {', '.join(written)}; the basic "
+            "launcher appends its own after the command, and argparse "
+            "keeps the last",
+            hint=f"remove {', '.join(written)} from the command",
+        )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="basic",
-        description="the command itself, nproc_per_node copies per node, each with "
-                    "--world_size/--rank and RANK/WORLD_SIZE/MASTER_* for its own "
-                    "init_process_group",
-        parallelism="data",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/basic.v1.schema.json"),
-        options_type=BasicOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="basic",
+            description="the command itself, nproc_per_node copies per node, each with "
+            "--world_size/--rank and RANK/WORLD_SIZE/MASTER_* for its own "
+            "init_process_group",
+            parallelism="data",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/basic.v1.schema.json"),
+            options_type=BasicOptions,
+        )
+    ]

@@ -89,27 +89,63 @@ REMOVED_ZERO_KEYS = {
 }
 #: zero_optimization keys DeepSpeedZeroConfig 0.19.8 accepts (field names and their aliases);
 #: it forbids any other ("Extra inputs are not permitted").
-ZERO_KEYS = frozenset({
-    "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
-    "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
-    "elastic_checkpoint", "enable_sanity_checks", "gather_16bit_weights_on_model_save",
-    "ignore_unused_parameters", "leaf_module", "legacy_stage1", "load_from_fp32_weights",
-    "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance",
-    "memory_efficient_linear", "model_persistence_threshold", "module_granularity_threshold",
-    "offload_optimizer", "offload_param", "overlap_comm", "override_module_apply",
-    "param_persistence_threshold", "parameter_alignment", "pipeline_loading_checkpoint",
-    "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter", "round_robin_gradients",
-    "save_muon_momentum_buffer_in_memory", "stage", "stage3_gather_fp16_weights_on_model_save",
-    "sub_group_size", "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce",
-    "zenflow", "zero_hpz_partition_size", "zero_quantized_gradients",
-    "zero_quantized_nontrainable_weights", "zero_quantized_weights",
-    # aliases
-    "stage3_allgather_sequential", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_model_persistence_threshold", "stage3_module_granularity_threshold",
-    "stage3_param_persistence_threshold", "stage3_prefetch_bucket_size",
-    "stage3_use_all_reduce_for_fetch_params",
-})
+ZERO_KEYS = frozenset(
+    {
+        "allgather_bucket_size",
+        "allgather_partitions",
+        "allgather_sequential",
+        "compute_grad_norm",
+        "contiguous_gradients",
+        "cpu_offload",
+        "cpu_offload_param",
+        "cpu_offload_use_pin_memory",
+        "elastic_checkpoint",
+        "enable_sanity_checks",
+        "gather_16bit_weights_on_model_save",
+        "ignore_unused_parameters",
+        "leaf_module",
+        "legacy_stage1",
+        "load_from_fp32_weights",
+        "log_trace_cache_warnings",
+        "max_live_parameters",
+        "max_reuse_distance",
+        "memory_efficient_linear",
+        "model_persistence_threshold",
+        "module_granularity_threshold",
+        "offload_optimizer",
+        "offload_param",
+        "overlap_comm",
+        "override_module_apply",
+        "param_persistence_threshold",
+        "parameter_alignment",
+        "pipeline_loading_checkpoint",
+        "prefetch_bucket_size",
+        "reduce_bucket_size",
+        "reduce_scatter",
+        "round_robin_gradients",
+        "save_muon_momentum_buffer_in_memory",
+        "stage",
+        "stage3_gather_fp16_weights_on_model_save",
+        "sub_group_size",
+        "use_all_reduce_for_fetch_params",
+        "use_multi_rank_bucket_allreduce",
+        "zenflow",
+        "zero_hpz_partition_size",
+        "zero_quantized_gradients",
+        "zero_quantized_nontrainable_weights",
+        "zero_quantized_weights",
+        # aliases
+        "stage3_allgather_sequential",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "stage3_model_persistence_threshold",
+        "stage3_module_granularity_threshold",
+        "stage3_param_persistence_threshold",
+        "stage3_prefetch_bucket_size",
+        "stage3_use_all_reduce_for_fetch_params",
+    }
+)
 #: launchers a user may have left at the front of the command
 LAUNCHER_COMMANDS = ("deepspeed", "torchrun")
 
@@ -190,14 +226,20 @@ def ds_config(plan: Plan, opts: DeepSpeedOptions) -> dict[str, Any]:
 
 def hostfile(plan: Plan) -> str:
     """One ``HOST slots=G`` line per node, in node-rank order."""
-    lines = ["# Node layout for deepspeed --no_ssh: one line per node, in node-rank order.",
-             "# Every node starts its own launcher; no host is reached through this file."]
+    lines = [
+        "# Node layout for deepspeed --no_ssh: one line per node, in node-rank order.",
+        "# Every node starts its own launcher; no host is reached through this file.",
+    ]
     hosts = list(plan.hosts or ())
     usable = len(set(hosts)) == len(hosts) == plan.nnodes and all(
-        re.fullmatch(r"[^\s#]\S*", host) for host in hosts)
+        re.fullmatch(r"[^\s#]\S*", host) for host in hosts
+    )
     if not usable:
-        why = ("the backend learns its hosts only at run time" if plan.hosts is None else
-               "the backend's host names repeat or are not single words")
+        why = (
+            "the backend learns its hosts only at run time"
+            if plan.hosts is None
+            else "the backend's host names repeat or are not single words"
+        )
         lines.append(f"# These names are labels: {why}.")
         hosts = [f"node-{index}" for index in range(plan.nnodes)]
     lines += [f"{host} slots={plan.nproc_per_node}" for host in hosts]
@@ -220,9 +262,20 @@ def _deepspeed_program(plan: Plan) -> list[str]:
 
 def deepspeed_flags(plan: Plan, opts: DeepSpeedOptions) -> list[Word]:
     flags: list[Word] = [
-        "deepspeed", "--hostfile", out_file(HOSTFILE_PATH), "--no_ssh",
-        "--node_rank", NODE_RANK, "--master_addr", MASTER_ADDR, "--master_port", MASTER_PORT,
-        "--num_nodes", str(plan.nnodes), "--num_gpus", str(plan.nproc_per_node),
+        "deepspeed",
+        "--hostfile",
+        out_file(HOSTFILE_PATH),
+        "--no_ssh",
+        "--node_rank",
+        NODE_RANK,
+        "--master_addr",
+        MASTER_ADDR,
+        "--master_port",
+        MASTER_PORT,
+        "--num_nodes",
+        str(plan.nnodes),
+        "--num_gpus",
+        str(plan.nproc_per_node),
     ]
     if opts.local_rank_argument is False:
         flags.append("--no_local_rank")
@@ -273,7 +326,8 @@ def _deepspeed_runner(plan: Plan, opts: DeepSpeedOptions) -> _Runner:
             "GROUP_RANK": "NODE_RANK (set by mdc, as torchrun would)",
             "LOCAL_WORLD_SIZE": f"{nproc} (set by mdc, as torchrun would)",
         },
-        files=[Artifact.text(HOSTFILE_PATH, hostfile(plan))])
+        files=[Artifact.text(HOSTFILE_PATH, hostfile(plan))],
+    )
 
 
 def _torchrun_runner(plan: Plan, opts: DeepSpeedOptions) -> _Runner:
@@ -290,7 +344,10 @@ def _torchrun_runner(plan: Plan, opts: DeepSpeedOptions) -> _Runner:
     return _Runner(
         prefix=torchrun_argv(plan, topts, []),
         argv=torchrun_argv(plan, topts, [*program(plan.job.argv), *_config_args(opts)]),
-        env=env, worker_env=worker_env, files=[])
+        env=env,
+        worker_env=worker_env,
+        files=[],
+    )
 
 
 def emit(plan: Plan, options: DeepSpeedOptions | None) -> Launch:
@@ -298,8 +355,12 @@ def emit(plan: Plan, options: DeepSpeedOptions | None) -> Launch:
     name = runner_of(plan, opts)
     runner = (_deepspeed_runner if name == "deepspeed" else _torchrun_runner)(plan, opts)
     accelerator = DS_ACCELERATORS[plan.accelerator]
-    env = {**runner.env, "DS_ACCELERATOR": accelerator,
-           CONFIG_VARIABLE: out_file(CONFIG_PATH), **runner_env(plan, runner.prefix)}
+    env = {
+        **runner.env,
+        "DS_ACCELERATOR": accelerator,
+        CONFIG_VARIABLE: out_file(CONFIG_PATH),
+        **runner_env(plan, runner.prefix),
+    }
     worker_env = {
         **runner.worker_env,
         "DS_ACCELERATOR": accelerator,
@@ -307,9 +368,11 @@ def emit(plan: Plan, options: DeepSpeedOptions | None) -> Launch:
         **runner_worker_env(plan, name),
     }
     files = [Artifact.json(CONFIG_PATH, ds_config(plan, opts)), *runner.files]
-    return Launch(roles=(Role(name="worker", argv=tuple(runner.argv),
-                              env=dict(sorted(env.items()))),),
-                  files=tuple(files), worker_env=dict(sorted(worker_env.items())))
+    return Launch(
+        roles=(Role(name="worker", argv=tuple(runner.argv), env=dict(sorted(env.items()))),),
+        files=tuple(files),
+        worker_env=dict(sorted(worker_env.items())),
+    )
 
 
 # ---------------------------------------------------------------- checks
@@ -341,38 +404,49 @@ def _config_findings(plan: Plan, opts: DeepSpeedOptions) -> Iterator[Finding]:
     derived = derived_config(plan, opts)
     total, micro, steps = triad(plan)
     for path, what in _non_json(config, ("deepspeed", "config")):
-        yield Finding(code="MDC312", pointer=_pointer(*path),
-                      message=f"ds_config.json cannot hold {what}: JSON has no such value",
-                      hint="write a string, a finite number, true/false, a list or a table")
+        yield Finding(
+            code="MDC312",
+            pointer=_pointer(*path),
+            message=f"ds_config.json cannot hold {what}: JSON has no such value",
+            hint="write a string, a finite number, true/false, a list or a table",
+        )
     for key in TRIAD:
         if key not in config:
             continue
         where = _pointer("deepspeed", "config", key)
-        arithmetic = (f"train_batch_size {total} = micro {micro} * accumulation {steps} * dp "
-                      f"{plan.sizes.dp}")
+        arithmetic = (
+            f"train_batch_size {total} = micro {micro} * accumulation {steps} * dp {plan.sizes.dp}"
+        )
         if _same(config[key], derived[key]):
             yield _redundant(where, f"{key} = {derived[key]}", f"from [batch] and dp: {arithmetic}")
             continue
-        yield Finding(code="MDC311", pointer=where,
-                      message=f"[deepspeed] config sets {key} = {_json_text(config[key])}, but "
-                              f"mdc derives it ({derived[key]}) from [batch] and dp: {arithmetic}",
-                      hint="remove it; set [batch] global_batch_size and micro_batch_size "
-                           "instead")
+        yield Finding(
+            code="MDC311",
+            pointer=where,
+            message=f"[deepspeed] config sets {key} = {_json_text(config[key])}, but "
+            f"mdc derives it ({derived[key]}) from [batch] and dp: {arithmetic}",
+            hint="remove it; set [batch] global_batch_size and micro_batch_size instead",
+        )
     precision = precision_of(plan, opts) or "fp32"
-    owned = {"zero_optimization": ("stage", "zero_stage", zero_stage_of(opts)),
-             "bf16": ("enabled", "precision", precision),
-             "fp16": ("enabled", "precision", precision)}
+    owned = {
+        "zero_optimization": ("stage", "zero_stage", zero_stage_of(opts)),
+        "bf16": ("enabled", "precision", precision),
+        "fp16": ("enabled", "precision", precision),
+    }
     for table, (key, setting, now) in owned.items():
         if table not in config:
             continue
         given = config[table]
         source = f"[deepspeed] {setting} (now {now})"
         if not isinstance(given, Mapping):
-            yield Finding(code="MDC311", pointer=_pointer("deepspeed", "config", table),
-                          message=f"[deepspeed] config sets {table} = {_json_text(given)}; mdc "
-                                  "writes "
-                                  f"{table}.{key} from {source}, so {table} must be a table",
-                          hint=f"write {table} as a table without {key!r}")
+            yield Finding(
+                code="MDC311",
+                pointer=_pointer("deepspeed", "config", table),
+                message=f"[deepspeed] config sets {table} = {_json_text(given)}; mdc "
+                "writes "
+                f"{table}.{key} from {source}, so {table} must be a table",
+                hint=f"write {table} as a table without {key!r}",
+            )
         elif key in given:
             value, where = given[key], _pointer("deepspeed", "config", table, key)
             written = f"{table}.{key} = {_json_text(derived[table][key])}"
@@ -382,40 +456,57 @@ def _config_findings(plan: Plan, opts: DeepSpeedOptions) -> Iterator[Finding]:
             if setting == "zero_stage" and value in (0, 1, 2, 3) and not isinstance(value, bool):
                 hint = f"set [deepspeed] zero_stage = {value} instead"
             elif setting == "precision" and value is True:
-                hint = f"set [deepspeed] precision = \"{table}\" instead"
+                hint = f'set [deepspeed] precision = "{table}" instead'
             else:
                 hint = f"remove {table}.{key} from config; [deepspeed] {setting} decides it"
-            yield Finding(code="MDC311", pointer=where,
-                          message=f"[deepspeed] config sets {table}.{key} = {_json_text(value)}, "
-                                  f"but mdc writes {written} from {source}",
-                          hint=hint)
+            yield Finding(
+                code="MDC311",
+                pointer=where,
+                message=f"[deepspeed] config sets {table}.{key} = {_json_text(value)}, "
+                f"but mdc writes {written} from {source}",
+                hint=hint,
+            )
     if "bfloat16" in config:
-        yield Finding(code="MDC311", pointer=_pointer("deepspeed", "config", "bfloat16"),
-                      message="DeepSpeed reads bfloat16 only when bf16 is absent, and mdc always "
-                              "writes bf16 (from [deepspeed] precision), so bfloat16 would be "
-                              "ignored",
-                      hint="put these keys under bf16, and set [deepspeed] precision = \"bf16\"")
+        yield Finding(
+            code="MDC311",
+            pointer=_pointer("deepspeed", "config", "bfloat16"),
+            message="DeepSpeed reads bfloat16 only when bf16 is absent, and mdc always "
+            "writes bf16 (from [deepspeed] precision), so bfloat16 would be "
+            "ignored",
+            hint='put these keys under bf16, and set [deepspeed] precision = "bf16"',
+        )
     for key in sorted(set(config) & set(REMOVED_KEYS)):
-        yield Finding(code="MDC313", pointer=_pointer("deepspeed", "config", key),
-                      message=f"DeepSpeed 0.19.8 removed {key!r} and refuses a ds_config that "
-                              "has it (DeepSpeedConfigError)",
-                      hint=REMOVED_KEYS[key])
+        yield Finding(
+            code="MDC313",
+            pointer=_pointer("deepspeed", "config", key),
+            message=f"DeepSpeed 0.19.8 removed {key!r} and refuses a ds_config that "
+            "has it (DeepSpeedConfigError)",
+            hint=REMOVED_KEYS[key],
+        )
     zero = config.get("zero_optimization")
     if isinstance(zero, Mapping):
         for key in sorted(str(k) for k in zero):
             at = _pointer("deepspeed", "config", "zero_optimization", key)
             if key in REMOVED_ZERO_KEYS:
-                yield Finding(code="MDC313", pointer=at,
-                              message=f"DeepSpeed 0.19.8 removed zero_optimization.{key} and "
-                                      "refuses a ds_config that has it (DeepSpeedConfigError)",
-                              hint=REMOVED_ZERO_KEYS[key])
+                yield Finding(
+                    code="MDC313",
+                    pointer=at,
+                    message=f"DeepSpeed 0.19.8 removed zero_optimization.{key} and "
+                    "refuses a ds_config that has it (DeepSpeedConfigError)",
+                    hint=REMOVED_ZERO_KEYS[key],
+                )
             elif key not in ZERO_KEYS:
                 near = difflib.get_close_matches(key, sorted(ZERO_KEYS), n=1, cutoff=0.6)
-                yield Finding(code="MDC314", pointer=at, severity=Severity.WARNING,
-                              message=f"DeepSpeed 0.19.8 does not know zero_optimization.{key} "
-                                      "and refuses it (Extra inputs are not permitted)",
-                              hint=f"did you mean {near[0]!r}?" if near else
-                              "remove it, unless your DeepSpeed is newer and knows it")
+                yield Finding(
+                    code="MDC314",
+                    pointer=at,
+                    severity=Severity.WARNING,
+                    message=f"DeepSpeed 0.19.8 does not know zero_optimization.{key} "
+                    "and refuses it (Extra inputs are not permitted)",
+                    hint=f"did you mean {near[0]!r}?"
+                    if near
+                    else "remove it, unless your DeepSpeed is newer and knows it",
+                )
 
 
 def _same(given: object, derived: object) -> bool:
@@ -424,10 +515,13 @@ def _same(given: object, derived: object) -> bool:
 
 
 def _redundant(pointer: str, written: str, source: str) -> Finding:
-    return Finding(code="MDC311", pointer=pointer, severity=Severity.WARNING,
-                   message=f"[deepspeed] config repeats {written}, which mdc writes anyway "
-                           f"({source})",
-                   hint="remove it from config")
+    return Finding(
+        code="MDC311",
+        pointer=pointer,
+        severity=Severity.WARNING,
+        message=f"[deepspeed] config repeats {written}, which mdc writes anyway ({source})",
+        hint="remove it from config",
+    )
 
 
 def _json_text(value: object) -> str:
@@ -446,27 +540,36 @@ def _command_findings(plan: Plan, opts: DeepSpeedOptions, runner: str) -> Iterat
         return _pointer("job", "command", str(index)) if listed else "/job/command"
 
     if argv and os.path.basename(argv[0]) in LAUNCHER_COMMANDS:
-        yield Finding(code="MDC317", pointer=at(0),
-                      message=f"the command starts with {argv[0]!r}, but the deepspeed launcher "
-                              f"already runs it under {runner}",
-                      hint="give only the program, e.g. [\"python\", \"train.py\", ...]")
+        yield Finding(
+            code="MDC317",
+            pointer=at(0),
+            message=f"the command starts with {argv[0]!r}, but the deepspeed launcher "
+            f"already runs it under {runner}",
+            hint='give only the program, e.g. ["python", "train.py", ...]',
+        )
     if opts.config_argument is not False:
         for index, word in enumerate(argv):
             flag = word.split("=", 1)[0]
             if flag in ("--deepspeed_config", "--deepscale_config"):
-                yield Finding(code="MDC317", pointer=at(index),
-                              message=f"the command already passes {flag}, and mdc appends "
-                                      f"--deepspeed_config <{CONFIG_PATH}>; argparse keeps the "
-                                      "last one (deepspeed.initialize refuses both "
-                                      "--deepscale_config and --deepspeed_config)",
-                              hint="remove it from the command (mdc writes ds_config.json), or "
-                                   "set [deepspeed] config_argument = false")
+                yield Finding(
+                    code="MDC317",
+                    pointer=at(index),
+                    message=f"the command already passes {flag}, and mdc appends "
+                    f"--deepspeed_config <{CONFIG_PATH}>; argparse keeps the "
+                    "last one (deepspeed.initialize refuses both "
+                    "--deepscale_config and --deepspeed_config)",
+                    hint="remove it from the command (mdc writes ds_config.json), or "
+                    "set [deepspeed] config_argument = false",
+                )
     if runner == "torchrun" and opts.local_rank_argument is True:
-        yield Finding(code="MDC317", pointer="/deepspeed/local_rank_argument",
-                      message="torchrun never passes --local_rank=<i> to workers, so "
-                              "local_rank_argument = true needs runner = \"deepspeed\"",
-                      hint="read LOCAL_RANK from the environment and drop "
-                           "local_rank_argument, or set runner = \"deepspeed\"")
+        yield Finding(
+            code="MDC317",
+            pointer="/deepspeed/local_rank_argument",
+            message="torchrun never passes --local_rank=<i> to workers, so "
+            'local_rank_argument = true needs runner = "deepspeed"',
+            hint="read LOCAL_RANK from the environment and drop "
+            'local_rank_argument, or set runner = "deepspeed"',
+        )
 
 
 def check(plan: Plan, options: DeepSpeedOptions | None) -> Iterator[Finding]:
@@ -474,65 +577,85 @@ def check(plan: Plan, options: DeepSpeedOptions | None) -> Iterator[Finding]:
     runner = runner_of(plan, opts)
     stage, sizes = zero_stage_of(opts), plan.sizes
     if stage >= 2 and sizes.pp > 1:
-        yield Finding(code="MDC310", pointer="/deepspeed/zero_stage",
-                      message=f"DeepSpeed's pipeline engine refuses ZeRO stage {stage} with "
-                              f"pipeline parallelism (pp = {sizes.pp}): \"ZeRO-2 and ZeRO-3 are "
-                              "incompatible with pipeline parallelism\"",
-                      hint="use zero_stage = 0 or 1 with pp > 1, or pp = 1")
+        yield Finding(
+            code="MDC310",
+            pointer="/deepspeed/zero_stage",
+            message=f"DeepSpeed's pipeline engine refuses ZeRO stage {stage} with "
+            f'pipeline parallelism (pp = {sizes.pp}): "ZeRO-2 and ZeRO-3 are '
+            'incompatible with pipeline parallelism"',
+            hint="use zero_stage = 0 or 1 with pp > 1, or pp = 1",
+        )
     if plan.elastic:
         total, _, _ = triad(plan)
-        yield Finding(code="MDC315", pointer="/distributed/min_nnodes",
-                      message=f"DeepSpeed cannot run an elastic job (min_nnodes = "
-                              f"{plan.min_nnodes} < nnodes = {plan.nnodes}): ds_config.json "
-                              f"fixes train_batch_size = {total} for dp = {sizes.dp}, which "
-                              "DeepSpeed refuses when fewer nodes join, and DeepSpeed 0.19.8 "
-                              "removed its elasticity support",
-                      hint=f"remove min_nnodes (a fixed {plan.nnodes}-node job)")
+        yield Finding(
+            code="MDC315",
+            pointer="/distributed/min_nnodes",
+            message=f"DeepSpeed cannot run an elastic job (min_nnodes = "
+            f"{plan.min_nnodes} < nnodes = {plan.nnodes}): ds_config.json "
+            f"fixes train_batch_size = {total} for dp = {sizes.dp}, which "
+            "DeepSpeed refuses when fewer nodes join, and DeepSpeed 0.19.8 "
+            "removed its elasticity support",
+            hint=f"remove min_nnodes (a fixed {plan.nnodes}-node job)",
+        )
     if precision_of(plan, opts) is None and plan.model is not None:
-        yield Finding(code="MDC316", pointer="/model/dtype",
-                      message=f"ds_config.json has no {plan.model.dtype} mode (only bf16, fp16 "
-                              "or fp32), so [model] dtype does not say how DeepSpeed trains",
-                      hint="set [deepspeed] precision, e.g. \"bf16\"")
+        yield Finding(
+            code="MDC316",
+            pointer="/model/dtype",
+            message=f"ds_config.json has no {plan.model.dtype} mode (only bf16, fp16 "
+            "or fp32), so [model] dtype does not say how DeepSpeed trains",
+            hint='set [deepspeed] precision, e.g. "bf16"',
+        )
     if sizes.tp * sizes.cp > 1:
         total, micro, steps = triad(plan)
         axis = "tp" if sizes.tp > 1 else "cp"
-        yield Finding(code="MDC319", pointer=f"/parallelism/{axis}", severity=Severity.WARNING,
-                      message=f"DeepSpeed checks train_batch_size = {total} against micro "
-                              f"{micro} * accumulation {steps} * its data-parallel size; with "
-                              f"tp = {sizes.tp} and cp = {sizes.cp} that is dp = {sizes.dp} only "
-                              "if the script passes deepspeed.initialize an mpu (as "
-                              "Megatron-DeepSpeed does), else it is the world size "
-                              f"{plan.world_size} and DeepSpeed refuses the config",
-                      hint="pass an mpu whose get_data_parallel_world_size() is "
-                           f"{sizes.dp}, or keep tp = cp = 1")
+        yield Finding(
+            code="MDC319",
+            pointer=f"/parallelism/{axis}",
+            severity=Severity.WARNING,
+            message=f"DeepSpeed checks train_batch_size = {total} against micro "
+            f"{micro} * accumulation {steps} * its data-parallel size; with "
+            f"tp = {sizes.tp} and cp = {sizes.cp} that is dp = {sizes.dp} only "
+            "if the script passes deepspeed.initialize an mpu (as "
+            "Megatron-DeepSpeed does), else it is the world size "
+            f"{plan.world_size} and DeepSpeed refuses the config",
+            hint="pass an mpu whose get_data_parallel_world_size() is "
+            f"{sizes.dp}, or keep tp = cp = 1",
+        )
     yield from _config_findings(plan, opts)
     yield from _command_findings(plan, opts, runner)
     table = _torchrun_table(plan)
     if runner == "torchrun":
         yield from torchrun_findings(plan, table)
     elif table is not None:
-        yield Finding(code="MDC318", pointer="/torchrun", severity=Severity.WARNING,
-                      message="the [torchrun] table is not used: the deepspeed launcher runs "
-                              "with runner = \"deepspeed\"",
-                      hint="remove [torchrun], or set [deepspeed] runner = \"torchrun\"")
+        yield Finding(
+            code="MDC318",
+            pointer="/torchrun",
+            severity=Severity.WARNING,
+            message="the [torchrun] table is not used: the deepspeed launcher runs "
+            'with runner = "deepspeed"',
+            hint='remove [torchrun], or set [deepspeed] runner = "torchrun"',
+        )
 
 
 def training(options: DeepSpeedOptions | None) -> TrainingSetup:
     opts = _options(options)
-    return TrainingSetup(zero_stage=zero_stage_of(opts),
-                         grad_bytes=4 if opts.precision == "fp32" else 2)
+    return TrainingSetup(
+        zero_stage=zero_stage_of(opts), grad_bytes=4 if opts.precision == "fp32" else 2
+    )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="deepspeed",
-        description="DeepSpeed: the deepspeed command (--no_ssh) or torchrun on every node, "
-                    "with a ds_config.json whose batch triad matches the plan",
-        parallelism="data",
-        emit=emit,
-        check=check,
-        training=training,
-        schema=read_schema("mdc_schemas", "plugins/deepspeed.v1.schema.json"),
-        options_type=DeepSpeedOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="deepspeed",
+            description="DeepSpeed: the deepspeed command (--no_ssh) or torchrun on every node, "
+            "with a ds_config.json whose batch triad matches the plan",
+            parallelism="data",
+            emit=emit,
+            check=check,
+            training=training,
+            schema=read_schema("mdc_schemas", "plugins/deepspeed.v1.schema.json"),
+            options_type=DeepSpeedOptions,
+        )
+    ]

@@ -43,7 +43,9 @@ TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
 #: Megatron-LM's flags that select the same setting as one mdc emits (a second spelling).
 ALIASES: Mapping[str, tuple[str, ...]] = {
     "--num-virtual-stages-per-pipeline-rank": (
-        "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout"),
+        "--num-layers-per-virtual-pipeline-stage",
+        "--pipeline-model-parallel-layout",
+    ),
     "--num-layers": ("--encoder-num-layers",),
     "--recompute-granularity": ("--recompute-activations",),
     "--tensor-model-parallel-size": ("--model-parallel-size",),
@@ -130,9 +132,12 @@ def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         if opts.max_position_embeddings is not None:
             yield from ("--max-position-embeddings", str(opts.max_position_embeddings))
         return
-    for flag, value in (("--num-layers", model.num_layers), ("--hidden-size", model.hidden_size),
-                        ("--ffn-hidden-size", model.ffn_hidden_size),
-                        ("--num-attention-heads", model.num_attention_heads)):
+    for flag, value in (
+        ("--num-layers", model.num_layers),
+        ("--hidden-size", model.hidden_size),
+        ("--ffn-hidden-size", model.ffn_hidden_size),
+        ("--num-attention-heads", model.num_attention_heads),
+    ):
         if value is not None:
             yield from (flag, str(value))
     groups, heads = model.num_query_groups, model.num_attention_heads
@@ -145,8 +150,10 @@ def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         yield from ("--max-position-embeddings", str(positions))
     if model.num_experts is not None:
         yield from ("--num-experts", str(model.num_experts))
-    for flag, value in (("--moe-ffn-hidden-size", model.moe_ffn_hidden_size),
-                        ("--moe-router-topk", model.moe_router_topk)):
+    for flag, value in (
+        ("--moe-ffn-hidden-size", model.moe_ffn_hidden_size),
+        ("--moe-router-topk", model.moe_router_topk),
+    ):
         if value is not None:
             yield from (flag, str(value))
     # the layout keys the memory estimate reads, in Megatron-LM's words (its defaults:
@@ -173,9 +180,18 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
     """The Megatron-LM arguments mdc appends to the user's command (before ``extra_args``)."""
     opts = _options(options)
     s = plan.sizes
-    args = ["--tensor-model-parallel-size", str(s.tp), "--pipeline-model-parallel-size", str(s.pp),
-            "--context-parallel-size", str(s.cp), "--expert-model-parallel-size", str(s.ep),
-            "--expert-tensor-parallel-size", str(s.etp)]
+    args = [
+        "--tensor-model-parallel-size",
+        str(s.tp),
+        "--pipeline-model-parallel-size",
+        str(s.pp),
+        "--context-parallel-size",
+        str(s.cp),
+        "--expert-model-parallel-size",
+        str(s.ep),
+        "--expert-tensor-parallel-size",
+        str(s.etp),
+    ]
     if s.vpp is not None:
         args += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
     if megatron_order(plan) == TP_PP_DP_ORDER:
@@ -189,8 +205,12 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
     if opts.overlap_param_gather:
         args.append("--overlap-param-gather")
     if plan.batch is not None:
-        args += ["--micro-batch-size", str(plan.batch.micro_batch_size),
-                 "--global-batch-size", str(plan.batch.global_batch_size)]
+        args += [
+            "--micro-batch-size",
+            str(plan.batch.micro_batch_size),
+            "--global-batch-size",
+            str(plan.batch.global_batch_size),
+        ]
     args += _model_args(plan, opts)
     if opts.recompute_granularity is not None:
         args += ["--recompute-granularity", opts.recompute_granularity]
@@ -215,8 +235,11 @@ def _passes(words: Sequence[str], flag: str) -> bool:
 
 def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
     s = plan.sizes
-    env = {"TENSOR_MODEL_PARALLEL_SIZE": str(s.tp), "PIPELINE_MODEL_PARALLEL_SIZE": str(s.pp),
-           "CONTEXT_PARALLEL_SIZE": str(s.cp)}
+    env = {
+        "TENSOR_MODEL_PARALLEL_SIZE": str(s.tp),
+        "PIPELINE_MODEL_PARALLEL_SIZE": str(s.pp),
+        "CONTEXT_PARALLEL_SIZE": str(s.cp),
+    }
     if _needs_max_connections(plan, [*plan.job.argv, *_options(options).extra_args]):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
@@ -231,12 +254,20 @@ def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
     opts = _options(options)
     words: list[Word] = [*program(plan.job.argv), *megatron_args(plan, opts), *opts.extra_args]
     env = megatron_env(plan, opts)
-    worker_env = {**torchrun_worker_env(plan, _torchrun(plan)),
-                  **runner_worker_env(plan, "torchrun"), **env}
+    worker_env = {
+        **torchrun_worker_env(plan, _torchrun(plan)),
+        **runner_worker_env(plan, "torchrun"),
+        **env,
+    }
     role_env: dict[str, Word] = {**torchrun_env(plan, _torchrun(plan)), **env}
-    return Launch(roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan),
-                                                                      words)), env=role_env),),
-                  worker_env=worker_env)
+    return Launch(
+        roles=(
+            Role(
+                name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan), words)), env=role_env
+            ),
+        ),
+        worker_env=worker_env,
+    )
 
 
 # ------------------------------------------------------------------ checks
@@ -282,116 +313,169 @@ def _clashes(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     for flag in list(owned):
         for alias in ALIASES.get(flag, ()):
             owned[alias] = flag
-    places = [(w, _command_pointer(plan, i), "the job's command")
-              for i, w in enumerate(plan.job.argv)]
-    places += [(w, f"/megatron/extra_args/{i}", "extra_args")
-               for i, w in enumerate(opts.extra_args)]
+    places = [
+        (w, _command_pointer(plan, i), "the job's command") for i, w in enumerate(plan.job.argv)
+    ]
+    places += [
+        (w, f"/megatron/extra_args/{i}", "extra_args") for i, w in enumerate(opts.extra_args)
+    ]
     for word, pointer, where in places:
         given = word.split("=", 1)[0]
         if given not in owned:
             continue
         mine = owned[given]
         also = "" if given == mine else f" (another spelling of {mine})"
-        yield Finding(code="MDC323", pointer=pointer,
-                      message=f"{where} passes {given}{also}, which the megatron launcher sets "
-                              f"from {_source_of(mine)}",
-                      hint=f"remove {given} from {where}; set the value through "
-                           f"{_source_of(mine)}")
+        yield Finding(
+            code="MDC323",
+            pointer=pointer,
+            message=f"{where} passes {given}{also}, which the megatron launcher sets "
+            f"from {_source_of(mine)}",
+            hint=f"remove {given} from {where}; set the value through {_source_of(mine)}",
+        )
 
 
 def _order(plan: Plan) -> Iterator[Finding]:
     if megatron_order(plan) is None:
-        yield Finding(code="MDC320", pointer="/parallelism/order",
-                      message=f"Megatron-LM lays ranks out in order {DEFAULT_ORDER!r}, or "
-                              f"{TP_PP_DP_ORDER!r} with --use-tp-pp-dp-mapping; its command line "
-                              f"cannot express order {plan.layout.order!r}",
-                      hint=f"use order {DEFAULT_ORDER!r} (the default) or {TP_PP_DP_ORDER!r}")
+        yield Finding(
+            code="MDC320",
+            pointer="/parallelism/order",
+            message=f"Megatron-LM lays ranks out in order {DEFAULT_ORDER!r}, or "
+            f"{TP_PP_DP_ORDER!r} with --use-tp-pp-dp-mapping; its command line "
+            f"cannot express order {plan.layout.order!r}",
+            hint=f"use order {DEFAULT_ORDER!r} (the default) or {TP_PP_DP_ORDER!r}",
+        )
 
 
 def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     if opts.overlap_param_gather:
         if not _distributed_optimizer(opts):
-            yield Finding(code="MDC321", pointer="/megatron/overlap_param_gather",
-                          message="overlap_param_gather needs the distributed optimizer "
-                                  "(Megatron-LM: '--overlap-param-gather only supported with "
-                                  "distributed optimizer or megatron fsdp'), but "
-                                  "use_distributed_optimizer = false",
-                          hint="set use_distributed_optimizer = true, or remove "
-                               "overlap_param_gather")
+            yield Finding(
+                code="MDC321",
+                pointer="/megatron/overlap_param_gather",
+                message="overlap_param_gather needs the distributed optimizer "
+                "(Megatron-LM: '--overlap-param-gather only supported with "
+                "distributed optimizer or megatron fsdp'), but "
+                "use_distributed_optimizer = false",
+                hint="set use_distributed_optimizer = true, or remove overlap_param_gather",
+            )
         if not opts.overlap_grad_reduce:
-            yield Finding(code="MDC321", pointer="/megatron/overlap_param_gather",
-                          message="overlap_param_gather needs overlap_grad_reduce (Megatron-LM: "
-                                  "'Must use --overlap-param-gather with --overlap-grad-reduce')",
-                          hint="set overlap_grad_reduce = true")
+            yield Finding(
+                code="MDC321",
+                pointer="/megatron/overlap_param_gather",
+                message="overlap_param_gather needs overlap_grad_reduce (Megatron-LM: "
+                "'Must use --overlap-param-gather with --overlap-grad-reduce')",
+                hint="set overlap_grad_reduce = true",
+            )
     words = [*plan.job.argv, *opts.extra_args]
     if _distributed_optimizer(opts) and _passes(words, "--use-torch-fsdp2"):
-        yield Finding(code="MDC321", pointer="/megatron/use_distributed_optimizer",
-                      message="--use-torch-fsdp2 cannot run with the distributed optimizer "
-                              "(Megatron-LM: \"--use-torch-fsdp2 is not supported with MCore's "
-                              "distributed optimizer\"), which the megatron launcher turns on "
-                              "by default",
-                      hint="set use_distributed_optimizer = false")
+        yield Finding(
+            code="MDC321",
+            pointer="/megatron/use_distributed_optimizer",
+            message="--use-torch-fsdp2 cannot run with the distributed optimizer "
+            "(Megatron-LM: \"--use-torch-fsdp2 is not supported with MCore's "
+            'distributed optimizer"), which the megatron launcher turns on '
+            "by default",
+            hint="set use_distributed_optimizer = false",
+        )
 
 
 def _recompute(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
-    granularity, method, count = (opts.recompute_granularity, opts.recompute_method,
-                                  opts.recompute_num_layers)
+    granularity, method, count = (
+        opts.recompute_granularity,
+        opts.recompute_method,
+        opts.recompute_num_layers,
+    )
     if granularity is None:
         for key, value in (("recompute_method", method), ("recompute_num_layers", count)):
             if value is not None:
-                yield Finding(code="MDC322", pointer=f"/megatron/{key}",
-                              message=f"{key} applies only with recompute_granularity = \"full\"",
-                              hint="set recompute_granularity = \"full\", or remove " + key)
+                yield Finding(
+                    code="MDC322",
+                    pointer=f"/megatron/{key}",
+                    message=f'{key} applies only with recompute_granularity = "full"',
+                    hint='set recompute_granularity = "full", or remove ' + key,
+                )
         return
     if granularity == "selective":
         for key, value, quote in (
-                ("recompute_method", method, ("Megatron-LM: 'recompute method is not yet "
-                 "supported for selective recomputing granularity'")),
-                ("recompute_num_layers", count, ("Megatron-Core: 'When using "
-                 "recompute_granularity: selective recompute_num_layers must be None.'"))):
+            (
+                "recompute_method",
+                method,
+                (
+                    "Megatron-LM: 'recompute method is not yet "
+                    "supported for selective recomputing granularity'"
+                ),
+            ),
+            (
+                "recompute_num_layers",
+                count,
+                (
+                    "Megatron-Core: 'When using "
+                    "recompute_granularity: selective recompute_num_layers must be None.'"
+                ),
+            ),
+        ):
             if value is not None:
-                yield Finding(code="MDC322", pointer=f"/megatron/{key}",
-                              message=f"{key} must not be set with recompute_granularity = "
-                                      f"\"selective\" ({quote})",
-                              hint=f"remove {key}, or use recompute_granularity = \"full\"")
+                yield Finding(
+                    code="MDC322",
+                    pointer=f"/megatron/{key}",
+                    message=f"{key} must not be set with recompute_granularity = "
+                    f'"selective" ({quote})',
+                    hint=f'remove {key}, or use recompute_granularity = "full"',
+                )
         return
     layers = plan.model.num_layers if plan.model else None
     chunks = plan.sizes.pp * (plan.sizes.vpp or 1)
     chunk = layers // chunks if layers and layers % chunks == 0 else None
-    where = (f"num_layers / (pp * vpp) = {layers} / {chunks}" if plan.sizes.vpp else
-             f"num_layers / pp = {layers} / {chunks}")
+    where = (
+        f"num_layers / (pp * vpp) = {layers} / {chunks}"
+        if plan.sizes.vpp
+        else f"num_layers / pp = {layers} / {chunks}"
+    )
     if method is None:
-        yield Finding(code="MDC322", pointer="/megatron/recompute_granularity",
-                      message="recompute_granularity = \"full\" needs recompute_method "
-                              "(Megatron-Core: 'recompute_method must be \"block\" or "
-                              "\"uniform\"')",
-                      hint="set recompute_method = \"uniform\" (every layer, in chunks of "
-                           "recompute_num_layers) or \"block\" (the first recompute_num_layers "
-                           "layers of each pipeline stage)")
+        yield Finding(
+            code="MDC322",
+            pointer="/megatron/recompute_granularity",
+            message='recompute_granularity = "full" needs recompute_method '
+            '(Megatron-Core: \'recompute_method must be "block" or '
+            '"uniform"\')',
+            hint='set recompute_method = "uniform" (every layer, in chunks of '
+            'recompute_num_layers) or "block" (the first recompute_num_layers '
+            "layers of each pipeline stage)",
+        )
     if count is None:
-        yield Finding(code="MDC322", pointer="/megatron/recompute_granularity",
-                      message="recompute_granularity = \"full\" needs recompute_num_layers "
-                              "(Megatron-Core: 'recompute_num_layers must be between 1 and "
-                              "num_layers_per_pipeline_rank')",
-                      hint=f"set recompute_num_layers to 1..{chunk} ({where})" if chunk else
-                      "set recompute_num_layers")
+        yield Finding(
+            code="MDC322",
+            pointer="/megatron/recompute_granularity",
+            message='recompute_granularity = "full" needs recompute_num_layers '
+            "(Megatron-Core: 'recompute_num_layers must be between 1 and "
+            "num_layers_per_pipeline_rank')",
+            hint=f"set recompute_num_layers to 1..{chunk} ({where})"
+            if chunk
+            else "set recompute_num_layers",
+        )
         return
     if chunk is None:
         return
     if method == "uniform" and chunk % count:
         fitting = ", ".join(str(n) for n in range(1, chunk + 1) if chunk % n == 0)
-        yield Finding(code="MDC322", pointer="/megatron/recompute_num_layers",
-                      message=f"recompute_method = \"uniform\" recomputes each model chunk's "
-                              f"{chunk} layers ({where}) in runs of recompute_num_layers = "
-                              f"{count}, which must divide {chunk} (Megatron-Core indexes past "
-                              "the chunk's last layer otherwise)",
-                      hint=f"recompute_num_layers can be one of {fitting}")
+        yield Finding(
+            code="MDC322",
+            pointer="/megatron/recompute_num_layers",
+            message=f'recompute_method = "uniform" recomputes each model chunk\'s '
+            f"{chunk} layers ({where}) in runs of recompute_num_layers = "
+            f"{count}, which must divide {chunk} (Megatron-Core indexes past "
+            "the chunk's last layer otherwise)",
+            hint=f"recompute_num_layers can be one of {fitting}",
+        )
     elif method == "block" and count > chunk:
-        yield Finding(code="MDC322", pointer="/megatron/recompute_num_layers",
-                      severity=Severity.WARNING,
-                      message=f"recompute_num_layers ({count}) is more than the {chunk} layers "
-                              f"of each model chunk ({where}): every layer is recomputed",
-                      hint=f"set recompute_num_layers to 1..{chunk}")
+        yield Finding(
+            code="MDC322",
+            pointer="/megatron/recompute_num_layers",
+            severity=Severity.WARNING,
+            message=f"recompute_num_layers ({count}) is more than the {chunk} layers "
+            f"of each model chunk ({where}): every layer is recomputed",
+            hint=f"set recompute_num_layers to 1..{chunk}",
+        )
 
 
 def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
@@ -399,53 +483,74 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     experts = model.num_experts if model else None
     dtype = model.dtype if model else None
     if dtype == "fp16" and s.ep > 1:
-        yield Finding(code="MDC324", pointer="/model/dtype",
-                      message=f"Megatron-LM does not train fp16 with expert parallelism (ep = "
-                              f"{s.ep}): 'Expert parallelism is not supported with fp16 "
-                              "training.'",
-                      hint="use dtype = \"bf16\", or ep = 1")
+        yield Finding(
+            code="MDC324",
+            pointer="/model/dtype",
+            message=f"Megatron-LM does not train fp16 with expert parallelism (ep = "
+            f"{s.ep}): 'Expert parallelism is not supported with fp16 "
+            "training.'",
+            hint='use dtype = "bf16", or ep = 1',
+        )
     words = [*plan.job.argv, *opts.extra_args]
     if experts and s.etp > 1 and not _passes(words, "--disable-bias-linear"):
-        yield Finding(code="MDC324", pointer="/parallelism/etp" if s.etp != s.tp else
-                      "/parallelism/tp", severity=Severity.WARNING,
-                      message=f"an MoE model with etp = {s.etp} needs --disable-bias-linear "
-                              "(Megatron-Core: 'Bias in Moe is only supported when ETP==1'), "
-                              "and neither the command nor extra_args passes it",
-                      hint="add \"--disable-bias-linear\" to [megatron] extra_args, or set "
-                           "etp = 1")
+        yield Finding(
+            code="MDC324",
+            pointer="/parallelism/etp" if s.etp != s.tp else "/parallelism/tp",
+            severity=Severity.WARNING,
+            message=f"an MoE model with etp = {s.etp} needs --disable-bias-linear "
+            "(Megatron-Core: 'Bias in Moe is only supported when ETP==1'), "
+            "and neither the command nor extra_args passes it",
+            hint='add "--disable-bias-linear" to [megatron] extra_args, or set etp = 1',
+        )
     if opts.sequence_parallel and s.tp == 1:
-        yield Finding(code="MDC325", pointer="/megatron/sequence_parallel",
-                      severity=Severity.WARNING,
-                      message="sequence_parallel = true has no effect with tp = 1: Megatron-LM "
-                              "turns it off ('Disabling sequence parallelism because tensor "
-                              "model parallelism is disabled')",
-                      hint="remove sequence_parallel, or set tp > 1")
+        yield Finding(
+            code="MDC325",
+            pointer="/megatron/sequence_parallel",
+            severity=Severity.WARNING,
+            message="sequence_parallel = true has no effect with tp = 1: Megatron-LM "
+            "turns it off ('Disabling sequence parallelism because tensor "
+            "model parallelism is disabled')",
+            hint="remove sequence_parallel, or set tp > 1",
+        )
     if opts.sequence_parallel is False and s.ep > 1 and s.tp > 1:
-        yield Finding(code="MDC325", pointer="/megatron/sequence_parallel",
-                      severity=Severity.WARNING,
-                      message=f"with ep = {s.ep} and tp = {s.tp}, Megatron-Core wants sequence "
-                              "parallelism ('When using expert parallelism and tensor "
-                              "parallelism for training, sequence parallelism must be used')",
-                      hint="remove sequence_parallel = false")
+        yield Finding(
+            code="MDC325",
+            pointer="/megatron/sequence_parallel",
+            severity=Severity.WARNING,
+            message=f"with ep = {s.ep} and tp = {s.tp}, Megatron-Core wants sequence "
+            "parallelism ('When using expert parallelism and tensor "
+            "parallelism for training, sequence parallelism must be used')",
+            hint="remove sequence_parallel = false",
+        )
     seq = model.seq_length if model else None
     positions = opts.max_position_embeddings
     if positions is not None and seq is not None and positions < seq:
-        yield Finding(code="MDC326", pointer="/megatron/max_position_embeddings",
-                      message=f"max_position_embeddings ({positions}) must be at least "
-                              f"seq_length ({seq}) (Megatron-LM checks it)",
-                      hint=f"set max_position_embeddings to {seq} or more, or remove it "
-                           "(it defaults to seq_length)")
+        yield Finding(
+            code="MDC326",
+            pointer="/megatron/max_position_embeddings",
+            message=f"max_position_embeddings ({positions}) must be at least "
+            f"seq_length ({seq}) (Megatron-LM checks it)",
+            hint=f"set max_position_embeddings to {seq} or more, or remove it "
+            "(it defaults to seq_length)",
+        )
     if opts.fp8_format is not None and dtype != "fp8":
-        yield Finding(code="MDC326", pointer="/megatron/fp8_format",
-                      message=f"fp8_format applies only with [model] dtype = \"fp8\" (dtype is "
-                              f"{dtype or 'not set'})",
-                      hint="set [model] dtype = \"fp8\", or remove fp8_format")
+        yield Finding(
+            code="MDC326",
+            pointer="/megatron/fp8_format",
+            message=f'fp8_format applies only with [model] dtype = "fp8" (dtype is '
+            f"{dtype or 'not set'})",
+            hint='set [model] dtype = "fp8", or remove fp8_format',
+        )
     if plan.batch is None and not _passes(words, "--micro-batch-size"):
-        yield Finding(code="MDC327", pointer="/batch", severity=Severity.WARNING,
-                      message="Megatron-LM needs --micro-batch-size: the spec has no [batch] "
-                              "table and the command does not pass it",
-                      hint="add [batch] micro_batch_size (and global_batch_size); mdc then "
-                           "passes both and checks them against dp")
+        yield Finding(
+            code="MDC327",
+            pointer="/batch",
+            severity=Severity.WARNING,
+            message="Megatron-LM needs --micro-batch-size: the spec has no [batch] "
+            "table and the command does not pass it",
+            hint="add [batch] micro_batch_size (and global_batch_size); mdc then "
+            "passes both and checks them against dp",
+        )
 
 
 def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
@@ -460,21 +565,26 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
 
 def training(options: MegatronOptions | None) -> TrainingSetup:
     opts = _options(options)
-    return TrainingSetup(zero_stage=1 if _distributed_optimizer(opts) else 0, grad_bytes=4,
-                         sequence_parallel=opts.sequence_parallel is not False,
-                         recompute=opts.recompute_granularity or "none")
+    return TrainingSetup(
+        zero_stage=1 if _distributed_optimizer(opts) else 0,
+        grad_bytes=4,
+        sequence_parallel=opts.sequence_parallel is not False,
+        recompute=opts.recompute_granularity or "none",
+    )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="megatron",
-        description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
-                    "Megatron-LM arguments, plus its environment",
-        parallelism="model",
-        emit=emit,
-        check=check,
-        training=training,
-        schema=read_schema("mdc_schemas", "plugins/megatron.v1.schema.json"),
-        options_type=MegatronOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="megatron",
+            description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
+            "Megatron-LM arguments, plus its environment",
+            parallelism="model",
+            emit=emit,
+            check=check,
+            training=training,
+            schema=read_schema("mdc_schemas", "plugins/megatron.v1.schema.json"),
+            options_type=MegatronOptions,
+        )
+    ]

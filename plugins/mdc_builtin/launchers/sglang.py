@@ -74,49 +74,66 @@ def dist_init_addr() -> Concat:
 def server_argv(plan: Plan, options: SglangOptions | None) -> list[Word]:
     """The server's command line; only --node-rank differs between nodes."""
     opts = _opts(options)
-    argv: list[Word] = [*plan.job.argv, "--model-path", opts.model or "",
-                        "--tp-size", str(plan.sizes.tp)]
+    argv: list[Word] = [
+        *plan.job.argv,
+        "--model-path",
+        opts.model or "",
+        "--tp-size",
+        str(plan.sizes.tp),
+    ]
     if plan.sizes.pp > 1:
         argv += ["--pp-size", str(plan.sizes.pp)]
     if plan.nnodes > 1:
-        argv += ["--nnodes", str(plan.nnodes), "--node-rank", NODE_RANK,
-                 "--dist-init-addr", dist_init_addr()]
+        argv += [
+            "--nnodes",
+            str(plan.nnodes),
+            "--node-rank",
+            NODE_RANK,
+            "--dist-init-addr",
+            dist_init_addr(),
+        ]
     argv += ["--host", opts.host or DEFAULT_HOST, "--port", str(opts.port or DEFAULT_PORT)]
     return argv + list(opts.args)
 
 
 def node_script(plan: Plan) -> str:
     """launch/sglang-node.sh: SGLANG_HOST_IP from $NODE_HOSTS, then the server (its arguments)."""
-    return "\n".join([
-        "#!/usr/bin/env bash",
-        (f"# One node of SGLang job {plan.job.name!r} ({plan.nnodes} nodes). launch/worker.sh "
-         "runs it with"),
-        "# NODE_RANK and NODE_HOSTS set and the server's command as its arguments; it exports",
-        "# SGLANG_HOST_IP, this node's address (SGLang reads it as the node's own IP): an IP in",
-        "# NODE_HOSTS as it is, a host name as its first IPv4 address, or the name itself when",
-        "# it does not resolve.",
-        "set -euo pipefail",
-        ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
-        ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
-        'read -r -a hosts <<< "$NODE_HOSTS"',
-        'self="${hosts[NODE_RANK]:-}"',
-        'if [[ -z "$self" ]]; then',
-        '  echo "mdc: NODE_HOSTS names no host for node $NODE_RANK: \'$NODE_HOSTS\'" >&2',
-        "  exit 1",
-        "fi",
-        'if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ || "$self" == *:* ]]; then',
-        '  ip="$self"',
-        "else",
-        '  ip="$(getent ahostsv4 "$self" | awk \'NR == 1 { print $1 }\' || true)"',
-        "fi",
-        'if [[ -z "$ip" ]]; then',
-        ('  echo "mdc: \'$self\' (node $NODE_RANK in NODE_HOSTS) does not resolve; '
-         'SGLANG_HOST_IP is the name" >&2'),
-        '  ip="$self"',
-        "fi",
-        'export SGLANG_HOST_IP="$ip"',
-        'exec "$@"',
-    ])
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            (
+                f"# One node of SGLang job {plan.job.name!r} ({plan.nnodes} nodes). launch/worker.sh "
+                "runs it with"
+            ),
+            "# NODE_RANK and NODE_HOSTS set and the server's command as its arguments; it exports",
+            "# SGLANG_HOST_IP, this node's address (SGLang reads it as the node's own IP): an IP in",
+            "# NODE_HOSTS as it is, a host name as its first IPv4 address, or the name itself when",
+            "# it does not resolve.",
+            "set -euo pipefail",
+            ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
+            ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
+            'read -r -a hosts <<< "$NODE_HOSTS"',
+            'self="${hosts[NODE_RANK]:-}"',
+            'if [[ -z "$self" ]]; then',
+            "  echo \"mdc: NODE_HOSTS names no host for node $NODE_RANK: '$NODE_HOSTS'\" >&2",
+            "  exit 1",
+            "fi",
+            'if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ || "$self" == *:* ]]; then',
+            '  ip="$self"',
+            "else",
+            '  ip="$(getent ahostsv4 "$self" | awk \'NR == 1 { print $1 }\' || true)"',
+            "fi",
+            'if [[ -z "$ip" ]]; then',
+            (
+                "  echo \"mdc: '$self' (node $NODE_RANK in NODE_HOSTS) does not resolve; "
+                'SGLANG_HOST_IP is the name" >&2'
+            ),
+            '  ip="$self"',
+            "fi",
+            'export SGLANG_HOST_IP="$ip"',
+            'exec "$@"',
+        ]
+    )
 
 
 def emit(plan: Plan, options: SglangOptions | None) -> Launch:
@@ -136,22 +153,26 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
         "SGLANG_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
         "NNODES": str(plan.nnodes),
         "NPROC_PER_NODE": str(plan.nproc_per_node),
-        "NODE_RANK": "the backend's node index (also --node-rank)" if plan.nnodes > 1
-                     else "0 (the only node)",
+        "NODE_RANK": "the backend's node index (also --node-rank)"
+        if plan.nnodes > 1
+        else "0 (the only node)",
         "MASTER_ADDR": "node 0's address (set by the backend)",
         "MASTER_PORT": f"{plan.rendezvous.master_port} (SGLang's --dist-init-addr port)"
-                       if plan.nnodes > 1 else str(plan.rendezvous.master_port),
+        if plan.nnodes > 1
+        else str(plan.rendezvous.master_port),
     }
     argv: tuple[Word, ...] = tuple(server_argv(plan, options))
     files: tuple[Artifact, ...] = ()
     if plan.nnodes > 1:
         worker_env["NCCL_INIT_ADDR"] = "MASTER_ADDR:MASTER_PORT (as --dist-init-addr)"
-        worker_env["SGLANG_HOST_IP"] = ("this node's address from NODE_HOSTS (its IPv4 "
-                                        "address when a host name resolves)")
+        worker_env["SGLANG_HOST_IP"] = (
+            "this node's address from NODE_HOSTS (its IPv4 address when a host name resolves)"
+        )
         argv = ("bash", out_file(NODE_SCRIPT), *argv)
         files = (Artifact.text(NODE_SCRIPT, node_script(plan), executable=True),)
-    return Launch(roles=(Role(name="worker", argv=argv, env=env),), files=files,
-                  worker_env=worker_env)
+    return Launch(
+        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+    )
 
 
 def _written(words: Sequence[str]) -> list[str]:
@@ -167,61 +188,83 @@ def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     tp, pp = plan.sizes.tp, plan.sizes.pp
     if not opts.model:
-        yield Finding(code="MDC370", pointer="/sglang",
-                      message="the sglang launcher needs the model to serve: [sglang] model is "
-                              "not set",
-                      hint='add [sglang] model = "<Hugging Face id or local path>", e.g. '
-                           '"meta-llama/Llama-3.1-8B-Instruct"')
+        yield Finding(
+            code="MDC370",
+            pointer="/sglang",
+            message="the sglang launcher needs the model to serve: [sglang] model is not set",
+            hint='add [sglang] model = "<Hugging Face id or local path>", e.g. '
+            '"meta-llama/Llama-3.1-8B-Instruct"',
+        )
     if tp * pp != plan.world_size:
-        yield Finding(code="MDC371", pointer="/parallelism",
-                      message=f"one SGLang server uses tp {tp} x pp {pp} = {tp * pp} GPUs, but "
-                              f"the job has {plan.nnodes} x {plan.nproc_per_node} = "
-                              f"{plan.world_size}",
-                      hint=f"set tp and pp so that tp x pp = {plan.world_size}, e.g. tp = "
-                           f"{plan.world_size} and pp = 1, or tp = {plan.nproc_per_node} and "
-                           f"pp = {plan.nnodes}")
+        yield Finding(
+            code="MDC371",
+            pointer="/parallelism",
+            message=f"one SGLang server uses tp {tp} x pp {pp} = {tp * pp} GPUs, but "
+            f"the job has {plan.nnodes} x {plan.nproc_per_node} = "
+            f"{plan.world_size}",
+            hint=f"set tp and pp so that tp x pp = {plan.world_size}, e.g. tp = "
+            f"{plan.world_size} and pp = 1, or tp = {plan.nproc_per_node} and "
+            f"pp = {plan.nnodes}",
+        )
     if plan.sizes.cp > 1:
-        yield Finding(code="MDC372", pointer="/parallelism/cp",
-                      message=f"the sglang launcher passes no context parallelism (cp "
-                              f"{plan.sizes.cp})",
-                      hint="remove cp (or set it to 1)")
+        yield Finding(
+            code="MDC372",
+            pointer="/parallelism/cp",
+            message=f"the sglang launcher passes no context parallelism (cp {plan.sizes.cp})",
+            hint="remove cp (or set it to 1)",
+        )
     in_command = _written(plan.job.argv)
     if in_command:
-        yield Finding(code="MDC373", pointer="/job/command",
-                      message=f"the command already has {', '.join(in_command)}, which the "
-                              "sglang launcher sets from the plan",
-                      hint="remove them from the command; set the sizes in [parallelism] and "
-                           "host, port and model in [sglang]")
+        yield Finding(
+            code="MDC373",
+            pointer="/job/command",
+            message=f"the command already has {', '.join(in_command)}, which the "
+            "sglang launcher sets from the plan",
+            hint="remove them from the command; set the sizes in [parallelism] and "
+            "host, port and model in [sglang]",
+        )
     in_args = _written(opts.args)
     if in_args:
-        yield Finding(code="MDC373", pointer="/sglang/args",
-                      message=f"[sglang] args has {', '.join(in_args)}, which the sglang "
-                              "launcher sets from the plan",
-                      hint="remove them from args; set the sizes in [parallelism] and host, "
-                           "port and model in [sglang]")
+        yield Finding(
+            code="MDC373",
+            pointer="/sglang/args",
+            message=f"[sglang] args has {', '.join(in_args)}, which the sglang "
+            "launcher sets from the plan",
+            hint="remove them from args; set the sizes in [parallelism] and host, "
+            "port and model in [sglang]",
+        )
     if not any(w == MODULE or w.endswith("/launch_server.py") for w in plan.job.argv):
-        yield Finding(code="MDC374", pointer="/job/command", severity=Severity.WARNING,
-                      message=f"the command {' '.join(plan.job.argv)!r} does not look like an "
-                              "SGLang server; the sglang launcher appends the model and "
-                              "SGLang's flags to it",
-                      hint=f'use command = ["python", "-m", "{MODULE}"]')
+        yield Finding(
+            code="MDC374",
+            pointer="/job/command",
+            severity=Severity.WARNING,
+            message=f"the command {' '.join(plan.job.argv)!r} does not look like an "
+            "SGLang server; the sglang launcher appends the model and "
+            "SGLang's flags to it",
+            hint=f'use command = ["python", "-m", "{MODULE}"]',
+        )
     if plan.elastic:
-        yield Finding(code="MDC375", pointer="/distributed/min_nnodes",
-                      message=f"an SGLang server has a fixed size; it cannot run an elastic "
-                              f"job (min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
-                      hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})")
+        yield Finding(
+            code="MDC375",
+            pointer="/distributed/min_nnodes",
+            message=f"an SGLang server has a fixed size; it cannot run an elastic "
+            f"job (min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
+            hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})",
+        )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="sglang",
-        description="SGLang server (sglang.launch_server): one node, or one server over every "
-                    "node with SGLang's own --nnodes/--node-rank/--dist-init-addr",
-        parallelism="model",
-        workload="serving",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/sglang.v1.schema.json"),
-        options_type=SglangOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="sglang",
+            description="SGLang server (sglang.launch_server): one node, or one server over every "
+            "node with SGLang's own --nnodes/--node-rank/--dist-init-addr",
+            parallelism="model",
+            workload="serving",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/sglang.v1.schema.json"),
+            options_type=SglangOptions,
+        )
+    ]

@@ -37,10 +37,15 @@ from mdc.api import (
 def emit(plan: Plan, options: TorchrunOptions | None) -> Launch:
     gpus = str(plan.nproc_per_node)
     env: dict[str, Word] = {**torchrun_env(plan, options), "MAD_RUNTIME_NGPUS": gpus}
-    worker_env = {**torchrun_worker_env(plan, options), **runner_worker_env(plan, "torchrun"),
-                  "MAD_RUNTIME_NGPUS": f"{gpus} (the GPUs of one node)"}
-    return Launch(roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, options)), env=env),),
-                  worker_env=worker_env)
+    worker_env = {
+        **torchrun_worker_env(plan, options),
+        **runner_worker_env(plan, "torchrun"),
+        "MAD_RUNTIME_NGPUS": f"{gpus} (the GPUs of one node)",
+    }
+    return Launch(
+        roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, options)), env=env),),
+        worker_env=worker_env,
+    )
 
 
 def check(plan: Plan, options: TorchrunOptions | None) -> Iterator[Finding]:
@@ -49,12 +54,14 @@ def check(plan: Plan, options: TorchrunOptions | None) -> Iterator[Finding]:
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="torchrun",
-        description="torch.distributed.run: one elastic agent per node (c10d, static, standalone)",
-        parallelism="data",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_schemas", "plugins/torchrun.v1.schema.json"),
-        options_type=TorchrunOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="torchrun",
+            description="torch.distributed.run: one elastic agent per node (c10d, static, standalone)",
+            parallelism="data",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_schemas", "plugins/torchrun.v1.schema.json"),
+            options_type=TorchrunOptions,
+        )
+    ]

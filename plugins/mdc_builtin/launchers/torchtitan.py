@@ -51,8 +51,13 @@ DEFAULT_MODEL, DEFAULT_FLAVOR, DEFAULT_DUMP_FOLDER = "llama3", "debugmodel", "./
 DEFAULT_SEQ_LEN = 2048
 #: torch.distributed.pipelining schedules: one stage per rank, or several ("looped").
 SINGLE_STAGE = ("1F1B", "GPipe")
-MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-               "DualPipeV")
+MULTI_STAGE = (
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
 #: these need exactly two stages per rank ("ZBV requires exactly 2 stages per rank")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 #: [model] dtype -> training.mixed_precision_param (TorchTitan has no fp16 training)
@@ -84,7 +89,7 @@ DERIVED_KEYS: Mapping[tuple[str, str], str] = {
     ("parallelism", "expert_parallel_degree"): "[parallelism] ep",
     ("parallelism", "expert_tensor_parallel_degree"): "[parallelism] etp",
     ("parallelism", "pipeline_parallel_layers_per_stage"): "[parallelism] vpp and [model] "
-                                                           "num_layers",
+    "num_layers",
 }
 
 
@@ -155,8 +160,11 @@ def layers_per_stage(plan: Plan, opts: TorchtitanOptions) -> int | None:
     vpp = plan.sizes.vpp
     if layers is None or vpp is None:
         return None
-    weighted = (layers + _passed_count(opts, "pipeline_parallel_first_stage_less_layers")
-                + _passed_count(opts, "pipeline_parallel_last_stage_less_layers"))
+    weighted = (
+        layers
+        + _passed_count(opts, "pipeline_parallel_first_stage_less_layers")
+        + _passed_count(opts, "pipeline_parallel_last_stage_less_layers")
+    )
     stages = plan.sizes.pp * vpp
     fitting = [n for n in range(1, weighted + 1) if math.ceil(weighted / n) == stages]
     return max(fitting) if fitting else None
@@ -172,8 +180,10 @@ def derived(plan: Plan, options: TorchtitanOptions | None) -> dict[str, dict[str
     s = plan.sizes
     replicate, shard = dp_split(plan, opts)
     config: dict[str, dict[str, Any]] = {
-        "job": {"description": plan.job.name,
-                "dump_folder": opts.dump_folder or DEFAULT_DUMP_FOLDER},
+        "job": {
+            "description": plan.job.name,
+            "dump_folder": opts.dump_folder or DEFAULT_DUMP_FOLDER,
+        },
         "model": {"name": opts.model or DEFAULT_MODEL, "flavor": opts.flavor or DEFAULT_FLAVOR},
         "training": {},
         "parallelism": {
@@ -220,10 +230,16 @@ def config_toml(plan: Plan, options: TorchtitanOptions | None) -> str:
         merged = config.setdefault(section, {})
         for key in sorted(extra):
             merged[key] = _sorted(extra[key])
-    comments = [(f"TorchTitan job config for job {plan.job.name!r}, written by mdc "
-                "(TorchTitan 0.2.x reads it through --job.config_file)."),
-                ("The parallel degrees and the batch are repeated as command-line overrides "
-                "in launch/worker.sh.")]
+    comments = [
+        (
+            f"TorchTitan job config for job {plan.job.name!r}, written by mdc "
+            "(TorchTitan 0.2.x reads it through --job.config_file)."
+        ),
+        (
+            "The parallel degrees and the batch are repeated as command-line overrides "
+            "in launch/worker.sh."
+        ),
+    ]
     sections = {name: values for name, values in config.items() if values}
     try:
         return toml_text(comments, sections)
@@ -233,6 +249,7 @@ def config_toml(plan: Plan, options: TorchtitanOptions | None) -> str:
 
 # TOML is written by a small writer for plain values (importing tomlkit costs more than a
 # whole compile); tomlkit writes anything else. Both give the same bytes where both apply.
+
 
 class _NotPlain(Exception):
     """A value the small writer leaves to tomlkit (tables in lists, escapes, inf, ...)."""
@@ -285,8 +302,7 @@ def _toml_value(value: Any) -> str:
     raise _NotPlain
 
 
-def toml_text_by_tomlkit(comments: Sequence[str],
-                         sections: Mapping[str, Mapping[str, Any]]) -> str:
+def toml_text_by_tomlkit(comments: Sequence[str], sections: Mapping[str, Mapping[str, Any]]) -> str:
     import tomlkit
 
     def table(values: Mapping[str, Any]) -> Any:
@@ -319,8 +335,9 @@ def overrides(plan: Plan, options: TorchtitanOptions | None) -> list[str]:
     config = derived(plan, options)
     words: list[str] = []
     for key, value in config["parallelism"].items():
-        if key.endswith("_degree") and (key != "expert_tensor_parallel_degree"
-                                        or plan.sizes.ep > 1):
+        if key.endswith("_degree") and (
+            key != "expert_tensor_parallel_degree" or plan.sizes.ep > 1
+        ):
             words += [f"--parallelism.{key}", str(value)]
     for key in ("local_batch_size", "global_batch_size"):
         if key in config["training"]:
@@ -332,23 +349,36 @@ def torchtitan_env(plan: Plan, options: TorchtitanOptions | None) -> dict[str, s
     """madengine's TORCHTITAN_* contract, with the plan's values."""
     _, shard = dp_split(plan, _options(options))
     fsdp = shard > 1 or plan.sizes.cp > 1  # TorchTitan's ParallelDims.fsdp_enabled
-    return {"TORCHTITAN_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
-            "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
-            "TORCHTITAN_FSDP_ENABLED": "1" if fsdp else "0",
-            "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(plan.sizes.cp)}
+    return {
+        "TORCHTITAN_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
+        "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
+        "TORCHTITAN_FSDP_ENABLED": "1" if fsdp else "0",
+        "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(plan.sizes.cp),
+    }
 
 
 def emit(plan: Plan, options: TorchtitanOptions | None) -> Launch:
-    words: list[Word] = [*program(plan.job.argv), "--job.config_file", out_file(CONFIG_PATH),
-                         *overrides(plan, options)]
+    words: list[Word] = [
+        *program(plan.job.argv),
+        "--job.config_file",
+        out_file(CONFIG_PATH),
+        *overrides(plan, options),
+    ]
     env = torchtitan_env(plan, options)
     role_env: dict[str, Word] = {**torchrun_env(plan, _torchrun(plan)), **env}
     return Launch(
-        roles=(Role(name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan), words)),
-                    env=role_env),),
+        roles=(
+            Role(
+                name="worker", argv=tuple(torchrun_argv(plan, _torchrun(plan), words)), env=role_env
+            ),
+        ),
         files=(Artifact.text(CONFIG_PATH, config_toml(plan, options)),),
-        worker_env={**torchrun_worker_env(plan, _torchrun(plan)),
-                    **runner_worker_env(plan, "torchrun"), **env})
+        worker_env={
+            **torchrun_worker_env(plan, _torchrun(plan)),
+            **runner_worker_env(plan, "torchrun"),
+            **env,
+        },
+    )
 
 
 # ------------------------------------------------------------------ checks
@@ -361,34 +391,46 @@ def _layout(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         mine = [a for a in grid.axes if sizes[a] > 1]
         theirs = [a for a in TORCHTITAN_ORDER.split("-") if sizes[a] > 1]
         if mine != theirs:
-            yield Finding(code="MDC330", pointer="/parallelism/order",
-                          message=f"TorchTitan builds its device mesh in one layout, order "
-                                  f"{TORCHTITAN_ORDER!r} (pp, dp, cp, tp from outermost); it "
-                                  f"cannot run order {plan.layout.order!r}",
-                          hint=f"remove order, or use {TORCHTITAN_ORDER!r}")
+            yield Finding(
+                code="MDC330",
+                pointer="/parallelism/order",
+                message=f"TorchTitan builds its device mesh in one layout, order "
+                f"{TORCHTITAN_ORDER!r} (pp, dp, cp, tp from outermost); it "
+                f"cannot run order {plan.layout.order!r}",
+                hint=f"remove order, or use {TORCHTITAN_ORDER!r}",
+            )
             break
     replicate = opts.dp_replicate or 1
     if s.dp % replicate:
         choices = ", ".join(str(d) for d in range(1, s.dp + 1) if s.dp % d == 0)
-        yield Finding(code="MDC331", pointer="/torchtitan/dp_replicate",
-                      message=f"dp_replicate ({replicate}) must divide dp ({s.dp}): "
-                              "data_parallel_shard_degree = dp / dp_replicate",
-                      hint=f"dp_replicate can be one of {choices}")
+        yield Finding(
+            code="MDC331",
+            pointer="/torchtitan/dp_replicate",
+            message=f"dp_replicate ({replicate}) must divide dp ({s.dp}): "
+            "data_parallel_shard_degree = dp / dp_replicate",
+            hint=f"dp_replicate can be one of {choices}",
+        )
         return
     shard = s.dp // replicate
     if s.ep > 1 and s.etp not in (s.tp, 1):
-        yield Finding(code="MDC332", pointer="/parallelism/etp",
-                      message=f"with ep = {s.ep}, TorchTitan needs etp equal to tp ({s.tp}) or "
-                              f"1, not {s.etp} ('Currently we only support ETP=TP or ETP=1')",
-                      hint=f"set etp = {s.tp} or etp = 1")
+        yield Finding(
+            code="MDC332",
+            pointer="/parallelism/etp",
+            message=f"with ep = {s.ep}, TorchTitan needs etp equal to tp ({s.tp}) or "
+            f"1, not {s.etp} ('Currently we only support ETP=TP or ETP=1')",
+            hint=f"set etp = {s.tp} or etp = 1",
+        )
     elif s.ep > 1 and (shard * s.cp * s.tp) % (s.ep * s.etp):
         span = shard * s.cp * s.tp
-        yield Finding(code="MDC333", pointer="/parallelism/ep",
-                      message=f"TorchTitan lays experts over dp_shard * cp * tp = {shard} * "
-                              f"{s.cp} * {s.tp} = {span} ranks, which ep * etp = {s.ep} * "
-                              f"{s.etp} = {s.ep * s.etp} must divide (expert parallelism never "
-                              "spans dp_replicate)",
-                      hint=f"choose ep * etp dividing {span}, or a smaller dp_replicate")
+        yield Finding(
+            code="MDC333",
+            pointer="/parallelism/ep",
+            message=f"TorchTitan lays experts over dp_shard * cp * tp = {shard} * "
+            f"{s.cp} * {s.tp} = {span} ranks, which ep * etp = {s.ep} * "
+            f"{s.etp} = {s.ep * s.etp} must divide (expert parallelism never "
+            "spans dp_replicate)",
+            hint=f"choose ep * etp dividing {span}, or a smaller dp_replicate",
+        )
 
 
 def _sequence(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
@@ -396,10 +438,12 @@ def _sequence(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
     given, pointer = seq_len(plan, opts)
     model_seq = plan.model.seq_length if plan.model else None
     if opts.seq_len is not None and model_seq is not None and opts.seq_len != model_seq:
-        yield Finding(code="MDC339", pointer="/torchtitan/seq_len",
-                      message=f"seq_len ({opts.seq_len}) disagrees with [model] seq_length "
-                              f"({model_seq})",
-                      hint="remove seq_len: it defaults to [model] seq_length")
+        yield Finding(
+            code="MDC339",
+            pointer="/torchtitan/seq_len",
+            message=f"seq_len ({opts.seq_len}) disagrees with [model] seq_length ({model_seq})",
+            hint="remove seq_len: it defaults to [model] seq_length",
+        )
         return
     length = given if given is not None else DEFAULT_SEQ_LEN
     divisor = s.tp * 2 * s.cp
@@ -408,42 +452,58 @@ def _sequence(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         where = "" if given is not None else " (TorchTitan's default)"
         below = length // divisor * divisor
         nearest = " or ".join(str(v) for v in (below, below + divisor) if v > 0)
-        yield Finding(code="MDC334", pointer=pointer or "/torchtitan",
-                      message=f"seq_len ({length}{where}) must be divisible by tp * 2 * cp = "
-                              f"{s.tp} * 2 * {s.cp} = {divisor} (TorchTitan's sequence and "
-                              "context parallel split)",
-                      hint=f"the nearest valid seq_len is {nearest}")
+        yield Finding(
+            code="MDC334",
+            pointer=pointer or "/torchtitan",
+            message=f"seq_len ({length}{where}) must be divisible by tp * 2 * cp = "
+            f"{s.tp} * 2 * {s.cp} = {divisor} (TorchTitan's sequence and "
+            "context parallel split)",
+            hint=f"the nearest valid seq_len is {nearest}",
+        )
 
 
 def _pipeline(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
     s = plan.sizes
     mb = opts.pipeline_microbatch_size
     if s.pp == 1:
-        for key, value in (("pipeline_schedule", opts.pipeline_schedule),
-                           ("pipeline_microbatch_size", mb)):
+        for key, value in (
+            ("pipeline_schedule", opts.pipeline_schedule),
+            ("pipeline_microbatch_size", mb),
+        ):
             if value is not None:
-                yield Finding(code="MDC335", pointer=f"/torchtitan/{key}",
-                              severity=Severity.WARNING,
-                              message=f"{key} has no effect with pp = 1",
-                              hint=f"remove {key}, or set pp > 1")
+                yield Finding(
+                    code="MDC335",
+                    pointer=f"/torchtitan/{key}",
+                    severity=Severity.WARNING,
+                    message=f"{key} has no effect with pp = 1",
+                    hint=f"remove {key}, or set pp > 1",
+                )
         return
     name = schedule(plan, opts)
     if s.vpp and name in SINGLE_STAGE:
-        yield Finding(code="MDC336", pointer="/torchtitan/pipeline_schedule",
-                      message=f"schedule {name!r} runs one stage per pipeline rank, but vpp = "
-                              f"{s.vpp}",
-                      hint=f"use a looped schedule ({', '.join(MULTI_STAGE)}), or remove vpp")
+        yield Finding(
+            code="MDC336",
+            pointer="/torchtitan/pipeline_schedule",
+            message=f"schedule {name!r} runs one stage per pipeline rank, but vpp = {s.vpp}",
+            hint=f"use a looped schedule ({', '.join(MULTI_STAGE)}), or remove vpp",
+        )
     elif not s.vpp and name in MULTI_STAGE:
-        yield Finding(code="MDC336", pointer="/torchtitan/pipeline_schedule",
-                      message=f"schedule {name!r} runs several stages per pipeline rank (2 "
-                              "unless pipeline_parallel_layers_per_stage says otherwise), but "
-                              "vpp is not set",
-                      hint="set [parallelism] vpp = 2, or use schedule \"1F1B\"")
+        yield Finding(
+            code="MDC336",
+            pointer="/torchtitan/pipeline_schedule",
+            message=f"schedule {name!r} runs several stages per pipeline rank (2 "
+            "unless pipeline_parallel_layers_per_stage says otherwise), but "
+            "vpp is not set",
+            hint='set [parallelism] vpp = 2, or use schedule "1F1B"',
+        )
     elif s.vpp and name in V_SHAPED and s.vpp != 2:
-        yield Finding(code="MDC336", pointer="/parallelism/vpp",
-                      message=f"schedule {name!r} needs exactly 2 stages per pipeline rank, "
-                              f"but vpp = {s.vpp}",
-                      hint="set vpp = 2")
+        yield Finding(
+            code="MDC336",
+            pointer="/parallelism/vpp",
+            message=f"schedule {name!r} needs exactly 2 stages per pipeline rank, "
+            f"but vpp = {s.vpp}",
+            hint="set vpp = 2",
+        )
     elif _needs_layers_per_stage(plan):
         yield from _stages(plan, opts)
     if plan.batch is not None:
@@ -451,54 +511,74 @@ def _pipeline(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         size = mb or 1
         stages = s.pp * (s.vpp or 1)
         if local % size:
-            yield Finding(code="MDC335", pointer="/torchtitan/pipeline_microbatch_size",
-                          message=f"local_batch_size ({local}, [batch] micro_batch_size) must "
-                                  f"be divisible by pipeline_microbatch_size ({size}) (TorchTitan "
-                                  "splits each local batch into pipeline microbatches)",
-                          hint="pipeline_microbatch_size can be one of " + ", ".join(
-                              str(d) for d in range(1, local + 1) if local % d == 0))
+            yield Finding(
+                code="MDC335",
+                pointer="/torchtitan/pipeline_microbatch_size",
+                message=f"local_batch_size ({local}, [batch] micro_batch_size) must "
+                f"be divisible by pipeline_microbatch_size ({size}) (TorchTitan "
+                "splits each local batch into pipeline microbatches)",
+                hint="pipeline_microbatch_size can be one of "
+                + ", ".join(str(d) for d in range(1, local + 1) if local % d == 0),
+            )
         elif local // size < stages:
-            yield Finding(code="MDC335", pointer="/batch/micro_batch_size",
-                          severity=Severity.WARNING,
-                          message=f"{local // size} pipeline microbatch(es) per step (local "
-                                  f"batch {local} / pipeline microbatch {size}) for {stages} "
-                                  "pipeline stages: the pipeline runs with bubbles",
-                          hint=f"a micro_batch_size of at least {stages * size} keeps every "
-                               "stage busy")
+            yield Finding(
+                code="MDC335",
+                pointer="/batch/micro_batch_size",
+                severity=Severity.WARNING,
+                message=f"{local // size} pipeline microbatch(es) per step (local "
+                f"batch {local} / pipeline microbatch {size}) for {stages} "
+                "pipeline stages: the pipeline runs with bubbles",
+                hint=f"a micro_batch_size of at least {stages * size} keeps every stage busy",
+            )
 
 
 def _stages(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
     s = plan.sizes
     layers = plan.model.num_layers if plan.model else None
     if layers is None:
-        yield Finding(code="MDC336", pointer="/parallelism/vpp",
-                      message=f"vpp = {s.vpp} needs TorchTitan's pipeline_parallel_layers_per_"
-                              "stage, which mdc derives from [model] num_layers (not given)",
-                      hint="set [model] num_layers to the flavor's layer count, or vpp = 2")
+        yield Finding(
+            code="MDC336",
+            pointer="/parallelism/vpp",
+            message=f"vpp = {s.vpp} needs TorchTitan's pipeline_parallel_layers_per_"
+            "stage, which mdc derives from [model] num_layers (not given)",
+            hint="set [model] num_layers to the flavor's layer count, or vpp = 2",
+        )
     elif layers_per_stage(plan, opts) is None:
         first = _passed_count(opts, "pipeline_parallel_first_stage_less_layers")
         last = _passed_count(opts, "pipeline_parallel_last_stage_less_layers")
         weighted = layers + first + last
         # stage counts TorchTitan can make, that also split num_layers / pp evenly (MDC223)
-        reachable = sorted({math.ceil(weighted / n) // s.pp for n in range(1, weighted + 1)
-                            if math.ceil(weighted / n) % s.pp == 0
-                            and (layers // s.pp) % (math.ceil(weighted / n) // s.pp) == 0}
-                           - {0, 1})
-        yield Finding(code="MDC336", pointer="/parallelism/vpp",
-                      message=f"no pipeline_parallel_layers_per_stage gives pp * vpp = "
-                              f"{s.pp} * {s.vpp} = {s.pp * (s.vpp or 1)} stages: TorchTitan makes "
-                              f"ceil((num_layers + {first} + {last}) / layers_per_stage) = "
-                              f"ceil({weighted} / n) stages",
-                      hint="vpp can be one of " + ", ".join(map(str, reachable))
-                      if reachable else "use vpp = 2")
+        reachable = sorted(
+            {
+                math.ceil(weighted / n) // s.pp
+                for n in range(1, weighted + 1)
+                if math.ceil(weighted / n) % s.pp == 0
+                and (layers // s.pp) % (math.ceil(weighted / n) // s.pp) == 0
+            }
+            - {0, 1}
+        )
+        yield Finding(
+            code="MDC336",
+            pointer="/parallelism/vpp",
+            message=f"no pipeline_parallel_layers_per_stage gives pp * vpp = "
+            f"{s.pp} * {s.vpp} = {s.pp * (s.vpp or 1)} stages: TorchTitan makes "
+            f"ceil((num_layers + {first} + {last}) / layers_per_stage) = "
+            f"ceil({weighted} / n) stages",
+            hint="vpp can be one of " + ", ".join(map(str, reachable))
+            if reachable
+            else "use vpp = 2",
+        )
 
 
 def _dtype(plan: Plan) -> Iterator[Finding]:
     if plan.model is not None and plan.model.dtype == "fp16":
-        yield Finding(code="MDC337", pointer="/model/dtype",
-                      message="TorchTitan trains in bfloat16 or float32 mixed precision; it has "
-                              "no fp16 training",
-                      hint="use dtype = \"bf16\"")
+        yield Finding(
+            code="MDC337",
+            pointer="/model/dtype",
+            message="TorchTitan trains in bfloat16 or float32 mixed precision; it has "
+            "no fp16 training",
+            hint='use dtype = "bf16"',
+        )
 
 
 def _scalars(value: Any, pointer: str) -> Iterator[str]:
@@ -531,19 +611,23 @@ def _owner(plan: Plan, section: str, key: str) -> tuple[str, str] | None:
     return None
 
 
-def _clash(section: str, key: str, owner: tuple[str, str], where: str,
-           pointer: str) -> Finding:
+def _clash(section: str, key: str, owner: tuple[str, str], where: str, pointer: str) -> Finding:
     kind, source = owner
     if kind == "option":
-        return Finding(code="MDC338", pointer=pointer,
-                       message=f"{where} sets {section}.{key}, which the torchtitan launcher "
-                               f"sets from [torchtitan] {source}",
-                       hint=f"remove it from {where} and set [torchtitan] "
-                            f"{source.split(' ')[0]}")
-    return Finding(code="MDC338", pointer=pointer,
-                   message=f"{where} sets {section}.{key}, which the torchtitan launcher "
-                           f"derives from {source}",
-                   hint=f"remove it from {where}; mdc writes {section}.{key} itself")
+        return Finding(
+            code="MDC338",
+            pointer=pointer,
+            message=f"{where} sets {section}.{key}, which the torchtitan launcher "
+            f"sets from [torchtitan] {source}",
+            hint=f"remove it from {where} and set [torchtitan] {source.split(' ')[0]}",
+        )
+    return Finding(
+        code="MDC338",
+        pointer=pointer,
+        message=f"{where} sets {section}.{key}, which the torchtitan launcher "
+        f"derives from {source}",
+        hint=f"remove it from {where}; mdc writes {section}.{key} itself",
+    )
 
 
 def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
@@ -554,9 +638,12 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
             if owner is not None:
                 yield _clash(section, key, owner, "config", pointer)
             for bad in _scalars(opts.config[section][key], pointer):
-                yield Finding(code="MDC338", pointer=bad,
-                              message="TOML has no null: a config value cannot be null",
-                              hint="remove the key to keep TorchTitan's default")
+                yield Finding(
+                    code="MDC338",
+                    pointer=bad,
+                    message="TOML has no null: a config value cannot be null",
+                    hint="remove the key to keep TorchTitan's default",
+                )
     for index, word in enumerate(plan.job.argv):
         # TorchTitan's overrides: --section.key VALUE or --section.key=VALUE, - or _
         if not word.startswith("--") or "." not in word:
@@ -564,8 +651,9 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         section, _, key = word[2:].split("=", 1)[0].replace("-", "_").partition(".")
         owner = _owner(plan, section, key)
         if owner is not None:
-            pointer = (f"/job/command/{index}" if isinstance(plan.job.command, tuple)
-                       else "/job/command")
+            pointer = (
+                f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
+            )
             yield _clash(section, key, owner, "the job's command", pointer)
 
 
@@ -589,20 +677,27 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
     dimension (dp_shard * cp; dp_replicate copies under HSDP); gradients are kept and
     reduced in float32 (mixed_precision_reduce)."""
     opts = _options(options)
-    return TrainingSetup(zero_stage=3, grad_bytes=4, sequence_parallel=True,
-                         recompute=_recompute(opts), replicas=opts.dp_replicate or 1)
+    return TrainingSetup(
+        zero_stage=3,
+        grad_bytes=4,
+        sequence_parallel=True,
+        recompute=_recompute(opts),
+        replicas=opts.dp_replicate or 1,
+    )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name="torchtitan",
-        description="TorchTitan on torchrun: a job config TOML plus command-line overrides "
-                    "with the plan's degrees and batch",
-        parallelism="model",
-        emit=emit,
-        check=check,
-        training=training,
-        schema=read_schema("mdc_schemas", "plugins/torchtitan.v1.schema.json"),
-        options_type=TorchtitanOptions,
-    )]
+    return [
+        LauncherSpec(
+            name="torchtitan",
+            description="TorchTitan on torchrun: a job config TOML plus command-line overrides "
+            "with the plan's degrees and batch",
+            parallelism="model",
+            emit=emit,
+            check=check,
+            training=training,
+            schema=read_schema("mdc_schemas", "plugins/torchtitan.v1.schema.json"),
+            options_type=TorchtitanOptions,
+        )
+    ]

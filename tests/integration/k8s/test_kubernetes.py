@@ -43,8 +43,7 @@ K8S_FILES = ("kubernetes/job.yaml", "leaderworkerset/lws.yaml")
 def k8s_examples() -> list[Path]:
     found = []
     for path in sorted(EXAMPLES.iterdir()):
-        if path.suffix in (".toml", ".yaml", ".json") and \
-                path.stem.startswith(("k8s-", "lws-")):
+        if path.suffix in (".toml", ".yaml", ".json") and path.stem.startswith(("k8s-", "lws-")):
             found.append(path)
     return found
 
@@ -62,8 +61,11 @@ def compile_at_repo(compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPa
 def k8s_documents(compiled: Compiled) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for artifact in compiled.tree:
-        if artifact.path.endswith((".yaml", ".yml")) and "/" in artifact.path and \
-                not artifact.path.startswith("launch/"):
+        if (
+            artifact.path.endswith((".yaml", ".yml"))
+            and "/" in artifact.path
+            and not artifact.path.startswith("launch/")
+        ):
             docs += [d for d in yaml.safe_load_all(artifact.data.decode()) if d is not None]
     return docs
 
@@ -93,8 +95,9 @@ def pod_specs(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("spec", k8s_examples(), ids=lambda p: p.name)
-def test_every_builtin_document_validates_strictly(compiler: Compiler, spec: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_builtin_document_validates_strictly(
+    compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docs = k8s_documents(compile_at_repo(compiler, spec, monkeypatch))
     builtin = [d for d in docs if is_builtin(d)]
     assert builtin, "no built-in Kubernetes document"
@@ -102,10 +105,12 @@ def test_every_builtin_document_validates_strictly(compiler: Compiler, spec: Pat
     assert errors == []
 
 
-@pytest.mark.parametrize("spec", [p for p in k8s_examples() if p.stem.startswith("lws-")],
-                         ids=lambda p: p.name)
-def test_every_custom_resource_validates_against_its_crd(compiler: Compiler, spec: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "spec", [p for p in k8s_examples() if p.stem.startswith("lws-")], ids=lambda p: p.name
+)
+def test_every_custom_resource_validates_against_its_crd(
+    compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if not CRDS.is_dir():
         pytest.skip(f"the CRDs are not here: {CRDS} is absent")
     docs = k8s_documents(compile_at_repo(compiler, spec, monkeypatch))
@@ -114,10 +119,10 @@ def test_every_custom_resource_validates_against_its_crd(compiler: Compiler, spe
     assert [e for d in custom for e in validate_custom(d)] == []
 
 
-def test_the_validator_finds_every_error(compiler: Compiler,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    docs = k8s_documents(compile_at_repo(compiler, EXAMPLES / "k8s-torchrun-2x8.toml",
-                                         monkeypatch))
+def test_the_validator_finds_every_error(
+    compiler: Compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = k8s_documents(compile_at_repo(compiler, EXAMPLES / "k8s-torchrun-2x8.toml", monkeypatch))
     job = copy.deepcopy(next(d for d in docs if d["kind"] == "Job"))
     job["spec"]["backofLimit"] = 1
     job["spec"]["completions"] = "2"
@@ -129,11 +134,11 @@ def test_the_validator_finds_every_error(compiler: Compiler,
 
 
 def test_the_crd_validator_closes_objects_and_checks_list_maps(
-        compiler: Compiler, monkeypatch: pytest.MonkeyPatch) -> None:
+    compiler: Compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if not CRDS.is_dir():
         pytest.skip(f"the CRDs are not here: {CRDS} is absent")
-    docs = k8s_documents(compile_at_repo(compiler, EXAMPLES / "lws-vllm-ray-2x8.yaml",
-                                         monkeypatch))
+    docs = k8s_documents(compile_at_repo(compiler, EXAMPLES / "lws-vllm-ray-2x8.yaml", monkeypatch))
     lws = copy.deepcopy(next(d for d in docs if d["kind"] == "LeaderWorkerSet"))
     lws["spec"]["leaderWorkerTemplate"]["sise"] = 2
     container = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
@@ -149,8 +154,9 @@ def test_the_crd_validator_closes_objects_and_checks_list_maps(
 
 
 @pytest.mark.parametrize("spec", k8s_examples(), ids=lambda p: p.name)
-def test_the_configmap_carries_the_tree(compiler: Compiler, spec: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_configmap_carries_the_tree(
+    compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     compiled = compile_at_repo(compiler, spec, monkeypatch)
     shipped = configmap_files(k8s_documents(compiled))
     tree = {a.path: a for a in compiled.tree}
@@ -164,7 +170,8 @@ def test_the_configmap_carries_the_tree(compiler: Compiler, spec: Path,
 
 @pytest.mark.parametrize("spec", k8s_examples(), ids=lambda p: p.name)
 def test_every_script_in_the_configmap_passes_bash_and_shellcheck(
-        compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     shipped = configmap_files(k8s_documents(compile_at_repo(compiler, spec, monkeypatch)))
     scripts = [p for p in shipped if p.endswith(".sh")]
     assert "k8s/node.sh" in scripts
@@ -173,27 +180,70 @@ def test_every_script_in_the_configmap_passes_bash_and_shellcheck(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(shipped[path][0], encoding="utf-8")
         subprocess.run(["bash", "-n", str(target)], check=True)
-        result = subprocess.run([SHELLCHECK, "-x", str(target)], capture_output=True, text=True,
-                                check=False)
+        result = subprocess.run(
+            [SHELLCHECK, "-x", str(target)], capture_output=True, text=True, check=False
+        )
         assert result.returncode == 0, f"{path}:\n{result.stdout}"
 
 
-HOSTILE = ["yes", "no", "on", "null", "~", "0x1F", "1e3", "012", "2026-11-22", "12:30",
-           "a: b", "- item", "#hash", "x # y", "'single'", '"double"', "{a: 1}", "[1]",
-           "trailing ", " leading", "multi\nline", "tab\there", "ünïcödé", "*alias", "&anchor",
-           "!tag", "%percent", "@at", "`tick`", "$(rm -rf /)", "back\\slash", ""]
+HOSTILE = [
+    "yes",
+    "no",
+    "on",
+    "null",
+    "~",
+    "0x1F",
+    "1e3",
+    "012",
+    "2026-11-22",
+    "12:30",
+    "a: b",
+    "- item",
+    "#hash",
+    "x # y",
+    "'single'",
+    '"double"',
+    "{a: 1}",
+    "[1]",
+    "trailing ",
+    " leading",
+    "multi\nline",
+    "tab\there",
+    "ünïcödé",
+    "*alias",
+    "&anchor",
+    "!tag",
+    "%percent",
+    "@at",
+    "`tick`",
+    "$(rm -rf /)",
+    "back\\slash",
+    "",
+]
 
 
-def test_hostile_strings_read_back_exactly(compiler: Compiler, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostile_strings_read_back_exactly(
+    compiler: Compiler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     env = {f"V{i}": value for i, value in enumerate(HOSTILE)}
     data = {
-        "job": {"name": "hostile", "image": "registry.local:5000/team/img:1.0@sha256:" + "a" * 64,
-                "command": ["python", "train.py", *HOSTILE[:-1]], "env": env},
-        "distributed": {"launcher": "torchrun", "backend": "kubernetes", "nnodes": 2,
-                        "nproc_per_node": 2, "accelerator": "cpu"},
-        "kubernetes": {"node_selector": {"pool": "true", "zone": "0123"},
-                       "labels": {"team": "null"}},
+        "job": {
+            "name": "hostile",
+            "image": "registry.local:5000/team/img:1.0@sha256:" + "a" * 64,
+            "command": ["python", "train.py", *HOSTILE[:-1]],
+            "env": env,
+        },
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "kubernetes",
+            "nnodes": 2,
+            "nproc_per_node": 2,
+            "accelerator": "cpu",
+        },
+        "kubernetes": {
+            "node_selector": {"pool": "true", "zone": "0123"},
+            "labels": {"team": "null"},
+        },
     }
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data), encoding="utf-8")
@@ -218,16 +268,28 @@ def test_hostile_strings_read_back_exactly(compiler: Compiler, tmp_path: Path,
     (stub / "torchrun").write_text(
         "#!/usr/bin/env python3\nimport json, os, sys\n"
         "print(json.dumps({'argv': sys.argv[1:], 'env': {k: v for k, v in os.environ.items() "
-        "if k.startswith('V')}}))\n", encoding="utf-8")
+        "if k.startswith('V')}}))\n",
+        encoding="utf-8",
+    )
     (stub / "torchrun").chmod(0o755)
-    run_env = {"PATH": f"{stub}:{os.environ['PATH']}", "JOB_COMPLETION_INDEX": "1",
-               "MASTER_ADDR": "hostile-0.hostile", "MASTER_PORT": "29500",
-               "NODE_HOSTS": "hostile-0.hostile hostile-1.hostile"}
-    result = subprocess.run(["bash", str(out / "k8s/node.sh")], env=run_env, capture_output=True,
-                            text=True, check=True, timeout=30)
+    run_env = {
+        "PATH": f"{stub}:{os.environ['PATH']}",
+        "JOB_COMPLETION_INDEX": "1",
+        "MASTER_ADDR": "hostile-0.hostile",
+        "MASTER_PORT": "29500",
+        "NODE_HOSTS": "hostile-0.hostile hostile-1.hostile",
+    }
+    result = subprocess.run(
+        ["bash", str(out / "k8s/node.sh")],
+        env=run_env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
     seen = json.loads(result.stdout)
     assert seen["env"] == env
-    assert seen["argv"][-len(HOSTILE) + 1:] == HOSTILE[:-1]
+    assert seen["argv"][-len(HOSTILE) + 1 :] == HOSTILE[:-1]
 
 
 @pytest.mark.slow
@@ -235,8 +297,13 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
     """An Indexed Job pod: JOB_COMPLETION_INDEX becomes NODE_RANK, the pod runs its role."""
     data = {
         "job": {"name": "rank", "image": "busybox", "command": ["python", "train.py"]},
-        "distributed": {"launcher": "torchrun", "backend": "kubernetes", "nnodes": 3,
-                        "nproc_per_node": 1, "accelerator": "cpu"},
+        "distributed": {
+            "launcher": "torchrun",
+            "backend": "kubernetes",
+            "nnodes": 3,
+            "nproc_per_node": 1,
+            "accelerator": "cpu",
+        },
         "torchrun": {"rdzv_backend": "static"},
         "kubernetes": {"namespace": "ml"},
     }
@@ -248,32 +315,46 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
     env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     hosts = [f"rank-{i}.rank.ml.svc.cluster.local" for i in range(3)]
     # NODE_HOSTS is built by node.sh (below), so the Job does not grow with nnodes
-    assert env == {"MASTER_ADDR": hosts[0],
-                   "MASTER_PORT": str(compiled.plan.rendezvous.master_port)}
+    assert env == {
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": str(compiled.plan.rendezvous.master_port),
+    }
     assert job["spec"]["template"]["spec"]["subdomain"] == "rank"
     service = next(d for d in docs if d["kind"] == "Service")
     assert service["spec"]["clusterIP"] == "None"
-    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"][
-        "labels"].items()
+    assert (
+        service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    )
     out = tmp_path / "mdc"
     for path, (text, _mode) in configmap_files(docs).items():
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text(text, encoding="utf-8")
     stub = tmp_path / "bin"
     stub.mkdir()
-    (stub / "torchrun").write_text('#!/bin/sh\necho "$NODE_RANK $MASTER_ADDR $NODE_HOSTS $*"\n',
-                                   encoding="utf-8")
+    (stub / "torchrun").write_text(
+        '#!/bin/sh\necho "$NODE_RANK $MASTER_ADDR $NODE_HOSTS $*"\n', encoding="utf-8"
+    )
     (stub / "torchrun").chmod(0o755)
     for index in range(3):
         result = subprocess.run(
-            ["bash", str(out / "k8s/node.sh")], capture_output=True, text=True, timeout=30, check=False,
-            env={**env, "PATH": f"{stub}:{os.environ['PATH']}",
-                 "JOB_COMPLETION_INDEX": str(index)})
+            ["bash", str(out / "k8s/node.sh")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={**env, "PATH": f"{stub}:{os.environ['PATH']}", "JOB_COMPLETION_INDEX": str(index)},
+        )
         assert result.returncode == 0, result.stderr
         rank, master, *seen_hosts = result.stdout.split(" ", 2 + len(hosts))
         args = seen_hosts.pop()
         assert (rank, master, seen_hosts) == (str(index), hosts[0], hosts)
         assert f"--node-rank {index}" in args
-    missing = subprocess.run(["bash", str(out / "k8s/node.sh")], capture_output=True, check=False,
-                             text=True, env={**env, "PATH": os.environ["PATH"]}, timeout=30)
+    missing = subprocess.run(
+        ["bash", str(out / "k8s/node.sh")],
+        capture_output=True,
+        check=False,
+        text=True,
+        env={**env, "PATH": os.environ["PATH"]},
+        timeout=30,
+    )
     assert missing.returncode == 2 and "JOB_COMPLETION_INDEX" in missing.stderr

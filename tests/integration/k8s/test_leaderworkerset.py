@@ -27,15 +27,21 @@ def compiler() -> Compiler:
 def disagg_spec(**lws: Any) -> dict[str, Any]:
     return {
         "job": {"name": "pd", "image": "lmsysorg/sglang:latest", "command": "python3"},
-        "distributed": {"launcher": "sglang_disagg", "backend": "leaderworkerset", "nnodes": 4,
-                        "nproc_per_node": 2, "accelerator": "nvidia"},
+        "distributed": {
+            "launcher": "sglang_disagg",
+            "backend": "leaderworkerset",
+            "nnodes": 4,
+            "nproc_per_node": 2,
+            "accelerator": "nvidia",
+        },
         "sglang_disagg": {"model_path": "m"},
         "leaderworkerset": {"namespace": "serve", **lws},
     }
 
 
-def compile_docs(compiler: Compiler, tmp_path: Path, data: dict[str, Any]
-                 ) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
+def compile_docs(
+    compiler: Compiler, tmp_path: Path, data: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, bytes]]:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(data), encoding="utf-8")
     compiled = compiler.compile(spec)
@@ -44,8 +50,9 @@ def compile_docs(compiler: Compiler, tmp_path: Path, data: dict[str, Any]
     return docs, tree
 
 
-def test_group_size_replicas_and_rank_from_the_worker_index_label(compiler: Compiler,
-                                                                   tmp_path: Path) -> None:
+def test_group_size_replicas_and_rank_from_the_worker_index_label(
+    compiler: Compiler, tmp_path: Path
+) -> None:
     docs, _ = compile_docs(compiler, tmp_path, disagg_spec(replicas=3, port=30000))
     assert [d["kind"] for d in docs] == ["ConfigMap", "LeaderWorkerSet", "Service"]
     lws = docs[1]
@@ -55,22 +62,28 @@ def test_group_size_replicas_and_rank_from_the_worker_index_label(compiler: Comp
     pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
     assert "restartPolicy" not in pod  # StatefulSet pods: Always, the default
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    assert env["MDC_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        f"metadata.labels['{INDEX_LABEL}']"
+    assert (
+        env["MDC_WORKER_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == f"metadata.labels['{INDEX_LABEL}']"
+    )
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
     service = docs[2]
     assert service["metadata"]["name"] == "pd-leader"
-    assert service["spec"]["selector"] == {"leaderworkerset.sigs.k8s.io/name": "pd",
-                                           INDEX_LABEL: "0"}
-    assert [e for d in docs if is_builtin(d) for e in validate_document(d, (OLDEST, newest()))] \
-        == []
+    assert service["spec"]["selector"] == {
+        "leaderworkerset.sigs.k8s.io/name": "pd",
+        INDEX_LABEL: "0",
+    }
+    assert [
+        e for d in docs if is_builtin(d) for e in validate_document(d, (OLDEST, newest()))
+    ] == []
     if CRDS.is_dir():  # the CRD check itself is in test_kubernetes.py, which skips without it
         assert validate_custom(lws) == []
 
 
 @pytest.mark.slow
-def test_each_pod_of_a_group_runs_its_role_with_the_groups_hosts(compiler: Compiler,
-                                                                 tmp_path: Path) -> None:
+def test_each_pod_of_a_group_runs_its_role_with_the_groups_hosts(
+    compiler: Compiler, tmp_path: Path
+) -> None:
     docs, _ = compile_docs(compiler, tmp_path, disagg_spec())
     data = docs[0]["data"]
     pod = docs[1]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
@@ -80,22 +93,39 @@ def test_each_pod_of_a_group_runs_its_role_with_the_groups_hosts(compiler: Compi
         (out / item["path"]).write_text(data[item["key"]], encoding="utf-8")
     # every role script is replaced by one that reports what it got
     for script in (out / "launch").glob("*.sh"):
-        script.write_text(f'#!/usr/bin/env bash\necho "{script.stem} $NODE_RANK $MASTER_ADDR '
-                          '$MASTER_PORT $NODE_HOSTS"\n', encoding="utf-8")
+        script.write_text(
+            f'#!/usr/bin/env bash\necho "{script.stem} $NODE_RANK $MASTER_ADDR '
+            '$MASTER_PORT $NODE_HOSTS"\n',
+            encoding="utf-8",
+        )
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
     leader = "pd-1.pd.serve"  # group 1 of LeaderWorkerSet pd, as LWS names it
     hosts = [leader, "pd-1-1.pd.serve", "pd-1-2.pd.serve", "pd-1-3.pd.serve"]
     roles = {0: "proxy", 1: "prefill", 2: "decode", 3: "decode"}
     for index in range(4):
         result = subprocess.run(
-            ["bash", str(out / "k8s/node.sh")], capture_output=True, text=True, timeout=30, check=False,
-            env={**env, "PATH": os.environ["PATH"], "LWS_LEADER_ADDRESS": leader,
-                 "MDC_WORKER_INDEX": str(index)})
+            ["bash", str(out / "k8s/node.sh")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={
+                **env,
+                "PATH": os.environ["PATH"],
+                "LWS_LEADER_ADDRESS": leader,
+                "MDC_WORKER_INDEX": str(index),
+            },
+        )
         assert result.returncode == 0, result.stderr
         role, rank, master, port, *node_hosts = result.stdout.split()
-        assert (role, rank, master, port) == (roles[index], str(index), leader,
-                                             env["MASTER_PORT"])
+        assert (role, rank, master, port) == (roles[index], str(index), leader, env["MASTER_PORT"])
         assert node_hosts == hosts
-    missing = subprocess.run(["bash", str(out / "k8s/node.sh")], capture_output=True, check=False,
-                             text=True, env={**env, "PATH": os.environ["PATH"]}, timeout=30)
+    missing = subprocess.run(
+        ["bash", str(out / "k8s/node.sh")],
+        capture_output=True,
+        check=False,
+        text=True,
+        env={**env, "PATH": os.environ["PATH"]},
+        timeout=30,
+    )
     assert missing.returncode == 2 and "LWS_LEADER_ADDRESS" in missing.stderr

@@ -36,7 +36,9 @@ REPO = Path(__file__).resolve().parents[3]
 #: ../shared/crds beside the checkout, then the workspace's (as tests/conftest.py's
 #: shared_crds fixture looks; this module is imported outside pytest's fixtures too)
 CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
-    REPO.parent / "shared" / "crds", Path("/work/shared/crds")]
+    REPO.parent / "shared" / "crds",
+    Path("/work/shared/crds"),
+]
 CRDS = next((p for p in CRD_PLACES if p.is_dir()), CRD_PLACES[0])
 #: the oldest Kubernetes version mdc's manifests must validate against
 OLDEST = "1.30"
@@ -70,7 +72,11 @@ def _read_json(path: Path) -> Any:
 def builtin_schema_path(doc: Mapping[str, Any], version: str) -> Path:
     """The strict schema file for ``doc``'s kind and apiVersion (``batch/v1`` -> ``batch-v1``)."""
     api = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", str(doc.get("apiVersion", "")))
-    return schema_root() / f"v{version}.0-local-strict" / f"{str(doc.get('kind', '')).lower()}-{api}.json"
+    return (
+        schema_root()
+        / f"v{version}.0-local-strict"
+        / f"{str(doc.get('kind', '')).lower()}-{api}.json"
+    )
 
 
 def is_builtin(doc: Mapping[str, Any], version: str = OLDEST) -> bool:
@@ -89,8 +95,12 @@ def validate_builtin(doc: Mapping[str, Any], version: str) -> list[str]:
     """Every error of ``doc`` against the strict schema of Kubernetes ``version`` (``"1.30"``)."""
     path = builtin_schema_path(doc, version)
     if not path.is_file():
-        return [(f"no schema for kind {doc.get('kind')!r} apiVersion {doc.get('apiVersion')!r} "
-                f"in Kubernetes {version}")]
+        return [
+            (
+                f"no schema for kind {doc.get('kind')!r} apiVersion {doc.get('apiVersion')!r} "
+                f"in Kubernetes {version}"
+            )
+        ]
     validator = _builtin_validator(path)
     return sorted(f"{_path(e)}: {e.message}" for e in validator.iter_errors(doc))
 
@@ -114,7 +124,9 @@ def crd_path(doc: Mapping[str, Any]) -> Path:
 
 @functools.cache
 def _crd(path: Path) -> Any:
-    return yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(
+        path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    )
 
 
 def _strict(schema: Any) -> Any:
@@ -123,19 +135,22 @@ def _strict(schema: Any) -> Any:
         return [_strict(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _strict(v) for k, v in schema.items()
-           if k not in ("properties", "default", "example")}
+    out = {
+        k: _strict(v) for k, v in schema.items() if k not in ("properties", "default", "example")
+    }
     if "properties" in schema:
         props = {k: _strict(v) for k, v in schema["properties"].items()}
         if schema.get("x-kubernetes-embedded-resource"):
             for key in ("apiVersion", "kind", "metadata"):
                 props.setdefault(key, {})
         out["properties"] = props
-        if "additionalProperties" not in schema and \
-                not schema.get("x-kubernetes-preserve-unknown-fields"):
+        if "additionalProperties" not in schema and not schema.get(
+            "x-kubernetes-preserve-unknown-fields"
+        ):
             out["additionalProperties"] = False
-        defaults = {k for k, v in schema["properties"].items()
-                    if isinstance(v, dict) and "default" in v}
+        defaults = {
+            k for k, v in schema["properties"].items() if isinstance(v, dict) and "default" in v
+        }
         if "required" in schema:
             out["required"] = [r for r in schema["required"] if r not in defaults]
     if schema.get("x-kubernetes-int-or-string"):
@@ -156,7 +171,9 @@ def _list_map_keys(validator: Any, keys: Any, instance: Any, schema: Any) -> Ite
             continue
         key = json.dumps([item.get(k) for k in keys])
         if key in seen:
-            yield jsonschema.ValidationError(f"duplicate list-map key {dict(zip(keys, json.loads(key)))}")
+            yield jsonschema.ValidationError(
+                f"duplicate list-map key {dict(zip(keys, json.loads(key)))}"
+            )
         seen.add(key)
 
 
@@ -169,7 +186,8 @@ def _set_items(validator: Any, kind: Any, instance: Any, schema: Any) -> Iterato
 
 StrictValidator = jsonschema.validators.extend(
     jsonschema.Draft202012Validator,
-    {"x-kubernetes-list-map-keys": _list_map_keys, "x-kubernetes-list-type": _set_items})
+    {"x-kubernetes-list-map-keys": _list_map_keys, "x-kubernetes-list-type": _set_items},
+)
 
 
 def custom_schema(doc: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -199,8 +217,12 @@ def validate_custom(doc: Mapping[str, Any]) -> list[str]:
     """Every error of a custom resource against its CRD's served version (strict, see above)."""
     schema = custom_schema(doc)
     if schema is None:
-        return [(f"no served CRD version for kind {doc.get('kind')!r} apiVersion "
-                f"{doc.get('apiVersion')!r} under {CRDS}")]
+        return [
+            (
+                f"no served CRD version for kind {doc.get('kind')!r} apiVersion "
+                f"{doc.get('apiVersion')!r} under {CRDS}"
+            )
+        ]
     validator = _custom_validator(crd_path(doc), str(doc.get("apiVersion", "")).rpartition("/")[2])
     errors = [f"{_path(e)}: {e.message}" for e in validator.iter_errors(doc)]
     meta = doc.get("metadata")
@@ -214,6 +236,9 @@ def validate_document(doc: Mapping[str, Any], versions: tuple[str, ...] = ()) ->
     other kinds against their CRD; each error prefixed with kind/name (and version)."""
     name = f"{doc.get('kind')}/{(doc.get('metadata') or {}).get('name')}"
     if is_builtin(doc):
-        return [f"{name} [{v}] {e}" for v in (versions or (OLDEST, newest()))
-                for e in validate_builtin(doc, v)]
+        return [
+            f"{name} [{v}] {e}"
+            for v in (versions or (OLDEST, newest()))
+            for e in validate_builtin(doc, v)
+        ]
     return [f"{name} {e}" for e in validate_custom(doc)]

@@ -33,21 +33,39 @@ FAKE_GPUS = 8
 VENV_BIN = Path(sys.executable).parent
 #: marks every process a job starts (sbatch passes the environment on), to find leftovers
 TOKEN_VARIABLE = "MDC_TEST_RUN_TOKEN"
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 #: seconds spent bringing the cluster up, and in this directory's tests
 TIMES: dict[str, float] = {}
 
+
 def _installed() -> bool:
-    return all(Path(p).is_file() for p in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd",
-                                           "/usr/bin/sbatch", "/usr/sbin/munged"))
+    return all(
+        Path(p).is_file()
+        for p in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/sbin/munged")
+    )
 
 
 def _script(action: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MDC_SLURM_NODES": str(NODES), "MDC_SLURM_FAKE_GPUS": str(FAKE_GPUS)}
-    return subprocess.run(["bash", str(SCRIPT), action], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        ["bash", str(SCRIPT), action],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @attrs.frozen
@@ -62,21 +80,29 @@ class Cluster:
 @pytest.fixture(scope="session")
 def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     if os.geteuid() != 0:
-        pytest.skip("the SLURM tests run a real cluster on this machine and need root "
-                    "(tests/integration/slurm/slurm_local.sh up)")
+        pytest.skip(
+            "the SLURM tests run a real cluster on this machine and need root "
+            "(tests/integration/slurm/slurm_local.sh up)"
+        )
     if not _installed() and shutil.which("apt-get") is None:
-        pytest.skip("SLURM is not installed and there is no apt-get to install it "
-                    "(munge slurmctld slurmd slurm-client)")
+        pytest.skip(
+            "SLURM is not installed and there is no apt-get to install it "
+            "(munge slurmctld slurmd slurm-client)"
+        )
     was_up = _installed() and _script("status", timeout=60).returncode == 0
     started = time.monotonic()
     up = _script("up")
     TIMES["bring-up"] = time.monotonic() - started
     if up.returncode != 0:
         pytest.fail(f"slurm_local.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
-    partitions = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
-                                check=True).stdout.split()
-    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True,
-                              check=True).stdout.split()[0])
+    partitions = subprocess.run(
+        ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    cpus = int(
+        subprocess.run(
+            ["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
     yield Cluster(nodes=NODES, gpus_per_node=FAKE_GPUS, partitions=tuple(partitions), cpus=cpus)
     if not was_up:
         down = _script("down", timeout=120)
@@ -93,7 +119,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(
             f"SLURM tier: cluster bring-up {TIMES['bring-up']:.1f} s, tests under "
             f"tests/integration/slurm {TIMES.get('tests', 0.0):.1f} s ({NODES} emulated nodes, "
-            f"{FAKE_GPUS} fake GPUs each)")
+            f"{FAKE_GPUS} fake GPUs each)"
+        )
 
 
 # ---------------------------------------------------------------- compiling and submitting
@@ -115,15 +142,27 @@ class Jobs:
         self.logs = logs
         self.ids: list[str] = []
 
-    def submit(self, out: Path, env: dict[str, str], *, cwd: Path | None = None,
-               args: tuple[str, ...] = ()) -> str:
+    def submit(
+        self, out: Path, env: dict[str, str], *, cwd: Path | None = None, args: tuple[str, ...] = ()
+    ) -> str:
         """``sbatch slurm/job.sbatch`` from inside OUT (or ``cwd``); returns the job id."""
         self.logs.mkdir(parents=True, exist_ok=True)
         script = out / "slurm" / "job.sbatch"
         done = subprocess.run(
-            ["sbatch", "--parsable", f"--output={self.logs}/job-%j.out", *args,
-             str(script) if cwd is not None else "slurm/job.sbatch"],
-            cwd=cwd or out, env=env, capture_output=True, text=True, timeout=60, check=False)
+            [
+                "sbatch",
+                "--parsable",
+                f"--output={self.logs}/job-%j.out",
+                *args,
+                str(script) if cwd is not None else "slurm/job.sbatch",
+            ],
+            cwd=cwd or out,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, f"sbatch failed ({done.returncode}):\n{done.stderr}"
         job_id = done.stdout.strip().split(";")[0]
         assert job_id.isdigit(), done.stdout
@@ -134,8 +173,13 @@ class Jobs:
         started = time.monotonic()
         state, exit_code = "", ""
         while time.monotonic() - started < timeout:
-            shown = subprocess.run(["scontrol", "show", "job", "-o", job_id],
-                                   capture_output=True, text=True, timeout=30, check=False)
+            shown = subprocess.run(
+                ["scontrol", "show", "job", "-o", job_id],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
             found = re.search(r"\bJobState=(\S+)", shown.stdout)
             code = re.search(r"\bExitCode=(\S+)", shown.stdout)
             state, exit_code = (found.group(1) if found else ""), (code.group(1) if code else "")
@@ -144,10 +188,17 @@ class Jobs:
             time.sleep(0.5)
         else:
             self.cancel(job_id)
-            pytest.fail(f"job {job_id} did not finish within {timeout} s (state {state}); "
-                        f"log:\n{self.log(job_id)[-6000:]}")
-        return Finished(job_id=job_id, state=state, exit_code=exit_code, log=self.log(job_id),
-                        seconds=time.monotonic() - started)
+            pytest.fail(
+                f"job {job_id} did not finish within {timeout} s (state {state}); "
+                f"log:\n{self.log(job_id)[-6000:]}"
+            )
+        return Finished(
+            job_id=job_id,
+            state=state,
+            exit_code=exit_code,
+            log=self.log(job_id),
+            seconds=time.monotonic() - started,
+        )
 
     def log(self, job_id: str) -> str:
         path = self.logs / f"job-{job_id}.out"
@@ -178,12 +229,27 @@ class RunToken:
     def env(self, **extra: str) -> dict[str, str]:
         """What sbatch passes on to the job: this environment without launcher and SLURM
         variables, the venv first on PATH, and the token."""
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PET_", "TORCHELASTIC_", "SLURM_", "SBATCH_", "SRUN_"))
-               and k not in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "RANK", "WORLD_SIZE",
-                             "LOCAL_RANK", "MDC_OUT")}
-        env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1",
-                   **{TOKEN_VARIABLE: self.value}, **extra)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PET_", "TORCHELASTIC_", "SLURM_", "SBATCH_", "SRUN_"))
+            and k
+            not in (
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "NODE_RANK",
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "MDC_OUT",
+            )
+        }
+        env.update(
+            PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+            PYTHONUNBUFFERED="1",
+            **{TOKEN_VARIABLE: self.value},
+            **extra,
+        )
         return env
 
     def processes(self) -> list[int]:

@@ -27,9 +27,21 @@ def main() -> None:
     args, _ = parser.parse_known_args()
     plan = json.loads(Path(os.environ["PROBE_PLAN"]).read_text(encoding="utf-8"))
     nproc, nnodes = plan["nproc_per_node"], plan["nnodes"]
-    env = {name: os.environ.get(name) for name in (
-        "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
-        "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "MDC_DEEPSPEED_CONFIG")}
+    env = {
+        name: os.environ.get(name)
+        for name in (
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "LOCAL_SIZE",
+            "CROSS_RANK",
+            "CROSS_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NODE_RANK",
+            "MDC_DEEPSPEED_CONFIG",
+        )
+    }
     problems = []
 
     def expect(what: str, seen: object, wanted: object) -> None:
@@ -52,10 +64,16 @@ def main() -> None:
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     batch = plan["batch"]
     expect("train_batch_size", config.get("train_batch_size"), batch["global_batch_size"])
-    expect("train_micro_batch_size_per_gpu", config.get("train_micro_batch_size_per_gpu"),
-           batch["micro_batch_size"])
-    expect("gradient_accumulation_steps", config.get("gradient_accumulation_steps"),
-           batch["grad_accum_steps"])
+    expect(
+        "train_micro_batch_size_per_gpu",
+        config.get("train_micro_batch_size_per_gpu"),
+        batch["micro_batch_size"],
+    )
+    expect(
+        "gradient_accumulation_steps",
+        config.get("gradient_accumulation_steps"),
+        batch["grad_accum_steps"],
+    )
 
     import deepspeed  # DeepSpeed starts the process group from the launcher's variables
     import torch.distributed as dist
@@ -70,13 +88,15 @@ def main() -> None:
     expect("all-reduce", total.item(), world * (world - 1) / 2)
     try:
         checked = DeepSpeedConfig(str(config_path))
-        expect("DeepSpeedConfig train_batch_size", checked.train_batch_size,
-               batch["global_batch_size"])
+        expect(
+            "DeepSpeedConfig train_batch_size", checked.train_batch_size, batch["global_batch_size"]
+        )
     except (AssertionError, ValueError, DeepSpeedConfigError) as exc:  # DeepSpeed's words
         problems.append(f"DeepSpeedConfig refused {config_path}: {exc}")
     report = {"rank": rank, "env": env, "config": str(config_path), "problems": problems}
     Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(
-        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8")
+        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8"
+    )
     dist.barrier()
     dist.destroy_process_group()
     if problems:

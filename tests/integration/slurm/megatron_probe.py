@@ -52,10 +52,12 @@ def main() -> None:
     expect("--expert-model-parallel-size", args.expert_model_parallel_size, sizes["ep"])
     expect("--micro-batch-size", args.micro_batch_size, plan["batch"]["micro_batch_size"])
     expect("--global-batch-size", args.global_batch_size, plan["batch"]["global_batch_size"])
-    expect("--use-tp-pp-dp-mapping", args.use_tp_pp_dp_mapping,
-           sizes["order"] == "tp-cp-ep-pp-dp")
-    for name, key in (("TENSOR_MODEL_PARALLEL_SIZE", "tp"),
-                      ("PIPELINE_MODEL_PARALLEL_SIZE", "pp"), ("CONTEXT_PARALLEL_SIZE", "cp")):
+    expect("--use-tp-pp-dp-mapping", args.use_tp_pp_dp_mapping, sizes["order"] == "tp-cp-ep-pp-dp")
+    for name, key in (
+        ("TENSOR_MODEL_PARALLEL_SIZE", "tp"),
+        ("PIPELINE_MODEL_PARALLEL_SIZE", "pp"),
+        ("CONTEXT_PARALLEL_SIZE", "cp"),
+    ):
         expect(name, os.environ.get(name), str(sizes[key]))
     expect("WORLD_SIZE", int(os.environ["WORLD_SIZE"]), plan["world_size"])
 
@@ -78,10 +80,17 @@ def main() -> None:
         if kind not in mine:
             problems.append(f"rank {rank} is in no {kind} group")
     dist.barrier()
-    report = {"rank": rank, "groups": mine, "sums": sums, "problems": problems,
-              "node_rank": os.environ.get("NODE_RANK"), "group_rank": os.environ.get("GROUP_RANK")}
+    report = {
+        "rank": rank,
+        "groups": mine,
+        "sums": sums,
+        "problems": problems,
+        "node_rank": os.environ.get("NODE_RANK"),
+        "group_rank": os.environ.get("GROUP_RANK"),
+    }
     Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(
-        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8")
+        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8"
+    )
     dist.destroy_process_group()
     if problems:
         print(f"megatron_probe rank {rank}: " + "; ".join(problems), file=sys.stderr)

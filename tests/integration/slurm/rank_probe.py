@@ -10,9 +10,22 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-         "MASTER_ADDR", "MASTER_PORT", "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID",
-         "SLURMD_NODENAME", "SLURM_JOB_ID", "CUDA_VISIBLE_DEVICES")
+NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_NODEID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURMD_NODENAME",
+    "SLURM_JOB_ID",
+    "CUDA_VISIBLE_DEVICES",
+)
 
 
 def main() -> None:
@@ -23,7 +36,8 @@ def main() -> None:
     report = {name: os.environ.get(name) for name in NAMES}
     report.update(dist_rank=rank, dist_world_size=world, allreduce=total.item())
     Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(
-        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8")
+        json.dumps(report, sort_keys=True) + "\n", encoding="utf-8"
+    )
     dist.destroy_process_group()
 
 

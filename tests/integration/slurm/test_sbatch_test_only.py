@@ -49,12 +49,16 @@ def launcher_of(path: Path) -> str:
 
 
 REGISTERED = set(load_plugins(autoload=False).launchers)
-SLURM_EXAMPLES = sorted(p for p in (REPO / "examples").iterdir()
-                        if p.suffix in (".toml", ".yaml", ".yml", ".json")
-                        and backend_of(p) == "slurm")
+SLURM_EXAMPLES = sorted(
+    p
+    for p in (REPO / "examples").iterdir()
+    if p.suffix in (".toml", ".yaml", ".yml", ".json") and backend_of(p) == "slurm"
+)
 LAUNCHER_SPECS = sorted(p for p in SPECS.glob("*.toml") if launcher_of(p) in REGISTERED)
-CASES = [*[pytest.param(p, id=f"examples/{p.name}") for p in SLURM_EXAMPLES],
-         *[pytest.param(p, id=f"specs/{p.name}") for p in LAUNCHER_SPECS]]
+CASES = [
+    *[pytest.param(p, id=f"examples/{p.name}") for p in SLURM_EXAMPLES],
+    *[pytest.param(p, id=f"specs/{p.name}") for p in LAUNCHER_SPECS],
+]
 
 
 def test_examples_and_specs_are_found() -> None:
@@ -63,8 +67,11 @@ def test_examples_and_specs_are_found() -> None:
 
 
 def test_every_launcher_has_a_slurm_spec() -> None:
-    wanted = {name for name, reg in load_plugins(autoload=False).launchers.items()
-              if not reg.record.disaggregated}
+    wanted = {
+        name
+        for name, reg in load_plugins(autoload=False).launchers.items()
+        if not reg.record.disaggregated
+    }
     have = {launcher_of(p) for p in SPECS.glob("*.toml")}
     assert wanted <= have, f"no spec in {SPECS.relative_to(REPO)} for: {sorted(wanted - have)}"
 
@@ -75,13 +82,20 @@ def directive(script: str, name: str) -> str | None:
 
 
 def sbatch_test_only(out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sbatch", "--test-only", *args, "slurm/job.sbatch"], cwd=out,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        ["sbatch", "--test-only", *args, "slurm/job.sbatch"],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("spec", CASES)
-def test_sbatch_accepts_the_batch_script(spec: Path, slurm_cluster: Any,
-                                         compile_spec: Compile, tmp_path: Path) -> None:
+def test_sbatch_accepts_the_batch_script(
+    spec: Path, slurm_cluster: Any, compile_spec: Compile, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     plan = compile_spec(spec, out)
     script = (out / "slurm" / "job.sbatch").read_text(encoding="utf-8")
@@ -101,30 +115,42 @@ def test_sbatch_accepts_the_batch_script(spec: Path, slurm_cluster: Any,
     done = sbatch_test_only(out, *args)
     assert done.returncode == 0, f"sbatch --test-only {' '.join(args)} refused:\n{done.stderr}"
     # "sbatch: Job N to start at ... on nodes node[1-2] in partition debug"
-    started = re.search(r"Job \d+ to start at \S+ using \d+ processors on nodes (\S+)",
-                        done.stderr)
+    started = re.search(r"Job \d+ to start at \S+ using \d+ processors on nodes (\S+)", done.stderr)
     assert started, done.stderr
     expected = f"node[1-{nodes}]"
     assert started.group(1) == expected, done.stderr
 
 
-@pytest.mark.parametrize(("change", "refusal"), [
-    ({"gpus_per_node": 9}, "Requested node configuration is not available"),
-    ({"mem": "64G"}, "Requested node configuration is not available"),
-    ({"partition": "nosuch"}, "invalid partition specified: nosuch"),
-    ({"sbatch_args": ["--no-such-option"]}, "unrecognized option '--no-such-option'"),
-])
-def test_sbatch_refuses_what_the_cluster_cannot_give(change: dict[str, Any], refusal: str,
-                                                      slurm_cluster: Any, compile_spec: Compile,
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"gpus_per_node": 9}, "Requested node configuration is not available"),
+        ({"mem": "64G"}, "Requested node configuration is not available"),
+        ({"partition": "nosuch"}, "invalid partition specified: nosuch"),
+        ({"sbatch_args": ["--no-such-option"]}, "unrecognized option '--no-such-option'"),
+    ],
+)
+def test_sbatch_refuses_what_the_cluster_cannot_give(
+    change: dict[str, Any], refusal: str, slurm_cluster: Any, compile_spec: Compile, tmp_path: Path
+) -> None:
     """The check is real: the same script with one impossible request is refused."""
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({
-        "job": {"name": "too-big", "command": ["python", "train.py"]},
-        "distributed": {"launcher": "torchrun", "backend": "slurm", "nnodes": 2,
-                        "nproc_per_node": 8, "accelerator": "nvidia"},
-        "slurm": change,
-    }), encoding="utf-8")
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {"name": "too-big", "command": ["python", "train.py"]},
+                "distributed": {
+                    "launcher": "torchrun",
+                    "backend": "slurm",
+                    "nnodes": 2,
+                    "nproc_per_node": 8,
+                    "accelerator": "nvidia",
+                },
+                "slurm": change,
+            }
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "out"
     compile_spec(spec, out)
     done = sbatch_test_only(out)

@@ -39,12 +39,25 @@ def reports(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text(encoding="utf-8")) for p in sorted(folder.glob("rank-*.json"))]
 
 
-def cpu_job(name: str, command: list[str], port: int, nnodes: int = 2, nproc: int = 2,
-            launcher: str = "torchrun", **tables: Any) -> dict[str, Any]:
+def cpu_job(
+    name: str,
+    command: list[str],
+    port: int,
+    nnodes: int = 2,
+    nproc: int = 2,
+    launcher: str = "torchrun",
+    **tables: Any,
+) -> dict[str, Any]:
     return {
         "job": {"name": name, "command": command, "env": {"GLOO_SOCKET_IFNAME": "lo"}},
-        "distributed": {"launcher": launcher, "backend": "slurm", "nnodes": nnodes,
-                        "nproc_per_node": nproc, "accelerator": "cpu", "master_port": port},
+        "distributed": {
+            "launcher": launcher,
+            "backend": "slurm",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "cpu",
+            "master_port": port,
+        },
         **tables,
     }
 
@@ -52,13 +65,16 @@ def cpu_job(name: str, command: list[str], port: int, nnodes: int = 2, nproc: in
 def needs_torch() -> None:
     """The job's workers import torch (from this venv); the test process does not."""
     if importlib.util.find_spec("torch") is None:
-        pytest.skip("real runs need torch==2.13.0: run scripts/test, or pip install "
-                    "torch==2.13.0 into the venv")
+        pytest.skip(
+            "real runs need torch==2.13.0: run scripts/test, or pip install "
+            "torch==2.13.0 into the venv"
+        )
 
 
 def assert_completed(finished: Any, token: Any) -> None:
-    assert (finished.state, finished.exit_code) == ("COMPLETED", "0:0"), \
+    assert (finished.state, finished.exit_code) == ("COMPLETED", "0:0"), (
         f"job {finished.job_id}: {finished.state} {finished.exit_code}:\n{finished.log[-6000:]}"
+    )
     left = token.leftovers()
     assert not left, "processes left behind after the job:\n" + "\n".join(left)
 
@@ -67,13 +83,20 @@ def assert_completed(finished: Any, token: Any) -> None:
 
 
 @pytest.mark.torch
-def test_torchrun_c10d_2x2_every_rank_reports(compile_spec: Any, jobs: Any, token: Any,
-                                              tmp_path: Path) -> None:
+def test_torchrun_c10d_2x2_every_rank_reports(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path
+) -> None:
     """examples/ddp_check.py (gloo all-reduce and one DDP step) on 2 nodes x 2 processes."""
     needs_torch()
-    spec = write_json(tmp_path / "spec.json", cpu_job(
-        "slurm-ddp-c10d", ["python", str(REPO / "examples" / "ddp_check.py")], 29811,
-        torchrun={"rdzv_conf": {"join_timeout": 120}}))
+    spec = write_json(
+        tmp_path / "spec.json",
+        cpu_job(
+            "slurm-ddp-c10d",
+            ["python", str(REPO / "examples" / "ddp_check.py")],
+            29811,
+            torchrun={"rdzv_conf": {"join_timeout": 120}},
+        ),
+    )
     out, checks = tmp_path / "out", tmp_path / "reports"
     checks.mkdir()
     plan = compile_spec(spec, out)
@@ -84,8 +107,11 @@ def test_torchrun_c10d_2x2_every_rank_reports(compile_spec: Any, jobs: Any, toke
     world, nproc = plan["world_size"], plan["nproc_per_node"]
     found = reports(checks)
     # c10d numbers the nodes in the order they join: compare as sets
-    assert sorted(r["RANK"] for r in found) == list(range(world)) == \
-        sorted(r["dist_rank"] for r in found)
+    assert (
+        sorted(r["RANK"] for r in found)
+        == list(range(world))
+        == sorted(r["dist_rank"] for r in found)
+    )
     assert {r["GROUP_RANK"] for r in found} == set(range(plan["nnodes"]))
     for report in found:
         assert report["WORLD_SIZE"] == report["dist_world_size"] == world
@@ -95,21 +121,29 @@ def test_torchrun_c10d_2x2_every_rank_reports(compile_spec: Any, jobs: Any, toke
 
 
 @pytest.mark.torch
-def test_torchrun_static_ranks_follow_slurm_node_ids(compile_spec: Any, jobs: Any, token: Any,
-                                                     tmp_path: Path) -> None:
+def test_torchrun_static_ranks_follow_slurm_node_ids(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path
+) -> None:
     """Static rendezvous: node rank = SLURM_NODEID, node 0 on MASTER_ADDR; submitted from
     outside the tree with MDC_OUT."""
     needs_torch()
-    spec = write_json(tmp_path / "spec.json", cpu_job(
-        "slurm-static", ["python", str(HERE / "rank_probe.py")], 29812,
-        torchrun={"rdzv_backend": "static"}))
+    spec = write_json(
+        tmp_path / "spec.json",
+        cpu_job(
+            "slurm-static",
+            ["python", str(HERE / "rank_probe.py")],
+            29812,
+            torchrun={"rdzv_backend": "static"},
+        ),
+    )
     out, probes, elsewhere = tmp_path / "out", tmp_path / "probes", tmp_path / "elsewhere"
     probes.mkdir()
     elsewhere.mkdir()
     plan = compile_spec(spec, out)
 
-    finished = jobs.wait(jobs.submit(out, token.env(PROBE_DIR=str(probes), MDC_OUT=str(out)),
-                                     cwd=elsewhere))
+    finished = jobs.wait(
+        jobs.submit(out, token.env(PROBE_DIR=str(probes), MDC_OUT=str(out)), cwd=elsewhere)
+    )
     assert_completed(finished, token)
     nproc, world = plan["nproc_per_node"], plan["world_size"]
     found = {r["dist_rank"]: r for r in reports(probes)}
@@ -131,14 +165,14 @@ def test_torchrun_static_ranks_follow_slurm_node_ids(compile_spec: Any, jobs: An
     assert hosts[0] == {found[0]["MASTER_ADDR"]}
 
 
-def test_the_jobs_gpus_reach_every_node_task(compile_spec: Any, jobs: Any, token: Any,
-                                            tmp_path: Path, slurm_cluster: Any) -> None:
+def test_the_jobs_gpus_reach_every_node_task(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path, slurm_cluster: Any
+) -> None:
     """--gpus-per-node on the job, nothing on srun: each node's task still sees the node's
     GPUs (fake devices here), as every process the launcher starts does."""
     probes = tmp_path / "probes"
     probes.mkdir()
-    line = ('echo "$NODE_RANK $CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE" '
-            '> "$PROBE_DIR/rank-$RANK"')
+    line = 'echo "$NODE_RANK $CUDA_VISIBLE_DEVICES $SLURM_GPUS_ON_NODE" > "$PROBE_DIR/rank-$RANK"'
     data = cpu_job("slurm-gpus", ["bash", "-c", line], 29819, launcher="basic")
     data["distributed"]["accelerator"] = "nvidia"
     out = tmp_path / "out"
@@ -156,28 +190,42 @@ def test_the_jobs_gpus_reach_every_node_task(compile_spec: Any, jobs: Any, token
 def roles_launch(plan: Plan, options: object) -> Launch:
     """proxy, prefill and decode nodes each record their role; ROLE_FAIL fails one node,
     once every node has recorded its line (so the test can tell that all of them ran)."""
+
     def line(role: str) -> str:
-        return (f'echo "{role} $NODE_RANK $SLURMD_NODENAME $MASTER_ADDR $MASTER_PORT" '
-                '>> "$ROLE_LOG"; if [[ "$NODE_RANK" == "${ROLE_FAIL:-none}" ]]; then '
-                f'for _ in {{1..600}}; do (( $(wc -l < "$ROLE_LOG") >= {plan.nnodes} )) && '
-                'break; sleep 0.1; done; exit 3; '
-                'fi; if [[ -n "${ROLE_FAIL:-}" ]]; then exec sleep 600; fi')
-    return Launch(roles=tuple(Role(name=r.name, argv=("bash", "-c", line(r.name)))
-                              for r in plan.roles))
+        return (
+            f'echo "{role} $NODE_RANK $SLURMD_NODENAME $MASTER_ADDR $MASTER_PORT" '
+            '>> "$ROLE_LOG"; if [[ "$NODE_RANK" == "${ROLE_FAIL:-none}" ]]; then '
+            f'for _ in {{1..600}}; do (( $(wc -l < "$ROLE_LOG") >= {plan.nnodes} )) && '
+            "break; sleep 0.1; done; exit 3; "
+            'fi; if [[ -n "${ROLE_FAIL:-}" ]]; then exec sleep 600; fi'
+        )
+
+    return Launch(
+        roles=tuple(Role(name=r.name, argv=("bash", "-c", line(r.name))) for r in plan.roles)
+    )
 
 
 class RolesPlugin:
     @mdc.hookimpl
     def mdc_register_launchers(self) -> list[LauncherSpec]:
-        return [LauncherSpec(name="roles", description="records each node's role",
-                             parallelism="data", disaggregated=True, emit=roles_launch)]
+        return [
+            LauncherSpec(
+                name="roles",
+                description="records each node's role",
+                parallelism="data",
+                disaggregated=True,
+                emit=roles_launch,
+            )
+        ]
 
 
 def compile_roles(tmp_path: Path, nnodes: int, port: int) -> Path:
     origin = PluginOrigin(entry_point="roles = tests", distribution="tests", version="0")
     compiler = Compiler(load_plugins(autoload=False, extra=[("roles", RolesPlugin(), origin)]))
-    spec = write_json(tmp_path / "spec.json", cpu_job("slurm-roles", ["serve"], port,
-                                                      nnodes=nnodes, nproc=1, launcher="roles"))
+    spec = write_json(
+        tmp_path / "spec.json",
+        cpu_job("slurm-roles", ["serve"], port, nnodes=nnodes, nproc=1, launcher="roles"),
+    )
     out = tmp_path / "out"
     emit.write_tree(out, compiler.compile(spec).tree)
     return out
@@ -191,19 +239,19 @@ def test_every_node_runs_its_role(jobs: Any, token: Any, tmp_path: Path) -> None
     lines = sorted(log.read_text().splitlines(), key=lambda line: int(line.split()[1]))
     # 4 nodes: the proxy, max(1, 3 * 2 // 5) = 1 prefill node, then 2 decode nodes;
     # emulated nodes node1..node4, node 0 on the first of them
-    assert lines == [f"{role} {node} node{node + 1} node1 29813" for node, role in
-                     enumerate(["proxy", "prefill", "decode", "decode"])]
+    assert lines == [
+        f"{role} {node} node{node + 1} node1 29813"
+        for node, role in enumerate(["proxy", "prefill", "decode", "decode"])
+    ]
 
 
-def test_a_failing_node_ends_the_job_with_its_status(jobs: Any, token: Any,
-                                                     tmp_path: Path) -> None:
+def test_a_failing_node_ends_the_job_with_its_status(jobs: Any, token: Any, tmp_path: Path) -> None:
     """srun --kill-on-bad-exit=1: node 2 exits 3, the others (sleeping 10 minutes) are
     terminated. srun's status is the highest of its tasks' (143 for the terminated ones);
     its log names the task that failed first and that task's status."""
     out = compile_roles(tmp_path, nnodes=3, port=29814)
     log = tmp_path / "roles.log"
-    finished = jobs.wait(jobs.submit(out, token.env(ROLE_LOG=str(log), ROLE_FAIL="2")),
-                         timeout=120)
+    finished = jobs.wait(jobs.submit(out, token.env(ROLE_LOG=str(log), ROLE_FAIL="2")), timeout=120)
     assert finished.state == "FAILED", f"{finished.state}:\n{finished.log}"
     assert finished.exit_code != "0:0"
     assert "node3: task 2: Exited with exit code 3" in finished.log, finished.log
@@ -213,24 +261,29 @@ def test_a_failing_node_ends_the_job_with_its_status(jobs: Any, token: Any,
     assert not left, "processes left behind after the job:\n" + "\n".join(left)
 
 
-def test_a_job_given_another_node_count_stops_before_srun(jobs: Any, token: Any,
-                                                          tmp_path: Path) -> None:
+def test_a_job_given_another_node_count_stops_before_srun(
+    jobs: Any, token: Any, tmp_path: Path
+) -> None:
     out = compile_roles(tmp_path, nnodes=3, port=29815)
     log = tmp_path / "roles.log"
-    finished = jobs.wait(jobs.submit(out, token.env(ROLE_LOG=str(log)), args=("--nodes=2",)),
-                         timeout=120)
+    finished = jobs.wait(
+        jobs.submit(out, token.env(ROLE_LOG=str(log)), args=("--nodes=2",)), timeout=120
+    )
     assert (finished.state, finished.exit_code) == ("FAILED", "2:0"), finished.log
     assert "the job has 2 node(s); the plan needs exactly 3" in finished.log
     assert not log.exists()
 
 
-def test_submitting_from_elsewhere_without_mdc_out_says_how(jobs: Any, token: Any,
-                                                            tmp_path: Path) -> None:
+def test_submitting_from_elsewhere_without_mdc_out_says_how(
+    jobs: Any, token: Any, tmp_path: Path
+) -> None:
     out = compile_roles(tmp_path, nnodes=3, port=29816)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    finished = jobs.wait(jobs.submit(out, token.env(ROLE_LOG=str(tmp_path / "roles.log")),
-                                     cwd=elsewhere), timeout=120)
+    finished = jobs.wait(
+        jobs.submit(out, token.env(ROLE_LOG=str(tmp_path / "roles.log")), cwd=elsewhere),
+        timeout=120,
+    )
     assert (finished.state, finished.exit_code) == ("FAILED", "2:0"), finished.log
     assert f"mdc: no compiled tree at '{elsewhere}'" in finished.log
     assert "cd OUT && sbatch slurm/job.sbatch" in finished.log
@@ -240,25 +293,32 @@ def test_submitting_from_elsewhere_without_mdc_out_says_how(jobs: Any, token: An
 
 
 @pytest.mark.torch
-def test_megatron_groups_form_on_slurm(compile_spec: Any, jobs: Any, token: Any,
-                                       tmp_path: Path) -> None:
+def test_megatron_groups_form_on_slurm(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path
+) -> None:
     """The megatron launcher's arguments and env on 2 nodes x 4: tp 2, pp 2, dp 2; every
     TP/PP/DP/CP/DP-CP group of plan.json is formed and all-reduced in."""
     needs_torch()
-    data = cpu_job("slurm-megatron", ["python", str(HERE / "megatron_probe.py"), "--mock-data"],
-                   29817, nproc=4, launcher="megatron",
-                   parallelism={"tp": 2, "pp": 2}, batch={"global_batch_size": 16,
-                                                          "micro_batch_size": 2},
-                   megatron={"extra_args": ["--distributed-backend", "gloo"]},
-                   torchrun={"rdzv_backend": "static"})
+    data = cpu_job(
+        "slurm-megatron",
+        ["python", str(HERE / "megatron_probe.py"), "--mock-data"],
+        29817,
+        nproc=4,
+        launcher="megatron",
+        parallelism={"tp": 2, "pp": 2},
+        batch={"global_batch_size": 16, "micro_batch_size": 2},
+        megatron={"extra_args": ["--distributed-backend", "gloo"]},
+        torchrun={"rdzv_backend": "static"},
+    )
     out, probes = tmp_path / "out", tmp_path / "probes"
     probes.mkdir()
     plan = compile_spec(write_json(tmp_path / "spec.json", data), out)
     assert plan["parallelism"]["dp"] == 2 and plan["batch"]["grad_accum_steps"] == 4
 
-    finished = jobs.wait(jobs.submit(out, token.env(PROBE_DIR=str(probes),
-                                                    PROBE_PLAN=str(out / "plan.json"))),
-                         timeout=300)
+    finished = jobs.wait(
+        jobs.submit(out, token.env(PROBE_DIR=str(probes), PROBE_PLAN=str(out / "plan.json"))),
+        timeout=300,
+    )
     assert_completed(finished, token)
     found = reports(probes)
     assert sorted(r["rank"] for r in found) == list(range(plan["world_size"]))
@@ -276,23 +336,30 @@ def test_megatron_groups_form_on_slurm(compile_spec: Any, jobs: Any, token: Any,
 
 
 @pytest.mark.torch
-def test_deepspeed_env_contract_on_slurm(compile_spec: Any, jobs: Any, token: Any,
-                                         tmp_path: Path) -> None:
+def test_deepspeed_env_contract_on_slurm(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path
+) -> None:
     """The deepspeed launcher under SLURM: torchrun per node (static rendezvous) with
     LOCAL_SIZE/CROSS_RANK/CROSS_SIZE and --deepspeed_config; DeepSpeed itself starts."""
     needs_torch()
-    data = cpu_job("slurm-deepspeed", ["python", str(HERE / "deepspeed_probe.py")], 29818,
-                   launcher="deepspeed", batch={"global_batch_size": 16, "micro_batch_size": 2},
-                   deepspeed={"zero_stage": 1})
+    data = cpu_job(
+        "slurm-deepspeed",
+        ["python", str(HERE / "deepspeed_probe.py")],
+        29818,
+        launcher="deepspeed",
+        batch={"global_batch_size": 16, "micro_batch_size": 2},
+        deepspeed={"zero_stage": 1},
+    )
     out, probes = tmp_path / "out", tmp_path / "probes"
     probes.mkdir()
     plan = compile_spec(write_json(tmp_path / "spec.json", data), out)
     worker = (out / "launch" / "worker.sh").read_text(encoding="utf-8")
     assert "exec torchrun " in worker and "--rdzv-backend static" in worker
 
-    finished = jobs.wait(jobs.submit(out, token.env(PROBE_DIR=str(probes),
-                                                    PROBE_PLAN=str(out / "plan.json"))),
-                         timeout=300)
+    finished = jobs.wait(
+        jobs.submit(out, token.env(PROBE_DIR=str(probes), PROBE_PLAN=str(out / "plan.json"))),
+        timeout=300,
+    )
     assert_completed(finished, token)
     found = reports(probes)
     assert sorted(r["rank"] for r in found) == list(range(plan["world_size"]))

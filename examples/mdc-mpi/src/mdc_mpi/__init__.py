@@ -64,16 +64,36 @@ POD_BACKENDS = ("kubernetes", "leaderworkerset", "pytorchjob", "trainjob")
 FORWARDED = (MASTER_ADDR.name, MASTER_PORT.name)
 #: mpirun options mdc writes itself (without leading dashes), and the [mpirun] key to use
 MPIRUN_OWN: dict[str, str | None] = {
-    "np": None, "n": None, "c": None, "H": None, "host": None, "hostfile": None,
-    "machinefile": None, "default-hostfile": None, "map-by": None, "bind-to": "bind_to",
-    "allow-run-as-root": "allow_run_as_root", "oversubscribe": "oversubscribe",
-    "x": "export", "mca": "mca",
+    "np": None,
+    "n": None,
+    "c": None,
+    "H": None,
+    "host": None,
+    "hostfile": None,
+    "machinefile": None,
+    "default-hostfile": None,
+    "map-by": None,
+    "bind-to": "bind_to",
+    "allow-run-as-root": "allow_run_as_root",
+    "oversubscribe": "oversubscribe",
+    "x": "export",
+    "mca": "mca",
 }
 #: srun options mdc writes itself
 SRUN_OWN: dict[str, str | None] = {
-    "overlap": None, "N": None, "nodes": None, "n": None, "ntasks": None,
-    "ntasks-per-node": None, "K": None, "kill-on-bad-exit": None, "mpi": "srun_mpi",
-    "c": None, "cpus-per-task": None, "m": None, "distribution": None,
+    "overlap": None,
+    "N": None,
+    "nodes": None,
+    "n": None,
+    "ntasks": None,
+    "ntasks-per-node": None,
+    "K": None,
+    "kill-on-bad-exit": None,
+    "mpi": "srun_mpi",
+    "c": None,
+    "cpus-per-task": None,
+    "m": None,
+    "distribution": None,
 }
 #: a command that already is an MPI or torch launcher
 LAUNCHERS = ("mpirun", "mpiexec", "orterun", "prterun", "srun", "torchrun")
@@ -118,9 +138,13 @@ Line = list[Word]
 def mpirun_lines(plan: Plan, opts: MpirunOptions) -> list[Line]:
     """The mpirun command up to the program, one option per line; ``$host_list`` is
     built at run time."""
-    lines: list[Line] = [[opts.mpirun or "mpirun"], ["-np", str(plan.world_size)],
-                         ["-H", Ref("host_list")], ["--map-by", "slot"],
-                         ["--bind-to", opts.bind_to or "none"]]
+    lines: list[Line] = [
+        [opts.mpirun or "mpirun"],
+        ["-np", str(plan.world_size)],
+        ["-H", Ref("host_list")],
+        ["--map-by", "slot"],
+        ["--bind-to", opts.bind_to or "none"],
+    ]
     if opts.allow_run_as_root:
         lines.append(["--allow-run-as-root"])
     if opts.oversubscribe:
@@ -146,10 +170,16 @@ def srun_lines(plan: Plan, opts: MpirunOptions) -> list[Line]:
     per-node task's SLURM_CPUS_PER_TASK would be inherited, so each rank's share is given."""
     nproc = plan.nproc_per_node
     cpus = slurm_cpus_per_task(plan)
-    lines: list[Line] = [["srun"], ["--overlap"], [f"--nodes={plan.nnodes}"],
-                         [f"--ntasks={plan.world_size}"], [f"--ntasks-per-node={nproc}"],
-                         [f"--cpus-per-task={max(1, (cpus or 1) // nproc)}"],
-                         ["--distribution=block"], ["--kill-on-bad-exit=1"]]
+    lines: list[Line] = [
+        ["srun"],
+        ["--overlap"],
+        [f"--nodes={plan.nnodes}"],
+        [f"--ntasks={plan.world_size}"],
+        [f"--ntasks-per-node={nproc}"],
+        [f"--cpus-per-task={max(1, (cpus or 1) // nproc)}"],
+        ["--distribution=block"],
+        ["--kill-on-bad-exit=1"],
+    ]
     if opts.srun_mpi is not None:
         lines.append([f"--mpi={opts.srun_mpi}"])
     return lines + _extra(opts)
@@ -174,8 +204,10 @@ def starter_script(plan: Plan, opts: MpirunOptions) -> str:
     rank_words: Line = ["bash", out_file(RANK_SCRIPT)]
     lines = [
         "#!/usr/bin/env bash",
-        (f"# Starts all {plan.world_size} ranks of job {plan.job.name!r} from node 0 with "
-         f"{how} ({nnodes} node(s) x {nproc}); each rank runs"),
+        (
+            f"# Starts all {plan.world_size} ranks of job {plan.job.name!r} from node 0 with "
+            f"{how} ({nnodes} node(s) x {nproc}); each rank runs"
+        ),
         "# launch/mpi_rank.sh with the job's command as its arguments. launch/worker.sh runs",
         "# this on every node; the other nodes have nothing to start and exit 0.",
         "set -euo pipefail",
@@ -185,8 +217,10 @@ def starter_script(plan: Plan, opts: MpirunOptions) -> str:
         "  exit 2",
         "fi",
         "if ((NODE_RANK != 0)); then",
-        (f'  echo "mdc: node $NODE_RANK: node 0 starts this node\'s {nproc} rank(s) with '
-         f'{how}; nothing to run here" >&2'),
+        (
+            f"  echo \"mdc: node $NODE_RANK: node 0 starts this node's {nproc} rank(s) with "
+            f'{how}; nothing to run here" >&2'
+        ),
         "  exit 0",
         "fi",
     ]
@@ -203,8 +237,10 @@ def starter_script(plan: Plan, opts: MpirunOptions) -> str:
         ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
         'read -r -a hosts <<< "$NODE_HOSTS"',
         f"if ((${{#hosts[@]}} != {nnodes})); then",
-        (f'  echo "mdc: NODE_HOSTS names ${{#hosts[@]}} host(s); the plan has {nnodes} '
-         'node(s)" >&2'),
+        (
+            f'  echo "mdc: NODE_HOSTS names ${{#hosts[@]}} host(s); the plan has {nnodes} '
+            'node(s)" >&2'
+        ),
         "  exit 2",
         "fi",
         f"# host0:{nproc},host1:{nproc},... in node order; Open MPI adds up the slots of a host",
@@ -221,72 +257,82 @@ def starter_script(plan: Plan, opts: MpirunOptions) -> str:
 def rank_script(plan: Plan) -> str:
     """launch/mpi_rank.sh: one rank; the MPI launcher's variables become torch's."""
     world, nproc = plan.world_size, plan.nproc_per_node
-    return "\n".join([
-        "#!/usr/bin/env bash",
-        f"# One rank of job {plan.job.name!r} ({world} in all, {nproc} per node), started by an MPI",
-        "# launcher. Maps its variables onto torch's env:// contract and runs the arguments:",
-        "#   Open MPI   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE",
-        "#   MPICH      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS (Hydra)",
-        "#   SLURM      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE,",
-        "#              SLURM_NODEID (srun, also srun --mpi=pmix)",
-        "#   PMIx       PMIX_RANK (sizes from the plan)",
-        "# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; GROUP_RANK and NODE_RANK = the",
-        "# node's index (SLURM_NODEID, else RANK / LOCAL_WORLD_SIZE: ranks are placed in",
-        "# blocks of LOCAL_WORLD_SIZE per node).",
-        "set -euo pipefail",
-        'node=""',
-        'if [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]]; then',
-        '  from="Open MPI (OMPI_COMM_WORLD_*)"',
-        '  rank="$OMPI_COMM_WORLD_RANK" size="${OMPI_COMM_WORLD_SIZE:-}"',
-        '  local_rank="${OMPI_COMM_WORLD_LOCAL_RANK:-}" local_size="${OMPI_COMM_WORLD_LOCAL_SIZE:-}"',
-        'elif [[ -n "${PMI_RANK:-}" && -n "${PMI_SIZE:-}" ]]; then',
-        '  from="PMI (PMI_RANK, PMI_SIZE)"',
-        '  rank="$PMI_RANK" size="$PMI_SIZE"',
-        '  local_rank="${MPI_LOCALRANKID:-}" local_size="${MPI_LOCALNRANKS:-}"',
-        'elif [[ -n "${SLURM_PROCID:-}" && -n "${SLURM_NTASKS:-}" ]]; then',
-        '  from="SLURM (SLURM_PROCID, SLURM_NTASKS)"',
-        '  rank="$SLURM_PROCID" size="$SLURM_NTASKS"',
-        '  local_rank="${SLURM_LOCALID:-}" local_size="${SLURM_NTASKS_PER_NODE:-}"',
-        '  node="${SLURM_NODEID:-}"',
-        'elif [[ -n "${PMIX_RANK:-}" ]]; then',
-        '  from="PMIx (PMIX_RANK)"',
-        '  rank="$PMIX_RANK" size="" local_rank="" local_size=""',
-        "else",
-        ('  echo "mdc: launch/mpi_rank.sh found no MPI rank variables (OMPI_COMM_WORLD_RANK; '
-         "PMI_RANK and PMI_SIZE; SLURM_PROCID and SLURM_NTASKS; PMIX_RANK): it runs under "
-         'mpirun or srun, started by launch/mpirun.sh" >&2'),
-        "  exit 2",
-        "fi",
-        'for value in "$rank" "$size" "$local_rank" "$local_size" "$node"; do',
-        '  if [[ -n "$value" && ! "$value" =~ ^[0-9]+$ ]]; then',
-        '    echo "mdc: $from gave a rank variable that is not a number: \'$value\'" >&2',
-        "    exit 2",
-        "  fi",
-        "done",
-        f'size="${{size:-{world}}}"',
-        f'local_size="${{local_size:-{nproc}}}"',
-        "if ((local_size == 0)); then",
-        '  echo "mdc: $from says this node runs 0 ranks" >&2',
-        "  exit 2",
-        "fi",
-        'local_rank="${local_rank:-$((rank % local_size))}"',
-        'node="${node:-$((rank / local_size))}"',
-        f"if ((size != {world})); then",
-        (f'  echo "mdc: $from started $size ranks; job {plan.job.name!r} has '
-         f'{world} ranks ({plan.nnodes} x {nproc})" >&2'),
-        "  exit 2",
-        "fi",
-        ('export RANK="$rank" WORLD_SIZE="$size" LOCAL_RANK="$local_rank" '
-         'LOCAL_WORLD_SIZE="$local_size"'),
-        'export GROUP_RANK="$node" NODE_RANK="$node"',
-        'exec "$@"',
-    ])
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            f"# One rank of job {plan.job.name!r} ({world} in all, {nproc} per node), started by an MPI",
+            "# launcher. Maps its variables onto torch's env:// contract and runs the arguments:",
+            "#   Open MPI   OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE",
+            "#   MPICH      PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS (Hydra)",
+            "#   SLURM      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE,",
+            "#              SLURM_NODEID (srun, also srun --mpi=pmix)",
+            "#   PMIx       PMIX_RANK (sizes from the plan)",
+            "# RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; GROUP_RANK and NODE_RANK = the",
+            "# node's index (SLURM_NODEID, else RANK / LOCAL_WORLD_SIZE: ranks are placed in",
+            "# blocks of LOCAL_WORLD_SIZE per node).",
+            "set -euo pipefail",
+            'node=""',
+            'if [[ -n "${OMPI_COMM_WORLD_RANK:-}" ]]; then',
+            '  from="Open MPI (OMPI_COMM_WORLD_*)"',
+            '  rank="$OMPI_COMM_WORLD_RANK" size="${OMPI_COMM_WORLD_SIZE:-}"',
+            '  local_rank="${OMPI_COMM_WORLD_LOCAL_RANK:-}" local_size="${OMPI_COMM_WORLD_LOCAL_SIZE:-}"',
+            'elif [[ -n "${PMI_RANK:-}" && -n "${PMI_SIZE:-}" ]]; then',
+            '  from="PMI (PMI_RANK, PMI_SIZE)"',
+            '  rank="$PMI_RANK" size="$PMI_SIZE"',
+            '  local_rank="${MPI_LOCALRANKID:-}" local_size="${MPI_LOCALNRANKS:-}"',
+            'elif [[ -n "${SLURM_PROCID:-}" && -n "${SLURM_NTASKS:-}" ]]; then',
+            '  from="SLURM (SLURM_PROCID, SLURM_NTASKS)"',
+            '  rank="$SLURM_PROCID" size="$SLURM_NTASKS"',
+            '  local_rank="${SLURM_LOCALID:-}" local_size="${SLURM_NTASKS_PER_NODE:-}"',
+            '  node="${SLURM_NODEID:-}"',
+            'elif [[ -n "${PMIX_RANK:-}" ]]; then',
+            '  from="PMIx (PMIX_RANK)"',
+            '  rank="$PMIX_RANK" size="" local_rank="" local_size=""',
+            "else",
+            (
+                '  echo "mdc: launch/mpi_rank.sh found no MPI rank variables (OMPI_COMM_WORLD_RANK; '
+                "PMI_RANK and PMI_SIZE; SLURM_PROCID and SLURM_NTASKS; PMIX_RANK): it runs under "
+                'mpirun or srun, started by launch/mpirun.sh" >&2'
+            ),
+            "  exit 2",
+            "fi",
+            'for value in "$rank" "$size" "$local_rank" "$local_size" "$node"; do',
+            '  if [[ -n "$value" && ! "$value" =~ ^[0-9]+$ ]]; then',
+            "    echo \"mdc: $from gave a rank variable that is not a number: '$value'\" >&2",
+            "    exit 2",
+            "  fi",
+            "done",
+            f'size="${{size:-{world}}}"',
+            f'local_size="${{local_size:-{nproc}}}"',
+            "if ((local_size == 0)); then",
+            '  echo "mdc: $from says this node runs 0 ranks" >&2',
+            "  exit 2",
+            "fi",
+            'local_rank="${local_rank:-$((rank % local_size))}"',
+            'node="${node:-$((rank / local_size))}"',
+            f"if ((size != {world})); then",
+            (
+                f'  echo "mdc: $from started $size ranks; job {plan.job.name!r} has '
+                f'{world} ranks ({plan.nnodes} x {nproc})" >&2'
+            ),
+            "  exit 2",
+            "fi",
+            (
+                'export RANK="$rank" WORLD_SIZE="$size" LOCAL_RANK="$local_rank" '
+                'LOCAL_WORLD_SIZE="$local_size"'
+            ),
+            'export GROUP_RANK="$node" NODE_RANK="$node"',
+            'exec "$@"',
+        ]
+    )
 
 
 def emit(plan: Plan, options: MpirunOptions | None) -> Launch:
     opts = _opts(options)
     env: dict[str, Word] = {
-        "NODE_RANK": NODE_RANK, "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": MASTER_PORT,
+        "NODE_RANK": NODE_RANK,
+        "MASTER_ADDR": MASTER_ADDR,
+        "MASTER_PORT": MASTER_PORT,
         "NODE_HOSTS": NODE_HOSTS,
     }
     argv: tuple[Word, ...] = ("bash", out_file(STARTER_SCRIPT), *plan.job.argv)
@@ -299,16 +345,18 @@ def emit(plan: Plan, options: MpirunOptions | None) -> Launch:
         "WORLD_SIZE": str(plan.world_size),
         "LOCAL_RANK": f"0..{nproc - 1}, the rank's index on its node",
         "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": (f"the node's index, 0..{last} ({node})" if last else
-                       "0 (the only node)"),
+        "GROUP_RANK": (f"the node's index, 0..{last} ({node})" if last else "0 (the only node)"),
         "NODE_RANK": "the same as GROUP_RANK",
         "MASTER_ADDR": "node 0's address (set by the backend, forwarded by the launcher)",
         "MASTER_PORT": str(plan.rendezvous.master_port),
     }
-    files = (Artifact.text(STARTER_SCRIPT, starter_script(plan, opts), executable=True),
-             Artifact.text(RANK_SCRIPT, rank_script(plan), executable=True))
-    return Launch(roles=(Role(name="worker", argv=argv, env=env),), files=files,
-                  worker_env=worker_env)
+    files = (
+        Artifact.text(STARTER_SCRIPT, starter_script(plan, opts), executable=True),
+        Artifact.text(RANK_SCRIPT, rank_script(plan), executable=True),
+    )
+    return Launch(
+        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+    )
 
 
 # ---------------------------------------------------------------- checks
@@ -324,89 +372,134 @@ def check(plan: Plan, options: MpirunOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     how = starter(plan, opts)
     if plan.backend in POD_BACKENDS:
-        yield Finding(code="MDC900", pointer="/distributed/backend",
-                      message=f"the mpirun launcher starts every rank from node 0 over ssh or "
-                              f"srun; backend {plan.backend!r} runs each node in its own pod, "
-                              "with neither between them",
-                      hint="use backend = \"slurm\", \"ssh\" or \"local\", or launcher = "
-                           "\"torchrun\" on Kubernetes")
+        yield Finding(
+            code="MDC900",
+            pointer="/distributed/backend",
+            message=f"the mpirun launcher starts every rank from node 0 over ssh or "
+            f"srun; backend {plan.backend!r} runs each node in its own pod, "
+            "with neither between them",
+            hint='use backend = "slurm", "ssh" or "local", or launcher = "torchrun" on Kubernetes',
+        )
     if plan.elastic:
-        yield Finding(code="MDC902", pointer="/distributed/min_nnodes",
-                      message=f"an MPI job has a fixed size ({plan.world_size} ranks); it "
-                              f"cannot run elastically (min_nnodes {plan.min_nnodes} < nnodes "
-                              f"{plan.nnodes})",
-                      hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})")
+        yield Finding(
+            code="MDC902",
+            pointer="/distributed/min_nnodes",
+            message=f"an MPI job has a fixed size ({plan.world_size} ranks); it "
+            f"cannot run elastically (min_nnodes {plan.min_nnodes} < nnodes "
+            f"{plan.nnodes})",
+            hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})",
+        )
     if how == "srun" and plan.backend != "slurm":
-        yield Finding(code="MDC903", pointer="/mpirun/starter",
-                      message=f"starter \"srun\" needs a SLURM allocation; backend "
-                              f"{plan.backend!r} has none",
-                      hint="use starter = \"mpirun\", or backend = \"slurm\"")
+        yield Finding(
+            code="MDC903",
+            pointer="/mpirun/starter",
+            message=f'starter "srun" needs a SLURM allocation; backend {plan.backend!r} has none',
+            hint='use starter = "mpirun", or backend = "slurm"',
+        )
     cpus = slurm_cpus_per_task(plan)
-    if how == "srun" and plan.backend == "slurm" and not slurm_exclusive(plan) and (
-            cpus is None or cpus < plan.nproc_per_node):
-        yield Finding(code="MDC908", pointer="/distributed/nproc_per_node",
-                      severity=Severity.WARNING,
-                      message=f"srun starts {plan.nproc_per_node} ranks per node inside an "
-                              f"allocation of one task per node with "
-                              f"{cpus or 1} CPU(s): SLURM refuses the step (\"More processors "
-                              "requested than permitted\") unless the nodes are whole",
-                      hint=f"set [slurm] exclusive = true, or [slurm] cpus_per_task to at "
-                           f"least {plan.nproc_per_node}")
+    if (
+        how == "srun"
+        and plan.backend == "slurm"
+        and not slurm_exclusive(plan)
+        and (cpus is None or cpus < plan.nproc_per_node)
+    ):
+        yield Finding(
+            code="MDC908",
+            pointer="/distributed/nproc_per_node",
+            severity=Severity.WARNING,
+            message=f"srun starts {plan.nproc_per_node} ranks per node inside an "
+            f"allocation of one task per node with "
+            f'{cpus or 1} CPU(s): SLURM refuses the step ("More processors '
+            'requested than permitted") unless the nodes are whole',
+            hint=f"set [slurm] exclusive = true, or [slurm] cpus_per_task to at "
+            f"least {plan.nproc_per_node}",
+        )
     if how == "mpirun" and plan.backend == "slurm":
-        yield Finding(code="MDC909", pointer="/mpirun/starter", severity=Severity.WARNING,
-                      message="Open MPI's mpirun inside a SLURM allocation starts its daemons "
-                              "with srun, which waits for the CPUs the per-node tasks hold, "
-                              "and takes its slots from the allocation (1 task per node), not "
-                              f"from -H host:{plan.nproc_per_node} (measured with Open MPI "
-                              "4.1.4)",
-                      hint="remove starter (srun is the default on slurm), or add "
-                           "mca = { plm_slurm_args = \"--overlap\" } and oversubscribe = true")
-    unused = (["mpirun", "bind_to", "allow_run_as_root", "oversubscribe", "mca", "export"]
-              if how == "srun" else ["srun_mpi"])
+        yield Finding(
+            code="MDC909",
+            pointer="/mpirun/starter",
+            severity=Severity.WARNING,
+            message="Open MPI's mpirun inside a SLURM allocation starts its daemons "
+            "with srun, which waits for the CPUs the per-node tasks hold, "
+            "and takes its slots from the allocation (1 task per node), not "
+            f"from -H host:{plan.nproc_per_node} (measured with Open MPI "
+            "4.1.4)",
+            hint="remove starter (srun is the default on slurm), or add "
+            'mca = { plm_slurm_args = "--overlap" } and oversubscribe = true',
+        )
+    unused = (
+        ["mpirun", "bind_to", "allow_run_as_root", "oversubscribe", "mca", "export"]
+        if how == "srun"
+        else ["srun_mpi"]
+    )
     for key in unused:
         value = getattr(opts, key)
         if value not in (None, (), {}):
-            yield Finding(code="MDC904", pointer=f"/mpirun/{key}", severity=Severity.WARNING,
-                          message=f"[mpirun] {key} is not used: the job starts with {how}",
-                          hint=f"remove {key}, or set starter to the launcher it is for")
+            yield Finding(
+                code="MDC904",
+                pointer=f"/mpirun/{key}",
+                severity=Severity.WARNING,
+                message=f"[mpirun] {key} is not used: the job starts with {how}",
+                hint=f"remove {key}, or set starter to the launcher it is for",
+            )
     own = SRUN_OWN if how == "srun" else MPIRUN_OWN
     for index, arg in enumerate(opts.extra_args):
         name = _option_name(arg)
         if name is not None and name in own:
             table_key = own[name]
-            yield Finding(code="MDC901", pointer=f"/mpirun/extra_args/{index}",
-                          message=f"[mpirun] extra_args entry {arg!r} repeats an option mdc "
-                                  f"writes on the {how} line itself",
-                          hint=(f"set [mpirun] {table_key} instead" if table_key else
-                                "remove it: mdc derives it from [distributed]"))
+            yield Finding(
+                code="MDC901",
+                pointer=f"/mpirun/extra_args/{index}",
+                message=f"[mpirun] extra_args entry {arg!r} repeats an option mdc "
+                f"writes on the {how} line itself",
+                hint=(
+                    f"set [mpirun] {table_key} instead"
+                    if table_key
+                    else "remove it: mdc derives it from [distributed]"
+                ),
+            )
     for index, name in enumerate(opts.export if how == "mpirun" else ()):
         if name in FORWARDED or name in plan.job.env:
-            yield Finding(code="MDC905", pointer=f"/mpirun/export/{index}",
-                          severity=Severity.WARNING,
-                          message=f"[mpirun] export {name!r} is forwarded already "
-                                  "(MASTER_ADDR, MASTER_PORT and every [job] env name are)",
-                          hint=f"remove {name!r} from export")
+            yield Finding(
+                code="MDC905",
+                pointer=f"/mpirun/export/{index}",
+                severity=Severity.WARNING,
+                message=f"[mpirun] export {name!r} is forwarded already "
+                "(MASTER_ADDR, MASTER_PORT and every [job] env name are)",
+                hint=f"remove {name!r} from export",
+            )
     first = plan.job.argv[0].rsplit("/", 1)[-1] if plan.job.argv else ""
     if first in LAUNCHERS:
-        yield Finding(code="MDC906", pointer="/job/command",
-                      message=f"the command starts with {first}; the mpirun launcher starts "
-                              f"the {plan.world_size} ranks itself, so each would start more",
-                      hint="give the program only, e.g. [\"python\", \"train.py\"]")
+        yield Finding(
+            code="MDC906",
+            pointer="/job/command",
+            message=f"the command starts with {first}; the mpirun launcher starts "
+            f"the {plan.world_size} ranks itself, so each would start more",
+            hint='give the program only, e.g. ["python", "train.py"]',
+        )
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
-    return [LauncherSpec(
-        name=NAME,
-        description="MPI: one mpirun (Open MPI) or srun on node 0 starts every rank; "
-                    "MPI rank variables mapped onto torch's env:// contract",
-        parallelism="data",
-        emit=emit,
-        check=check,
-        schema=read_schema("mdc_mpi", "schemas/mpirun.v1.schema.json"),
-        options_type=MpirunOptions,
-    )]
+    return [
+        LauncherSpec(
+            name=NAME,
+            description="MPI: one mpirun (Open MPI) or srun on node 0 starts every rank; "
+            "MPI rank variables mapped onto torch's env:// contract",
+            parallelism="data",
+            emit=emit,
+            check=check,
+            schema=read_schema("mdc_mpi", "schemas/mpirun.v1.schema.json"),
+            options_type=MpirunOptions,
+        )
+    ]
 
 
-__all__ = ["MpirunOptions", "check", "emit", "mdc_register_launchers", "rank_script",
-           "starter_script"]
+__all__ = [
+    "MpirunOptions",
+    "check",
+    "emit",
+    "mdc_register_launchers",
+    "rank_script",
+    "starter_script",
+]
