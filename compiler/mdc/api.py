@@ -32,6 +32,7 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
+from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
 from mdc.runtime import (
     MASTER_ADDR,
     MASTER_PORT,
@@ -232,6 +233,7 @@ __all__ = [
     "MemoryEstimate",
     "ModelTable",
     "NodeRole",
+    "PipelineSplit",
     "Plan",
     "RankLayout",
     "Ref",
@@ -239,10 +241,13 @@ __all__ = [
     "Role",
     "Severity",
     "Sizes",
+    "StageLayers",
+    "StageRun",
     "TorchrunOptions",
     "TrainingSetup",
     "Word",
     "out_file",
+    "parse_layout",
     "program",
     "read_schema",
     "refs_in",
@@ -256,4 +261,5 @@ __all__ = [
     "torchrun_env",
     "torchrun_findings",
     "torchrun_worker_env",
+    "torchtitan_shares",
 ]

@@ -96,6 +96,7 @@ import attrs
 from mdc.errors import Finding, Severity
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
+from mdc.plan.stages import Model, StageLayers, split_layers
 from mdc.spec import ModelTable
 
 GIB = 1 << 30
@@ -229,8 +230,10 @@ class MemoryEstimate:
     params_total: int
     #: parameters one GPU of that stage holds (its tp/ep shard), before ZeRO-3 sharding
     params_per_gpu: int
-    #: "only" (pp = 1), "first" or "last": the heaviest pipeline stage
+    #: "only" (pp = 1), "first", "middle" or "last": the heaviest pipeline stage
     stage: str
+    #: its pipeline rank
+    stage_rank: int
     #: transformer layers on that stage
     stage_layers: int
     dtype: str
@@ -287,31 +290,53 @@ def _activations_per_layer(
     return full, full
 
 
+def _split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
+    """The launcher's split of the layers over the stages (None: its framework refuses)."""
+    stages, _ = split_layers(training.pipeline, Model(layers=shape.layers), sizes.pp, sizes.vpp)
+    return stages
+
+
+def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
+    """(micro batches whose activations pipeline rank ``rank`` holds at once, the share of
+    its layers' activations each holds). 1F1B: pp - rank, at most the micro batches.
+    Megatron's interleaved schedule warms up (pp - rank - 1) * 2 + (vpp - 1) * pp model
+    chunks (at most microbatches * vpp) and holds one more: that many chunks of
+    layers / vpp each."""
+    held = min(pp - rank, microbatches)
+    if not vpp:
+        return held, Fraction(1)
+    chunks = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+    return held, Fraction(chunks, vpp * held)
+
+
 def stage_estimates(
     shape: Shape,
     sizes: Sizes,
     batch: BatchPlan | None,
     training: TrainingSetup,
     capacity: int | None = None,
+    stages: StageLayers | None = None,
 ) -> list[MemoryEstimate]:
-    """Per-GPU memory of the first and the last pipeline stage (one entry when pp = 1)."""
+    """Per-GPU memory of each pipeline rank that can be the heaviest (one entry when pp = 1).
+
+    ``stages``: the layers of every stage (default: the launcher's rule applied to
+    ``shape``); a split the framework refuses falls back to ceil(layers / pp) per stage.
+    """
     tp, pp = sizes.tp, sizes.pp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
-    per_stage = _ceil(Fraction(shape.layers, pp))
+    stages = stages or _split(shape, sizes, training)
+    if stages is None:
+        even = _ceil(Fraction(shape.layers, pp))
+        candidates = [(0, even), (pp - 1, even)] if pp > 1 else [(0, even)]
+    else:
+        candidates = [(rank, stages.layers_of(rank)) for rank in stages.candidate_ranks()]
     layer = _layer(shape, tp, sizes.ep, sizes.etp)
     embedding = _embedding(shape, tp)
     output = _ceil(Fraction(shape.vocab, tp)) * shape.hidden
     kept, one_layer = _activations_per_layer(shape, sizes, micro, training)
     extra = one_layer if training.recompute == "full" else 0
     logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
-    if pp == 1:
-        stages = [("only", embedding + (0 if shape.tied else output), 1, logits)]
-    else:
-        stages = [
-            ("first", embedding, min(pp, microbatches), Fraction(0)),
-            ("last", output, 1, logits),
-        ]
     w = WEIGHT_BYTES.get(shape.dtype, 2)
     g = training.grad_bytes or w
     o = 8 if w >= 4 else 12
@@ -319,7 +344,16 @@ def stage_estimates(
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
-    for name, ends, in_flight, head in stages:
+    for rank, per_stage in candidates:
+        if pp == 1:
+            name, ends, head = "only", embedding + (0 if shape.tied else output), logits
+        elif rank == 0:
+            name, ends, head = "first", embedding, Fraction(0)
+        elif rank == pp - 1:
+            name, ends, head = "last", output, logits
+        else:
+            name, ends, head = "middle", 0, Fraction(0)
+        in_flight, factor = _in_flight(rank, pp, sizes.vpp, microbatches)
         dense = per_stage * layer.dense + ends
         expert = per_stage * layer.expert
 
@@ -333,9 +367,6 @@ def stage_estimates(
                 )
             )
 
-        factor = Fraction(1)
-        if name == "first" and sizes.vpp:
-            factor += Fraction(pp - 1, pp * sizes.vpp)
         activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
         weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
         found.append(
@@ -343,6 +374,7 @@ def stage_estimates(
                 params_total=parameter_count(shape),
                 params_per_gpu=dense + expert,
                 stage=name,
+                stage_rank=rank,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
                 weight_bytes=w,
@@ -372,10 +404,11 @@ def estimate(
     batch: BatchPlan | None,
     training: TrainingSetup,
     capacity: int | None = None,
+    stages: StageLayers | None = None,
 ) -> MemoryEstimate:
-    """Per-GPU memory of the heavier of the first and the last pipeline stage."""
-    stages = stage_estimates(shape, sizes, batch, training, capacity)
-    return max(stages, key=lambda e: e.total)  # the first on a tie
+    """Per-GPU memory of the heaviest pipeline stage."""
+    found = stage_estimates(shape, sizes, batch, training, capacity, stages)
+    return max(found, key=lambda e: e.total)  # the first on a tie
 
 
 # ----------------------------------------------------------------------------- findings
@@ -407,6 +440,7 @@ def _resized(
     sizes: Sizes,
     context: Context,
     shape: Shape,
+    training: TrainingSetup,
     *,
     tp: int | None = None,
     pp: int | None = None,
@@ -422,13 +456,14 @@ def _resized(
     if pp > 1 and not context.order.endswith("pp") and dp != edp:
         return None
     g = shape.groups
-    if shape.heads % tp or (g % tp and tp % g) or shape.layers % pp:
-        return None
-    if sizes.vpp and (shape.layers // pp) % sizes.vpp:
+    if shape.heads % tp or (g % tp and tp % g):
         return None
     if cp > 1 and shape.seq % (2 * cp):
         return None
-    return attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
+    resized = attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
+    if pp != sizes.pp and _split(shape, resized, training) is None:
+        return None
+    return resized
 
 
 def _rebatched(
@@ -459,7 +494,7 @@ def _levers(
         for value in divisors(context.world):
             if value <= current:
                 continue
-            resized = _resized(sizes, context, shape, **{axis: value})
+            resized = _resized(sizes, context, shape, training, **{axis: value})
             if resized is None:
                 continue
             divides, rebatched = _rebatched(batch, resized.dp, context)
@@ -534,6 +569,7 @@ def plan_memory(
     training: TrainingSetup,
     capacity_gib: float | None,
     context: Context,
+    stages: StageLayers | None = None,
 ) -> tuple[MemoryEstimate | None, list[Finding]]:
     """The estimate (None without a complete [model]) and the fit findings (MDC260-262)."""
     pointer = "/distributed/accelerator_memory_gib"
@@ -566,14 +602,19 @@ def plan_memory(
                 hint=f"add {', '.join(missing)} to [model]",
             )
         ]
-    found = estimate(shape, sizes, batch, training, capacity)
+    found = estimate(shape, sizes, batch, training, capacity, stages)
     if capacity is None:
         return found, []
     parts = (
         f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
         f"{gib(found.optimizer)} + activations {gib(found.activations)}"
     )
-    where = "per GPU" if found.stage == "only" else f"per GPU on the {found.stage} pipeline stage"
+    where = (
+        "per GPU"
+        if found.stage == "only"
+        else f"per GPU on pipeline stage {found.stage_rank} ({found.stage}, "
+        f"{found.stage_layers} layers)"
+    )
     limit = f"accelerator_memory_gib = {_number(capacity_gib or 0)}"
     if found.total > capacity:
         return found, [

@@ -9,6 +9,7 @@ import attrs
 
 from mdc.errors import Diagnostic
 from mdc.plan.ranks import GroupSet, RankGrid
+from mdc.plan.stages import PipelineSplit, StageLayers
 from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
@@ -111,6 +112,12 @@ class TrainingSetup:
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
     #: stage shards within each (over dp * cp / replicas ranks); must divide dp
     replicas: int = 1
+    #: how the launcher's framework places layers on pipeline stages
+    pipeline: PipelineSplit = PipelineSplit()
+    #: [model] values the launcher's framework fixes (e.g. TorchTitan's flavor): they fill
+    #: what [model] leaves out, and a different written value is refused; "source" names them
+    model_shape: Mapping[str, object] = attrs.field(factory=dict)
+    model_source: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -138,6 +145,8 @@ class Plan:
     hosts: tuple[str, ...] | None = None
     #: how the launcher trains (for the memory estimate)
     training: TrainingSetup = TrainingSetup()
+    #: the decoder layers of every pipeline stage (None without [model] num_layers)
+    stages: StageLayers | None = None
     #: parameter count and per-GPU memory (None without a complete [model] table)
     memory: MemoryEstimate | None = None
     #: warnings found while planning (errors stop the plan)
