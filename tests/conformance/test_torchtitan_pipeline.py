@@ -61,3 +61,40 @@ def test_torchtitan_ranks_hold_their_stages(v_shaped: bool) -> None:
         for rank in range(pp):
             own = (rank, 2 * pp - 1 - rank) if v_shaped else range(rank, pp * vpp, pp)
             assert list(stages.chunks_of(rank)) == [counts[s] for s in own]
+
+
+def test_flavor_facts_are_torchtitans_registry() -> None:
+    """The package data compile reads is what the pinned torchtitan registers, regenerated."""
+    import importlib.util as util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "torchtitan_flavors.py"
+    loader = util.spec_from_file_location("torchtitan_flavors", script)
+    assert loader is not None and loader.loader is not None
+    module = util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    assert module.OUT.read_text(encoding="utf-8") == module.render(module.flavor_facts())
+
+
+def test_flavor_parameter_counts_match_torchtitan_models() -> None:
+    """The flavor's shape, counted by mdc, is the parameter count of TorchTitan's own model
+    (dense Llama 3 and Qwen3 flavors, built on the meta device)."""
+    import torch
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from mdc.plan.memory import parameter_count, resolve_shape
+    from mdc.spec import ModelTable
+    from mdc_builtin.launchers.torchtitan import flavors
+
+    # (Qwen3's explicit head_dim and the MoE flavors' shared experts need [model] keys of
+    # their own; the dense Llama 3 flavors are counted exactly)
+    for name, flavor in (("llama3", "8B"), ("llama3", "70B"), ("llama3", "debugmodel")):
+        facts = flavors()[name][flavor]
+        shape = resolve_shape(ModelTable(**facts, seq_length=2048))
+        assert shape is not None
+        spec = get_train_spec(name)
+        with torch.device("meta"):
+            model = spec.model_cls(spec.model_args[flavor])
+        # torchtitan counts its final norm; mdc leaves it out (h parameters)
+        theirs = sum(p.numel() for p in model.parameters()) - facts["hidden_size"]
+        assert parameter_count(shape) == theirs

@@ -388,3 +388,79 @@ def test_layout_grammar() -> None:
         ["mtp"],
         ["loss"],
     ]
+
+
+# ----------------------------------------------------------------------------- torchtitan
+
+
+def titan(tmp_path: Path, command: str, nodes: int, **tables: Any) -> tuple[int, str, Path]:
+    return run(
+        tmp_path,
+        command,
+        nodes,
+        8,
+        launcher="torchtitan",
+        **tables,
+    )
+
+
+def test_torchtitan_uneven_virtual_stages_compile(tmp_path: Path) -> None:
+    """32 layers, pp 4, vpp 3: TorchTitan builds 12 stages (layers_per_stage 3)."""
+    code, text, out = titan(
+        tmp_path,
+        "compile",
+        4,
+        parallelism={"tp": 8, "pp": 4, "vpp": 3},
+        batch={"micro_batch_size": 12, "global_batch_size": 12},
+        torchtitan={"flavor": "8B"},
+    )
+    assert code == 0, text
+    toml = (out / "launch" / "torchtitan.toml").read_text(encoding="utf-8")
+    assert "pipeline_parallel_layers_per_stage = 3" in toml
+    # TorchTitan: (32 + 1 + 1) effective layers over 12 stages, the first 10 one more
+    assert plan_of(out)["pipeline_stages"] == [
+        {"ranks": [0, 0], "layers": 8, "virtual_stages": [2, 3, 3]},
+        {"ranks": [1, 1], "layers": 9, "virtual_stages": [3, 3, 3]},
+        {"ranks": [2, 2], "layers": 8, "virtual_stages": [3, 3, 2]},
+        {"ranks": [3, 3], "layers": 7, "virtual_stages": [3, 3, 1]},
+    ]
+
+
+def test_torchtitan_hint_offers_only_buildable_vpp(tmp_path: Path) -> None:
+    code, text, _ = titan(
+        tmp_path,
+        "validate",
+        2,
+        parallelism={"tp": 8, "pp": 2, "vpp": 4},
+        torchtitan={"flavor": "8B"},
+    )
+    assert code != 0 and "MDC336" in text
+    hint = text.split("vpp can be 2 or one of ")[1].split("\n")[0]
+    assert "4" not in hint.split(", ") and "3" in hint.split(", ")
+
+
+def test_torchtitan_model_must_match_the_flavor(tmp_path: Path) -> None:
+    code, text, _ = titan(
+        tmp_path,
+        "validate",
+        4,
+        parallelism={"tp": 8, "pp": 4},
+        model={"num_layers": 80, "hidden_size": 4096},
+        torchtitan={"flavor": "8B"},
+    )
+    assert code != 0
+    assert "MDC393" in text and "/model/num_layers" in text and "has num_layers = 32" in text
+    assert text.count("MDC393") == 1  # hidden_size 4096 agrees
+
+
+def test_torchtitan_experts_come_from_the_flavor(tmp_path: Path) -> None:
+    code, text, out = titan(
+        tmp_path,
+        "compile",
+        2,
+        parallelism={"tp": 1, "ep": 8},
+        torchtitan={"model": "qwen3", "flavor": "30B-A3B"},
+    )
+    assert code == 0, text
+    assert "MDC224" not in text
+    assert plan_of(out)["model"]["num_experts"] == 128

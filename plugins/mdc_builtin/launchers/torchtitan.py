@@ -14,6 +14,7 @@ checked at compile time.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +28,7 @@ from mdc.api import (
     Finding,
     Launch,
     LauncherSpec,
+    PipelineSplit,
     Plan,
     Role,
     Severity,
@@ -41,6 +43,7 @@ from mdc.api import (
     torchrun_env,
     torchrun_findings,
     torchrun_worker_env,
+    torchtitan_shares,
 )
 
 CONFIG_PATH = "launch/torchtitan.toml"
@@ -547,16 +550,6 @@ def _stages(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         first = _passed_count(opts, "pipeline_parallel_first_stage_less_layers")
         last = _passed_count(opts, "pipeline_parallel_last_stage_less_layers")
         weighted = layers + first + last
-        # stage counts TorchTitan can make, that also split num_layers / pp evenly (MDC223)
-        reachable = sorted(
-            {
-                math.ceil(weighted / n) // s.pp
-                for n in range(1, weighted + 1)
-                if math.ceil(weighted / n) % s.pp == 0
-                and (layers // s.pp) % (math.ceil(weighted / n) // s.pp) == 0
-            }
-            - {0, 1}
-        )
         yield Finding(
             code="MDC336",
             pointer="/parallelism/vpp",
@@ -564,10 +557,27 @@ def _stages(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
             f"{s.pp} * {s.vpp} = {s.pp * (s.vpp or 1)} stages: TorchTitan makes "
             f"ceil((num_layers + {first} + {last}) / layers_per_stage) = "
             f"ceil({weighted} / n) stages",
-            hint="vpp can be one of " + ", ".join(map(str, reachable))
-            if reachable
-            else "use vpp = 2",
+            hint=_vpp_hint(layers, s.pp, first, last),
         )
+
+
+def _vpp_hint(layers: int, pp: int, first: int, last: int) -> str:
+    """The vpp values TorchTitan builds: a layers_per_stage reaches pp * vpp stages, and
+    its split of the layers over them succeeds."""
+    weighted = layers + first + last
+    reachable = sorted(
+        {
+            -(-weighted // n) // pp
+            for n in range(1, weighted + 1)
+            if -(-weighted // n) % pp == 0 and -(-weighted // n) // pp > 2
+        }
+    )
+    fitting = [
+        v for v in reachable if not isinstance(torchtitan_shares(pp * v, layers, first, last), str)
+    ]
+    if fitting:
+        return "vpp can be 2 or one of " + ", ".join(map(str, fitting))
+    return "use vpp = 2"
 
 
 def _dtype(plan: Plan) -> Iterator[Finding]:
@@ -672,17 +682,56 @@ def _recompute(opts: TorchtitanOptions) -> str:
     return {"full": "full", "none": "none"}.get(str(mode), "selective")
 
 
+#: TorchTitan's model registry at the pinned version (scripts/torchtitan_flavors.py)
+FLAVORS_FILE = "torchtitan_flavors.json"
+
+
+@functools.cache
+def flavors() -> Mapping[str, Any]:
+    """{model name: {flavor: {[model] key: value}}} of TorchTitan's registered models."""
+    facts: Mapping[str, Any] = read_schema("mdc_builtin.launchers", FLAVORS_FILE)["models"]
+    return facts
+
+
+def flavor_shape(opts: TorchtitanOptions) -> tuple[Mapping[str, Any], str]:
+    """The shape TorchTitan builds for [torchtitan] model/flavor (empty when not registered:
+    a model the user registers with TorchTitan's register_train_spec is unknown here)."""
+    name, flavor = opts.model or DEFAULT_MODEL, opts.flavor or DEFAULT_FLAVOR
+    shape = flavors().get(name, {}).get(flavor)
+    if shape is None:
+        return {}, ""
+    return shape, f"TorchTitan's {name} flavor {flavor!r}"
+
+
+def pipeline_split(opts: TorchtitanOptions) -> PipelineSplit:
+    """TorchTitan's rule for placing layers on pipeline stages, with its stage weights."""
+    return PipelineSplit(
+        rule="torchtitan",
+        first_less=_passed_count(opts, "pipeline_parallel_first_stage_less_layers"),
+        last_less=_passed_count(opts, "pipeline_parallel_last_stage_less_layers"),
+        v_shaped=opts.pipeline_schedule in V_SHAPED,
+        pointers={
+            "first": "/torchtitan/config/parallelism/pipeline_parallel_first_stage_less_layers",
+            "last": "/torchtitan/config/parallelism/pipeline_parallel_last_stage_less_layers",
+        },
+    )
+
+
 def training(options: TorchtitanOptions | None) -> TrainingSetup:
     """FSDP2 shards weights, gradients and optimizer state (ZeRO-3 style) over its fsdp
     dimension (dp_shard * cp; dp_replicate copies under HSDP); gradients are kept and
     reduced in float32 (mixed_precision_reduce)."""
     opts = _options(options)
+    shape, source = flavor_shape(opts)
     return TrainingSetup(
         zero_stage=3,
         grad_bytes=4,
         sequence_parallel=True,
         recompute=_recompute(opts),
         replicas=opts.dp_replicate or 1,
+        pipeline=pipeline_split(opts),
+        model_shape=shape,
+        model_source=source,
     )
 
 
