@@ -64,6 +64,7 @@ AWAITING: dict[str, str] = {
     "torchtitan-2024-12-t1-8b-8gpu-fsdp": _MEMORY,
     "torchtitan-2024-12-t1-8b-8gpu-fsdp-compile": _MEMORY,
     "torchtitan-2024-12-t1-8b-8gpu-fsdp-compile-float8": _MEMORY,
+    "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
     "mbridge-26.04.01-gb300-llama3-70b-nvfp4": _FP4,
     "mbridge-26.04.01-gb200-llama3-70b-nvfp4": _FP4,
     "mbridge-26.04.01-gb300-llama3.1-405b-nvfp4": _FP4,
