@@ -220,7 +220,7 @@ def alternate(
         run_once(peer, cwd)
     results: list[tuple[list[Sample], list[Sample]]] = [([], []) for _ in pairs]
     for _ in range(runs):
-        for (mdc, peer), (ours, theirs) in zip(pairs, results):
+        for (mdc, peer), (ours, theirs) in zip(pairs, results, strict=False):
             ours.append(run_once(mdc, cwd))
             theirs.append(run_once(peer, cwd))
     return results
@@ -316,7 +316,7 @@ def whole_process(tmp: Path, runs: int, peers: Path) -> list[str]:
         ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (label, peer_label, _, _), (ours, theirs) in zip(rows, results):
+    for (label, peer_label, _, _), (ours, theirs) in zip(rows, results, strict=False):
         wall = (med(ours, lambda s: s.wall), med(theirs, lambda s: s.wall))
         cpu = (med(ours, lambda s: s.cpu), med(theirs, lambda s: s.cpu))
         rss = (med(ours, lambda s: s.rss), med(theirs, lambda s: s.rss))

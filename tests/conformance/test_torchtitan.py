@@ -350,7 +350,7 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
         "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
         "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",
         "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(dims.cp),
-        **{k: v for k, v in plan["job"]["env"].items()},
+        **dict(plan["job"]["env"].items()),
     }
     return config
 

@@ -9,6 +9,7 @@ or name-derived ports, so these tests must not run in parallel with each other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -58,10 +59,8 @@ def _processes_with(token: str) -> list[int]:
 
 def _kill_all(token: str) -> None:
     for pid in _processes_with(token):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def leftovers(token: str, grace: float = 5.0) -> list[str]:

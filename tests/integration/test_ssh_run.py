@@ -12,6 +12,7 @@ why.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -243,10 +244,8 @@ def token() -> Iterator[str]:
     value = uuid.uuid4().hex
     yield value
     for pid in _processes_with(value):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 FORWARDED = ["PATH", "PROBE_DIR", "TMPDIR", "PYTHONUNBUFFERED", TOKEN_VARIABLE]
