@@ -30,7 +30,7 @@ pytest.importorskip(
     "pip install torch==2.13.0 into the venv",
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("loopback")]
 
 REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 REPO = Path(__file__).resolve().parents[2]
 Compile = Callable[..., dict[str, Any]]
