@@ -218,6 +218,14 @@ def parameter_count(shape: Shape) -> int:
     return shape.layers * (layer.dense + layer.expert) + _embedding(shape, 1) + output
 
 
+def active_parameter_count(shape: Shape) -> int:
+    """Parameters one token passes through: each MoE layer's top-k experts, not all."""
+    layer = _layer(shape, 1, 1, 1)
+    expert = layer.expert * min(shape.topk, shape.experts) // shape.experts if shape.experts else 0
+    output = 0 if shape.tied else shape.vocab * shape.hidden
+    return shape.layers * (layer.dense + expert) + _embedding(shape, 1) + output
+
+
 # ----------------------------------------------------------------------------- memory
 
 
