@@ -36,6 +36,7 @@ def test_every_entry_has_its_sources() -> None:
             "params_source",
             "published_active_params",
             "active_params_exclude_embedding",
+            "published_params_rounded_to",
             "model",
         }, name
 
@@ -61,7 +62,13 @@ def _shape(name: str) -> Any:
 def test_parameter_count_is_within_one_percent_of_the_published(name: str) -> None:
     published = MODELS[name]["published_params"]
     count = parameter_count(_shape(name))
-    assert math.isclose(count, published, rel_tol=TOLERANCE), (name, count, published)
+    # a size printed coarser than 1 % ("1.7" billion) stands for every count that rounds to it
+    rounding = MODELS[name].get("published_params_rounded_to", 0) / 2
+    assert math.isclose(count, published, rel_tol=TOLERANCE, abs_tol=rounding), (
+        name,
+        count,
+        published,
+    )
 
 
 @pytest.mark.parametrize(
