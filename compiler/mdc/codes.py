@@ -59,6 +59,11 @@ CODES: dict[str, Code] = {
         "a YAML document expands (through aliases) to too many values",
         "write the values out, or use fewer aliases",
     ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
     # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
@@ -72,6 +77,12 @@ CODES: dict[str, Code] = {
     "MDC106": Code(
         "a string of the wrong form (a name, a pattern) or holding a NUL character",
         "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
     ),
     # plan
     "MDC201": Code(
