@@ -256,35 +256,101 @@ class MemoryEstimate:
     capacity: int | None = None
 
 
-def _activations_per_layer(
-    shape: Shape,
-    sizes: Sizes,
-    micro: int,
-    training: TrainingSetup,
-) -> tuple[Fraction, Fraction]:
-    """(bytes kept per layer and micro batch, bytes of one layer's full activations)."""
+@attrs.frozen(kw_only=True)
+class _LayerActivations:
+    """One layer's activations for one micro batch, in bytes, by what recompute can drop."""
+
+    #: everything the backward pass needs when nothing is recomputed
+    full: Fraction
+    #: the layer's input: what full recompute keeps
+    input: Fraction
+    #: the s x s scores of eager attention ("core_attn")
+    scores: Fraction
+    #: the outputs of the two norms, inputs of QKV and of the MLP ("layernorm")
+    norm_outputs: Fraction
+    #: the dense MLP's intermediates ("mlp")
+    mlp: Fraction
+    #: the MoE layer's routed copies and expert intermediates ("moe")
+    moe: Fraction
+    #: the experts' activation-function outputs ("moe_act")
+    moe_act: Fraction
+
+
+def _layer_activations(
+    shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup
+) -> _LayerActivations:
     t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
     tokens = Fraction(shape.seq, sizes.cp) * micro
     h, d = shape.hidden, shape.kv_channels
     q = Fraction(shape.heads * d, t)
     kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
     sp = training.sequence_parallel and t > 1
-    replicated = (4 * act + 2) * tokens * h
-    split = act * tokens * (2 * q + 2 * kv)
+    over = t if sp else 1
+    replicated = (4 * act + 2) * tokens * h / over
+    attention = act * tokens * (2 * q + 2 * kv)
     intermediates = 3 if shape.gated else 2
+    mlp = moe = moe_act = Fraction(0)
     if shape.experts:
-        split += (
-            act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
-        )
+        capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
+        routed = act * tokens * shape.topk * capacity
+        moe = routed * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
+        moe_act = routed * Fraction(shape.moe_ffn, sizes.etp)
     else:
-        split += act * tokens * intermediates * Fraction(shape.ffn, t)
+        mlp = act * tokens * intermediates * Fraction(shape.ffn, t)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
-    full = (replicated / t if sp else replicated) + split + scores
-    if training.recompute == "full":
-        return act * tokens * h / (t if sp else 1), full
+    return _LayerActivations(
+        full=replicated + attention + mlp + moe + scores,
+        input=act * tokens * h / over,
+        scores=Fraction(scores),
+        norm_outputs=2 * act * tokens * h / over,
+        mlp=mlp,
+        moe=moe,
+        moe_act=moe_act,
+    )
+
+
+def _selective(layer: _LayerActivations, modules: tuple[str, ...]) -> Fraction:
+    """What a layer keeps when the listed modules are recomputed."""
+    dropped = {
+        "core_attn": layer.scores,
+        "layernorm": layer.norm_outputs,
+        "mlp": layer.mlp,
+        "moe": layer.moe,
+        "moe_act": 0 if "moe" in modules else layer.moe_act,
+    }
+    return layer.full - sum((dropped.get(m, Fraction(0)) for m in set(modules)), Fraction(0))
+
+
+def _stage_activations(
+    layer: _LayerActivations, layers: int, chunks: int, training: TrainingSetup
+) -> tuple[Fraction, Fraction]:
+    """(bytes one micro batch leaves on a stage of ``layers`` layers in ``chunks`` model
+    chunks, bytes of the recompute working set held once while a layer runs again)."""
+    kept = layers - min(training.offload_layers, layers)  # offloaded layers: on the host
     if training.recompute == "selective":
-        return full - scores, full
-    return full, full
+        return kept * _selective(layer, training.recompute_modules or ("core_attn",)), Fraction(0)
+    if training.recompute != "full":
+        return kept * layer.full, Fraction(0)
+    per_chunk = math.ceil(Fraction(layers, chunks))
+    count = training.recompute_num_layers or 1
+    if training.recompute_method == "block":  # the first `count` layers of each chunk
+        again = min(count, per_chunk)
+        chunk = again * layer.input + (per_chunk - again) * layer.full
+        return chunks * chunk, layer.full if again else Fraction(0)
+    # uniform (and the default): each run of `count` layers keeps its input only
+    runs = math.ceil(Fraction(per_chunk, count))
+    return chunks * runs * layer.input, min(count, per_chunk) * layer.full
+
+
+def _dispatch_buffer(shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup) -> Fraction:
+    """The allgather dispatcher's gathered tokens of the tp * ep group, held while one MoE
+    layer runs (the alltoall and flex dispatchers keep only the routed copies)."""
+    if not shape.experts or training.moe_dispatcher != "allgather" or sizes.tp * sizes.ep == 1:
+        return Fraction(0)
+    act = 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    local = tokens / sizes.tp if training.sequence_parallel and sizes.tp > 1 else tokens
+    return act * local * sizes.tp * sizes.ep * shape.hidden
 
 
 def stage_estimates(
@@ -302,8 +368,9 @@ def stage_estimates(
     layer = _layer(shape, tp, sizes.ep, sizes.etp)
     embedding = _embedding(shape, tp)
     output = _ceil(Fraction(shape.vocab, tp)) * shape.hidden
-    kept, one_layer = _activations_per_layer(shape, sizes, micro, training)
-    extra = one_layer if training.recompute == "full" else 0
+    layer_acts = _layer_activations(shape, sizes, micro, training)
+    kept, extra = _stage_activations(layer_acts, per_stage, sizes.vpp or 1, training)
+    extra += _dispatch_buffer(shape, sizes, micro, training)
     logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
     if pp == 1:
         stages = [("only", embedding + (0 if shape.tied else output), 1, logits)]
@@ -313,8 +380,10 @@ def stage_estimates(
             ("last", output, 1, logits),
         ]
     w = WEIGHT_BYTES.get(shape.dtype, 2)
+    layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
-    o = 8 if w >= 4 else 12
+    o = training.optimizer_bytes or (8 if w >= 4 else 12)
+    on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     zero = max(0, min(3, training.zero_stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
@@ -323,21 +392,26 @@ def stage_estimates(
         dense = per_stage * layer.dense + ends
         expert = per_stage * layer.expert
 
-        def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
+        def sharded(
+            per_param: Fraction, stage: int, dense: int = dense, expert: int = expert
+        ) -> Fraction:
             on = zero >= stage
-            return _ceil(
-                per_param
-                * (
-                    Fraction(dense, shard if on else 1)
-                    + Fraction(expert, expert_shard if on else 1)
-                )
+            return per_param * (
+                Fraction(dense, shard if on else 1) + Fraction(expert, expert_shard if on else 1)
             )
 
         factor = Fraction(1)
         if name == "first" and sizes.vpp:
             factor += Fraction(pp - 1, pp * sizes.vpp)
-        activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
-        weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
+        activations = _ceil(kept * in_flight * factor + extra + head)
+        # fp8 parameters: the layers' weights in 1 byte, the embeddings in the dtype's
+        weights = _ceil(
+            sharded(Fraction(layer_w), 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0)
+        )
+        gradients = _ceil(sharded(Fraction(g), 2))
+        if training.param_offload:
+            weights = gradients = 0
+        optimizer = _ceil(sharded(o * on_gpu, 1))
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
@@ -345,7 +419,7 @@ def stage_estimates(
                 stage=name,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
-                weight_bytes=w,
+                weight_bytes=layer_w,
                 grad_bytes=g,
                 optimizer_bytes=o,
                 zero_stage=zero,
@@ -468,18 +542,43 @@ def _levers(
             spans = " (spans nodes)" if axis == "tp" and value > context.nproc_per_node else ""
             options.append((f"{axis} {value}{spans}", resized, rebatched, training))
         yield options
+    keys = dict(training.levers)
     if max(sizes.dp * sizes.cp, sizes.edp) > 1:
         yield [
-            (f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
+            (keys[f"zero {stage}"], sizes, batch, attrs.evolve(training, zero_stage=stage))
             for stage in range(training.zero_stage + 1, 4)
+            if f"zero {stage}" in keys
         ]
-    if sizes.tp > 1 and not training.sequence_parallel:
-        yield [("sequence parallel", sizes, batch, attrs.evolve(training, sequence_parallel=True))]
+    if "optimizer offload" in keys and training.optimizer_offload < 1:
+        yield [
+            (keys["optimizer offload"], sizes, batch, attrs.evolve(training, optimizer_offload=1.0))
+        ]
+    if sizes.tp > 1 and not training.sequence_parallel and "sequence parallel" in keys:
+        yield [
+            (
+                keys["sequence parallel"],
+                sizes,
+                batch,
+                attrs.evolve(training, sequence_parallel=True),
+            )
+        ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
     yield [
-        (f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
+        (
+            keys[f"recompute {mode}"],
+            sizes,
+            batch,
+            attrs.evolve(
+                training,
+                recompute=mode,
+                recompute_method=None,
+                recompute_num_layers=None,
+                recompute_modules=None,
+            ),
+        )
         for mode in modes[after:]
+        if f"recompute {mode}" in keys
     ]
     if batch is not None and batch.micro_batch_size > 1:
         options = []
