@@ -769,7 +769,12 @@ def _levers(
         ]
     if sizes.tp > 1 and not training.sequence_parallel and "sequence parallel" in keys:
         yield [
-            (keys["sequence parallel"], sizes, batch, attrs.evolve(training, sequence_parallel=True))
+            (
+                keys["sequence parallel"],
+                sizes,
+                batch,
+                attrs.evolve(training, sequence_parallel=True),
+            )
         ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
