@@ -567,7 +567,7 @@ def test_block_of_the_wrong_type(tmp_path: Path) -> None:
 
 def spec_files() -> list[Path]:
     found = [p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json")]
-    found += [p for p in (REPO / "golden" / "diagnostics").glob("*/spec.*")]
+    found += list((REPO / "golden" / "diagnostics").glob("*/spec.*"))
     return sorted(found)
 
 

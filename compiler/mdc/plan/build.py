@@ -209,7 +209,7 @@ def _parallel(
         )
     expert_size = etp * ep * pp
     if world % expert_size:
-        options = [e for e in divisors(world // (etp * pp))] if world % (etp * pp) == 0 else []
+        options = list(divisors(world // (etp * pp))) if world % (etp * pp) == 0 else []
         found.add(
             "MDC203",
             f"world size ({world}) is not divisible by etp * ep * pp = "
