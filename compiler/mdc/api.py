@@ -19,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -229,7 +230,10 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Finding",
+    "FlagTable",
+    "FlagUse",
     "JobTable",
+    "KnownFlag",
     "Launch",
     "LauncherSpec",
     "MemoryEstimate",
@@ -245,6 +249,9 @@ __all__ = [
     "TorchrunOptions",
     "TrainingSetup",
     "Word",
+    "already_set",
+    "drop_flags",
+    "flag_names",
     "out_file",
     "program",
     "read_schema",
