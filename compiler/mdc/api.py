@@ -19,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -219,6 +220,7 @@ __all__ = [
     "OUT_DIR",
     "RUNNER_VARIABLE",
     "RUNTIME_VARIABLES",
+    "Accelerator",
     "Artifact",
     "BackendSpec",
     "BatchPlan",

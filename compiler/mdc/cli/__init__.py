@@ -161,6 +161,12 @@ def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:
     return rehearse(args, _compiler(args), out)
 
 
+def cmd_tune(args: argparse.Namespace, out: Output) -> int:
+    from mdc.tune.cli import cmd_tune as tune
+
+    return tune(args, _compiler(args), out)
+
+
 def _blocked_name(value: str) -> str:
     if not value.startswith("no:") or len(value) == 3:
         raise argparse.ArgumentTypeError(f"expected no:NAME to block a plugin, got {value!r}")
@@ -250,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
         "DIR and keep them (default: a temporary directory, removed)",
+    )
+    from mdc.tune.cli import add_arguments as tune_arguments
+
+    tune_arguments(
+        add(
+            "tune",
+            cmd_tune,
+            "search the layouts the spec leaves open and rank them by predicted throughput",
+        )
     )
     return parser
 
