@@ -170,7 +170,9 @@ def predict(
     attention_share = executed.attention / layers
     recomputed = 0.0
     if L.recompute == "full":
-        count = stage_layers if L.recompute_layers is None else min(L.recompute_layers, stage_layers)
+        count = (
+            stage_layers if L.recompute_layers is None else min(L.recompute_layers, stage_layers)
+        )
         recomputed = count / stage_layers
     attention_extra = 1 / 3 if L.recompute == "selective" else 0.0
     gemm_factor = 1 + recomputed / 3
@@ -192,8 +194,12 @@ def predict(
         t_expert = tokens * stage_layers * expert_share * gemm_factor / L.tp / (peak * expert_eff)
     attention_peak = hw.peak_tflops("bf16") * 1e12 * c.attention_peak
     t_attention = (
-        tokens * stage_layers * attention_share * (1 + recomputed / 3 + attention_extra)
-        / L.tp / attention_peak
+        tokens
+        * stage_layers
+        * attention_share
+        * (1 + recomputed / 3 + attention_extra)
+        / L.tp
+        / attention_peak
     )
     # the output layer runs on the last stage (the heaviest one when layers divide evenly)
     t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
@@ -203,8 +209,15 @@ def predict(
     # read and written in forward and backward, over the HBM
     split = L.tp if L.sequence_parallel else 1
     elementwise = (
-        c.elementwise * 34 * tokens * h * stage_layers * 3 * (1 + recomputed / 3)
-        / split / (hw.memory_bandwidth_gb_s * 1e9)
+        c.elementwise
+        * 34
+        * tokens
+        * h
+        * stage_layers
+        * 3
+        * (1 + recomputed / 3)
+        / split
+        / (hw.memory_bandwidth_gb_s * 1e9)
     )
 
     dense = {"tp": L.tp, "cp": L.cp, "ep": 1, "dp": L.dp, "pp": L.pp}

@@ -79,7 +79,9 @@ def why_lost(best: Candidate, other: Candidate) -> str:
     if slower <= 0:
         return "as fast, but needs more memory per GPU"
     per = delta / max(other.prediction.step_time_s, 1e-12) * 100
-    return f"{slower * 100:.1f}% slower: more {TERMS[term]} (+{delta:.3g} s, {per:.0f}% of its step)"
+    return (
+        f"{slower * 100:.1f}% slower: more {TERMS[term]} (+{delta:.3g} s, {per:.0f}% of its step)"
+    )
 
 
 def text(result: Result) -> str:
@@ -187,7 +189,8 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
         out.append(f'<text x="{gx}" y="{y0 + 15}" text-anchor="middle">{x_max * i / 5:.0f}</text>')
         out.append(f'<text x="{x0 - 5}" y="{gy + 4}" text-anchor="end">{y_max * i / 5:.0f}</text>')
     out.append(
-        f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 12}" text-anchor="middle">memory per GPU (GiB)</text>'
+        f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 12}" text-anchor="middle">'
+        "memory per GPU (GiB)</text>"
     )
     out.append(
         f'<text x="15" y="{(y0 + y1) / 2}" text-anchor="middle" '
@@ -208,10 +211,18 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
         px, py = at(x, y)
         label = escape(row.candidate.label())
         if i == 0:
-            out.append(f'<circle cx="{px}" cy="{py}" r="7" fill="none" stroke="#27ae60" stroke-width="3"/>')
-            out.append(f'<text x="{px + 10}" y="{py - 8}" fill="#27ae60" font-weight="bold">best: {label}</text>')
+            out.append(
+                f'<circle cx="{px}" cy="{py}" r="7" fill="none" stroke="#27ae60" stroke-width="3"/>'
+            )
+            out.append(
+                f'<text x="{px + 10}" y="{py - 8}" fill="#27ae60" font-weight="bold">'
+                f"best: {label}</text>"
+            )
         else:
             out.append(f'<circle cx="{px}" cy="{py}" r="4" fill="#2980b9"/>')
-            out.append(f'<text x="{px + 7}" y="{py + 4 + 12 * (i % 2)}" fill="#2980b9">#{i + 1} {label}</text>')
+            out.append(
+                f'<text x="{px + 7}" y="{py + 4 + 12 * (i % 2)}" fill="#2980b9">'
+                f"#{i + 1} {label}</text>"
+            )
     out.append("</svg>")
     return "\n".join(out) + "\n"

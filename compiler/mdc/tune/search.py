@@ -57,9 +57,17 @@ class Candidate:
         return (
             -round(self.prediction.tokens_per_s_per_gpu, 6),
             self.memory_bytes,
-            L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, L.micro_batch_size,
+            L.tp,
+            L.pp,
+            L.cp,
+            L.ep,
+            L.etp,
+            L.vpp,
+            L.micro_batch_size,
             ("none", "selective", "full").index(L.recompute),
-            L.recompute_layers or 0, not L.sequence_parallel, L.zero_stage,
+            L.recompute_layers or 0,
+            not L.sequence_parallel,
+            L.zero_stage,
         )
 
     def label(self) -> str:
@@ -143,7 +151,11 @@ class Tuner:
                     "MDC611",
                     "/distributed/accelerator_model" if dist.accelerator_model else "/distributed",
                     "mdc tune needs a known [distributed] accelerator_model to predict throughput"
-                    + (f" ({dist.accelerator_model!r} is not one)" if dist.accelerator_model else ""),
+                    + (
+                        f" ({dist.accelerator_model!r} is not one)"
+                        if dist.accelerator_model
+                        else ""
+                    ),
                     f"set accelerator_model to one of: {', '.join(known)}",
                 )
             )
@@ -219,15 +231,25 @@ class Tuner:
                         if gbs % (mbs * dp):
                             continue
                         sizes = Sizes(
-                            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp,
-                            edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
+                            tp=tp,
+                            pp=pp,
+                            cp=cp,
+                            ep=ep,
+                            etp=etp,
+                            dp=dp,
+                            edp=world // (etp * ep * pp),
+                            vpp=vpp if vpp > 1 else None,
                         )
                         batch = BatchPlan(
                             global_batch_size=gbs,
                             micro_batch_size=mbs,
                             grad_accum_steps=gbs // (mbs * dp),
                         )
-                        sps = [sp_fixed] if sp_fixed is not None else ([True, False] if tp > 1 else [False])
+                        sps = (
+                            [sp_fixed]
+                            if sp_fixed is not None
+                            else ([True, False] if tp > 1 else [False])
+                        )
                         dos = [do_fixed] if do_fixed is not None else [True, False]
                         rcs = [rc_fixed] if rc_fixed is not None else ["none", "selective", "full"]
                         for sp, do, rc in itertools.product(sps, dos, rcs):
@@ -268,16 +290,30 @@ class Tuner:
             self.discarded += 1
             return
         layout = Layout(
-            tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
-            vpp=sizes.vpp or 1, micro_batch_size=batch.micro_batch_size,
-            microbatches=batch.grad_accum_steps, sequence_parallel=sp and sizes.tp > 1,
-            recompute=recompute, zero_stage=1 if do else 0, order=order,
+            tp=sizes.tp,
+            pp=sizes.pp,
+            cp=sizes.cp,
+            ep=sizes.ep,
+            etp=sizes.etp,
+            dp=sizes.dp,
+            vpp=sizes.vpp or 1,
+            micro_batch_size=batch.micro_batch_size,
+            microbatches=batch.grad_accum_steps,
+            sequence_parallel=sp and sizes.tp > 1,
+            recompute=recompute,
+            zero_stage=1 if do else 0,
+            order=order,
             overlap_grad_reduce=self._fixed("megatron", "overlap_grad_reduce") is not False,
-            overlap_param_gather=do and self._fixed("megatron", "overlap_param_gather") is not False,
+            overlap_param_gather=do
+            and self._fixed("megatron", "overlap_param_gather") is not False,
         )
         prediction = predict(
-            self.shape, layout, self.hardware, nproc_per_node=self.nproc,
-            precision=self.precision, constants=self.constants,
+            self.shape,
+            layout,
+            self.hardware,
+            nproc_per_node=self.nproc,
+            precision=self.precision,
+            constants=self.constants,
         )
         yield Candidate(
             layout=layout,
