@@ -154,7 +154,7 @@ def test_full_attention_count_is_narayanans_formula() -> None:
 def test_causal_count_halves_only_the_attention_scores() -> None:
     shape = resolve_shape(
         ModelTable(
-            num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=32
+            num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=32
         )
     )
     assert shape is not None

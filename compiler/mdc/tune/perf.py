@@ -32,19 +32,22 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.80
+    gemm_peak: float = 0.9295
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 64.0
-    #: share of the fp8 peak reached relative to gemm_peak (scaling, casts, amax)
-    fp8_share: float = 0.62
+    shape_knee: float = 242.8
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.45
+    attention_peak: float = 0.3707
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 1.0
+    elementwise: float = 1.615
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.70
+    link_share: float = 0.5262
     #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.6
+    tp_exposed: float = 0.1201
+    #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
+    ep_exposed: float = 0.08162
+    #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
+    #: router, grouped-GEMM staging), forward and backward
+    moe_passes: float = 71.54
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -152,13 +155,24 @@ def predict(
     precision: str = "bf16",
     constants: Constants = DEFAULT,
     causal: bool = True,
+    count_recompute: bool = False,
+    window: tuple[int, int] | None = None,
+    window_skip: int | tuple[int, ...] | None = None,
 ) -> Prediction:
-    """The predicted step of ``layout`` (see the module docstring and docs/tune.md)."""
+    """The predicted step of ``layout`` (see the module docstring and docs/tune.md).
+
+    ``causal`` and ``count_recompute`` choose the model-FLOPs convention the TFLOP/s and
+    MFU are reported in (:func:`mdc.tune.flops.token_flops`); the time does not depend on it.
+    """
     c, L = constants, layout
     world = L.tp * L.pp * L.cp * L.dp
     h, s = shape.hidden, shape.seq
-    flops = token_flops(shape, causal=causal)
-    executed = token_flops(shape, causal=True)  # kernels skip the masked half either way
+    recomputes = count_recompute and L.recompute == "full"
+    flops = token_flops(
+        shape, causal=causal, recompute=recomputes, window=window, window_skip=window_skip
+    )
+    # what the kernels execute: causal attention skips the masked half either way
+    executed = token_flops(shape, causal=True)
     domain = scale_up_domain(hw, nproc_per_node)
     act = 2  # bf16 activations
 
@@ -176,10 +190,10 @@ def predict(
         recomputed = count / stage_layers
     attention_extra = 1 / 3 if L.recompute == "selective" else 0.0
     gemm_factor = 1 + recomputed / 3
-    q_width = (shape.heads + 2 * shape.groups) * shape.kv_channels / L.tp
+    q_width = _attention_width(shape) / L.tp
     ffn_width = shape.ffn * (3 if shape.gated else 2) / 2 / L.tp
     peak = hw.peak_tflops(precision) * 1e12
-    gemm_peak = c.gemm_peak * (c.fp8_share if precision in ("fp8", "fp4") else 1.0)
+    gemm_peak = c.gemm_peak  # the fit finds fp8 and fp4 GEMMs as close to their peaks
     dense_eff = gemm_peak * _efficiency([tokens, q_width, h], c.shape_knee)
     if not shape.experts:
         dense_eff *= _efficiency([ffn_width], c.shape_knee) ** 0.5
@@ -192,7 +206,11 @@ def predict(
         )
         # the expert group computes the routed tokens of its tp group: spread over tp ranks
         t_expert = tokens * stage_layers * expert_share * gemm_factor / L.tp / (peak * expert_eff)
-    attention_peak = hw.peak_tflops("bf16") * 1e12 * c.attention_peak
+    # FlashAttention's tiles are head_dim wide: narrow heads run further from the peak
+    head_dim = shape.latent.qk_head + shape.latent.rope_head if shape.latent else shape.kv_channels
+    attention_peak = (
+        hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
+    )
     t_attention = (
         tokens
         * stage_layers
@@ -244,6 +262,19 @@ def predict(
         t_cp = max(0.0, ring - t_attention)
 
     # ---- expert parallel: dispatch and combine all-to-alls, forward and backward
+    parts = shape.pattern.parts(0, layers)
+    moe_layers = stage_layers * parts.moe / max(layers, 1)
+    # token permutation around the experts: memory bound, every routed copy of a token
+    t_moe = (
+        c.moe_passes
+        * tokens
+        / split
+        * shape.topk
+        * h
+        * act
+        * moe_layers
+        / (hw.memory_bandwidth_gb_s * 1e9)
+    )
     t_ep = 0.0
     if shape.experts and L.ep > 1:
         ep_span = span(expert, "ep")
@@ -252,7 +283,7 @@ def predict(
         out = hw.scale_out_gb_s * 1e9 * c.link_share
         routed = tokens / split * shape.topk * h * act * (L.ep - 1) / L.ep
         per_a2a = routed * (inside / up + (1 - inside) / out)
-        t_ep = (4 + 2 * recomputed) * per_a2a * stage_layers
+        t_ep = c.ep_exposed * (4 + 2 * recomputed) * per_a2a * moe_layers
 
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
@@ -260,6 +291,7 @@ def predict(
         bw = _bandwidth(span(dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
 
+    elementwise += t_moe
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -286,10 +318,10 @@ def predict(
         else:
             traffic = 2 * grads
         t_dp = traffic / bw
-        window = micro if (L.overlap_grad_reduce or L.zero_stage >= 3) else 0.0
+        hidden_behind = micro if (L.overlap_grad_reduce or L.zero_stage >= 3) else 0.0
         if L.zero_stage >= 3:
-            window = pipeline
-        t_dp = max(0.0, t_dp - window)
+            hidden_behind = pipeline
+        t_dp = max(0.0, t_dp - hidden_behind)
 
     # ---- optimizer: Adam reads and writes fp32 master weights, moments, grads (memory bound)
     shard = group if L.zero_stage >= 1 else 1
@@ -321,16 +353,23 @@ def predict(
     )
 
 
+def _attention_width(shape: Shape) -> float:
+    """Output width of the attention projections (QKV, or MLA's up projections)."""
+    latent = shape.latent
+    if latent is not None:
+        return shape.heads * (latent.qk_head + latent.rope_head + latent.qk_head + latent.v_head)
+    return (shape.heads + 2 * shape.groups) * shape.kv_channels
+
+
 def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
     """(dense, expert) parameters one GPU of the heaviest stage holds."""
-    h, d = shape.hidden, shape.kv_channels
-    attention = h * (shape.heads + 2 * shape.groups) * d + shape.heads * d * h
+    h = shape.hidden
     width = 3 if shape.gated else 2
-    if shape.experts:
-        dense = attention / layout.tp
-        expert = shape.experts * width * h * shape.moe_ffn / (layout.ep * layout.etp)
-    else:
-        dense = (attention + width * h * shape.ffn) / layout.tp
-        expert = 0.0
+    parts = shape.pattern.parts(0, shape.layers)
+    layers = max(shape.layers, 1)
+    attention = _attention_width(shape) * h * 2 / 3  # projections in and out
+    dense = (attention * parts.attention + width * h * shape.ffn * parts.mlp) / layers
+    expert = (shape.experts * shape.moe_ffn + shape.shared_ffn) * width * h * parts.moe / layers
     embedding = shape.vocab * h / layout.tp
-    return dense * stage_layers + embedding, expert * stage_layers
+    dense_gpu = dense / layout.tp * stage_layers + embedding
+    return dense_gpu, expert / (layout.ep * layout.etp) * stage_layers
