@@ -198,6 +198,9 @@ class BackendSpec:
     #: (nnodes, options) -> each node's host name, when known before the job runs
     #: (for hostfiles); None, or no function: known only at run time
     hosts: Callable[[int, Any], Sequence[str] | None] | None = None
+    #: the shell command that starts the compiled job, ``{out}`` standing for the output
+    #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
+    run_command: str | None = None
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:

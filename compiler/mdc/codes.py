@@ -60,6 +60,11 @@ CODES: dict[str, Code] = {
         "a YAML document expands (through aliases) to too many values",
         "write the values out, or use fewer aliases",
     ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
     # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
@@ -73,6 +78,12 @@ CODES: dict[str, Code] = {
     "MDC106": Code(
         "a string of the wrong form (a name, a pattern) or holding a NUL character",
         "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
     ),
     # plan
     "MDC201": Code(
@@ -163,6 +174,38 @@ CODES: dict[str, Code] = {
     "MDC262": Code(
         "warning: the estimate is above 90% of accelerator_memory_gib",
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
+    ),
+    "MDC270": Code(
+        "hybrid_override_pattern does not have one symbol per layer",
+        "write one symbol per layer, or set num_layers to the pattern's length",
+    ),
+    "MDC271": Code(
+        "moe_layer_freq does not list one entry per layer",
+        "give one 0 (dense) or 1 (MoE) per layer",
+    ),
+    "MDC272": Code(
+        "multi_latent_attention with grouped-query attention (num_query_groups)",
+        "remove num_query_groups: multi-latent attention compresses keys and values itself",
+    ),
+    "MDC273": Code(
+        "shared experts with bias = true (Megatron-Core builds them without biases)",
+        "set bias = false",
+    ),
+    "MDC274": Code(
+        "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+        "set num_experts",
+    ),
+    "MDC275": Code(
+        "multi-token prediction (mtp_num_layers) with learned position embeddings",
+        'set position_embedding = "rope" (or "none")',
+    ),
+    "MDC276": Code(
+        "mamba_num_heads is not a multiple of mamba_num_groups",
+        "pick mamba_num_groups dividing mamba_num_heads",
+    ),
+    "MDC277": Code(
+        "a Mamba size (heads, groups) is not a multiple of tp",
+        "pick tp dividing it",
     ),
     # torchrun
     "MDC301": Code(
@@ -380,7 +423,9 @@ CODES: dict[str, Code] = {
         "a fractional GPU quantity (extended resources are whole numbers)",
         "write a whole number of GPUs",
     ),
-    "MDC473": Code("[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"),
+    "MDC473": Code(
+        "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),
