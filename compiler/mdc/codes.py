@@ -29,7 +29,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (320, 329, "megatron"),
     (330, 339, "torchtitan"),
     (340, 349, "primus"),
-    (350, 359, "basic"),
+    (350, 353, "basic"),
+    (354, 359, "megatron: memory options"),
     (360, 369, "vllm"),
     (370, 379, "sglang"),
     (380, 389, "sglang_disagg"),
@@ -325,6 +326,33 @@ CODES: dict[str, Code] = {
     "MDC353": Code(
         "warning: the command already passes --world_size/--rank/--init_method",
         "remove them from the command",
+    ),
+    # megatron (memory options)
+    "MDC354": Code(
+        "Megatron-FSDP options that Megatron-LM refuses or ignores (a sharding strategy without"
+        " it, another --ckpt-format, torch FSDP2 beside it)",
+        "follow the hint: enable use_megatron_fsdp, or remove the option",
+    ),
+    "MDC355": Code(
+        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        'set [model] dtype = "fp8" (or the optimizer), or remove the option',
+    ),
+    "MDC356": Code(
+        "precision-aware or offloaded optimizer options without what they need",
+        "enable use_precision_aware_optimizer / the distributed optimizer, or remove the option",
+    ),
+    "MDC357": Code(
+        "activation offloading or recompute_modules that Megatron-LM refuses (layers, pp,"
+        " granularity, or a module the model lacks)",
+        "follow the hint: change the recompute settings, or remove the option",
+    ),
+    "MDC358": Code(
+        "MoE dispatcher options that need another option or have no effect on a dense model",
+        "set the option the hint names, or remove it",
+    ),
+    "MDC359": Code(
+        "extra_args passes a flag Megatron-LM refuses in that form",
+        "set the spec key the hint names instead",
     ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
