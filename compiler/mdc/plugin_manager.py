@@ -7,9 +7,9 @@ are then sorted by name and duplicates rejected.
 
 mdc's own entry points are imported only when a command needs one of their
 records: each registers exactly one record named like its entry point, of the
-kind :data:`BUILTIN_LAUNCHERS` / :data:`BUILTIN_BACKENDS` say (a test checks
-this against loading them all), so their names are known without importing
-them. Third-party plugins are always imported up front, so a broken one fails
+kind its module path says (``mdc_builtin.launchers.NAME``; a test checks this
+against loading them all), so their names are known without importing them. The
+entry points in mdc's own metadata are the one list of built-ins. Third-party plugins are always imported up front, so a broken one fails
 every command as before; a third-party record whose name clashes with a
 built-in makes every plugin load up front, for the same errors as before.
 """
@@ -35,29 +35,9 @@ from mdc.spec import CORE_TABLES
 
 GROUP = "mdc"
 DISTRIBUTION = "mdc-compiler"
-#: mdc's own launcher and backend entry points: each registers one record of that name.
-BUILTIN_LAUNCHERS = (
-    "basic",
-    "deepspeed",
-    "megatron",
-    "primus",
-    "sglang",
-    "sglang_disagg",
-    "torchrun",
-    "torchtitan",
-    "vllm",
-)
-BUILTIN_BACKENDS = (
-    "kubernetes",
-    "leaderworkerset",
-    "local",
-    "pytorchjob",
-    "slurm",
-    "ssh",
-    "trainjob",
-)
-#: Entry points mdc itself declares; missing ones mean a broken install.
-BUILTINS = tuple(sorted(BUILTIN_LAUNCHERS + BUILTIN_BACKENDS))
+#: Where mdc's own plugins live: ``mdc_builtin.<kind>s.<name>``, one module per record.
+BUILTIN_PACKAGE = "mdc_builtin"
+BUILTIN_KINDS = ("launcher", "backend")
 #: A plugin's name is also its spec table's name.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -286,13 +266,11 @@ def discover(*, autoload: bool = True, blocked: Iterable[str] = ()) -> list[Entr
         _from_metadata(GROUP) if listed is None else listed, key=lambda ep: (ep.name, ep.value)
     )
     ours = {ep.name for ep in found if ep.distribution == DISTRIBUTION}
-    missing = [name for name in BUILTINS if name not in ours]
-    if missing:
+    if not any(_builtin_kind(ep) for ep in found):
         raise PluginError(
             None,
             "startup",
-            f"mdc's own entry points are missing ({', '.join(missing)}); "
-            "reinstall mdc with `pip install -e .`",
+            "mdc's own entry points are missing; reinstall mdc with `pip install -e .`",
         )
     seen: dict[str, EntryPoint] = {}
     for ep in found:
@@ -311,11 +289,11 @@ def discover(*, autoload: bool = True, blocked: Iterable[str] = ()) -> list[Entr
 
 
 def _builtin_kind(ep: EntryPoint) -> str | None:
-    """ "launcher"/"backend" for one of mdc's own entry points, as declared; else None."""
+    """ "launcher"/"backend" for one of mdc's own entry points, by its module; else None."""
     if ep.distribution != DISTRIBUTION:
         return None
-    for kind, names in (("launcher", BUILTIN_LAUNCHERS), ("backend", BUILTIN_BACKENDS)):
-        if ep.name in names and ep.value == f"mdc_builtin.{kind}s.{ep.name}":
+    for kind in BUILTIN_KINDS:
+        if ep.value == f"{BUILTIN_PACKAGE}.{kind}s.{ep.name}":
             return kind
     return None
 

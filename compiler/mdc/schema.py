@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mdc.errors import Diagnostic, Severity, join_pointer
 from mdc.loaders import LoadedDocument
@@ -111,7 +111,7 @@ def validator_class() -> Any:
     """Draft 2020-12, except that only true integers are integers (imported when first used)."""
     from jsonschema import Draft202012Validator, validators
 
-    return validators.extend(
+    return validators.extend(  # type: ignore[no-untyped-call]
         Draft202012Validator,
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
     )
@@ -241,7 +241,10 @@ class SchemaChecker:
         elif keyword in ("enum", "const"):
             choices = [
                 str(c)
-                for c in (error.validator_value if keyword == "enum" else [error.validator_value])
+                for c in cast(
+                    "list[Any]",
+                    error.validator_value if keyword == "enum" else [error.validator_value],
+                )
             ]
             # A high cutoff: "gpu" must not suggest "cpu".
             near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.75)
@@ -278,7 +281,7 @@ class SchemaChecker:
         elif keyword == "propertyNames":
             yield diag(
                 f"invalid name {_short(error.instance)}",
-                f"names must match {error.validator_value.get('pattern', 'the schema')}",
+                f"names must match {cast(Any, error.validator_value).get('pattern', 'the schema')}",
                 join_pointer([*path, str(error.instance)]),
                 key=True,
             )
@@ -494,7 +497,7 @@ def _one_of(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
             and "type" in branch
             and not _type(instance, branch["type"], branch)
         )
-        for ok, branch in zip(proven, value)
+        for ok, branch in zip(proven, value, strict=True)
     )
 
 

@@ -306,7 +306,8 @@ class MdcCli:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    try:
+    # ValueError: registered already (a conftest of an older mdc): keep that one.
+    with contextlib.suppress(ValueError):
         parser.addoption(
             "--update-golden",
             action="store_true",
@@ -314,8 +315,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             help="rewrite the goldens that differ from the current output; those tests still "
             "fail, so review `git diff golden/` (refused under CI and xdist)",
         )
-    except ValueError:  # registered already (a conftest of an older mdc): keep that one
-        pass
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -951,6 +951,7 @@ def run_local(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # a real CPU run on loopback ports
 def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2 x 2 CPU example under the local backend: megatron-core builds the plan's groups."""
     monkeypatch.chdir(REPO)

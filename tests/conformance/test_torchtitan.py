@@ -350,7 +350,7 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
         "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
         "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",
         "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(dims.cp),
-        **{k: v for k, v in plan["job"]["env"].items()},
+        **dict(plan["job"]["env"].items()),
     }
     return config
 
@@ -865,6 +865,7 @@ def worker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # a real CPU run on loopback ports
 def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2 x 2 CPU example under the local backend: TorchTitan's mesh holds the plan's groups."""
     monkeypatch.chdir(REPO)

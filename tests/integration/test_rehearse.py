@@ -26,7 +26,7 @@ from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.rehearse import RehearseError, rehearse
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("loopback")]
 
 #: (launcher, nnodes, nproc, backend, extra spec tables)
 WORLDS: list[tuple[str, int, int, str, dict[str, Any]]] = [

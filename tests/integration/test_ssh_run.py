@@ -12,6 +12,7 @@ why.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,7 +31,7 @@ from typing import Any
 import attrs
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 REPO = Path(__file__).resolve().parents[2]
 Compile = Callable[..., dict[str, Any]]
@@ -243,10 +244,8 @@ def token() -> Iterator[str]:
     value = uuid.uuid4().hex
     yield value
     for pid in _processes_with(value):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 FORWARDED = ["PATH", "PROBE_DIR", "TMPDIR", "PYTHONUNBUFFERED", TOKEN_VARIABLE]

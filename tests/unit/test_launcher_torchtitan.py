@@ -56,7 +56,7 @@ def overrides(words: list[str]) -> dict[str, str]:
     rest = words[words.index("torchtitan.train") + 1 :]
     assert rest[:2] == ["--job.config_file", "${MDC_OUT}/launch/torchtitan.toml"]
     pairs = rest[2:]
-    return dict(zip(pairs[::2], pairs[1::2]))
+    return dict(zip(pairs[::2], pairs[1::2], strict=False))
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -150,9 +150,9 @@ def cmd_plugins(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_import(args: argparse.Namespace, out: Output) -> int:
-    from mdc.importers.madengine import cmd_import as import_madengine
+    from mdc.cli.import_madengine import cmd_import as import_madengine
 
-    return import_madengine(args, out)
+    return import_madengine(args, _compiler(args), out)
 
 
 def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:

@@ -34,7 +34,7 @@ try:
         StreamEndEvent,
     )
 except ImportError:  # PyYAML without its C extension: only the thorough path
-    CParser = None
+    CParser = None  # type: ignore[assignment,misc]
 
 #: A spec has hundreds of values; more means aliases multiplying a document (a "billion
 #: laughs"), which would otherwise take minutes and gigabytes to expand.
@@ -410,8 +410,10 @@ def _fast_node(
         seen.add(resolved)
         child = f"{here}/{escape_pointer_token(name)}"
         value = events.peek_event()
-        keys[child] = (key.start_mark.line + 1, key.start_mark.column + 1)
-        values[child] = (value.start_mark.line + 1, value.start_mark.column + 1)
+        key_mark, value_mark = key.start_mark, value.start_mark
+        assert key_mark is not None and value_mark is not None  # libyaml marks every event
+        keys[child] = (key_mark.line + 1, key_mark.column + 1)
+        values[child] = (value_mark.line + 1, value_mark.column + 1)
         table[name] = _fast_node(events, child, depth + 1, values, keys)
     return table
 

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Callable
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
+from mdc.plan.architecture import rules as architecture_rules
 from mdc.plan.memory import Context, MemoryEstimate, plan_memory
 from mdc.plan.model import (
     BatchPlan,
@@ -212,7 +213,7 @@ def _parallel(
         )
     expert_size = etp * ep * pp
     if world % expert_size:
-        options = [e for e in divisors(world // (etp * pp))] if world % (etp * pp) == 0 else []
+        options = list(divisors(world // (etp * pp))) if world % (etp * pp) == 0 else []
         found.add(
             "MDC203",
             f"world size ({world}) is not divisible by etp * ep * pp = "
@@ -484,6 +485,8 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
+    for f in architecture_rules(model, sizes.tp):
+        found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
         found.add(

@@ -37,7 +37,8 @@ no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
 
 Per GPU, tensor parallelism splits QKV, projection, MLP and the vocabulary by
 tp (the fused QKV matrix as a whole, also when num_query_groups < tp; those
-ranks then compute one K/V group each, which the activations count); norms, row-parallel biases, position embeddings and the router are replicated.
+ranks then compute one K/V group each, which the activations count); norms,
+row-parallel biases, position embeddings and the router are replicated.
 Experts split over ep * etp. With pp > 1 the first stage holds the input
 embedding and the last the output matrix, which Megatron-Core allocates there
 even when tied (a copy, kept equal by an all-reduce).
@@ -94,6 +95,15 @@ from fractions import Fraction
 import attrs
 
 from mdc.errors import Finding, Severity
+from mdc.plan.architecture import (
+    Latent,
+    LayerPattern,
+    Mamba,
+    Parts,
+    latent_of,
+    mamba_of,
+    pattern_of,
+)
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
 from mdc.spec import ModelTable
@@ -137,6 +147,25 @@ class Shape:
     dtype: str
     #: fused attention: no s x s scores kept
     flash: bool
+    #: which layers are attention, MLP, MoE or Mamba
+    pattern: LayerPattern = attrs.field(
+        default=attrs.Factory(lambda self: LayerPattern(layers=self.layers), takes_self=True)
+    )
+    #: a norm on each head's queries and keys (or on MLA's compressed q and kv)
+    qk_norm: bool = False
+    #: a QKV bias without the other linear biases (--add-qkv-bias)
+    qkv_bias: bool = False
+    #: one learned softmax offset per head (--softmax-type learnable)
+    sinks: bool = False
+    latent: Latent | None = None
+    #: the shared expert's width (0: none)
+    shared_ffn: int = 0
+    mtp_layers: int = 0
+    mamba: Mamba | None = None
+
+    def norm_of(self, width: int) -> int:
+        """Parameters of a norm over ``width`` (weight, and bias for LayerNorm)."""
+        return self.norm // self.hidden * width
 
 
 def missing_keys(model: ModelTable) -> list[str]:
@@ -154,7 +183,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         hidden=h,
         heads=a,
         groups=model.num_query_groups or a,
-        kv_channels=h // a,
+        kv_channels=model.kv_channels or h // a,
         ffn=ffn,
         vocab=model.vocab_size or 0,
         seq=model.seq_length or 0,
@@ -168,6 +197,14 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         norm=h if model.normalization == "rmsnorm" else 2 * h,
         dtype=model.dtype or DEFAULT_DTYPE,
         flash=model.flash_attention is not False,
+        pattern=pattern_of(model),
+        qk_norm=bool(model.qk_layernorm),
+        qkv_bias=bool(model.add_qkv_bias),
+        sinks=model.softmax_type == "learnable",
+        latent=latent_of(model),
+        shared_ffn=(model.moe_shared_expert_intermediate_size or 0) if model.num_experts else 0,
+        mtp_layers=model.mtp_num_layers or 0,
+        mamba=mamba_of(model),
     )
 
 
@@ -180,42 +217,123 @@ def _ceil(value: Fraction | int) -> int:
 
 @attrs.frozen(kw_only=True)
 class _LayerParams:
-    """One layer's parameters on one GPU: dense (tp-sharded or replicated) and expert."""
+    """Parameters on one GPU: dense (tp-sharded or replicated) and expert."""
 
     dense: int
     expert: int
 
+    def __add__(self, other: _LayerParams) -> _LayerParams:
+        return _LayerParams(dense=self.dense + other.dense, expert=self.expert + other.expert)
 
-def _layer(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
-    h, d, b = shape.hidden, shape.kv_channels, int(shape.bias)
-    q = _ceil(Fraction(shape.heads * d, tp))
+    def __mul__(self, count: int) -> _LayerParams:
+        return _LayerParams(dense=self.dense * count, expert=self.expert * count)
+
+
+def _split(width: int, tp: int) -> int:
+    return _ceil(Fraction(width, tp))
+
+
+def _attention(shape: Shape, tp: int) -> int:
+    """The input norm and the attention block of one layer on one tp rank."""
+    h, b = shape.hidden, int(shape.bias)
+    latent = shape.latent
+    sinks = _split(shape.heads, tp) if shape.sinks else 0
+    if latent is not None:
+        # as Transformer Engine's spec builds it: the down projections (and their norms)
+        # are replicated over tp, the up projections split by heads
+        q_head = latent.qk_head + latent.rope_head
+        q_up = _split(shape.heads * q_head, tp)
+        query = h * latent.q_lora + latent.q_lora * q_up if latent.q_lora else h * q_up
+        kv = h * (latent.kv_lora + latent.rope_head) + latent.kv_lora * _split(
+            shape.heads * (latent.qk_head + latent.v_head), tp
+        )
+        norms = shape.norm_of(latent.q_lora) + shape.norm_of(latent.kv_lora)
+        projection = _split(shape.heads * latent.v_head, tp) * h + b * h
+        return shape.norm + query + kv + projection + sinks + (norms if shape.qk_norm else 0)
+    d = shape.kv_channels
+    q = _split(shape.heads * d, tp)
     # Megatron-Core splits the fused QKV matrix over tp as a whole, even with fewer
     # query groups than tp (each rank then gathers the one group it needs)
-    qkv = _ceil(Fraction((shape.heads + 2 * shape.groups) * d, tp))
-    attention = h * qkv + b * qkv + q * h + b * h
-    norms = 2 * shape.norm
-    width = 2 if shape.gated else 1
-    if not shape.experts:
-        f = _ceil(Fraction(shape.ffn, tp))
-        mlp = h * width * f + b * width * f + f * h + b * h
-        return _LayerParams(dense=attention + norms + mlp, expert=0)
-    f = _ceil(Fraction(shape.moe_ffn, etp))
-    one_expert = h * width * f + b * width * f + f * h + b * h
-    local = _ceil(Fraction(shape.experts, ep))
-    return _LayerParams(dense=attention + norms + shape.experts * h, expert=local * one_expert)
+    qkv = _split((shape.heads + 2 * shape.groups) * d, tp)
+    qkv_bias = qkv if shape.bias or shape.qkv_bias else 0
+    qk_norms = 2 * shape.norm_of(d) if shape.qk_norm else 0
+    return shape.norm + h * qkv + qkv_bias + q * h + b * h + qk_norms + sinks
+
+
+def _mlp(shape: Shape, width: int, split: int, bias: bool) -> int:
+    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up)."""
+    h, b, f = shape.hidden, int(bias), _split(width, split)
+    gates = 2 if shape.gated else 1
+    return h * gates * f + b * gates * f + f * h + b * h
+
+
+def _moe(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
+    """The pre-MLP norm, router, shared expert and this rank's routed experts."""
+    router = shape.experts * shape.hidden + (shape.experts if shape.bias else 0)
+    shared = _mlp(shape, shape.shared_ffn, tp, False) if shape.shared_ffn else 0
+    local = _split(shape.experts, ep)
+    return _LayerParams(
+        dense=shape.norm + router + shared,
+        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias),
+    )
+
+
+def _mamba(shape: Shape, tp: int) -> int:
+    """A Mamba-2 layer as Megatron-Core's MambaMixer builds it (heads split over tp)."""
+    m, h = shape.mamba, shape.hidden
+    if m is None:
+        return 0
+    inner, heads, bc = _split(m.inner, tp), _split(m.heads, tp), _split(2 * m.groups * m.state, tp)
+    in_proj = h * (2 * inner + bc + heads)  # z, x, B, C and dt
+    conv = (inner + bc) * (m.conv + 1)  # a depthwise kernel and a bias per channel
+    # dt_bias, A_log and D per head, the gated norm over the inner width, out_proj
+    return shape.norm + in_proj + conv + 3 * heads + inner + inner * h
+
+
+def _parts(shape: Shape, parts: Parts, tp: int, ep: int, etp: int) -> _LayerParams:
+    dense = (
+        parts.attention * _attention(shape, tp)
+        + parts.mlp * (shape.norm + _mlp(shape, shape.ffn, tp, shape.bias))
+        + parts.mamba * _mamba(shape, tp)
+    )
+    return _LayerParams(dense=dense, expert=0) + _moe(shape, tp, ep, etp) * parts.moe
+
+
+def _layers(shape: Shape, start: int, stop: int, tp: int, ep: int, etp: int) -> _LayerParams:
+    """Parameters of layers ``start`` to ``stop - 1`` on one GPU."""
+    return _parts(shape, shape.pattern.parts(start, stop), tp, ep, etp)
+
+
+def _mtp(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
+    """One multi-token prediction layer: a copy of the last layer's kind, two input norms,
+    the 2h -> h projection (split over tp) and its own final norm."""
+    moe = shape.pattern.last_is_moe()
+    layer = _parts(shape, Parts(attention=1, mlp=int(not moe), moe=int(moe)), tp, ep, etp)
+    h = shape.hidden
+    return layer + _LayerParams(dense=3 * shape.norm + 2 * h * _split(h, tp), expert=0)
 
 
 def _embedding(shape: Shape, tp: int) -> int:
-    return _ceil(Fraction(shape.vocab, tp)) * shape.hidden + (
+    return _split(shape.vocab, tp) * shape.hidden + (
         shape.seq * shape.hidden if shape.learned_positions else 0
     )
 
 
 def parameter_count(shape: Shape) -> int:
     """Parameters of the whole model (tied embeddings counted once; no final norm)."""
-    layer = _layer(shape, 1, 1, 1)
+    layers = _layers(shape, 0, shape.layers, 1, 1, 1) + _mtp(shape, 1, 1, 1) * shape.mtp_layers
     output = 0 if shape.tied else shape.vocab * shape.hidden
-    return shape.layers * (layer.dense + layer.expert) + _embedding(shape, 1) + output
+    return layers.dense + layers.expert + _embedding(shape, 1) + output
+
+
+def active_parameter_count(shape: Shape) -> int:
+    """Parameters one token passes through: each MoE layer's top-k experts, not all
+    (the multi-token prediction layers, a training objective, are left out)."""
+    layers = _layers(shape, 0, shape.layers, 1, 1, 1)
+    routed = min(shape.topk, shape.experts)
+    expert = layers.expert * routed // shape.experts if shape.experts else 0
+    output = 0 if shape.tied else shape.vocab * shape.hidden
+    return layers.dense + expert + _embedding(shape, 1) + output
 
 
 # ----------------------------------------------------------------------------- memory
@@ -256,35 +374,98 @@ class MemoryEstimate:
     capacity: int | None = None
 
 
-def _activations_per_layer(
+@attrs.frozen(kw_only=True)
+class _PartActivations:
+    """One part's activations for one micro batch, in bytes: the replicated share
+    (which sequence parallelism splits over tp), the tp-split share and the s x s scores
+    of eager attention."""
+
+    replicated: Fraction = Fraction(0)
+    split: Fraction = Fraction(0)
+    scores: Fraction = Fraction(0)
+
+    def full(self, sp: int) -> Fraction:
+        return self.replicated / sp + self.split + self.scores
+
+
+def _part_activations(shape: Shape, sizes: Sizes, micro: int) -> dict[str, _PartActivations]:
+    """Each part's activations (Korthikanti et al.'s terms, split by part)."""
+    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    h = shape.hidden
+    # every part keeps its norm's input, its first matrix's input and a dropout mask
+    inputs = (2 * act + 1) * tokens * h
+    intermediates = 3 if shape.gated else 2
+    latent = shape.latent
+    if latent is not None:
+        # Q and K of qk + rope width, V and the projection input of v width, per head; the
+        # replicated compressed q and kv (each a norm input and an up-projection input)
+        q = Fraction(shape.heads * (latent.qk_head + latent.rope_head), t)
+        v = Fraction(shape.heads * latent.v_head, t)
+        split = act * tokens * (2 * q + 2 * v)
+        inputs += act * tokens * (2 * latent.q_lora + 2 * latent.kv_lora + latent.rope_head)
+    else:
+        d = shape.kv_channels
+        q = Fraction(shape.heads * d, t)
+        kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
+        split = act * tokens * (2 * q + 2 * kv)
+    scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
+    parts = {
+        "attention": _PartActivations(replicated=inputs, split=split, scores=Fraction(scores)),
+        "mlp": _PartActivations(
+            replicated=(2 * act + 1) * tokens * h,
+            split=act * tokens * intermediates * Fraction(shape.ffn, t),
+        ),
+        "moe": _PartActivations(
+            replicated=(2 * act + 1) * tokens * h,
+            split=act
+            * tokens
+            * shape.topk
+            * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
+            + act * tokens * intermediates * Fraction(shape.shared_ffn, t),
+        ),
+    }
+    m = shape.mamba
+    if m is not None:
+        # what the fused Mamba-2 kernel saves for backward: its input projection (z, x, B,
+        # C, dt), the scan's output, and the gated norm's output that out_proj keeps
+        width = 4 * m.inner + 2 * m.groups * m.state + m.heads
+        parts["mamba"] = _PartActivations(
+            replicated=(2 * act + 1) * tokens * h, split=act * tokens * Fraction(width, t)
+        )
+    return parts
+
+
+def _activations(
     shape: Shape,
+    parts: Parts,
+    layers: int,
     sizes: Sizes,
     micro: int,
     training: TrainingSetup,
 ) -> tuple[Fraction, Fraction]:
-    """(bytes kept per layer and micro batch, bytes of one layer's full activations)."""
-    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
-    tokens = Fraction(shape.seq, sizes.cp) * micro
-    h, d = shape.hidden, shape.kv_channels
-    q = Fraction(shape.heads * d, t)
-    kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
-    sp = training.sequence_parallel and t > 1
-    replicated = (4 * act + 2) * tokens * h
-    split = act * tokens * (2 * q + 2 * kv)
-    intermediates = 3 if shape.gated else 2
-    if shape.experts:
-        split += (
-            act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
-        )
+    """(bytes these layers keep per micro batch, bytes of the heaviest layer's full
+    activations, which full recompute holds while it recomputes one layer)."""
+    t = sizes.tp
+    sp = t if training.sequence_parallel and t > 1 else 1
+    each = _part_activations(shape, sizes, micro)
+    counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
+    counts["mamba"] = parts.mamba
+    full = sum((counts[kind] * each[kind].full(sp) for kind in counts if counts[kind]), Fraction(0))
+    scores = sum((counts[kind] * each[kind].scores for kind in counts if counts[kind]), Fraction(0))
+    present = [kind for kind in counts if counts[kind]]
+    if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
+        mlps = [each[k].full(sp) for k in ("mlp", "moe") if counts[k]]
+        heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
     else:
-        split += act * tokens * intermediates * Fraction(shape.ffn, t)
-    scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
-    full = (replicated / t if sp else replicated) + split + scores
+        heaviest = max((each[k].full(sp) for k in present), default=Fraction(0))
     if training.recompute == "full":
-        return act * tokens * h / (t if sp else 1), full
+        act = 4 if shape.dtype == "fp32" else 2
+        tokens = Fraction(shape.seq, sizes.cp) * micro
+        return layers * act * tokens * shape.hidden / sp, heaviest
     if training.recompute == "selective":
-        return full - scores, full
-    return full, full
+        return full - scores, heaviest
+    return full, heaviest
 
 
 def stage_estimates(
@@ -295,22 +476,37 @@ def stage_estimates(
     capacity: int | None = None,
 ) -> list[MemoryEstimate]:
     """Per-GPU memory of the first and the last pipeline stage (one entry when pp = 1)."""
-    tp, pp = sizes.tp, sizes.pp
+    tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
     per_stage = _ceil(Fraction(shape.layers, pp))
-    layer = _layer(shape, tp, sizes.ep, sizes.etp)
     embedding = _embedding(shape, tp)
-    output = _ceil(Fraction(shape.vocab, tp)) * shape.hidden
-    kept, one_layer = _activations_per_layer(shape, sizes, micro, training)
-    extra = one_layer if training.recompute == "full" else 0
+    output = _split(shape.vocab, tp) * shape.hidden
     logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
+    # multi-token prediction layers sit on the last stage, each with its own logits;
+    # with pp > 1 that stage also holds a copy of the input embedding for them
+    mtp = _mtp(shape, tp, ep, etp) * shape.mtp_layers
+    mtp_embedding = embedding if shape.mtp_layers and pp > 1 else 0
+    mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
+    mtp_parts = Parts(attention=1, **{mtp_kind: 1})
+    mtp_kept, _ = _activations(shape, mtp_parts, 1, sizes, micro, training)
+    heads = logits * (1 + shape.mtp_layers)
+    last_extra = (mtp, mtp_kept * shape.mtp_layers)
+    # (name, first layer, ends' parameters, micro batches in flight, logits, MTP)
     if pp == 1:
-        stages = [("only", embedding + (0 if shape.tied else output), 1, logits)]
+        stages = [("only", 0, embedding + (0 if shape.tied else output), 1, heads, last_extra)]
     else:
+        none = (_LayerParams(dense=0, expert=0), Fraction(0))
         stages = [
-            ("first", embedding, min(pp, microbatches), Fraction(0)),
-            ("last", output, 1, logits),
+            ("first", 0, embedding, min(pp, microbatches), Fraction(0), none),
+            (
+                "last",
+                shape.layers - per_stage,
+                output + mtp_embedding,
+                1,
+                heads,
+                last_extra,
+            ),
         ]
     w = WEIGHT_BYTES.get(shape.dtype, 2)
     g = training.grad_bytes or w
@@ -319,9 +515,10 @@ def stage_estimates(
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
-    for name, ends, in_flight, head in stages:
-        dense = per_stage * layer.dense + ends
-        expert = per_stage * layer.expert
+    for name, first, ends, in_flight, head, (extra_params, extra_kept) in stages:
+        stop = first + per_stage
+        params = _layers(shape, first, stop, tp, ep, etp) + extra_params
+        dense, expert = params.dense + ends, params.expert
 
         def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
             on = zero >= stage
@@ -336,7 +533,10 @@ def stage_estimates(
         factor = Fraction(1)
         if name == "first" and sizes.vpp:
             factor += Fraction(pp - 1, pp * sizes.vpp)
-        activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
+        parts = shape.pattern.parts(first, stop)
+        kept, heaviest = _activations(shape, parts, stop - first, sizes, micro, training)
+        recomputing = heaviest if training.recompute == "full" else 0
+        activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
         weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
         found.append(
             MemoryEstimate(

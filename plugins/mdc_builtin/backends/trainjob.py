@@ -199,7 +199,7 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
 
 def schema() -> dict[str, Any]:
     own = read_schema("mdc_schemas", "plugins/trainjob.v1.schema.json")
-    shared = {k: v for k, v in k8s.pod_options_schema().items()}
+    shared = dict(k8s.pod_options_schema().items())
     own["properties"] = {**shared, **own["properties"]}
     return own
 

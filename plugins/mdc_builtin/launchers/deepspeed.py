@@ -214,7 +214,7 @@ def derived_config(plan: Plan, opts: DeepSpeedOptions) -> dict[str, Any]:
 
 def ds_config(plan: Plan, opts: DeepSpeedOptions) -> dict[str, Any]:
     """The user's ``config`` with mdc's keys merged in (a clash is a finding, never emitted)."""
-    merged: dict[str, Any] = {key: value for key, value in opts.config.items()}
+    merged: dict[str, Any] = dict(opts.config.items())
     for key, value in derived_config(plan, opts).items():
         given = merged.get(key)
         if isinstance(value, dict) and isinstance(given, Mapping):

@@ -113,7 +113,7 @@ def megatron_order(plan: Plan) -> str | None:
     for candidate in (DEFAULT_ORDER, TP_PP_DP_ORDER):
         same = True
         for grid in (plan.layout.dense, plan.layout.expert):
-            sizes = dict(zip(grid.axes, grid.sizes))
+            sizes = dict(zip(grid.axes, grid.sizes, strict=True))
             if _significant(grid.axes, sizes) != _significant(candidate.split("-"), sizes):
                 same = False
         if same:

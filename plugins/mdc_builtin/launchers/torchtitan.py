@@ -387,7 +387,7 @@ def emit(plan: Plan, options: TorchtitanOptions | None) -> Launch:
 def _layout(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
     s = plan.sizes
     for grid in (plan.layout.dense, plan.layout.expert):
-        sizes = dict(zip(grid.axes, grid.sizes))
+        sizes = dict(zip(grid.axes, grid.sizes, strict=True))
         mine = [a for a in grid.axes if sizes[a] > 1]
         theirs = [a for a in TORCHTITAN_ORDER.split("-") if sizes[a] > 1]
         if mine != theirs:

@@ -27,7 +27,7 @@ import pytest
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
