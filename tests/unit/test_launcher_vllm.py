@@ -235,7 +235,7 @@ def test_vllm_expert_parallel_is_tp_times_dp(tmp_path: Path) -> None:
     data = spec(nnodes=2, nproc=8, parallelism={"tp": 2, "pp": 1, "ep": 4})
     data["model"] = {"num_experts": 64}
     found = [d for d in diagnostics(tmp_path, data) if d.is_error]
-    assert [d.code for d in found] == ["MDC376"]
+    assert [d.code for d in found] == ["MDC368"]
     assert "2 x 8 = 16" in found[0].message and "set ep = 16" in (found[0].hint or "")
 
 
@@ -243,7 +243,7 @@ def test_api_server_count_must_not_reach_headless_nodes(tmp_path: Path) -> None:
     data = spec({"args": ["--api-server-count", "4"]}, nnodes=2, nproc=4, parallelism={"tp": 1})
     data["parallelism"]["pp"] = 1
     found = [d for d in diagnostics(tmp_path, data) if d.is_error]
-    assert [(d.code, d.location.pointer) for d in found] == [("MDC377", "/vllm/args")]
+    assert [(d.code, d.location.pointer) for d in found] == [("MDC369", "/vllm/args")]
     assert "head_args" in (found[0].hint or "")
 
 

@@ -323,7 +323,7 @@ def _written(words: Sequence[str], owned: Mapping[str, tuple[str, ...]]) -> list
 
 
 def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
-    """tp x pp x dp = world, as each mode places the servers (MDC362, MDC376, MDC377)."""
+    """tp x pp x dp = world, as each mode places the servers (MDC362, MDC368, MDC369)."""
     tp, pp, gpus, dp = plan.sizes.tp, plan.sizes.pp, plan.nproc_per_node, plan.sizes.dp
     how = mode(plan, opts)
     engine = tp * pp
@@ -352,7 +352,7 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
         want = tp * server_dp(plan, opts)
         if ep != want:
             yield Finding(
-                code="MDC376",
+                code="MDC368",
                 pointer="/parallelism/ep",
                 message=f"vLLM's expert-parallel group is tp x dp of one server = {tp} x "
                 f"{server_dp(plan, opts)} = {want}, not ep = {ep}",
@@ -360,7 +360,7 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
             )
         if plan.sizes.etp != 1:
             yield Finding(
-                code="MDC376",
+                code="MDC368",
                 pointer="/parallelism/etp",
                 message=f"with expert parallelism vLLM splits no expert over tensor-parallel "
                 f"ranks; etp = {plan.sizes.etp}",
@@ -369,7 +369,7 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
     head_only = _written(opts.args, dict.fromkeys(HEAD_ONLY, ()))
     if how == "dp" and head_only:
         yield Finding(
-            code="MDC377",
+            code="MDC369",
             pointer="/vllm/args",
             message=f"[vllm] args reach every node, and vLLM refuses {head_only[0]} on the "
             "--headless nodes",
