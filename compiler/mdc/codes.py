@@ -39,7 +39,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (440, 449, "kubernetes"),
     (450, 459, "leaderworkerset"),
     (460, 469, "Kubernetes backends (shared)"),
-    (470, 479, "pytorchjob"),
+    (470, 471, "pytorchjob"),
+    (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
 )
@@ -373,9 +374,22 @@ CODES: dict[str, Code] = {
     "MDC465": Code("a volume name used twice", "rename one (mdc uses mdc and dshm)"),
     "MDC466": Code("gpus_per_node on a cpu job", "remove it, or set the accelerator"),
     "MDC467": Code("the launch files exceed a ConfigMap's 1 MiB", "make the launch files smaller"),
+    "MDC468": Code(
+        "a Service would be named <job>, which does not start with a letter (DNS-1035)",
+        "start the job name with a letter",
+    ),
+    "MDC469": Code(
+        "the job's Service or Job name is one another job's backend derives (<job>-leader, ...)",
+        "rename the job so it does not end in the derived suffix",
+    ),
     # pytorchjob
     "MDC470": Code("pod names the operator derives would be too long", "shorten the job name"),
     "MDC471": Code("a launcher with several roles on a PyTorchJob", "use the kubernetes backend"),
+    "MDC472": Code(
+        "a fractional GPU quantity (extended resources are whole numbers)",
+        "write a whole number of GPUs",
+    ),
+    "MDC473": Code("[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),

@@ -166,6 +166,8 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
             hint="start the job name with a letter and keep it to at most "
             f"{63 - (len(longest) - len(plan.job.name))} characters",
         )
+    # the JobSet makes the headless Service <job>
+    yield from k8s.name_clash_findings(plan.job.name, ("Service",), "trainjob")
     if plan.elastic:
         yield Finding(
             code="MDC481",

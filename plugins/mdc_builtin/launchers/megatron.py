@@ -22,6 +22,7 @@ from mdc.api import (
     Finding,
     Launch,
     LauncherSpec,
+    ModelTable,
     Plan,
     Role,
     Severity,
@@ -122,7 +123,58 @@ def megatron_order(plan: Plan) -> str | None:
 
 
 #: [model] values -> Megatron-LM's choices for --position-embedding-type and --normalization
-POSITION_EMBEDDINGS: Mapping[str, str] = {"learned": "learned_absolute", "rope": "rope"}
+POSITION_EMBEDDINGS: Mapping[str, str] = {
+    "learned": "learned_absolute",
+    "rope": "rope",
+    "none": "none",
+}
+#: [model] keys emitted as Megatron-LM's flag of the same name, with a value
+ARCHITECTURE_VALUES = (
+    "kv_channels",
+    "softmax_type",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "moe_shared_expert_intermediate_size",
+    "mtp_num_layers",
+    "mamba_state_dim",
+    "mamba_head_dim",
+    "mamba_num_groups",
+    "mamba_num_heads",
+)
+#: and the switches
+ARCHITECTURE_SWITCHES = ("qk_layernorm", "add_qkv_bias", "multi_latent_attention")
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _frequency(value: int | tuple[int, ...]) -> str:
+    """Megatron-LM's moe_freq_type: an integer, or a Python list expression."""
+    return str(value) if isinstance(value, int) else "[" + ",".join(map(str, value)) + "]"
+
+
+def _architecture_args(model: ModelTable) -> Iterator[str]:
+    for key in ARCHITECTURE_SWITCHES:
+        if getattr(model, key):
+            yield _flag(key)
+    for key in ARCHITECTURE_VALUES:
+        value = getattr(model, key)
+        if value is not None:
+            yield from (_flag(key), str(value))
+    if model.window_size is not None:
+        yield from ("--window-size", ",".join(map(str, model.window_size)))
+    for key in ("window_attn_skip_freq", "moe_layer_freq"):
+        value = getattr(model, key)
+        if value is not None:
+            yield from (_flag(key), _frequency(value))
+    if model.hybrid_override_pattern is not None:
+        yield from ("--is-hybrid-model", "--hybrid-override-pattern", model.hybrid_override_pattern)
+
+
 NORMALIZATIONS: Mapping[str, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
@@ -168,6 +220,7 @@ def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         yield "--disable-bias-linear"
     if model.normalization is not None:
         yield from ("--normalization", NORMALIZATIONS[model.normalization])
+    yield from _architecture_args(model)
     if model.dtype == "bf16":
         yield "--bf16"
     elif model.dtype == "fp16":
@@ -297,6 +350,13 @@ SOURCES: Mapping[str, str] = {
     "--position-embedding-type": "[model] position_embedding",
     "--disable-bias-linear": "[model] bias",
     "--normalization": "[model] normalization",
+    **{_flag(key): f"[model] {key}" for key in (*ARCHITECTURE_VALUES, *ARCHITECTURE_SWITCHES)},
+    **{
+        _flag(key): f"[model] {key}"
+        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq")
+    },
+    "--is-hybrid-model": "[model] hybrid_override_pattern",
+    "--hybrid-override-pattern": "[model] hybrid_override_pattern",
     "--bf16": "[model] dtype",
     "--fp16": "[model] dtype",
     "--fp8-format": "[model] dtype and [megatron] fp8_format",
