@@ -26,7 +26,7 @@ from ``launch/vllm-node.sh``, ``--data-parallel-address`` (node 0's IPv4 address
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import attrs
@@ -38,12 +38,15 @@ from mdc.api import (
     NODE_RANK,
     Artifact,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
     Role,
     Severity,
     Word,
+    flag_names,
     out_file,
     read_schema,
     shell_word,
@@ -313,13 +316,24 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     )
 
 
-def _written(words: Sequence[str], owned: Mapping[str, tuple[str, ...]]) -> list[str]:
-    found = []
-    for flag, aliases in owned.items():
-        names = (flag, *aliases)
-        if any(w in names or any(w.startswith(n + "=") for n in names) for w in words):
-            found.append(flag)
-    return found
+#: the same flags as a table of mdc's shared flag reader (switches take no value)
+OWNED_FLAGS = FlagTable(
+    KnownFlag(
+        name=flag,
+        source=source,
+        nargs=0 if flag in ("--headless", EP_FLAG) else 1,
+        aliases=aliases,
+    )
+    for flag, (aliases, source) in OWNED.items()
+)
+HEAD_ONLY_FLAGS = FlagTable(
+    [KnownFlag(name=HEAD_ONLY[0], source="[vllm] head_args", nargs=1, aliases=HEAD_ONLY[1:])]
+)
+
+
+def _written(words: Sequence[str], table: FlagTable = OWNED_FLAGS) -> list[str]:
+    found = flag_names(table.find(words))
+    return [flag.name for flag in table.flags if flag.name in found]
 
 
 def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
@@ -366,7 +380,7 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
                 f"ranks; etp = {plan.sizes.etp}",
                 hint="remove etp (it is 1 for vLLM's expert parallelism)",
             )
-    head_only = _written(opts.args, dict.fromkeys(HEAD_ONLY, ()))
+    head_only = _written(opts.args, HEAD_ONLY_FLAGS)
     if how == "dp" and head_only:
         yield Finding(
             code="MDC369",
@@ -378,13 +392,12 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
 
 
 def _clash_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
-    owned = {flag: aliases for flag, (aliases, _) in OWNED.items()}
     for pointer, words, where in (
         ("/job/command", plan.job.argv, "the command already has"),
         ("/vllm/args", opts.args, "[vllm] args has"),
         ("/vllm/head_args", opts.head_args, "[vllm] head_args has"),
     ):
-        written = _written(words, owned)
+        written = _written(words)
         if written:
             keys = sorted({OWNED[flag][1] for flag in written})
             yield Finding(
