@@ -163,6 +163,33 @@ CODES: dict[str, Code] = {
         "warning: the estimate is above 90% of accelerator_memory_gib",
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
     ),
+    "MDC270": Code(
+        "hybrid_override_pattern does not have one symbol per layer (num_layers)",
+        "write one M, *, - or E per layer, or fix num_layers",
+    ),
+    "MDC271": Code(
+        "a moe_layer_freq list does not have one entry per layer (num_layers)",
+        "give one 0 (dense) or 1 (MoE) per layer, or an integer frequency",
+    ),
+    "MDC272": Code(
+        "multi_latent_attention with grouped-query attention (num_query_groups)",
+        "remove num_query_groups",
+    ),
+    "MDC273": Code(
+        "shared experts with linear biases (Megatron-Core builds shared experts without)",
+        "set bias = false",
+    ),
+    "MDC274": Code(
+        "hybrid_override_pattern has MoE layers (E) but no num_experts", "set num_experts"
+    ),
+    "MDC275": Code(
+        "multi-token prediction with learned position embeddings",
+        'set position_embedding = "rope" (or "none")',
+    ),
+    "MDC276": Code("mamba_num_heads is not a multiple of mamba_num_groups", "change either"),
+    "MDC277": Code(
+        "mamba_num_heads or mamba_num_groups is not a multiple of tp", "pick tp dividing both"
+    ),
     # torchrun
     "MDC301": Code(
         "static rendezvous cannot run an elastic job",
