@@ -19,6 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -197,6 +198,9 @@ class BackendSpec:
     #: (nnodes, options) -> each node's host name, when known before the job runs
     #: (for hostfiles); None, or no function: known only at run time
     hosts: Callable[[int, Any], Sequence[str] | None] | None = None
+    #: the shell command that starts the compiled job, ``{out}`` standing for the output
+    #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
+    run_command: str | None = None
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
@@ -226,7 +230,10 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Finding",
+    "FlagTable",
+    "FlagUse",
     "JobTable",
+    "KnownFlag",
     "Launch",
     "LauncherSpec",
     "MemoryEstimate",
@@ -242,6 +249,9 @@ __all__ = [
     "TorchrunOptions",
     "TrainingSetup",
     "Word",
+    "already_set",
+    "drop_flags",
+    "flag_names",
     "out_file",
     "program",
     "read_schema",

@@ -29,7 +29,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (320, 329, "megatron"),
     (330, 339, "torchtitan"),
     (340, 349, "primus"),
-    (350, 359, "basic"),
+    (350, 353, "basic"),
+    (354, 359, "megatron: memory options"),
     (360, 369, "vllm"),
     (370, 379, "sglang"),
     (380, 389, "sglang_disagg"),
@@ -39,7 +40,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (440, 449, "kubernetes"),
     (450, 459, "leaderworkerset"),
     (460, 469, "Kubernetes backends (shared)"),
-    (470, 479, "pytorchjob"),
+    (470, 471, "pytorchjob"),
+    (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
 )
@@ -59,6 +61,11 @@ CODES: dict[str, Code] = {
         "a YAML document expands (through aliases) to too many values",
         "write the values out, or use fewer aliases",
     ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
     # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
@@ -72,6 +79,12 @@ CODES: dict[str, Code] = {
     "MDC106": Code(
         "a string of the wrong form (a name, a pattern) or holding a NUL character",
         "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
     ),
     # plan
     "MDC201": Code(
@@ -164,31 +177,36 @@ CODES: dict[str, Code] = {
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
     ),
     "MDC270": Code(
-        "hybrid_override_pattern does not have one symbol per layer (num_layers)",
-        "write one M, *, - or E per layer, or fix num_layers",
+        "hybrid_override_pattern does not have one symbol per layer",
+        "write one symbol per layer, or set num_layers to the pattern's length",
     ),
     "MDC271": Code(
-        "a moe_layer_freq list does not have one entry per layer (num_layers)",
-        "give one 0 (dense) or 1 (MoE) per layer, or an integer frequency",
+        "moe_layer_freq does not list one entry per layer",
+        "give one 0 (dense) or 1 (MoE) per layer",
     ),
     "MDC272": Code(
         "multi_latent_attention with grouped-query attention (num_query_groups)",
-        "remove num_query_groups",
+        "remove num_query_groups: multi-latent attention compresses keys and values itself",
     ),
     "MDC273": Code(
-        "shared experts with linear biases (Megatron-Core builds shared experts without)",
+        "shared experts with bias = true (Megatron-Core builds them without biases)",
         "set bias = false",
     ),
     "MDC274": Code(
-        "hybrid_override_pattern has MoE layers (E) but no num_experts", "set num_experts"
+        "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+        "set num_experts",
     ),
     "MDC275": Code(
-        "multi-token prediction with learned position embeddings",
+        "multi-token prediction (mtp_num_layers) with learned position embeddings",
         'set position_embedding = "rope" (or "none")',
     ),
-    "MDC276": Code("mamba_num_heads is not a multiple of mamba_num_groups", "change either"),
+    "MDC276": Code(
+        "mamba_num_heads is not a multiple of mamba_num_groups",
+        "pick mamba_num_groups dividing mamba_num_heads",
+    ),
     "MDC277": Code(
-        "mamba_num_heads or mamba_num_groups is not a multiple of tp", "pick tp dividing both"
+        "a Mamba size (heads, groups) is not a multiple of tp",
+        "pick tp dividing it",
     ),
     # torchrun
     "MDC301": Code(
@@ -309,6 +327,33 @@ CODES: dict[str, Code] = {
         "warning: the command already passes --world_size/--rank/--init_method",
         "remove them from the command",
     ),
+    # megatron (memory options)
+    "MDC354": Code(
+        "Megatron-FSDP options that Megatron-LM refuses or ignores (a sharding strategy without"
+        " it, another --ckpt-format, torch FSDP2 beside it)",
+        "follow the hint: enable use_megatron_fsdp, or remove the option",
+    ),
+    "MDC355": Code(
+        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        'set [model] dtype = "fp8" (or the optimizer), or remove the option',
+    ),
+    "MDC356": Code(
+        "precision-aware or offloaded optimizer options without what they need",
+        "enable use_precision_aware_optimizer / the distributed optimizer, or remove the option",
+    ),
+    "MDC357": Code(
+        "activation offloading or recompute_modules that Megatron-LM refuses (layers, pp,"
+        " granularity, or a module the model lacks)",
+        "follow the hint: change the recompute settings, or remove the option",
+    ),
+    "MDC358": Code(
+        "MoE dispatcher options that need another option or have no effect on a dense model",
+        "set the option the hint names, or remove it",
+    ),
+    "MDC359": Code(
+        "extra_args passes a flag Megatron-LM refuses in that form",
+        "set the spec key the hint names instead",
+    ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
     "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
@@ -391,9 +436,24 @@ CODES: dict[str, Code] = {
     "MDC465": Code("a volume name used twice", "rename one (mdc uses mdc and dshm)"),
     "MDC466": Code("gpus_per_node on a cpu job", "remove it, or set the accelerator"),
     "MDC467": Code("the launch files exceed a ConfigMap's 1 MiB", "make the launch files smaller"),
+    "MDC468": Code(
+        "a Service would be named <job>, which does not start with a letter (DNS-1035)",
+        "start the job name with a letter",
+    ),
+    "MDC469": Code(
+        "the job's Service or Job name is one another job's backend derives (<job>-leader, ...)",
+        "rename the job so it does not end in the derived suffix",
+    ),
     # pytorchjob
     "MDC470": Code("pod names the operator derives would be too long", "shorten the job name"),
     "MDC471": Code("a launcher with several roles on a PyTorchJob", "use the kubernetes backend"),
+    "MDC472": Code(
+        "a fractional GPU quantity (extended resources are whole numbers)",
+        "write a whole number of GPUs",
+    ),
+    "MDC473": Code(
+        "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),

@@ -155,7 +155,12 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
         raise ModelNotListed(run["model"])
     dtype, fp8_format = PRECISION[run["precision"]]
     nproc = run["nproc_per_node"]
-    model = {**models[run["model"]]["model"], "seq_length": run["seq_length"], "dtype": dtype}
+    model = {
+        **models[run["model"]]["model"],
+        **run.get("model_table", {}),
+        "seq_length": run["seq_length"],
+        "dtype": dtype,
+    }
     batch = {k: run[k] for k in ("global_batch_size", "micro_batch_size") if k in run}
     parallelism = {k: run[k] for k in ("tp", "pp", "cp", "ep", "etp", "vpp") if k in run}
     launcher = run["launcher"]

@@ -139,6 +139,11 @@ def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> 
 def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "leaderworkerset")
+    # LWS makes the headless Service <job> for its pods; mdc adds <job>-leader
+    yield from k8s.service_name_findings(
+        plan.job.name, "/job/name", "the LeaderWorkerSet's headless Service"
+    )
+    yield from k8s.name_clash_findings(plan.job.name, ("Service",), "leaderworkerset")
 
 
 @mdc.hookimpl
@@ -153,5 +158,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
+            run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",
         )
     ]

@@ -25,6 +25,8 @@ import mdc
 from mdc.api import (
     Artifact,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -644,17 +646,34 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
                     message="TOML has no null: a config value cannot be null",
                     hint="remove the key to keep TorchTitan's default",
                 )
-    for index, word in enumerate(plan.job.argv):
-        # TorchTitan's overrides: --section.key VALUE or --section.key=VALUE, - or _
-        if not word.startswith("--") or "." not in word:
-            continue
-        section, _, key = word[2:].split("=", 1)[0].replace("-", "_").partition(".")
+    for use in OVERRIDES.find(plan.job.argv):
+        section, _, key = use.flag.name[2:].partition(".")
         owner = _owner(plan, section, key)
         if owner is not None:
-            pointer = (
-                f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
+            yield _clash(
+                section, key, owner, "the job's command", _command_pointer(plan, use.index)
             )
-            yield _clash(section, key, owner, "the job's command", pointer)
+
+
+def _command_pointer(plan: Plan, index: int) -> str:
+    return f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
+
+
+def _override_name(word: str) -> str:
+    """TorchTitan's overrides as one name: --section.key, with - and _ alike (tyro)."""
+    return "--" + word[2:].replace("-", "_") if word.startswith("--") else word
+
+
+#: the command-line overrides of the config keys the launcher sets or reads
+OVERRIDES = FlagTable(
+    [
+        *(
+            KnownFlag(name=f"--{section}.{key}", source=source, nargs=1)
+            for (section, key), source in [*OPTION_KEYS.items(), *DERIVED_KEYS.items()]
+        ),
+    ],
+    normalize=_override_name,
+)
 
 
 def check(plan: Plan, options: TorchtitanOptions | None) -> Iterator[Finding]:

@@ -29,12 +29,15 @@ from mdc.api import (
     NODE_RANK,
     Artifact,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
     Role,
     Severity,
     Word,
+    flag_names,
     out_file,
     read_schema,
     shell_word,
@@ -226,13 +229,16 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     )
 
 
+#: the same flags as a table of mdc's shared flag reader (each takes one value)
+OWNED_FLAGS = FlagTable(
+    KnownFlag(name=flag, source="the plan", nargs=1, aliases=aliases)
+    for flag, aliases in OWNED.items()
+)
+
+
 def _written(words: Sequence[str]) -> list[str]:
-    found = []
-    for flag, aliases in OWNED.items():
-        names = (flag, *aliases)
-        if any(w in names or any(w.startswith(n + "=") for n in names) for w in words):
-            found.append(flag)
-    return found
+    found = flag_names(OWNED_FLAGS.find(words))
+    return [flag for flag in OWNED if flag in found]
 
 
 def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
