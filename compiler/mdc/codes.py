@@ -358,14 +358,23 @@ CODES: dict[str, Code] = {
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
     "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
     "MDC362": Code(
-        "replicas mode: tp * pp is not nproc_per_node",
-        "set tp * pp = nproc_per_node",
+        "the servers' tp * pp does not fit the mode: ray needs tp * pp = the world size, dp "
+        "and replicas need tp * pp to divide nproc_per_node",
+        "change tp and pp, or the mode",
     ),
     "MDC363": Code("context parallelism with vLLM", "remove cp"),
     "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
     "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
     "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
     "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
+    "MDC368": Code(
+        "ep is not vLLM's expert-parallel size (tp * dp of one server), or etp is not 1",
+        "set ep = tp * dp, or remove ep",
+    ),
+    "MDC369": Code(
+        "[vllm] args has a flag vLLM refuses on --headless nodes (--api-server-count)",
+        "move it to [vllm] head_args",
+    ),
     # sglang
     "MDC370": Code("no [sglang] model", "set [sglang] model"),
     "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
