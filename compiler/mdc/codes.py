@@ -44,6 +44,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
+    (600, 609, "Accelerator models"),
+    (610, 629, "mdc tune"),
 )
 
 CODES: dict[str, Code] = {
@@ -482,6 +484,23 @@ CODES: dict[str, Code] = {
     "MDC531": Code("deploy contradicts the blocks", "make them agree"),
     "MDC532": Code("a block that must be an object is not", "make it an object"),
     "MDC533": Code("not a madengine additional context", "give madengine's context JSON"),
+    # accelerator models
+    "MDC600": Code(
+        "accelerator_model names no entry of the hardware catalogue",
+        "use an id the hint lists (mdc's own, or one a plugin adds with mdc_register_hardware)",
+    ),
+    "MDC601": Code(
+        "accelerator names another vendor than accelerator_model's",
+        "remove accelerator (the model sets it) or make the two agree",
+    ),
+    # mdc tune
+    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC611": Code(
+        "mdc tune needs a known accelerator_model to predict throughput",
+        "set [distributed] accelerator_model",
+    ),
+    "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
+    "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
 }
 
 
