@@ -20,6 +20,7 @@ import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
 from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
+from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -223,6 +224,7 @@ __all__ = [
     "OUT_DIR",
     "RUNNER_VARIABLE",
     "RUNTIME_VARIABLES",
+    "Accelerator",
     "Artifact",
     "BackendSpec",
     "BatchPlan",

@@ -44,6 +44,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
+    (600, 609, "Accelerator models"),
+    (610, 629, "mdc tune"),
 )
 
 CODES: dict[str, Code] = {
@@ -358,14 +360,23 @@ CODES: dict[str, Code] = {
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
     "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
     "MDC362": Code(
-        "replicas mode: tp * pp is not nproc_per_node",
-        "set tp * pp = nproc_per_node",
+        "the servers' tp * pp does not fit the mode: ray needs tp * pp = the world size, dp "
+        "and replicas need tp * pp to divide nproc_per_node",
+        "change tp and pp, or the mode",
     ),
     "MDC363": Code("context parallelism with vLLM", "remove cp"),
     "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
     "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
     "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
     "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
+    "MDC368": Code(
+        "ep is not vLLM's expert-parallel size (tp * dp of one server), or etp is not 1",
+        "set ep = tp * dp, or remove ep",
+    ),
+    "MDC369": Code(
+        "[vllm] args has a flag vLLM refuses on --headless nodes (--api-server-count)",
+        "move it to [vllm] head_args",
+    ),
     # sglang
     "MDC370": Code("no [sglang] model", "set [sglang] model"),
     "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
@@ -473,6 +484,23 @@ CODES: dict[str, Code] = {
     "MDC531": Code("deploy contradicts the blocks", "make them agree"),
     "MDC532": Code("a block that must be an object is not", "make it an object"),
     "MDC533": Code("not a madengine additional context", "give madengine's context JSON"),
+    # accelerator models
+    "MDC600": Code(
+        "accelerator_model names no entry of the hardware catalogue",
+        "use an id the hint lists (mdc's own, or one a plugin adds with mdc_register_hardware)",
+    ),
+    "MDC601": Code(
+        "accelerator names another vendor than accelerator_model's",
+        "remove accelerator (the model sets it) or make the two agree",
+    ),
+    # mdc tune
+    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC611": Code(
+        "mdc tune needs a known accelerator_model to predict throughput",
+        "set [distributed] accelerator_model",
+    ),
+    "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
+    "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
 }
 
 

@@ -224,6 +224,12 @@ def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:
     return rehearse(args, _compiler(args), out)
 
 
+def cmd_tune(args: argparse.Namespace, out: Output) -> int:
+    from mdc.tune.cli import cmd_tune as tune
+
+    return tune(args, _compiler(args), out)
+
+
 def cmd_init(args: argparse.Namespace, out: Output) -> int:
     from mdc.api import BackendSpec
     from mdc.cli.init import starter
@@ -393,6 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
         "DIR and keep them (default: a temporary directory, removed)",
+    )
+    from mdc.tune.cli import add_arguments as tune_arguments
+
+    tune_arguments(
+        add(
+            "tune",
+            cmd_tune,
+            "search the layouts the spec leaves open and rank them by predicted throughput",
+        )
     )
     return parser
 
