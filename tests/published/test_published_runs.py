@@ -175,7 +175,8 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
             "backend": "slurm",
             "nnodes": run["gpus"] // nproc,
             "nproc_per_node": nproc,
-            "accelerator": "amd" if run["accelerator_model"].startswith("mi") else "nvidia",
+            "accelerator_model": run["accelerator_model"],
+            # the row's datasheet figure, explicit: it wins over the catalogue's default
             "accelerator_memory_gib": run["gpu_memory_gib"],
         },
         "parallelism": parallelism,
