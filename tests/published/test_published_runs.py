@@ -44,7 +44,6 @@ PRECISION = {
 }
 
 _UNEVEN = "uneven pipeline split: num_layers not divisible by pp * vpp (issue 12 §1)"
-_FSDP = "Megatron-FSDP and activation CPU offloading in the memory estimate (issue 12 §2)"
 _FP4 = "NVFP4 training precision (issue 12 §2)"
 _MODEL = "no models.toml entry for the model yet (issue 12 §3)"
 _LAYOUT = (
@@ -59,18 +58,9 @@ _MEMORY = (
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "mbridge-26.04.01-gb300-llama3-70b-fp8": _FSDP,
-    "mbridge-26.04.01-gb200-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-gb300-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-gb200-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-h100-sxm-llama3-8b-fp8": _FSDP,
-    "mbridge-26.04.01-gb300-llama3-70b-mxfp8": _MEMORY,
     "mbridge-26.04.01-b200-gpt-oss-120b-bf16": _MEMORY,
     "mbridge-25.11-b200-gpt-oss-120b-bf16": _MEMORY,
     "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
-    "torchtitan-2024-12-t1-8b-8gpu-fsdp": _MEMORY,
-    "torchtitan-2024-12-t1-8b-8gpu-fsdp-compile": _MEMORY,
-    "torchtitan-2024-12-t1-8b-8gpu-fsdp-compile-float8": _MEMORY,
     "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
     "mbridge-26.04.01-gb300-llama3-70b-nvfp4": _FP4,
     "mbridge-26.04.01-gb200-llama3-70b-nvfp4": _FP4,

@@ -531,6 +531,10 @@ def _full_recompute(
         return Fraction(0), Fraction(0)
     per_chunk = math.ceil(Fraction(layers, chunks))
     count = training.recompute_num_layers or 1
+    if training.recompute_every:  # every n-th layer: its input only; the others all
+        again = layers // training.recompute_every
+        kept = again * layer_input + full * Fraction(layers - again, layers)
+        return kept, heaviest if again else Fraction(0)
     if training.recompute_method == "block":
         again = min(count, per_chunk) * chunks
         rest = max(layers - again, 0)
@@ -593,10 +597,10 @@ def stage_estimates(
                 last_extra,
             ),
         ]
-    w = WEIGHT_BYTES.get(shape.dtype, 2)
+    w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
     layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
-    o = training.optimizer_bytes or (8 if w >= 4 else 12)
+    o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     zero = max(0, min(3, training.zero_stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
