@@ -20,6 +20,7 @@ import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
 from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
+from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -198,6 +199,9 @@ class BackendSpec:
     #: (nnodes, options) -> each node's host name, when known before the job runs
     #: (for hostfiles); None, or no function: known only at run time
     hosts: Callable[[int, Any], Sequence[str] | None] | None = None
+    #: the shell command that starts the compiled job, ``{out}`` standing for the output
+    #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
+    run_command: str | None = None
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
@@ -220,6 +224,7 @@ __all__ = [
     "OUT_DIR",
     "RUNNER_VARIABLE",
     "RUNTIME_VARIABLES",
+    "Accelerator",
     "Artifact",
     "BackendSpec",
     "BatchPlan",

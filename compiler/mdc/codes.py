@@ -29,7 +29,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (320, 329, "megatron"),
     (330, 339, "torchtitan"),
     (340, 349, "primus"),
-    (350, 359, "basic"),
+    (350, 353, "basic"),
+    (354, 359, "megatron: memory options"),
     (360, 369, "vllm"),
     (370, 379, "sglang"),
     (380, 389, "sglang_disagg"),
@@ -43,6 +44,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
+    (600, 609, "Accelerator models"),
+    (610, 629, "mdc tune"),
 )
 
 CODES: dict[str, Code] = {
@@ -60,6 +63,11 @@ CODES: dict[str, Code] = {
         "a YAML document expands (through aliases) to too many values",
         "write the values out, or use fewer aliases",
     ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
     # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
@@ -73,6 +81,12 @@ CODES: dict[str, Code] = {
     "MDC106": Code(
         "a string of the wrong form (a name, a pattern) or holding a NUL character",
         "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
     ),
     # plan
     "MDC201": Code(
@@ -163,6 +177,38 @@ CODES: dict[str, Code] = {
     "MDC262": Code(
         "warning: the estimate is above 90% of accelerator_memory_gib",
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
+    ),
+    "MDC270": Code(
+        "hybrid_override_pattern does not have one symbol per layer",
+        "write one symbol per layer, or set num_layers to the pattern's length",
+    ),
+    "MDC271": Code(
+        "moe_layer_freq does not list one entry per layer",
+        "give one 0 (dense) or 1 (MoE) per layer",
+    ),
+    "MDC272": Code(
+        "multi_latent_attention with grouped-query attention (num_query_groups)",
+        "remove num_query_groups: multi-latent attention compresses keys and values itself",
+    ),
+    "MDC273": Code(
+        "shared experts with bias = true (Megatron-Core builds them without biases)",
+        "set bias = false",
+    ),
+    "MDC274": Code(
+        "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+        "set num_experts",
+    ),
+    "MDC275": Code(
+        "multi-token prediction (mtp_num_layers) with learned position embeddings",
+        'set position_embedding = "rope" (or "none")',
+    ),
+    "MDC276": Code(
+        "mamba_num_heads is not a multiple of mamba_num_groups",
+        "pick mamba_num_groups dividing mamba_num_heads",
+    ),
+    "MDC277": Code(
+        "a Mamba size (heads, groups) is not a multiple of tp",
+        "pick tp dividing it",
     ),
     # torchrun
     "MDC301": Code(
@@ -283,18 +329,54 @@ CODES: dict[str, Code] = {
         "warning: the command already passes --world_size/--rank/--init_method",
         "remove them from the command",
     ),
+    # megatron (memory options)
+    "MDC354": Code(
+        "Megatron-FSDP options that Megatron-LM refuses or ignores (a sharding strategy without"
+        " it, another --ckpt-format, torch FSDP2 beside it)",
+        "follow the hint: enable use_megatron_fsdp, or remove the option",
+    ),
+    "MDC355": Code(
+        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        'set [model] dtype = "fp8" (or the optimizer), or remove the option',
+    ),
+    "MDC356": Code(
+        "precision-aware or offloaded optimizer options without what they need",
+        "enable use_precision_aware_optimizer / the distributed optimizer, or remove the option",
+    ),
+    "MDC357": Code(
+        "activation offloading or recompute_modules that Megatron-LM refuses (layers, pp,"
+        " granularity, or a module the model lacks)",
+        "follow the hint: change the recompute settings, or remove the option",
+    ),
+    "MDC358": Code(
+        "MoE dispatcher options that need another option or have no effect on a dense model",
+        "set the option the hint names, or remove it",
+    ),
+    "MDC359": Code(
+        "extra_args passes a flag Megatron-LM refuses in that form",
+        "set the spec key the hint names instead",
+    ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
     "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
     "MDC362": Code(
-        "replicas mode: tp * pp is not nproc_per_node",
-        "set tp * pp = nproc_per_node",
+        "the servers' tp * pp does not fit the mode: ray needs tp * pp = the world size, dp "
+        "and replicas need tp * pp to divide nproc_per_node",
+        "change tp and pp, or the mode",
     ),
     "MDC363": Code("context parallelism with vLLM", "remove cp"),
     "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
     "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
     "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
     "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
+    "MDC368": Code(
+        "ep is not vLLM's expert-parallel size (tp * dp of one server), or etp is not 1",
+        "set ep = tp * dp, or remove ep",
+    ),
+    "MDC369": Code(
+        "[vllm] args has a flag vLLM refuses on --headless nodes (--api-server-count)",
+        "move it to [vllm] head_args",
+    ),
     # sglang
     "MDC370": Code("no [sglang] model", "set [sglang] model"),
     "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
@@ -380,7 +462,9 @@ CODES: dict[str, Code] = {
         "a fractional GPU quantity (extended resources are whole numbers)",
         "write a whole number of GPUs",
     ),
-    "MDC473": Code("[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"),
+    "MDC473": Code(
+        "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),
@@ -400,6 +484,23 @@ CODES: dict[str, Code] = {
     "MDC531": Code("deploy contradicts the blocks", "make them agree"),
     "MDC532": Code("a block that must be an object is not", "make it an object"),
     "MDC533": Code("not a madengine additional context", "give madengine's context JSON"),
+    # accelerator models
+    "MDC600": Code(
+        "accelerator_model names no entry of the hardware catalogue",
+        "use an id the hint lists (mdc's own, or one a plugin adds with mdc_register_hardware)",
+    ),
+    "MDC601": Code(
+        "accelerator names another vendor than accelerator_model's",
+        "remove accelerator (the model sets it) or make the two agree",
+    ),
+    # mdc tune
+    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC611": Code(
+        "mdc tune needs a known accelerator_model to predict throughput",
+        "set [distributed] accelerator_model",
+    ),
+    "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
+    "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
 }
 
 

@@ -38,6 +38,7 @@ class DistributedTable:
     prefill_nodes: int | None = None
     decode_nodes: int | None = None
     accelerator_memory_gib: float | None = None
+    accelerator_model: str | None = None
 
 
 @attrs.frozen(kw_only=True)

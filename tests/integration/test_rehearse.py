@@ -343,6 +343,15 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"}, "parallelism": {"tp": 8, "pp": 2}},
     ),
     (
+        "vllm",
+        2,
+        "slurm",
+        {
+            "vllm": {"model": "deepseek-ai/DeepSeek-V3-0324"},
+            "parallelism": {"tp": 1, "pp": 1, "ep": 16},
+        },
+    ),
+    (
         "sglang",
         2,
         "kubernetes",
@@ -382,7 +391,7 @@ def _serving_spec(
 @pytest.mark.parametrize(
     ("launcher", "nnodes", "backend", "extra"),
     SERVING,
-    ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in SERVING],
+    ids=[f"{s[0]}-{s[1]}-{s[2]}-{'-'.join(s[3].get('parallelism', {}))}" for s in SERVING],
 )
 def test_serving_roles_and_addresses(
     tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
@@ -414,7 +423,16 @@ def test_serving_roles_and_addresses(
             argv = entries[0]["argv"]
             assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.1:{port}"
             assert argv[argv.index("--node-rank") + 1] == str(node)
-    if launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
+    if launcher == "vllm" and "ep" in extra["parallelism"]:  # data parallel, one endpoint
+        port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
+        head, engines = records[0][0]["argv"], records[1][0]["argv"]
+        assert "--headless" not in head and "--headless" in engines
+        assert engines[engines.index("--data-parallel-start-rank") + 1] == "8"
+        for argv in (head, engines):
+            assert argv[argv.index("--data-parallel-address") + 1] == "127.0.0.1"
+            assert argv[argv.index("--data-parallel-rpc-port") + 1] == str(port)
+            assert "--enable-expert-parallel" in argv
+    elif launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
         joined = records[1][0]["argv"]
         assert joined[:2] == ["start", f"--address=127.0.0.1:{records[0][0]['argv'][3][7:]}"]
         assert records[1][0]["env"]["VLLM_HOST_IP"] == "127.0.0.2"
@@ -460,3 +478,25 @@ def test_shims_pass_shellcheck(tmp_path: Path) -> None:
         [str(shellcheck), *scripts], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_vllm_engines_pointed_at_a_wrong_head_are_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 1 is told the wrong MASTER_ADDR: its headless engines would wait for node 1."""
+    spec = _serving_spec(
+        tmp_path,
+        "vllm",
+        2,
+        "local",
+        {"vllm": {"model": "m"}, "parallelism": {"tp": 2, "pp": 1}},
+    )
+
+    def wrong_head(index: int, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "MASTER_ADDR": "127.0.0.2"} if index == 1 else env
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=wrong_head
+    )
+    assert not outcome.ok
+    assert "node 1: --data-parallel-address 127.0.0.2 is not node 0" in outcome.findings

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from mdc.errors import Diagnostic
+from mdc.hardware import Accelerator
 from mdc.plan.ranks import GroupSet, RankGrid
 from mdc.spec import JobTable, ModelTable
 
@@ -171,6 +172,8 @@ class Plan:
     memory: MemoryEstimate | None = None
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
+    #: the catalogue entry [distributed] accelerator_model names (None: not named)
+    hardware: Accelerator | None = None
 
     @property
     def world_size(self) -> int:

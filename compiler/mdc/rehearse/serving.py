@@ -204,7 +204,8 @@ def _check_vllm(
     if not ray_mode:
         for node in range(plan["nnodes"]):
             if servers.get(node) is None:
-                found.append(f"node {node}: no vllm serve (every node serves a replica)")
+                found.append(f"node {node}: no vllm serve (every node runs a server or engines)")
+        found += _check_vllm_dp(plan, servers, hosts, node_at)
         return found
     head_port = None
     for node, entries in sorted(records.items()):
@@ -240,6 +241,44 @@ def _check_vllm(
                 )
             if servers.get(node) is not None:
                 found.append(f"node {node}: started vllm serve, but only the head serves")
+    return found
+
+
+def _check_vllm_dp(
+    plan: dict[str, Any], servers: dict[int, Any], hosts: list[str], node_at: Any
+) -> list[str]:
+    """Data parallel over nodes: node 0 serves, the others run headless engines at node 0."""
+    found: list[str] = []
+    first = servers.get(0)
+    if first is None or _value(first["argv"], "--data-parallel-size-local") is None:
+        return found  # replicas: independent servers
+    local = int(_value(first["argv"], "--data-parallel-size-local") or 0)
+    for node, server in sorted(servers.items()):
+        if server is None:
+            continue
+        argv = server["argv"]
+        address = _value(argv, "--data-parallel-address")
+        if node_at(address, "--data-parallel-address", node) not in (0, None):
+            found.append(f"node {node}: --data-parallel-address {address} is not node 0")
+        if _value(argv, "--data-parallel-rpc-port") != str(plan["rendezvous"]["master_port"]):
+            found.append(
+                f"node {node}: --data-parallel-rpc-port {_value(argv, '--data-parallel-rpc-port')}"
+                f", the plan's master port is {plan['rendezvous']['master_port']}"
+            )
+        if server["env"].get("VLLM_HOST_IP") != hosts[node]:
+            found.append(
+                f"node {node}: VLLM_HOST_IP is {server['env'].get('VLLM_HOST_IP')!r}, its "
+                f"address is {hosts[node]}"
+            )
+        start = _value(argv, "--data-parallel-start-rank")
+        headless = "--headless" in argv
+        if node == 0 and (headless or start is not None):
+            found.append("node 0 (the API server) runs headless or with a start rank")
+        if node > 0 and (not headless or start != str(node * local)):
+            found.append(
+                f"node {node}: --headless {headless}, --data-parallel-start-rank {start}; "
+                f"its engines start at rank {node * local}"
+            )
     return found
 
 

@@ -146,5 +146,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
             options_type=KubernetesOptions,
             launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
+            run_command="kubectl apply -f {out}/kubernetes/job.yaml",
         )
     ]

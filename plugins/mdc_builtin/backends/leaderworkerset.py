@@ -158,5 +158,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
+            run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",
         )
     ]

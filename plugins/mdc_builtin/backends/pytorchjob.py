@@ -210,6 +210,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             emit=emit,
             check=check,
             launchers=LAUNCHERS,
+            run_command="kubectl apply -f {out}/pytorchjob/job.yaml",
             schema=schema(),
             options_type=PyTorchJobOptions,
             description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "

@@ -596,5 +596,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             check=check,
             schema=read_schema("mdc_schemas", "plugins/slurm.v1.schema.json"),
             options_type=SlurmOptions,
+            run_command="cd {out} && sbatch slurm/job.sbatch",  # sbatch runs a spooled copy
         )
     ]

@@ -280,5 +280,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             hosts=hosts,
             schema=read_schema("mdc_schemas", "plugins/ssh.v1.schema.json"),
             options_type=SshOptions,
+            run_command="bash {out}/ssh/launch.sh",
         )
     ]

@@ -214,6 +214,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             emit=emit,
             check=check,
             launchers=LAUNCHERS,
+            run_command="kubectl apply -f {out}/trainjob/job.yaml",
             schema=schema(),
             options_type=TrainJobOptions,
             description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "

@@ -16,18 +16,32 @@ if [ "${#hosts[@]}" -ne "$TOTAL_NODES" ]; then
   exit 2
 fi
 # madengine's names for the nodes' addresses: POD_IP (this node), SGLANG_NODE_IPS (every
-# node in rank order, commas). An IP stays as it is, a host name becomes its first IPv4
-# address, or stays a name when it does not resolve (yet).
-address() {
-  local ip=""
-  if [[ ! "$1" =~ ^[0-9]+([.][0-9]+){3}$ && "$1" != *:* ]]; then
-    ip="$(getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }' || true)"
+# node in rank order, commas), each an IP as it is or a host name's first IPv4 address.
+# node_ipv4 NAME: NAME's IPv4 address (a literal IP as it is), waiting for DNS.
+node_ipv4() {
+  local name="$1" ip="" waited=0
+  local limit="${MDC_RESOLVE_SECONDS:-120}"
+  if [[ "$name" =~ ^[0-9]+([.][0-9]+){3}$ || "$name" == *:* ]]; then
+    printf '%s' "$name"
+    return 0
   fi
-  printf '%s' "${ip:-$1}"
+  while true; do
+    ip="$(getent ahostsv4 "$name" | awk 'NR == 1 { print $1 }' || true)"
+    if [[ -n "$ip" ]]; then
+      printf '%s' "$ip"
+      return 0
+    fi
+    if ((waited >= limit)); then
+      echo "mdc: '$name' (in NODE_HOSTS) has no IPv4 address after $limit s" >&2
+      exit 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
 }
 ips=()
 for host in "${hosts[@]}"; do
-  ips+=("$(address "$host")")
+  ips+=("$(node_ipv4 "$host")")
 done
 POD_IP="${ips[NODE_RANK]}"
 SGLANG_NODE_IPS="$(IFS=,; printf '%s' "${ips[*]}")"
