@@ -426,6 +426,10 @@ CODES: dict[str, Code] = {
         "warning: fewer GPUs per node than processes",
         "match gpus_per_node to nproc_per_node",
     ),
+    "MDC420": Code(
+        "each node's task (which runs every rank of the node) gets fewer CPUs than ranks",
+        "set cpus_per_task to at least nproc_per_node, or leave exclusive at its default",
+    ),
     # ssh
     "MDC430": Code("[ssh] hosts do not name nnodes hosts", "list exactly nnodes hosts"),
     "MDC431": Code("a host is not a host name or address", "fix it"),
