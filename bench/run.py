@@ -220,7 +220,7 @@ def alternate(
         run_once(peer, cwd)
     results: list[tuple[list[Sample], list[Sample]]] = [([], []) for _ in pairs]
     for _ in range(runs):
-        for (mdc, peer), (ours, theirs) in zip(pairs, results):
+        for (mdc, peer), (ours, theirs) in zip(pairs, results, strict=False):
             ours.append(run_once(mdc, cwd))
             theirs.append(run_once(peer, cwd))
     return results
@@ -316,7 +316,7 @@ def whole_process(tmp: Path, runs: int, peers: Path) -> list[str]:
         ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (label, peer_label, _, _), (ours, theirs) in zip(rows, results):
+    for (label, peer_label, _, _), (ours, theirs) in zip(rows, results, strict=False):
         wall = (med(ours, lambda s: s.wall), med(theirs, lambda s: s.wall))
         cpu = (med(ours, lambda s: s.cpu), med(theirs, lambda s: s.cpu))
         rss = (med(ours, lambda s: s.rss), med(theirs, lambda s: s.rss))
@@ -377,6 +377,75 @@ def in_process(tmp: Path, runs: int) -> list[str]:
         (
             f"| compile's work for the same 100 (the tree too: plan.json, manifest), before "
             f"writing | {m('built'):.1f} |"
+        ),
+    ]
+
+
+# CPU time of one call in a fresh process (the first call is what a command pays).
+ENTRY_POINTS = """
+import resource, sys
+import mdc.plugin_manager as pm
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t = cpu(); getattr(pm, sys.argv[1])("mdc"); print(cpu() - t)
+"""
+
+# Every Kubernetes golden written by mdc's writer and by libyaml's emitter (PyYAML's C
+# extension, SafeDumper rules), warm, in one process.
+K8S_YAML = """
+import json, resource, statistics, sys, yaml
+from mdc_builtin.backends.k8s_common import dump_yaml, load_yaml
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+files = [open(f, encoding="utf-8").read() for f in sys.argv[1:]]
+docs = [load_yaml(text) for text in files if "apiVersion:" in text]
+def ours():
+    for d in docs:
+        dump_yaml(d)
+def libyaml():
+    for d in docs:
+        yaml.dump_all(d, Dumper=yaml.CSafeDumper, sort_keys=False, allow_unicode=True,
+                      default_flow_style=False, width=1 << 30, explicit_start=True)
+out = {}
+for fn in (ours, libyaml):
+    times = []
+    for _ in range(9):
+        t = cpu(); fn(); times.append(cpu() - t)
+    out[fn.__name__] = statistics.median(times) / len(docs)
+print(json.dumps(out))
+"""
+
+
+def hand_written_vs_library(runs: int) -> list[str]:
+    """The two hand-written pieces on the hot path against the libraries they stand in for."""
+
+    def fresh(code: str, *argv: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=bench_env(),
+        ).stdout
+
+    scan = statistics.median(float(fresh(ENTRY_POINTS, "_scan")) for _ in range(runs))
+    meta = statistics.median(float(fresh(ENTRY_POINTS, "_from_metadata")) for _ in range(runs))
+    goldens = [str(p) for p in sorted((ROOT / "golden").rglob("*.yaml"))]
+    yaml_times = json.loads(fresh(K8S_YAML, *goldens))
+    return [
+        "| hand-written piece vs the library, CPU time | mdc | library | ratio |",
+        "|---|---|---|---|",
+        (
+            f"| entry points of group mdc, first call in a process (vs importlib.metadata) "
+            f"| {scan * 1000:.1f} ms | {meta * 1000:.1f} ms | {scan / meta:.2f} |"
+        ),
+        (
+            f"| Kubernetes YAML, one golden's documents, warm (vs libyaml's emitter) "
+            f"| {yaml_times['ours'] * 1000:.2f} ms | {yaml_times['libyaml'] * 1000:.2f} ms "
+            f"| {yaml_times['ours'] / yaml_times['libyaml']:.2f} |"
         ),
     ]
 
@@ -500,6 +569,7 @@ def main() -> None:
         report += whole_process(tmp, args.runs, peers) + [""]
         report += in_process(tmp, args.runs) + [""]
         report += ["| what | time | memory |", "|---|---|---|", *big_plan(args.runs), ""]
+        report += hand_written_vs_library(args.runs) + [""]
         report += ["Artifact tree size (bytes of every file, torchrun, 8 per node):", ""]
         report += artifact_sizes(tmp) + [""]
         report += import_breakdown(tmp)

@@ -120,6 +120,11 @@ def _union(tp: Any, args: tuple[Any, ...]) -> Structurer:
     if len(members) == 1:  # an optional
         inner = structurer(members[0])
         return lambda value: None if value is None else inner(value)
+    arrays = [a for a in members if typing.get_origin(a) in (tuple, list)]
+    if len(arrays) == 1 and all(a in SCALARS for a in members if a is not arrays[0]):
+        # a number or a list of them (as [model] moe_layer_freq): the schema checked which
+        array = structurer(arrays[0])
+        return lambda value: array(value) if isinstance(value, list | tuple) else value
     return _by_cattrs(tp)
 
 

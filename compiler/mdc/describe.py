@@ -243,8 +243,6 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]
-    for warning in plan.warnings:
-        lines.append(f"warning[{warning.code}]: {warning.message}")
-        if warning.hint:
-            lines.append(f"  hint: {warning.hint}")
+    # Rendered as validate prints them: file:line:col, code, pointer and hint.
+    lines += [warning.render() for warning in plan.warnings]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Role,
 from mdc.convert import structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
+from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
@@ -25,6 +26,7 @@ from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plugin_manager import PluginSet, Registered
 from mdc.schema import ComposedChecker
+from mdc.spec import JobSpec
 
 T = TypeVar("T")
 
@@ -170,6 +172,8 @@ class Compiler:
                     ),
                 )
             )
+        spec, hardware, named = self._accelerator_model(spec, launcher.workload == "serving")
+        findings += [self._diag(doc, f) for f in named]
         launcher_options = spec.plugin_tables.get(launcher.name)
         backend_options = spec.plugin_tables.get(backend.name)
         training = TrainingSetup()
@@ -185,6 +189,8 @@ class Compiler:
             training=training,
         )
         findings += planned
+        if plan is not None and hardware is not None:
+            plan = attrs.evolve(plan, hardware=hardware)
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -242,6 +248,56 @@ class Compiler:
             [*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data), plugins=plugins
         )
         return Compiled(plan=plan, launch=launch, tree=tuple(files))
+
+    def _accelerator_model(
+        self, spec: JobSpec, serving: bool
+    ) -> tuple[JobSpec, Accelerator | None, list[Finding]]:
+        """The catalogue entry ``accelerator_model`` names, and the defaults it sets.
+
+        Its memory becomes ``accelerator_memory_gib`` unless that is written (serving and
+        model-less specs get no memory check, so none is set for them), and its vendor the
+        ``accelerator`` kind unless that is written.
+        """
+        dist = spec.distributed
+        if dist.accelerator_model is None:
+            return spec, None, []
+        known = self.plugins.accelerators()
+        entry = known.get(dist.accelerator_model)
+        if entry is None:
+            return (
+                spec,
+                None,
+                [
+                    Finding(
+                        code="MDC600",
+                        pointer="/distributed/accelerator_model",
+                        message=f"accelerator_model {dist.accelerator_model!r} is not in "
+                        "mdc's hardware catalogue",
+                        hint=f"use one of: {', '.join(known)} (a plugin can add more "
+                        "through mdc_register_hardware)",
+                    )
+                ],
+            )
+        if dist.accelerator is not None and dist.accelerator != entry.vendor:
+            return (
+                spec,
+                None,
+                [
+                    Finding(
+                        code="MDC601",
+                        pointer="/distributed/accelerator",
+                        message=f"accelerator = {dist.accelerator!r} but accelerator_model "
+                        f"{entry.id!r} is {entry.vendor!r} hardware ({entry.name})",
+                        hint=f'set accelerator = "{entry.vendor}", or remove it (the model '
+                        "sets it)",
+                    )
+                ],
+            )
+        memory = dist.accelerator_memory_gib
+        if memory is None and spec.model is not None and not serving:
+            memory = entry.memory_gib
+        dist = attrs.evolve(dist, accelerator=entry.vendor, accelerator_memory_gib=memory)
+        return attrs.evolve(spec, distributed=dist), entry, []
 
     def _check_launch(
         self, reg: Registered, plan: Plan, launch: Launch, doc: LoadedDocument

@@ -7,9 +7,9 @@ are then sorted by name and duplicates rejected.
 
 mdc's own entry points are imported only when a command needs one of their
 records: each registers exactly one record named like its entry point, of the
-kind :data:`BUILTIN_LAUNCHERS` / :data:`BUILTIN_BACKENDS` say (a test checks
-this against loading them all), so their names are known without importing
-them. Third-party plugins are always imported up front, so a broken one fails
+kind its module path says (``mdc_builtin.launchers.NAME``; a test checks this
+against loading them all), so their names are known without importing them. The
+entry points in mdc's own metadata are the one list of built-ins. Third-party plugins are always imported up front, so a broken one fails
 every command as before; a third-party record whose name clashes with a
 built-in makes every plugin load up front, for the same errors as before.
 """
@@ -31,33 +31,14 @@ import pluggy
 from mdc import hookspecs
 from mdc.api import BackendSpec, LauncherSpec
 from mdc.errors import PluginError, PluginOrigin
+from mdc.hardware import Accelerator
 from mdc.spec import CORE_TABLES
 
 GROUP = "mdc"
 DISTRIBUTION = "mdc-compiler"
-#: mdc's own launcher and backend entry points: each registers one record of that name.
-BUILTIN_LAUNCHERS = (
-    "basic",
-    "deepspeed",
-    "megatron",
-    "primus",
-    "sglang",
-    "sglang_disagg",
-    "torchrun",
-    "torchtitan",
-    "vllm",
-)
-BUILTIN_BACKENDS = (
-    "kubernetes",
-    "leaderworkerset",
-    "local",
-    "pytorchjob",
-    "slurm",
-    "ssh",
-    "trainjob",
-)
-#: Entry points mdc itself declares; missing ones mean a broken install.
-BUILTINS = tuple(sorted(BUILTIN_LAUNCHERS + BUILTIN_BACKENDS))
+#: Where mdc's own plugins live: ``mdc_builtin.<kind>s.<name>``, one module per record.
+BUILTIN_PACKAGE = "mdc_builtin"
+BUILTIN_KINDS = ("launcher", "backend")
 #: A plugin's name is also its spec table's name.
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -79,6 +60,14 @@ class PluginSet:
     backends: Mapping[str, Registered]
     #: every loaded plugin, by entry-point name
     plugins: Mapping[str, PluginOrigin]
+    #: accelerator models plugins add to mdc's catalogue, by id
+    hardware: Mapping[str, Accelerator] = attrs.field(factory=dict)
+
+    def accelerators(self) -> Mapping[str, Accelerator]:
+        """mdc's accelerator catalogue with the plugins' entries, by id."""
+        from mdc.hardware import catalogue
+
+        return catalogue(self.hardware)
 
     def launcher(self, name: str) -> LauncherSpec:
         record = self.launchers[name].record
@@ -286,13 +275,11 @@ def discover(*, autoload: bool = True, blocked: Iterable[str] = ()) -> list[Entr
         _from_metadata(GROUP) if listed is None else listed, key=lambda ep: (ep.name, ep.value)
     )
     ours = {ep.name for ep in found if ep.distribution == DISTRIBUTION}
-    missing = [name for name in BUILTINS if name not in ours]
-    if missing:
+    if not any(_builtin_kind(ep) for ep in found):
         raise PluginError(
             None,
             "startup",
-            f"mdc's own entry points are missing ({', '.join(missing)}); "
-            "reinstall mdc with `pip install -e .`",
+            "mdc's own entry points are missing; reinstall mdc with `pip install -e .`",
         )
     seen: dict[str, EntryPoint] = {}
     for ep in found:
@@ -311,11 +298,11 @@ def discover(*, autoload: bool = True, blocked: Iterable[str] = ()) -> list[Entr
 
 
 def _builtin_kind(ep: EntryPoint) -> str | None:
-    """ "launcher"/"backend" for one of mdc's own entry points, as declared; else None."""
+    """ "launcher"/"backend" for one of mdc's own entry points, by its module; else None."""
     if ep.distribution != DISTRIBUTION:
         return None
-    for kind, names in (("launcher", BUILTIN_LAUNCHERS), ("backend", BUILTIN_BACKENDS)):
-        if ep.name in names and ep.value == f"mdc_builtin.{kind}s.{ep.name}":
+    for kind in BUILTIN_KINDS:
+        if ep.value == f"{BUILTIN_PACKAGE}.{kind}s.{ep.name}":
             return kind
     return None
 
@@ -364,6 +351,7 @@ def load_plugins(
         launchers=_Records([*launchers, *(n for n, k in deferred.items() if k == "launcher")], get),
         backends=_Records([*backends, *(n for n, k in deferred.items() if k == "backend")], get),
         plugins=dict(sorted(origins.items())),
+        hardware=_collect_hardware(manager, origins),
     )
 
 
@@ -442,7 +430,12 @@ def _load(
             f"backend name {name!r} is already a launcher from "
             f"{launchers[name].origin.distribution}",
         )
-    return PluginSet(launchers=launchers, backends=backends, plugins=dict(sorted(origins.items())))
+    return PluginSet(
+        launchers=launchers,
+        backends=backends,
+        plugins=dict(sorted(origins.items())),
+        hardware=_collect_hardware(manager, origins),
+    )
 
 
 def _register(
@@ -498,3 +491,45 @@ def _collect(
                 )
             collected[record.name] = Registered(kind=kind, record=record, origin=origin)
     return dict(sorted(collected.items()))
+
+
+def _collect_hardware(
+    manager: pluggy.PluginManager, origins: Mapping[str, PluginOrigin]
+) -> dict[str, Accelerator]:
+    """The accelerators plugins add, each checked against the hardware schema."""
+    from mdc.hardware import builtin, schema_errors
+
+    hook = "mdc_register_hardware"
+    collected: dict[str, tuple[Accelerator, PluginOrigin]] = {}
+    for impl in sorted(manager.hook.mdc_register_hardware.get_hookimpls(), key=_plugin_name):
+        origin = origins[impl.plugin_name]
+        try:
+            result = impl.function()
+        except Exception as exc:
+            raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, (list, tuple)) or not all(
+            isinstance(r, Accelerator) for r in result
+        ):
+            raise PluginError(
+                origin, hook, f"returned {type(result).__name__}; expected a list of Accelerator"
+            )
+        for entry in result:
+            errors = schema_errors({entry.id: entry.to_json()})
+            if errors:
+                raise PluginError(origin, hook, f"accelerator {entry.id!r}: {'; '.join(errors)}")
+            if entry.id in builtin():
+                raise PluginError(origin, hook, f"accelerator {entry.id!r} is already mdc's own")
+            if entry.id in collected:
+                other = collected[entry.id][1]
+                raise PluginError(
+                    origin,
+                    hook,
+                    f"accelerator {entry.id!r} is also registered by {other.entry_point} "
+                    f"({other.distribution})",
+                )
+            collected[entry.id] = (entry, origin)
+    return {ident: entry for ident, (entry, _) in sorted(collected.items())}
+
+
+def _plugin_name(impl: Any) -> str:
+    return str(impl.plugin_name)

@@ -362,7 +362,7 @@ def _draw_legend(
     legend_w = 18 + CHAR_W * max(len(label) for label in labels) + 24
     per_line = max(1, (width - 2 * MARGIN) // legend_w)
     canvas.add('<g class="legend">')
-    for i, (value, label) in enumerate(zip(listed, labels)):
+    for i, (value, label) in enumerate(zip(listed, labels, strict=True)):
         x = MARGIN + (i % per_line) * legend_w
         row_y = y + (i // per_line) * LINE
         canvas.add(

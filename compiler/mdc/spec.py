@@ -38,6 +38,7 @@ class DistributedTable:
     prefill_nodes: int | None = None
     decode_nodes: int | None = None
     accelerator_memory_gib: float | None = None
+    accelerator_model: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +78,26 @@ class ModelTable:
     flash_attention: bool | None = None
     moe_ffn_hidden_size: int | None = None
     moe_router_topk: int | None = None
+    kv_channels: int | None = None
+    qk_layernorm: bool | None = None
+    add_qkv_bias: bool | None = None
+    softmax_type: str | None = None
+    window_size: tuple[int, int] | None = None
+    window_attn_skip_freq: int | tuple[int, ...] | None = None
+    multi_latent_attention: bool | None = None
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_head_dim: int | None = None
+    qk_pos_emb_head_dim: int | None = None
+    v_head_dim: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | tuple[int, ...] | None = None
+    mtp_num_layers: int | None = None
+    hybrid_override_pattern: str | None = None
+    mamba_state_dim: int | None = None
+    mamba_head_dim: int | None = None
+    mamba_num_groups: int | None = None
+    mamba_num_heads: int | None = None
 
 
 #: Core top-level tables and their classes; every other table belongs to a plugin.

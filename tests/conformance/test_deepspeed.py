@@ -646,6 +646,7 @@ RUNS = [
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # a real CPU run on loopback ports
 @pytest.mark.parametrize(("example", "overrides", "runner"), RUNS)
 def test_deepspeed_trains_one_step_on_every_rank(
     example: str,

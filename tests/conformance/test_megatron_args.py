@@ -23,6 +23,7 @@ megatron-core's groups on gloo and writes what it got; ``test_cpu_example_runs``
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import inspect
@@ -57,9 +58,10 @@ with warnings.catch_warnings():
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.model_parallel_config import ModelParallelConfig
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.mamba.mamba_model import MambaModel
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.parallel_state import RankGenerator
-    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
 from mdc.cli import main
 
@@ -77,10 +79,24 @@ NODE_RANK, MASTER_ADDR = 1, "10.0.0.1"
 REPORT_DIR = "MDC_MEGATRON_CHECK_DIR"
 
 
+def tuple_type(value: str) -> tuple[int, ...]:
+    """Megatron-LM's tuple_type (arguments.py): "128,0" or "(128,0)"."""
+    return tuple(int(i) for i in value.strip("()").split(","))
+
+
+def moe_freq_type(value: str) -> int | list[int]:
+    """Megatron-LM's moe_freq_type: an integer, or a list expression of 0s and 1s."""
+    if value.strip().isdigit():
+        return int(value)
+    parsed = ast.literal_eval(value)
+    assert isinstance(parsed, list)
+    return parsed
+
+
 class Flag(NamedTuple):
     """A Megatron-LM flag: its argparse type and the megatron-core place its value goes."""
 
-    kind: type
+    kind: Any
     owner: object
     name: str
 
@@ -129,6 +145,29 @@ FLAGS: dict[str, Flag] = {
     "--bf16": Flag(bool, ModelParallelConfig, "bf16"),
     "--fp16": Flag(bool, ModelParallelConfig, "fp16"),
     "--fp8-format": Flag(str, TransformerConfig, "fp8"),
+    "--kv-channels": Flag(int, TransformerConfig, "kv_channels"),
+    "--qk-layernorm": Flag(bool, TransformerConfig, "qk_layernorm"),
+    "--add-qkv-bias": Flag(bool, TransformerConfig, "add_qkv_bias"),
+    "--softmax-type": Flag(str, TransformerConfig, "softmax_type"),
+    "--window-size": Flag(tuple_type, TransformerConfig, "window_size"),
+    "--window-attn-skip-freq": Flag(moe_freq_type, TransformerConfig, "window_attn_skip_freq"),
+    "--multi-latent-attention": Flag(bool, TransformerConfig, "multi_latent_attention"),
+    "--q-lora-rank": Flag(int, MLATransformerConfig, "q_lora_rank"),
+    "--kv-lora-rank": Flag(int, MLATransformerConfig, "kv_lora_rank"),
+    "--qk-head-dim": Flag(int, MLATransformerConfig, "qk_head_dim"),
+    "--qk-pos-emb-head-dim": Flag(int, MLATransformerConfig, "qk_pos_emb_head_dim"),
+    "--v-head-dim": Flag(int, MLATransformerConfig, "v_head_dim"),
+    "--moe-shared-expert-intermediate-size": Flag(
+        int, TransformerConfig, "moe_shared_expert_intermediate_size"
+    ),
+    "--moe-layer-freq": Flag(moe_freq_type, TransformerConfig, "moe_layer_freq"),
+    "--mtp-num-layers": Flag(int, TransformerConfig, "mtp_num_layers"),
+    "--is-hybrid-model": Flag(bool, TransformerConfig, "is_hybrid_model"),
+    "--hybrid-override-pattern": Flag(str, MambaModel.__init__, "hybrid_override_pattern"),
+    "--mamba-state-dim": Flag(int, TransformerConfig, "mamba_state_dim"),
+    "--mamba-head-dim": Flag(int, TransformerConfig, "mamba_head_dim"),
+    "--mamba-num-groups": Flag(int, TransformerConfig, "mamba_num_groups"),
+    "--mamba-num-heads": Flag(int, TransformerConfig, "mamba_num_heads"),
     "--recompute-granularity": Flag(str, TransformerConfig, "recompute_granularity"),
     "--recompute-method": Flag(str, TransformerConfig, "recompute_method"),
     "--recompute-num-layers": Flag(int, TransformerConfig, "recompute_num_layers"),
@@ -282,7 +321,47 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
     """megatron-core's config from the parsed flags, as Megatron-LM builds it from its args
     (placeholders for shape values the spec left to the user's own arguments)."""
     heads = ns.num_attention_heads or ns.tensor_model_parallel_size
-    return TransformerConfig(
+    architecture: dict[str, Any] = {
+        key: getattr(ns, key)
+        for key in (
+            "kv_channels",
+            "softmax_type",
+            "window_size",
+            "window_attn_skip_freq",
+            "moe_shared_expert_intermediate_size",
+            "moe_layer_freq",
+            "mtp_num_layers",
+            "mamba_state_dim",
+            "mamba_head_dim",
+            "mamba_num_groups",
+            "mamba_num_heads",
+        )
+        if getattr(ns, key) is not None
+    }
+    architecture.update(
+        qk_layernorm=ns.qk_layernorm,
+        add_qkv_bias=ns.add_qkv_bias or not ns.disable_bias_linear,
+        is_hybrid_model=ns.is_hybrid_model,
+    )
+    config_class = TransformerConfig
+    if ns.multi_latent_attention:  # Megatron-LM builds an MLATransformerConfig for MLA
+        config_class = MLATransformerConfig
+        architecture.update(
+            {
+                key: getattr(ns, key)
+                for key in (
+                    "q_lora_rank",
+                    "kv_lora_rank",
+                    "qk_head_dim",
+                    "qk_pos_emb_head_dim",
+                    "v_head_dim",
+                )
+                if getattr(ns, key) is not None
+            }
+        )
+        architecture.setdefault("q_lora_rank", None)  # Megatron-LM's default: no q compression
+    return config_class(
+        **architecture,
         tensor_model_parallel_size=ns.tensor_model_parallel_size,
         pipeline_model_parallel_size=ns.pipeline_model_parallel_size,
         virtual_pipeline_model_parallel_size=ns.num_virtual_stages_per_pipeline_rank,
@@ -411,6 +490,29 @@ def check_job(
         ("num_experts", "num_experts"),
     ):
         assert getattr(ns, flag_dest) == model.get(key), flag_dest
+    for key in (
+        "kv_channels",
+        "softmax_type",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_head_dim",
+        "qk_pos_emb_head_dim",
+        "v_head_dim",
+        "moe_shared_expert_intermediate_size",
+        "mtp_num_layers",
+        "hybrid_override_pattern",
+        "mamba_state_dim",
+        "mamba_head_dim",
+        "mamba_num_groups",
+        "mamba_num_heads",
+        "window_attn_skip_freq",
+        "moe_layer_freq",
+    ):
+        assert getattr(ns, key) == model.get(key), key
+    assert ns.window_size == (tuple(model["window_size"]) if model.get("window_size") else None)
+    for key in ("qk_layernorm", "add_qkv_bias", "multi_latent_attention"):
+        assert getattr(ns, key) == bool(model.get(key)), key
+    assert ns.is_hybrid_model == (model.get("hybrid_override_pattern") is not None)
     groups_given = model.get("num_query_groups")
     if groups_given not in (None, model.get("num_attention_heads")):
         assert ns.group_query_attention and ns.num_query_groups == groups_given
@@ -508,6 +610,48 @@ def spec(
 
 DENSE = {"num_layers": 16, "hidden_size": 256, "num_attention_heads": 8, "seq_length": 512}
 MOE = {**DENSE, "num_experts": 8}
+#: DeepSeek-V3's architecture at a small size: MLA, shared experts, a dense first layer, MTP
+LATENT_MOE = {
+    **MOE,
+    "num_layers": 4,
+    "multi_latent_attention": True,
+    "q_lora_rank": 64,
+    "kv_lora_rank": 32,
+    "qk_head_dim": 32,
+    "qk_pos_emb_head_dim": 16,
+    "v_head_dim": 32,
+    "qk_layernorm": True,
+    "moe_shared_expert_intermediate_size": 128,
+    "moe_layer_freq": [0, 1, 1, 1],
+    "mtp_num_layers": 1,
+    "bias": False,
+    "position_embedding": "rope",
+    "normalization": "rmsnorm",
+}
+#: Qwen3 / gpt-oss attention: explicit head width, QK norms, sinks, sliding windows
+WIDE_HEADS = {
+    **DENSE,
+    "kv_channels": 64,
+    "num_query_groups": 2,
+    "qk_layernorm": True,
+    "add_qkv_bias": True,
+    "bias": False,
+    "softmax_type": "learnable",
+    "window_size": [128, 0],
+    "window_attn_skip_freq": 2,
+}
+#: a Nemotron-H style hybrid stack
+HYBRID = {
+    **DENSE,
+    "num_layers": 8,
+    "hybrid_override_pattern": "M-M*-M*-",
+    "mamba_state_dim": 16,
+    "mamba_head_dim": 16,
+    "mamba_num_groups": 2,
+    "mamba_num_heads": 16,
+    "position_embedding": "none",
+    "bias": False,
+}
 #: written specs: every size, the two orders, vpp, MoE, GQA, each dtype, the options
 SPECS: dict[str, dict[str, Any]] = {
     "tp8-pp2": spec(8, 2),
@@ -523,6 +667,9 @@ SPECS: dict[str, dict[str, Any]] = {
     ),
     "tp2-pp2-vpp4": spec(2, 2, vpp=4, model={**DENSE, "num_query_groups": 2}),
     "tp-pp-dp-order": spec(2, 2, order=TP_PP_DP_ORDER, model=DENSE),
+    "latent-moe-mtp": spec(1, 2, ep=8, model=LATENT_MOE),
+    "wide-heads": spec(2, 1, model=WIDE_HEADS),
+    "hybrid-mamba": spec(2, 1, model=HYBRID),
     "short-order": spec(2, 2, order="tp-pp-dp", model=DENSE),
     "moe-etp1": spec(2, 2, ep=4, etp=1, model={**MOE, "dtype": "bf16"}),
     "moe-etp-tp-no-sp": spec(
@@ -951,6 +1098,7 @@ def run_local(
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # a real CPU run on loopback ports
 def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2 x 2 CPU example under the local backend: megatron-core builds the plan's groups."""
     monkeypatch.chdir(REPO)

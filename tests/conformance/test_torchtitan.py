@@ -354,7 +354,7 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
         "TORCHTITAN_PIPELINE_PARALLEL_SIZE": str(dims.pp),
         "TORCHTITAN_FSDP_ENABLED": "1" if dims.fsdp_enabled else "0",
         "TORCHTITAN_CONTEXT_PARALLEL_SIZE": str(dims.cp),
-        **{k: v for k, v in plan["job"]["env"].items()},
+        **dict(plan["job"]["env"].items()),
     }
     return config
 
@@ -729,6 +729,8 @@ def test_pipeline_stages_are_what_torchtitan_makes(
         assert "MDC336" in stderr or "MDC390" in stderr, stderr
     name = schedule or ("Interleaved1F1B" if vpp else "1F1B")
     looped = name != "1F1B"
+    # without vpp a looped schedule makes TorchTitan's default of 2 stages per rank
+    vpp = vpp or (2 if looped else None)
     wanted = pp * (vpp or 1)
     # TorchTitan, given what mdc would write: the schedule, and the layers per stage when
     # mdc found one (else none: TorchTitan's default of 1 or 2 stages per rank)
@@ -868,6 +870,7 @@ def worker() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # a real CPU run on loopback ports
 def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The 2 x 2 CPU example under the local backend: TorchTitan's mesh holds the plan's groups."""
     monkeypatch.chdir(REPO)

@@ -30,6 +30,9 @@ from tests.integration.test_local_run import (
     token,
 )
 
+# Real processes on loopback ports: one xdist worker runs every such test, in turn.
+pytestmark = pytest.mark.xdist_group("loopback")
+
 __all__ = ["token"]  # the fixture, used by name below
 
 #: the compile_spec fixture (tests/integration/conftest.py)

@@ -48,6 +48,9 @@ from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
+# Real processes on loopback ports: one xdist worker runs every such test, in turn.
+pytestmark = pytest.mark.xdist_group("loopback")
+
 REPO = Path(__file__).resolve().parents[2]
 SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 EXAMPLES = sorted(

@@ -9,6 +9,7 @@ or name-derived ports, so these tests must not run in parallel with each other.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ pytest.importorskip(
     "pip install torch==2.13.0 into the venv",
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("loopback")]
 
 REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
@@ -58,10 +59,8 @@ def _processes_with(token: str) -> list[int]:
 
 def _kill_all(token: str) -> None:
     for pid in _processes_with(token):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def leftovers(token: str, grace: float = 5.0) -> list[str]:

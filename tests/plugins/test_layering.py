@@ -110,13 +110,30 @@ def test_core_never_imports_builtins_or_torch(path: Path) -> None:
     assert not bad, "\n".join(bad)
 
 
+#: the command line sits on top: only it, ``python -m mdc`` and the test helpers (which run it)
+#: import it, so that no compiler module depends on the CLI (an import cycle through it)
+CLI_USERS = {CORE / "__main__.py", CORE / "testing.py"}
+
+
+@pytest.mark.parametrize("path", python_files(CORE), ids=lambda p: p.relative_to(CORE).as_posix())
+def test_only_the_command_line_imports_the_command_line(path: Path) -> None:
+    if path in CLI_USERS or path.is_relative_to(CORE / "cli"):
+        return
+    bad = [
+        f"{path.relative_to(REPO)}:{line}: imports {name}"
+        for line, name in imported_modules(path)
+        if within(name, "mdc.cli")
+    ]
+    assert not bad, "\n".join(bad)
+
+
 #: runs validate and compile through the CLI, then reports whether torch got imported
 PROBE = """\
 import io
 import sys
 from mdc.cli import main
-codes = (main(["validate", "examples/quickstart.toml"]),
-         main(["compile", "examples/quickstart.toml", "-o", sys.argv[1]]),
+codes = (main(["validate", "-q", "examples/quickstart.toml"]),
+         main(["compile", "-q", "examples/quickstart.toml", "-o", sys.argv[1]]),
          main(["explain", "examples/quickstart.toml"], stdout=io.StringIO()))
 print("codes", *codes)
 print("torch imported:", 'torch' in sys.modules)

@@ -54,7 +54,7 @@ class Level(enum.IntEnum):
     LOW = 1
 
 
-class Name(str, enum.Enum):
+class Name(enum.StrEnum):
     A = "é"
 
 

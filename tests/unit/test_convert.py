@@ -45,6 +45,11 @@ def reference_converter() -> cattrs.Converter:
         ),
         lambda value, _: value,
     )
+    # a number or a list of numbers ([model] moe_layer_freq, window_attn_skip_freq)
+    converter.register_structure_hook(
+        int | tuple[int, ...] | None,
+        lambda value, _: tuple(value) if isinstance(value, list) else value,
+    )
     return converter
 
 

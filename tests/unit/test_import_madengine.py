@@ -16,6 +16,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from mdc.cli import main
 from mdc.errors import Diagnostic, SpecError
 from mdc.importers import madengine
 from mdc.importers import translate as translate_any
+from mdc.importers.madengine import tables as madengine_tables
 from mdc.loaders import load_file
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
@@ -33,7 +35,7 @@ from mdc.testing import Golden
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO / "golden"
-SHELLCHECK = REPO / ".venv" / "bin" / "shellcheck"
+SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 FIXTURES = Path("tests/fixtures/madengine")
 CASES = sorted(p.stem for p in (REPO / FIXTURES).glob("*.json"))
@@ -351,7 +353,7 @@ def test_launcher_env_lists_everything_the_launchers_set(compiler: Compiler) -> 
         names = {n for role in result.launch.roles for n in role.env} | set(
             result.launch.worker_env
         )
-        known = {*madengine.MANAGED_ENV, *madengine.LAUNCHER_ENV.get(launcher, ())}
+        known = {*madengine_tables.MANAGED_ENV, *madengine_tables.LAUNCHER_ENV.get(launcher, ())}
         if launcher == "megatron":  # the importer adds it when tp > 1 on GPUs
             known.add("CUDA_DEVICE_MAX_CONNECTIONS")
         assert names <= known, (case, sorted(names - known))
@@ -430,7 +432,7 @@ def test_env_contract_sglang(compiler: Compiler) -> None:
         "2",
         "4",
     )
-    # one server over both nodes: tp = 2 x 4 (madengine exports 4; see the README)
+    # one server over both nodes: tp = 2 x 4 (madengine exports 4; see docs/madengine.md)
     assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "8"
     assert isinstance(env["NCCL_INIT_ADDR"], Concat)
     # SGLANG_HOST_IP (§4.1 sglang N > 1): exported by launch/sglang-node.sh from NODE_HOSTS
@@ -565,7 +567,7 @@ def test_block_of_the_wrong_type(tmp_path: Path) -> None:
 
 def spec_files() -> list[Path]:
     found = [p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json")]
-    found += [p for p in (REPO / "golden" / "diagnostics").glob("*/spec.*")]
+    found += list((REPO / "golden" / "diagnostics").glob("*/spec.*"))
     return sorted(found)
 
 

@@ -56,7 +56,7 @@ def overrides(words: list[str]) -> dict[str, str]:
     rest = words[words.index("torchtitan.train") + 1 :]
     assert rest[:2] == ["--job.config_file", "${MDC_OUT}/launch/torchtitan.toml"]
     pairs = rest[2:]
-    return dict(zip(pairs[::2], pairs[1::2]))
+    return dict(zip(pairs[::2], pairs[1::2], strict=False))
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -179,7 +179,13 @@ def test_output_is_byte_identical(tmp_path: Path) -> None:
 
 
 def test_training_setup() -> None:
-    assert training(None).zero_stage == 3 and training(None).recompute == "selective"
+    # TorchTitan's default: selective with selective_ac_option "2", every 2nd layer whole
+    default = training(None)
+    assert (default.zero_stage, default.recompute, default.recompute_every) == (3, "full", 2)
+    op = training(
+        TorchtitanOptions(config={"activation_checkpoint": {"selective_ac_option": "op"}})
+    )
+    assert (op.recompute, op.recompute_every) == ("selective", None)
     full = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "full"}}))
     none = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "none"}}))
     assert (full.recompute, none.recompute) == ("full", "none")

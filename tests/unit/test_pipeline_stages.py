@@ -320,27 +320,64 @@ def test_megatron_refusals_are_located(
     assert pointer in text, text
 
 
-@pytest.mark.parametrize(
-    "flag",
-    [
-        "--decoder-first-pipeline-num-layers",
-        "--account-for-loss-in-pipeline-split",
-        "--pipeline-model-parallel-layout",
-    ],
-)
-def test_extra_args_flags_point_at_their_key(tmp_path: Path, flag: str) -> None:
-    status, text, _ = run(
+def test_extra_args_flags_are_read_as_their_keys(tmp_path: Path) -> None:
+    """The flags given in extra_args are read into the plan as if given by their keys."""
+    code, text, out = run(
+        tmp_path,
+        "compile",
+        64,
+        8,
+        model=LLAMA_405B,
+        parallelism={"tp": 8, "pp": 8},
+        megatron={
+            "extra_args": [
+                "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split",
+            ]
+        },
+    )
+    assert code == 0, text
+    args = worker_args(out)
+    assert args.count("--account-for-embedding-in-pipeline-split") == 1
+    assert plan_of(out)["pipeline_stages"][1] == {
+        "ranks": [1, 6],
+        "layers": 16,
+        "virtual_stages": [16],
+    }
+
+
+def test_extra_args_refusals_point_at_the_flag(tmp_path: Path) -> None:
+    code, text, _ = run(
+        tmp_path,
+        "validate",
+        2,
+        4,
+        model={**BLOOM, "num_layers": 10},
+        parallelism={"tp": 4, "pp": 2},
+        megatron={
+            "decoder_first_pipeline_num_layers": 3,
+            "extra_args": ["--tokenizer-type", "X", "--account-for-loss-in-pipeline-split"],
+        },
+    )
+    assert code != 0 and "MDC227" in text
+    assert "/megatron/extra_args/2" in text
+
+
+def test_a_flag_and_its_key_together_are_refused(tmp_path: Path) -> None:
+    code, text, _ = run(
         tmp_path,
         "validate",
         2,
         4,
         model={**BLOOM, "num_layers": 8},
         parallelism={"tp": 4, "pp": 2},
-        megatron={"extra_args": [flag, "2"]},
+        megatron={
+            "decoder_first_pipeline_num_layers": 4,
+            "extra_args": ["--decoder-first-pipeline-num-layers", "4"],
+        },
     )
-    assert status != 0 and "MDC323" in text
-    key = flag[2:].replace("-", "_")
-    assert f"[megatron] {key}" in text
+    assert code != 0 and "MDC323" in text
+    assert "[megatron] decoder_first_pipeline_num_layers" in text
 
 
 def test_explain_lists_the_layers_of_each_stage(tmp_path: Path) -> None:

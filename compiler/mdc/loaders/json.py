@@ -8,6 +8,7 @@ which knows where every token is, raise the located error.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import re
 
@@ -34,10 +35,8 @@ def parse(text: str, path: str) -> LoadedDocument:
     except RecursionError:
         raise syntax_error(path, "document is nested too deeply", None, None) from None
     scanner = _Scanner(text, path)
-    try:
+    with contextlib.suppress(_ScanError, RecursionError):  # positions are a convenience
         scanner.value(())
-    except (_ScanError, RecursionError):
-        pass  # positions are a convenience: keep what was found
     if rejected is not None:  # the scanner gave up before reaching it (deep nesting)
         raise syntax_error(path, str(rejected), None, None, code=rejected.code)
     return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
+from mdc.plan.architecture import rules as architecture_rules
 from mdc.plan.memory import Context, MemoryEstimate, plan_memory
 from mdc.plan.model import (
     BatchPlan,
@@ -135,7 +136,7 @@ def build_plan(
             "/distributed/min_nnodes",
             f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
         )
-    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
+    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found, disaggregated or serving)
     if sizes is not None and not serving:
         sizes = _layout_vpp(sizes, training, found)
     if sizes:
@@ -149,7 +150,8 @@ def build_plan(
         _model_rules(model, sizes, found)
         if not serving:
             stages = _stages(model, sizes, training, found)
-    if layout is not None and sizes is not None:
+    if layout is not None and sizes is not None and not (disaggregated or serving):
+        # a serving engine's tp spanning nodes is a deployment choice (multi-node servers)
         _span_warnings(layout, sizes, nproc, found)
     memory = None
     if not found.errors and sizes is not None:
@@ -196,16 +198,19 @@ def build_plan(
 
 
 def _parallel(
-    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings
+    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings, serving: bool
 ) -> tuple[Sizes | None, RankLayout | None]:
     par = spec.parallelism
     world = nnodes * nproc
     model_parallel = parallelism == "model"
     tp = par.tp or (nproc if model_parallel else 1)
-    pp = par.pp or (nnodes if model_parallel else 1)
+    # a written dp says the nodes hold replicas, not pipeline stages
+    pp = par.pp or (nnodes if model_parallel and par.dp is None else 1)
     cp = par.cp or 1
     ep = par.ep or 1
-    etp = par.etp or tp
+    # vLLM and SGLang split experts over ep ranks and the rest of tp (SGLang's
+    # moe_tp_size = tp_size / ep_size; vLLM's expert parallelism has no expert tp)
+    etp = par.etp or (max(1, tp // ep) if serving and ep > 1 else tp)
     written = [a for a in ("tp", "pp", "cp") if getattr(par, a) is not None]
     model_size = tp * pp * cp
     if world % model_size:
@@ -222,7 +227,7 @@ def _parallel(
         )
     expert_size = etp * ep * pp
     if world % expert_size:
-        options = [e for e in divisors(world // (etp * pp))] if world % (etp * pp) == 0 else []
+        options = list(divisors(world // (etp * pp))) if world % (etp * pp) == 0 else []
         found.add(
             "MDC203",
             f"world size ({world}) is not divisible by etp * ep * pp = "
@@ -459,8 +464,11 @@ def _framework_model(
 
 
 def _layout_vpp(sizes: Sizes, training: TrainingSetup, found: _Findings) -> Sizes:
-    """A Megatron layout string sets the virtual stages per rank itself."""
+    """The virtual stages per rank the framework makes when vpp is not written: a Megatron
+    layout string's, or TorchTitan's default for a looped schedule."""
     split = training.pipeline
+    if split.default_vpp is not None and sizes.vpp is None and sizes.pp > 1:
+        return attrs.evolve(sizes, vpp=split.default_vpp)
     if split.rule != "megatron" or split.layout is None:
         return sizes
     implied, findings = layout_vpp(split, sizes.pp)
@@ -537,6 +545,8 @@ def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings) -> None:
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
+    for f in architecture_rules(model, sizes.tp):
+        found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
         found.add(

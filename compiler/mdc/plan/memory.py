@@ -30,14 +30,25 @@ model) is not counted. The general layout replaces, as Megatron-Core builds it:
 * ``position_embedding = "rope"`` has no parameters (``"learned"``: s*h);
 * ``tied_embeddings = false`` adds the output matrix V*h;
 * MoE (``num_experts`` E): every layer's MLP becomes a router (E*h) and E
-  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size).
+  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size), with a bias
+  each (and the router one per expert) when ``bias`` is on;
+* the architecture keys (docs/model.md): ``kv_channels`` sets d; ``qk_layernorm``
+  adds two norms of d; ``add_qkv_bias`` a QKV bias; ``softmax_type = "learnable"`` one
+  offset per head; multi-latent attention replaces QKV by its down and up projections;
+  a shared expert adds an MLP of its width to each MoE layer; ``moe_layer_freq`` makes
+  some layers dense; each MTP layer is a copy of the last layer plus two norms, a
+  2h x h projection and a final norm; a hybrid pattern makes each layer one part
+  (Mamba-2, attention, MLP or MoE, each with its norm). A stage's parameters and
+  activations are the sum over the parts of the layers it holds
+  (:mod:`mdc.plan.architecture` says which).
 
 Llama-3-8B (l 32, h 4096, a 32, g 8, f 14336, V 128256, gated, untied, rope,
 no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
 
 Per GPU, tensor parallelism splits QKV, projection, MLP and the vocabulary by
 tp (the fused QKV matrix as a whole, also when num_query_groups < tp; those
-ranks then compute one K/V group each, which the activations count); norms, row-parallel biases, position embeddings and the router are replicated.
+ranks then compute one K/V group each, which the activations count); norms,
+row-parallel biases, position embeddings and the router are replicated.
 Experts split over ep * etp. With pp > 1 the first stage holds the input
 embedding and the last the output matrix, which Megatron-Core allocates there
 even when tied (a copy, kept equal by an all-reduce).
@@ -94,6 +105,15 @@ from fractions import Fraction
 import attrs
 
 from mdc.errors import Finding, Severity
+from mdc.plan.architecture import (
+    Latent,
+    LayerPattern,
+    Mamba,
+    Parts,
+    latent_of,
+    mamba_of,
+    pattern_of,
+)
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, StageLayers, split_layers
@@ -138,6 +158,25 @@ class Shape:
     dtype: str
     #: fused attention: no s x s scores kept
     flash: bool
+    #: which layers are attention, MLP, MoE or Mamba
+    pattern: LayerPattern = attrs.field(
+        default=attrs.Factory(lambda self: LayerPattern(layers=self.layers), takes_self=True)
+    )
+    #: a norm on each head's queries and keys (or on MLA's compressed q and kv)
+    qk_norm: bool = False
+    #: a QKV bias without the other linear biases (--add-qkv-bias)
+    qkv_bias: bool = False
+    #: one learned softmax offset per head (--softmax-type learnable)
+    sinks: bool = False
+    latent: Latent | None = None
+    #: the shared expert's width (0: none)
+    shared_ffn: int = 0
+    mtp_layers: int = 0
+    mamba: Mamba | None = None
+
+    def norm_of(self, width: int) -> int:
+        """Parameters of a norm over ``width`` (weight, and bias for LayerNorm)."""
+        return self.norm // self.hidden * width
 
 
 def missing_keys(model: ModelTable) -> list[str]:
@@ -155,7 +194,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         hidden=h,
         heads=a,
         groups=model.num_query_groups or a,
-        kv_channels=h // a,
+        kv_channels=model.kv_channels or h // a,
         ffn=ffn,
         vocab=model.vocab_size or 0,
         seq=model.seq_length or 0,
@@ -169,6 +208,14 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         norm=h if model.normalization == "rmsnorm" else 2 * h,
         dtype=model.dtype or DEFAULT_DTYPE,
         flash=model.flash_attention is not False,
+        pattern=pattern_of(model),
+        qk_norm=bool(model.qk_layernorm),
+        qkv_bias=bool(model.add_qkv_bias),
+        sinks=model.softmax_type == "learnable",
+        latent=latent_of(model),
+        shared_ffn=(model.moe_shared_expert_intermediate_size or 0) if model.num_experts else 0,
+        mtp_layers=model.mtp_num_layers or 0,
+        mamba=mamba_of(model),
     )
 
 
@@ -181,42 +228,123 @@ def _ceil(value: Fraction | int) -> int:
 
 @attrs.frozen(kw_only=True)
 class _LayerParams:
-    """One layer's parameters on one GPU: dense (tp-sharded or replicated) and expert."""
+    """Parameters on one GPU: dense (tp-sharded or replicated) and expert."""
 
     dense: int
     expert: int
 
+    def __add__(self, other: _LayerParams) -> _LayerParams:
+        return _LayerParams(dense=self.dense + other.dense, expert=self.expert + other.expert)
 
-def _layer(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
-    h, d, b = shape.hidden, shape.kv_channels, int(shape.bias)
-    q = _ceil(Fraction(shape.heads * d, tp))
+    def __mul__(self, count: int) -> _LayerParams:
+        return _LayerParams(dense=self.dense * count, expert=self.expert * count)
+
+
+def _split(width: int, tp: int) -> int:
+    return _ceil(Fraction(width, tp))
+
+
+def _attention(shape: Shape, tp: int) -> int:
+    """The input norm and the attention block of one layer on one tp rank."""
+    h, b = shape.hidden, int(shape.bias)
+    latent = shape.latent
+    sinks = _split(shape.heads, tp) if shape.sinks else 0
+    if latent is not None:
+        # as Transformer Engine's spec builds it: the down projections (and their norms)
+        # are replicated over tp, the up projections split by heads
+        q_head = latent.qk_head + latent.rope_head
+        q_up = _split(shape.heads * q_head, tp)
+        query = h * latent.q_lora + latent.q_lora * q_up if latent.q_lora else h * q_up
+        kv = h * (latent.kv_lora + latent.rope_head) + latent.kv_lora * _split(
+            shape.heads * (latent.qk_head + latent.v_head), tp
+        )
+        norms = shape.norm_of(latent.q_lora) + shape.norm_of(latent.kv_lora)
+        projection = _split(shape.heads * latent.v_head, tp) * h + b * h
+        return shape.norm + query + kv + projection + sinks + (norms if shape.qk_norm else 0)
+    d = shape.kv_channels
+    q = _split(shape.heads * d, tp)
     # Megatron-Core splits the fused QKV matrix over tp as a whole, even with fewer
     # query groups than tp (each rank then gathers the one group it needs)
-    qkv = _ceil(Fraction((shape.heads + 2 * shape.groups) * d, tp))
-    attention = h * qkv + b * qkv + q * h + b * h
-    norms = 2 * shape.norm
-    width = 2 if shape.gated else 1
-    if not shape.experts:
-        f = _ceil(Fraction(shape.ffn, tp))
-        mlp = h * width * f + b * width * f + f * h + b * h
-        return _LayerParams(dense=attention + norms + mlp, expert=0)
-    f = _ceil(Fraction(shape.moe_ffn, etp))
-    one_expert = h * width * f + b * width * f + f * h + b * h
-    local = _ceil(Fraction(shape.experts, ep))
-    return _LayerParams(dense=attention + norms + shape.experts * h, expert=local * one_expert)
+    qkv = _split((shape.heads + 2 * shape.groups) * d, tp)
+    qkv_bias = qkv if shape.bias or shape.qkv_bias else 0
+    qk_norms = 2 * shape.norm_of(d) if shape.qk_norm else 0
+    return shape.norm + h * qkv + qkv_bias + q * h + b * h + qk_norms + sinks
+
+
+def _mlp(shape: Shape, width: int, split: int, bias: bool) -> int:
+    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up)."""
+    h, b, f = shape.hidden, int(bias), _split(width, split)
+    gates = 2 if shape.gated else 1
+    return h * gates * f + b * gates * f + f * h + b * h
+
+
+def _moe(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
+    """The pre-MLP norm, router, shared expert and this rank's routed experts."""
+    router = shape.experts * shape.hidden + (shape.experts if shape.bias else 0)
+    shared = _mlp(shape, shape.shared_ffn, tp, False) if shape.shared_ffn else 0
+    local = _split(shape.experts, ep)
+    return _LayerParams(
+        dense=shape.norm + router + shared,
+        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias),
+    )
+
+
+def _mamba(shape: Shape, tp: int) -> int:
+    """A Mamba-2 layer as Megatron-Core's MambaMixer builds it (heads split over tp)."""
+    m, h = shape.mamba, shape.hidden
+    if m is None:
+        return 0
+    inner, heads, bc = _split(m.inner, tp), _split(m.heads, tp), _split(2 * m.groups * m.state, tp)
+    in_proj = h * (2 * inner + bc + heads)  # z, x, B, C and dt
+    conv = (inner + bc) * (m.conv + 1)  # a depthwise kernel and a bias per channel
+    # dt_bias, A_log and D per head, the gated norm over the inner width, out_proj
+    return shape.norm + in_proj + conv + 3 * heads + inner + inner * h
+
+
+def _parts(shape: Shape, parts: Parts, tp: int, ep: int, etp: int) -> _LayerParams:
+    dense = (
+        parts.attention * _attention(shape, tp)
+        + parts.mlp * (shape.norm + _mlp(shape, shape.ffn, tp, shape.bias))
+        + parts.mamba * _mamba(shape, tp)
+    )
+    return _LayerParams(dense=dense, expert=0) + _moe(shape, tp, ep, etp) * parts.moe
+
+
+def _layers(shape: Shape, start: int, stop: int, tp: int, ep: int, etp: int) -> _LayerParams:
+    """Parameters of layers ``start`` to ``stop - 1`` on one GPU."""
+    return _parts(shape, shape.pattern.parts(start, stop), tp, ep, etp)
+
+
+def _mtp(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
+    """One multi-token prediction layer: a copy of the last layer's kind, two input norms,
+    the 2h -> h projection (split over tp) and its own final norm."""
+    moe = shape.pattern.last_is_moe()
+    layer = _parts(shape, Parts(attention=1, mlp=int(not moe), moe=int(moe)), tp, ep, etp)
+    h = shape.hidden
+    return layer + _LayerParams(dense=3 * shape.norm + 2 * h * _split(h, tp), expert=0)
 
 
 def _embedding(shape: Shape, tp: int) -> int:
-    return _ceil(Fraction(shape.vocab, tp)) * shape.hidden + (
+    return _split(shape.vocab, tp) * shape.hidden + (
         shape.seq * shape.hidden if shape.learned_positions else 0
     )
 
 
 def parameter_count(shape: Shape) -> int:
     """Parameters of the whole model (tied embeddings counted once; no final norm)."""
-    layer = _layer(shape, 1, 1, 1)
+    layers = _layers(shape, 0, shape.layers, 1, 1, 1) + _mtp(shape, 1, 1, 1) * shape.mtp_layers
     output = 0 if shape.tied else shape.vocab * shape.hidden
-    return shape.layers * (layer.dense + layer.expert) + _embedding(shape, 1) + output
+    return layers.dense + layers.expert + _embedding(shape, 1) + output
+
+
+def active_parameter_count(shape: Shape) -> int:
+    """Parameters one token passes through: each MoE layer's top-k experts, not all
+    (the multi-token prediction layers, a training objective, are left out)."""
+    layers = _layers(shape, 0, shape.layers, 1, 1, 1)
+    routed = min(shape.topk, shape.experts)
+    expert = layers.expert * routed // shape.experts if shape.experts else 0
+    output = 0 if shape.tied else shape.vocab * shape.hidden
+    return layers.dense + expert + _embedding(shape, 1) + output
 
 
 # ----------------------------------------------------------------------------- memory
@@ -259,41 +387,217 @@ class MemoryEstimate:
     capacity: int | None = None
 
 
-def _activations_per_layer(
+@attrs.frozen(kw_only=True)
+class _PartActivations:
+    """One part's activations for one micro batch, in bytes: the replicated share
+    (which sequence parallelism splits over tp), the tp-split share and the s x s scores
+    of eager attention."""
+
+    replicated: Fraction = Fraction(0)
+    split: Fraction = Fraction(0)
+    scores: Fraction = Fraction(0)
+    #: what Megatron-Core's selective recompute of a module drops, by module name
+    #: ("layernorm": the norm's output, part of the replicated share; "mlp", "moe",
+    #: "moe_act", "shared_experts": parts of the split share)
+    modules: tuple[tuple[str, Fraction], ...] = ()
+
+    def full(self, sp: int) -> Fraction:
+        return self.replicated / sp + self.split + self.scores
+
+    def selective(self, sp: int, modules: tuple[str, ...]) -> Fraction:
+        """What the part keeps when the listed modules are recomputed."""
+        chosen = set(modules)
+        if "moe" in chosen:  # the whole MoE layer: its activation function with it
+            chosen -= {"moe_act", "shared_experts"}
+        kept = self.full(sp) - (self.scores if "core_attn" in chosen else 0)
+        for name, size in self.modules:
+            if name in chosen:
+                kept -= size / sp if name == "layernorm" else size
+        return kept
+
+
+def _part_activations(
+    shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup
+) -> dict[str, _PartActivations]:
+    """Each part's activations (Korthikanti et al.'s terms, split by part)."""
+    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    h = shape.hidden
+    # fp8 training: Transformer Engine keeps a linear layer's input for its backward pass
+    # in fp8 (1 byte); the norms, attention and activation functions keep 16 bits
+    gemm_in = 1 if shape.dtype == "fp8" else act
+    norm_output = ("layernorm", gemm_in * tokens * h)
+    # per ffn column: the first matrix's outputs (gate and up, or one) and the second
+    # matrix's input
+    ffn_bytes = act * (intermediates_of(shape) - 1) + gemm_in
+    # experts padded to their capacity hold capacity-factor times the even share of tokens
+    capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
+    routed = tokens * shape.topk * capacity
+    experts = routed * (ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * h)
+    shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
+    # every part keeps its norm's input, its first matrix's input and a dropout mask
+    inputs = (act + gemm_in + 1) * tokens * h
+    latent = shape.latent
+    if latent is not None:
+        # Q and K of qk + rope width, V and the projection input of v width, per head; the
+        # replicated compressed q and kv (each a norm input and an up-projection input)
+        q = Fraction(shape.heads * (latent.qk_head + latent.rope_head), t)
+        v = Fraction(shape.heads * latent.v_head, t)
+        split = act * tokens * (2 * q + 2 * v)
+        inputs += act * tokens * (2 * latent.q_lora + 2 * latent.kv_lora + latent.rope_head)
+    else:
+        d = shape.kv_channels
+        q = Fraction(shape.heads * d, t)
+        kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
+        split = act * tokens * (2 * q + 2 * kv)
+    scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
+    mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
+    parts = {
+        "attention": _PartActivations(
+            replicated=inputs, split=split, scores=Fraction(scores), modules=(norm_output,)
+        ),
+        "mlp": _PartActivations(
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=mlp,
+            modules=(norm_output, ("mlp", mlp)),
+        ),
+        "moe": _PartActivations(
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=experts + shared,
+            modules=(
+                norm_output,
+                ("moe", experts + shared),
+                ("moe_act", routed * gemm_in * Fraction(shape.moe_ffn, sizes.etp)),
+                ("shared_experts", shared),
+            ),
+        ),
+    }
+    m = shape.mamba
+    if m is not None:
+        # what the fused Mamba-2 kernel saves for backward: its input projection (z, x, B,
+        # C, dt), the scan's output, and the gated norm's output that out_proj keeps
+        width = 4 * m.inner + 2 * m.groups * m.state + m.heads
+        parts["mamba"] = _PartActivations(
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=act * tokens * Fraction(width, t),
+            modules=(norm_output,),
+        )
+    return parts
+
+
+def intermediates_of(shape: Shape) -> int:
+    """MLP intermediates kept per token and ffn column: gate, up and product, or two."""
+    return 3 if shape.gated else 2
+
+
+def _activations(
     shape: Shape,
+    parts: Parts,
+    layers: int,
     sizes: Sizes,
     micro: int,
     training: TrainingSetup,
 ) -> tuple[Fraction, Fraction]:
-    """(bytes kept per layer and micro batch, bytes of one layer's full activations)."""
-    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
-    tokens = Fraction(shape.seq, sizes.cp) * micro
-    h, d = shape.hidden, shape.kv_channels
-    q = Fraction(shape.heads * d, t)
-    kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
-    sp = training.sequence_parallel and t > 1
-    replicated = (4 * act + 2) * tokens * h
-    split = act * tokens * (2 * q + 2 * kv)
-    intermediates = 3 if shape.gated else 2
-    if shape.experts:
-        split += (
-            act * tokens * shape.topk * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
-        )
+    """(bytes these layers keep per micro batch, bytes of the heaviest layer's full
+    activations, which full recompute holds while it recomputes one layer)."""
+    t = sizes.tp
+    sp = t if training.sequence_parallel and t > 1 else 1
+    each = _part_activations(shape, sizes, micro, training)
+    counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
+    counts["mamba"] = parts.mamba
+    full = sum((counts[kind] * each[kind].full(sp) for kind in counts if counts[kind]), Fraction(0))
+    modules = training.recompute_modules or ("core_attn",)
+    selective = sum(
+        (counts[kind] * each[kind].selective(sp, modules) for kind in counts if counts[kind]),
+        Fraction(0),
+    )
+    present = [kind for kind in counts if counts[kind]]
+    if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
+        mlps = [each[k].full(sp) for k in ("mlp", "moe") if counts[k]]
+        heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
     else:
-        split += act * tokens * intermediates * Fraction(shape.ffn, t)
-    scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
-    full = (replicated / t if sp else replicated) + split + scores
+        heaviest = max((each[k].full(sp) for k in present), default=Fraction(0))
+    # layers whose activations are offloaded keep nothing here (an even share of each kind)
+    on_gpu = Fraction(max(layers - training.offload_layers, 0), layers) if layers else Fraction(0)
     if training.recompute == "full":
-        return act * tokens * h / (t if sp else 1), full
+        act = 4 if shape.dtype == "fp32" else 2
+        layer_input = act * Fraction(shape.seq, sizes.cp) * micro * shape.hidden / sp
+        return _full_recompute(full, layer_input, heaviest, layers, sizes.vpp or 1, training)
     if training.recompute == "selective":
-        return full - scores, full
-    return full, full
+        return selective * on_gpu, heaviest
+    return full * on_gpu, heaviest
 
 
-def _split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
+def _full_recompute(
+    full: Fraction,
+    layer_input: Fraction,
+    heaviest: Fraction,
+    layers: int,
+    chunks: int,
+    training: TrainingSetup,
+) -> tuple[Fraction, Fraction]:
+    """Full recompute of ``layers`` layers in ``chunks`` model chunks (Megatron-Core):
+    uniform keeps the input of each run of recompute_num_layers layers and holds one run's
+    activations while it recomputes; block recomputes the first recompute_num_layers
+    layers of each chunk and keeps the others' activations. (kept, working set)"""
+    if not layers:
+        return Fraction(0), Fraction(0)
+    per_chunk = math.ceil(Fraction(layers, chunks))
+    count = training.recompute_num_layers or 1
+    if training.recompute_every:  # every n-th layer: its input only; the others all
+        again = layers // training.recompute_every
+        kept = again * layer_input + full * Fraction(layers - again, layers)
+        return kept, heaviest if again else Fraction(0)
+    if training.recompute_method == "block":
+        again = min(count, per_chunk) * chunks
+        rest = max(layers - again, 0)
+        kept = min(again, layers) * layer_input + full * Fraction(rest, layers)
+        return kept, heaviest
+    runs = math.ceil(Fraction(per_chunk, count)) * chunks
+    return runs * layer_input, min(count, per_chunk) * heaviest
+
+
+def _dispatch_buffer(
+    shape: Shape, parts: Parts, sizes: Sizes, micro: int, training: TrainingSetup
+) -> Fraction:
+    """The allgather dispatcher's gathered tokens of the tp * ep group, held while one MoE
+    layer runs (the alltoall and flex dispatchers keep only the routed copies)."""
+    if not parts.moe or training.moe_dispatcher != "allgather" or sizes.tp * sizes.ep == 1:
+        return Fraction(0)
+    act = 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    local = tokens / sizes.tp if training.sequence_parallel and sizes.tp > 1 else tokens
+    return act * local * sizes.tp * sizes.ep * shape.hidden
+
+
+def _stage_split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
     """The launcher's split of the layers over the stages (None: its framework refuses)."""
-    stages, _ = split_layers(training.pipeline, Model(layers=shape.layers), sizes.pp, sizes.vpp)
+    model = Model(layers=shape.layers, mtp_layers=shape.mtp_layers or None)
+    stages, _ = split_layers(training.pipeline, model, sizes.pp, sizes.vpp)
     return stages
+
+
+def _spans(
+    shape: Shape, sizes: Sizes, training: TrainingSetup, stages: StageLayers | None
+) -> dict[int, list[tuple[int, int]]]:
+    """The layer index ranges of each pipeline rank that can be the heaviest; a split the
+    framework refuses falls back to ceil(layers / pp) on the first and the last rank."""
+    pp = sizes.pp
+    stages = stages or _stage_split(shape, sizes, training)
+    if stages is None:
+        even = _ceil(Fraction(shape.layers, pp))
+        return {0: [(0, even)], pp - 1: [(max(shape.layers - even, 0), shape.layers)]}
+    return {rank: stages.layer_spans(rank) for rank in stages.candidate_ranks()}
+
+
+def _parts_of(shape: Shape, spans: list[tuple[int, int]]) -> Parts:
+    each = [shape.pattern.parts(start, stop) for start, stop in spans]
+    return Parts(
+        attention=sum(p.attention for p in each),
+        mlp=sum(p.mlp for p in each),
+        moe=sum(p.moe for p in each),
+        mamba=sum(p.mamba for p in each),
+    )
 
 
 def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
@@ -320,55 +624,75 @@ def stage_estimates(
     """Per-GPU memory of each pipeline rank that can be the heaviest (one entry when pp = 1).
 
     ``stages``: the layers of every stage (default: the launcher's rule applied to
-    ``shape``); a split the framework refuses falls back to ceil(layers / pp) per stage.
+    ``shape``).
     """
-    tp, pp = sizes.tp, sizes.pp
+    tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
-    stages = stages or _split(shape, sizes, training)
-    if stages is None:
-        even = _ceil(Fraction(shape.layers, pp))
-        candidates = [(0, even), (pp - 1, even)] if pp > 1 else [(0, even)]
-    else:
-        candidates = [(rank, stages.layers_of(rank)) for rank in stages.candidate_ranks()]
-    layer = _layer(shape, tp, sizes.ep, sizes.etp)
     embedding = _embedding(shape, tp)
-    output = _ceil(Fraction(shape.vocab, tp)) * shape.hidden
-    kept, one_layer = _activations_per_layer(shape, sizes, micro, training)
-    extra = one_layer if training.recompute == "full" else 0
+    output = _split(shape.vocab, tp) * shape.hidden
     logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
-    w = WEIGHT_BYTES.get(shape.dtype, 2)
+    # multi-token prediction layers sit on the last stage, each with its own logits;
+    # with pp > 1 that stage also holds a copy of the input embedding for them
+    mtp = _mtp(shape, tp, ep, etp) * shape.mtp_layers
+    mtp_embedding = embedding if shape.mtp_layers and pp > 1 else 0
+    mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
+    mtp_parts = Parts(attention=1, **{mtp_kind: 1})
+    mtp_kept, _ = _activations(shape, mtp_parts, 1, sizes, micro, training)
+    heads = logits * (1 + shape.mtp_layers)
+    last_extra = (mtp, mtp_kept * shape.mtp_layers)
+    none = (_LayerParams(dense=0, expert=0), Fraction(0))
+    w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
+    layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
-    o = 8 if w >= 4 else 12
+    o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
+    on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     zero = max(0, min(3, training.zero_stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
-    for rank, per_stage in candidates:
+    for rank, spans in _spans(shape, sizes, training, stages).items():
+        # (name, ends' parameters, logits, MTP)
         if pp == 1:
-            name, ends, head = "only", embedding + (0 if shape.tied else output), logits
+            name, ends, head, extra = (
+                "only",
+                embedding + (0 if shape.tied else output),
+                heads,
+                last_extra,
+            )
         elif rank == 0:
-            name, ends, head = "first", embedding, Fraction(0)
+            name, ends, head, extra = "first", embedding, Fraction(0), none
         elif rank == pp - 1:
-            name, ends, head = "last", output, logits
+            name, ends, head, extra = "last", output + mtp_embedding, heads, last_extra
         else:
-            name, ends, head = "middle", 0, Fraction(0)
+            name, ends, head, extra = "middle", 0, Fraction(0), none
+        extra_params, extra_kept = extra
         in_flight, factor = _in_flight(rank, pp, sizes.vpp, microbatches)
-        dense = per_stage * layer.dense + ends
-        expert = per_stage * layer.expert
+        per_stage = sum(stop - start for start, stop in spans)
+        parts = _parts_of(shape, spans)
+        params = _parts(shape, parts, tp, ep, etp) + extra_params
+        dense, expert = params.dense + ends, params.expert
 
-        def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
+        def sharded(
+            per_param: Fraction, stage: int, dense: int = dense, expert: int = expert
+        ) -> Fraction:
             on = zero >= stage
-            return _ceil(
-                per_param
-                * (
-                    Fraction(dense, shard if on else 1)
-                    + Fraction(expert, expert_shard if on else 1)
-                )
+            return per_param * (
+                Fraction(dense, shard if on else 1) + Fraction(expert, expert_shard if on else 1)
             )
 
-        activations = _ceil(kept * per_stage * in_flight * factor + extra + head)
-        weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
+        kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
+        recomputing = heaviest if training.recompute == "full" else 0
+        recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
+        activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
+        # fp8 parameters: the layers' weights in 1 byte, the embeddings in the dtype's
+        weights = _ceil(
+            sharded(Fraction(layer_w), 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0)
+        )
+        gradients = _ceil(sharded(Fraction(g), 2))
+        if training.param_offload:
+            weights = gradients = 0
+        optimizer = _ceil(sharded(o * on_gpu, 1))
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
@@ -377,7 +701,7 @@ def stage_estimates(
                 stage_rank=rank,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
-                weight_bytes=w,
+                weight_bytes=layer_w,
                 grad_bytes=g,
                 optimizer_bytes=o,
                 zero_stage=zero,
@@ -461,7 +785,7 @@ def _resized(
     if cp > 1 and shape.seq % (2 * cp):
         return None
     resized = attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
-    if pp != sizes.pp and _split(shape, resized, training) is None:
+    if pp != sizes.pp and _stage_split(shape, resized, training) is None:
         return None
     return resized
 
@@ -503,18 +827,43 @@ def _levers(
             spans = " (spans nodes)" if axis == "tp" and value > context.nproc_per_node else ""
             options.append((f"{axis} {value}{spans}", resized, rebatched, training))
         yield options
+    keys = dict(training.levers)
     if max(sizes.dp * sizes.cp, sizes.edp) > 1:
         yield [
-            (f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
+            (keys[f"zero {stage}"], sizes, batch, attrs.evolve(training, zero_stage=stage))
             for stage in range(training.zero_stage + 1, 4)
+            if f"zero {stage}" in keys
         ]
-    if sizes.tp > 1 and not training.sequence_parallel:
-        yield [("sequence parallel", sizes, batch, attrs.evolve(training, sequence_parallel=True))]
+    if "optimizer offload" in keys and training.optimizer_offload < 1:
+        yield [
+            (keys["optimizer offload"], sizes, batch, attrs.evolve(training, optimizer_offload=1.0))
+        ]
+    if sizes.tp > 1 and not training.sequence_parallel and "sequence parallel" in keys:
+        yield [
+            (
+                keys["sequence parallel"],
+                sizes,
+                batch,
+                attrs.evolve(training, sequence_parallel=True),
+            )
+        ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
     yield [
-        (f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
+        (
+            keys[f"recompute {mode}"],
+            sizes,
+            batch,
+            attrs.evolve(
+                training,
+                recompute=mode,
+                recompute_method=None,
+                recompute_num_layers=None,
+                recompute_modules=None,
+            ),
+        )
         for mode in modes[after:]
+        if f"recompute {mode}" in keys
     ]
     if batch is not None and batch.micro_batch_size > 1:
         options = []

@@ -76,7 +76,7 @@ class RankGrid:
 def _compose(index: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
     """Map a mixed-radix index (fastest digit first) onto ranks through ``strides``."""
     rank = 0
-    for size, stride in zip(sizes, strides):
+    for size, stride in zip(sizes, strides, strict=True):
         index, digit = divmod(index, size)
         rank += digit * stride
     return rank
@@ -85,7 +85,7 @@ def _compose(index: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> in
 def _all_composed(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[int]:
     """``_compose(i, sizes, strides)`` for every ``i``, in order, built digit by digit."""
     ranks = [0]
-    for size, stride in zip(sizes, strides):
+    for size, stride in zip(sizes, strides, strict=True):
         ranks = [rank + digit * stride for digit in range(size) for rank in ranks]
     return ranks
 
@@ -132,7 +132,7 @@ class GroupSet:
     def index_of(self, rank: int) -> int:
         """Which group ``rank`` belongs to."""
         index, scale = 0, 1
-        for size, stride in zip(self.outer_sizes, self.outer_strides):
+        for size, stride in zip(self.outer_sizes, self.outer_strides, strict=True):
             index += (rank // stride) % size * scale
             scale *= size
         return index
@@ -140,7 +140,7 @@ class GroupSet:
     @property
     def span(self) -> int:
         """Highest minus lowest rank within any group (the same for every group)."""
-        return sum((s - 1) * t for s, t in zip(self.inner_sizes, self.inner_strides))
+        return sum((s - 1) * t for s, t in zip(self.inner_sizes, self.inner_strides, strict=True))
 
     def group_crossing(self, block: int) -> int | None:
         """A group with ranks in two blocks of ``block`` consecutive ranks (nodes), if any.
@@ -156,7 +156,7 @@ class GroupSet:
             return 0
         moving = [
             (i, s, t)
-            for i, (s, t) in enumerate(zip(self.outer_sizes, self.outer_strides))
+            for i, (s, t) in enumerate(zip(self.outer_sizes, self.outer_strides, strict=True))
             if t % block and s > 1
         ]
         # Combine the moving axes' digits; at most ``block`` distinct offsets survive, and an

@@ -53,6 +53,9 @@ class PipelineSplit:
     last_less: int = 1
     #: TorchTitan: a V-shaped schedule (ZBVZeroBubble, DualPipeV) places stages in a V
     v_shaped: bool = False
+    #: virtual stages per rank the framework makes when vpp is not written (TorchTitan's
+    #: looped schedules: 2)
+    default_vpp: int | None = None
     #: where each of the keys above was written (JSON pointers), for findings
     pointers: Mapping[str, str] = attrs.field(factory=dict)
 
@@ -90,6 +93,22 @@ class StageLayers:
 
     def layers_of(self, rank: int) -> int:
         return sum(self.chunks_of(rank))
+
+    def layer_spans(self, rank: int) -> list[tuple[int, int]]:
+        """The layer indices (start, stop) of each virtual stage of ``rank``: layers are
+        numbered through virtual stage 0 of ranks 0..pp-1, then virtual stage 1, ..."""
+        spans = []
+        base = 0
+        for k in range(self.vpp):
+            before = sum(
+                run.chunks[k] * (min(run.first_rank + run.count, rank) - run.first_rank)
+                for run in self.runs
+                if run.first_rank < rank
+            )
+            size = self.chunks_of(rank)[k]
+            spans.append((base + before, base + before + size))
+            base += sum(run.chunks[k] * run.count for run in self.runs)
+        return spans
 
     def candidate_ranks(self) -> list[int]:
         """The ranks whose memory can be the largest: the first of each run and the last

@@ -28,6 +28,7 @@ torch: only the probe does, in the workers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import importlib.util
 import json
@@ -390,26 +391,20 @@ def _stop(procs: dict[int, Any], token: str) -> None:
     """TERM every node's process group still running, then KILL what remains of the run."""
     for proc in procs.values():
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and (
         any(p.poll() is None for p in procs.values()) or _processes_with(token)
     ):
         time.sleep(0.1)
     for pid in _processes_with(token):  # torchrun's workers live in sessions of their own
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     for proc in procs.values():
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
 
 

@@ -16,6 +16,9 @@ import pytest
 
 from mdc.testing import MdcCli
 
+# Real processes on loopback ports: one xdist worker runs every such test, in turn.
+pytestmark = pytest.mark.xdist_group("loopback")
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 GOLDEN = ROOT / "golden"

@@ -166,6 +166,8 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
             hint="start the job name with a letter and keep it to at most "
             f"{63 - (len(longest) - len(plan.job.name))} characters",
         )
+    # the JobSet makes the headless Service <job>
+    yield from k8s.name_clash_findings(plan.job.name, ("Service",), "trainjob")
     if plan.elastic:
         yield Finding(
             code="MDC481",
@@ -199,7 +201,7 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
 
 def schema() -> dict[str, Any]:
     own = read_schema("mdc_schemas", "plugins/trainjob.v1.schema.json")
-    shared = {k: v for k, v in k8s.pod_options_schema().items()}
+    shared = dict(k8s.pod_options_schema().items())
     own["properties"] = {**shared, **own["properties"]}
     return own
 
@@ -212,6 +214,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             emit=emit,
             check=check,
             launchers=LAUNCHERS,
+            run_command="kubectl apply -f {out}/trainjob/job.yaml",
             schema=schema(),
             options_type=TrainJobOptions,
             description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "

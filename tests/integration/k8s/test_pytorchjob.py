@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -187,7 +188,7 @@ def test_node_script_lints(compiler: Compiler, tmp_path: Path) -> None:
             path = tmp_path / key
             path.write_text(text, encoding="utf-8")
             subprocess.run(["bash", "-n", str(path)], check=True)
-            subprocess.run([str(REPO / ".venv/bin/shellcheck"), str(path)], check=True)
+            subprocess.run([str(Path(sys.executable).parent / "shellcheck"), str(path)], check=True)
 
 
 @pytest.mark.parametrize("example", ["pytorchjob-elastic", "pytorchjob-torchrun-2x8"])

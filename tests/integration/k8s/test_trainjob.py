@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,7 @@ def test_node_script_lints(compiler: Compiler, tmp_path: Path) -> None:
         path = tmp_path / key
         path.write_text(text, encoding="utf-8")
         subprocess.run(["bash", "-n", str(path)], check=True)
-        subprocess.run([str(REPO / ".venv/bin/shellcheck"), str(path)], check=True)
+        subprocess.run([str(Path(sys.executable).parent / "shellcheck"), str(path)], check=True)
 
 
 def test_example_golden_validates() -> None:

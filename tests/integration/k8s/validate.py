@@ -172,7 +172,7 @@ def _list_map_keys(validator: Any, keys: Any, instance: Any, schema: Any) -> Ite
         key = json.dumps([item.get(k) for k in keys])
         if key in seen:
             yield jsonschema.ValidationError(
-                f"duplicate list-map key {dict(zip(keys, json.loads(key)))}"
+                f"duplicate list-map key {dict(zip(keys, json.loads(key), strict=True))}"
             )
         seen.add(key)
 

@@ -10,6 +10,7 @@ run, which is intended: CI has both).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -282,10 +283,8 @@ class RunToken:
 
     def kill_all(self) -> None:
         for pid in self.processes():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture

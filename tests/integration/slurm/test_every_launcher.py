@@ -20,7 +20,8 @@ import pytest
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
 
-pytestmark = pytest.mark.slow  # bash -n and shellcheck run as processes
+# bash -n and shellcheck run as processes; the SLURM cluster is shared
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -24,7 +24,7 @@ from mdc.errors import PluginOrigin
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

@@ -1,539 +1,51 @@
-"""madengine's additional-context JSON as an mdc spec.
-
-madengine (ROCm/madengine) reads one JSON object, its *additional context*
-(``--additional-context-file``), merges its presets into it and renders launch
-scripts from the result. :func:`translate` turns that object into an mdc spec
-that keeps madengine's meaning: the deployment target (``k8s``/``kubernetes`` ->
-the kubernetes backend, ``slurm`` -> slurm, neither -> local), the launcher and
-its per-target default, the node and GPU counts from the keys madengine reads on
-that target, the rendezvous port (``launcher.master_port`` on Kubernetes,
-``distributed.port`` on SLURM, 29500 otherwise), and the environment its preset
-layers add. Every key that is not carried over unchanged gets a warning saying
-what happened to it and why, located at the key in the madengine file; the
-returned document's source map points every mdc value at the madengine key it
-came from, so later schema and plan errors land in the JSON too.
-
-Warnings (the report): MDC500 dropped, MDC501 not a madengine key, MDC502 a
-value mdc needs that madengine takes from elsewhere (a placeholder to edit),
-MDC503 a madengine default applied, MDC504 reinterpreted, MDC505 a madengine
-bug mdc does not copy. Errors (madengine refuses these too): MDC530 both
-``k8s`` and ``slurm``, MDC531 ``deploy`` contradicts the blocks, MDC532 a block
-that must be an object is not, MDC533 not a madengine context at all.
-"""
+"""Recognising a madengine context and translating it, in madengine's order of resolution."""
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import re
 from collections.abc import Mapping
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any
 
-from mdc.errors import Diagnostic, ExitCode, Severity, SpecError, join_pointer
-from mdc.loaders import LoadedDocument, Position, load_file
+from mdc.errors import Diagnostic, SpecError
+from mdc.loaders import LoadedDocument
 
-# --- what madengine's context may hold (madengine.md §2, §7) -----------------------------
-
-#: top-level keys only madengine uses (an mdc spec never has them)
-OWN_TOP = (
-    "gpu_vendor",
-    "guest_os",
-    "k8s",
-    "env_vars",
-    "docker_env_vars",
-    "docker_mounts",
-    "docker_build_arg",
-    "docker_gpus",
-    "deploy",
-    "tools",
-    "pre_scripts",
-    "post_scripts",
-    "encapsulate_script",
-    "debug",
-    "timeout",
-    "MAD_CONTAINER_IMAGE",
-    "context",
-    "shared_data",
-    "deployment_config",
-    "launcher",
-    "gpus_per_node",
-    "gpu_count",
-    "n_gpus",
-    "num_gpus",
-    "ngpus",
+from .builder import Builder, env_value, escape_token
+from .tables import (
+    AMD_MULTI_GPU_ENV,
+    COMMANDS,
+    DEFAULT_PORT,
+    DISTRIBUTED_KEYS,
+    DROPPED,
+    GPU_COUNT_KEYS,
+    K8S_DEFAULT_ENV,
+    K8S_KEYS,
+    K8S_MULTI_NODE_ENV,
+    K8S_NVIDIA_ENV,
+    K8S_TEMPLATE_ENV,
+    LAUNCHER_ENV,
+    LAUNCHER_KEYS,
+    LAUNCHERS,
+    MANAGED_ENV,
+    MODEL_KEYS,
+    OBJECT_KEYS,
+    OWN_DISTRIBUTED,
+    OWN_K8S,
+    OWN_SLURM,
+    OWN_TOP,
+    PLACEHOLDER,
+    PRIMUS_DEFAULT_CONFIG,
+    PRIMUS_KEYS,
+    SGLANG_DISAGG_KEYS,
+    SLURM_DEFAULT_ENV,
+    SLURM_KEYS,
+    SLURM_MULTI_NODE_ENV,
+    SLURM_SINGLE_NODE_ENV,
+    TARGETS,
+    TOP_KEYS,
 )
-#: top-level keys madengine shares with mdc's table names
-SHARED_TOP = ("distributed", "slurm", "kubernetes", "vllm")
-TOP_KEYS = OWN_TOP + SHARED_TOP
-K8S_KEYS = (
-    "gpu_count",
-    "memory",
-    "memory_limit",
-    "cpu",
-    "cpu_limit",
-    "namespace",
-    "image_pull_policy",
-    "node_selector",
-    "backoff_limit",
-    "tolerations",
-    "kubeconfig",
-    "gpu_resource_name",
-    "host_ipc",
-    "results_pvc",
-    "data_pvc",
-    "output_dir",
-    "recreate_shared_data_pvc",
-    "ttl_seconds_after_finished",
-    "allow_privileged_profiling",
-    "storage_class",
-    "nfs_storage_class",
-    "multi_node_results_storage_class",
-    "results_storage_size",
-    "secrets",
-)
-SLURM_KEYS = (
-    "partition",
-    "nodes",
-    "gpus_per_node",
-    "time",
-    "exclusive",
-    "output_dir",
-    "account",
-    "qos",
-    "constraint",
-    "nodelist",
-    "exclude",
-    "reservation",
-    "network_interface",
-    "modules",
-    "shared_workspace",
-    "enable_node_check",
-    "auto_cleanup_nodes",
-    "verbose_node_check",
-    "allow_submit_without_clean_nodes",
-    "mem",
-    "results_dir",
-)
-DISTRIBUTED_KEYS = (
-    "launcher",
-    "nnodes",
-    "nproc_per_node",
-    "master_port",
-    "port",
-    "backend",
-    "enabled",
-    "sglang_disagg",
-    "primus",
-)
-LAUNCHER_KEYS = ("type", "nnodes", "nproc_per_node", "master_port")
-SGLANG_DISAGG_KEYS = ("prefill_nodes", "decode_nodes")
-PRIMUS_KEYS = ("config_path", "cli_extra", "backend")
-#: madengine keys only madengine's *distributed* or *slurm* blocks have (mdc's do not)
-OWN_DISTRIBUTED = ("port", "enabled", "sglang_disagg", "primus")
-OWN_K8S = (
-    "gpu_count",
-    "memory_limit",
-    "cpu_limit",
-    "kubeconfig",
-    "gpu_resource_name",
-    "host_ipc",
-    "results_pvc",
-    "data_pvc",
-    "output_dir",
-    "recreate_shared_data_pvc",
-    "secrets",
-)
-OWN_SLURM = (
-    "nodes",
-    "output_dir",
-    "network_interface",
-    "shared_workspace",
-    "enable_node_check",
-    "auto_cleanup_nodes",
-    "verbose_node_check",
-    "results_dir",
-    "reservation",
-)
-#: blocks madengine's CLI requires to be objects ("Invalid additional context: key K must be ...")
-OBJECT_KEYS = (
-    "k8s",
-    "kubernetes",
-    "slurm",
-    "distributed",
-    "env_vars",
-    "docker_env_vars",
-    "launcher",
-)
-#: the top-level GPU-count keys madengine's resolve_runtime_gpus tries first, in order
-GPU_COUNT_KEYS = ("gpus_per_node", "gpu_count", "n_gpus", "num_gpus", "ngpus")
-
-#: madengine launcher names -> mdc launcher plugins
-LAUNCHERS = {
-    "torchrun": "torchrun",
-    "deepspeed": "deepspeed",
-    "megatron": "megatron",
-    "megatron-lm": "megatron",
-    "megatron_lm": "megatron",
-    "torchtitan": "torchtitan",
-    "primus": "primus",
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "sglang-disagg": "sglang_disagg",
-    "sglang_disagg": "sglang_disagg",
-    "slurm_multi": "basic",
-    "slurm-multi": "basic",
-}
-TARGETS = {
-    "k8s": "kubernetes",
-    "kubernetes": "kubernetes",
-    "slurm": "slurm",
-    "local": "local",
-    "docker": "local",
-}
-DEFAULT_PORT = 29500
-#: madengine's Primus config when distributed.primus.config_path is not given (§4.1)
-PRIMUS_DEFAULT_CONFIG = "examples/torchtitan/configs/MI300X/qwen3_1.7B-pretrain.yaml"
-PLACEHOLDER = "REPLACE_ME"
-
-#: the program each launcher runs when madengine's model card (not in the context) is unknown
-COMMANDS: dict[str, list[str]] = {
-    "torchrun": ["python3", "train.py"],
-    "deepspeed": ["python3", "train.py"],
-    "basic": ["python3", "train.py"],
-    "megatron": ["python3", "pretrain_gpt.py"],
-    "torchtitan": ["python3", "-m", "torchtitan.train"],
-    "primus": ["bash", "examples/run_pretrain.sh"],
-    "vllm": ["vllm", "serve"],
-    "sglang": ["python3", "-m", "sglang.launch_server"],
-    "sglang_disagg": ["python3"],
-}
-#: serving launchers: the table and key naming the model
-MODEL_KEYS = {"vllm": "model", "sglang": "model", "sglang_disagg": "model_path"}
-
-# --- madengine's preset layers (madengine.md §2.3) ----------------------------------------
-
-K8S_DEFAULT_ENV = {"OMP_NUM_THREADS": "8"}
-K8S_NVIDIA_ENV = {
-    "NCCL_DEBUG": "INFO",
-    "NCCL_IB_DISABLE": "1",
-    "NCCL_SOCKET_IFNAME": "eth0",
-    "NCCL_P2P_DISABLE": "0",
-    "NCCL_P2P_LEVEL": "NVL",
-    "OMP_NUM_THREADS": "12",
-}
-AMD_MULTI_GPU_ENV = {
-    "NCCL_DEBUG": "WARN",
-    "NCCL_IB_DISABLE": "1",
-    "NCCL_SOCKET_IFNAME": "eth0",
-    "TORCH_NCCL_HIGH_PRIORITY": "1",
-    "GPU_MAX_HW_QUEUES": "2",
-    "HSA_ENABLE_SDMA": "0",
-    "MIOPEN_FIND_MODE": "1",
-    "MIOPEN_USER_DB_PATH": "/tmp/.miopen",
-    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
-    "RCCL_ENABLE_HIPGRAPH": "0",
-}
-K8S_MULTI_NODE_ENV = {
-    "NCCL_DEBUG_SUBSYS": "INIT,NET",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "NCCL_TIMEOUT": "600",
-}
-#: the Job template adds it to every pod's env when the config does not set it (§4)
-K8S_TEMPLATE_ENV = {"HSA_NO_SCRATCH_RECLAIM": "1"}
-SLURM_DEFAULT_ENV = {"OMP_NUM_THREADS": "8", "MIOPEN_FIND_MODE": "1"}
-SLURM_MULTI_NODE_ENV = {
-    "NCCL_DEBUG": "WARN",
-    "NCCL_DEBUG_SUBSYS": "INIT,NET",
-    "NCCL_IB_DISABLE": "1",
-    "NCCL_SOCKET_IFNAME": "eth0",
-    "TORCH_NCCL_HIGH_PRIORITY": "1",
-    "GPU_MAX_HW_QUEUES": "2",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    "NCCL_TIMEOUT": "600",
-    "HSA_ENABLE_SDMA": "0",
-    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
-    "RCCL_ENABLE_HIPGRAPH": "0",
-}
-SLURM_SINGLE_NODE_ENV = {"NCCL_DEBUG": "WARN"}
-#: env names mdc's backends and every launcher set themselves (MDC240 refuses them in [job] env)
-MANAGED_ENV = (
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NODE_RANK",
-    "NODE_HOSTS",
-    "MDC_OUT",
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-)
-#: ... and those each launcher sets (its role env and worker env)
-LAUNCHER_ENV: dict[str, tuple[str, ...]] = {
-    "torchrun": ("MAD_MULTI_NODE_RUNNER", "MAD_RUNTIME_NGPUS", "NNODES", "NPROC_PER_NODE"),
-    "deepspeed": (
-        "CROSS_RANK",
-        "CROSS_SIZE",
-        "LOCAL_SIZE",
-        "DS_ACCELERATOR",
-        "MDC_DEEPSPEED_CONFIG",
-        "MAD_MULTI_NODE_RUNNER",
-        "NNODES",
-        "NPROC_PER_NODE",
-        "CUDA_VISIBLE_DEVICES",
-    ),
-    "megatron": (
-        "TENSOR_MODEL_PARALLEL_SIZE",
-        "PIPELINE_MODEL_PARALLEL_SIZE",
-        "CONTEXT_PARALLEL_SIZE",
-        "MAD_MULTI_NODE_RUNNER",
-        "NNODES",
-        "NPROC_PER_NODE",
-    ),
-    "torchtitan": (
-        "TORCHTITAN_TENSOR_PARALLEL_SIZE",
-        "TORCHTITAN_PIPELINE_PARALLEL_SIZE",
-        "TORCHTITAN_FSDP_ENABLED",
-        "TORCHTITAN_CONTEXT_PARALLEL_SIZE",
-        "MAD_MULTI_NODE_RUNNER",
-        "NNODES",
-        "NPROC_PER_NODE",
-    ),
-    "primus": (
-        "BACKEND",
-        "EXP",
-        "GPUS_PER_NODE",
-        "MAD_RUNTIME_NGPUS",
-        "NNODES",
-        "PRIMUS_CLI_EXTRA",
-        "PRIMUS_CONFIG_PATH",
-        "PRIMUS_ROOT",
-    ),
-    "vllm": (
-        "NNODES",
-        "NPROC_PER_NODE",
-        "VLLM_DISTRIBUTED_BACKEND",
-        "VLLM_PIPELINE_PARALLEL_SIZE",
-        "VLLM_TENSOR_PARALLEL_SIZE",
-        "VLLM_HOST_IP",
-    ),
-    "sglang": (
-        "NCCL_INIT_ADDR",
-        "NNODES",
-        "NPROC_PER_NODE",
-        "SGLANG_PIPELINE_PARALLEL_SIZE",
-        "SGLANG_TENSOR_PARALLEL_SIZE",
-        "SGLANG_HOST_IP",
-    ),
-    "sglang_disagg": (
-        "DECODE_COUNT",
-        "MODEL_PATH",
-        "PREFILL_COUNT",
-        "SGLANG_DISAGG_DECODE_NODES",
-        "SGLANG_DISAGG_MODE",
-        "SGLANG_DISAGG_PREFILL_NODES",
-        "SGLANG_DISAGG_ROLE",
-        "SGLANG_DISAGG_TOTAL_NODES",
-        "SGLANG_DISAGG_TRANSFER_BACKEND",
-        "POD_INDEX",
-        "POD_IP",
-        "SGLANG_NODE_IPS",
-        "TOTAL_PODS",
-        "SGLANG_NODE_RANK",
-        "SGLANG_TP_SIZE",
-        "TP_SIZE",
-    ),
-}
-
-# --- why keys are dropped ------------------------------------------------------------------
-
-_BUILD = "madengine's image build setting; mdc compiles launch artifacts and builds no image"
-_RUNNER = (
-    "madengine's container runner (tools, profiling wrappers, data providers); mdc "
-    "runs [job] command as it is"
-)
-DROPPED: dict[str, str] = {
-    "/guest_os": _BUILD + " (the container's OS family)",
-    "/docker_build_arg": _BUILD,
-    "/docker_mounts": "docker -v mounts of madengine's local container run; mdc does not run "
-    "docker (mount volumes with [kubernetes] volumes or [slurm] container "
-    "mounts)",
-    "/docker_gpus": "docker --gpus selection of madengine's local run; mdc derives device "
-    "visibility from nproc_per_node",
-    "/tools": _RUNNER,
-    "/pre_scripts": _RUNNER,
-    "/post_scripts": _RUNNER,
-    "/encapsulate_script": _RUNNER,
-    "/shared_data": _RUNNER,
-    "/debug": "madengine's own verbosity; it changes no launch artifact",
-    "/deployment_config": "the build manifest's internal copy of the context; write its "
-    "blocks at the top level",
-    "/context": "madengine never reads a 'context' block (its env_vars and pre_scripts are "
-    "silently dropped there); mdc keeps that meaning",
-    "/vllm": "passed through by madengine to its deployment untouched; mdc's [vllm] table has "
-    "its own keys (model, port, mode, args)",
-    "/k8s/kubeconfig": "mdc writes manifests; kubectl applies them with your own kubeconfig",
-    "/k8s/host_ipc": "madengine ignores it (hostIPC is on for every multi-node Job)",
-    "/k8s/results_pvc": "madengine ignores it (it always creates <job>-results)",
-    "/k8s/output_dir": "madengine uses it only for debug copies of the manifests",
-    "/k8s/recreate_shared_data_pvc": "madengine's data-provider PVC; mdc creates no PVCs",
-    "/k8s/storage_class": "madengine's results/data PVCs; mdc creates no PVCs",
-    "/k8s/nfs_storage_class": "madengine's results/data PVCs; mdc creates no PVCs",
-    "/k8s/multi_node_results_storage_class": "madengine's results PVC; mdc creates no PVCs",
-    "/k8s/results_storage_size": "madengine's results PVC; mdc creates no PVCs",
-    "/k8s/secrets": "madengine's registry/runtime credential Secrets; mdc creates no Secrets "
-    "(name existing pull Secrets in [kubernetes] image_pull_secrets)",
-    "/k8s/allow_privileged_profiling": "madengine's profiling tools (SYS_PTRACE); mdc runs "
-    "no tools",
-    "/k8s/memory_limit": "mdc sets requests = limits from k8s.memory (the request madengine "
-    "schedules on)",
-    "/k8s/cpu_limit": "mdc sets requests = limits from k8s.cpu (the request madengine "
-    "schedules on)",
-    "/slurm/mem": "madengine ignores slurm.mem (no --mem is written); set [slurm] mem if you "
-    "want it",
-    "/slurm/results_dir": "madengine ignores it",
-    "/slurm/shared_workspace": "madengine's workspace staging on the compute nodes; mdc's tree "
-    "is the workspace (put it on a shared filesystem)",
-    "/slurm/enable_node_check": "madengine's srun health preflight before sbatch, which makes "
-    "the submitted script depend on cluster state; mdc's sbatch is "
-    "deterministic",
-    "/slurm/auto_cleanup_nodes": "madengine's preflight node cleanup; mdc has no preflight",
-    "/slurm/verbose_node_check": "madengine's preflight output; mdc has no preflight",
-    "/slurm/allow_submit_without_clean_nodes": "madengine's preflight policy; mdc has no preflight",
-    "/slurm/reservation": "madengine passes --reservation only for its slurm_multi launcher; "
-    "mdc keeps that meaning (use [slurm] sbatch_args = "
-    '["--reservation=NAME"])',
-    "/distributed/enabled": "only selects madengine's multi-GPU preset profile (applied above); "
-    "mdc has no switch",
-    "/distributed/backend": "madengine exports it as DISTRIBUTED_BACKEND only in the SLURM batch "
-    "shell, which never reaches the container; torch picks NCCL/RCCL "
-    "itself",
-}
-
-
-# --- the document being built ----------------------------------------------------------------
-
-
-def _get(data: object, pointer: str) -> object:
-    """The value at ``pointer`` in ``data`` (None if absent); tokens are plain keys here."""
-    node = data
-    for token in pointer.split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
-
-
-def _has(data: object, pointer: str) -> bool:
-    head, _, last = pointer.rpartition("/")
-    parent = _get(data, head) if head else data
-    return isinstance(parent, dict) and last.replace("~1", "/").replace("~0", "~") in parent
-
-
-class _Builder:
-    """The mdc spec under construction, its source map, and the report."""
-
-    def __init__(self, src: LoadedDocument) -> None:
-        self.src = src
-        self.data: dict[str, Any] = {}
-        self.values: dict[str, Position] = {}
-        self.keys: dict[str, Position] = {}
-        self.notes: list[Diagnostic] = []
-        self.errors: list[Diagnostic] = []
-        #: source pointers that were carried over or reported (the rest are reported at the end)
-        self.handled: set[str] = set()
-
-    # source side
-    def get(self, pointer: str) -> Any:
-        return _get(self.src.data, pointer)
-
-    def has(self, pointer: str) -> bool:
-        return _has(self.src.data, pointer)
-
-    def note(self, code: str, pointer: str, message: str, hint: str | None = None) -> None:
-        self.handled.add(pointer)
-        self.notes.append(
-            Diagnostic(
-                severity=Severity.WARNING,
-                code=code,
-                message=message,
-                hint=hint,
-                location=self.src.locate(pointer, key=True),
-            )
-        )
-
-    def error(self, code: str, pointer: str, message: str, hint: str | None = None) -> None:
-        self.errors.append(
-            Diagnostic(
-                severity=Severity.ERROR,
-                code=code,
-                message=message,
-                hint=hint,
-                location=self.src.locate(pointer, key=True),
-            )
-        )
-
-    # target side
-    def put(self, path: tuple[str, ...], value: Any, origin: str | None) -> None:
-        """Set ``path`` in the spec to ``value``, located at the source pointer ``origin``."""
-        node = self.data
-        for token in path[:-1]:
-            node = node.setdefault(token, {})
-        node[path[-1]] = value
-        if origin is not None:
-            self.handled.add(origin)
-            self._locate(join_pointer(path), value, origin)
-
-    def _locate(self, pointer: str, value: Any, origin: str) -> None:
-        if origin in self.src.values:
-            self.values[pointer] = self.src.values[origin]
-        if origin in self.src.keys:
-            self.keys[pointer] = self.src.keys[origin]
-        source = self.get(origin)
-        if isinstance(value, dict) and isinstance(source, dict):
-            for key, item in value.items():
-                if key in source:
-                    self._locate(f"{pointer}/{_esc(key)}", item, f"{origin}/{_esc(key)}")
-        elif isinstance(value, list) and isinstance(source, list) and len(value) == len(source):
-            for index, item in enumerate(value):
-                self._locate(f"{pointer}/{index}", item, f"{origin}/{index}")
-
-    def locate_only(self, path: tuple[str | int, ...], origin: str) -> None:
-        """Locate the spec value at ``path`` (already set) at the source pointer ``origin``."""
-        self.handled.add(origin)
-        self._locate(join_pointer(path), _get(self.data, join_pointer(path)), origin)
-
-    def table(self, path: tuple[str, ...], origin: str) -> None:
-        """Locate the table at ``path`` at ``origin`` (a madengine block), unless it is."""
-        pointer = join_pointer(path)
-        if pointer not in self.values and origin in self.src.values:
-            self.values[pointer] = self.src.values[origin]
-            if origin in self.src.keys:
-                self.keys[pointer] = self.src.keys[origin]
-
-    def document(self) -> LoadedDocument:
-        values = dict(self.values)
-        if "" in self.src.values:
-            values[""] = self.src.values[""]
-        return LoadedDocument(path=self.src.path, data=self.data, values=values, keys=self.keys)
-
-
-def _esc(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
-
-
-def _env_value(value: object) -> object:
-    """madengine renders env values with Python's str(); mdc's [job] env holds strings."""
-    if isinstance(value, bool | int | float):
-        return str(value)
-    return value
-
 
 # --- detection ------------------------------------------------------------------------------
 
@@ -572,7 +84,7 @@ def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     Raises :class:`SpecError` (with the report so far) for contexts madengine itself
     refuses: both ``k8s`` and ``slurm``, a contradicting ``deploy``, a block of the wrong type.
     """
-    b = _Builder(doc)
+    b = Builder(doc)
     if not isinstance(doc.data, dict):
         b.error(
             "MDC533",
@@ -600,7 +112,7 @@ def translate(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
 
 
 class _Translation:
-    def __init__(self, b: _Builder) -> None:
+    def __init__(self, b: Builder) -> None:
         self.b = b
         self.ctx: dict[str, Any] = b.src.data  # type: ignore[assignment]
         self.env: dict[str, tuple[object, str | None]] = {}
@@ -1011,7 +523,7 @@ class _Translation:
             for key in self.launcher_block:
                 b.note(
                     "MDC500",
-                    f"/launcher/{_esc(key)}",
+                    f"/launcher/{escape_token(key)}",
                     "madengine reads the top-level 'launcher' block only on Kubernetes",
                 )
 
@@ -1206,7 +718,7 @@ class _Translation:
         if "node_selector" in k8s:
             selector = k8s["node_selector"]
             if isinstance(selector, dict):
-                selector = {k: _env_value(v) for k, v in selector.items()}
+                selector = {k: env_value(v) for k, v in selector.items()}
             b.put((*table, "node_selector"), selector, f"{src}/node_selector")
         if "tolerations" in k8s:
             self.tolerations(k8s["tolerations"], f"{src}/tolerations")
@@ -1375,7 +887,7 @@ class _Translation:
                 continue
             b.table(("job", "env"), f"/{block}")
             for key, value in values.items():
-                origin = f"/{block}/{_esc(key)}"
+                origin = f"/{block}/{escape_token(key)}"
                 if key.startswith("_"):
                     b.note(
                         "MDC504",
@@ -1409,9 +921,9 @@ class _Translation:
                         "MDC504",
                         origin,
                         f"{key} = {json.dumps(value)} is exported as the "
-                        f"string {_env_value(value)!r} (madengine renders it with str())",
+                        f"string {env_value(value)!r} (madengine renders it with str())",
                     )
-                given[key] = (_env_value(value), origin)
+                given[key] = (env_value(value), origin)
         applied = sorted(k for k in preset if k not in given)
         if applied:
             b.note(
@@ -1450,7 +962,7 @@ class _Translation:
     # what is left: known keys dropped with a reason, unknown keys
     def unknown_keys(self, where: str, block: Mapping[str, Any], known: tuple[str, ...]) -> None:
         for key in block:
-            pointer = f"{where}/{_esc(key)}"
+            pointer = f"{where}/{escape_token(key)}"
             if key in known or key.startswith("_"):
                 continue
             near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -1465,7 +977,7 @@ class _Translation:
     def leftovers(self) -> None:
         b = self.b
         for key in self.ctx:
-            pointer = f"/{_esc(key)}"
+            pointer = f"/{escape_token(key)}"
             if key.startswith(("_", "log_error_")):
                 if key.startswith("log_error_"):
                     b.note(
@@ -1534,7 +1046,7 @@ class _Translation:
             blocks.append(("/launcher", self.launcher_block, LAUNCHER_KEYS))
         for where, block, known in blocks:
             for key in block:
-                pointer = f"{where}/{_esc(key)}"
+                pointer = f"{where}/{escape_token(key)}"
                 if key in known and pointer not in b.handled:
                     b.note(
                         "MDC500",
@@ -1542,162 +1054,3 @@ class _Translation:
                         f"{key!r} has no effect on madengine's "
                         f"{self.target} deployment with launcher {self.launcher!r}; dropped",
                     )
-
-
-# --- writing the spec ----------------------------------------------------------------------
-
-TABLE_ORDER = ("job", "distributed", "parallelism")
-
-
-def _ordered(data: Mapping[str, Any]) -> dict[str, Any]:
-    first = [k for k in TABLE_ORDER if k in data]
-    return {k: data[k] for k in [*first, *sorted(k for k in data if k not in TABLE_ORDER)]}
-
-
-def render_spec(data: Mapping[str, Any], fmt: str, source: str) -> str:
-    """The spec as TOML, YAML or JSON text, with a header saying where it came from."""
-    header = [
-        f"Imported from madengine's additional context {source} by `mdc import madengine`.",
-        f"Edit the {PLACEHOLDER} placeholders, [job] name and [job] command (madengine takes",
-        "them from its model card and build manifest), then `mdc compile` it.",
-    ]
-    ordered = _ordered(data)
-    if fmt == "json":
-        return json.dumps(ordered, indent=2, ensure_ascii=False) + "\n"
-    if fmt == "yaml":
-        import io
-
-        from ruamel.yaml import YAML
-
-        yaml = YAML(typ="safe", pure=True)
-        yaml.default_flow_style = False
-        yaml.sort_base_mapping_type_on_output = False  # type: ignore[assignment]
-        stream = io.StringIO()
-        yaml.dump(ordered, stream)
-        return "".join(f"# {line}\n" for line in header) + stream.getvalue()
-    import tomlkit
-
-    doc = tomlkit.document()
-    for line in header:
-        doc.add(tomlkit.comment(line))
-    for key, value in ordered.items():
-        doc.add(tomlkit.nl())
-        doc.add(key, _toml_table(value))
-    return tomlkit.dumps(doc)
-
-
-def _toml_table(value: Mapping[str, Any]) -> Any:
-    import tomlkit
-
-    table = tomlkit.table()
-    nested = []
-    for key, item in value.items():
-        if (
-            isinstance(item, dict)
-            and item
-            and all(not isinstance(v, dict) for v in item.values())
-            and key in ("env", "node_selector")
-        ):
-            nested.append((key, item))
-        elif isinstance(item, list) and any(isinstance(v, dict) for v in item):
-            array = tomlkit.array()
-            array.multiline(True)
-            for entry in item:
-                if isinstance(entry, dict):
-                    inline = tomlkit.inline_table()
-                    inline.update(entry)
-                    array.append(inline)
-                else:
-                    array.append(entry)
-            table.add(key, array)
-        elif isinstance(item, dict):
-            inline = tomlkit.inline_table()
-            inline.update(item)
-            table.add(key, inline)
-        else:
-            table.add(key, item)
-    for key, item in nested:
-        sub = tomlkit.table()
-        for name, v in item.items():
-            sub.add(name, v)
-        table.add(key, sub)
-    return table
-
-
-def _format_of(path: str | None) -> str:
-    if path is None:
-        return "toml"
-    return {".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(Path(path).suffix.lower(), "toml")
-
-
-def cmd_import(args: argparse.Namespace, out: Any) -> int:
-    """``mdc import madengine CONFIG [-o SPEC]``: write the spec, report, compile-check it.
-
-    The spec is written even when mdc then finds errors in it: they are findings about
-    madengine's values (located in CONFIG), and the written spec is where the user fixes
-    them. The exit status is 1 then, 0 when the spec compiles.
-    """
-    from mdc.cli import _compiler
-
-    source = load_file(args.config)
-    if (
-        not isinstance(source.data, dict)
-        or "job" in source.data
-        or PurePath(source.path).suffix.lower() != ".json"
-    ):
-        why = (
-            "it has a [job] table: it is already an mdc spec"
-            if isinstance(source.data, dict) and "job" in source.data
-            else "madengine's context file is a JSON object"
-        )
-        raise SpecError(
-            [
-                Diagnostic(
-                    severity=Severity.ERROR,
-                    code="MDC533",
-                    message=f"not a madengine additional context: {why}",
-                    location=source.locate(""),
-                    hint="pass the file given to madengine's --additional-context-file",
-                )
-            ]
-        )
-    doc, notes = translate(source)
-    data: Mapping[str, Any] = doc.data  # type: ignore[assignment]
-    text = render_spec(data, _format_of(args.output), PurePath(source.path).name)
-    found: list[Diagnostic] = []
-    try:
-        compiled = _compiler(args).compile_document(doc, notes=notes)
-        found = list(compiled.diagnostics)
-    except SpecError as exc:
-        found = [*notes, *exc.diagnostics]
-    ok = not any(d.is_error for d in found)
-    if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            print(f"mdc: cannot write {args.output}: {exc.strerror}", file=out.stderr)
-            return int(ExitCode.USAGE)
-    elif out.fmt == "text":
-        out.stdout.write(text)
-    out.diagnostics(found)
-    if out.fmt == "json":
-        from mdc.errors import sort_diagnostics
-
-        out.json(
-            {
-                "ok": ok,
-                "spec": args.output,
-                "text": None if args.output else text,
-                "diagnostics": [d.to_json() for d in sort_diagnostics(found)],
-            }
-        )
-    elif not ok:
-        print(
-            f"mdc: the imported spec does not compile yet; fix the errors above"
-            f"{' in ' + args.output if args.output else ''}",
-            file=out.stderr,
-        )
-    return int(ExitCode.OK if ok else ExitCode.SPEC_INVALID)
-
-
-__all__ = ["cmd_import", "detect", "render_spec", "translate"]

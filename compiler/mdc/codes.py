@@ -1,0 +1,555 @@
+"""The catalogue of mdc's own diagnostic codes: what each means and how to fix it.
+
+``docs/reference/diagnostics.md`` is generated from this table, with a real example of each
+code taken from the golden diagnostics (``golden/diagnostics/<case>/expected.txt``). A test
+holds the table to the code base: every ``"MDCnnn"`` literal in ``compiler/`` and
+``plugins/`` has an entry here, and every entry is used. Third-party plugins (MDC900 and up)
+document their own codes.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Code(NamedTuple):
+    #: what the finding says is wrong (or, for a warning, worth knowing)
+    meaning: str
+    #: what to change
+    fix: str
+
+
+#: the sections of the catalogue: (first code, last code, title), in order
+RANGES: tuple[tuple[int, int, str], ...] = (
+    (1, 99, "Reading the file"),
+    (100, 199, "Schema"),
+    (200, 299, "The plan"),
+    (300, 309, "torchrun"),
+    (310, 319, "deepspeed"),
+    (320, 329, "megatron"),
+    (330, 339, "torchtitan"),
+    (340, 349, "primus"),
+    (350, 353, "basic"),
+    (354, 359, "megatron: memory options"),
+    (360, 369, "vllm"),
+    (370, 379, "sglang"),
+    (380, 389, "sglang_disagg"),
+    (390, 399, "Pipeline stages (TorchTitan) and framework models"),
+    (400, 409, "local"),
+    (410, 429, "slurm"),
+    (430, 439, "ssh"),
+    (440, 449, "kubernetes"),
+    (450, 459, "leaderworkerset"),
+    (460, 469, "Kubernetes backends (shared)"),
+    (470, 471, "pytorchjob"),
+    (472, 479, "Kubernetes backends (more)"),
+    (480, 489, "trainjob"),
+    (500, 599, "mdc import madengine"),
+    (600, 609, "Accelerator models"),
+    (610, 629, "mdc tune"),
+)
+
+CODES: dict[str, Code] = {
+    # reading
+    "MDC001": Code(
+        "the file is not valid TOML, YAML or JSON (or not UTF-8)",
+        "fix the syntax at the position shown",
+    ),
+    "MDC002": Code("a key appears twice in one table", "keep one of the two"),
+    "MDC003": Code(
+        "the file cannot be read: missing, unreadable, too large, or of an unknown format",
+        "give an existing .toml, .yaml/.yml or .json file of at most 4 MiB",
+    ),
+    "MDC004": Code(
+        "a YAML document expands (through aliases) to too many values",
+        "write the values out, or use fewer aliases",
+    ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
+    # schema
+    "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
+    "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
+    "MDC102": Code("a value of the wrong type", "give the type the message names"),
+    "MDC103": Code("a required key is missing", "add it"),
+    "MDC104": Code(
+        "a value that is not one of the allowed ones (a launcher, backend or enum value)",
+        "use one of the values listed; `mdc plugins` lists the installed launchers and backends",
+    ),
+    "MDC105": Code("a number or list out of its range", "give a value within the bounds shown"),
+    "MDC106": Code(
+        "a string of the wrong form (a name, a pattern) or holding a NUL character",
+        "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
+    ),
+    # plan
+    "MDC201": Code(
+        "the world size is not divisible by tp * pp * cp",
+        "choose tp, pp, cp from the divisors the hint lists",
+    ),
+    "MDC202": Code(
+        "the given dp disagrees with world / (tp * pp * cp)", "remove dp: it is derived"
+    ),
+    "MDC203": Code(
+        "the world size is not divisible by etp * ep * pp (the expert layout)",
+        "choose ep and etp so that etp * ep * pp divides the world size",
+    ),
+    "MDC204": Code(
+        "a parallel size > 1 whose axis the order does not name",
+        "add the axis to `order`",
+    ),
+    "MDC205": Code(
+        "the dense and expert layouts disagree on dp for an order not ending in pp",
+        "end the order with pp, or pick sizes where expert-dp = dp",
+    ),
+    "MDC206": Code("vpp > 1 needs pp > 1", "remove vpp, or set pp > 1"),
+    "MDC207": Code(
+        "global_batch_size is not a multiple of micro_batch_size * dp",
+        "pick a global batch the hint lists, or another micro batch",
+    ),
+    "MDC208": Code("min_nnodes is larger than nnodes", "set min_nnodes to at most nnodes"),
+    "MDC209": Code(
+        "disaggregated serving needs at least 3 nodes (proxy, prefill, decode)",
+        "set nnodes to 3 or more",
+    ),
+    "MDC210": Code(
+        "prefill_nodes and decode_nodes are not both given, or do not add up to nnodes - 1",
+        "give both so that prefill + decode + 1 = nnodes, or neither for the automatic split",
+    ),
+    "MDC211": Code(
+        "prefill_nodes or decode_nodes on a launcher that is not disaggregated serving",
+        "remove the key",
+    ),
+    "MDC212": Code("the order names an axis twice", "use each axis once"),
+    "MDC213": Code(
+        "a command string that does not split into words as a shell would (an open quote)",
+        "write the command as a list of words, or close the quote",
+    ),
+    "MDC220": Code("num_attention_heads is not a multiple of tp", "pick tp from the hint"),
+    "MDC221": Code(
+        "num_query_groups is neither a multiple nor a divisor of tp",
+        "pick tp or num_query_groups so that one divides the other",
+    ),
+    "MDC222": Code(
+        "num_layers (plus the embedding and loss when Megatron counts them) is not divisible by pp",
+        "pick pp from the hint, or (megatron) an uneven split: the account_for_* keys or "
+        "first/last stage layer counts",
+    ),
+    "MDC223": Code(
+        "the layers per pipeline stage are not divisible by vpp",
+        "pick vpp dividing the layers per stage",
+    ),
+    "MDC224": Code(
+        "ep > 1 without num_experts, or num_experts not divisible by ep",
+        "set num_experts (a multiple of ep), or ep = 1 for a dense model",
+    ),
+    "MDC225": Code("seq_length is not a multiple of 2 * cp when cp > 1", "pick cp or seq_length"),
+    "MDC226": Code(
+        "num_attention_heads is not a multiple of num_query_groups",
+        "pick num_query_groups from the hint",
+    ),
+    "MDC227": Code(
+        "Megatron refuses the uneven pipeline split: first/last stage layer counts with the "
+        "embedding/loss accounting, counts not divisible by vpp, middle layers that do not "
+        "divide over the middle stages, or a stage left without layers (a warning when "
+        "megatron-core builds fewer layers than num_layers)",
+        "follow the hint: change the first/last stage counts, vpp, or the accounting keys",
+    ),
+    "MDC228": Code(
+        "Megatron refuses the pipeline_model_parallel_layout: it does not parse, its stage "
+        "count is not a multiple of pp, it disagrees with vpp or num_layers, it is combined "
+        "with other split keys, or it misplaces the embedding, loss or MTP layers",
+        "write E, t, m, L stages separated by |, pp * vpp of them, holding num_layers t's",
+    ),
+    "MDC231": Code(
+        "the backend does not run this launcher",
+        "pick a backend that runs it (every launcher runs on local, slurm, ssh, kubernetes)",
+    ),
+    "MDC240": Code(
+        "[job] env sets a variable the launcher or backend sets",
+        "remove it from [job] env; set the spec key that controls it",
+    ),
+    "MDC250": Code(
+        "warning: a tensor-parallel group crosses a node boundary",
+        "make tp divide nproc_per_node, or change the order",
+    ),
+    "MDC251": Code(
+        "warning: an expert-parallel group crosses a node boundary",
+        "make ep (times etp) fit in a node, or change the order",
+    ),
+    "MDC260": Code(
+        "the memory estimate exceeds accelerator_memory_gib",
+        "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
+    ),
+    "MDC261": Code(
+        "warning: accelerator_memory_gib is set but no estimate can be made",
+        "complete the [model] table, or remove accelerator_memory_gib",
+    ),
+    "MDC262": Code(
+        "warning: the estimate is above 90% of accelerator_memory_gib",
+        "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
+    ),
+    "MDC270": Code(
+        "hybrid_override_pattern does not have one symbol per layer",
+        "write one symbol per layer, or set num_layers to the pattern's length",
+    ),
+    "MDC271": Code(
+        "moe_layer_freq does not list one entry per layer",
+        "give one 0 (dense) or 1 (MoE) per layer",
+    ),
+    "MDC272": Code(
+        "multi_latent_attention with grouped-query attention (num_query_groups)",
+        "remove num_query_groups: multi-latent attention compresses keys and values itself",
+    ),
+    "MDC273": Code(
+        "shared experts with bias = true (Megatron-Core builds them without biases)",
+        "set bias = false",
+    ),
+    "MDC274": Code(
+        "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+        "set num_experts",
+    ),
+    "MDC275": Code(
+        "multi-token prediction (mtp_num_layers) with learned position embeddings",
+        'set position_embedding = "rope" (or "none")',
+    ),
+    "MDC276": Code(
+        "mamba_num_heads is not a multiple of mamba_num_groups",
+        "pick mamba_num_groups dividing mamba_num_heads",
+    ),
+    "MDC277": Code(
+        "a Mamba size (heads, groups) is not a multiple of tp",
+        "pick tp dividing it",
+    ),
+    # torchrun
+    "MDC301": Code(
+        "static rendezvous cannot run an elastic job",
+        'use rdzv_backend = "c10d", or remove min_nnodes',
+    ),
+    "MDC302": Code(
+        "an rdzv_conf value torchrun cannot pass (a comma, or blank)",
+        "remove the comma or the blank value",
+    ),
+    "MDC303": Code(
+        "warning: MAD_MULTI_NODE_RUNNER holds a value that needs shell quoting",
+        "use values without spaces or quotes in log_dir / rdzv_conf",
+    ),
+    # deepspeed
+    "MDC310": Code("ZeRO stage 2 or 3 with pp > 1", "use zero_stage 0 or 1 with pipelines"),
+    "MDC311": Code(
+        "[deepspeed] config sets a key mdc derives (a warning when it repeats mdc's value)",
+        "remove it and set the spec key it comes from",
+    ),
+    "MDC312": Code("a config value JSON cannot hold (NaN, infinity)", "give a finite number"),
+    "MDC313": Code("a ds_config key DeepSpeed 0.19.8 removed", "remove it"),
+    "MDC314": Code("warning: an unknown zero_optimization key", "fix its spelling"),
+    "MDC315": Code("DeepSpeed cannot run an elastic job", "remove min_nnodes"),
+    "MDC316": Code(
+        "[model] dtype = fp8 without [deepspeed] precision",
+        "set [deepspeed] precision (bf16 or fp16)",
+    ),
+    "MDC317": Code(
+        "the command repeats the launcher or --deepspeed_config, or local_rank_argument under"
+        " torchrun",
+        "give only the program and its own arguments",
+    ),
+    "MDC318": Code(
+        "warning: a [torchrun] table the deepspeed runner does not use",
+        'remove it, or use runner = "torchrun"',
+    ),
+    "MDC319": Code(
+        "warning: tp or cp > 1 needs an mpu for DeepSpeed's batch check",
+        "pass an mpu to deepspeed.initialize",
+    ),
+    # megatron
+    "MDC320": Code(
+        "an order Megatron-LM's command line cannot express",
+        "use tp-cp-ep-dp-pp or tp-cp-ep-pp-dp",
+    ),
+    "MDC321": Code(
+        "a combination of [megatron] options Megatron-LM refuses (e.g. FSDP2 with the"
+        " distributed optimizer)",
+        "drop one of the two options",
+    ),
+    "MDC322": Code(
+        "recompute settings Megatron-LM refuses (full without a method, ...)",
+        "set the missing recompute key the message names",
+    ),
+    "MDC323": Code(
+        "the command or extra_args passes a flag the megatron launcher sets",
+        "remove the flag; set the spec key it comes from",
+    ),
+    "MDC324": Code("fp16 with expert parallelism", "train in bf16, or ep = 1"),
+    "MDC325": Code("warning: sequence_parallel with tp = 1 has no effect", "remove it"),
+    "MDC326": Code("max_position_embeddings below seq_length", "raise max_position_embeddings"),
+    "MDC327": Code(
+        "no micro batch size: no [batch] table and none in the command",
+        "add a [batch] table",
+    ),
+    # torchtitan
+    "MDC330": Code("an order TorchTitan cannot run", "use TorchTitan's order"),
+    "MDC331": Code("dp_replicate does not divide dp", "pick dp_replicate dividing dp"),
+    "MDC332": Code("etp is neither tp nor 1 with ep > 1", "set etp = tp or etp = 1"),
+    "MDC333": Code(
+        "ep * etp does not divide dp_shard * cp * tp",
+        "pick ep and etp dividing that product",
+    ),
+    "MDC334": Code("seq_len not divisible by tp * 2 * cp", "pick seq_len or the sizes"),
+    "MDC335": Code(
+        "local batch not divisible by the pipeline microbatch size",
+        "pick micro_batch_size or pipeline_microbatch_size",
+    ),
+    "MDC336": Code(
+        "a pipeline schedule that does not match vpp",
+        "use an interleaved schedule with vpp > 1, a single-stage one without",
+    ),
+    "MDC337": Code("fp16 training, which TorchTitan does not have", "use bf16 or fp32"),
+    "MDC338": Code(
+        "[torchtitan.config] or the command sets a key the launcher derives",
+        "remove it; set the spec key it comes from",
+    ),
+    "MDC339": Code("seq_len disagrees with [model] seq_length", "make them equal"),
+    # primus
+    "MDC340": Code("no [primus] table or config_path", "add [primus] config_path"),
+    "MDC341": Code("Primus cannot run an elastic job", "remove min_nnodes"),
+    "MDC342": Code(
+        "warning: [parallelism] is checked but not passed to Primus",
+        "set the sizes in the Primus experiment config",
+    ),
+    "MDC343": Code(
+        "warning: [batch] is checked but not passed to Primus",
+        "set the batch in the Primus experiment config",
+    ),
+    "MDC344": Code("two sources of BACKEND disagree", "make backend, model and config_path agree"),
+    "MDC345": Code("warning: model names no backend", "set [primus] backend"),
+    "MDC346": Code("warning: a backend Primus's scripts are not known to take", "check its name"),
+    "MDC347": Code(
+        "warning: cli_extra words that need shell quoting",
+        "give a string, or words without spaces or quotes",
+    ),
+    "MDC348": Code("warning: config_path is not a .yaml file", "point it at the experiment YAML"),
+    "MDC349": Code(
+        "warning: the command runs once per node (Primus starts the workers itself)",
+        "run Primus's own script",
+    ),
+    # basic
+    "MDC350": Code("basic cannot run an elastic job", "remove min_nnodes"),
+    "MDC351": Code("rendezvous_file is not an absolute path", "give an absolute shared path"),
+    "MDC352": Code("rendezvous_file cannot be a file:// URL", "use plain characters"),
+    "MDC353": Code(
+        "warning: the command already passes --world_size/--rank/--init_method",
+        "remove them from the command",
+    ),
+    # megatron (memory options)
+    "MDC354": Code(
+        "Megatron-FSDP options that Megatron-LM refuses or ignores (a sharding strategy without"
+        " it, another --ckpt-format, torch FSDP2 beside it)",
+        "follow the hint: enable use_megatron_fsdp, or remove the option",
+    ),
+    "MDC355": Code(
+        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        'set [model] dtype = "fp8" (or the optimizer), or remove the option',
+    ),
+    "MDC356": Code(
+        "precision-aware or offloaded optimizer options without what they need",
+        "enable use_precision_aware_optimizer / the distributed optimizer, or remove the option",
+    ),
+    "MDC357": Code(
+        "activation offloading or recompute_modules that Megatron-LM refuses (layers, pp,"
+        " granularity, or a module the model lacks)",
+        "follow the hint: change the recompute settings, or remove the option",
+    ),
+    "MDC358": Code(
+        "MoE dispatcher options that need another option or have no effect on a dense model",
+        "set the option the hint names, or remove it",
+    ),
+    "MDC359": Code(
+        "extra_args passes a flag Megatron-LM refuses in that form",
+        "set the spec key the hint names instead",
+    ),
+    # vllm
+    "MDC360": Code("no [vllm] model", "set [vllm] model"),
+    "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
+    "MDC362": Code(
+        "the servers' tp * pp does not fit the mode: ray needs tp * pp = the world size, dp "
+        "and replicas need tp * pp to divide nproc_per_node",
+        "change tp and pp, or the mode",
+    ),
+    "MDC363": Code("context parallelism with vLLM", "remove cp"),
+    "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
+    "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
+    "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
+    "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
+    "MDC368": Code(
+        "ep is not vLLM's expert-parallel size (tp * dp of one server), or etp is not 1",
+        "set ep = tp * dp, or remove ep",
+    ),
+    "MDC369": Code(
+        "[vllm] args has a flag vLLM refuses on --headless nodes (--api-server-count)",
+        "move it to [vllm] head_args",
+    ),
+    # sglang
+    "MDC370": Code("no [sglang] model", "set [sglang] model"),
+    "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
+    "MDC372": Code("context parallelism with SGLang", "remove cp"),
+    "MDC373": Code("the command passes a flag the sglang launcher sets", "remove it"),
+    "MDC374": Code(
+        "warning: the command does not look like an SGLang server",
+        "run `python -m sglang.launch_server`",
+    ),
+    "MDC375": Code("SGLang cannot run an elastic job", "remove min_nnodes"),
+    # sglang_disagg
+    "MDC380": Code("no [sglang_disagg] model_path", "set [sglang_disagg] model_path"),
+    "MDC381": Code("a node's port exceeds 65535", "lower port or bootstrap_port"),
+    "MDC382": Code("HTTP and bootstrap port ranges overlap", "move one of the ranges"),
+    "MDC383": Code(
+        "a server's GPUs exceed one node without being whole nodes, or pp/cp is set",
+        "make tp_size a multiple of nproc_per_node (or at most it); remove pp and cp",
+    ),
+    "MDC384": Code(
+        "warning: the command is not a Python interpreter",
+        'set [job] command = "python3"',
+    ),
+    "MDC385": Code("disaggregated serving cannot run elastic", "remove min_nnodes"),
+    "MDC386": Code(
+        "warning: mini_lb with nodes sharing a host: bootstrap ports collide",
+        'use router = "sglang_router"',
+    ),
+    "MDC387": Code(
+        "a role's node count is not a multiple of the nodes one of its servers spans",
+        "set prefill_nodes / decode_nodes to multiples of tp_size / nproc_per_node",
+    ),
+    "MDC389": Code(
+        "server_args or a role's args has a flag the sglang_disagg launcher sets",
+        "remove it; set the [sglang_disagg] key the message names",
+    ),
+    # local
+    "MDC390": Code(
+        "TorchTitan cannot split the layers over pp * vpp stages: more stages than layers plus "
+        "the first/last stage weights, or a weight above the smallest share",
+        "use fewer pipeline stages, or smaller pipeline_parallel_*_stage_less_layers",
+    ),
+    "MDC393": Code(
+        "a [model] value contradicts the model the framework builds (TorchTitan's flavor)",
+        "remove the key (it is taken from the flavor) or write the flavor's value",
+    ),
+    "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
+    "MDC402": Code(
+        "warning: several nodes on one machine share its GPUs",
+        'use accelerator = "cpu" for a local rehearsal',
+    ),
+    # slurm
+    "MDC410": Code("[slurm] container without [job] image", "set [job] image"),
+    "MDC411": Code(
+        "warning: [job] image without [slurm] container", "add container, or drop image"
+    ),
+    "MDC412": Code(
+        "an #SBATCH value with whitespace, quotes, # or a backslash",
+        "remove those characters",
+    ),
+    "MDC413": Code("sbatch_args sets a directive mdc writes or is malformed", "use its own key"),
+    "MDC414": Code("srun_args sets the task layout or is malformed", "remove it"),
+    "MDC415": Code("time is not a SLURM time limit", "use minutes, HH:MM:SS or D-HH:MM:SS"),
+    "MDC416": Code("mem is not a SLURM memory size", "use MB or a size like 480G"),
+    "MDC417": Code("gpus_per_node is not a GPU count", "use COUNT or TYPE:COUNT"),
+    "MDC418": Code("a container mount is not /SRC[:/DST[:FLAGS]]", "fix the mount"),
+    "MDC419": Code(
+        "warning: fewer GPUs per node than processes",
+        "match gpus_per_node to nproc_per_node",
+    ),
+    "MDC420": Code(
+        "each node's task (which runs every rank of the node) gets fewer CPUs than ranks",
+        "set cpus_per_task to at least nproc_per_node, or leave exclusive at its default",
+    ),
+    # ssh
+    "MDC430": Code("[ssh] hosts do not name nnodes hosts", "list exactly nnodes hosts"),
+    "MDC431": Code("a host is not a host name or address", "fix it"),
+    "MDC432": Code("warning: one host runs two nodes", "list each machine once"),
+    "MDC433": Code("an ssh_options entry is not Key=Value", "write Key=Value"),
+    "MDC434": Code("remote_dir is not absolute", "give an absolute path"),
+    "MDC435": Code("forward_env names a variable launch.sh sets", "remove it"),
+    "MDC436": Code("warning: [job] image is not used on ssh", "remove it"),
+    "MDC437": Code("master_addr is not a host name or address", "fix it"),
+    "MDC438": Code("user is not a login name", "fix it"),
+    # kubernetes
+    "MDC441": Code("an elastic job on an Indexed Job", "remove min_nnodes"),
+    # shared Kubernetes
+    "MDC460": Code("no [job] image for pods", "set [job] image"),
+    "MDC461": Code("a name that is not a valid Kubernetes name", "follow the rule shown"),
+    "MDC462": Code("an invalid label key", "fix the key"),
+    "MDC463": Code("a toleration with operator Exists and a value", "remove the value"),
+    "MDC464": Code("not a Kubernetes quantity", "use a quantity such as 64Gi or 500m"),
+    "MDC465": Code("a volume name used twice", "rename one (mdc uses mdc and dshm)"),
+    "MDC466": Code("gpus_per_node on a cpu job", "remove it, or set the accelerator"),
+    "MDC467": Code("the launch files exceed a ConfigMap's 1 MiB", "make the launch files smaller"),
+    "MDC468": Code(
+        "a Service would be named <job>, which does not start with a letter (DNS-1035)",
+        "start the job name with a letter",
+    ),
+    "MDC469": Code(
+        "the job's Service or Job name is one another job's backend derives (<job>-leader, ...)",
+        "rename the job so it does not end in the derived suffix",
+    ),
+    # pytorchjob
+    "MDC470": Code("pod names the operator derives would be too long", "shorten the job name"),
+    "MDC471": Code("a launcher with several roles on a PyTorchJob", "use the kubernetes backend"),
+    "MDC472": Code(
+        "a fractional GPU quantity (extended resources are whole numbers)",
+        "write a whole number of GPUs",
+    ),
+    "MDC473": Code(
+        "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
+    ),
+    # trainjob
+    "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
+    "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),
+    "MDC482": Code("a launcher with several roles on a TrainJob", "use the kubernetes backend"),
+    "MDC483": Code("a field a TrainJob cannot set", "remove it from [trainjob]"),
+    # mdc import madengine
+    "MDC500": Code("warning: a madengine key dropped, with the reason", "nothing; read the reason"),
+    "MDC501": Code("warning: not a madengine key", "fix its spelling (did-you-mean)"),
+    "MDC502": Code(
+        "warning: a value madengine takes from its model card: a placeholder",
+        "edit the placeholder in the spec",
+    ),
+    "MDC503": Code("warning: a madengine default applied", "nothing; set it to change it"),
+    "MDC504": Code("warning: a key reinterpreted", "check the new meaning"),
+    "MDC505": Code("warning: a madengine bug mdc does not copy", "nothing"),
+    "MDC530": Code("both k8s and slurm blocks", "keep one"),
+    "MDC531": Code("deploy contradicts the blocks", "make them agree"),
+    "MDC532": Code("a block that must be an object is not", "make it an object"),
+    "MDC533": Code("not a madengine additional context", "give madengine's context JSON"),
+    # accelerator models
+    "MDC600": Code(
+        "accelerator_model names no entry of the hardware catalogue",
+        "use an id the hint lists (mdc's own, or one a plugin adds with mdc_register_hardware)",
+    ),
+    "MDC601": Code(
+        "accelerator names another vendor than accelerator_model's",
+        "remove accelerator (the model sets it) or make the two agree",
+    ),
+    # mdc tune
+    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC611": Code(
+        "mdc tune needs a known accelerator_model to predict throughput",
+        "set [distributed] accelerator_model",
+    ),
+    "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
+    "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
+}
+
+
+def section(code: str) -> str:
+    """The catalogue section a code belongs to."""
+    number = int(code[3:])
+    for first, last, title in RANGES:
+        if first <= number <= last:
+            return title
+    raise ValueError(f"{code} is in no range of mdc.codes.RANGES")

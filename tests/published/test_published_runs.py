@@ -1,0 +1,245 @@
+"""Published pre-training runs compile: no refusal, the published size, a fit in memory.
+
+Every row of ``runs.toml`` is a run that really ran (a paper's or a vendor's table, see
+docs/published-runs.md). Each is compiled as its launcher's spec through mdc's real compile
+path, with ``accelerator_memory_gib`` set to the GPU's memory, and must:
+
+* compile: a framework does not refuse a run it ran, so neither may mdc;
+* count the model's parameters within 1 % of the published size (or within half the unit
+  of the last digit the source prints, when it rounds coarser than that);
+* estimate the memory per GPU within the GPU's memory.
+
+Rows mdc cannot express yet are listed in :data:`AWAITING` with the feature they wait for;
+each must still be refused (a strict expected failure), so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.errors import SpecError
+from mdc.pipeline import Compiled, Compiler
+from mdc.plugin_manager import load_plugins
+
+HERE = Path(__file__).resolve().parent
+RUNS: list[dict[str, Any]] = tomllib.loads((HERE / "runs.toml").read_text(encoding="utf-8"))["run"]
+MODELS: dict[str, dict[str, Any]] = tomllib.loads(
+    (HERE / "models.toml").read_text(encoding="utf-8")
+)
+
+#: the row's precision -> [model] dtype and the Megatron fp8 format it runs with (TorchTitan
+#: turns fp8 into its Float8 converter)
+PRECISION = {
+    "bf16": ("bf16", None),
+    "fp16": ("fp16", None),
+    "fp8": ("fp8", "hybrid"),
+    "mxfp8": ("fp8", "e4m3"),
+    # NVFP4 trains with --fp4-format e2m1: no spec key says so yet
+    "nvfp4": ("fp4", None),
+}
+
+_FP4 = "NVFP4 training precision (issue 12 §2)"
+_MODEL = "no models.toml entry for the model yet (issue 12 §3)"
+_LAYOUT = (
+    "uneven split given by the recipe's --pipeline-model-parallel-layout, not transcribed yet "
+    "(issue 12 §1)"
+)
+_MEMORY = (
+    "the memory estimate exceeds the GPU's memory for a run that fit (issue 12 §2): "
+    "the estimate counts more than the run held"
+)
+
+#: row id -> the feature it waits for. Each of these is still refused today; when the feature
+#: lands the row compiles, its expected failure turns into an error, and it leaves this list.
+AWAITING: dict[str, str] = {
+    "mbridge-26.04.01-gb300-deepseek-v3-mxfp8": _MEMORY,
+    "llama3-paper-405b-8192gpu-cp1": _MEMORY,
+    "llama3-paper-405b-16384gpu-cp1": _MEMORY,
+    "llama3-paper-405b-16384gpu-cp16": _MEMORY,
+    "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
+    "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
+    "mbridge-26.04.01-gb300-llama3-70b-nvfp4": _FP4,
+    "mbridge-26.04.01-gb200-llama3-70b-nvfp4": _FP4,
+    "mbridge-26.04.01-gb300-llama3.1-405b-nvfp4": _FP4,
+    "mbridge-26.04.01-gb200-llama3.1-405b-nvfp4": _FP4,
+    "mbridge-26.04.01-gb300-kimi-k2-mxfp8": _MODEL,
+    "mbridge-26.04.01-gb300-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.04.01-gb300-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.04.01-gb200-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.04.01-gb200-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.04.01-b300-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.04.01-b300-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.04.01-b200-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.04.01-b200-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
+    "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
+    "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
+    "mbridge-26.08-gb300-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.08-gb300-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.08-gb200-nemotron-3-super-mxfp8": _MODEL,
+    "mbridge-26.08-gb200-nemotron-3-super-nvfp4": _MODEL,
+    "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MODEL,
+    "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MODEL,
+    "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
+    "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
+    "mbridge-25.11-gb200-deepseek-v3-no-mtp-bf16": _LAYOUT,
+    "mbridge-25.11-gb200-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
+    "mbridge-25.11-b200-deepseek-v3-mxfp8": _LAYOUT,
+}
+
+
+class ModelNotListed(LookupError):
+    """The row's model has no entry in models.toml yet."""
+
+
+def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> dict[str, Any]:
+    """The mdc spec that launches ``run``: its layout, batch, model and memory capacity."""
+    if run["model"] not in models:
+        raise ModelNotListed(run["model"])
+    dtype, fp8_format = PRECISION[run["precision"]]
+    nproc = run["nproc_per_node"]
+    model = {
+        **models[run["model"]]["model"],
+        **run.get("model_table", {}),
+        "seq_length": run["seq_length"],
+        "dtype": dtype,
+    }
+    batch = {k: run[k] for k in ("global_batch_size", "micro_batch_size") if k in run}
+    parallelism = {k: run[k] for k in ("tp", "pp", "cp", "ep", "etp", "vpp") if k in run}
+    launcher = run["launcher"]
+    table: dict[str, Any] = {}
+    if launcher == "megatron":
+        table.update(_megatron_recompute(run))
+        if fp8_format is not None:
+            table["fp8_format"] = fp8_format
+    elif "recompute" in run:
+        table["config"] = {"activation_checkpoint": {"mode": run["recompute"]}}
+    for key, value in run.get("launcher_table", {}).items():
+        table[key] = {**table.get(key, {}), **value} if isinstance(value, dict) else value
+    return {
+        "job": {"name": "published-run", "command": ["python", "pretrain_gpt.py"]},
+        "distributed": {
+            "launcher": launcher,
+            "backend": "slurm",
+            "nnodes": run["gpus"] // nproc,
+            "nproc_per_node": nproc,
+            "accelerator_model": run["accelerator_model"],
+            # the row's datasheet figure, explicit: it wins over the catalogue's default
+            "accelerator_memory_gib": run["gpu_memory_gib"],
+        },
+        "parallelism": parallelism,
+        "batch": batch,
+        "model": model,
+        launcher: table,
+        "slurm": {"partition": "gpu"},
+    }
+
+
+def _megatron_recompute(run: dict[str, Any]) -> dict[str, Any]:
+    recompute = run.get("recompute", "none")
+    if recompute == "none":
+        return {}
+    keys: dict[str, Any] = {"recompute_granularity": recompute}
+    for key in ("recompute_method", "recompute_num_layers"):
+        if key in run:
+            keys[key] = run[key]
+    return keys
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(load_plugins(autoload=False))
+
+
+def compiled(compiler: Compiler, tmp_path: Path, run: dict[str, Any]) -> Compiled:
+    path = tmp_path / f"{run['id']}.json"
+    path.write_text(json.dumps(spec_of(run)), encoding="utf-8")
+    return compiler.compile(path, tree=False)
+
+
+def _param(run: dict[str, Any]) -> Any:
+    waits = AWAITING.get(run["id"])
+    marks = (
+        [pytest.mark.xfail(reason=waits, raises=(SpecError, ModelNotListed), strict=True)]
+        if waits
+        else []
+    )
+    return pytest.param(run, id=run["id"], marks=marks)
+
+
+@pytest.mark.parametrize("run", [_param(r) for r in RUNS])
+def test_published_run_compiles_with_its_size_and_fits(
+    compiler: Compiler, tmp_path: Path, run: dict[str, Any]
+) -> None:
+    try:
+        result = compiled(compiler, tmp_path, run)
+    except SpecError as exc:
+        if run["id"] in AWAITING:
+            raise
+        pytest.fail(
+            f"{run['id']} ({run['source']}, {run['table']}) refused:\n"
+            + "\n".join(d.render() for d in exc.diagnostics)
+        )
+    memory = result.plan.memory
+    assert memory is not None, "a complete [model] table gives an estimate"
+    entry = MODELS[run["model"]]
+    published = entry["published_params"]
+    tolerance = max(0.01 * published, entry.get("published_params_rounded_to", 0) / 2)
+    assert abs(memory.params_total - published) <= tolerance, (
+        f"{memory.params_total:,} parameters, published {published:,.0f} ({entry['params_source']})"
+    )
+    capacity = run["gpu_memory_gib"] * 2**30
+    assert memory.capacity == capacity
+    assert memory.total <= capacity, (
+        f"estimate {memory.total / 2**30:.1f} GiB > {run['gpu_memory_gib']} GiB"
+    )
+
+
+# ------------------------------------------------------------------ the table itself
+
+REQUIRED = [
+    "id",
+    "source",
+    "table",
+    "date",
+    "model",
+    "launcher",
+    "accelerator_model",
+    "gpu_memory_gib",
+    "gpus",
+    "nproc_per_node",
+    "precision",
+    "seq_length",
+]
+MEASURED = {
+    "tflops_per_gpu",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "step_time_s",
+    "memory_gib",
+    "flops_include_recompute",
+}
+
+
+def test_rows_are_complete_and_unique() -> None:
+    accelerators = tomllib.loads((HERE / "runs.toml").read_text(encoding="utf-8"))["accelerators"]
+    ids = [r["id"] for r in RUNS]
+    assert len(ids) == len(set(ids))
+    for run in RUNS:
+        assert [k for k in REQUIRED if k not in run] == [], run["id"]
+        assert run["source"].startswith("https://"), run["id"]
+        assert run["launcher"] in ("megatron", "torchtitan"), run["id"]
+        if "gpu_memory_source" not in run:  # a variant of the accelerator says where its size is
+            assert run["gpu_memory_gib"] == accelerators[run["accelerator_model"]]["memory_gib"]
+        assert run["gpus"] % run["nproc_per_node"] == 0, run["id"]
+        assert set(run.get("measured", {})) <= MEASURED, run["id"]
+        assert run["precision"] in PRECISION, run["id"]
+
+
+def test_awaiting_names_only_rows_of_the_table() -> None:
+    assert set(AWAITING) <= {r["id"] for r in RUNS}
