@@ -432,7 +432,7 @@ def test_env_contract_sglang(compiler: Compiler) -> None:
         "2",
         "4",
     )
-    # one server over both nodes: tp = 2 x 4 (madengine exports 4; see the README)
+    # one server over both nodes: tp = 2 x 4 (madengine exports 4; see docs/madengine.md)
     assert env["SGLANG_TENSOR_PARALLEL_SIZE"] == "8"
     assert isinstance(env["NCCL_INIT_ADDR"], Concat)
     # SGLANG_HOST_IP (§4.1 sglang N > 1): exported by launch/sglang-node.sh from NODE_HOSTS

@@ -36,26 +36,12 @@ def tuned() -> dict[str, Any]:
 
 
 def _spec_with(tmp_path: Path, candidate: dict[str, Any], name: str) -> Path:
-    """The example with a candidate's layout written in by hand (not by mdc tune)."""
-    par = candidate["parallelism"]
-    assert isinstance(par, dict)
-    lines = [f"{k} = {par[k]}" for k in ("tp", "pp", "cp")]
-    if par["vpp"] > 1:
-        lines.append(f"vpp = {par['vpp']}")
-    megatron = [f"use_distributed_optimizer = {str(candidate['distributed_optimizer']).lower()}"]
-    if par["tp"] > 1:
-        megatron.append(f"sequence_parallel = {str(candidate['sequence_parallel']).lower()}")
-    if candidate["recompute"] != "none":
-        megatron.append(f'recompute_granularity = "{candidate["recompute"]}"')
-        if candidate["recompute"] == "full":
-            megatron += ['recompute_method = "uniform"', "recompute_num_layers = 1"]
-    text = EXAMPLE.read_text(encoding="utf-8").replace(
-        "global_batch_size = 512\n",
-        f"global_batch_size = 512\nmicro_batch_size = {candidate['micro_batch_size']}\n",
-    )
-    text += "\n[parallelism]\n" + "\n".join(lines) + "\n\n[megatron]\n" + "\n".join(megatron)
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text + "\n", encoding="utf-8")
+    """The example with a candidate's printed tables merged in, as a JSON spec."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    for table, values in candidate["spec"].items():
+        data.setdefault(table, {}).update(values)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
     return path
 
 

@@ -17,14 +17,16 @@ fields of :class:`Constants`; bench/fit_tune.py fits them on published measured 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 
 import attrs
 
 from mdc.hardware import Accelerator
+from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape
-from mdc.tune.flops import token_flops
+from mdc.tune.flops import TokenFlops, token_flops
 
 
 @attrs.frozen(kw_only=True)
@@ -168,11 +170,9 @@ def predict(
     world = L.tp * L.pp * L.cp * L.dp
     h, s = shape.hidden, shape.seq
     recomputes = count_recompute and L.recompute == "full"
-    flops = token_flops(
-        shape, causal=causal, recompute=recomputes, window=window, window_skip=window_skip
-    )
+    flops = _flops(shape, causal, recomputes, window, window_skip)
     # what the kernels execute: causal attention skips the masked half either way
-    executed = token_flops(shape, causal=True)
+    executed = _flops(shape, True, False, None, None)
     domain = scale_up_domain(hw, nproc_per_node)
     act = 2  # bf16 activations
 
@@ -262,7 +262,7 @@ def predict(
         t_cp = max(0.0, ring - t_attention)
 
     # ---- expert parallel: dispatch and combine all-to-alls, forward and backward
-    parts = shape.pattern.parts(0, layers)
+    parts = _parts(shape)
     moe_layers = stage_layers * parts.moe / max(layers, 1)
     # token permutation around the experts: memory bound, every routed copy of a token
     t_moe = (
@@ -353,6 +353,24 @@ def predict(
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _flops(
+    shape: Shape,
+    causal: bool,
+    recompute: bool,
+    window: tuple[int, int] | None,
+    window_skip: int | tuple[int, ...] | None,
+) -> TokenFlops:
+    return token_flops(
+        shape, causal=causal, recompute=recompute, window=window, window_skip=window_skip
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _parts(shape: Shape) -> Parts:
+    return shape.pattern.parts(0, shape.layers)
+
+
 def _attention_width(shape: Shape) -> float:
     """Output width of the attention projections (QKV, or MLA's up projections)."""
     latent = shape.latent
@@ -365,7 +383,7 @@ def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[floa
     """(dense, expert) parameters one GPU of the heaviest stage holds."""
     h = shape.hidden
     width = 3 if shape.gated else 2
-    parts = shape.pattern.parts(0, shape.layers)
+    parts = _parts(shape)
     layers = max(shape.layers, 1)
     attention = _attention_width(shape) * h * 2 / 3  # projections in and out
     dense = (attention * parts.attention + width * h * shape.ffn * parts.mlp) / layers

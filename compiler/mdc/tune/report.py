@@ -27,7 +27,7 @@ TERMS = {
 
 def _memory_gib(row: Verified) -> float:
     memory = row.memory
-    return (memory.total if memory else row.candidate.memory_bytes) / GIB
+    return (memory.total if memory else row.candidate.memory_bytes or 0) / GIB
 
 
 def candidate_json(rank: int, row: Verified) -> dict[str, Any]:
@@ -52,6 +52,11 @@ def candidate_json(rank: int, row: Verified) -> dict[str, Any]:
         "fsdp": L.zero_stage >= 3,
         "memory_gib": round(_memory_gib(row), 2),
         "predicted": row.candidate.prediction.to_json(),
+        "spec": {
+            table: dict(row.data[table])
+            for table in ("parallelism", "batch", "megatron")
+            if isinstance(row.data.get(table), dict)
+        },
     }
 
 
@@ -61,6 +66,7 @@ def result_json(result: Result) -> dict[str, Any]:
         "precision": result.precision,
         "searched": {
             "candidates": result.generated,
+            "memory_estimated": result.estimated,
             "fit_memory": result.fitting,
             "refused_by_compile": dict(result.refused),
         },
@@ -77,7 +83,12 @@ def why_lost(best: Candidate, other: Candidate) -> str:
     }
     term, delta = max(sorted(deltas.items()), key=lambda kv: kv[1])
     if slower <= 0:
-        return "as fast, but needs more memory per GPU"
+        same = (other.memory_bytes or 0) <= (best.memory_bytes or 0)
+        return (
+            "as fast and as large: an equivalent layout"
+            if same
+            else ("as fast, but needs more memory per GPU")
+        )
     per = delta / max(other.prediction.step_time_s, 1e-12) * 100
     return (
         f"{slower * 100:.1f}% slower: more {TERMS[term]} (+{delta:.3g} s, {per:.0f}% of its step)"
@@ -87,8 +98,9 @@ def why_lost(best: Candidate, other: Candidate) -> str:
 def text(result: Result) -> str:
     hw = result.hardware
     lines = [
-        f"mdc tune: {len(result.rows)} best of {result.fitting} layouts that fit "
-        f"({result.generated} searched) on {hw.name}, {result.precision}",
+        f"mdc tune: the {len(result.rows)} fastest of {result.generated} layouts that fit "
+        f"and compile, on {hw.name}, {result.precision} ({result.estimated} estimated for "
+        f"memory on the way down the ranking, {result.estimated - result.fitting} too large)",
     ]
     if result.refused:
         refused = ", ".join(f"{code} x{n}" for code, n in result.refused.items())
@@ -161,7 +173,7 @@ WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 70, 30, 40, 50
 def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -> str:
     """Predicted tokens/s/GPU against memory per GPU: every fitting candidate as a dot,
     the memory limit as a line, the chosen layout ringed, the runners-up labelled."""
-    points = [(c.memory_bytes / GIB, c.prediction.tokens_per_s_per_gpu) for c in others]
+    points = [((c.memory_bytes or 0) / GIB, c.prediction.tokens_per_s_per_gpu) for c in others]
     rows = [(_memory_gib(r), r.candidate.prediction.tokens_per_s_per_gpu) for r in result.rows]
     xs = [x for x, _ in points + rows] + [capacity_gib]
     ys = [y for _, y in points + rows] or [1.0]

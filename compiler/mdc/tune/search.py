@@ -45,10 +45,14 @@ class Candidate:
     """One filled-in layout with its estimates."""
 
     layout: Layout
-    #: the values written into the spec: pointer-like (table, key) -> value
-    edits: Mapping[tuple[str, str], Any]
-    memory_bytes: int
+    #: the launcher-table switches this candidate sets (sequence parallel, optimizer, recompute)
+    switches: Mapping[str, Any]
     prediction: Prediction
+    sizes: Sizes
+    batch: BatchPlan
+    training: TrainingSetup
+    #: the plan's memory estimate per GPU (None until estimated)
+    memory_bytes: int | None = None
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -56,7 +60,7 @@ class Candidate:
         L = self.layout
         return (
             -round(self.prediction.tokens_per_s_per_gpu, 6),
-            self.memory_bytes,
+            self.memory_bytes or 0,
             L.tp,
             L.pp,
             L.cp,
@@ -105,9 +109,11 @@ class Verified:
 class Result:
     hardware: Accelerator
     rows: tuple[Verified, ...]
-    #: candidates the arithmetic stage generated, and how many fit memory
+    #: candidates the search generated, how many had their memory estimated (best first,
+    #: until enough compiled) and how many of those fit
     generated: int
     fitting: int
+    estimated: int = 0
     #: diagnostic code -> candidates the compiler refused for it
     refused: Mapping[str, int]
     precision: str
@@ -130,6 +136,12 @@ class Tuner:
         self.data: dict[str, Any] = data
         self.spec: JobSpec = structure_spec(data, compiler.option_types)
         self._requirements()
+        self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
+        self.options_type: Any = self.launcher.options_type
+        model = self.spec.model
+        self.window = model.window_size if model is not None else None
+        self.window_skip = model.window_attn_skip_freq if model is not None else None
+        self._variant_cache: dict[tuple[bool, int], list[tuple[dict[str, Any], TrainingSetup]]] = {}
 
     # ---- what the spec must give
     def _requirements(self) -> None:
@@ -215,10 +227,6 @@ class Tuner:
             "cp",
             [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS] or [1],
         )
-        megatron = "megatron"
-        sp_fixed = self._fixed(megatron, "sequence_parallel")
-        do_fixed = self._fixed(megatron, "use_distributed_optimizer")
-        rc_fixed = self._fixed(megatron, "recompute_granularity")
         for tp, pp, cp in itertools.product(tps, pps, cps):
             if world % (tp * pp * cp):
                 continue
@@ -231,29 +239,82 @@ class Tuner:
                         if gbs % (mbs * dp):
                             continue
                         sizes = Sizes(
-                            tp=tp,
-                            pp=pp,
-                            cp=cp,
-                            ep=ep,
-                            etp=etp,
-                            dp=dp,
-                            edp=world // (etp * ep * pp),
-                            vpp=vpp if vpp > 1 else None,
-                        )
+                            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp,
+                            edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
+                        )  # fmt: skip
                         batch = BatchPlan(
                             global_batch_size=gbs,
                             micro_batch_size=mbs,
                             grad_accum_steps=gbs // (mbs * dp),
                         )
-                        sps = (
-                            [sp_fixed]
-                            if sp_fixed is not None
-                            else ([True, False] if tp > 1 else [False])
-                        )
-                        dos = [do_fixed] if do_fixed is not None else [True, False]
-                        rcs = [rc_fixed] if rc_fixed is not None else ["none", "selective", "full"]
-                        for sp, do, rc in itertools.product(sps, dos, rcs):
-                            yield from self._candidate(sizes, batch, order, bool(sp), bool(do), rc)
+                        chunk = -(-shape.layers // (pp * vpp))
+                        for switches, training in self._variants(tp, chunk):
+                            yield self._candidate(sizes, batch, order, switches, training)
+
+    def _variants(self, tp: int, chunk_layers: int) -> list[tuple[dict[str, Any], TrainingSetup]]:
+        """The switch settings to try with the launcher's training setup for each (cached)."""
+        key = (tp > 1, chunk_layers)
+        if key not in self._variant_cache:
+            self._variant_cache[key] = [
+                (switches, self._training(self._options(switches)))
+                for switches in self._switches(tp, chunk_layers)
+            ]
+        return self._variant_cache[key]
+
+    def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
+        """The [megatron] training switches to try: sequence parallel, the optimizer's
+        sharding (distributed optimizer or Megatron-FSDP) and recompute (none, selective,
+        full over every layer, or full over the first N layers of each model chunk).
+
+        Dominated settings are not generated: without sequence parallel a layout moves the
+        same tensor-parallel bytes and keeps more activations; without the distributed
+        optimizer it moves the same gradient bytes (an all-reduce is a reduce-scatter and an
+        all-gather) and keeps the whole optimizer state. A spec that writes them keeps them.
+        """
+        table = "megatron"
+        fields = attrs.fields_dict(self.options_type) if self.options_type else {}
+        sps = self._choices(table, "sequence_parallel", [True] if tp > 1 else [None])
+        optimizers: list[dict[str, Any]] = [{"use_distributed_optimizer": True}]
+        if "use_megatron_fsdp" in fields:
+            optimizers.append(
+                {
+                    "use_distributed_optimizer": True,
+                    "use_megatron_fsdp": True,
+                    "data_parallel_sharding_strategy": "optim_grads_params",
+                }
+            )
+        fixed = {
+            k: self._fixed(table, k)
+            for k in ("use_distributed_optimizer", "use_megatron_fsdp")
+            if self._fixed(table, k) is not None
+        }
+        if fixed:
+            optimizers = [
+                o for o in optimizers if all(o.get(k, False) == v for k, v in fixed.items())
+            ] or [fixed]
+        full = {"recompute_granularity": "full", "recompute_method": "uniform"}
+        recomputes: list[dict[str, Any]] = [
+            {},
+            {"recompute_granularity": "selective"},
+            {**full, "recompute_num_layers": 1},
+        ]
+        if "recompute_method" in fields:
+            for part in sorted({chunk_layers // 4, chunk_layers // 2, 3 * chunk_layers // 4}):
+                if 0 < part < chunk_layers:
+                    recomputes.append(
+                        {
+                            "recompute_granularity": "full",
+                            "recompute_method": "block",
+                            "recompute_num_layers": part,
+                        }
+                    )
+        if self._fixed(table, "recompute_granularity") is not None:
+            recomputes = [{}]  # held as written
+        for sp, optimizer, recompute in itertools.product(sps, optimizers, recomputes):
+            switches = {**optimizer, **recompute}
+            if sp is not None:
+                switches["sequence_parallel"] = sp
+            yield {k: v for k, v in switches.items() if self._fixed(table, k) is None}
 
     def _experts(self, tp: int, pp: int, world: int, moe: bool) -> list[tuple[int, int]]:
         if not moe:
@@ -277,52 +338,63 @@ class Tuner:
         return [1, *(v for v in divisors(per_stage) if 1 < v <= MAX_VPP)] if per_stage else [1]
 
     def _candidate(
-        self, sizes: Sizes, batch: BatchPlan, order: str, sp: bool, do: bool, recompute: str
-    ) -> Iterator[Candidate]:
-        training = TrainingSetup(
-            zero_stage=1 if do else 0,
-            grad_bytes=4,
-            sequence_parallel=sp,
-            recompute=recompute,
-        )
-        memory = estimate(self.shape, sizes, batch, training)
-        if memory.total > self.capacity:
-            self.discarded += 1
-            return
+        self,
+        sizes: Sizes,
+        batch: BatchPlan,
+        order: str,
+        switches: dict[str, Any],
+        training: TrainingSetup,
+    ) -> Candidate:
+        written = {**self._written("megatron"), **switches}
+        recompute = training.recompute
         layout = Layout(
-            tp=sizes.tp,
-            pp=sizes.pp,
-            cp=sizes.cp,
-            ep=sizes.ep,
-            etp=sizes.etp,
-            dp=sizes.dp,
-            vpp=sizes.vpp or 1,
-            micro_batch_size=batch.micro_batch_size,
+            tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
+            vpp=sizes.vpp or 1, micro_batch_size=batch.micro_batch_size,
             microbatches=batch.grad_accum_steps,
-            sequence_parallel=sp and sizes.tp > 1,
+            sequence_parallel=training.sequence_parallel and sizes.tp > 1,
             recompute=recompute,
-            zero_stage=1 if do else 0,
+            recompute_layers=training.recompute_num_layers
+            if recompute == "full" and training.recompute_method == "block" else None,
+            zero_stage=training.zero_stage,
+            grad_bytes=training.grad_bytes or 4,
             order=order,
-            overlap_grad_reduce=self._fixed("megatron", "overlap_grad_reduce") is not False,
-            overlap_param_gather=do
-            and self._fixed("megatron", "overlap_param_gather") is not False,
-        )
+            overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
+            overlap_param_gather=training.zero_stage >= 1
+            and written.get("overlap_param_gather") is not False,
+        )  # fmt: skip
         prediction = predict(
-            self.shape,
-            layout,
-            self.hardware,
-            nproc_per_node=self.nproc,
-            precision=self.precision,
-            constants=self.constants,
-        )
-        yield Candidate(
+            self.shape, layout, self.hardware, nproc_per_node=self.nproc,
+            precision=self.precision, constants=self.constants,
+            window=self.window, window_skip=self.window_skip,
+        )  # fmt: skip
+        return Candidate(
             layout=layout,
-            edits=self._edits(layout),
-            memory_bytes=memory.total,
+            switches=switches,
             prediction=prediction,
+            sizes=sizes,
+            batch=batch,
+            training=training,
         )
 
-    def _edits(self, L: Layout) -> dict[tuple[str, str], Any]:
+    def _written(self, table: str) -> dict[str, Any]:
+        value = self.data.get(table, {})
+        return dict(value) if isinstance(value, dict) else {}
+
+    def _options(self, switches: dict[str, Any]) -> Any:
+        """The launcher's options with ``switches`` set, as its own type."""
+        base: Any = self.spec.plugin_tables.get(self.spec.distributed.launcher)
+        if base is None:
+            base = self.options_type() if self.options_type else None
+        if base is None:
+            return None
+        return attrs.evolve(base, **switches)
+
+    def _training(self, options: Any) -> TrainingSetup:
+        """How the launcher trains with ``options``: its own ``training`` hook, as compile."""
+        hook = self.launcher.training
+        return hook(options) if hook is not None else TrainingSetup()
+
+    def _edits(self, L: Layout, switches: dict[str, Any]) -> dict[tuple[str, str], Any]:
         edits: dict[tuple[str, str], Any] = {
             ("parallelism", "tp"): L.tp,
             ("parallelism", "pp"): L.pp,
@@ -335,24 +407,18 @@ class Tuner:
             edits[("parallelism", "etp")] = L.etp
         if L.vpp > 1 or self._fixed("parallelism", "vpp") is not None:
             edits[("parallelism", "vpp")] = L.vpp
-        if L.tp > 1 or self._fixed("megatron", "sequence_parallel") is not None:
-            edits[("megatron", "sequence_parallel")] = L.sequence_parallel
-        edits[("megatron", "use_distributed_optimizer")] = L.zero_stage >= 1
-        if self._fixed("megatron", "overlap_grad_reduce") is None:
-            edits[("megatron", "overlap_grad_reduce")] = True
-        if L.zero_stage >= 1 and self._fixed("megatron", "overlap_param_gather") is None:
+        for key, value in switches.items():
+            edits[("megatron", key)] = value
+        # the overlap Megatron offers for free (off by default in Megatron-LM)
+        edits[("megatron", "overlap_grad_reduce")] = True
+        if L.zero_stage >= 1:
             edits[("megatron", "overlap_param_gather")] = True
-        if self._fixed("megatron", "recompute_granularity") is None and L.recompute != "none":
-            edits[("megatron", "recompute_granularity")] = L.recompute
-            if L.recompute == "full":
-                edits[("megatron", "recompute_method")] = "uniform"
-                edits[("megatron", "recompute_num_layers")] = 1
         return edits
 
     def spec_data(self, candidate: Candidate) -> dict[str, Any]:
         """The spec with the candidate's values written in (a deep copy)."""
         data = copy.deepcopy(self.data)
-        for (table, key), value in candidate.edits.items():
+        for (table, key), value in self._edits(candidate.layout, dict(candidate.switches)).items():
             section = data.setdefault(table, {})
             if self._fixed(table, key) is None:
                 section[key] = value
@@ -362,22 +428,46 @@ class Tuner:
         return data
 
     def sample(self, limit: int = 1500) -> list[Candidate]:
-        """Up to ``limit`` of the fitting candidates, evenly through the ranking (for plots)."""
-        ranked = getattr(self, "ranked", [])
-        step = max(1, len(ranked) // limit)
-        return ranked[::step][:limit]
+        """Up to ``limit`` of the candidates whose memory was estimated (for the picture)."""
+        walked = getattr(self, "walked", [])
+        step = max(1, len(walked) // limit)
+        return walked[::step][:limit]
+
+    def _with_memory(self, candidate: Candidate) -> Candidate:
+        memory = estimate(self.shape, candidate.sizes, candidate.batch, candidate.training)
+        return attrs.evolve(candidate, memory_bytes=memory.total)
 
     # ---- the compile stage
     def run(self, top: int = 5) -> Result:
-        self.discarded = 0
+        """Rank every candidate by predicted throughput, then walk down the ranking: the
+        plan's memory estimate, then the compiler, until ``top`` candidates pass both.
+
+        The memory estimate grows with the micro batch (activations of min(pp, m) micro
+        batches of b sequences each, with b * m fixed by the global batch), so once a layout
+        does not fit at micro batch b, its larger micro batches are not estimated again.
+        """
         ranked = sorted(self.candidates(), key=lambda c: c.key)
-        self.ranked = ranked
-        generated = len(ranked) + self.discarded
         rows: list[Verified] = []
         refused: Counter[str] = Counter()
+        walked: list[Candidate] = []
+        too_big: dict[tuple[Any, ...], int] = {}
+        fitting = 0
         for candidate in ranked:
             if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
                 break
+            L = candidate.layout
+            family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
+            if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
+                continue
+            candidate = self._with_memory(candidate)
+            walked.append(candidate)
+            assert candidate.memory_bytes is not None
+            if candidate.memory_bytes > self.capacity:
+                too_big[family] = min(
+                    too_big.get(family, 1 << 30), candidate.batch.micro_batch_size
+                )
+                continue
+            fitting += 1
             data = self.spec_data(candidate)
             doc = attrs.evolve(self.doc, data=data)
             try:
@@ -387,11 +477,14 @@ class Tuner:
                 refused.update(codes or ["?"])
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
+        self.walked = walked
+        rows.sort(key=lambda r: r.candidate.key)
         return Result(
             hardware=self.hardware,
             rows=tuple(rows),
-            generated=generated,
-            fitting=len(ranked),
+            generated=len(ranked),
+            fitting=fitting,
+            estimated=len(walked),
             refused=dict(sorted(refused.items())),
             precision=self.precision,
         )
