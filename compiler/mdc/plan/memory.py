@@ -30,7 +30,17 @@ model) is not counted. The general layout replaces, as Megatron-Core builds it:
 * ``position_embedding = "rope"`` has no parameters (``"learned"``: s*h);
 * ``tied_embeddings = false`` adds the output matrix V*h;
 * MoE (``num_experts`` E): every layer's MLP becomes a router (E*h) and E
-  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size).
+  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size), with a bias
+  each (and the router one per expert) when ``bias`` is on;
+* the architecture keys (docs/model.md): ``kv_channels`` sets d; ``qk_layernorm``
+  adds two norms of d; ``add_qkv_bias`` a QKV bias; ``softmax_type = "learnable"`` one
+  offset per head; multi-latent attention replaces QKV by its down and up projections;
+  a shared expert adds an MLP of its width to each MoE layer; ``moe_layer_freq`` makes
+  some layers dense; each MTP layer is a copy of the last layer plus two norms, a
+  2h x h projection and a final norm; a hybrid pattern makes each layer one part
+  (Mamba-2, attention, MLP or MoE, each with its norm). A stage's parameters and
+  activations are the sum over the parts of the layers it holds
+  (:mod:`mdc.plan.architecture` says which).
 
 Llama-3-8B (l 32, h 4096, a 32, g 8, f 14336, V 128256, gated, untied, rope,
 no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
