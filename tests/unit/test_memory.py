@@ -743,6 +743,12 @@ def test_too_little_memory_is_an_error_with_the_numbers() -> None:
     assert d.hint and "GiB" in d.hint
 
 
+#: the levers a launcher lets the hint propose, labelled so that apply_lever reads them
+LEVER_LABELS = (
+    *((f"zero {n}", f"zero stage {n}") for n in (1, 2, 3)),
+    ("sequence parallel", "sequence parallel"),
+    *((f"recompute {mode}", f'recompute "{mode}"') for mode in ("selective", "full")),
+)
 LEVER = re.compile(
     r'(tp|pp|cp|micro_batch_size|zero stage) (\d+)|recompute "(\w+)"'
     r"|(sequence parallel)"
@@ -770,7 +776,7 @@ def apply_lever(
 @pytest.mark.parametrize("capacity", [20, 40, 60])
 def test_every_lever_said_to_fit_does_fit(capacity: int) -> None:
     data = with_capacity(LLAMA_JOB, capacity)
-    training = TrainingSetup(grad_bytes=4)
+    training = TrainingSetup(grad_bytes=4, levers=LEVER_LABELS)
     _, found = plan_of(data, training)
     (d,) = found
     assert d.code == "MDC260" and d.hint

@@ -30,7 +30,17 @@ model) is not counted. The general layout replaces, as Megatron-Core builds it:
 * ``position_embedding = "rope"`` has no parameters (``"learned"``: s*h);
 * ``tied_embeddings = false`` adds the output matrix V*h;
 * MoE (``num_experts`` E): every layer's MLP becomes a router (E*h) and E
-  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size).
+  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size), with a bias
+  each (and the router one per expert) when ``bias`` is on;
+* the architecture keys (docs/model.md): ``kv_channels`` sets d; ``qk_layernorm``
+  adds two norms of d; ``add_qkv_bias`` a QKV bias; ``softmax_type = "learnable"`` one
+  offset per head; multi-latent attention replaces QKV by its down and up projections;
+  a shared expert adds an MLP of its width to each MoE layer; ``moe_layer_freq`` makes
+  some layers dense; each MTP layer is a copy of the last layer plus two norms, a
+  2h x h projection and a final norm; a hybrid pattern makes each layer one part
+  (Mamba-2, attention, MLP or MoE, each with its norm). A stage's parameters and
+  activations are the sum over the parts of the layers it holds
+  (:mod:`mdc.plan.architecture` says which).
 
 Llama-3-8B (l 32, h 4096, a 32, g 8, f 14336, V 128256, gated, untied, rope,
 no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
@@ -410,15 +420,20 @@ def _part_activations(
     t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
     tokens = Fraction(shape.seq, sizes.cp) * micro
     h = shape.hidden
-    norm_output = ("layernorm", act * tokens * h)
+    # fp8 training: Transformer Engine keeps a linear layer's input for its backward pass
+    # in fp8 (1 byte); the norms, attention and activation functions keep 16 bits
+    gemm_in = 1 if shape.dtype == "fp8" else act
+    norm_output = ("layernorm", gemm_in * tokens * h)
+    # per ffn column: the first matrix's outputs (gate and up, or one) and the second
+    # matrix's input
+    ffn_bytes = act * (intermediates_of(shape) - 1) + gemm_in
     # experts padded to their capacity hold capacity-factor times the even share of tokens
     capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
-    routed = act * tokens * shape.topk * capacity
-    experts = routed * (intermediates_of(shape) * Fraction(shape.moe_ffn, sizes.etp) + h)
-    shared = act * tokens * intermediates_of(shape) * Fraction(shape.shared_ffn, t)
+    routed = tokens * shape.topk * capacity
+    experts = routed * (ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * h)
+    shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
     # every part keeps its norm's input, its first matrix's input and a dropout mask
-    inputs = (2 * act + 1) * tokens * h
-    intermediates = 3 if shape.gated else 2
+    inputs = (act + gemm_in + 1) * tokens * h
     latent = shape.latent
     if latent is not None:
         # Q and K of qk + rope width, V and the projection input of v width, per head; the
@@ -433,23 +448,23 @@ def _part_activations(
         kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
         split = act * tokens * (2 * q + 2 * kv)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
-    mlp = act * tokens * intermediates * Fraction(shape.ffn, t)
+    mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
     parts = {
         "attention": _PartActivations(
             replicated=inputs, split=split, scores=Fraction(scores), modules=(norm_output,)
         ),
         "mlp": _PartActivations(
-            replicated=(2 * act + 1) * tokens * h,
+            replicated=(act + gemm_in + 1) * tokens * h,
             split=mlp,
             modules=(norm_output, ("mlp", mlp)),
         ),
         "moe": _PartActivations(
-            replicated=(2 * act + 1) * tokens * h,
+            replicated=(act + gemm_in + 1) * tokens * h,
             split=experts + shared,
             modules=(
                 norm_output,
                 ("moe", experts + shared),
-                ("moe_act", routed * Fraction(shape.moe_ffn, sizes.etp)),
+                ("moe_act", routed * gemm_in * Fraction(shape.moe_ffn, sizes.etp)),
                 ("shared_experts", shared),
             ),
         ),
@@ -460,7 +475,7 @@ def _part_activations(
         # C, dt), the scan's output, and the gated norm's output that out_proj keeps
         width = 4 * m.inner + 2 * m.groups * m.state + m.heads
         parts["mamba"] = _PartActivations(
-            replicated=(2 * act + 1) * tokens * h,
+            replicated=(act + gemm_in + 1) * tokens * h,
             split=act * tokens * Fraction(width, t),
             modules=(norm_output,),
         )
@@ -526,6 +541,10 @@ def _full_recompute(
         return Fraction(0), Fraction(0)
     per_chunk = math.ceil(Fraction(layers, chunks))
     count = training.recompute_num_layers or 1
+    if training.recompute_every:  # every n-th layer: its input only; the others all
+        again = layers // training.recompute_every
+        kept = again * layer_input + full * Fraction(layers - again, layers)
+        return kept, heaviest if again else Fraction(0)
     if training.recompute_method == "block":
         again = min(count, per_chunk) * chunks
         rest = max(layers - again, 0)
@@ -588,10 +607,10 @@ def stage_estimates(
                 last_extra,
             ),
         ]
-    w = WEIGHT_BYTES.get(shape.dtype, 2)
+    w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
     layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
-    o = training.optimizer_bytes or (8 if w >= 4 else 12)
+    o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     zero = max(0, min(3, training.zero_stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1

@@ -112,6 +112,9 @@ class TrainingSetup:
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
     #: stage shards within each (over dp * cp / replicas ranks); must divide dp
     replicas: int = 1
+    #: bytes per weight element when the launcher keeps them in another precision than
+    #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
+    weight_bytes: int | None = None
     #: bytes per element of the transformer layers' weights when the launcher keeps them
     #: in another precision than [model] dtype (fp8 parameters: 1); None: the dtype's
     layer_weight_bytes: int | None = None
@@ -124,6 +127,8 @@ class TrainingSetup:
     #: full recompute: "uniform" or "block", and how many layers (None: every layer)
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    #: full recompute of every n-th layer only (TorchTitan's selective_ac_option = n)
+    recompute_every: int | None = None
     #: selective recompute: the modules, in Megatron-Core's names (None: the attention core)
     recompute_modules: tuple[str, ...] | None = None
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)

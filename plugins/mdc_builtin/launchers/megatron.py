@@ -831,6 +831,42 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     yield from _offload_rules(plan, opts)
     yield from _recompute_module_rules(opts, words, dtype)
     yield from _moe_rules(plan, opts, words)
+    yield from _unmodelled(plan, opts)
+
+
+#: Megatron-LM flags that change what a GPU holds and that the estimate does not model
+UNMODELLED = (
+    "--use-torch-fsdp2",
+    "--torch-fsdp2-no-reshard-after-forward",
+    "--outer-dp-sharding-strategy",
+    "--num-distributed-optimizer-instances",
+    "--fine-grained-activation-offloading",
+    "--offload-modules",
+    "--distribute-saved-activations",
+    "--fp4-format",
+    "--fp4-param-gather",
+    "--moe-flex-dispatcher-backend",
+    "--reuse-grad-buf-for-mxfp8-param-ag",
+    "--keep-fp8-transpose-cache",
+)
+
+
+def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    places = [("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i))]
+    places.append(("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"))
+    for where, words, pointer in places:
+        for index, word in enumerate(words):
+            flag = word.split("=", 1)[0]
+            if flag in UNMODELLED:
+                yield Finding(
+                    code="MDC359",
+                    pointer=pointer(index),
+                    severity=Severity.WARNING,
+                    message=f"{where} passes {flag}, which changes what each GPU holds; the "
+                    "memory estimate does not model it (it may be off either way)",
+                    hint="compare the estimate with a measured run, or leave "
+                    "accelerator_memory_gib out to skip the check",
+                )
 
 
 def _value_after(words: Sequence[str], flag: str) -> str | None:
