@@ -384,10 +384,6 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
     return args + list(_memory_args(plan, opts))
 
 
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     """The flags of the options that change what each GPU holds, in the table's order."""
     if opts.recompute_modules is not None:
@@ -852,8 +848,10 @@ UNMODELLED = (
 
 
 def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
-    places = [("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i))]
-    places.append(("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"))
+    places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
+        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
+    ]
     for where, words, pointer in places:
         for index, word in enumerate(words):
             flag = word.split("=", 1)[0]
