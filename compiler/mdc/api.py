@@ -139,6 +139,17 @@ class Role:
 
 
 @attrs.frozen(kw_only=True)
+class Endpoint:
+    """Where a serving job answers clients, for a backend's Service and readiness probe."""
+
+    port: int
+    #: GET this path answers 200 once the model is loaded (vLLM, SGLang and its router)
+    health_path: str = "/health"
+    #: True: every node serves its own copy (replicas); False: node 0 only
+    every_node: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class Launch:
     """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract.
 
@@ -151,6 +162,8 @@ class Launch:
     files: tuple[Artifact, ...] = ()
     #: variables every worker process sees, and what each holds (documented in plan.json)
     worker_env: Mapping[str, str] = attrs.field(factory=dict)
+    #: a serving launcher's client endpoint (None: the job serves nothing)
+    endpoint: Endpoint | None = None
 
     def role(self, name: str) -> Role:
         for role in self.roles:
@@ -232,6 +245,7 @@ __all__ = [
     "Concat",
     "Diagnostic",
     "DisaggSplit",
+    "Endpoint",
     "Finding",
     "FlagTable",
     "FlagUse",

@@ -166,6 +166,10 @@ CODES: dict[str, Code] = {
         "warning: an expert-parallel group crosses a node boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
+    "MDC252": Code(
+        "warning: [job] command is a shell script run by torchrun as every worker process",
+        "give the program the script starts as [job] command, its exports as [job] env",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
@@ -391,7 +395,10 @@ CODES: dict[str, Code] = {
     "MDC380": Code("no [sglang_disagg] model_path", "set [sglang_disagg] model_path"),
     "MDC381": Code("a node's port exceeds 65535", "lower port or bootstrap_port"),
     "MDC382": Code("HTTP and bootstrap port ranges overlap", "move one of the ranges"),
-    "MDC383": Code("tp_size exceeds nproc_per_node", "set tp_size to at most nproc_per_node"),
+    "MDC383": Code(
+        "a server's GPUs exceed one node without being whole nodes, or pp/cp is set",
+        "make tp_size a multiple of nproc_per_node (or at most it); remove pp and cp",
+    ),
     "MDC384": Code(
         "warning: the command is not a Python interpreter",
         'set [job] command = "python3"',
@@ -400,6 +407,14 @@ CODES: dict[str, Code] = {
     "MDC386": Code(
         "warning: mini_lb with nodes sharing a host: bootstrap ports collide",
         'use router = "sglang_router"',
+    ),
+    "MDC387": Code(
+        "a role's node count is not a multiple of the nodes one of its servers spans",
+        "set prefill_nodes / decode_nodes to multiples of tp_size / nproc_per_node",
+    ),
+    "MDC389": Code(
+        "server_args or a role's args has a flag the sglang_disagg launcher sets",
+        "remove it; set the [sglang_disagg] key the message names",
     ),
     # local
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),

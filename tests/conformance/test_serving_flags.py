@@ -94,7 +94,11 @@ VLLM_FLAGS: list[Flag] = [
 #: model_path (aliases --model), tp_size (--tensor-parallel-size), pp_size
 #: (--pipeline-parallel-size), dp_size (--data-parallel-size), nnodes, node_rank,
 #: dist_init_addr (--nccl-init-addr), host (default 127.0.0.1), port (default 30000),
-#: trust_remote_code (bool: a switch), mem_fraction_static (float).
+#: trust_remote_code (bool: a switch), mem_fraction_static (float); enable_dp_attention
+#: (a switch), ep_size (--expert-parallel-size), moe_a2a_backend, disaggregation_mode
+#: (choices null/prefill/decode), disaggregation_transfer_backend,
+#: disaggregation_bootstrap_port, disaggregation_ib_device, max_running_requests,
+#: chunked_prefill_size, base_gpu_id.
 SGLANG_FLAGS: list[Flag] = [
     (("--model-path", "--model"), "value", str),
     (("--tp-size", "--tensor-parallel-size"), "value", int),
@@ -107,6 +111,17 @@ SGLANG_FLAGS: list[Flag] = [
     (("--port",), "value", int),
     (("--trust-remote-code",), "switch", None),
     (("--mem-fraction-static",), "value", float),
+    # PD disaggregation and the sizes of docs/advanced_features/pd_disaggregation.md
+    (("--enable-dp-attention",), "switch", None),
+    (("--ep-size", "--expert-parallel-size"), "value", int),
+    (("--moe-a2a-backend",), "value", str),
+    (("--disaggregation-mode",), "value", ["null", "prefill", "decode"]),
+    (("--disaggregation-transfer-backend",), "value", str),
+    (("--disaggregation-bootstrap-port",), "value", int),
+    (("--disaggregation-ib-device",), "value", str),
+    (("--max-running-requests",), "value", int),
+    (("--chunked-prefill-size",), "value", int),
+    (("--base-gpu-id",), "value", int),
 ]
 
 #: the programs in front of the flags, and whether the model may come positionally

@@ -15,10 +15,18 @@ import argparse
 import json
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
-from tests.conformance.test_serving_flags import REPO, VLLM_FLAGS, VLLM_PROGRAMS, parse
+from tests.conformance.test_serving_flags import (
+    REPO,
+    SGLANG_FLAGS,
+    SGLANG_PROGRAMS,
+    VLLM_FLAGS,
+    VLLM_PROGRAMS,
+    parse,
+)
 
 from mdc.emit import write_tree
 from mdc.pipeline import Compiled, Compiler
@@ -69,9 +77,14 @@ def run_node(out: Path, compiled: Compiled, node: int, hosts: list[str], port: i
     # the node script execs "$@": put printf in front of the server's words there too
     done = subprocess.run(["bash", str(wrapped)], env=env, capture_output=True, check=True, cwd=out)
     words = done.stdout.decode().split("\0")[:-1]
-    if words[:2] == ["bash", str(out / "launch" / "vllm-node.sh")]:
+    helpers = {
+        str(out / "launch" / "vllm-node.sh"): 2,  # vllm-node.sh CMD...
+        str(out / "launch" / "sglang_disagg.sh"): 3,  # sglang_disagg.sh ROLE CMD...
+    }
+    if words[0] == "bash" and words[1] in helpers:
+        cut = helpers[words[1]]
         done = subprocess.run(
-            ["bash", words[1], "printf", "%s\\0", *words[2:]],
+            ["bash", *words[1:cut], "printf", "%s\\0", *words[cut:]],
             env=env,
             capture_output=True,
             check=True,
@@ -172,3 +185,78 @@ def test_vllm_single_node_dp_ep_is_the_documented_command(tmp_path: Path) -> Non
         "vllm serve deepseek-ai/DeepSeek-V3-0324 --tensor-parallel-size 1 "
         "--data-parallel-size 8 --enable-expert-parallel",
     )
+
+
+SGLANG_DOC_DEFAULTS = {"host": "0.0.0.0", "disaggregation_transfer_backend": "mooncake"}
+
+
+def sglang_namespace(argv: list[str]) -> dict[str, Any]:
+    return vars(parse(SGLANG_FLAGS, SGLANG_PROGRAMS, argv))
+
+
+#: SGLang docs/advanced_features/pd_disaggregation.md, Mooncake, "DeepSeek Multi-Node"
+#: (sgl-project/sglang at 08edc506b2da77e7fa8a6a3a1ec7a704241703d4): the flags every
+#: prefill/decode node of the documented command has; the documented host (${local_ip}),
+#: ports (30000/30001, 5000) and IB device are the user's to choose, so they are compared
+#: by rule below instead of by value.
+SGLANG_PD_DEEPSEEK = (
+    "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V3-0324 "
+    "--disaggregation-ib-device mlx5_0 --disaggregation-mode {role} --trust-remote-code "
+    "--nnodes 2 --node-rank {rank} --tp-size 16 --dp-size 8 --enable-dp-attention "
+    "--moe-a2a-backend deepep --mem-fraction-static 0.8"
+)
+
+
+def test_sglang_pd_with_two_node_servers_is_the_documented_deepseek_command(
+    tmp_path: Path,
+) -> None:
+    data = tomllib.loads(
+        (REPO / "examples" / "sglang-disagg-deepseek-5x8.toml").read_text(encoding="utf-8")
+    )
+    data["sglang_disagg"]["server_args"] += ["--disaggregation-ib-device", "mlx5_0"]
+    data["distributed"]["backend"] = "local"
+    del data["slurm"]
+    compiled = compile_data(tmp_path, data)
+    out = tmp_path / "out"
+    write_tree(out, compiled.tree)
+    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    port = compiled.plan.rendezvous.master_port
+    nodes = {n: run_node(out, compiled, n, hosts, port) for n in range(5)}
+    for node, role, rank, first in (
+        (1, "prefill", 0, 1),
+        (2, "prefill", 1, 1),
+        (3, "decode", 0, 3),
+        (4, "decode", 1, 3),
+    ):
+        mine = sglang_namespace(nodes[node])
+        theirs = sglang_namespace(
+            ["python", *SGLANG_PD_DEEPSEEK.format(role=role, rank=rank).split()[1:]]
+        )
+        if role == "decode":
+            theirs["max_running_requests"] = 128
+        for key, value in theirs.items():
+            if value is not None and key not in ("port",):
+                assert mine[key] == value, f"node {node} {key}: {mine[key]!r}, docs {value!r}"
+        # the server's nodes meet at its first node, serve (and bootstrap) from it
+        assert mine["dist_init_addr"] == f"{hosts[first]}:{port + first}"
+        assert mine["port"] == 30000 + first
+        if role == "prefill":
+            assert mine["disaggregation_bootstrap_port"] == 8998 + first
+        extra = {k: v for k, v in mine.items() if theirs[k] is None and v is not None}
+        (
+            extra.pop("dist_init_addr"),
+            extra.pop("port"),
+            extra.pop("disaggregation_bootstrap_port", 0),
+        )
+        assert extra == {k: v for k, v in SGLANG_DOC_DEFAULTS.items() if k in extra}, (
+            f"node {node}: mdc adds {extra}"
+        )
+    router = nodes[0]
+    assert router[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert router[router.index("--prefill") :] == [
+        "--prefill",
+        "http://10.0.0.2:30001",
+        "8999",
+        "--decode",
+        "http://10.0.0.4:30003",
+    ]

@@ -337,6 +337,15 @@ def test_primus_is_refused(tmp_path: Path, compiler: Compiler) -> None:
 SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ("sglang_disagg", 5, "slurm", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}),
     (
+        "sglang_disagg",
+        5,
+        "local",
+        {
+            "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
+            "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
+        },
+    ),
+    (
         "vllm",
         2,
         "local",
@@ -380,8 +389,9 @@ def _serving_spec(
             "nnodes": nnodes,
             "nproc_per_node": 8,
             "accelerator": "nvidia",
+            **extra.get("distributed", {}),
         },
-        **extra,
+        **{k: v for k, v in extra.items() if k != "distributed"},
     }
     path = tmp_path / "serve.json"
     path.write_text(json.dumps(data), encoding="utf-8")
@@ -391,7 +401,7 @@ def _serving_spec(
 @pytest.mark.parametrize(
     ("launcher", "nnodes", "backend", "extra"),
     SERVING,
-    ids=[f"{s[0]}-{s[1]}-{s[2]}-{'-'.join(s[3].get('parallelism', {}))}" for s in SERVING],
+    ids=[f"{s[0]}-{s[1]}-{s[2]}-{'-'.join(s[3].get('parallelism', s[3][s[0]]))}" for s in SERVING],
 )
 def test_serving_roles_and_addresses(
     tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
@@ -408,7 +418,22 @@ def test_serving_roles_and_addresses(
     assert f"rehearse: OK: {launcher} on {backend}, {nnodes} nodes" in stdout.getvalue()
     records = mdc.rehearse.serving.read_records(keep / "rehearse")
     assert sorted(records) == list(range(nnodes))
-    if launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
+    if launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
+        router = records[0][0]["argv"]
+        assert router[router.index("--prefill") :] == [
+            "--prefill",
+            "http://127.0.0.2:30001",
+            "8999",
+            "--decode",
+            "http://127.0.0.4:30003",
+        ]
+        port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
+        for node, first in ((1, 1), (2, 1), (3, 3), (4, 3)):
+            argv = records[node][0]["argv"]
+            assert argv[argv.index("--nnodes") + 1] == "2"
+            assert argv[argv.index("--node-rank") + 1] == str(node - first)
+            assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.{first + 1}:{port + first}"
+    elif launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
         router = records[0][0]["argv"]
         assert router[:2] == ["-m", "sglang_router.launch_router"]
         assert router[router.index("--prefill") + 1] == "http://127.0.0.2:30001"
@@ -500,3 +525,35 @@ def test_vllm_engines_pointed_at_a_wrong_head_are_caught(
     )
     assert not outcome.ok
     assert "node 1: --data-parallel-address 127.0.0.2 is not node 0" in outcome.findings
+
+
+def test_a_server_node_pointed_at_another_servers_head_is_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 2 (second node of the prefill server) sees NODE_HOSTS in another order."""
+    spec = _serving_spec(
+        tmp_path,
+        "sglang_disagg",
+        5,
+        "local",
+        {
+            "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
+            "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
+        },
+    )
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 2:
+            return env
+        hosts = env["NODE_HOSTS"].split()
+        hosts[1], hosts[3] = hosts[3], hosts[1]
+        return {**env, "NODE_HOSTS": " ".join(hosts)}
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
+    assert not outcome.ok
+    assert any(
+        f.startswith("node 2 (prefill): --dist-init-addr 127.0.0.4:") and "is node 3" in f
+        for f in outcome.findings
+    ), outcome.findings

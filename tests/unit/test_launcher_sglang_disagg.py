@@ -168,8 +168,49 @@ def test_tp_size(tmp_path: Path) -> None:
     data = spec(3, 8)
     data["parallelism"] = {"tp": 2}
     assert tp(data) == "2"
-    (error,) = errors(tmp_path, spec(3, 8, {"tp_size": 16}))
-    assert error.code == "MDC383" and "16" in error.message and "8" in error.message
+    found = errors(tmp_path, spec(3, 8, {"tp_size": 12}))
+    assert [d.code for d in found] == ["MDC383", "MDC383"]  # a prefill and a decode server
+    assert "12 GPUs" in found[0].message and "(8)" in found[0].message
+
+
+def test_a_server_over_two_nodes_needs_roles_of_whole_servers(tmp_path: Path) -> None:
+    """tp_size 16 on 8-GPU nodes: each server spans 2 nodes, so 3 prefill nodes are refused."""
+    (error,) = errors(tmp_path, spec(6, 8, {"tp_size": 16}, prefill_nodes=3, decode_nodes=2))
+    assert error.code == "MDC387" and error.location.pointer == "/distributed/prefill_nodes"
+    assert "spans 2 nodes (16 GPUs)" in error.message and "e.g. 2" in (error.hint or "")
+    compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
+    (script,) = [f.data.decode() for f in compiled.tree if f.path == "launch/sglang_disagg.sh"]
+    assert "PREFILL_SERVER_NODES=2" in script and "DECODE_SERVER_NODES=2" in script
+
+
+def test_role_tables_set_one_role_only(tmp_path: Path) -> None:
+    options = {
+        "tp_size": 2,
+        "prefill": {"args": ["--chunked-prefill-size", "4096"]},
+        "decode": {"tp_size": 1, "dp_size": 2, "args": ["--max-running-requests", "128"]},
+    }
+    compiled = compile_(tmp_path, spec(3, 2, options))
+    prefill = [str(w) for w in compiled.launch.role("prefill").argv]
+    decode = [str(w) for w in compiled.launch.role("decode").argv]
+    assert prefill[prefill.index("--tp-size") + 1] == "2" and "--dp-size" not in prefill
+    assert "--chunked-prefill-size" in prefill and "--max-running-requests" not in prefill
+    assert decode[decode.index("--tp-size") + 1] == "1"
+    assert decode[decode.index("--dp-size") + 1] == "2"
+    assert "--max-running-requests" in decode and "--chunked-prefill-size" not in decode
+
+
+def test_flags_mdc_sets_are_refused_in_the_arguments(tmp_path: Path) -> None:
+    options = {
+        "server_args": ["--trust-remote-code", "--tp", "2", "--port=1"],
+        "decode": {"args": ["--expert-parallel-size", "4"]},
+    }
+    found = errors(tmp_path, spec(3, 2, options))
+    assert [(d.code, d.location.pointer) for d in found] == [
+        ("MDC389", "/sglang_disagg/server_args"),
+        ("MDC389", "/sglang_disagg/decode/args"),
+    ]
+    assert "--port" in found[0].message and "set it through port" in (found[0].hint or "")
+    assert "through ep_size" in (found[1].hint or "")
 
 
 def test_ports_stay_below_65536(tmp_path: Path) -> None:

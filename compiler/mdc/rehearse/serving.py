@@ -282,6 +282,30 @@ def _check_vllm_dp(
     return found
 
 
+def _check_server_nodes(
+    plan: dict[str, Any], node: int, role: str, argv: list[str], node_at: Any
+) -> list[str]:
+    """A server over several nodes: its nodes agree on its size, rank and first node."""
+    found: list[str] = []
+    size = int(_value(argv, "--nnodes") or 1)
+    if size == 1:
+        return found
+    (first_of_role,) = [r["first_node"] for r in plan["roles"] if r["name"] == role]
+    first = first_of_role + (node - first_of_role) // size * size
+    rank = _value(argv, "--node-rank")
+    if rank != str(node - first):
+        found.append(f"node {node} ({role}): --node-rank {rank}, its server starts at node {first}")
+    init = _value(argv, "--dist-init-addr") or ""
+    host, _, _port = init.rpartition(":")
+    at = node_at(host, "--dist-init-addr's host", node)
+    if at not in (first, None):
+        found.append(
+            f"node {node} ({role}): --dist-init-addr {init} is node {at}, its server's first "
+            f"node is {first}"
+        )
+    return found
+
+
 def _check_disagg(
     plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str], node_at: Any
 ) -> list[str]:
@@ -304,6 +328,7 @@ def _check_disagg(
             mode = _value(argv, "--disaggregation-mode")
             if module != "sglang.launch_server" or mode != role:
                 found.append(f"node {node} ({role}) runs {module} --disaggregation-mode {mode}")
+            found += _check_server_nodes(plan, node, role, argv, node_at)
     routers = [n for n, s in servers.items() if s["argv"][1] in ROUTERS]
     if routers != [0]:
         found.append(f"the router runs on node(s) {routers}, the plan puts it on node 0")
@@ -339,7 +364,13 @@ def _check_disagg(
                     f"node {node}'s bootstrap server is on {theirs}"
                 )
     for kind in ("prefill", "decode"):
-        wanted = [n for n in range(len(hosts)) if _role_of(plan, n) == kind]
+        # the router knows a server by its first node (--node-rank 0)
+        wanted = [
+            n
+            for n in range(len(hosts))
+            if _role_of(plan, n) == kind
+            and _value(servers.get(n, {}).get("argv", []), "--node-rank") in (None, "0")
+        ]
         if sorted(pointed[kind]) != wanted:
             found.append(
                 f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "

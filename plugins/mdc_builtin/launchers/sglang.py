@@ -24,6 +24,7 @@ from mdc.api import (
     NODE_RANK,
     Artifact,
     Concat,
+    Endpoint,
     Finding,
     FlagTable,
     KnownFlag,
@@ -158,7 +159,10 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
         argv = ("bash", out_file(NODE_SCRIPT), *argv)
         files = (Artifact.text(NODE_SCRIPT, node_script(plan), executable=True),)
     return Launch(
-        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+        roles=(Role(name="worker", argv=argv, env=env),),
+        files=files,
+        worker_env=worker_env,
+        endpoint=Endpoint(port=_opts(options).port or DEFAULT_PORT),
     )
 
 

@@ -37,6 +37,7 @@ from mdc.api import (
     MASTER_PORT,
     NODE_RANK,
     Artifact,
+    Endpoint,
     Finding,
     FlagTable,
     KnownFlag,
@@ -311,8 +312,12 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     }
     if how in ("ray", "dp"):
         worker_env["VLLM_HOST_IP"] = "this node's IPv4 address, from NODE_HOSTS"
+    endpoint = Endpoint(port=_opts(options).port or DEFAULT_PORT, every_node=how == "replicas")
     return Launch(
-        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+        roles=(Role(name="worker", argv=argv, env=env),),
+        files=files,
+        worker_env=worker_env,
+        endpoint=endpoint,
     )
 
 
