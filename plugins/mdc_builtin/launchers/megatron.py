@@ -1237,6 +1237,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",
