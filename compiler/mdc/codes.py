@@ -361,8 +361,10 @@ CODES: dict[str, Code] = {
         "set the option the hint names, or remove it",
     ),
     "MDC359": Code(
-        "extra_args passes a flag Megatron-LM refuses in that form",
-        "set the spec key the hint names instead",
+        "a memory flag in the arguments: a value Megatron-LM refuses in extra_args, a "
+        "TorchTitan override of a memory key (the estimate reads the config table), or "
+        "(warning) a Megatron-LM flag the estimate does not model",
+        "set the spec key the hint names instead, or compare the estimate with a measured run",
     ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
