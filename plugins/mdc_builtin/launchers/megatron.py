@@ -248,6 +248,7 @@ ARCHITECTURE_VALUES = (
     "qk_pos_emb_head_dim",
     "v_head_dim",
     "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
     "mtp_num_layers",
     "mamba_state_dim",
     "mamba_head_dim",
@@ -1236,6 +1237,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",
