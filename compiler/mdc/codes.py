@@ -170,6 +170,10 @@ CODES: dict[str, Code] = {
         "warning: [job] command is a shell script run by torchrun as every worker process",
         "give the program the script starts as [job] command, its exports as [job] env",
     ),
+    "MDC253": Code(
+        "warning: a plugin table that neither the chosen launcher nor the backend reads",
+        "remove the table, or choose the plugin it belongs to",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",

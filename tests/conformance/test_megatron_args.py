@@ -163,6 +163,7 @@ FLAGS: dict[str, Flag] = {
         int, TransformerConfig, "moe_shared_expert_intermediate_size"
     ),
     "--moe-layer-freq": Flag(moe_freq_type, TransformerConfig, "moe_layer_freq"),
+    "--moe-latent-size": Flag(int, TransformerConfig, "moe_latent_size"),
     "--mtp-num-layers": Flag(int, TransformerConfig, "mtp_num_layers"),
     "--is-hybrid-model": Flag(bool, TransformerConfig, "is_hybrid_model"),
     "--hybrid-override-pattern": Flag(str, MambaModel.__init__, "hybrid_override_pattern"),
@@ -359,6 +360,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
             "window_attn_skip_freq",
             "moe_shared_expert_intermediate_size",
             "moe_layer_freq",
+            "moe_latent_size",
             "mtp_num_layers",
             "mamba_state_dim",
             "mamba_head_dim",
@@ -566,6 +568,7 @@ def check_job(
         "qk_pos_emb_head_dim",
         "v_head_dim",
         "moe_shared_expert_intermediate_size",
+        "moe_latent_size",
         "mtp_num_layers",
         "hybrid_override_pattern",
         "mamba_state_dim",

@@ -248,6 +248,7 @@ ARCHITECTURE_VALUES = (
     "qk_pos_emb_head_dim",
     "v_head_dim",
     "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
     "mtp_num_layers",
     "mamba_state_dim",
     "mamba_head_dim",
@@ -382,10 +383,6 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         if opts.recompute_num_layers is not None:
             args += ["--recompute-num-layers", str(opts.recompute_num_layers)]
     return args + list(_memory_args(plan, opts))
-
-
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
 
 
 def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
@@ -1238,6 +1235,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",
