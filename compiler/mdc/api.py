@@ -195,6 +195,9 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: other plugins' tables this launcher reads besides its own (e.g. ``("torchrun",)``),
+    #: so that a spec giving them gets no "table not read" warning (MDC253)
+    reads: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -216,6 +219,8 @@ class BackendSpec:
     #: the shell command that starts the compiled job, ``{out}`` standing for the output
     #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
     run_command: str | None = None
+    #: other plugins' tables this backend reads besides its own (e.g. ``("torchrun",)``)
+    reads: tuple[str, ...] = ()
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
