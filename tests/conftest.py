@@ -145,3 +145,10 @@ def node_hosts_of(node_sh: str) -> list[str]:
 @pytest.fixture
 def pod_node_hosts() -> Callable[[str], list[str]]:
     return node_hosts_of
+
+
+@pytest.fixture(autouse=True)
+def no_colour_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs compared byte for byte: a FORCE_COLOR in the caller's shell must not colour them."""
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)

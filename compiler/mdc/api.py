@@ -19,6 +19,8 @@ from typing import Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
+from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
+from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
@@ -42,6 +44,7 @@ from mdc.runtime import (
     Concat,
     Ref,
     Word,
+    around_launch,
     out_file,
     refs_in,
     shell_join,
@@ -136,6 +139,17 @@ class Role:
 
 
 @attrs.frozen(kw_only=True)
+class Endpoint:
+    """Where a serving job answers clients, for a backend's Service and readiness probe."""
+
+    port: int
+    #: GET this path answers 200 once the model is loaded (vLLM, SGLang and its router)
+    health_path: str = "/health"
+    #: True: every node serves its own copy (replicas); False: node 0 only
+    every_node: bool = False
+
+
+@attrs.frozen(kw_only=True)
 class Launch:
     """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract.
 
@@ -148,6 +162,8 @@ class Launch:
     files: tuple[Artifact, ...] = ()
     #: variables every worker process sees, and what each holds (documented in plan.json)
     worker_env: Mapping[str, str] = attrs.field(factory=dict)
+    #: a serving launcher's client endpoint (None: the job serves nothing)
+    endpoint: Endpoint | None = None
 
     def role(self, name: str) -> Role:
         for role in self.roles:
@@ -179,6 +195,9 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: other plugins' tables this launcher reads besides its own (e.g. ``("torchrun",)``),
+    #: so that a spec giving them gets no "table not read" warning (MDC253)
+    reads: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -197,6 +216,11 @@ class BackendSpec:
     #: (nnodes, options) -> each node's host name, when known before the job runs
     #: (for hostfiles); None, or no function: known only at run time
     hosts: Callable[[int, Any], Sequence[str] | None] | None = None
+    #: the shell command that starts the compiled job, ``{out}`` standing for the output
+    #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
+    run_command: str | None = None
+    #: other plugins' tables this backend reads besides its own (e.g. ``("torchrun",)``)
+    reads: tuple[str, ...] = ()
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
@@ -219,14 +243,19 @@ __all__ = [
     "OUT_DIR",
     "RUNNER_VARIABLE",
     "RUNTIME_VARIABLES",
+    "Accelerator",
     "Artifact",
     "BackendSpec",
     "BatchPlan",
     "Concat",
     "Diagnostic",
     "DisaggSplit",
+    "Endpoint",
     "Finding",
+    "FlagTable",
+    "FlagUse",
     "JobTable",
+    "KnownFlag",
     "Launch",
     "LauncherSpec",
     "MemoryEstimate",
@@ -242,6 +271,10 @@ __all__ = [
     "TorchrunOptions",
     "TrainingSetup",
     "Word",
+    "already_set",
+    "around_launch",
+    "drop_flags",
+    "flag_names",
     "out_file",
     "program",
     "read_schema",

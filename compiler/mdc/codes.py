@@ -29,7 +29,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (320, 329, "megatron"),
     (330, 339, "torchtitan"),
     (340, 349, "primus"),
-    (350, 359, "basic"),
+    (350, 353, "basic"),
+    (354, 359, "megatron: memory options"),
     (360, 369, "vllm"),
     (370, 379, "sglang"),
     (380, 389, "sglang_disagg"),
@@ -39,9 +40,12 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (440, 449, "kubernetes"),
     (450, 459, "leaderworkerset"),
     (460, 469, "Kubernetes backends (shared)"),
-    (470, 479, "pytorchjob"),
+    (470, 471, "pytorchjob"),
+    (472, 479, "Kubernetes backends (more)"),
     (480, 489, "trainjob"),
     (500, 599, "mdc import madengine"),
+    (600, 609, "Accelerator models"),
+    (610, 629, "mdc tune"),
 )
 
 CODES: dict[str, Code] = {
@@ -59,6 +63,11 @@ CODES: dict[str, Code] = {
         "a YAML document expands (through aliases) to too many values",
         "write the values out, or use fewer aliases",
     ),
+    "MDC005": Code(
+        "a folder given to `mdc validate` holds no spec (no .toml, .yaml, .yml or .json file"
+        " outside compiled trees)",
+        "give the spec files, or the folder that holds them",
+    ),
     # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
@@ -72,6 +81,12 @@ CODES: dict[str, Code] = {
     "MDC106": Code(
         "a string of the wrong form (a name, a pattern) or holding a NUL character",
         "follow the pattern shown; remove NUL characters",
+    ),
+    "MDC107": Code(
+        "the launcher or backend the spec names is not installed (and is no misspelling of one"
+        " that is)",
+        "install the distribution that provides it (`mdc plugins` lists what is installed), or"
+        " unblock it (-p no:NAME, MDC_BLOCK_PLUGINS)",
     ),
     # plan
     "MDC201": Code(
@@ -151,6 +166,14 @@ CODES: dict[str, Code] = {
         "warning: an expert-parallel group crosses a node boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
+    "MDC252": Code(
+        "warning: [job] command is a shell script run by torchrun as every worker process",
+        "give the program the script starts as [job] command, its exports as [job] env",
+    ),
+    "MDC253": Code(
+        "warning: a plugin table that neither the chosen launcher nor the backend reads",
+        "remove the table, or choose the plugin it belongs to",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
@@ -162,6 +185,38 @@ CODES: dict[str, Code] = {
     "MDC262": Code(
         "warning: the estimate is above 90% of accelerator_memory_gib",
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
+    ),
+    "MDC270": Code(
+        "hybrid_override_pattern does not have one symbol per layer",
+        "write one symbol per layer, or set num_layers to the pattern's length",
+    ),
+    "MDC271": Code(
+        "moe_layer_freq does not list one entry per layer",
+        "give one 0 (dense) or 1 (MoE) per layer",
+    ),
+    "MDC272": Code(
+        "multi_latent_attention with grouped-query attention (num_query_groups)",
+        "remove num_query_groups: multi-latent attention compresses keys and values itself",
+    ),
+    "MDC273": Code(
+        "shared experts with bias = true (Megatron-Core builds them without biases)",
+        "set bias = false",
+    ),
+    "MDC274": Code(
+        "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+        "set num_experts",
+    ),
+    "MDC275": Code(
+        "multi-token prediction (mtp_num_layers) with learned position embeddings",
+        'set position_embedding = "rope" (or "none")',
+    ),
+    "MDC276": Code(
+        "mamba_num_heads is not a multiple of mamba_num_groups",
+        "pick mamba_num_groups dividing mamba_num_heads",
+    ),
+    "MDC277": Code(
+        "a Mamba size (heads, groups) is not a multiple of tp",
+        "pick tp dividing it",
     ),
     # torchrun
     "MDC301": Code(
@@ -282,18 +337,56 @@ CODES: dict[str, Code] = {
         "warning: the command already passes --world_size/--rank/--init_method",
         "remove them from the command",
     ),
+    # megatron (memory options)
+    "MDC354": Code(
+        "Megatron-FSDP options that Megatron-LM refuses or ignores (a sharding strategy without"
+        " it, another --ckpt-format, torch FSDP2 beside it)",
+        "follow the hint: enable use_megatron_fsdp, or remove the option",
+    ),
+    "MDC355": Code(
+        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        'set [model] dtype = "fp8" (or the optimizer), or remove the option',
+    ),
+    "MDC356": Code(
+        "precision-aware or offloaded optimizer options without what they need",
+        "enable use_precision_aware_optimizer / the distributed optimizer, or remove the option",
+    ),
+    "MDC357": Code(
+        "activation offloading or recompute_modules that Megatron-LM refuses (layers, pp,"
+        " granularity, or a module the model lacks)",
+        "follow the hint: change the recompute settings, or remove the option",
+    ),
+    "MDC358": Code(
+        "MoE dispatcher options that need another option or have no effect on a dense model",
+        "set the option the hint names, or remove it",
+    ),
+    "MDC359": Code(
+        "a memory flag in the arguments: a value Megatron-LM refuses in extra_args, a "
+        "TorchTitan override of a memory key (the estimate reads the config table), or "
+        "(warning) a Megatron-LM flag the estimate does not model",
+        "set the spec key the hint names instead, or compare the estimate with a measured run",
+    ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),
     "MDC361": Code("warning: [vllm] mode has no effect on 1 node", "remove mode"),
     "MDC362": Code(
-        "replicas mode: tp * pp is not nproc_per_node",
-        "set tp * pp = nproc_per_node",
+        "the servers' tp * pp does not fit the mode: ray needs tp * pp = the world size, dp "
+        "and replicas need tp * pp to divide nproc_per_node",
+        "change tp and pp, or the mode",
     ),
     "MDC363": Code("context parallelism with vLLM", "remove cp"),
     "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
     "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
     "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
     "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
+    "MDC368": Code(
+        "ep is not vLLM's expert-parallel size (tp * dp of one server), or etp is not 1",
+        "set ep = tp * dp, or remove ep",
+    ),
+    "MDC369": Code(
+        "[vllm] args has a flag vLLM refuses on --headless nodes (--api-server-count)",
+        "move it to [vllm] head_args",
+    ),
     # sglang
     "MDC370": Code("no [sglang] model", "set [sglang] model"),
     "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
@@ -308,7 +401,10 @@ CODES: dict[str, Code] = {
     "MDC380": Code("no [sglang_disagg] model_path", "set [sglang_disagg] model_path"),
     "MDC381": Code("a node's port exceeds 65535", "lower port or bootstrap_port"),
     "MDC382": Code("HTTP and bootstrap port ranges overlap", "move one of the ranges"),
-    "MDC383": Code("tp_size exceeds nproc_per_node", "set tp_size to at most nproc_per_node"),
+    "MDC383": Code(
+        "a server's GPUs exceed one node without being whole nodes, or pp/cp is set",
+        "make tp_size a multiple of nproc_per_node (or at most it); remove pp and cp",
+    ),
     "MDC384": Code(
         "warning: the command is not a Python interpreter",
         'set [job] command = "python3"',
@@ -317,6 +413,14 @@ CODES: dict[str, Code] = {
     "MDC386": Code(
         "warning: mini_lb with nodes sharing a host: bootstrap ports collide",
         'use router = "sglang_router"',
+    ),
+    "MDC387": Code(
+        "a role's node count is not a multiple of the nodes one of its servers spans",
+        "set prefill_nodes / decode_nodes to multiples of tp_size / nproc_per_node",
+    ),
+    "MDC389": Code(
+        "server_args or a role's args has a flag the sglang_disagg launcher sets",
+        "remove it; set the [sglang_disagg] key the message names",
     ),
     # local
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
@@ -343,6 +447,10 @@ CODES: dict[str, Code] = {
         "warning: fewer GPUs per node than processes",
         "match gpus_per_node to nproc_per_node",
     ),
+    "MDC420": Code(
+        "each node's task (which runs every rank of the node) gets fewer CPUs than ranks",
+        "set cpus_per_task to at least nproc_per_node, or leave exclusive at its default",
+    ),
     # ssh
     "MDC430": Code("[ssh] hosts do not name nnodes hosts", "list exactly nnodes hosts"),
     "MDC431": Code("a host is not a host name or address", "fix it"),
@@ -364,9 +472,24 @@ CODES: dict[str, Code] = {
     "MDC465": Code("a volume name used twice", "rename one (mdc uses mdc and dshm)"),
     "MDC466": Code("gpus_per_node on a cpu job", "remove it, or set the accelerator"),
     "MDC467": Code("the launch files exceed a ConfigMap's 1 MiB", "make the launch files smaller"),
+    "MDC468": Code(
+        "a Service would be named <job>, which does not start with a letter (DNS-1035)",
+        "start the job name with a letter",
+    ),
+    "MDC469": Code(
+        "the job's Service or Job name is one another job's backend derives (<job>-leader, ...)",
+        "rename the job so it does not end in the derived suffix",
+    ),
     # pytorchjob
     "MDC470": Code("pod names the operator derives would be too long", "shorten the job name"),
     "MDC471": Code("a launcher with several roles on a PyTorchJob", "use the kubernetes backend"),
+    "MDC472": Code(
+        "a fractional GPU quantity (extended resources are whole numbers)",
+        "write a whole number of GPUs",
+    ),
+    "MDC473": Code(
+        "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),
@@ -386,6 +509,23 @@ CODES: dict[str, Code] = {
     "MDC531": Code("deploy contradicts the blocks", "make them agree"),
     "MDC532": Code("a block that must be an object is not", "make it an object"),
     "MDC533": Code("not a madengine additional context", "give madengine's context JSON"),
+    # accelerator models
+    "MDC600": Code(
+        "accelerator_model names no entry of the hardware catalogue",
+        "use an id the hint lists (mdc's own, or one a plugin adds with mdc_register_hardware)",
+    ),
+    "MDC601": Code(
+        "accelerator names another vendor than accelerator_model's",
+        "remove accelerator (the model sets it) or make the two agree",
+    ),
+    # mdc tune
+    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC611": Code(
+        "mdc tune needs a known accelerator_model to predict throughput",
+        "set [distributed] accelerator_model",
+    ),
+    "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
+    "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
 }
 
 

@@ -7,24 +7,35 @@ built once per process, then reused for every file.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
 from mdc import emit
-from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Role, TrainingSetup
+from mdc.api import (
+    OUT_DIR,
+    RUNTIME_VARIABLES,
+    Artifact,
+    Finding,
+    Launch,
+    Role,
+    Severity,
+    TrainingSetup,
+)
 from mdc.convert import structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
+from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
-from mdc.plugin_manager import PluginSet, Registered
+from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
+from mdc.spec import JobSpec
 
 T = TypeVar("T")
 
@@ -170,6 +181,8 @@ class Compiler:
                     ),
                 )
             )
+        spec, hardware, named = self._accelerator_model(spec, launcher.workload == "serving")
+        findings += [self._diag(doc, f) for f in named]
         launcher_options = spec.plugin_tables.get(launcher.name)
         backend_options = spec.plugin_tables.get(backend.name)
         training = TrainingSetup()
@@ -185,6 +198,8 @@ class Compiler:
             training=training,
         )
         findings += planned
+        if plan is not None and hardware is not None:
+            plan = attrs.evolve(plan, hardware=hardware)
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -202,6 +217,9 @@ class Compiler:
                         functools.partial(_listed, check, plan, plan.options.get(reg.record.name)),
                     )
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
+        findings += [
+            self._diag(doc, f) for f in self._unread_tables(doc, (launcher_reg, backend_reg))
+        ]
         failed = any(d.is_error for d in findings)
         if plan is None or failed or damaged:
             raise SpecError(findings if plan is None or failed else [])
@@ -242,6 +260,56 @@ class Compiler:
             [*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data), plugins=plugins
         )
         return Compiled(plan=plan, launch=launch, tree=tuple(files))
+
+    def _accelerator_model(
+        self, spec: JobSpec, serving: bool
+    ) -> tuple[JobSpec, Accelerator | None, list[Finding]]:
+        """The catalogue entry ``accelerator_model`` names, and the defaults it sets.
+
+        Its memory becomes ``accelerator_memory_gib`` unless that is written (serving and
+        model-less specs get no memory check, so none is set for them), and its vendor the
+        ``accelerator`` kind unless that is written.
+        """
+        dist = spec.distributed
+        if dist.accelerator_model is None:
+            return spec, None, []
+        known = self.plugins.accelerators()
+        entry = known.get(dist.accelerator_model)
+        if entry is None:
+            return (
+                spec,
+                None,
+                [
+                    Finding(
+                        code="MDC600",
+                        pointer="/distributed/accelerator_model",
+                        message=f"accelerator_model {dist.accelerator_model!r} is not in "
+                        "mdc's hardware catalogue",
+                        hint=f"use one of: {', '.join(known)} (a plugin can add more "
+                        "through mdc_register_hardware)",
+                    )
+                ],
+            )
+        if dist.accelerator is not None and dist.accelerator != entry.vendor:
+            return (
+                spec,
+                None,
+                [
+                    Finding(
+                        code="MDC601",
+                        pointer="/distributed/accelerator",
+                        message=f"accelerator = {dist.accelerator!r} but accelerator_model "
+                        f"{entry.id!r} is {entry.vendor!r} hardware ({entry.name})",
+                        hint=f'set accelerator = "{entry.vendor}", or remove it (the model '
+                        "sets it)",
+                    )
+                ],
+            )
+        memory = dist.accelerator_memory_gib
+        if memory is None and spec.model is not None and not serving:
+            memory = entry.memory_gib
+        dist = attrs.evolve(dist, accelerator=entry.vendor, accelerator_memory_gib=memory)
+        return attrs.evolve(spec, distributed=dist), entry, []
 
     def _check_launch(
         self, reg: Registered, plan: Plan, launch: Launch, doc: LoadedDocument
@@ -286,6 +354,42 @@ class Compiler:
                     )
                     for name in clashes
                 ]
+            )
+
+    def _unread_tables(
+        self, doc: LoadedDocument, chosen: tuple[Registered, Registered]
+    ) -> Iterator[Finding]:
+        """MDC253 for each plugin table in the spec that neither the chosen launcher nor the
+        backend reads: it would change nothing, silently."""
+        data = doc.data if isinstance(doc.data, dict) else {}
+        read = {reg.record.name for reg in chosen}
+        for reg in chosen:
+            read.update(reg.record.reads)
+        launcher, backend = (reg.record.name for reg in chosen)
+        for table in sorted(data):
+            kind = (
+                "launcher"
+                if table in self.plugins.launchers
+                else "backend"
+                if table in self.plugins.backends
+                else None
+            )
+            if kind is None or table in read:
+                continue
+            origin = self.plugins.plugins.get(table)
+            where = (
+                f" (plugin {origin.distribution})"
+                if origin is not None and origin.distribution != DISTRIBUTION
+                else ""
+            )
+            yield Finding(
+                code="MDC253",
+                pointer=f"/{table}",
+                severity=Severity.WARNING,
+                message=f"[{table}] is not read: it holds the options of the {kind} "
+                f"{table!r}{where}, and this job runs launcher {launcher!r} on backend "
+                f"{backend!r}",
+                hint=f'remove [{table}], or set {kind} = "{table}" in [distributed]',
             )
 
     @staticmethod

@@ -31,6 +31,7 @@ import pluggy
 from mdc import hookspecs
 from mdc.api import BackendSpec, LauncherSpec
 from mdc.errors import PluginError, PluginOrigin
+from mdc.hardware import Accelerator
 from mdc.spec import CORE_TABLES
 
 GROUP = "mdc"
@@ -59,6 +60,14 @@ class PluginSet:
     backends: Mapping[str, Registered]
     #: every loaded plugin, by entry-point name
     plugins: Mapping[str, PluginOrigin]
+    #: accelerator models plugins add to mdc's catalogue, by id
+    hardware: Mapping[str, Accelerator] = attrs.field(factory=dict)
+
+    def accelerators(self) -> Mapping[str, Accelerator]:
+        """mdc's accelerator catalogue with the plugins' entries, by id."""
+        from mdc.hardware import catalogue
+
+        return catalogue(self.hardware)
 
     def launcher(self, name: str) -> LauncherSpec:
         record = self.launchers[name].record
@@ -342,6 +351,7 @@ def load_plugins(
         launchers=_Records([*launchers, *(n for n, k in deferred.items() if k == "launcher")], get),
         backends=_Records([*backends, *(n for n, k in deferred.items() if k == "backend")], get),
         plugins=dict(sorted(origins.items())),
+        hardware=_collect_hardware(manager, origins),
     )
 
 
@@ -420,7 +430,12 @@ def _load(
             f"backend name {name!r} is already a launcher from "
             f"{launchers[name].origin.distribution}",
         )
-    return PluginSet(launchers=launchers, backends=backends, plugins=dict(sorted(origins.items())))
+    return PluginSet(
+        launchers=launchers,
+        backends=backends,
+        plugins=dict(sorted(origins.items())),
+        hardware=_collect_hardware(manager, origins),
+    )
 
 
 def _register(
@@ -476,3 +491,45 @@ def _collect(
                 )
             collected[record.name] = Registered(kind=kind, record=record, origin=origin)
     return dict(sorted(collected.items()))
+
+
+def _collect_hardware(
+    manager: pluggy.PluginManager, origins: Mapping[str, PluginOrigin]
+) -> dict[str, Accelerator]:
+    """The accelerators plugins add, each checked against the hardware schema."""
+    from mdc.hardware import builtin, schema_errors
+
+    hook = "mdc_register_hardware"
+    collected: dict[str, tuple[Accelerator, PluginOrigin]] = {}
+    for impl in sorted(manager.hook.mdc_register_hardware.get_hookimpls(), key=_plugin_name):
+        origin = origins[impl.plugin_name]
+        try:
+            result = impl.function()
+        except Exception as exc:
+            raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
+        if not isinstance(result, (list, tuple)) or not all(
+            isinstance(r, Accelerator) for r in result
+        ):
+            raise PluginError(
+                origin, hook, f"returned {type(result).__name__}; expected a list of Accelerator"
+            )
+        for entry in result:
+            errors = schema_errors({entry.id: entry.to_json()})
+            if errors:
+                raise PluginError(origin, hook, f"accelerator {entry.id!r}: {'; '.join(errors)}")
+            if entry.id in builtin():
+                raise PluginError(origin, hook, f"accelerator {entry.id!r} is already mdc's own")
+            if entry.id in collected:
+                other = collected[entry.id][1]
+                raise PluginError(
+                    origin,
+                    hook,
+                    f"accelerator {entry.id!r} is also registered by {other.entry_point} "
+                    f"({other.distribution})",
+                )
+            collected[entry.id] = (entry, origin)
+    return {ident: entry for ident, (entry, _) in sorted(collected.items())}
+
+
+def _plugin_name(impl: Any) -> str:
+    return str(impl.plugin_name)

@@ -6,7 +6,7 @@ Part of the plugin surface (re-exported by :mod:`mdc.api`).
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -105,3 +105,33 @@ def supervise(start: list[str], *, children: str, failed: str, owner: str) -> li
         "  fi",
         "done",
     ]
+
+
+def around_launch(
+    setup: Sequence[Sequence[str]], teardown: Sequence[Sequence[str]], table: str
+) -> list[str]:
+    """Bash lines that run ``setup`` commands now and ``teardown`` commands when the script
+    exits, however it ends (a failure, Ctrl-C), keeping the script's exit status.
+
+    Each command is an argv list, every word quoted. A failing setup command stops the
+    script (``set -e``); a failing teardown command is reported and the others still run.
+    The teardown is armed first, so a setup that fails half-way is still undone.
+    """
+    lines: list[str] = []
+    if teardown:
+        lines += [
+            f"# When this script exits, however it ends: [{table}] teardown, in order. The",
+            "# script keeps its own exit status; a failing command is reported.",
+            "mdc_teardown() {",
+            "  local status=$?",
+        ]
+        for index, argv in enumerate(teardown, 1):
+            lines.append(
+                f'  {shell_join(argv)} || echo "mdc: [{table}] teardown command {index} '
+                'exited with status $?" >&2'
+            )
+        lines += ['  exit "$status"', "}", "trap mdc_teardown EXIT"]
+    if setup:
+        lines.append(f"# [{table}] setup, in order: a failing command stops the job.")
+        lines += [shell_join(argv) for argv in setup]
+    return lines

@@ -8,7 +8,6 @@ position and a hint.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import re
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from mdc.errors import Diagnostic, Severity, join_pointer
 from mdc.loaders import LoadedDocument
 from mdc.package_data import package_text
+from mdc.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 CORE_SCHEMA = "job.v1.schema.json"
 
 #: jsonschema validator keyword -> diagnostic code
+#: the spec fields that name a plugin: pointer -> its kind (an unknown name there that is not
+#: a misspelling is a plugin that is not installed, MDC107)
+PLUGIN_FIELDS = {"/distributed/launcher": "launcher", "/distributed/backend": "backend"}
+
 CODES = {
     "additionalProperties": "MDC101",
     "type": "MDC102",
@@ -212,9 +216,9 @@ class SchemaChecker:
         if keyword == "additionalProperties" and isinstance(error.instance, dict):
             allowed = sorted(schema.get("properties", {}))
             for extra in sorted(k for k in error.instance if k not in allowed):
-                near = difflib.get_close_matches(extra, allowed, n=1, cutoff=0.6)
+                near = did_you_mean(extra, allowed, cutoff=0.6)
                 hint = (
-                    f"did you mean {near[0]!r}?"
+                    f"did you mean {near!r}?"
                     if near
                     else (f"allowed keys: {', '.join(allowed)}" if allowed else None)
                 )
@@ -246,13 +250,25 @@ class SchemaChecker:
                     error.validator_value if keyword == "enum" else [error.validator_value],
                 )
             ]
-            # A high cutoff: "gpu" must not suggest "cpu".
-            near = difflib.get_close_matches(str(error.instance), choices, n=1, cutoff=0.75)
-            hint = f"did you mean {near[0]!r}?" if near else None
+            near = did_you_mean(str(error.instance), choices)
+            hint = f"did you mean {near!r}?" if near else None
+            kind = PLUGIN_FIELDS.get(pointer)
             if not choices:  # plugin names, and every plugin of that kind blocked or absent
                 yield diag(
                     f"{_short(error.instance)} is not available: no plugin of this kind is loaded",
                     "see `mdc plugins`; was it blocked with -p no:NAME?",
+                )
+                return
+            if kind is not None and near is None:
+                yield Diagnostic(
+                    severity=Severity.ERROR,
+                    code="MDC107",
+                    message=f"no {kind} named {_short(error.instance)} is installed "
+                    f"(installed: {', '.join(choices)})",
+                    hint=f"`mdc plugins` lists the installed {kind}s; a third-party {kind} "
+                    "is a distribution to pip install beside mdc (entry point group `mdc`), "
+                    "and -p no:NAME or MDC_BLOCK_PLUGINS may have blocked it",
+                    location=doc.locate(pointer),
                 )
                 return
             yield diag(f"{_short(error.instance)} is not one of: {', '.join(choices)}", hint)

@@ -286,8 +286,8 @@ class MdcCli:
         return run_mdc(argv, plugins=self.plugins)
 
     def compile(self, spec: str | Path, out: Path) -> Run:
-        """``mdc compile SPEC -o OUT``; fails the test unless it exits 0 and prints nothing."""
-        done = self.run("compile", str(spec), "-o", str(out))
+        """``mdc compile -q SPEC -o OUT``; fails the test unless it exits 0 and prints nothing."""
+        done = self.run("compile", "-q", str(spec), "-o", str(out))
         if done.code != 0 or done.stdout:
             pytest.fail(
                 f"mdc compile {spec} exited {done.code}:\n{done.stderr}{done.stdout}", pytrace=False
@@ -296,7 +296,7 @@ class MdcCli:
 
     def validate(self, spec: str | Path) -> str:
         """``mdc validate SPEC`` as the diagnostics golden holds it: stderr, then ``exit: N``."""
-        done = self.run("validate", str(spec))
+        done = self.run("validate", "-q", str(spec))  # -q: no closing summary on stdout
         if done.stdout:
             pytest.fail(f"mdc validate printed to stdout:\n{done.stdout}", pytrace=False)
         return f"{done.stderr}exit: {done.code}\n"

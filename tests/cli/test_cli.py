@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -81,8 +82,20 @@ def specs(tmp_path: Path) -> Path:
 
 
 def test_compile_ok(tmp_path: Path) -> None:
-    code, out, err = run("compile", QUICKSTART, "-o", str(tmp_path / "out"))
-    assert (code, out, err) == (0, "", "")
+    target = tmp_path / "out"
+    code, out, err = run("compile", QUICKSTART, "-o", str(target))
+    assert (code, err) == (0, "")
+    written = sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    assert written == ["launch/worker.sh", "local/run.sh", "manifest.json", "plan.json"]
+    assert out == (
+        "compiled quickstart: torchrun on local: 1 node x 2 = 2 ranks, dp 2\n"
+        f"wrote {target}/: {' '.join(written)}\n"
+        f"next: bash {target}/local/run.sh\n"
+    )
+
+
+def test_compile_quiet(tmp_path: Path) -> None:
+    assert run("compile", "-q", QUICKSTART, "-o", str(tmp_path / "out")) == (0, "", "")
     assert (tmp_path / "out" / "manifest.json").is_file()
 
 
@@ -94,12 +107,13 @@ def test_compile_invalid_spec(tmp_path: Path, specs: Path) -> None:
 
 
 def test_validate_ok() -> None:
-    assert run("validate", QUICKSTART) == (0, "", "")
+    assert run("validate", QUICKSTART) == (0, "1 spec ok, 0 warnings\n", "")
+    assert run("validate", "-q", QUICKSTART) == (0, "", "")
 
 
 def test_validate_invalid(specs: Path) -> None:
     code, out, err = run("validate", str(specs / "bad.toml"))
-    assert code == 1 and out == ""
+    assert code == 1 and out == "0 specs ok, 1 invalid (1 error), 0 warnings\n"
     assert err.startswith(f"{specs / 'bad.toml'}:11:6: error[MDC201]: ")
 
 
@@ -107,7 +121,7 @@ def test_validate_warning_only_exits_0(tmp_path: Path) -> None:
     spec = tmp_path / "warn.toml"
     spec.write_text(VALID + "\n[parallelism]\ntp = 8\n")
     code, out, err = run("validate", str(spec))
-    assert code == 0 and out == ""
+    assert code == 0 and out == "1 spec ok, 1 warning\n"
     assert "warning[MDC250]" in err
 
 
@@ -318,7 +332,7 @@ def test_validate_reports_every_file_in_one_process(
     files = [str(specs / n) for n in ("good.toml", "bad.toml", "broken.yaml")]
     files.append(str(specs / "absent.json"))
     code, out, err = run("validate", *files, QUICKSTART)
-    assert code == 1 and out == ""
+    assert code == 1 and out.startswith("2 specs ok, 3 invalid (")
     assert len(calls) == 1, "plugins are loaded once per process, not per file"
     for name, code_ in (
         ("bad.toml", "MDC201"),
@@ -474,7 +488,12 @@ def test_bad_inputs_in_a_real_process(
     )
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert done.stdout == ""
+    # the closing summary counts every file once, ok or invalid
+    summary = re.fullmatch(
+        r"(\d+) specs? ok, (\d+) invalid \(\d+ errors\), \d+ warnings?\n", done.stdout
+    )
+    assert summary is not None, done.stdout
+    assert int(summary[1]) + int(summary[2]) == len(files)
     for name in ("empty.json", "not-utf8.toml", "deep.yaml", "missing.yaml", "directory.toml"):
         assert name in done.stderr
 
@@ -513,7 +532,7 @@ def test_a_spec_may_name_its_schema_for_editors(tmp_path: Path) -> None:
     data = json.loads((REPO / "examples" / "torchrun-2x2-static.json").read_text())
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"$schema": "./mdc.schema.json", **data}))
-    assert run("validate", str(spec)) == (0, "", "")
+    assert run("validate", "-q", str(spec)) == (0, "", "")
     spec.write_text(json.dumps({"$schema": 3, **data}))
     code, _, err = run("validate", str(spec))
     assert code == 1 and "error[MDC102]: expected a string" in err and "/$schema" in err

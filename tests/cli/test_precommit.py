@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -294,3 +295,48 @@ def test_compile_check_fresh_then_stale(
         f"{out}: extra: stray.txt",
     ):
         assert line in stale.stdout.splitlines(), (line, stale.stdout)
+
+
+# ---------------------------------------------------------------- the documented snippet
+
+SNIPPET_PAGE = REPO / "docs" / "pre-commit.md"
+
+
+def documented_config() -> str:
+    """The ``.pre-commit-config.yaml`` block of docs/pre-commit.md, as a user pastes it."""
+    text = SNIPPET_PAGE.read_text(encoding="utf-8")
+    block = re.search(r"```yaml\n(# \.pre-commit-config\.yaml\n.*?)```", text, re.DOTALL)
+    assert block is not None, "docs/pre-commit.md has no .pre-commit-config.yaml block"
+    return block.group(1)
+
+
+def test_documented_rev_is_the_release_tag() -> None:
+    from mdc import __version__ as version
+
+    revs = re.findall(r"^\s+rev: (\S+)", documented_config(), re.MULTILINE)
+    assert revs == [f"v{version}"], "the snippet's rev: must be the release tag v<version>"
+
+
+def test_documented_config_runs_as_pasted(
+    hook_repo: tuple[Path, str], user_repo: Path, pre_commit_home: Path
+) -> None:
+    """The snippet with only repo: and rev: pointed at a snapshot: both hooks pass."""
+    path, rev = hook_repo
+    config = re.sub(r"(?m)^(\s+- repo: )\S+", rf"\g<1>{path}", documented_config())
+    config = re.sub(r"(?m)^(\s+rev: )\S+", rf"\g<1>{rev}", config)
+    (user_repo / ".pre-commit-config.yaml").write_text(config)
+    for bad in ("bad.yaml", "broken.toml", "nested/incomplete.yaml"):
+        (user_repo / "jobs" / bad).unlink()
+    shutil.copy(GOOD, user_repo / "jobs" / "train.toml")
+    quiet = io.StringIO()
+    argv = ["compile", "jobs/train.toml", "-o", "jobs/out/train"]
+    old = Path.cwd()
+    os.chdir(user_repo)
+    try:
+        assert main(argv, stdout=quiet, stderr=quiet) == 0
+    finally:
+        os.chdir(old)
+    git(user_repo, "add", "-A")
+    done = pre_commit(user_repo, pre_commit_home, "run", "--all-files")
+    assert done.returncode == 0, done.stdout
+    assert "mdc validate" in done.stdout and "mdc compile --check" in done.stdout

@@ -35,7 +35,6 @@ OTHERS = (
     "torchtitan",
     "primus",
     "sglang_disagg",
-    "slurm",
     "ssh",
     "kubernetes",
     "pytorchjob",
@@ -58,7 +57,13 @@ Flag = tuple[tuple[str, ...], str, Any]
 #:   "--pipeline-parallel-size", "-pp"; "--tensor-parallel-size", "-tp";
 #:   "--data-parallel-size", "-dp"; the ModelConfig group: --model, --max-model-len,
 #:   --served-model-name (nargs "+"), --seed; the CacheConfig group:
-#:   --gpu-memory-utilization (float).
+#:   --gpu-memory-utilization (float), --kv-cache-dtype; the data-parallel flags of the
+#:   ParallelConfig group: "--data-parallel-rank" "-dpn", "--data-parallel-start-rank"
+#:   "-dpr", "--data-parallel-size-local" "-dpl", "--data-parallel-address" "-dpa" (str),
+#:   "--data-parallel-rpc-port" "-dpp" (int), "--enable-expert-parallel" "-ep" (a switch);
+#: - vllm/entrypoints/openai/cli_args.py (make_arg_parser): "--headless" (a switch),
+#:   "--api-server-count" "-asc" (int), which ServeSubcommand.cmd refuses with --headless
+#:   (vllm/entrypoints/cli/serve.py).
 VLLM_FLAGS: list[Flag] = [
     (("--model",), "value", str),
     (("--host",), "value", str),
@@ -71,6 +76,16 @@ VLLM_FLAGS: list[Flag] = [
     (("--served-model-name",), "list", str),
     (("--seed",), "value", int),
     (("--gpu-memory-utilization",), "value", float),
+    (("--kv-cache-dtype",), "value", str),
+    (("--trust-remote-code",), "switch", None),
+    (("--data-parallel-rank", "-dpn"), "value", int),
+    (("--data-parallel-start-rank", "-dpr"), "value", int),
+    (("--data-parallel-size-local", "-dpl"), "value", int),
+    (("--data-parallel-address", "-dpa"), "value", str),
+    (("--data-parallel-rpc-port", "-dpp"), "value", int),
+    (("--enable-expert-parallel", "-ep"), "switch", None),
+    (("--headless",), "switch", None),
+    (("--api-server-count", "-asc"), "value", int),
 ]
 
 #: SGLang's server CLI, python/sglang/srt/server_args.py (ServerArgs; add_cli_args makes
@@ -79,7 +94,11 @@ VLLM_FLAGS: list[Flag] = [
 #: model_path (aliases --model), tp_size (--tensor-parallel-size), pp_size
 #: (--pipeline-parallel-size), dp_size (--data-parallel-size), nnodes, node_rank,
 #: dist_init_addr (--nccl-init-addr), host (default 127.0.0.1), port (default 30000),
-#: trust_remote_code (bool: a switch), mem_fraction_static (float).
+#: trust_remote_code (bool: a switch), mem_fraction_static (float); enable_dp_attention
+#: (a switch), ep_size (--expert-parallel-size), moe_a2a_backend, disaggregation_mode
+#: (choices null/prefill/decode), disaggregation_transfer_backend,
+#: disaggregation_bootstrap_port, disaggregation_ib_device, max_running_requests,
+#: chunked_prefill_size, base_gpu_id.
 SGLANG_FLAGS: list[Flag] = [
     (("--model-path", "--model"), "value", str),
     (("--tp-size", "--tensor-parallel-size"), "value", int),
@@ -92,6 +111,17 @@ SGLANG_FLAGS: list[Flag] = [
     (("--port",), "value", int),
     (("--trust-remote-code",), "switch", None),
     (("--mem-fraction-static",), "value", float),
+    # PD disaggregation and the sizes of docs/advanced_features/pd_disaggregation.md
+    (("--enable-dp-attention",), "switch", None),
+    (("--ep-size", "--expert-parallel-size"), "value", int),
+    (("--moe-a2a-backend",), "value", str),
+    (("--disaggregation-mode",), "value", ["null", "prefill", "decode"]),
+    (("--disaggregation-transfer-backend",), "value", str),
+    (("--disaggregation-bootstrap-port",), "value", int),
+    (("--disaggregation-ib-device",), "value", str),
+    (("--max-running-requests",), "value", int),
+    (("--chunked-prefill-size",), "value", int),
+    (("--base-gpu-id",), "value", int),
 ]
 
 #: the programs in front of the flags, and whether the model may come positionally
@@ -196,11 +226,13 @@ def check_vllm(compiled: Compiled) -> None:
     assert parsed.pipeline_parallel_size == plan.sizes.pp
     assert parsed.port == (options.port or 8000)  # type: ignore[attr-defined]
     assert parsed.host == (options.host or "0.0.0.0")  # type: ignore[attr-defined]
-    over_ray = plan.nnodes > 1 and (options.mode or "ray") == "ray"  # type: ignore[attr-defined]
-    assert parsed.distributed_executor_backend == ("ray" if over_ray else None)
-    # one server fills the job, or (replicas) one node
-    gpus = plan.world_size if plan.nnodes == 1 or over_ray else plan.nproc_per_node
-    assert parsed.tensor_parallel_size * parsed.pipeline_parallel_size == gpus
+    mode = "single" if plan.nnodes == 1 else options.mode or ("dp" if plan.sizes.dp > 1 else "ray")  # type: ignore[attr-defined]
+    assert parsed.distributed_executor_backend == ("ray" if mode == "ray" else None)
+    # one server fills the job, or (replicas) one node; dp engines of tp x pp GPUs each
+    gpus = plan.nproc_per_node if mode == "replicas" else plan.world_size
+    engines = parsed.data_parallel_size or 1
+    assert parsed.tensor_parallel_size * parsed.pipeline_parallel_size * engines == gpus
+    assert parsed.enable_expert_parallel == (plan.sizes.ep > 1)
 
 
 def check_sglang(compiled: Compiled) -> None:
@@ -261,7 +293,7 @@ MORE = [
     vllm_spec(
         2,
         4,
-        vllm={"model": "m", "mode": "replicas", "args": ["-dp", "1"]},
+        vllm={"model": "m", "mode": "replicas", "args": ["--seed", "1"]},
         parallelism={"tp": 2, "pp": 2},
     ),
     vllm_spec(

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from mdc.codes import CODES, section
+from mdc.codes import CODES, RANGES, section
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference"
@@ -53,9 +53,15 @@ def codes_in_source() -> dict[str, list[str]]:
 
 
 def golden_examples() -> dict[str, tuple[str, list[str]]]:
-    """The first golden diagnostic of each code: code -> (case folder, its lines)."""
+    """The first golden diagnostic of each code: code -> (golden folder, its lines).
+
+    From ``mdc validate`` of the bad specs, then from ``mdc import madengine``'s reports.
+    """
     found: dict[str, tuple[str, list[str]]] = {}
-    for expected in sorted((REPO / "golden" / "diagnostics").glob("*/expected.txt")):
+    golden = REPO / "golden"
+    outputs = sorted(golden.glob("diagnostics/*/expected.txt"))
+    outputs += sorted(golden.glob("imports/*/report.txt"))
+    for expected in outputs:
         lines = expected.read_text(encoding="utf-8").splitlines()
         for index, line in enumerate(lines):
             match = FINDING.match(line)
@@ -63,7 +69,7 @@ def golden_examples() -> dict[str, tuple[str, list[str]]]:
                 continue
             shown = [line]
             shown += [h for h in lines[index + 1 : index + 2] if h.startswith("  hint: ")]
-            found[match.group(1)] = (expected.parent.name, shown)
+            found[match.group(1)] = (expected.parent.relative_to(golden).as_posix(), shown)
     return found
 
 
@@ -75,11 +81,17 @@ def diagnostics_page() -> str:
         "# Diagnostics catalogue",
         "",
         "Every code mdc's own checks report, with what it means and how to fix it. The example",
-        "under a code is real output of `mdc validate` on the spec in",
-        "`golden/diagnostics/<case>/`. How findings are printed, the exit codes and the code",
+        "under a code is real output: of `mdc validate` on the spec in",
+        "`golden/diagnostics/<case>/`, or of `mdc import madengine` (`golden/imports/<case>/`).",
+        "How findings are printed, the exit codes and the code",
         "ranges: [Diagnostics](../diagnostics.md). Third-party plugins use MDC900 and up and",
         "document their own.",
     ]
+    out += ["", "| range | codes |", "|---|---|"]
+    for first, last, title in RANGES:
+        used = [c for c in sorted(CODES) if first <= int(c[3:]) <= last]
+        if used:
+            out.append(f"| {title} | {', '.join(f'[{c}](#{c.lower()})' for c in used)} |")
     current = None
     for code in sorted(CODES):
         title = section(code)
@@ -91,7 +103,7 @@ def diagnostics_page() -> str:
         out += [f"**Fix:** {entry.fix}."]
         if code in examples:
             case, lines = examples[code]
-            out += ["", f"Example (`golden/diagnostics/{case}/`):", "", "```text", *lines, "```"]
+            out += ["", f"Example (`golden/{case}/`):", "", "```text", *lines, "```"]
     return "\n".join(out) + "\n"
 
 

@@ -71,7 +71,7 @@ def test_example_output_matches_golden(
     spec: Path, at_repo_root: Path, tmp_path: Path, golden: Any
 ) -> None:
     out = tmp_path / "out"
-    code, stdout, stderr = run_main(["compile", f"examples/{spec.name}", "-o", str(out)])
+    code, stdout, stderr = run_main(["compile", "-q", f"examples/{spec.name}", "-o", str(out)])
     assert code == 0, f"mdc compile examples/{spec.name} exited {code}:\n{stderr}"
     assert stdout == ""
     golden.check_tree(GOLDEN / "examples" / spec.stem, out)
@@ -120,7 +120,7 @@ def _case_spec(case: Path) -> Path:
 
 def validate_case(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     monkeypatch.chdir(case)
-    return run_main(["validate", _case_spec(case).name])
+    return run_main(["validate", "-q", _case_spec(case).name])
 
 
 @pytest.mark.parametrize("case", diagnostic_cases(), ids=lambda p: p.name)

@@ -337,10 +337,28 @@ def test_primus_is_refused(tmp_path: Path, compiler: Compiler) -> None:
 SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ("sglang_disagg", 5, "slurm", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}),
     (
+        "sglang_disagg",
+        5,
+        "local",
+        {
+            "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
+            "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
+        },
+    ),
+    (
         "vllm",
         2,
         "local",
         {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"}, "parallelism": {"tp": 8, "pp": 2}},
+    ),
+    (
+        "vllm",
+        2,
+        "slurm",
+        {
+            "vllm": {"model": "deepseek-ai/DeepSeek-V3-0324"},
+            "parallelism": {"tp": 1, "pp": 1, "ep": 16},
+        },
     ),
     (
         "sglang",
@@ -371,8 +389,9 @@ def _serving_spec(
             "nnodes": nnodes,
             "nproc_per_node": 8,
             "accelerator": "nvidia",
+            **extra.get("distributed", {}),
         },
-        **extra,
+        **{k: v for k, v in extra.items() if k != "distributed"},
     }
     path = tmp_path / "serve.json"
     path.write_text(json.dumps(data), encoding="utf-8")
@@ -382,7 +401,7 @@ def _serving_spec(
 @pytest.mark.parametrize(
     ("launcher", "nnodes", "backend", "extra"),
     SERVING,
-    ids=[f"{s[0]}-{s[1]}-{s[2]}" for s in SERVING],
+    ids=[f"{s[0]}-{s[1]}-{s[2]}-{'-'.join(s[3].get('parallelism', s[3][s[0]]))}" for s in SERVING],
 )
 def test_serving_roles_and_addresses(
     tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
@@ -399,7 +418,22 @@ def test_serving_roles_and_addresses(
     assert f"rehearse: OK: {launcher} on {backend}, {nnodes} nodes" in stdout.getvalue()
     records = mdc.rehearse.serving.read_records(keep / "rehearse")
     assert sorted(records) == list(range(nnodes))
-    if launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
+    if launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
+        router = records[0][0]["argv"]
+        assert router[router.index("--prefill") :] == [
+            "--prefill",
+            "http://127.0.0.2:30001",
+            "8999",
+            "--decode",
+            "http://127.0.0.4:30003",
+        ]
+        port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
+        for node, first in ((1, 1), (2, 1), (3, 3), (4, 3)):
+            argv = records[node][0]["argv"]
+            assert argv[argv.index("--nnodes") + 1] == "2"
+            assert argv[argv.index("--node-rank") + 1] == str(node - first)
+            assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.{first + 1}:{port + first}"
+    elif launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
         router = records[0][0]["argv"]
         assert router[:2] == ["-m", "sglang_router.launch_router"]
         assert router[router.index("--prefill") + 1] == "http://127.0.0.2:30001"
@@ -414,7 +448,16 @@ def test_serving_roles_and_addresses(
             argv = entries[0]["argv"]
             assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.1:{port}"
             assert argv[argv.index("--node-rank") + 1] == str(node)
-    if launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
+    if launcher == "vllm" and "ep" in extra["parallelism"]:  # data parallel, one endpoint
+        port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
+        head, engines = records[0][0]["argv"], records[1][0]["argv"]
+        assert "--headless" not in head and "--headless" in engines
+        assert engines[engines.index("--data-parallel-start-rank") + 1] == "8"
+        for argv in (head, engines):
+            assert argv[argv.index("--data-parallel-address") + 1] == "127.0.0.1"
+            assert argv[argv.index("--data-parallel-rpc-port") + 1] == str(port)
+            assert "--enable-expert-parallel" in argv
+    elif launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
         joined = records[1][0]["argv"]
         assert joined[:2] == ["start", f"--address=127.0.0.1:{records[0][0]['argv'][3][7:]}"]
         assert records[1][0]["env"]["VLLM_HOST_IP"] == "127.0.0.2"
@@ -460,3 +503,57 @@ def test_shims_pass_shellcheck(tmp_path: Path) -> None:
         [str(shellcheck), *scripts], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_vllm_engines_pointed_at_a_wrong_head_are_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 1 is told the wrong MASTER_ADDR: its headless engines would wait for node 1."""
+    spec = _serving_spec(
+        tmp_path,
+        "vllm",
+        2,
+        "local",
+        {"vllm": {"model": "m"}, "parallelism": {"tp": 2, "pp": 1}},
+    )
+
+    def wrong_head(index: int, env: dict[str, str]) -> dict[str, str]:
+        return {**env, "MASTER_ADDR": "127.0.0.2"} if index == 1 else env
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=wrong_head
+    )
+    assert not outcome.ok
+    assert "node 1: --data-parallel-address 127.0.0.2 is not node 0" in outcome.findings
+
+
+def test_a_server_node_pointed_at_another_servers_head_is_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 2 (second node of the prefill server) sees NODE_HOSTS in another order."""
+    spec = _serving_spec(
+        tmp_path,
+        "sglang_disagg",
+        5,
+        "local",
+        {
+            "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
+            "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
+        },
+    )
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 2:
+            return env
+        hosts = env["NODE_HOSTS"].split()
+        hosts[1], hosts[3] = hosts[3], hosts[1]
+        return {**env, "NODE_HOSTS": " ".join(hosts)}
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
+    assert not outcome.ok
+    assert any(
+        f.startswith("node 2 (prefill): --dist-init-addr 127.0.0.4:") and "is node 3" in f
+        for f in outcome.findings
+    ), outcome.findings

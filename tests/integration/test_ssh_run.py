@@ -545,3 +545,35 @@ def test_deepspeed_runner_over_ssh(
     for report in found:
         assert report["problems"] == [], report
         assert report["env"]["CROSS_RANK"] == report["env"]["NODE_RANK"]
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "a-node-fails"])
+def test_setup_and_teardown_run_around_the_nodes(
+    sshd: Sshd, compile_spec: Compile, tmp_path: Path, token: str, fail: bool
+) -> None:
+    """[ssh] setup runs here before any node starts; teardown when launch.sh exits, also
+    after a node failed, and the job keeps the node's status."""
+    log, marks = tmp_path / "steps.log", tmp_path / "marks"
+    marks.mkdir()
+    node = f'touch {marks}/node-"$NODE_RANK"' + (
+        '; [[ "$NODE_RANK" != 1 ]] || exit 3' if fail else ""
+    )
+    data = ssh_job(sshd, "ssh-steps", ["bash", "-c", node], 29829)
+    data["distributed"].update(launcher="basic", nproc_per_node=1)
+    del data["torchrun"]
+    data["ssh"]["setup"] = [["bash", "-c", f"echo setup $(ls {marks} | wc -l) >> {log}"]]
+    data["ssh"]["teardown"] = [
+        ["false"],
+        ["bash", "-c", f"echo teardown $(ls {marks} | wc -l) >> {log}"],
+    ]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    out = tmp_path / "out"
+    compile_spec(spec, out)
+    code, stdout, stderr = finish(start(out, launch_env(tmp_path, token)), token, timeout=120)
+    assert code == (3 if fail else 0), f"{stdout[-4000:]}{stderr[-4000:]}"
+    assert log.read_text().splitlines()[0] == "setup 0"
+    assert log.read_text().splitlines()[1].startswith("teardown")
+    assert "mdc: [ssh] teardown command 1 exited with status 1" in stderr, stderr
+    if not fail:
+        assert log.read_text().splitlines() == ["setup 0", "teardown 2"]

@@ -128,7 +128,11 @@ def write() -> None:
 
 
 def test_there_are_hooks() -> None:
-    assert [h.name for h in hookspecs()] == ["mdc_register_launchers", "mdc_register_backends"]
+    assert [h.name for h in hookspecs()] == [
+        "mdc_register_launchers",
+        "mdc_register_backends",
+        "mdc_register_hardware",
+    ]
 
 
 def test_the_parser_sees_what_pluggy_sees() -> None:
@@ -252,10 +256,39 @@ def test_hook_mdc_register_backends_is_called() -> None:
     assert registered.record.emit is emit
 
 
+def test_hook_mdc_register_hardware_is_called() -> None:
+    import mdc
+    from mdc.api import Accelerator
+
+    entry = Accelerator(
+        id="probe-gpu",
+        name="Probe GPU",
+        vendor="nvidia",
+        memory_gib=48,
+        memory_bandwidth_gb_s=1000,
+        dense_tflops={"bf16": 100},
+        scale_up_domain=4,
+        scale_up_gb_s=100,
+        scale_out_gb_s=25,
+        sources=dict.fromkeys(("compute", "memory", "scale_up", "scale_out"), "https://example.com/probe"),
+    )
+
+    class Probe:
+        @mdc.hookimpl
+        def mdc_register_hardware(self) -> list[Accelerator]:
+            return [entry]
+
+    plugins = _load_with(Probe())
+    assert plugins.hardware == {"probe-gpu": entry}
+    assert plugins.accelerators()["probe-gpu"] is entry
+    assert "h100-sxm" in plugins.accelerators()
+
+
 #: hook -> the test above that calls it through mdc's plugin manager
 HOOK_TESTS = {
     "mdc_register_launchers": test_hook_mdc_register_launchers_is_called,
     "mdc_register_backends": test_hook_mdc_register_backends_is_called,
+    "mdc_register_hardware": test_hook_mdc_register_hardware_is_called,
 }
 
 

@@ -132,8 +132,8 @@ PROBE = """\
 import io
 import sys
 from mdc.cli import main
-codes = (main(["validate", "examples/quickstart.toml"]),
-         main(["compile", "examples/quickstart.toml", "-o", sys.argv[1]]),
+codes = (main(["validate", "-q", "examples/quickstart.toml"]),
+         main(["compile", "-q", "examples/quickstart.toml", "-o", sys.argv[1]]),
          main(["explain", "examples/quickstart.toml"], stdout=io.StringIO()))
 print("codes", *codes)
 print("torch imported:", 'torch' in sys.modules)

@@ -619,7 +619,7 @@ def test_validate_imports_only_what_the_spec_needs(
     """A TOML torchrun/local spec: two built-ins imported, no YAML parser, no metadata parser."""
     code = (
         "import sys; from mdc.cli import main\n"
-        "assert main(['validate', 'examples/quickstart.toml']) == 0\n"
+        "assert main(['validate', '-q', 'examples/quickstart.toml']) == 0\n"
         "print(sorted(m for m in sys.modules if m.startswith(('mdc_builtin.', 'ruamel', "
         "'importlib.metadata', 'email'))))"
     )

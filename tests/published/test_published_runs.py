@@ -32,7 +32,8 @@ MODELS: dict[str, dict[str, Any]] = tomllib.loads(
     (HERE / "models.toml").read_text(encoding="utf-8")
 )
 
-#: the row's precision -> [model] dtype and the Megatron fp8 format it runs with
+#: the row's precision -> [model] dtype and the Megatron fp8 format it runs with (TorchTitan
+#: turns fp8 into its Float8 converter)
 PRECISION = {
     "bf16": ("bf16", None),
     "fp16": ("fp16", None),
@@ -43,23 +44,22 @@ PRECISION = {
 }
 
 _UNEVEN = "uneven pipeline split: num_layers not divisible by pp * vpp (issue 12 §1)"
-_FSDP = "Megatron-FSDP and activation CPU offloading in the memory estimate (issue 12 §2)"
 _FP4 = "NVFP4 training precision (issue 12 §2)"
-_MODEL = "model shape not describable yet (issue 12 §3): MoE/MLA/hybrid architectures"
+_MODEL = "no models.toml entry for the model yet (issue 12 §3)"
+_LAYOUT = (
+    "uneven split given by the recipe's --pipeline-model-parallel-layout, not transcribed yet "
+    "(issue 12 §1)"
+)
 _MEMORY = (
-    "memory estimate above the GPU though the run fits: 16-bit gradient reduce "
-    "(grad_reduce_in_fp32 off in the recipe) and activations (issue 12 §2)"
+    "the memory estimate exceeds the GPU's memory for a run that fit (issue 12 §2): "
+    "the estimate counts more than the run held"
 )
 
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "mbridge-26.04.01-gb300-llama3-70b-fp8": _FSDP,
-    "mbridge-26.04.01-gb200-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-gb300-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-gb200-llama3-70b-fp8": _FSDP,
-    "mbridge-25.11-h100-sxm-llama3-8b-fp8": _FSDP,
-    "mbridge-26.04.01-gb300-llama3-70b-mxfp8": _MEMORY,
+    "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
+    "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
     "mbridge-26.04.01-gb300-llama3-70b-nvfp4": _FP4,
     "mbridge-26.04.01-gb200-llama3-70b-nvfp4": _FP4,
     "mbridge-26.04.01-gb300-llama3.1-405b-nvfp4": _FP4,
@@ -69,79 +69,55 @@ AWAITING: dict[str, str] = {
     "mbridge-26.04.01-gb200-llama3.1-405b-fp8": _UNEVEN,
     "mbridge-26.04.01-gb200-llama3.1-405b-mxfp8": _UNEVEN,
     "mbridge-26.04.01-h100-sxm-llama3.1-405b-fp8": _UNEVEN,
+    "mbridge-26.04.01-gb300-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-gb200-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-b300-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-b200-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-gb300-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-gb200-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-b300-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-b200-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "mbridge-26.04.01-h100-sxm-qwen3-235b-a22b-fp8": _UNEVEN,
     "mbridge-25.11-gb300-llama3.1-405b-fp8": _UNEVEN,
+    "mbridge-25.11-gb300-qwen3-235b-a22b-bf16": _UNEVEN,
     "mbridge-25.11-gb200-llama3.1-405b-fp8": _UNEVEN,
+    "mbridge-25.11-gb200-qwen3-235b-a22b-bf16": _UNEVEN,
     "mbridge-25.11-b200-llama3.1-405b-fp8": _UNEVEN,
     "mbridge-25.11-b200-llama3.1-405b-mxfp8": _UNEVEN,
+    "mbridge-25.11-b200-qwen3-235b-a22b-mxfp8": _UNEVEN,
     "mbridge-25.11-h100-sxm-llama3.1-405b-fp8": _UNEVEN,
-    "mbridge-26.04.01-gb300-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb200-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.04.01-b300-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.04.01-b200-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb300-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-26.04.01-gb200-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-26.04.01-b300-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-26.04.01-b200-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-26.04.01-h100-sxm-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-26.04.01-gb300-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb200-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.04.01-b300-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.04.01-b200-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.04.01-h100-sxm-qwen3-30b-a3b-fp8": _MODEL,
-    "mbridge-26.04.01-gb300-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb200-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.04.01-b300-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.04.01-b200-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.04.01-h100-sxm-qwen3-235b-a22b-fp8": _MODEL,
+    "mbridge-25.11-h100-sxm-qwen3-235b-a22b-fp8": _UNEVEN,
+    "mbridge-26.08-gb300-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.08-gb200-deepseek-v3-mxfp8": _UNEVEN,
+    "mbridge-26.08-gb300-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "mbridge-26.08-gb200-qwen3-235b-a22b-mxfp8": _UNEVEN,
+    "torchtitan-2024-12-t5-405b-1f1b": _UNEVEN,
+    "torchtitan-2024-12-t5-405b-interleaved1f1b": _UNEVEN,
+    "torchtitan-2024-12-t6-405b-fsdp8-cp1": _UNEVEN,
+    "torchtitan-2024-12-t6-405b-fsdp4-cp2": _UNEVEN,
+    "torchtitan-2024-12-t6-405b-fsdp2-cp4": _UNEVEN,
+    "torchtitan-2024-12-t6-405b-fsdp1-cp8": _UNEVEN,
+    "bloom-176b-iter85376": _UNEVEN,
+    "llama3-paper-405b-8192gpu-cp1": _UNEVEN,
+    "llama3-paper-405b-16384gpu-cp1": _UNEVEN,
+    "llama3-paper-405b-16384gpu-cp16": _UNEVEN,
     "mbridge-26.04.01-gb300-kimi-k2-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb300-nemotron-3-nano-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb200-nemotron-3-nano-mxfp8": _MODEL,
-    "mbridge-26.04.01-b300-nemotron-3-nano-mxfp8": _MODEL,
-    "mbridge-26.04.01-b200-nemotron-3-nano-mxfp8": _MODEL,
-    "mbridge-26.04.01-h100-sxm-nemotron-3-nano-fp8": _MODEL,
-    "mbridge-26.04.01-gb300-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb300-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-26.04.01-gb200-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb200-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-26.04.01-b300-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.04.01-b300-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-26.04.01-b200-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.04.01-b200-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-25.11-gb300-deepseek-v3-bf16": _MODEL,
-    "mbridge-25.11-gb300-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-25.11-gb300-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-25.11-gb300-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-25.11-gb300-qwen3-235b-a22b-bf16": _MODEL,
-    "mbridge-25.11-gb200-deepseek-v3-bf16": _MODEL,
-    "mbridge-25.11-gb200-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-25.11-gb200-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-25.11-gb200-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-25.11-gb200-qwen3-235b-a22b-bf16": _MODEL,
-    "mbridge-25.11-b200-deepseek-v3-mtp-mxfp8": _MODEL,
-    "mbridge-25.11-b200-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-25.11-b200-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-25.11-b200-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MODEL,
-    "mbridge-25.11-h100-sxm-qwen3-30b-a3b-fp8": _MODEL,
-    "mbridge-25.11-h100-sxm-qwen3-235b-a22b-fp8": _MODEL,
-    "mbridge-26.08-gb300-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-deepseek-v3-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-deepseekv4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-deepseekv4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-gpt-oss-120b-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-gpt-oss-120b-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-qwen3-30b-a3b-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-qwen3-235b-a22b-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-nano-mxfp8": _MODEL,
+    "mbridge-26.04.01-gb300-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-26.04.01-gb200-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-26.04.01-b300-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-26.04.01-b200-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
+    "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MEMORY,
+    "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MEMORY,
+    "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
     "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-26.08-gb200-nemotron-3-super-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-nemotron-3-super-nvfp4": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MODEL,
+    "mbridge-26.08-gb300-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-26.08-gb200-nemotron-3-super-nvfp4": _FP4,
+    "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
+    "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
+    "mbridge-25.11-gb200-deepseek-v3-no-mtp-bf16": _LAYOUT,
+    "mbridge-25.11-gb200-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
+    "mbridge-25.11-b200-deepseek-v3-mxfp8": _LAYOUT,
 }
 
 
@@ -155,10 +131,13 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
         raise ModelNotListed(run["model"])
     dtype, fp8_format = PRECISION[run["precision"]]
     nproc = run["nproc_per_node"]
-    model = {**models[run["model"]]["model"], "seq_length": run["seq_length"], "dtype": dtype}
-    batch = {"global_batch_size": run["global_batch_size"]}
-    if "micro_batch_size" in run:
-        batch["micro_batch_size"] = run["micro_batch_size"]
+    model = {
+        **models[run["model"]]["model"],
+        **run.get("model_table", {}),
+        "seq_length": run["seq_length"],
+        "dtype": dtype,
+    }
+    batch = {k: run[k] for k in ("global_batch_size", "micro_batch_size") if k in run}
     parallelism = {k: run[k] for k in ("tp", "pp", "cp", "ep", "etp", "vpp") if k in run}
     launcher = run["launcher"]
     table: dict[str, Any] = {}
@@ -166,7 +145,10 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
         table.update(_megatron_recompute(run))
         if fp8_format is not None:
             table["fp8_format"] = fp8_format
-    table.update(run.get("launcher_table", {}))
+    elif "recompute" in run:
+        table["config"] = {"activation_checkpoint": {"mode": run["recompute"]}}
+    for key, value in run.get("launcher_table", {}).items():
+        table[key] = {**table.get(key, {}), **value} if isinstance(value, dict) else value
     return {
         "job": {"name": "published-run", "command": ["python", "pretrain_gpt.py"]},
         "distributed": {
@@ -174,7 +156,8 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
             "backend": "slurm",
             "nnodes": run["gpus"] // nproc,
             "nproc_per_node": nproc,
-            "accelerator": "amd" if run["accelerator_model"].startswith("mi") else "nvidia",
+            "accelerator_model": run["accelerator_model"],
+            # the row's datasheet figure, explicit: it wins over the catalogue's default
             "accelerator_memory_gib": run["gpu_memory_gib"],
         },
         "parallelism": parallelism,
@@ -259,7 +242,6 @@ REQUIRED = [
     "gpus",
     "nproc_per_node",
     "precision",
-    "global_batch_size",
     "seq_length",
 ]
 MEASURED = {
@@ -267,6 +249,7 @@ MEASURED = {
     "tokens_per_s_per_gpu",
     "mfu",
     "step_time_s",
+    "memory_gib",
     "flops_include_recompute",
 }
 
@@ -279,7 +262,8 @@ def test_rows_are_complete_and_unique() -> None:
         assert [k for k in REQUIRED if k not in run] == [], run["id"]
         assert run["source"].startswith("https://"), run["id"]
         assert run["launcher"] in ("megatron", "torchtitan"), run["id"]
-        assert run["gpu_memory_gib"] == accelerators[run["accelerator_model"]]["memory_gib"]
+        if "gpu_memory_source" not in run:  # a variant of the accelerator says where its size is
+            assert run["gpu_memory_gib"] == accelerators[run["accelerator_model"]]["memory_gib"]
         assert run["gpus"] % run["nproc_per_node"] == 0, run["id"]
         assert set(run.get("measured", {})) <= MEASURED, run["id"]
         assert run["precision"] in PRECISION, run["id"]

@@ -89,21 +89,31 @@ def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(
 
 
 @pytest.mark.parametrize(
-    ("accelerator", "table", "limits"),
+    ("accelerator", "table", "requests", "limits"),
     [
-        ("nvidia", {}, {"nvidia.com/gpu": 8}),
+        ("nvidia", {}, {"nvidia.com/gpu": 8}, {"nvidia.com/gpu": 8}),
+        # burstable (the default): cpu and memory are requests, the GPU is both
         (
             "amd",
             {"cpu": "500m", "memory": "64Gi"},
             {"amd.com/gpu": 8, "cpu": "500m", "memory": "64Gi"},
+            {"amd.com/gpu": 8},
         ),
-        ("cpu", {}, None),
+        (
+            "amd",
+            {"cpu": "500m", "memory": "64Gi", "qos": "guaranteed"},
+            {"amd.com/gpu": 8, "cpu": "500m", "memory": "64Gi"},
+            {"amd.com/gpu": 8, "cpu": "500m", "memory": "64Gi"},
+        ),
+        ("cpu", {"cpu": 4}, {"cpu": 4}, None),
+        ("cpu", {}, None, None),
         (
             "nvidia",
             {"gpu_resource": "nvidia.com/gpumem", "gpus_per_node": 20000},
             {"nvidia.com/gpumem": 20000},
+            {"nvidia.com/gpumem": 20000},
         ),
-        ("nvidia", {"gpus_per_node": 0}, None),
+        ("nvidia", {"gpus_per_node": 0}, None, None),
     ],
 )
 def test_the_gpu_resource_follows_the_accelerator(
@@ -111,13 +121,13 @@ def test_the_gpu_resource_follows_the_accelerator(
     tmp_path: Path,
     accelerator: str,
     table: dict[str, Any],
+    requests: dict[str, Any] | None,
     limits: dict[str, Any] | None,
 ) -> None:
     docs = docs_of(compiled_of(compiler, tmp_path, spec(accelerator=accelerator, **table)))
     container = docs["Job"]["spec"]["template"]["spec"]["containers"][0]
-    assert container.get("resources") == (
-        None if limits is None else {"limits": limits, "requests": limits}
-    )
+    expected = {k: v for k, v in (("limits", limits), ("requests", requests)) if v is not None}
+    assert container.get("resources") == (expected or None)
 
 
 def test_shm_volumes_and_pod_placement(compiler: Compiler, tmp_path: Path) -> None:

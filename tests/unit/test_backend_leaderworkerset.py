@@ -70,16 +70,46 @@ def test_replicas_and_the_leader_service_port(compiler: Compiler, tmp_path: Path
     assert docs[2]["spec"]["ports"][0]["port"] == 9000
 
 
-def test_the_launchers_port_is_used_and_without_one_there_is_no_service(
+def test_the_launchers_port_is_used_and_by_default_vllms_own(
     compiler: Compiler, tmp_path: Path
 ) -> None:
     data = spec()
     data["vllm"]["port"] = 8123
     assert documents(compiler, tmp_path, data)[2]["spec"]["ports"][0]["port"] == 8123
-    assert [d["kind"] for d in documents(compiler, tmp_path, spec())] == [
-        "ConfigMap",
-        "LeaderWorkerSet",
+    # vLLM's default port (FrontendArgs.port, 8000) when [vllm] port is not written
+    assert documents(compiler, tmp_path, spec())[2]["spec"]["ports"][0]["port"] == 8000
+
+
+def test_the_leader_service_of_a_disaggregated_job_targets_the_router(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    data = spec("sglang_disagg", nnodes=3)
+    data["job"]["command"] = "python3"
+    data["sglang_disagg"] = {"model_path": "m", "router_port": 8080}
+    config, lws, service = documents(compiler, tmp_path, data)
+    assert service["spec"]["ports"] == [
+        {"name": "p8080", "port": 8080, "protocol": "TCP", "targetPort": 8080}
     ]
+    assert service["spec"]["selector"]["leaderworkerset.sigs.k8s.io/worker-index"] == "0"
+    group = lws["spec"]["leaderWorkerTemplate"]
+    (leader,) = group["leaderTemplate"]["spec"]["containers"]
+    (worker,) = group["workerTemplate"]["spec"]["containers"]
+    assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8080}
+    assert "readinessProbe" not in worker  # prefill/decode pods are reached by the router
+    # the leader is ready only after its servers start, so the workers must not wait for it
+    assert lws["spec"]["startupPolicy"] == "LeaderCreated"
+
+
+def test_vllm_replicas_on_lws_route_to_every_server(compiler: Compiler, tmp_path: Path) -> None:
+    data = spec()
+    data["vllm"]["mode"] = "replicas"
+    data["parallelism"] = {"tp": 8, "pp": 1}
+    config, lws, service = documents(compiler, tmp_path, data)
+    assert "leaderworkerset.sigs.k8s.io/worker-index" not in service["spec"]["selector"]
+    group = lws["spec"]["leaderWorkerTemplate"]
+    assert "leaderTemplate" not in group
+    (pod,) = group["workerTemplate"]["spec"]["containers"]
+    assert pod["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
 
 
 def test_the_shared_lint_applies(compiler: Compiler, tmp_path: Path) -> None:

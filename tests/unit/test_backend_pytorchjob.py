@@ -166,6 +166,7 @@ def test_run_policy(compiler: Compiler, tmp_path: Path) -> None:
     assert job["spec"]["runPolicy"] == {
         "activeDeadlineSeconds": 9,
         "backoffLimit": 2,
+        "cleanPodPolicy": "Running",
         "ttlSecondsAfterFinished": 60,
     }
     assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {"ExitCode"}

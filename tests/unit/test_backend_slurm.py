@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,6 +161,7 @@ def test_a_bare_spec_asks_only_for_what_the_plan_needs(compiler: Compiler, tmp_p
         "--nodes=2",
         "--ntasks-per-node=1",
         "--gpus-per-node=8",
+        "--exclusive",  # the node's one task gets every CPU (no cpus_per_task)
     ]
     assert compiled.diagnostics == ()
     assert compiled.plan.hosts is None  # SLURM names the hosts only when the job runs
@@ -603,3 +605,63 @@ def test_hostile_values_reach_srun_and_module_verbatim(
     srun = (log / "srun.args").read_text().splitlines()
     assert f"--comment={hostile}" in srun
     assert srun[-2:] == ["bash", f"{out_dir}/slurm/node.sh"]
+
+
+# ---------------------------------------------------------------- CPUs, elastic, setup/teardown
+
+
+@pytest.mark.parametrize(
+    ("slurm", "exclusive", "cpus", "warned"),
+    [
+        ({}, True, None, False),  # whole nodes: the task gets every CPU
+        ({"cpus_per_task": 16}, False, "16", False),
+        ({"cpus_per_task": 4}, False, "4", True),  # 8 ranks on 4 CPUs
+        ({"exclusive": False}, False, None, True),  # SLURM's default: 1 CPU for 8 ranks
+        ({"cpus_per_task": 4, "exclusive": True}, True, "4", False),
+    ],
+)
+def test_each_nodes_task_gets_a_cpu_per_rank_or_a_warning(
+    compiler: Compiler,
+    tmp_path: Path,
+    slurm: dict[str, Any],
+    exclusive: bool,
+    cpus: str | None,
+    warned: bool,
+) -> None:
+    compiled = compile_data(compiler, tmp_path, spec(slurm=slurm))
+    lines = sbatch_lines(files(compiled)["slurm/job.sbatch"])
+    assert ("--exclusive" in lines) == exclusive
+    assert (f"--cpus-per-task={cpus}" in lines) == (cpus is not None)
+    codes = [d.code for d in compiled.diagnostics]
+    assert codes == (["MDC420"] if warned else []), compiled.diagnostics
+
+
+def test_an_elastic_header_leaves_tasks_per_node_to_srun(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    data = spec()
+    data["distributed"]["min_nnodes"] = 1
+    data["distributed"]["nnodes"] = 3
+    script = files(compile_data(compiler, tmp_path, data))["slurm/job.sbatch"]
+    assert sbatch_lines(script)[:2] == ["--job-name=unit", "--nodes=1-3"]
+    assert not any(line.startswith("--ntasks") for line in sbatch_lines(script))
+    assert "  --ntasks-per-node=1 \\\n" in script  # srun: still one task per node
+
+
+def test_setup_and_teardown_are_quoted_words(compiler: Compiler, tmp_path: Path) -> None:
+    hostile = "it's $(reboot) `id` ; rm -rf /"
+    data = spec(
+        slurm={
+            "setup": [["dcgmi", "profile", "--pause"], ["echo", hostile]],
+            "teardown": [["dcgmi", "profile", "--resume"]],
+        }
+    )
+    script = files(compile_data(compiler, tmp_path, data))["slurm/job.sbatch"]
+    assert f"echo {shlex.quote(hostile)}\n" in script
+    before, after = script.split("dcgmi profile --pause\n")
+    assert "trap mdc_teardown EXIT" in before and "srun" in after
+    assert "\nsrun \\\n" in script  # not exec'd: the shell stays to run the teardown
+    # bash reads the quoted words back as given
+    line = f"echo {shlex.quote(hostile)}"
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True)
+    assert done.stdout == hostile + "\n"

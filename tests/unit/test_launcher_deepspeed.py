@@ -396,7 +396,9 @@ def test_training_setup_for_the_memory_estimate(
     options: dict[str, Any] | None, stage: int, grad_bytes: int
 ) -> None:
     opts = None if options is None else plugin.DeepSpeedOptions(**options)
-    assert plugin.training(opts) == TrainingSetup(zero_stage=stage, grad_bytes=grad_bytes)
+    assert plugin.training(opts) == TrainingSetup(
+        zero_stage=stage, grad_bytes=grad_bytes, levers=plugin.LEVERS
+    )
 
 
 # ---------------------------------------------------------------- findings

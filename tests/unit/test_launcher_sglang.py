@@ -203,11 +203,11 @@ def shellcheck() -> str:
     [
         ("10.0.0.5 10.0.0.6", "10.0.0.6"),  # an IP as it is
         ("10.0.0.5 localhost", "127.0.0.1"),  # a name: its IPv4 address (getent ahostsv4)
-        ("10.0.0.5 no-such-host.invalid", "no-such-host.invalid"),  # does not resolve: the name
+        ("10.0.0.5 no-such-host.invalid", None),  # does not resolve: an error
     ],
 )
 def test_the_worker_script_runs_the_server_with_this_nodes_rank(
-    tmp_path: Path, hosts: str, address: str
+    tmp_path: Path, hosts: str, address: str | None
 ) -> None:
     out = tmp_path / "out"
     write_tree(out, compile_(tmp_path, spec(nnodes=2, nproc=2)).tree)
@@ -235,10 +235,15 @@ def test_the_worker_script_runs_the_server_with_this_nodes_rank(
         "MASTER_ADDR": "10.1.2.3",
         "MASTER_PORT": "29650",
         "NODE_HOSTS": hosts,
+        "MDC_RESOLVE_SECONDS": "0",
     }
     done = subprocess.run(
         ["bash", str(worker)], env=env, capture_output=True, text=True, timeout=60, check=False
     )
+    if address is None:
+        assert done.returncode == 1
+        assert "'no-such-host.invalid' (in NODE_HOSTS) has no IPv4 address" in done.stderr
+        return
     assert done.returncode == 0, done.stderr
     assert log.read_text(encoding="utf-8").split() == [
         address,

@@ -168,8 +168,49 @@ def test_tp_size(tmp_path: Path) -> None:
     data = spec(3, 8)
     data["parallelism"] = {"tp": 2}
     assert tp(data) == "2"
-    (error,) = errors(tmp_path, spec(3, 8, {"tp_size": 16}))
-    assert error.code == "MDC383" and "16" in error.message and "8" in error.message
+    found = errors(tmp_path, spec(3, 8, {"tp_size": 12}))
+    assert [d.code for d in found] == ["MDC383", "MDC383"]  # a prefill and a decode server
+    assert "12 GPUs" in found[0].message and "(8)" in found[0].message
+
+
+def test_a_server_over_two_nodes_needs_roles_of_whole_servers(tmp_path: Path) -> None:
+    """tp_size 16 on 8-GPU nodes: each server spans 2 nodes, so 3 prefill nodes are refused."""
+    (error,) = errors(tmp_path, spec(6, 8, {"tp_size": 16}, prefill_nodes=3, decode_nodes=2))
+    assert error.code == "MDC387" and error.location.pointer == "/distributed/prefill_nodes"
+    assert "spans 2 nodes (16 GPUs)" in error.message and "e.g. 2" in (error.hint or "")
+    compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
+    (script,) = [f.data.decode() for f in compiled.tree if f.path == "launch/sglang_disagg.sh"]
+    assert "PREFILL_SERVER_NODES=2" in script and "DECODE_SERVER_NODES=2" in script
+
+
+def test_role_tables_set_one_role_only(tmp_path: Path) -> None:
+    options = {
+        "tp_size": 2,
+        "prefill": {"args": ["--chunked-prefill-size", "4096"]},
+        "decode": {"tp_size": 1, "dp_size": 2, "args": ["--max-running-requests", "128"]},
+    }
+    compiled = compile_(tmp_path, spec(3, 2, options))
+    prefill = [str(w) for w in compiled.launch.role("prefill").argv]
+    decode = [str(w) for w in compiled.launch.role("decode").argv]
+    assert prefill[prefill.index("--tp-size") + 1] == "2" and "--dp-size" not in prefill
+    assert "--chunked-prefill-size" in prefill and "--max-running-requests" not in prefill
+    assert decode[decode.index("--tp-size") + 1] == "1"
+    assert decode[decode.index("--dp-size") + 1] == "2"
+    assert "--max-running-requests" in decode and "--chunked-prefill-size" not in decode
+
+
+def test_flags_mdc_sets_are_refused_in_the_arguments(tmp_path: Path) -> None:
+    options = {
+        "server_args": ["--trust-remote-code", "--tp", "2", "--port=1"],
+        "decode": {"args": ["--expert-parallel-size", "4"]},
+    }
+    found = errors(tmp_path, spec(3, 2, options))
+    assert [(d.code, d.location.pointer) for d in found] == [
+        ("MDC389", "/sglang_disagg/server_args"),
+        ("MDC389", "/sglang_disagg/decode/args"),
+    ]
+    assert "--port" in found[0].message and "set it through port" in (found[0].hint or "")
+    assert "through ep_size" in (found[1].hint or "")
 
 
 def test_ports_stay_below_65536(tmp_path: Path) -> None:
@@ -270,11 +311,12 @@ def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, spec(5, options={"router": "sglang_router"}))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_in_path(tmp_path)
-    hosts = ["n0", "n1.cluster", "fd00::2", "n3", "n4"]
+    # a name stays a name in the URLs (localhost, not 127.0.0.1)
+    hosts = ["10.0.0.1", "localhost", "fd00::2", "10.0.0.3", "10.0.0.4"]
     run_env = {
         **env,
         "NODE_RANK": "0",
-        "MASTER_ADDR": "n0",
+        "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29500",
         "NODE_HOSTS": " ".join(hosts),
     }
@@ -282,16 +324,16 @@ def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
     argv = after(recorded(env)["proxy-0"], "sglang_router.launch_router")
     assert argv[argv.index("--prefill") :] == [
         "--prefill",
-        "http://n1.cluster:30001",
+        "http://localhost:30001",
         "8999",
         "--decode",
         "http://[fd00::2]:30002",
         "--decode",
-        "http://n3:30003",
+        "http://10.0.0.3:30003",
         "--decode",
-        "http://n4:30004",
+        "http://10.0.0.4:30004",
     ]
-    wrong = {**run_env, "NODE_HOSTS": "n0 n1"}
+    wrong = {**run_env, "NODE_HOSTS": "10.0.0.1 localhost"}
     done = subprocess.run(
         ["bash", str(root / "launch" / "proxy.sh")],
         env=wrong,
@@ -312,9 +354,9 @@ def test_mini_lb(tmp_path: Path) -> None:
     run_env = {
         **env,
         "NODE_RANK": "0",
-        "MASTER_ADDR": "a",
+        "MASTER_ADDR": "10.0.0.1",
         "MASTER_PORT": "29500",
-        "NODE_HOSTS": "a b c",
+        "NODE_HOSTS": "10.0.0.1 localhost 10.0.0.3",
     }
     subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True, timeout=30)
     run_env["NODE_RANK"] = "1"
@@ -328,9 +370,9 @@ def test_mini_lb(tmp_path: Path) -> None:
         "--port",
         "8000",
         "--prefill",
-        "http://b:30001",
+        "http://localhost:30001",
         "--decode",
-        "http://c:30002",
+        "http://10.0.0.3:30002",
     ]
     prefill = runs["prefill-1"]
     assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
@@ -358,26 +400,40 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
     """POD_IP is this node's address, SGLANG_NODE_IPS every node's (§4.1, §5), in rank order.
 
     An IP stays as it is, a name becomes its IPv4 address (localhost is 127.0.0.1), and a
-    name that does not resolve stays the name.
+    name that does not resolve (after MDC_RESOLVE_SECONDS) stops the node with an error.
     """
     root = write_tree(compile_(tmp_path, spec(4)), tmp_path / "out")
     env = stand_in_path(tmp_path)
     (Path(env["PATH"].split(":")[0]) / "python3").write_text(ENV_STAND_IN, encoding="utf-8")
-    hosts = "10.0.0.1 localhost fd00::2 no-such-host.invalid"
-    ips = "10.0.0.1,127.0.0.1,fd00::2,no-such-host.invalid"
+    hosts = "10.0.0.1 localhost fd00::2 10.0.0.4"
+    ips = "10.0.0.1,127.0.0.1,fd00::2,10.0.0.4"
+    run_env = {
+        **env,
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "NODE_HOSTS": hosts,
+        "MDC_RESOLVE_SECONDS": "0",
+    }
     for rank, role in ((0, "proxy"), (1, "prefill"), (3, "decode")):
-        run_env = {
-            **env,
-            "NODE_RANK": str(rank),
-            "MASTER_ADDR": "10.0.0.1",
-            "MASTER_PORT": "29500",
-            "NODE_HOSTS": hosts,
-        }
         subprocess.run(
-            ["bash", str(root / "launch" / f"{role}.sh")], env=run_env, check=True, timeout=30
+            ["bash", str(root / "launch" / f"{role}.sh")],
+            env={**run_env, "NODE_RANK": str(rank)},
+            check=True,
+            timeout=30,
         )
     assert recorded(env) == {
         "proxy-0": ["0", "4", "10.0.0.1", ips],
         "prefill-1": ["1", "4", "127.0.0.1", ips],
-        "decode-3": ["3", "4", "no-such-host.invalid", ips],
+        "decode-3": ["3", "4", "10.0.0.4", ips],
     }
+    unresolved = {**run_env, "NODE_RANK": "3", "NODE_HOSTS": "10.0.0.1 a b no-such-host.invalid"}
+    done = subprocess.run(
+        ["bash", str(root / "launch" / "decode.sh")],
+        env=unresolved,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "'a' (in NODE_HOSTS) has no IPv4 address after 0 s" in done.stderr

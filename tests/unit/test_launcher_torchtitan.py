@@ -177,7 +177,13 @@ def test_output_is_byte_identical(tmp_path: Path) -> None:
 
 
 def test_training_setup() -> None:
-    assert training(None).zero_stage == 3 and training(None).recompute == "selective"
+    # TorchTitan's default: selective with selective_ac_option "2", every 2nd layer whole
+    default = training(None)
+    assert (default.zero_stage, default.recompute, default.recompute_every) == (3, "full", 2)
+    op = training(
+        TorchtitanOptions(config={"activation_checkpoint": {"selective_ac_option": "op"}})
+    )
+    assert (op.recompute, op.recompute_every) == ("selective", None)
     full = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "full"}}))
     none = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "none"}}))
     assert (full.recompute, none.recompute) == ("full", "none")

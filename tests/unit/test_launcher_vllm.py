@@ -214,15 +214,44 @@ def test_replicas_need_tp_times_pp_to_fill_one_node(tmp_path: Path) -> None:
     assert "tp = 8 and pp = 1" in (found.hint or "")
 
 
-def test_one_server_must_use_every_gpu(tmp_path: Path) -> None:
-    found = [
-        d
-        for d in diagnostics(tmp_path, spec(nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 1}))
-        if d.is_error
-    ]
+def test_in_ray_mode_one_server_must_use_every_gpu(tmp_path: Path) -> None:
+    data = spec({"mode": "ray"}, nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 1})
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
     assert [d.code for d in found] == ["MDC362"]
     assert "= 8 GPUs" in found[0].message and "2 x 8 = 16" in found[0].message
-    assert 'mode = "replicas"' in (found[0].hint or "")
+    assert '("dp")' in (found[0].hint or "")
+
+
+def test_tp_below_the_job_is_data_parallel_by_default(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(nnodes=2, nproc=8, parallelism={"tp": 8, "pp": 1}))
+    (role,) = compiled.launch.roles
+    words = [w for w in role.argv if isinstance(w, str)]
+    assert words[words.index("--data-parallel-size") + 1] == "2"
+    assert words[words.index("--data-parallel-size-local") + 1] == "1"
+    assert "--enable-expert-parallel" not in words
+
+
+def test_vllm_expert_parallel_is_tp_times_dp(tmp_path: Path) -> None:
+    data = spec(nnodes=2, nproc=8, parallelism={"tp": 2, "pp": 1, "ep": 4})
+    data["model"] = {"num_experts": 64}
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert [d.code for d in found] == ["MDC368"]
+    assert "2 x 8 = 16" in found[0].message and "set ep = 16" in (found[0].hint or "")
+
+
+def test_api_server_count_must_not_reach_headless_nodes(tmp_path: Path) -> None:
+    data = spec({"args": ["--api-server-count", "4"]}, nnodes=2, nproc=4, parallelism={"tp": 1})
+    data["parallelism"]["pp"] = 1
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert [(d.code, d.location.pointer) for d in found] == [("MDC369", "/vllm/args")]
+    assert "head_args" in (found[0].hint or "")
+
+
+def test_dp_flags_in_args_point_at_the_spec_key(tmp_path: Path) -> None:
+    found = diagnostics(tmp_path, spec({"args": ["-dp", "2", "--enable-expert-parallel"]}))
+    (clash,) = [d for d in found if d.code == "MDC364"]
+    assert "--data-parallel-size, --enable-expert-parallel" in clash.message
+    assert "[parallelism] dp" in (clash.hint or "") and "[parallelism] ep" in (clash.hint or "")
 
 
 def test_context_parallel_is_refused(tmp_path: Path) -> None:
@@ -325,6 +354,7 @@ def run_node(
         "NODE_HOSTS": hosts,
         "STUB_LOG": str(log),
         "STUB_COUNTS": str(tmp_path / "counts"),
+        "MDC_RESOLVE_SECONDS": "0",
     }
     done = subprocess.run(
         ["bash", str(out / "launch" / "worker.sh")],
@@ -396,5 +426,5 @@ def test_the_head_gives_up_after_ray_wait_seconds_with_a_clear_error(tmp_path: P
 def test_an_unresolvable_host_name_is_a_clear_error(tmp_path: Path) -> None:
     done, calls = run_node(tmp_path, RAY_2X2, 1, ["0"], hosts="127.0.0.1 no-such-host.invalid")
     assert done.returncode == 1
-    assert "cannot find the IPv4 address of node 1 ('no-such-host.invalid'" in done.stderr
+    assert "'no-such-host.invalid' (in NODE_HOSTS) has no IPv4 address after 0 s" in done.stderr
     assert calls == []

@@ -188,41 +188,76 @@ def worker(rank, world, port, cases, out):
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec, get_gpt_mtp_block_spec)
     from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import (
+        MLATransformerConfig, TransformerConfig)
     # With tied embeddings and pp > 1, megatron moves the last stage's copy to CUDA
-    # before its all-reduce; on CPU, leave it where it is.
+    # before its all-reduce; on CPU, leave it where it is. Learned softmax offsets
+    # (attention sinks) are allocated on the current CUDA device: use the CPU.
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.cuda.current_device = lambda: "cpu"
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    # megatron-core's MLA reads HAVE_TE from an import that succeeds without Transformer
+    # Engine installed (leaving TELinear None); this environment has none
+    multi_latent_attention.HAVE_TE = False
+
+    class LatentCoreAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            super().__init__(*args, **kwargs)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = []
     for case in cases:
         tp, pp, ep, m = case["tp"], case["pp"], case["ep"], case["model"]
-        ps.initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
+        etp = case.get("etp", tp)
+        ps.initialize_model_parallel(
+            tp, pp, expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
         norm = "RMSNorm" if m.get("normalization") == "rmsnorm" else "LayerNorm"
         experts = m.get("num_experts")
-        config = TransformerConfig(
+        # the [model] keys named after TransformerConfig's fields pass through as they are
+        same = {key: m[key] for key in (
+            "kv_channels", "qk_layernorm", "add_qkv_bias", "softmax_type",
+            "moe_shared_expert_intermediate_size", "moe_layer_freq", "mtp_num_layers",
+            "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+        ) if key in m}
+        latent = m.get("multi_latent_attention", False)
+        if latent:
+            same.setdefault("q_lora_rank", None)
+            same["rope_type"] = "rope"
+        config = (MLATransformerConfig if latent else TransformerConfig)(
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            expert_model_parallel_size=ep, num_layers=m["num_layers"],
+            expert_model_parallel_size=ep, expert_tensor_parallel_size=etp,
+            num_layers=m["num_layers"],
             hidden_size=m["hidden_size"], num_attention_heads=m["num_attention_heads"],
             num_query_groups=m.get("num_query_groups"), ffn_hidden_size=m.get("ffn_hidden_size"),
             gated_linear_unit=m.get("gated_mlp", False), add_bias_linear=m.get("bias", True),
             normalization=norm, num_moe_experts=experts,
             moe_ffn_hidden_size=m.get("moe_ffn_hidden_size"),
-            use_cpu_initialization=True, pipeline_dtype=torch.float32)
-        spec = get_gpt_layer_local_spec(num_experts=experts, normalization=norm)
-        position = "rope" if m.get("position_embedding") == "rope" else "learned_absolute"
+            use_cpu_initialization=True, pipeline_dtype=torch.float32, **same)
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=norm)
+        if latent:  # the local core attention takes no k/v widths (TE's does); it has no weights
+            for layer in spec.layer_specs:
+                layer.submodules.self_attention.submodules.core_attention = LatentCoreAttention
+        mtp = (get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False)
+               if m.get("mtp_num_layers") else None)
+        position = {"rope": "rope", "none": "none"}.get(
+            m.get("position_embedding"), "learned_absolute")
         model = GPTModel(
             config=config, transformer_layer_spec=spec, vocab_size=m["vocab_size"],
             max_sequence_length=m["seq_length"], position_embedding_type=position,
             share_embeddings_and_output_weights=m.get("tied_embeddings", True),
-            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage())
+            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+            mtp_block_spec=mtp)
         params = dict(model.named_parameters())
         results.append({
             "pp_rank": ps.get_pipeline_model_parallel_rank(),
             "params": sum(p.numel() for p in params.values()),
-            "final_norm": sum(p.numel() for n, p in params.items() if "final_layernorm" in n)})
+            "final_norm": sum(
+                p.numel() for n, p in params.items() if n.startswith("decoder.final_layernorm"))})
         del model
         ps.destroy_model_parallel()
     with open(f"{out}.{rank}", "w") as fh:
@@ -246,6 +281,31 @@ SMALL_GQA = {
     "num_query_groups": 2,
     "ffn_hidden_size": 96,
     "gated_mlp": True,
+    "vocab_size": 128,
+    "seq_length": 32,
+}
+LATENT_MOE: dict[str, Any] = {
+    "num_layers": 4,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "multi_latent_attention": True,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 16,
+    "qk_head_dim": 16,
+    "qk_pos_emb_head_dim": 8,
+    "v_head_dim": 12,
+    "qk_layernorm": True,
+    "ffn_hidden_size": 96,
+    "num_experts": 4,
+    "moe_ffn_hidden_size": 40,
+    "moe_shared_expert_intermediate_size": 48,
+    "moe_layer_freq": [0, 1, 1, 1],
+    "mtp_num_layers": 1,
+    "gated_mlp": True,
+    "bias": False,
+    "tied_embeddings": False,
+    "position_embedding": "rope",
+    "normalization": "rmsnorm",
     "vocab_size": 128,
     "seq_length": 32,
 }
@@ -288,6 +348,56 @@ MEGATRON_CASES: list[dict[str, Any]] = [
     },
     # everything on one rank per replica: the whole model's count
     {"tp": 1, "pp": 1, "ep": 1, "model": {**SMALL_GQA, "tied_embeddings": False}},
+    # DeepSeek-V3's layout: multi-latent attention with compressed queries and QK norms,
+    # a dense first layer, MoE layers with a shared expert, one MTP layer (on the last
+    # stage, with its own copy of the embedding); tp 1, as Megatron-Core's local spec
+    # splits MLA's down projections over tp where Transformer Engine's (mdc's) does not
+    {"tp": 1, "pp": 2, "ep": 2, "model": LATENT_MOE},
+    {"tp": 1, "pp": 1, "ep": 1, "model": {**LATENT_MOE, "normalization": "layernorm"}},
+    # MLA without query compression, tied embeddings
+    {
+        "tp": 1,
+        "pp": 1,
+        "ep": 4,
+        "model": {
+            **LATENT_MOE,
+            "q_lora_rank": None,
+            "tied_embeddings": True,
+            "moe_layer_freq": 2,
+        },
+    },
+    # Qwen3 / gpt-oss attention: head width not hidden / heads, QK norms, a QKV bias
+    # without the others, learned softmax offsets (sinks)
+    {
+        "tp": 2,
+        "pp": 2,
+        "ep": 1,
+        "model": {
+            **SMALL_GQA,
+            "kv_channels": 24,
+            "qk_layernorm": True,
+            "add_qkv_bias": True,
+            "bias": False,
+            "softmax_type": "learnable",
+            "position_embedding": "rope",
+            "normalization": "rmsnorm",
+        },
+    },
+    # gpt-oss's MoE: biased router and experts (Megatron-Core: only with etp 1), sinks
+    {
+        "tp": 2,
+        "pp": 1,
+        "ep": 2,
+        "etp": 1,
+        "model": {
+            **SMALL_GQA,
+            "kv_channels": 16,
+            "num_experts": 4,
+            "moe_ffn_hidden_size": 40,
+            "softmax_type": "learnable",
+            "tied_embeddings": False,
+        },
+    },
 ]
 
 
@@ -321,7 +431,12 @@ def test_per_gpu_parameters_match_megatron_core(tmp_path: Path) -> None:
             job(
                 nproc=world,
                 model=case["model"],
-                parallelism={"tp": case["tp"], "pp": case["pp"], "ep": case["ep"]},
+                parallelism={
+                    "tp": case["tp"],
+                    "pp": case["pp"],
+                    "ep": case["ep"],
+                    "etp": case.get("etp", case["tp"]),
+                },
             )
         )
         by_stage = {e.stage: e.params_per_gpu for e in stages(plan)}
@@ -628,6 +743,12 @@ def test_too_little_memory_is_an_error_with_the_numbers() -> None:
     assert d.hint and "GiB" in d.hint
 
 
+#: the levers a launcher lets the hint propose, labelled so that apply_lever reads them
+LEVER_LABELS = (
+    *((f"zero {n}", f"zero stage {n}") for n in (1, 2, 3)),
+    ("sequence parallel", "sequence parallel"),
+    *((f"recompute {mode}", f'recompute "{mode}"') for mode in ("selective", "full")),
+)
 LEVER = re.compile(
     r'(tp|pp|cp|micro_batch_size|zero stage) (\d+)|recompute "(\w+)"'
     r"|(sequence parallel)"
@@ -655,7 +776,7 @@ def apply_lever(
 @pytest.mark.parametrize("capacity", [20, 40, 60])
 def test_every_lever_said_to_fit_does_fit(capacity: int) -> None:
     data = with_capacity(LLAMA_JOB, capacity)
-    training = TrainingSetup(grad_bytes=4)
+    training = TrainingSetup(grad_bytes=4, levers=LEVER_LABELS)
     _, found = plan_of(data, training)
     (d,) = found
     assert d.code == "MDC260" and d.hint

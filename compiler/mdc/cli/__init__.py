@@ -1,4 +1,5 @@
-"""The ``mdc`` command line: compile, validate, explain, schema, plugins, import, rehearse.
+"""The ``mdc`` command line: compile, validate, explain, schema, plugins, import, rehearse,
+init, completion.
 
 ``main(argv) -> int`` is for tests and embedding; ``run()`` is the console
 script and raises ``SystemExit``.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -23,15 +25,32 @@ Command = Callable[[argparse.Namespace, "Output"], int]
 
 
 class Output:
-    """Where results (stdout) and diagnostics (stderr) go, in text or JSON."""
+    """Where results (stdout) and diagnostics (stderr) go, in text or JSON.
 
-    def __init__(self, fmt: str, stdout: TextIO, stderr: TextIO) -> None:
-        self.fmt, self.stdout, self.stderr = fmt, stdout, stderr
+    ``quiet`` silences the closing summaries (never a diagnostic); colour follows each
+    stream (a terminal, NO_COLOR, FORCE_COLOR).
+    """
+
+    def __init__(self, fmt: str, stdout: TextIO, stderr: TextIO, quiet: bool = False) -> None:
+        self.fmt, self.stdout, self.stderr, self.quiet = fmt, stdout, stderr, quiet
+
+    def colour(self, stream: TextIO) -> bool:
+        from mdc.cli.report import use_colour
+
+        return use_colour(stream)
 
     def diagnostics(self, items: Sequence[Diagnostic]) -> None:
-        if self.fmt == "text":
+        if self.fmt == "text" and items:
+            from mdc.cli.report import paint_diagnostic
+
+            colour = self.colour(self.stderr)
             for d in sort_diagnostics(items):
-                print(d.render(), file=self.stderr)
+                print(paint_diagnostic(d.render(), colour), file=self.stderr)
+
+    def summary(self, text: str) -> None:
+        """A closing summary on stdout: text format only, and not under ``-q``."""
+        if self.fmt == "text" and not self.quiet:
+            self.stdout.write(text)
 
     def json(self, value: object) -> None:
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), file=self.stdout)
@@ -49,7 +68,8 @@ def _compiler(args: argparse.Namespace) -> Compiler:
 def cmd_compile(args: argparse.Namespace, out: Output) -> int:
     from mdc import emit
 
-    compiled = _compiler(args).compile(args.spec)
+    compiler = _compiler(args)
+    compiled = compiler.compile(args.spec)
     out.diagnostics(compiled.diagnostics)
     target = Path(args.output)
     if args.check:
@@ -64,6 +84,9 @@ def cmd_compile(args: argparse.Namespace, out: Output) -> int:
             )
         for line in lines if out.fmt == "text" else ():
             print(f"{target}: {line}", file=out.stderr)
+        if lines and out.fmt == "text":
+            refresh = shlex.join(["mdc", "compile", args.spec, "-o", args.output])
+            print(f"mdc: {target} is out of date; refresh it with: {refresh}", file=out.stderr)
         return ExitCode.SPEC_INVALID if lines else ExitCode.OK
     if not emit.is_replaceable(target):
         print(
@@ -81,26 +104,66 @@ def cmd_compile(args: argparse.Namespace, out: Output) -> int:
                 "diagnostics": [d.to_json() for d in compiled.diagnostics],
             }
         )
+    if not out.quiet and out.fmt == "text":
+        from mdc.api import BackendSpec
+        from mdc.cli.report import compile_summary
+
+        plan = compiled.plan
+        backend = compiler.plugins.backends[plan.backend].record
+        shown = os.path.normpath(args.output)
+        run_command = backend.run_command if isinstance(backend, BackendSpec) else None
+        out.summary(
+            compile_summary(
+                plan,
+                [a.path for a in compiled.tree],
+                shown,
+                run_command,
+                len(compiled.diagnostics),
+                out.colour(out.stdout),
+            )
+        )
     return ExitCode.OK
 
 
 def cmd_validate(args: argparse.Namespace, out: Output) -> int:
-    compiler = _compiler(args)
+    from mdc.cli.specs import find_specs, no_specs
+
+    files: list[str] = []
     found: list[Diagnostic] = []
-    for path in args.files:
+    invalid = 0
+    for given in args.files:
+        if not Path(given).is_dir():
+            files.append(given)
+            continue
+        in_folder = find_specs(Path(given))
+        files += [str(p) for p in in_folder]
+        if not in_folder:
+            found.append(no_specs(given))
+            invalid += 1
+    compiler = _compiler(args)
+    ok = 0
+    for path in files:
         try:
             found += compiler.compile(path, tree=False).diagnostics
+            ok += 1
         except SpecError as exc:
             found += exc.diagnostics
+            invalid += 1
     out.diagnostics(found)
+    errors = sum(d.is_error for d in found)
     if out.fmt == "json":
         out.json(
             {
-                "ok": not any(d.is_error for d in found),
+                "ok": not errors,
                 "diagnostics": [d.to_json() for d in sort_diagnostics(found)],
             }
         )
-    return ExitCode.SPEC_INVALID if any(d.is_error for d in found) else ExitCode.OK
+    else:
+        from mdc.cli.report import validate_summary
+
+        warnings = len(found) - errors
+        out.summary(validate_summary(ok, invalid, errors, warnings, out.colour(out.stdout)))
+    return ExitCode.SPEC_INVALID if errors else ExitCode.OK
 
 
 def cmd_explain(args: argparse.Namespace, out: Output) -> int:
@@ -161,6 +224,69 @@ def cmd_rehearse(args: argparse.Namespace, out: Output) -> int:
     return rehearse(args, _compiler(args), out)
 
 
+def cmd_tune(args: argparse.Namespace, out: Output) -> int:
+    from mdc.tune.cli import cmd_tune as tune
+
+    return tune(args, _compiler(args), out)
+
+
+def cmd_init(args: argparse.Namespace, out: Output) -> int:
+    from mdc.api import BackendSpec
+    from mdc.cli.init import starter
+
+    plugins = _compiler(args).plugins
+    for kind, name, known in (
+        ("launcher", args.launcher, plugins.launchers),
+        ("backend", args.backend, plugins.backends),
+    ):
+        if name not in known:
+            from mdc.suggest import did_you_mean
+
+            near = did_you_mean(name, known)
+            guess = f"did you mean {near!r}? " if near else ""
+            print(
+                f"mdc: no {kind} named {name!r} is installed; {guess}"
+                f"installed: {', '.join(sorted(known))} (see `mdc plugins`)",
+                file=out.stderr,
+            )
+            return ExitCode.USAGE
+    backend = plugins.backends[args.backend].record
+    runs = backend.launchers if isinstance(backend, BackendSpec) else None
+    if runs is not None and args.launcher not in runs:
+        print(
+            f"mdc: the {args.backend} backend does not run the {args.launcher} launcher "
+            f"(it runs {', '.join(runs)})",
+            file=out.stderr,
+        )
+        return ExitCode.USAGE
+    text = starter(args.launcher, args.backend)
+    if args.output == "-":
+        out.stdout.write(text)
+        return ExitCode.OK
+    target = Path(args.output)
+    if target.exists() and not args.force:
+        print(f"mdc: {target} exists; pass --force to replace it", file=out.stderr)
+        return ExitCode.USAGE
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text.replace("THIS_FILE", shlex.quote(str(target))), encoding="utf-8")
+    except OSError as exc:
+        print(f"mdc: cannot write {target}: {exc.strerror}", file=out.stderr)
+        return ExitCode.USAGE
+    out.summary(
+        f"wrote {target}: a starter spec, {args.launcher} on {args.backend}\n"
+        f"next: edit the lines marked EDIT, then mdc validate {shlex.quote(str(target))}\n"
+    )
+    return ExitCode.OK
+
+
+def cmd_completion(args: argparse.Namespace, out: Output) -> int:
+    from argcomplete.shell_integration import shellcode
+
+    out.stdout.write(shellcode(["mdc"], shell=args.shell))
+    return ExitCode.OK
+
+
 def _blocked_name(value: str) -> str:
     if not value.startswith("no:") or len(value) == 3:
         raise argparse.ArgumentTypeError(f"expected no:NAME to block a plugin, got {value!r}")
@@ -187,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="load only mdc's own plugins (also MDC_DISABLE_PLUGIN_AUTOLOAD=1)",
     )
     common.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print no summary, only diagnostics and requested output",
+    )
+    common.add_argument(
         "--traceback",
         action="store_true",
         help="show the full traceback of plugin and internal errors",
@@ -209,12 +341,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="write nothing; exit 1 if the output directory differs"
     )
     p = add("validate", cmd_validate, "check specs without writing anything")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="specs, or folders searched for .toml/.yaml/.yml/.json specs",
+    )
     p = add("explain", cmd_explain, "describe the plan: sizes, batch, nodes, groups")
     p.add_argument("spec")
     p.add_argument("--svg", metavar="FILE", help="also draw the rank map (nodes x GPUs) as SVG")
     add("schema", cmd_schema, "print the composed JSON Schema")
     add("plugins", cmd_plugins, "list the launchers and backends installed")
+    p = add("init", cmd_init, "write an annotated starter spec that compiles")
+    p.add_argument("--launcher", required=True, help="the launcher (see `mdc plugins`)")
+    p.add_argument("--backend", default="local", help="the backend (default local)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="job.toml",
+        metavar="SPEC",
+        help="where (default job.toml; - for stdout)",
+    )
+    p.add_argument("--force", action="store_true", help="replace SPEC if it exists")
+    p = add("completion", cmd_completion, "print the shell completion script")
+    p.add_argument(
+        "shell",
+        choices=("bash", "zsh", "fish"),
+        help='e.g. eval "$(mdc completion bash)" in ~/.bashrc',
+    )
     p = add("import", cmd_import, "translate another tool's config into an mdc spec")
     p.add_argument("tool", choices=("madengine",), help="the tool that wrote CONFIG")
     p.add_argument("config", metavar="CONFIG", help="its config file")
@@ -251,6 +405,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
         "DIR and keep them (default: a temporary directory, removed)",
     )
+    from mdc.tune.cli import add_arguments as tune_arguments
+
+    tune_arguments(
+        add(
+            "tune",
+            cmd_tune,
+            "search the layouts the spec leaves open and rank them by predicted throughput",
+        )
+    )
     return parser
 
 
@@ -258,11 +421,16 @@ def main(
     argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asks for completions (`mdc completion`)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    out = Output(args.format, stdout, stderr)
+    out = Output(args.format, stdout, stderr, quiet=args.quiet)
     try:
         return int(args.func(args, out))
     except SpecError as exc:

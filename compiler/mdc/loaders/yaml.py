@@ -129,7 +129,8 @@ def parse_thorough(text: str, path: str) -> LoadedDocument:
         if exc.context and context is not None and context is not mark:
             message += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
         line, col = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
-        raise syntax_error(path, f"YAML: {message}", line, col) from None
+        hint = indentation_hint(exc.problem or "")
+        raise syntax_error(path, f"YAML: {message}", line, col, hint=hint) from None
     except (YAMLError, RecursionError) as exc:
         raise syntax_error(path, f"YAML: {exc}", None, None) from None
     except Exception as exc:  # noqa: BLE001 - ruamel's own bugs on some malformed nodes
@@ -438,3 +439,21 @@ def _plain_scalar(text: str) -> object:
     ):
         raise _Declined  # merge, value, octal, hex, "1_000", "1e3", ".inf", dates, ...
     return text
+
+
+def indentation_hint(problem: str) -> str | None:
+    """A hint for the parser's complaints that mean a line is indented wrongly."""
+    if "character '\\t'" in problem or "\t" in problem:  # ruamel shows a tab as \t
+        return "YAML indents with spaces only: replace the tab with spaces"
+    if problem == "mapping values are not allowed here":
+        return (
+            "this key is indented deeper than the key above it, which YAML reads as part of "
+            "that key's value: give every key of a table the same indentation (or quote a "
+            "value that holds ': ')"
+        )
+    if problem.startswith("expected <block end>") or "did not find expected key" in problem:
+        return (
+            "a line here is indented differently from the keys of its table: every key of "
+            "a table takes the same number of spaces, and a nested table more"
+        )
+    return None

@@ -130,7 +130,7 @@ def build_plan(
             "/distributed/min_nnodes",
             f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
         )
-    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found)
+    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found, disaggregated or serving)
     if sizes:
         batch = _batch(spec, sizes, found)
     else:
@@ -139,7 +139,8 @@ def build_plan(
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
     if sizes and spec.model is not None:
         _model_rules(spec, sizes, found, serving)
-    if layout is not None and sizes is not None:
+    if layout is not None and sizes is not None and not (disaggregated or serving):
+        # a serving engine's tp spanning nodes is a deployment choice (multi-node servers)
         _span_warnings(layout, sizes, nproc, found)
     memory = None
     if not found.errors and sizes is not None:
@@ -183,16 +184,19 @@ def build_plan(
 
 
 def _parallel(
-    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings
+    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings, serving: bool
 ) -> tuple[Sizes | None, RankLayout | None]:
     par = spec.parallelism
     world = nnodes * nproc
     model_parallel = parallelism == "model"
     tp = par.tp or (nproc if model_parallel else 1)
-    pp = par.pp or (nnodes if model_parallel else 1)
+    # a written dp says the nodes hold replicas, not pipeline stages
+    pp = par.pp or (nnodes if model_parallel and par.dp is None else 1)
     cp = par.cp or 1
     ep = par.ep or 1
-    etp = par.etp or tp
+    # vLLM and SGLang split experts over ep ranks and the rest of tp (SGLang's
+    # moe_tp_size = tp_size / ep_size; vLLM's expert parallelism has no expert tp)
+    etp = par.etp or (max(1, tp // ep) if serving and ep > 1 else tp)
     written = [a for a in ("tp", "pp", "cp") if getattr(par, a) is not None]
     model_size = tp * pp * cp
     if world % model_size:
@@ -229,7 +233,14 @@ def _parallel(
             "/parallelism/vpp",
             "remove vpp, or set pp > 1",
         )
-    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp)
+    defaults = {}
+    if par.tp is None and model_parallel:
+        defaults["tp"] = "nproc_per_node"
+    if par.pp is None and model_parallel and par.dp is None:
+        defaults["pp"] = "nnodes"
+    if par.etp is None:
+        defaults["etp"] = "tp / ep" if serving and ep > 1 else "tp"
+    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp, defaults=defaults)
     return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
 
 

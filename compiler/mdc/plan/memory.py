@@ -30,7 +30,17 @@ model) is not counted. The general layout replaces, as Megatron-Core builds it:
 * ``position_embedding = "rope"`` has no parameters (``"learned"``: s*h);
 * ``tied_embeddings = false`` adds the output matrix V*h;
 * MoE (``num_experts`` E): every layer's MLP becomes a router (E*h) and E
-  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size).
+  experts of width ``moe_ffn_hidden_size`` (default ffn_hidden_size), with a bias
+  each (and the router one per expert) when ``bias`` is on;
+* the architecture keys (docs/model.md): ``kv_channels`` sets d; ``qk_layernorm``
+  adds two norms of d; ``add_qkv_bias`` a QKV bias; ``softmax_type = "learnable"`` one
+  offset per head; multi-latent attention replaces QKV by its down and up projections;
+  a shared expert adds an MLP of its width to each MoE layer; ``moe_layer_freq`` makes
+  some layers dense; each MTP layer is a copy of the last layer plus two norms, a
+  2h x h projection and a final norm; a hybrid pattern makes each layer one part
+  (Mamba-2, attention, MLP or MoE, each with its norm). A stage's parameters and
+  activations are the sum over the parts of the layers it holds
+  (:mod:`mdc.plan.architecture` says which).
 
 Llama-3-8B (l 32, h 4096, a 32, g 8, f 14336, V 128256, gated, untied, rope,
 no bias, RMSNorm) gives 8,030,257,152 (published: 8.03e9).
@@ -160,6 +170,8 @@ class Shape:
     latent: Latent | None = None
     #: the shared expert's width (0: none)
     shared_ffn: int = 0
+    #: the routed experts' latent width (0: they work in the hidden size)
+    moe_latent: int = 0
     mtp_layers: int = 0
     mamba: Mamba | None = None
 
@@ -203,6 +215,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         sinks=model.softmax_type == "learnable",
         latent=latent_of(model),
         shared_ffn=(model.moe_shared_expert_intermediate_size or 0) if model.num_experts else 0,
+        moe_latent=(model.moe_latent_size or 0) if model.num_experts else 0,
         mtp_layers=model.mtp_num_layers or 0,
         mamba=mamba_of(model),
     )
@@ -260,9 +273,10 @@ def _attention(shape: Shape, tp: int) -> int:
     return shape.norm + h * qkv + qkv_bias + q * h + b * h + qk_norms + sinks
 
 
-def _mlp(shape: Shape, width: int, split: int, bias: bool) -> int:
-    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up)."""
-    h, b, f = shape.hidden, int(bias), _split(width, split)
+def _mlp(shape: Shape, width: int, split: int, bias: bool, outer: int = 0) -> int:
+    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up), from and
+    to ``outer`` (default the hidden size)."""
+    h, b, f = outer or shape.hidden, int(bias), _split(width, split)
     gates = 2 if shape.gated else 1
     return h * gates * f + b * gates * f + f * h + b * h
 
@@ -272,9 +286,13 @@ def _moe(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
     router = shape.experts * shape.hidden + (shape.experts if shape.bias else 0)
     shared = _mlp(shape, shape.shared_ffn, tp, False) if shape.shared_ffn else 0
     local = _split(shape.experts, ep)
+    # MoE latent projections (--moe-latent-size): the routed experts work in the latent
+    # width, between a replicated down (h -> latent) and up (latent -> h) projection
+    h, latent, b = shape.hidden, shape.moe_latent, int(shape.bias)
+    projections = 2 * h * latent + b * (latent + h) if latent else 0
     return _LayerParams(
-        dense=shape.norm + router + shared,
-        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias),
+        dense=shape.norm + router + shared + projections,
+        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias, latent),
     )
 
 
@@ -383,19 +401,49 @@ class _PartActivations:
     replicated: Fraction = Fraction(0)
     split: Fraction = Fraction(0)
     scores: Fraction = Fraction(0)
+    #: what Megatron-Core's selective recompute of a module drops, by module name
+    #: ("layernorm": the norm's output, part of the replicated share; "mlp", "moe",
+    #: "moe_act", "shared_experts": parts of the split share)
+    modules: tuple[tuple[str, Fraction], ...] = ()
 
     def full(self, sp: int) -> Fraction:
         return self.replicated / sp + self.split + self.scores
 
+    def selective(self, sp: int, modules: tuple[str, ...]) -> Fraction:
+        """What the part keeps when the listed modules are recomputed."""
+        chosen = set(modules)
+        if "moe" in chosen:  # the whole MoE layer: its activation function with it
+            chosen -= {"moe_act", "shared_experts"}
+        kept = self.full(sp) - (self.scores if "core_attn" in chosen else 0)
+        for name, size in self.modules:
+            if name in chosen:
+                kept -= size / sp if name == "layernorm" else size
+        return kept
 
-def _part_activations(shape: Shape, sizes: Sizes, micro: int) -> dict[str, _PartActivations]:
+
+def _part_activations(
+    shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup
+) -> dict[str, _PartActivations]:
     """Each part's activations (Korthikanti et al.'s terms, split by part)."""
     t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
     tokens = Fraction(shape.seq, sizes.cp) * micro
     h = shape.hidden
+    # fp8 training: Transformer Engine keeps a linear layer's input for its backward pass
+    # in fp8 (1 byte); the norms, attention and activation functions keep 16 bits
+    gemm_in = 1 if shape.dtype == "fp8" else act
+    norm_output = ("layernorm", gemm_in * tokens * h)
+    # per ffn column: the first matrix's outputs (gate and up, or one) and the second
+    # matrix's input
+    ffn_bytes = act * (intermediates_of(shape) - 1) + gemm_in
+    # experts padded to their capacity hold capacity-factor times the even share of tokens
+    capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
+    routed = tokens * shape.topk * capacity
+    experts = routed * (
+        ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * (shape.moe_latent or h)
+    )
+    shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
     # every part keeps its norm's input, its first matrix's input and a dropout mask
-    inputs = (2 * act + 1) * tokens * h
-    intermediates = 3 if shape.gated else 2
+    inputs = (act + gemm_in + 1) * tokens * h
     latent = shape.latent
     if latent is not None:
         # Q and K of qk + rope width, V and the projection input of v width, per head; the
@@ -410,19 +458,25 @@ def _part_activations(shape: Shape, sizes: Sizes, micro: int) -> dict[str, _Part
         kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
         split = act * tokens * (2 * q + 2 * kv)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
+    mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
     parts = {
-        "attention": _PartActivations(replicated=inputs, split=split, scores=Fraction(scores)),
+        "attention": _PartActivations(
+            replicated=inputs, split=split, scores=Fraction(scores), modules=(norm_output,)
+        ),
         "mlp": _PartActivations(
-            replicated=(2 * act + 1) * tokens * h,
-            split=act * tokens * intermediates * Fraction(shape.ffn, t),
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=mlp,
+            modules=(norm_output, ("mlp", mlp)),
         ),
         "moe": _PartActivations(
-            replicated=(2 * act + 1) * tokens * h,
-            split=act
-            * tokens
-            * shape.topk
-            * (intermediates * Fraction(shape.moe_ffn, sizes.etp) + h)
-            + act * tokens * intermediates * Fraction(shape.shared_ffn, t),
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=experts + shared,
+            modules=(
+                norm_output,
+                ("moe", experts + shared),
+                ("moe_act", routed * gemm_in * Fraction(shape.moe_ffn, sizes.etp)),
+                ("shared_experts", shared),
+            ),
         ),
     }
     m = shape.mamba
@@ -431,9 +485,16 @@ def _part_activations(shape: Shape, sizes: Sizes, micro: int) -> dict[str, _Part
         # C, dt), the scan's output, and the gated norm's output that out_proj keeps
         width = 4 * m.inner + 2 * m.groups * m.state + m.heads
         parts["mamba"] = _PartActivations(
-            replicated=(2 * act + 1) * tokens * h, split=act * tokens * Fraction(width, t)
+            replicated=(act + gemm_in + 1) * tokens * h,
+            split=act * tokens * Fraction(width, t),
+            modules=(norm_output,),
         )
     return parts
+
+
+def intermediates_of(shape: Shape) -> int:
+    """MLP intermediates kept per token and ffn column: gate, up and product, or two."""
+    return 3 if shape.gated else 2
 
 
 def _activations(
@@ -448,24 +509,72 @@ def _activations(
     activations, which full recompute holds while it recomputes one layer)."""
     t = sizes.tp
     sp = t if training.sequence_parallel and t > 1 else 1
-    each = _part_activations(shape, sizes, micro)
+    each = _part_activations(shape, sizes, micro, training)
     counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
     counts["mamba"] = parts.mamba
     full = sum((counts[kind] * each[kind].full(sp) for kind in counts if counts[kind]), Fraction(0))
-    scores = sum((counts[kind] * each[kind].scores for kind in counts if counts[kind]), Fraction(0))
+    modules = training.recompute_modules or ("core_attn",)
+    selective = sum(
+        (counts[kind] * each[kind].selective(sp, modules) for kind in counts if counts[kind]),
+        Fraction(0),
+    )
     present = [kind for kind in counts if counts[kind]]
     if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
         mlps = [each[k].full(sp) for k in ("mlp", "moe") if counts[k]]
         heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
     else:
         heaviest = max((each[k].full(sp) for k in present), default=Fraction(0))
+    # layers whose activations are offloaded keep nothing here (an even share of each kind)
+    on_gpu = Fraction(max(layers - training.offload_layers, 0), layers) if layers else Fraction(0)
     if training.recompute == "full":
         act = 4 if shape.dtype == "fp32" else 2
-        tokens = Fraction(shape.seq, sizes.cp) * micro
-        return layers * act * tokens * shape.hidden / sp, heaviest
+        layer_input = act * Fraction(shape.seq, sizes.cp) * micro * shape.hidden / sp
+        return _full_recompute(full, layer_input, heaviest, layers, sizes.vpp or 1, training)
     if training.recompute == "selective":
-        return full - scores, heaviest
-    return full, heaviest
+        return selective * on_gpu, heaviest
+    return full * on_gpu, heaviest
+
+
+def _full_recompute(
+    full: Fraction,
+    layer_input: Fraction,
+    heaviest: Fraction,
+    layers: int,
+    chunks: int,
+    training: TrainingSetup,
+) -> tuple[Fraction, Fraction]:
+    """Full recompute of ``layers`` layers in ``chunks`` model chunks (Megatron-Core):
+    uniform keeps the input of each run of recompute_num_layers layers and holds one run's
+    activations while it recomputes; block recomputes the first recompute_num_layers
+    layers of each chunk and keeps the others' activations. (kept, working set)"""
+    if not layers:
+        return Fraction(0), Fraction(0)
+    per_chunk = math.ceil(Fraction(layers, chunks))
+    count = training.recompute_num_layers or 1
+    if training.recompute_every:  # every n-th layer: its input only; the others all
+        again = layers // training.recompute_every
+        kept = again * layer_input + full * Fraction(layers - again, layers)
+        return kept, heaviest if again else Fraction(0)
+    if training.recompute_method == "block":
+        again = min(count, per_chunk) * chunks
+        rest = max(layers - again, 0)
+        kept = min(again, layers) * layer_input + full * Fraction(rest, layers)
+        return kept, heaviest
+    runs = math.ceil(Fraction(per_chunk, count)) * chunks
+    return runs * layer_input, min(count, per_chunk) * heaviest
+
+
+def _dispatch_buffer(
+    shape: Shape, parts: Parts, sizes: Sizes, micro: int, training: TrainingSetup
+) -> Fraction:
+    """The allgather dispatcher's gathered tokens of the tp * ep group, held while one MoE
+    layer runs (the alltoall and flex dispatchers keep only the routed copies)."""
+    if not parts.moe or training.moe_dispatcher != "allgather" or sizes.tp * sizes.ep == 1:
+        return Fraction(0)
+    act = 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, sizes.cp) * micro
+    local = tokens / sizes.tp if training.sequence_parallel and sizes.tp > 1 else tokens
+    return act * local * sizes.tp * sizes.ep * shape.hidden
 
 
 def stage_estimates(
@@ -508,9 +617,11 @@ def stage_estimates(
                 last_extra,
             ),
         ]
-    w = WEIGHT_BYTES.get(shape.dtype, 2)
+    w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
+    layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
-    o = 8 if w >= 4 else 12
+    o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
+    on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     zero = max(0, min(3, training.zero_stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
@@ -520,14 +631,12 @@ def stage_estimates(
         params = _layers(shape, first, stop, tp, ep, etp) + extra_params
         dense, expert = params.dense + ends, params.expert
 
-        def sharded(per_param: int, stage: int, dense: int = dense, expert: int = expert) -> int:
+        def sharded(
+            per_param: Fraction, stage: int, dense: int = dense, expert: int = expert
+        ) -> Fraction:
             on = zero >= stage
-            return _ceil(
-                per_param
-                * (
-                    Fraction(dense, shard if on else 1)
-                    + Fraction(expert, expert_shard if on else 1)
-                )
+            return per_param * (
+                Fraction(dense, shard if on else 1) + Fraction(expert, expert_shard if on else 1)
             )
 
         factor = Fraction(1)
@@ -536,8 +645,16 @@ def stage_estimates(
         parts = shape.pattern.parts(first, stop)
         kept, heaviest = _activations(shape, parts, stop - first, sizes, micro, training)
         recomputing = heaviest if training.recompute == "full" else 0
+        recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
-        weights, gradients, optimizer = sharded(w, 3), sharded(g, 2), sharded(o, 1)
+        # fp8 parameters: the layers' weights in 1 byte, the embeddings in the dtype's
+        weights = _ceil(
+            sharded(Fraction(layer_w), 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0)
+        )
+        gradients = _ceil(sharded(Fraction(g), 2))
+        if training.param_offload:
+            weights = gradients = 0
+        optimizer = _ceil(sharded(o * on_gpu, 1))
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
@@ -545,7 +662,7 @@ def stage_estimates(
                 stage=name,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
-                weight_bytes=w,
+                weight_bytes=layer_w,
                 grad_bytes=g,
                 optimizer_bytes=o,
                 zero_stage=zero,
@@ -668,18 +785,43 @@ def _levers(
             spans = " (spans nodes)" if axis == "tp" and value > context.nproc_per_node else ""
             options.append((f"{axis} {value}{spans}", resized, rebatched, training))
         yield options
+    keys = dict(training.levers)
     if max(sizes.dp * sizes.cp, sizes.edp) > 1:
         yield [
-            (f"zero stage {stage}", sizes, batch, attrs.evolve(training, zero_stage=stage))
+            (keys[f"zero {stage}"], sizes, batch, attrs.evolve(training, zero_stage=stage))
             for stage in range(training.zero_stage + 1, 4)
+            if f"zero {stage}" in keys
         ]
-    if sizes.tp > 1 and not training.sequence_parallel:
-        yield [("sequence parallel", sizes, batch, attrs.evolve(training, sequence_parallel=True))]
+    if "optimizer offload" in keys and training.optimizer_offload < 1:
+        yield [
+            (keys["optimizer offload"], sizes, batch, attrs.evolve(training, optimizer_offload=1.0))
+        ]
+    if sizes.tp > 1 and not training.sequence_parallel and "sequence parallel" in keys:
+        yield [
+            (
+                keys["sequence parallel"],
+                sizes,
+                batch,
+                attrs.evolve(training, sequence_parallel=True),
+            )
+        ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
     yield [
-        (f'recompute "{mode}"', sizes, batch, attrs.evolve(training, recompute=mode))
+        (
+            keys[f"recompute {mode}"],
+            sizes,
+            batch,
+            attrs.evolve(
+                training,
+                recompute=mode,
+                recompute_method=None,
+                recompute_num_layers=None,
+                recompute_modules=None,
+            ),
+        )
         for mode in modes[after:]
+        if f"recompute {mode}" in keys
     ]
     if batch is not None and batch.micro_batch_size > 1:
         options = []

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from mdc.errors import Diagnostic
+from mdc.hardware import Accelerator
 from mdc.plan.ranks import GroupSet, RankGrid
 from mdc.spec import JobTable, ModelTable
 
@@ -42,6 +43,9 @@ class Sizes:
     edp: int
     #: virtual pipeline stages per pipeline rank (None: no interleaving)
     vpp: int | None = None
+    #: the sizes the spec did not write that mdc derived from another value, and from which
+    #: (``{"tp": "nproc_per_node", "pp": "nnodes"}``), for explain and plan.json
+    defaults: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -111,6 +115,35 @@ class TrainingSetup:
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
     #: stage shards within each (over dp * cp / replicas ranks); must divide dp
     replicas: int = 1
+    #: bytes per weight element when the launcher keeps them in another precision than
+    #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
+    weight_bytes: int | None = None
+    #: bytes per element of the transformer layers' weights when the launcher keeps them
+    #: in another precision than [model] dtype (fp8 parameters: 1); None: the dtype's
+    layer_weight_bytes: int | None = None
+    #: bytes per parameter of optimizer state; None: Adam's 12 (mixed precision) or 8 (fp32)
+    optimizer_bytes: int | None = None
+    #: share of the optimizer state kept in host memory, 0 to 1
+    optimizer_offload: float = 0.0
+    #: weights and gradients kept in host memory (ZeRO-3 offload_param, FSDP2 CPU offload)
+    param_offload: bool = False
+    #: full recompute: "uniform" or "block", and how many layers (None: every layer)
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    #: full recompute of every n-th layer only (TorchTitan's selective_ac_option = n)
+    recompute_every: int | None = None
+    #: selective recompute: the modules, in Megatron-Core's names (None: the attention core)
+    recompute_modules: tuple[str, ...] | None = None
+    #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
+    offload_layers: int = 0
+    #: MoE token dispatcher: "allgather" gathers the tp * ep group's tokens in every layer
+    moe_dispatcher: str | None = None
+    #: MoE: each expert's input padded to this capacity factor (None: dropless)
+    moe_capacity_factor: float | None = None
+    #: what the memory hint may propose, as the launcher spells it: (lever, setting) pairs
+    #: for the levers "zero 1".."zero 3", "sequence parallel", "recompute selective",
+    #: "recompute full", "optimizer offload"; a lever not listed is not proposed
+    levers: tuple[tuple[str, str], ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -142,6 +175,8 @@ class Plan:
     memory: MemoryEstimate | None = None
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
+    #: the catalogue entry [distributed] accelerator_model names (None: not named)
+    hardware: Accelerator | None = None
 
     @property
     def world_size(self) -> int:

@@ -204,7 +204,8 @@ def _check_vllm(
     if not ray_mode:
         for node in range(plan["nnodes"]):
             if servers.get(node) is None:
-                found.append(f"node {node}: no vllm serve (every node serves a replica)")
+                found.append(f"node {node}: no vllm serve (every node runs a server or engines)")
+        found += _check_vllm_dp(plan, servers, hosts, node_at)
         return found
     head_port = None
     for node, entries in sorted(records.items()):
@@ -243,6 +244,68 @@ def _check_vllm(
     return found
 
 
+def _check_vllm_dp(
+    plan: dict[str, Any], servers: dict[int, Any], hosts: list[str], node_at: Any
+) -> list[str]:
+    """Data parallel over nodes: node 0 serves, the others run headless engines at node 0."""
+    found: list[str] = []
+    first = servers.get(0)
+    if first is None or _value(first["argv"], "--data-parallel-size-local") is None:
+        return found  # replicas: independent servers
+    local = int(_value(first["argv"], "--data-parallel-size-local") or 0)
+    for node, server in sorted(servers.items()):
+        if server is None:
+            continue
+        argv = server["argv"]
+        address = _value(argv, "--data-parallel-address")
+        if node_at(address, "--data-parallel-address", node) not in (0, None):
+            found.append(f"node {node}: --data-parallel-address {address} is not node 0")
+        if _value(argv, "--data-parallel-rpc-port") != str(plan["rendezvous"]["master_port"]):
+            found.append(
+                f"node {node}: --data-parallel-rpc-port {_value(argv, '--data-parallel-rpc-port')}"
+                f", the plan's master port is {plan['rendezvous']['master_port']}"
+            )
+        if server["env"].get("VLLM_HOST_IP") != hosts[node]:
+            found.append(
+                f"node {node}: VLLM_HOST_IP is {server['env'].get('VLLM_HOST_IP')!r}, its "
+                f"address is {hosts[node]}"
+            )
+        start = _value(argv, "--data-parallel-start-rank")
+        headless = "--headless" in argv
+        if node == 0 and (headless or start is not None):
+            found.append("node 0 (the API server) runs headless or with a start rank")
+        if node > 0 and (not headless or start != str(node * local)):
+            found.append(
+                f"node {node}: --headless {headless}, --data-parallel-start-rank {start}; "
+                f"its engines start at rank {node * local}"
+            )
+    return found
+
+
+def _check_server_nodes(
+    plan: dict[str, Any], node: int, role: str, argv: list[str], node_at: Any
+) -> list[str]:
+    """A server over several nodes: its nodes agree on its size, rank and first node."""
+    found: list[str] = []
+    size = int(_value(argv, "--nnodes") or 1)
+    if size == 1:
+        return found
+    (first_of_role,) = [r["first_node"] for r in plan["roles"] if r["name"] == role]
+    first = first_of_role + (node - first_of_role) // size * size
+    rank = _value(argv, "--node-rank")
+    if rank != str(node - first):
+        found.append(f"node {node} ({role}): --node-rank {rank}, its server starts at node {first}")
+    init = _value(argv, "--dist-init-addr") or ""
+    host, _, _port = init.rpartition(":")
+    at = node_at(host, "--dist-init-addr's host", node)
+    if at not in (first, None):
+        found.append(
+            f"node {node} ({role}): --dist-init-addr {init} is node {at}, its server's first "
+            f"node is {first}"
+        )
+    return found
+
+
 def _check_disagg(
     plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str], node_at: Any
 ) -> list[str]:
@@ -265,6 +328,7 @@ def _check_disagg(
             mode = _value(argv, "--disaggregation-mode")
             if module != "sglang.launch_server" or mode != role:
                 found.append(f"node {node} ({role}) runs {module} --disaggregation-mode {mode}")
+            found += _check_server_nodes(plan, node, role, argv, node_at)
     routers = [n for n, s in servers.items() if s["argv"][1] in ROUTERS]
     if routers != [0]:
         found.append(f"the router runs on node(s) {routers}, the plan puts it on node 0")
@@ -300,7 +364,13 @@ def _check_disagg(
                     f"node {node}'s bootstrap server is on {theirs}"
                 )
     for kind in ("prefill", "decode"):
-        wanted = [n for n in range(len(hosts)) if _role_of(plan, n) == kind]
+        # the router knows a server by its first node (--node-rank 0)
+        wanted = [
+            n
+            for n in range(len(hosts))
+            if _role_of(plan, n) == kind
+            and _value(servers.get(n, {}).get("argv", []), "--node-rank") in (None, "0")
+        ]
         if sorted(pointed[kind]) != wanted:
             found.append(
                 f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "

@@ -1,10 +1,11 @@
 """The checks of a Kubernetes backend's pod options and files that the apiserver would
-otherwise refuse at apply time (MDC460, MDC462-467)."""
+otherwise refuse at apply time (MDC460, MDC462-467, MDC472)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from decimal import Decimal
 
 from mdc.api import Artifact, Finding, Plan, Severity
 
@@ -14,6 +15,27 @@ from .k8s_pod import CONFIGMAP_LIMIT, config_key
 
 #: a Kubernetes resource quantity: a number with an optional binary/decimal suffix or exponent
 QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
+_SUFFIXES = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** e
+        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
+    },
+}
+
+
+def whole_quantity(text: str) -> bool:
+    """Whether a quantity (already matching :data:`QUANTITY`) is a whole number, as the
+    apiserver requires of extended resources such as nvidia.com/gpu (IsIntegerResourceName)."""
+    match = QUANTITY.fullmatch(text)
+    if match is None:
+        return False
+    suffix = match.group(3) or ""
+    if suffix[:1] in ("e", "E"):
+        value = Decimal(text)
+    else:
+        value = Decimal(text[: len(text) - len(suffix)]) * _SUFFIXES.get(suffix, Decimal(1))
+    return value == value.to_integral_value()
 
 
 def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
@@ -61,6 +83,17 @@ def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
                 message=f"[{table}] {key} {str(value)!r} is not a Kubernetes quantity",
                 hint='write a number with an optional suffix: "64Gi", "500m", 8',
             )
+    gpus = opts.gpus_per_node
+    if gpus is not None and QUANTITY.fullmatch(str(gpus)) and not whole_quantity(str(gpus)):
+        yield Finding(
+            code="MDC472",
+            pointer=f"/{table}/gpus_per_node",
+            message=f"[{table}] gpus_per_node {str(gpus)!r} is not a whole number; the "
+            "apiserver refuses a fractional quantity of an extended resource (a GPU "
+            "is handed out whole)",
+            hint="write a whole number of GPUs, as 1 or 8 (GPU sharing is the device "
+            "plugin's time-slicing or MIG, with their own resource names)",
+        )
     if opts.gpu_resource is not None:
         prefix, _, name = opts.gpu_resource.rpartition("/")
         if not prefix or not DNS_SUBDOMAIN.fullmatch(prefix) or not LABEL_NAME.fullmatch(name):

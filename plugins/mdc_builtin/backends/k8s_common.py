@@ -23,12 +23,17 @@ Shared diagnostics (MDC460-469):
 - MDC465 a volume is wrong (name, mount path clash, source)
 - MDC466 the GPU request does not match the accelerator (warning)
 - MDC467 the ConfigMap payload is over the 1 MiB limit
+- MDC468 a Service name (the job's) is not a DNS-1035 label
+- MDC469 an object name the backend derives is another job's derived name
+- MDC472 a GPU quantity is not a whole number
 """
 
 from __future__ import annotations
 
-from .k8s_checks import QUANTITY, configmap_findings, pod_findings
+from .k8s_checks import QUANTITY, configmap_findings, pod_findings, whole_quantity
 from .k8s_names import (
+    DERIVED_NAMES,
+    DNS_1035,
     DNS_LABEL,
     DNS_SUBDOMAIN,
     LABEL_NAME,
@@ -39,9 +44,13 @@ from .k8s_names import (
     job_labels,
     label_findings,
     metadata,
+    name_clash_findings,
     pod_dns,
+    service_name_findings,
 )
 from .k8s_options import (
+    DEFAULT_CLUSTER_DOMAIN,
+    DEFAULT_TTL_SECONDS,
     GPU_RESOURCES,
     MOUNT,
     PULL_POLICIES,
@@ -51,6 +60,7 @@ from .k8s_options import (
     Volume,
     gpu_count,
     pod_options_schema,
+    ttl,
 )
 from .k8s_pod import (
     CONFIGMAP_KEY,
@@ -74,6 +84,10 @@ from .k8s_yaml import dump_yaml, load_yaml
 __all__ = [
     "CONFIGMAP_KEY",
     "CONFIGMAP_LIMIT",
+    "DEFAULT_CLUSTER_DOMAIN",
+    "DEFAULT_TTL_SECONDS",
+    "DERIVED_NAMES",
+    "DNS_1035",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
     "GPU_RESOURCES",
@@ -104,12 +118,16 @@ __all__ = [
     "label_findings",
     "load_yaml",
     "metadata",
+    "name_clash_findings",
     "node_script",
     "pod_dns",
     "pod_findings",
     "pod_options_schema",
     "pod_spec",
     "resources",
+    "service_name_findings",
     "tolerations",
+    "ttl",
     "volumes",
+    "whole_quantity",
 ]

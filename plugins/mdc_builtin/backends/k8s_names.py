@@ -13,6 +13,8 @@ from mdc.api import Finding, Plan, shell_word
 
 from .k8s_options import PodOptions
 
+#: RFC 1035 label: Service names (and what the CRDs that name Services require)
+DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 #: label value: empty or alphanumerics at both ends, [-_.] inside, <= 63
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
@@ -141,7 +143,73 @@ class NodeNames:
         ]
 
 
-def pod_dns(pod: str, service: str, namespace: str | None) -> str:
-    """``<pod>.<service>`` (resolves inside the namespace), fully qualified when the
-    namespace is known at compile time."""
-    return f"{pod}.{service}.{namespace}.svc.cluster.local" if namespace else f"{pod}.{service}"
+def pod_dns(pod: str, service: str, namespace: str | None, domain: str) -> str:
+    """``<pod>.<service>`` (resolves inside the namespace), fully qualified in the cluster
+    domain ``domain`` when the namespace is known at compile time."""
+    return f"{pod}.{service}.{namespace}.svc.{domain}" if namespace else f"{pod}.{service}"
+
+
+def service_name_findings(name: str, pointer: str, what: str) -> list[Finding]:
+    """MDC468 when a Service's name is not a DNS-1035 label, the apiserver's rule for Service
+    names (ValidateServiceName): at most 63 characters, starting with a letter."""
+    if len(name) <= 63 and DNS_1035.fullmatch(name):
+        return []
+    fixed = re.sub(r"^[^a-z]+", "", name) or "job"
+    return [
+        Finding(
+            code="MDC468",
+            pointer=pointer,
+            message=f"{what} {name!r} is not a valid Service name: a Service name is a "
+            "DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
+            "ending with a letter or digit, at most 63 characters), and the apiserver "
+            "refuses the Service",
+            hint=f"start the job name with a letter (for example {fixed!r})",
+        )
+    ]
+
+
+#: Services and Jobs that mdc's Kubernetes backends (or the operators they drive) name
+#: <job><suffix>: a job whose own Service or Job is named like that would share its name with
+#: another job's in the same namespace, and kubectl apply would overwrite one with the other
+DERIVED_NAMES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (
+        re.compile(r"-leader"),
+        "Service",
+        "the leaderworkerset backend's leader Service <job>-leader",
+    ),
+    (
+        re.compile(r"-master-[0-9]+"),
+        "Service",
+        "the per-pod Services <job>-master-<i> the training operator makes for a PyTorchJob",
+    ),
+    (
+        re.compile(r"-worker-[0-9]+"),
+        "Service",
+        "the per-pod Services <job>-worker-<i> the training operator makes for a PyTorchJob",
+    ),
+    (
+        re.compile(r"-node-[0-9]+"),
+        "Job",
+        "the Jobs <job>-node-<i> the JobSet of a TrainJob makes (replicated job node)",
+    ),
+)
+
+
+def name_clash_findings(name: str, kinds: tuple[str, ...], backend: str) -> list[Finding]:
+    """MDC469 when the ``kinds`` objects the backend names ``<job>`` could be the object
+    another job's backend derives, as ``<other>-leader``."""
+    for suffix, kind, whose in DERIVED_NAMES:
+        match = re.search(f"{suffix.pattern}$", name)
+        if kind in kinds and match and match.start() > 0:
+            other = name[: match.start()]
+            return [
+                Finding(
+                    code="MDC469",
+                    pointer="/job/name",
+                    message=f"the {backend} backend names its {kind} {name!r}, which is "
+                    f"also {whose} for a job named {other!r}: the two jobs would share "
+                    "one object in a namespace",
+                    hint=f"rename the job so it does not end in {name[match.start() :]!r}",
+                )
+            ]
+    return []

@@ -14,6 +14,18 @@ MOUNT = "/mdc"
 GPU_RESOURCES = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+#: what ttl_seconds_after_finished keeps a finished job for unless the table says: a week, to
+#: read its logs, and then the API objects go
+DEFAULT_TTL_SECONDS = 7 * 24 * 3600
+#: the cluster DNS domain pod names are qualified with (the kubelet's --cluster-domain)
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+
+
+def ttl(value: int | None) -> int | None:
+    """The ttlSecondsAfterFinished to write: the table's, the default, or none for -1."""
+    if value is None:
+        return DEFAULT_TTL_SECONDS
+    return None if value < 0 else value
 
 
 @attrs.frozen(kw_only=True)
@@ -55,10 +67,15 @@ class PodOptions:
     gpus_per_node: int | str | None = None
     cpu: int | str | None = None
     memory: str | None = None
+    #: "burstable": cpu and memory are requests only (no limits); "guaranteed": limits = requests
+    qos: str = "burstable"
     #: sizeLimit of the /dev/shm memory emptyDir (None: no limit)
     shm_size: str | None = None
     volumes: tuple[Volume, ...] = ()
     labels: Mapping[str, str] = attrs.field(factory=dict)
+    #: the pods share the node's IPC namespace (hostIPC), for shared memory between processes
+    #: of different pods on one node
+    host_ipc: bool = False
 
 
 def pod_options_schema() -> dict[str, Any]:

@@ -91,21 +91,25 @@ def node_script(plan: Plan, rank_lines: Sequence[str], what: str) -> Artifact:
 
 
 def resources(plan: Plan, opts: PodOptions) -> dict[str, Any]:
-    """Container ``resources``: the GPU (by accelerator or ``gpu_resource``), cpu, memory;
-    requests equal limits (extended resources must)."""
-    amounts: dict[str, int | str] = {}
+    """Container ``resources``: the GPU (by accelerator or ``gpu_resource``) in limits and
+    requests (an extended resource's must be equal); cpu and memory as requests only, or with
+    equal limits too when ``qos`` is "guaranteed"."""
+    requests: dict[str, int | str] = {}
     if opts.cpu is not None:
-        amounts["cpu"] = opts.cpu
+        requests["cpu"] = opts.cpu
     if opts.memory is not None:
-        amounts["memory"] = opts.memory
+        requests["memory"] = opts.memory
+    limits: dict[str, int | str] = dict(requests) if opts.qos == "guaranteed" else {}
     count = gpu_count(plan, opts)
     name = opts.gpu_resource or GPU_RESOURCES.get(plan.accelerator)
     if count is not None and name is not None:
-        amounts[name] = count
-    if not amounts:
-        return {}
-    ordered = dict(sorted(amounts.items()))
-    return {"limits": ordered, "requests": dict(ordered)}
+        requests[name] = limits[name] = count
+    out: dict[str, Any] = {}
+    if limits:
+        out["limits"] = dict(sorted(limits.items()))
+    if requests:
+        out["requests"] = dict(sorted(requests.items()))
+    return out
 
 
 def env_list(env: Mapping[str, str | Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -215,6 +219,8 @@ def pod_spec(
         spec["serviceAccountName"] = opts.service_account
     if opts.priority_class is not None:
         spec["priorityClassName"] = opts.priority_class
+    if opts.host_ipc:
+        spec["hostIPC"] = True
     if opts.node_selector:
         spec["nodeSelector"] = dict(sorted(opts.node_selector.items()))
     if opts.tolerations:

@@ -11,6 +11,11 @@ the core limits job names to 40 characters. Apply with ``kubectl apply -f kubern
 Backend codes MDC440-449:
 
 - MDC441 an elastic job (min_nnodes < nnodes): an Indexed Job has a fixed size
+- MDC473 ``cluster_domain`` is not a DNS domain
+
+A failing pod fails the Job (backoffLimit 0, restartPolicy Never), and the finished
+Job and its pods are deleted after a week (ttlSecondsAfterFinished 604800) unless
+the table says otherwise (-1: kept).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class KubernetesOptions(k8s.PodOptions):
     backoff_limit: int | None = None
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
+    cluster_domain: str = k8s.DEFAULT_CLUSTER_DOMAIN
 
 
 def _opts(options: KubernetesOptions | None) -> KubernetesOptions:
@@ -44,7 +50,7 @@ def node_names(plan: Plan, opts: KubernetesOptions) -> k8s.NodeNames:
     return k8s.NodeNames(
         count=plan.nnodes,
         prefix=f"{plan.job.name}-",
-        suffix=k8s.pod_dns("", plan.job.name, opts.namespace),
+        suffix=k8s.pod_dns("", plan.job.name, opts.namespace, opts.cluster_domain),
     )
 
 
@@ -78,8 +84,9 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
         "parallelism": plan.nnodes,
         "backoffLimit": opts.backoff_limit if opts.backoff_limit is not None else 0,
     }
-    if opts.ttl_seconds_after_finished is not None:
-        job_spec["ttlSecondsAfterFinished"] = opts.ttl_seconds_after_finished
+    ttl = k8s.ttl(opts.ttl_seconds_after_finished)
+    if ttl is not None:
+        job_spec["ttlSecondsAfterFinished"] = ttl
     if opts.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
     job_spec["template"] = {
@@ -106,6 +113,16 @@ def emit(plan: Plan, launch: Launch, options: KubernetesOptions | None) -> list[
 def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "kubernetes")
+    yield from k8s.service_name_findings(plan.job.name, "/job/name", "the headless Service")
+    yield from k8s.name_clash_findings(plan.job.name, ("Service", "Job"), "kubernetes")
+    if not k8s.DNS_SUBDOMAIN.fullmatch(opts.cluster_domain) or len(opts.cluster_domain) > 253:
+        yield Finding(
+            code="MDC473",
+            pointer="/kubernetes/cluster_domain",
+            message=f"[kubernetes] cluster_domain {opts.cluster_domain!r} is not a DNS "
+            "domain (lowercase letters, digits, '-' and '.')",
+            hint="the cluster's DNS domain, the kubelet's --cluster-domain (\"cluster.local\")",
+        )
     if plan.elastic:
         yield Finding(
             code="MDC441",
@@ -129,5 +146,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             schema=read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json"),
             options_type=KubernetesOptions,
             launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
+            run_command="kubectl apply -f {out}/kubernetes/job.yaml",
         )
     ]

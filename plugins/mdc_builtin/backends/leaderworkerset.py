@@ -89,36 +89,62 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
     node = k8s.node_script(plan, rank_lines(plan), "a LeaderWorkerSet pod")
     files = [*launch.files, node]
     master_port = plan.rendezvous.master_port
-    port = serving_port(plan, opts)
+    endpoint = launch.endpoint
+    port = (
+        opts.port
+        if opts.port is not None or endpoint is None
+        else endpoint.port  # the router's port on disaggregated jobs
+    )
+    if port is None:
+        port = serving_port(plan, opts)
     env: dict[str, Any] = {
         "MASTER_PORT": str(master_port),
         "MDC_WORKER_INDEX": k8s.field_ref(f"metadata.labels['{INDEX_LABEL}']"),
     }
     ports = [master_port] + ([port] if port is not None else [])
     container = k8s.container(plan, opts, name="node", env=env, ports=ports)
-    template = {
-        "metadata": {"labels": dict(sorted(labels.items()))},
-        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files, restart_policy=None),
+
+    def template(probe: bool) -> dict[str, Any]:
+        pod = dict(container)
+        if probe and endpoint is not None and port is not None:
+            # a Service routes to the pod only once the model is loaded
+            pod["readinessProbe"] = {
+                "httpGet": {"path": endpoint.health_path, "port": port},
+                "periodSeconds": 10,
+                "failureThreshold": 3,
+            }
+        return {
+            "metadata": {"labels": dict(sorted(labels.items()))},
+            "spec": k8s.pod_spec(plan, opts, containers=[pod], files=files, restart_policy=None),
+        }
+
+    every_node = endpoint is not None and endpoint.every_node
+    probed = endpoint is not None and port is not None
+    group: dict[str, Any] = {
+        "size": plan.nnodes,
+        "restartPolicy": "RecreateGroupOnPodRestart",
     }
+    if probed and not every_node and plan.nnodes > 1:
+        # only the leader serves HTTP; the other pods (headless engines, Ray workers,
+        # servers' later nodes) have no endpoint to probe
+        group["leaderTemplate"] = template(True)
+    group["workerTemplate"] = template(probed and (every_node or plan.nnodes == 1))
     lws = {
         "apiVersion": API,
         "kind": "LeaderWorkerSet",
         "metadata": k8s.metadata(name, opts.namespace, labels),
         "spec": {
             "replicas": opts.replicas if opts.replicas is not None else 1,
-            "startupPolicy": "LeaderReady",
-            "leaderWorkerTemplate": {
-                "size": plan.nnodes,
-                "restartPolicy": "RecreateGroupOnPodRestart",
-                "workerTemplate": template,
-            },
+            # the leader is ready only once its server is, which needs the workers started
+            "startupPolicy": "LeaderCreated" if probed else "LeaderReady",
+            "leaderWorkerTemplate": group,
         },
     }
     docs = [k8s.configmap(plan, files, namespace=opts.namespace, labels=labels), lws]
     if port is not None:
-        service = k8s.headless_service(
-            f"{name}-leader", opts.namespace, labels, {NAME_LABEL: name, INDEX_LABEL: "0"}, [port]
-        )
+        # replicas: every pod serves its own copy, so the Service routes to all of them
+        selector = {NAME_LABEL: name} if every_node else {NAME_LABEL: name, INDEX_LABEL: "0"}
+        service = k8s.headless_service(f"{name}-leader", opts.namespace, labels, selector, [port])
         service["spec"] = {
             key: value
             for key, value in service["spec"].items()
@@ -139,6 +165,11 @@ def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> 
 def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     yield from k8s.pod_findings(plan, opts, "leaderworkerset")
+    # LWS makes the headless Service <job> for its pods; mdc adds <job>-leader
+    yield from k8s.service_name_findings(
+        plan.job.name, "/job/name", "the LeaderWorkerSet's headless Service"
+    )
+    yield from k8s.name_clash_findings(plan.job.name, ("Service",), "leaderworkerset")
 
 
 @mdc.hookimpl
@@ -153,5 +184,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
+            run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",
         )
     ]

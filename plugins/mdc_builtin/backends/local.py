@@ -95,5 +95,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             emit=emit,
             check=check,
             description="this machine: one launcher agent per node on loopback",
+            run_command="bash {out}/local/run.sh",
         )
     ]

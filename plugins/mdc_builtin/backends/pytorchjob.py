@@ -27,6 +27,11 @@ with the values above, so both agree.
 ``pytorchjob/job.yaml`` holds the ConfigMap ``<job>-mdc`` (the launch files,
 mounted at ``/mdc``) and the PyTorchJob; ``kubectl apply -f`` it. Every pod runs
 ``/mdc/k8s/node.sh``, which sets ``NODE_RANK`` and runs the node's role.
+
+A failing rank ends the job in Failed: runPolicy.backoffLimit defaults to 0 (the
+operator fails the job at the first container restart; without a limit it restarts
+OnFailure containers forever), cleanPodPolicy to Running (the pods still running when
+the job ends are deleted, freeing their GPUs) and ttlSecondsAfterFinished to a week.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class PyTorchJobOptions(k8s.PodOptions):
     backoff_limit: int | None = None
     ttl_seconds_after_finished: int | None = None
     active_deadline_seconds: int | None = None
+    #: pods deleted when the job ends: Running ones (the operator's default, None, leaves a
+    #: restarting container holding its GPUs after the job failed)
+    clean_pod_policy: str = "Running"
 
 
 def _opts(options: PyTorchJobOptions | None) -> PyTorchJobOptions:
@@ -130,8 +138,10 @@ def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> di
     run_policy: dict[str, Any] = {}
     for key, value in (
         ("activeDeadlineSeconds", opts.active_deadline_seconds),
-        ("backoffLimit", opts.backoff_limit),
-        ("ttlSecondsAfterFinished", opts.ttl_seconds_after_finished),
+        # without a backoffLimit the operator restarts a failing container forever (OnFailure)
+        ("backoffLimit", opts.backoff_limit if opts.backoff_limit is not None else 0),
+        ("cleanPodPolicy", opts.clean_pod_policy),
+        ("ttlSecondsAfterFinished", k8s.ttl(opts.ttl_seconds_after_finished)),
     ):
         if value is not None:
             run_policy[key] = value
@@ -196,10 +206,12 @@ def schema() -> dict[str, Any]:
 def mdc_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="pytorchjob",
             emit=emit,
             check=check,
             launchers=LAUNCHERS,
+            run_command="kubectl apply -f {out}/pytorchjob/job.yaml",
             schema=schema(),
             options_type=PyTorchJobOptions,
             description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "

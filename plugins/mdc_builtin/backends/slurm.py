@@ -8,6 +8,13 @@ host of the allocation and ``MASTER_PORT`` to the plan's port, and runs
 that node's role, ``launch/<role>.sh`` (in a container when asked: pyxis or
 apptainer). Nothing about the cluster is looked up at compile time.
 
+Without ``cpus_per_task`` the job takes whole nodes (``--exclusive``), so the one
+task per node, which runs all the node's ranks, gets every CPU of its node rather than
+SLURM's default of one. An elastic job (``--nodes=MIN-MAX``) writes no
+``--ntasks-per-node`` directive: with it sbatch sizes the job from the minimum and
+allocates MIN nodes even when MAX are idle; srun still runs one task per node. ``[slurm]
+setup`` and ``teardown`` commands run in the batch script before srun and when it exits.
+
 ``#SBATCH`` lines are read by sbatch itself, not by a shell, so their values
 cannot be quoted: they are checked instead (no whitespace, quotes, ``#`` or
 backslashes). Everything on a shell line is quoted.
@@ -31,6 +38,7 @@ from mdc.api import (
     Ref,
     Severity,
     Word,
+    around_launch,
     read_schema,
     script_path,
     shell_join,
@@ -136,6 +144,9 @@ class SlurmOptions:
     srun_args: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
     container: ContainerOptions | None = None
+    #: commands (argv lists) the batch script runs before srun, and when it exits
+    setup: tuple[tuple[str, ...], ...] = ()
+    teardown: tuple[tuple[str, ...], ...] = ()
 
 
 def _opts(options: SlurmOptions | None) -> SlurmOptions:
@@ -154,12 +165,21 @@ def nodes_value(plan: Plan) -> str:
     return f"{plan.min_nnodes}-{plan.nnodes}" if plan.elastic else str(plan.nnodes)
 
 
+def exclusive(opts: SlurmOptions) -> bool:
+    """Whether the job asks for whole nodes: as the table says, else when it does not size
+    the node's task (cpus_per_task), so that the one task running all of a node's ranks gets
+    every CPU of the node rather than SLURM's default of one."""
+    return opts.exclusive if opts.exclusive is not None else opts.cpus_per_task is None
+
+
 def directives(plan: Plan, opts: SlurmOptions) -> list[str]:
     """Every ``#SBATCH`` option, in a fixed order: mdc's own, then the pass-through list."""
     found: list[tuple[str, str | None]] = [
         ("job-name", plan.job.name),
         ("nodes", nodes_value(plan)),
-        ("ntasks-per-node", "1"),
+        # an elastic job leaves it to srun: with it, sbatch --nodes=1-3 counts the job's tasks
+        # from the minimum and allocates 1 node on an idle cluster (plain --nodes=1-3: 3)
+        ("ntasks-per-node", None if plan.elastic else "1"),
         ("gpus-per-node", gpus_per_node(plan, opts)),
         ("cpus-per-task", None if opts.cpus_per_task is None else str(opts.cpus_per_task)),
         ("mem", None if opts.mem is None else str(opts.mem)),
@@ -174,7 +194,7 @@ def directives(plan: Plan, opts: SlurmOptions) -> list[str]:
         ("error", opts.error),
     ]
     lines = [f"--{name}={value}" for name, value in found if value is not None]
-    if opts.exclusive:
+    if exclusive(opts):
         lines.append("--exclusive")
     return [*lines, *opts.sbatch_args]
 
@@ -284,6 +304,7 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
         'export NODE_HOSTS="${hosts[*]}"',
         f"export MASTER_PORT={plan.rendezvous.master_port}",
         'export MDC_OUT="$out"',
+        *around_launch(opts.setup, opts.teardown, "slurm"),
     ]
     srun: list[Word] = ["srun", "--kill-on-bad-exit=1"]
     count: Word = Concat(("--nodes=", Ref("nodes"))) if plan.elastic else f"--nodes={plan.nnodes}"
@@ -299,7 +320,8 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
             Concat(("--container-mounts=", OUT, ":", OUT, _mount_words(container.mounts))),
         ]
     srun += [*opts.srun_args, "bash", Concat((OUT, "/slurm/node.sh"))]
-    lines.append("exec " + " \\\n  ".join(_grouped(srun)))
+    # with a teardown the shell stays, to run it when srun ends
+    lines.append(("" if opts.teardown else "exec ") + " \\\n  ".join(_grouped(srun)))
     return "\n".join(lines)
 
 
@@ -583,6 +605,30 @@ def check(plan: Plan, options: SlurmOptions | None) -> Iterator[Finding]:
             hint=f"remove gpus_per_node (it defaults to {plan.nproc_per_node}), or "
             'set accelerator = "cpu"',
         )
+    yield from _cpu_findings(plan, opts)
+
+
+def _cpu_findings(plan: Plan, opts: SlurmOptions) -> Iterator[Finding]:
+    """MDC420: the node's one task, which runs all nproc_per_node ranks, is pinned to fewer
+    CPUs than ranks (under cgroup enforcement they share them)."""
+    if exclusive(opts):
+        return  # whole nodes: the task gets every CPU of its node
+    cpus = opts.cpus_per_task if opts.cpus_per_task is not None else 1
+    if cpus >= plan.nproc_per_node:
+        return
+    given = "cpus_per_task" if opts.cpus_per_task is not None else "exclusive"
+    yield Finding(
+        code="MDC420",
+        pointer=f"/slurm/{given}",
+        severity=Severity.WARNING,
+        message=f"each node's task runs {plan.nproc_per_node} process(es) on "
+        f"{cpus} CPU(s)"
+        + ("" if opts.cpus_per_task is not None else " (SLURM's default without cpus_per_task)")
+        + ": under cgroup enforcement (task/cgroup) they share them, and data loading "
+        "and the launcher's own threads starve",
+        hint=f"set cpus_per_task to at least {plan.nproc_per_node} (the node's CPUs, for "
+        "example), or remove exclusive = false to get whole nodes",
+    )
 
 
 @mdc.hookimpl
@@ -596,5 +642,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             check=check,
             schema=read_schema("mdc_schemas", "plugins/slurm.v1.schema.json"),
             options_type=SlurmOptions,
+            run_command="cd {out} && sbatch slurm/job.sbatch",  # sbatch runs a spooled copy
         )
     ]

@@ -11,6 +11,9 @@ gets SIGHUP and ends too, instead of running on unattended.
 The remote command is one string that the remote login shell parses: every
 value in it is single-quoted (POSIX quoting, so sh, dash, bash and zsh agree),
 and that string is passed to ssh as one quoted word.
+
+``[ssh] setup`` commands run on this host before the nodes start; ``teardown`` commands
+run when launch.sh exits, however the nodes ended (its exit status is kept).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mdc.api import (
     Launch,
     Plan,
     Severity,
+    around_launch,
     read_schema,
     script_path,
     shell_word,
@@ -55,6 +59,9 @@ class SshOptions:
     remote_dir: str | None = None
     master_addr: str | None = None
     forward_env: tuple[str, ...] = ()
+    #: commands (argv lists) launch.sh runs here before starting the nodes, and when it exits
+    setup: tuple[tuple[str, ...], ...] = ()
+    teardown: tuple[tuple[str, ...], ...] = ()
 
 
 def _opts(options: SshOptions | None) -> SshOptions:
@@ -146,6 +153,7 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
             '  pids+=("$!")',
             "done",
         ]
+    lines += around_launch(opts.setup, opts.teardown, "ssh")
     lines += supervise(start, children="node", failed="a node", owner="job")
     return "\n".join(lines)
 
@@ -280,5 +288,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             hosts=hosts,
             schema=read_schema("mdc_schemas", "plugins/ssh.v1.schema.json"),
             options_type=SshOptions,
+            run_command="bash {out}/ssh/launch.sh",
         )
     ]

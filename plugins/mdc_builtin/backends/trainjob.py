@@ -166,6 +166,8 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
             hint="start the job name with a letter and keep it to at most "
             f"{63 - (len(longest) - len(plan.job.name))} characters",
         )
+    # the JobSet makes the headless Service <job>
+    yield from k8s.name_clash_findings(plan.job.name, ("Service",), "trainjob")
     if plan.elastic:
         yield Finding(
             code="MDC481",
@@ -212,6 +214,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             emit=emit,
             check=check,
             launchers=LAUNCHERS,
+            run_command="kubectl apply -f {out}/trainjob/job.yaml",
             schema=schema(),
             options_type=TrainJobOptions,
             description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "

@@ -637,10 +637,37 @@ def check(plan: Plan, options: DeepSpeedOptions | None) -> Iterator[Finding]:
         )
 
 
+#: what the memory hint proposes, in the [deepspeed] table's words
+LEVERS = (
+    *((f"zero {stage}", f"[deepspeed] zero_stage = {stage}") for stage in (1, 2, 3)),
+    (
+        "optimizer offload",
+        '[deepspeed.config.zero_optimization.offload_optimizer] device = "cpu"',
+    ),
+)
+
+
+def _offloaded(opts: DeepSpeedOptions, key: str) -> bool:
+    """Whether ds_config's zero_optimization.<key> sends it to the host ("cpu" or "nvme")."""
+    zero = opts.config.get("zero_optimization")
+    table = zero.get(key) if isinstance(zero, Mapping) else None
+    device = table.get("device") if isinstance(table, Mapping) else None
+    return device in ("cpu", "nvme")
+
+
 def training(options: DeepSpeedOptions | None) -> TrainingSetup:
+    """ZeRO (Rajbhandari et al. 2020): stage 1 shards the optimizer state, 2 also the
+    gradients (kept in the 16-bit training dtype), 3 also the weights. offload_optimizer
+    (stages 1-3, ZeRO-Offload) keeps the optimizer state on the host; offload_param (stage
+    3, ZeRO-Infinity) also the weights."""
     opts = _options(options)
+    stage = zero_stage_of(opts)
     return TrainingSetup(
-        zero_stage=zero_stage_of(opts), grad_bytes=4 if opts.precision == "fp32" else 2
+        zero_stage=stage,
+        grad_bytes=4 if opts.precision == "fp32" else 2,
+        optimizer_offload=1.0 if stage >= 1 and _offloaded(opts, "offload_optimizer") else 0.0,
+        param_offload=stage == 3 and _offloaded(opts, "offload_param"),
+        levers=LEVERS,
     )
 
 
@@ -648,6 +675,7 @@ def training(options: DeepSpeedOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="deepspeed",
             description="DeepSpeed: the deepspeed command (--no_ssh) or torchrun on every node, "
             "with a ds_config.json whose batch triad matches the plan",

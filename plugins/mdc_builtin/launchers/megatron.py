@@ -13,21 +13,27 @@ arguments.py``) and megatron-core 0.16's config classes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
 import attrs
 
 import mdc
 from mdc.api import (
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
+    ModelTable,
     Plan,
     Role,
     Severity,
     TorchrunOptions,
     TrainingSetup,
     Word,
+    already_set,
+    drop_flags,
     program,
     read_schema,
     runner_worker_env,
@@ -70,6 +76,63 @@ SWITCHES: Mapping[str, str] = {
 }
 #: Megatron-FSDP / torch FSDP2 flags: they need CUDA_DEVICE_MAX_CONNECTIONS unset.
 FSDP_FLAGS = ("--use-torch-fsdp2", "--use-megatron-fsdp")
+#: Megatron-LM core_v0.16.1's choices (megatron/training/arguments.py, TransformerConfig)
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+OPTIMIZER_DTYPES = {
+    "main_grads_dtype": ("fp32", "bf16"),
+    "main_params_dtype": ("fp32", "fp16"),
+    "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"),
+}
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+)
+DISPATCHERS = ("allgather", "alltoall", "flex")
+#: Megatron-FSDP's sharding strategy -> the ZeRO stage it amounts to
+FSDP_ZERO_STAGE = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
+
+
+def _option_flag(
+    key: str,
+    nargs: Literal[0, 1, "+"] = 0,
+    convert: Callable[[str], Any] = str,
+    choices: tuple[str, ...] = (),
+) -> KnownFlag:
+    """A flag read into the [megatron] option of the same name (flag: --key-in-kebab-case)."""
+    return KnownFlag(
+        name="--" + key.replace("_", "-"),
+        source=f"[megatron] {key}",
+        key=key,
+        nargs=nargs,
+        convert=convert,
+        choices=choices,
+    )
+
+
+#: [megatron] options a flag in extra_args may stand for: read into the plan as if written
+OPTION_FLAGS = (
+    _option_flag("use_megatron_fsdp"),
+    _option_flag("data_parallel_sharding_strategy", 1, choices=SHARDING_STRATEGIES),
+    _option_flag("grad_reduce_in_bf16"),
+    _option_flag("fp8_recipe", 1, choices=FP8_RECIPES),
+    _option_flag("fp8_param_gather"),
+    _option_flag("use_precision_aware_optimizer"),
+    *(_option_flag(key, 1, choices=values) for key, values in OPTIMIZER_DTYPES.items()),
+    _option_flag("optimizer_cpu_offload"),
+    _option_flag("optimizer_offload_fraction", 1, float),
+    _option_flag("cpu_offloading_num_layers", 1, int),
+    _option_flag("recompute_modules", "+", choices=RECOMPUTE_MODULES),
+    _option_flag("moe_token_dispatcher_type", 1, choices=DISPATCHERS),
+    _option_flag("moe_expert_capacity_factor", 1, float),
+    _option_flag("moe_pad_expert_input_to_capacity"),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -83,13 +146,61 @@ class MegatronOptions:
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
     max_position_embeddings: int | None = None
     fp8_format: str | None = None
+    fp8_recipe: str | None = None
+    fp8_param_gather: bool | None = None
+    use_megatron_fsdp: bool | None = None
+    data_parallel_sharding_strategy: str | None = None
+    grad_reduce_in_bf16: bool | None = None
+    use_precision_aware_optimizer: bool | None = None
+    main_grads_dtype: str | None = None
+    main_params_dtype: str | None = None
+    exp_avg_dtype: str | None = None
+    exp_avg_sq_dtype: str | None = None
+    optimizer_cpu_offload: bool | None = None
+    optimizer_offload_fraction: float | None = None
+    cpu_offloading_num_layers: int | None = None
+    moe_token_dispatcher_type: str | None = None
+    moe_expert_capacity_factor: float | None = None
+    moe_pad_expert_input_to_capacity: bool | None = None
     extra_args: tuple[str, ...] = ()
+    #: option -> index in the written extra_args of the flag it was read from (see resolve)
+    read_from_extra_args: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def _options(options: MegatronOptions | None) -> MegatronOptions:
-    return options or MegatronOptions()
+    return resolve(options or MegatronOptions())
+
+
+def resolve(opts: MegatronOptions) -> MegatronOptions:
+    """The options with each readable flag of ``extra_args`` read in as if its key had
+    been written, and those words taken out of ``extra_args`` (mdc emits them in its
+    place); a flag whose key the table also sets stays, for MDC323. Idempotent."""
+    if opts.read_from_extra_args or not opts.extra_args:
+        return opts
+    read, where, taken = {}, {}, []
+    for use in FLAGS.find(opts.extra_args):
+        key = use.flag.key
+        if key is None or use.error is not None or getattr(opts, key) is not None:
+            continue
+        read[key], where[key] = use.value, use.index
+        taken.append(use)
+    if not taken:
+        return opts
+    return attrs.evolve(
+        opts,
+        **read,
+        extra_args=tuple(drop_flags(opts.extra_args, taken)),
+        read_from_extra_args=where,
+    )
+
+
+def _at(opts: MegatronOptions, key: str) -> str:
+    """The pointer of an option: its key, or the extra_args word it was read from."""
+    index = opts.read_from_extra_args.get(key)
+    return f"/megatron/{key}" if index is None else f"/megatron/extra_args/{index}"
 
 
 def _distributed_optimizer(opts: MegatronOptions) -> bool:
@@ -122,7 +233,59 @@ def megatron_order(plan: Plan) -> str | None:
 
 
 #: [model] values -> Megatron-LM's choices for --position-embedding-type and --normalization
-POSITION_EMBEDDINGS: Mapping[str, str] = {"learned": "learned_absolute", "rope": "rope"}
+POSITION_EMBEDDINGS: Mapping[str, str] = {
+    "learned": "learned_absolute",
+    "rope": "rope",
+    "none": "none",
+}
+#: [model] keys emitted as Megatron-LM's flag of the same name, with a value
+ARCHITECTURE_VALUES = (
+    "kv_channels",
+    "softmax_type",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "mtp_num_layers",
+    "mamba_state_dim",
+    "mamba_head_dim",
+    "mamba_num_groups",
+    "mamba_num_heads",
+)
+#: and the switches
+ARCHITECTURE_SWITCHES = ("qk_layernorm", "add_qkv_bias", "multi_latent_attention")
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _frequency(value: int | tuple[int, ...]) -> str:
+    """Megatron-LM's moe_freq_type: an integer, or a Python list expression."""
+    return str(value) if isinstance(value, int) else "[" + ",".join(map(str, value)) + "]"
+
+
+def _architecture_args(model: ModelTable) -> Iterator[str]:
+    for key in ARCHITECTURE_SWITCHES:
+        if getattr(model, key):
+            yield _flag(key)
+    for key in ARCHITECTURE_VALUES:
+        value = getattr(model, key)
+        if value is not None:
+            yield from (_flag(key), str(value))
+    if model.window_size is not None:
+        yield from ("--window-size", ",".join(map(str, model.window_size)))
+    for key in ("window_attn_skip_freq", "moe_layer_freq"):
+        value = getattr(model, key)
+        if value is not None:
+            yield from (_flag(key), _frequency(value))
+    if model.hybrid_override_pattern is not None:
+        yield from ("--is-hybrid-model", "--hybrid-override-pattern", model.hybrid_override_pattern)
+
+
 NORMALIZATIONS: Mapping[str, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
@@ -168,6 +331,7 @@ def _model_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         yield "--disable-bias-linear"
     if model.normalization is not None:
         yield from ("--normalization", NORMALIZATIONS[model.normalization])
+    yield from _architecture_args(model)
     if model.dtype == "bf16":
         yield "--bf16"
     elif model.dtype == "fp16":
@@ -218,7 +382,43 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
             args += ["--recompute-method", opts.recompute_method]
         if opts.recompute_num_layers is not None:
             args += ["--recompute-num-layers", str(opts.recompute_num_layers)]
-    return args
+    return args + list(_memory_args(plan, opts))
+
+
+def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
+    """The flags of the options that change what each GPU holds, in the table's order."""
+    if opts.recompute_modules is not None:
+        yield "--recompute-modules"
+        yield from opts.recompute_modules
+    if opts.use_megatron_fsdp:
+        yield "--use-megatron-fsdp"
+        # Megatron-LM: "Megatron FSDP only supports fsdp_dtensor checkpoint format"
+        if not _passes([*plan.job.argv, *opts.extra_args], "--ckpt-format"):
+            yield from ("--ckpt-format", "fsdp_dtensor")
+    for key in (
+        "data_parallel_sharding_strategy",
+        "fp8_recipe",
+        "main_grads_dtype",
+        "main_params_dtype",
+        "exp_avg_dtype",
+        "exp_avg_sq_dtype",
+        "optimizer_offload_fraction",
+        "cpu_offloading_num_layers",
+        "moe_token_dispatcher_type",
+        "moe_expert_capacity_factor",
+    ):
+        value = getattr(opts, key)
+        if value is not None:
+            yield from (_flag(key), str(value))
+    for key in (
+        "grad_reduce_in_bf16",
+        "fp8_param_gather",
+        "use_precision_aware_optimizer",
+        "optimizer_cpu_offload",
+        "moe_pad_expert_input_to_capacity",
+    ):
+        if getattr(opts, key):
+            yield _flag(key)
 
 
 def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
@@ -227,6 +427,10 @@ def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
     if plan.accelerator == "cpu" or (plan.sizes.tp == 1 and plan.sizes.cp == 1):
         return False
     return not any(_passes(user_args, flag) for flag in FSDP_FLAGS)
+
+
+def _fsdp(opts: MegatronOptions) -> bool:
+    return bool(opts.use_megatron_fsdp)
 
 
 def _passes(words: Sequence[str], flag: str) -> bool:
@@ -240,7 +444,8 @@ def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
         "PIPELINE_MODEL_PARALLEL_SIZE": str(s.pp),
         "CONTEXT_PARALLEL_SIZE": str(s.cp),
     }
-    if _needs_max_connections(plan, [*plan.job.argv, *_options(options).extra_args]):
+    opts = _options(options)
+    if not _fsdp(opts) and _needs_max_connections(plan, [*plan.job.argv, *opts.extra_args]):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
 
@@ -297,41 +502,100 @@ SOURCES: Mapping[str, str] = {
     "--position-embedding-type": "[model] position_embedding",
     "--disable-bias-linear": "[model] bias",
     "--normalization": "[model] normalization",
+    **{_flag(key): f"[model] {key}" for key in (*ARCHITECTURE_VALUES, *ARCHITECTURE_SWITCHES)},
+    **{
+        _flag(key): f"[model] {key}"
+        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq")
+    },
+    "--is-hybrid-model": "[model] hybrid_override_pattern",
+    "--hybrid-override-pattern": "[model] hybrid_override_pattern",
     "--bf16": "[model] dtype",
     "--fp16": "[model] dtype",
     "--fp8-format": "[model] dtype and [megatron] fp8_format",
 }
 
 
-def _source_of(flag: str) -> str:
-    return SWITCHES.get(flag) or SOURCES.get(flag, "the spec")
+def _readable(key: str, nargs: Literal[0, 1, "+"] = 0, **how: Any) -> KnownFlag:
+    return attrs.evolve(_option_flag(key, nargs), **how)
 
 
-def _clashes(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
-    emitted = [w for w in megatron_args(plan, opts) if w.startswith("--")]
-    owned = {flag: flag for flag in [*emitted, *SWITCHES]}
-    for flag in list(owned):
-        for alias in ALIASES.get(flag, ()):
-            owned[alias] = flag
-    places = [
-        (w, _command_pointer(plan, i), "the job's command") for i, w in enumerate(plan.job.argv)
+#: Every Megatron-LM flag the launcher knows: the [megatron] options' (read from extra_args)
+#: and those whose value comes from another table (never read: refused with that table's key).
+FLAGS = FlagTable(
+    [
+        _readable("sequence_parallel"),
+        _readable("use_distributed_optimizer"),
+        _readable("overlap_grad_reduce"),
+        _readable("overlap_param_gather"),
+        _readable("recompute_granularity", 1, choices=("full", "selective")),
+        KnownFlag(
+            name="--recompute-activations",
+            source="[megatron] recompute_granularity",
+            key="recompute_granularity",
+            switch_value="selective",
+        ),
+        _readable("recompute_method", 1, choices=("uniform", "block")),
+        _readable("recompute_num_layers", 1, convert=int),
+        _readable("max_position_embeddings", 1, convert=int),
+        _readable("fp8_format", 1, choices=("e4m3", "hybrid")),
+        *OPTION_FLAGS,
+        *(
+            KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
+            for flag, source in [*SWITCHES.items(), *SOURCES.items()]
+            if not flag.startswith("--recompute-")
+            and flag
+            not in (
+                "--sequence-parallel",
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--overlap-param-gather",
+                "--max-position-embeddings",
+                "--fp8-format",
+            )
+        ),
     ]
-    places += [
-        (w, f"/megatron/extra_args/{i}", "extra_args") for i, w in enumerate(opts.extra_args)
-    ]
-    for word, pointer, where in places:
-        given = word.split("=", 1)[0]
-        if given not in owned:
-            continue
-        mine = owned[given]
-        also = "" if given == mine else f" (another spelling of {mine})"
-        yield Finding(
-            code="MDC323",
-            pointer=pointer,
-            message=f"{where} passes {given}{also}, which the megatron launcher sets "
-            f"from {_source_of(mine)}",
-            hint=f"remove {given} from {where}; set the value through {_source_of(mine)}",
-        )
+)
+
+
+def _sets(plan: Plan, opts: MegatronOptions) -> set[str]:
+    """The flags the launcher sets: those it emits, its switches and its options' flags."""
+    emitted = {w for w in megatron_args(plan, opts) if w.startswith("--")}
+    return {f.name for f in FLAGS.flags if f.name in emitted or f.name in SWITCHES or f.key}
+
+
+def _clashes(plan: Plan, written: MegatronOptions, opts: MegatronOptions) -> Iterator[Finding]:
+    """A flag the launcher sets, also in the command or in extra_args (where it is not
+    read into the plan: its key is set too, or another table decides it)."""
+    mine = _sets(plan, opts)
+    in_command = [use for use in FLAGS.find(plan.job.argv) if use.flag.name in mine]
+    yield from already_set(
+        in_command,
+        code="MDC323",
+        launcher="megatron",
+        where="the job's command",
+        pointer=lambda index: _command_pointer(plan, index),
+    )
+    extra = [use for use in FLAGS.find(written.extra_args) if use.flag.name in mine]
+    yield from already_set(
+        [
+            use
+            for use in extra
+            if use.flag.key is None or getattr(written, use.flag.key) is not None
+        ],
+        code="MDC323",
+        launcher="megatron",
+        where="extra_args",
+        pointer=lambda index: f"/megatron/extra_args/{index}",
+        canonical={"--recompute-activations": "--recompute-granularity"},
+    )
+    for use in extra:
+        if use.flag.key is not None and use.error is not None:
+            yield Finding(
+                code="MDC359",
+                pointer=f"/megatron/extra_args/{use.index}",
+                message=f"extra_args: {use.error} (Megatron-LM refuses it)",
+                hint=f"set {use.flag.source} instead",
+            )
 
 
 def _order(plan: Plan) -> Iterator[Finding]:
@@ -348,7 +612,7 @@ def _order(plan: Plan) -> Iterator[Finding]:
 
 def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     if opts.overlap_param_gather:
-        if not _distributed_optimizer(opts):
+        if not (_distributed_optimizer(opts) or _fsdp(opts)):
             yield Finding(
                 code="MDC321",
                 pointer="/megatron/overlap_param_gather",
@@ -553,23 +817,419 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
         )
 
 
+def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """Megatron-LM core_v0.16.1's rules for the options that change what a GPU holds
+    (validate_args, TransformerConfig, OptimizerConfig), on the same conditions."""
+    words = [*plan.job.argv, *opts.extra_args]
+    dtype = plan.model.dtype if plan.model else None
+    yield from _fsdp_rules(opts, words)
+    yield from _precision_rules(opts, dtype)
+    yield from _optimizer_rules(opts)
+    yield from _offload_rules(plan, opts)
+    yield from _recompute_module_rules(plan, opts, words, dtype)
+    yield from _moe_rules(plan, opts, words)
+    yield from _unmodelled(plan, opts)
+
+
+#: Megatron-LM flags that change what a GPU holds and that the estimate does not model
+UNMODELLED = (
+    "--use-torch-fsdp2",
+    "--torch-fsdp2-no-reshard-after-forward",
+    "--outer-dp-sharding-strategy",
+    "--num-distributed-optimizer-instances",
+    "--fine-grained-activation-offloading",
+    "--offload-modules",
+    "--distribute-saved-activations",
+    "--fp4-format",
+    "--fp4-param-gather",
+    "--moe-flex-dispatcher-backend",
+    "--reuse-grad-buf-for-mxfp8-param-ag",
+    "--keep-fp8-transpose-cache",
+)
+
+
+def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
+        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
+    ]
+    for where, words, pointer in places:
+        for index, word in enumerate(words):
+            flag = word.split("=", 1)[0]
+            if flag in UNMODELLED:
+                yield Finding(
+                    code="MDC359",
+                    pointer=pointer(index),
+                    severity=Severity.WARNING,
+                    message=f"{where} passes {flag}, which changes what each GPU holds; the "
+                    "memory estimate does not model it (it may be off either way)",
+                    hint="compare the estimate with a measured run, or leave "
+                    "accelerator_memory_gib out to skip the check",
+                )
+
+
+def _value_after(words: Sequence[str], flag: str) -> str | None:
+    """The value a flag is given in ``words`` (the last one, as argparse keeps)."""
+    found = None
+    for index, word in enumerate(words):
+        if word.startswith(flag + "="):
+            found = word.split("=", 1)[1]
+        elif word == flag and index + 1 < len(words):
+            found = words[index + 1]
+    return found
+
+
+def _fsdp_rules(opts: MegatronOptions, words: Sequence[str]) -> Iterator[Finding]:
+    if opts.data_parallel_sharding_strategy is not None and not _fsdp(opts):
+        yield Finding(
+            code="MDC354",
+            pointer=_at(opts, "data_parallel_sharding_strategy"),
+            severity=Severity.WARNING,
+            message="data_parallel_sharding_strategy has no effect without use_megatron_fsdp "
+            "(Megatron-LM reads it only on the Megatron-FSDP path)",
+            hint="set use_megatron_fsdp = true, or remove data_parallel_sharding_strategy",
+        )
+    ckpt = _value_after(words, "--ckpt-format")
+    if _fsdp(opts) and ckpt is not None and ckpt != "fsdp_dtensor":
+        yield Finding(
+            code="MDC354",
+            pointer=_at(opts, "use_megatron_fsdp"),
+            message=f"use_megatron_fsdp needs --ckpt-format fsdp_dtensor, but the arguments "
+            f"pass --ckpt-format {ckpt} (Megatron-LM: 'Megatron FSDP only supports "
+            "fsdp_dtensor checkpoint format')",
+            hint="remove --ckpt-format (mdc then passes fsdp_dtensor), or set it to fsdp_dtensor",
+        )
+    if _fsdp(opts) and _passes(words, "--use-torch-fsdp2"):
+        yield Finding(
+            code="MDC354",
+            pointer=_at(opts, "use_megatron_fsdp"),
+            message="use_megatron_fsdp and --use-torch-fsdp2 are two FSDP implementations; "
+            "Megatron-LM wraps the model in one (torch FSDP2) and ignores the other",
+            hint="remove --use-torch-fsdp2, or use_megatron_fsdp",
+        )
+
+
+def _precision_rules(opts: MegatronOptions, dtype: str | None) -> Iterator[Finding]:
+    fp8 = dtype == "fp8"
+    if opts.fp8_param_gather and not fp8:
+        yield Finding(
+            code="MDC355",
+            pointer=_at(opts, "fp8_param_gather"),
+            message=f'fp8_param_gather needs fp8 training ([model] dtype = "fp8"; it is '
+            f"{dtype or 'not set'}) (Megatron-Core: 'fp8_param must be used together with "
+            "fp8 mode.')",
+            hint='set [model] dtype = "fp8", or remove fp8_param_gather',
+        )
+    if opts.fp8_param_gather and not (_distributed_optimizer(opts) or _fsdp(opts)):
+        yield Finding(
+            code="MDC355",
+            pointer=_at(opts, "fp8_param_gather"),
+            message="fp8_param_gather needs the distributed optimizer or Megatron-FSDP "
+            "(Megatron-LM: '--fp8-param-gather only supported with distributed optimizer, "
+            "torch fsdp2, megatron fsdp, or inference mode')",
+            hint="remove use_distributed_optimizer = false, or fp8_param_gather",
+        )
+    if opts.fp8_recipe is not None and not fp8:
+        yield Finding(
+            code="MDC355",
+            pointer=_at(opts, "fp8_recipe"),
+            severity=Severity.WARNING,
+            message=f'fp8_recipe applies only with [model] dtype = "fp8" (dtype is '
+            f"{dtype or 'not set'})",
+            hint='set [model] dtype = "fp8", or remove fp8_recipe',
+        )
+    if opts.grad_reduce_in_bf16 and dtype in ("fp16", "fp32"):
+        yield Finding(
+            code="MDC355",
+            pointer=_at(opts, "grad_reduce_in_bf16"),
+            severity=Severity.WARNING,
+            message=f"grad_reduce_in_bf16 has no effect with dtype = {dtype!r}: Megatron-LM "
+            "reads it only for bf16 training",
+            hint="remove grad_reduce_in_bf16",
+        )
+
+
+def _optimizer_rules(opts: MegatronOptions) -> Iterator[Finding]:
+    aware = bool(opts.use_precision_aware_optimizer)
+    if aware and not _distributed_optimizer(opts):
+        yield Finding(
+            code="MDC356",
+            pointer=_at(opts, "use_precision_aware_optimizer"),
+            message="use_precision_aware_optimizer needs the distributed optimizer "
+            "(Megatron-Core: '--use-precision-aware-optimizer only supported with "
+            "distributed optimizer'), but use_distributed_optimizer = false",
+            hint="remove use_distributed_optimizer = false",
+        )
+    for key in ("main_grads_dtype", "main_params_dtype"):
+        if getattr(opts, key) not in (None, "fp32") and not aware:
+            yield Finding(
+                code="MDC356",
+                pointer=_at(opts, key),
+                message=f"{key} = {getattr(opts, key)!r} needs use_precision_aware_optimizer "
+                f"(Megatron-Core: '{key} can only be fp32 when not using precision-aware "
+                "optimizer')",
+                hint=f"set use_precision_aware_optimizer = true, or remove {key}",
+            )
+    for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        if getattr(opts, key) not in (None, "fp32") and not aware:
+            yield Finding(
+                code="MDC356",
+                pointer=_at(opts, key),
+                severity=Severity.WARNING,
+                message=f"{key} has no effect without use_precision_aware_optimizer "
+                "(only the precision-aware optimizer keeps Adam's moments in another dtype)",
+                hint=f"set use_precision_aware_optimizer = true, or remove {key}",
+            )
+    if opts.optimizer_cpu_offload and not aware:
+        yield Finding(
+            code="MDC356",
+            pointer=_at(opts, "optimizer_cpu_offload"),
+            message="optimizer_cpu_offload needs use_precision_aware_optimizer (Megatron-LM: "
+            "'The optimizer cpu offload must be used in conjunction with "
+            "`--use-precision-aware-optimizer`')",
+            hint="set use_precision_aware_optimizer = true",
+        )
+    recipe = opts.fp8_recipe or "delayed"  # Megatron-Core's default recipe
+    if opts.optimizer_cpu_offload and opts.fp8_param_gather and recipe != "delayed":
+        yield Finding(
+            code="MDC356",
+            pointer=_at(opts, "optimizer_cpu_offload"),
+            message=f"optimizer_cpu_offload with fp8_param_gather needs fp8_recipe = "
+            f'"delayed", not {recipe!r} (Megatron-LM: \'When `--fp8-param-gather` is '
+            "enabled, the optimizer cpu offload must be used in conjunction with "
+            "`--fp8-recipe delayed`.')",
+            hint='set fp8_recipe = "delayed", or remove fp8_param_gather',
+        )
+    if opts.optimizer_offload_fraction is not None and not opts.optimizer_cpu_offload:
+        yield Finding(
+            code="MDC356",
+            pointer=_at(opts, "optimizer_offload_fraction"),
+            severity=Severity.WARNING,
+            message="optimizer_offload_fraction has no effect without optimizer_cpu_offload",
+            hint="set optimizer_cpu_offload = true, or remove optimizer_offload_fraction",
+        )
+
+
+def _offload_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    count = opts.cpu_offloading_num_layers
+    if not count:  # Megatron-LM turns CPU offloading on only for a count above 0
+        return
+    layers = plan.model.num_layers if plan.model else None
+    pointer = _at(opts, "cpu_offloading_num_layers")
+    quote = "Megatron-Core: "
+    if layers is not None and count >= layers:
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message=f"cpu_offloading_num_layers ({count}) must be below num_layers ({layers}) "
+            f"({quote}'CPU offloading can be done only for layers less than {layers}')",
+            hint=f"set cpu_offloading_num_layers to 1..{layers - 1}",
+        )
+    if plan.sizes.pp > 1:
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message=f"cpu_offloading_num_layers needs pp = 1, not {plan.sizes.pp} ({quote}"
+            "'Currently there is no support for Pipeline parallelism with CPU offloading')",
+            hint="remove cpu_offloading_num_layers, or set pp = 1",
+        )
+    if opts.recompute_granularity is not None:
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message=f"cpu_offloading_num_layers cannot be used with recompute_granularity "
+            f"({quote}'CPU offloading does not work when activation recomputation is "
+            "enabled')",
+            hint="remove recompute_granularity, or cpu_offloading_num_layers",
+        )
+
+
+def _recompute_module_rules(
+    plan: Plan, opts: MegatronOptions, words: Sequence[str], dtype: str | None
+) -> Iterator[Finding]:
+    modules = opts.recompute_modules
+    if modules is None:
+        return
+    pointer = _at(opts, "recompute_modules")
+    if opts.recompute_granularity != "selective":
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            severity=Severity.WARNING,
+            message='recompute_modules applies only with recompute_granularity = "selective" '
+            "(Megatron-Core reads it for selective recompute only)",
+            hint='set recompute_granularity = "selective", or remove recompute_modules',
+        )
+        return
+    if "moe_act" in modules and not _passes(words, "--moe-grouped-gemm"):
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message="recompute_modules has moe_act, which needs --moe-grouped-gemm "
+            "(Megatron-Core: 'moe_act in recompute_modules is only supported with "
+            "moe_grouped_gemm.'), and the arguments do not pass it",
+            hint='add "--moe-grouped-gemm" to extra_args, or remove moe_act',
+        )
+    latent = bool(getattr(plan.model, "multi_latent_attention", None))
+    if "mla_up_proj" in modules and not (latent or _passes(words, "--multi-latent-attention")):
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message="recompute_modules has mla_up_proj, which needs multi-latent attention "
+            "(Megatron-Core: 'mla_up_proj in recompute_modules is only supported with "
+            "multi_latent_attention.')",
+            hint="remove mla_up_proj",
+        )
+    output_discarding = sorted({"moe_act", "layernorm"} & set(modules))
+    if dtype == "fp8" and output_discarding and (opts.fp8_recipe or "delayed") == "delayed":
+        yield Finding(
+            code="MDC357",
+            pointer=pointer,
+            message=f"recompute_modules has {' and '.join(output_discarding)}, which fp8's "
+            "delayed scaling recipe cannot recompute (Megatron-Core: 'Delayed scaling does "
+            "not support moe_act and layernorm recompute for fp8.')",
+            hint='set fp8_recipe to "tensorwise", "mxfp8" or "blockwise", or remove them',
+        )
+
+
+def _moe_rules(plan: Plan, opts: MegatronOptions, words: Sequence[str]) -> Iterator[Finding]:
+    if opts.moe_pad_expert_input_to_capacity and opts.moe_expert_capacity_factor is None:
+        yield Finding(
+            code="MDC358",
+            pointer=_at(opts, "moe_pad_expert_input_to_capacity"),
+            message="moe_pad_expert_input_to_capacity needs moe_expert_capacity_factor "
+            "(Megatron-Core: 'moe_expert_capacity_factor must be set to use "
+            "moe_pad_expert_input_to_capacity')",
+            hint="set moe_expert_capacity_factor, e.g. 1.0",
+        )
+    backend = _value_after(words, "--moe-flex-dispatcher-backend") or "deepep"
+    if (
+        opts.moe_token_dispatcher_type == "flex"
+        and opts.moe_pad_expert_input_to_capacity
+        and backend == "deepep"
+    ):
+        yield Finding(
+            code="MDC358",
+            pointer=_at(opts, "moe_pad_expert_input_to_capacity"),
+            message="the flex dispatcher with its deepep backend cannot pad expert inputs "
+            "(Megatron-Core: 'Flex token dispatcher with deepep backend does not support "
+            "moe_pad_expert_input_to_capacity')",
+            hint="remove moe_pad_expert_input_to_capacity, or use moe_token_dispatcher_type "
+            '= "alltoall"',
+        )
+    experts = plan.model.num_experts if plan.model else None
+    for key in (
+        "moe_token_dispatcher_type",
+        "moe_expert_capacity_factor",
+        "moe_pad_expert_input_to_capacity",
+    ):
+        if plan.model is not None and not experts and getattr(opts, key) is not None:
+            yield Finding(
+                code="MDC358",
+                pointer=_at(opts, key),
+                severity=Severity.WARNING,
+                message=f"{key} has no effect: [model] has no num_experts (a dense model)",
+                hint=f"remove {key}",
+            )
+
+
 def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
-    opts = _options(options)
+    written, opts = options or MegatronOptions(), _options(options)
     yield from torchrun_findings(plan, _torchrun(plan))
     yield from _order(plan)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)
-    yield from _clashes(plan, opts)
+    yield from _memory_options(plan, opts)
+    yield from _clashes(plan, written, opts)
+
+
+#: bytes per element of Megatron's optimizer dtypes (fp8 moments: 1 byte each)
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: what the memory hint proposes, in the [megatron] table's words
+LEVERS = (
+    ("zero 1", "[megatron] use_distributed_optimizer = true"),
+    (
+        "zero 2",
+        '[megatron] use_megatron_fsdp = true, data_parallel_sharding_strategy = "optim_grads"',
+    ),
+    (
+        "zero 3",
+        "[megatron] use_megatron_fsdp = true, "
+        'data_parallel_sharding_strategy = "optim_grads_params"',
+    ),
+    (
+        "optimizer offload",
+        "[megatron] optimizer_cpu_offload = true, use_precision_aware_optimizer = true",
+    ),
+    ("sequence parallel", "[megatron] sequence_parallel = true"),
+    ("recompute selective", '[megatron] recompute_granularity = "selective"'),
+    (
+        "recompute full",
+        '[megatron] recompute_granularity = "full", recompute_method = "uniform", '
+        "recompute_num_layers = 1",
+    ),
+)
+
+
+def zero_stage(opts: MegatronOptions) -> int:
+    """What is sharded over the dp-cp group, as a ZeRO stage: Megatron-FSDP's strategy
+    (no_shard, optim, optim_grads, optim_grads_params: 0-3), else the distributed
+    optimizer's 1."""
+    stage = 1 if _distributed_optimizer(opts) else 0
+    if _fsdp(opts):
+        strategy = opts.data_parallel_sharding_strategy or "no_shard"
+        stage = max(stage, FSDP_ZERO_STAGE[strategy])
+    return stage
+
+
+def _optimizer_bytes(opts: MegatronOptions) -> int | None:
+    """Adam's bytes per parameter under the precision-aware optimizer: the main (master)
+    parameters (fp32 kept as a 16-bit remainder beside the bf16 weight, as megatron-core's
+    store_param_remainders does by default: 2 bytes) and the two moments; None: 12."""
+    if not opts.use_precision_aware_optimizer:
+        return None
+    main = DTYPE_BYTES[opts.main_params_dtype or "fp32"]
+    master = 2 if main == 4 else main
+    return (
+        master
+        + DTYPE_BYTES[opts.exp_avg_dtype or "fp32"]
+        + DTYPE_BYTES[opts.exp_avg_sq_dtype or "fp32"]
+    )
+
+
+def _grad_bytes(opts: MegatronOptions) -> int:
+    """fp32 main gradients, unless reduced in bf16 (--grad-reduce-in-bf16, or bf16 main
+    gradients of the precision-aware optimizer)."""
+    if opts.grad_reduce_in_bf16 or opts.main_grads_dtype == "bf16":
+        return 2
+    return 4
 
 
 def training(options: MegatronOptions | None) -> TrainingSetup:
     opts = _options(options)
+    offload = 0.0
+    if opts.optimizer_cpu_offload:
+        offload = (
+            1.0 if opts.optimizer_offload_fraction is None else opts.optimizer_offload_fraction
+        )
     return TrainingSetup(
-        zero_stage=1 if _distributed_optimizer(opts) else 0,
-        grad_bytes=4,
+        zero_stage=zero_stage(opts),
+        grad_bytes=_grad_bytes(opts),
         sequence_parallel=opts.sequence_parallel is not False,
         recompute=opts.recompute_granularity or "none",
+        recompute_method=opts.recompute_method,
+        recompute_num_layers=opts.recompute_num_layers,
+        recompute_modules=opts.recompute_modules,
+        layer_weight_bytes=1 if opts.fp8_param_gather else None,
+        optimizer_bytes=_optimizer_bytes(opts),
+        optimizer_offload=offload,
+        offload_layers=opts.cpu_offloading_num_layers or 0,
+        moe_dispatcher=opts.moe_token_dispatcher_type or "allgather",
+        moe_capacity_factor=opts.moe_expert_capacity_factor
+        if opts.moe_pad_expert_input_to_capacity
+        else None,
+        levers=LEVERS,
     )
 
 
@@ -577,6 +1237,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",

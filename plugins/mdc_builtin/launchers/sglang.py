@@ -24,16 +24,21 @@ from mdc.api import (
     NODE_RANK,
     Artifact,
     Concat,
+    Endpoint,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
     Role,
     Severity,
     Word,
+    flag_names,
     out_file,
     read_schema,
 )
+from mdc_builtin.launchers._addresses import ipv4_function
 
 NODE_SCRIPT = "launch/sglang-node.sh"
 DEFAULT_PORT = 30000
@@ -102,34 +107,19 @@ def node_script(plan: Plan) -> str:
         [
             "#!/usr/bin/env bash",
             (
-                f"# One node of SGLang job {plan.job.name!r} ({plan.nnodes} nodes). launch/worker.sh "
-                "runs it with"
+                f"# One node of SGLang job {plan.job.name!r} ({plan.nnodes} nodes). "
+                "launch/worker.sh runs it with"
             ),
             "# NODE_RANK and NODE_HOSTS set and the server's command as its arguments; it exports",
-            "# SGLANG_HOST_IP, this node's address (SGLang reads it as the node's own IP): an IP in",
-            "# NODE_HOSTS as it is, a host name as its first IPv4 address, or the name itself when",
-            "# it does not resolve.",
+            "# SGLANG_HOST_IP, this node's address (SGLang reads it as the node's own IP): an IP",
+            "# in NODE_HOSTS as it is, a host name as its first IPv4 address.",
             "set -euo pipefail",
             ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
             ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
+            *ipv4_function(),
             'read -r -a hosts <<< "$NODE_HOSTS"',
-            'self="${hosts[NODE_RANK]:-}"',
-            'if [[ -z "$self" ]]; then',
-            "  echo \"mdc: NODE_HOSTS names no host for node $NODE_RANK: '$NODE_HOSTS'\" >&2",
-            "  exit 1",
-            "fi",
-            'if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ || "$self" == *:* ]]; then',
-            '  ip="$self"',
-            "else",
-            '  ip="$(getent ahostsv4 "$self" | awk \'NR == 1 { print $1 }\' || true)"',
-            "fi",
-            'if [[ -z "$ip" ]]; then',
-            (
-                "  echo \"mdc: '$self' (node $NODE_RANK in NODE_HOSTS) does not resolve; "
-                'SGLANG_HOST_IP is the name" >&2'
-            ),
-            '  ip="$self"',
-            "fi",
+            'self="${hosts[NODE_RANK]:?NODE_HOSTS names no host for this node}"',
+            'ip="$(node_ipv4 "$self")"',
             'export SGLANG_HOST_IP="$ip"',
             'exec "$@"',
         ]
@@ -165,23 +155,27 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
     files: tuple[Artifact, ...] = ()
     if plan.nnodes > 1:
         worker_env["NCCL_INIT_ADDR"] = "MASTER_ADDR:MASTER_PORT (as --dist-init-addr)"
-        worker_env["SGLANG_HOST_IP"] = (
-            "this node's address from NODE_HOSTS (its IPv4 address when a host name resolves)"
-        )
+        worker_env["SGLANG_HOST_IP"] = "this node's IPv4 address, from NODE_HOSTS"
         argv = ("bash", out_file(NODE_SCRIPT), *argv)
         files = (Artifact.text(NODE_SCRIPT, node_script(plan), executable=True),)
     return Launch(
-        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+        roles=(Role(name="worker", argv=argv, env=env),),
+        files=files,
+        worker_env=worker_env,
+        endpoint=Endpoint(port=_opts(options).port or DEFAULT_PORT),
     )
 
 
+#: the same flags as a table of mdc's shared flag reader (each takes one value)
+OWNED_FLAGS = FlagTable(
+    KnownFlag(name=flag, source="the plan", nargs=1, aliases=aliases)
+    for flag, aliases in OWNED.items()
+)
+
+
 def _written(words: Sequence[str]) -> list[str]:
-    found = []
-    for flag, aliases in OWNED.items():
-        names = (flag, *aliases)
-        if any(w in names or any(w.startswith(n + "=") for n in names) for w in words):
-            found.append(flag)
-    return found
+    found = flag_names(OWNED_FLAGS.find(words))
+    return [flag for flag in OWNED if flag in found]
 
 
 def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:

@@ -33,7 +33,10 @@ import mdc
 from mdc.api import (
     NODE_RANK,
     Artifact,
+    Endpoint,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -43,6 +46,7 @@ from mdc.api import (
     out_file,
     read_schema,
 )
+from mdc_builtin.launchers._addresses import ipv4_function
 
 HELPER = "launch/sglang_disagg.sh"
 #: SGLang's DISAGG_TRANSFER_BACKEND_CHOICES (server_args.py)
@@ -52,7 +56,44 @@ ROUTERS = {
     "mini_lb": ("-m", "sglang.srt.disaggregation.mini_lb"),
 }
 MAX_PORT = 65535
+#: the server flags mdc writes, with SGLang's aliases (server_args.py); a copy in the
+#: arguments is refused with the key that sets it
+OWNED_FLAGS = FlagTable(
+    [
+        KnownFlag(name="--model-path", source="model_path", nargs=1, aliases=("--model",)),
+        KnownFlag(name="--tp-size", source="tp_size", nargs=1, aliases=("--tensor-parallel-size",)),
+        KnownFlag(name="--dp-size", source="dp_size", nargs=1, aliases=("--data-parallel-size",)),
+        KnownFlag(name="--enable-dp-attention", source="enable_dp_attention"),
+        KnownFlag(name="--ep-size", source="ep_size", nargs=1, aliases=("--expert-parallel-size",)),
+        KnownFlag(name="--moe-a2a-backend", source="moe_a2a_backend", nargs=1),
+        KnownFlag(name="--nnodes", source="the server's nodes (tp_size / nproc_per_node)", nargs=1),
+        KnownFlag(name="--node-rank", source="the node's place in its server", nargs=1),
+        KnownFlag(
+            name="--dist-init-addr",
+            source="the server's first node",
+            nargs=1,
+            aliases=("--nccl-init-addr",),
+        ),
+        KnownFlag(name="--host", source="mdc (0.0.0.0)", nargs=1),
+        KnownFlag(name="--port", source="port (port + the server's first node)", nargs=1),
+        KnownFlag(name="--disaggregation-mode", source="the node's role", nargs=1),
+        KnownFlag(name="--disaggregation-transfer-backend", source="transfer_backend", nargs=1),
+        KnownFlag(name="--disaggregation-bootstrap-port", source="bootstrap_port", nargs=1),
+    ]
+)
 PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
+
+
+@attrs.frozen(kw_only=True)
+class RoleOptions:
+    """``[sglang_disagg.prefill]`` / ``[sglang_disagg.decode]``: one role's servers."""
+
+    tp_size: int | None = None
+    dp_size: int | None = None
+    enable_dp_attention: bool | None = None
+    ep_size: int | None = None
+    moe_a2a_backend: str | None = None
+    args: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +102,12 @@ class SglangDisaggOptions:
 
     model_path: str
     tp_size: int | None = None
+    dp_size: int | None = None
+    enable_dp_attention: bool = False
+    ep_size: int | None = None
+    moe_a2a_backend: str | None = None
+    prefill: RoleOptions = RoleOptions()
+    decode: RoleOptions = RoleOptions()
     port: int = 30000
     bootstrap_port: int = 8998
     router_port: int = 8000
@@ -72,14 +119,70 @@ class SglangDisaggOptions:
 
 
 def tp_size(plan: Plan, options: SglangDisaggOptions) -> int:
-    """Each server's tensor parallel size: the option, else [parallelism] tp, else the GPUs."""
+    """The servers' tensor parallel size: the option, else [parallelism] tp, else the GPUs."""
     if options.tp_size is not None:
         return options.tp_size
     return plan.sizes.tp if plan.sizes.tp > 1 else plan.nproc_per_node
 
 
+@attrs.frozen(kw_only=True)
+class Server:
+    """What every server of one role is: its SGLang sizes and the nodes it spans."""
+
+    role: str
+    tp: int
+    dp: int
+    dp_attention: bool
+    ep: int | None
+    a2a: str | None
+    args: tuple[str, ...]
+    nproc_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        """DP attention splits attention inside the tp GPUs; plain dp replicates them."""
+        return self.tp if self.dp_attention else self.tp * self.dp
+
+    @property
+    def nodes(self) -> int:
+        """Nodes one server spans (SGLang's --nnodes); a server never shares a node."""
+        return max(1, self.gpus // self.nproc_per_node)
+
+    def flags(self) -> list[str]:
+        """SGLang's parallelism flags for this server (server_args.py ServerArgs)."""
+        words = ["--tp-size", str(self.tp)]
+        if self.dp > 1:
+            words += ["--dp-size", str(self.dp)]
+        if self.dp_attention:
+            words.append("--enable-dp-attention")
+        if self.ep is not None:
+            words += ["--ep-size", str(self.ep)]
+        if self.a2a is not None:
+            words += ["--moe-a2a-backend", self.a2a]
+        return words
+
+
+def server(plan: Plan, options: SglangDisaggOptions, role: str) -> Server:
+    """A role's servers: its table's keys, else [sglang_disagg]'s."""
+    own: RoleOptions = getattr(options, role)
+    return Server(
+        role=role,
+        tp=own.tp_size if own.tp_size is not None else tp_size(plan, options),
+        dp=own.dp_size if own.dp_size is not None else options.dp_size or 1,
+        dp_attention=(
+            own.enable_dp_attention
+            if own.enable_dp_attention is not None
+            else options.enable_dp_attention
+        ),
+        ep=own.ep_size if own.ep_size is not None else options.ep_size,
+        a2a=own.moe_a2a_backend if own.moe_a2a_backend is not None else options.moe_a2a_backend,
+        args=own.args,
+        nproc_per_node=plan.nproc_per_node,
+    )
+
+
 def helper_script(plan: Plan, options: SglangDisaggOptions) -> str:
-    """The run-time half: URLs from $NODE_HOSTS, ports from NODE_RANK."""
+    """The run-time half: URLs from $NODE_HOSTS, ports and server ranks from NODE_RANK."""
     split = plan.disagg
     assert split is not None
     prefill, decode = split.prefill, split.decode
@@ -89,22 +192,25 @@ def helper_script(plan: Plan, options: SglangDisaggOptions) -> str:
         if bootstrap
         else 'args+=(--prefill "$(url "$i")")'
     )
-    prefill_port = (
-        'exec "$@" --port "$((PORT + NODE_RANK))" '
-        '--disaggregation-bootstrap-port "$((BOOTSTRAP_PORT + NODE_RANK))"'
+    prefill_boot = (
+        'server+=(--disaggregation-bootstrap-port "$((BOOTSTRAP_PORT + first))")'
         if bootstrap
-        else 'exec "$@" --port "$((PORT + NODE_RANK))" '
-        '--disaggregation-bootstrap-port "$BOOTSTRAP_PORT"'
+        else 'server+=(--disaggregation-bootstrap-port "$BOOTSTRAP_PORT")'
     )
+    node_ipv4 = "\n".join(ipv4_function())
     return f"""#!/usr/bin/env bash
 # Generated by mdc (sglang_disagg launcher). Usage: sglang_disagg.sh router|prefill|decode CMD...
 # Exports this node's address (POD_IP) and every node's (SGLANG_NODE_IPS), then appends
-# what is known only on the node: the prefill/decode URLs (router) or this node's ports
-# (servers). Node i serves HTTP on PORT + i; a prefill node's KV bootstrap
-# server listens on BOOTSTRAP_PORT + i.
+# what is known only on the node: the prefill/decode URLs (router) or this node's part of
+# its server (servers). A server spans PREFILL_SERVER_NODES (DECODE_SERVER_NODES)
+# consecutive nodes; its first node serves HTTP on PORT + first and, for prefill, its KV
+# bootstrap server on BOOTSTRAP_PORT + first; its nodes meet at the first node's address,
+# port MASTER_PORT + first (--dist-init-addr).
 set -euo pipefail
 PREFILL_NODES={prefill}
 DECODE_NODES={decode}
+PREFILL_SERVER_NODES={server(plan, options, "prefill").nodes}
+DECODE_SERVER_NODES={server(plan, options, "decode").nodes}
 TOTAL_NODES={plan.nnodes}
 PORT={options.port}
 BOOTSTRAP_PORT={options.bootstrap_port}
@@ -114,18 +220,11 @@ if [ "${{#hosts[@]}}" -ne "$TOTAL_NODES" ]; then
   exit 2
 fi
 # madengine's names for the nodes' addresses: POD_IP (this node), SGLANG_NODE_IPS (every
-# node in rank order, commas). An IP stays as it is, a host name becomes its first IPv4
-# address, or stays a name when it does not resolve (yet).
-address() {{
-  local ip=""
-  if [[ ! "$1" =~ ^[0-9]+([.][0-9]+){{3}}$ && "$1" != *:* ]]; then
-    ip="$(getent ahostsv4 "$1" | awk 'NR == 1 {{ print $1 }}' || true)"
-  fi
-  printf '%s' "${{ip:-$1}}"
-}}
+# node in rank order, commas), each an IP as it is or a host name's first IPv4 address.
+{node_ipv4}
 ips=()
 for host in "${{hosts[@]}}"; do
-  ips+=("$(address "$host")")
+  ips+=("$(node_ipv4 "$host")")
 done
 POD_IP="${{ips[NODE_RANK]}}"
 SGLANG_NODE_IPS="$(IFS=,; printf '%s' "${{ips[*]}}")"
@@ -135,24 +234,38 @@ url() {{
   if [[ "$host" == *:* ]]; then host="[$host]"; fi
   printf 'http://%s:%s' "$host" "$((PORT + $1))"
 }}
+# server_flags FIRST_ROLE_NODE SERVER_NODES: this node's place in its server
+server_flags() {{
+  first=$(($1 + (NODE_RANK - $1) / $2 * $2))
+  server=(--port "$((PORT + first))")
+  if (($2 > 1)); then
+    local head="${{ips[first]}}"
+    if [[ "$head" == *:* ]]; then head="[$head]"; fi
+    server+=(--nnodes "$2" --node-rank "$((NODE_RANK - first))")
+    server+=(--dist-init-addr "$head:$((${{MASTER_PORT:?MASTER_PORT is not set}} + first))")
+  fi
+}}
 role="$1"
 shift
 case "$role" in
   router)
     args=()
-    for ((i = 1; i <= PREFILL_NODES; i++)); do
+    for ((i = 1; i <= PREFILL_NODES; i += PREFILL_SERVER_NODES)); do
       {prefill_url}
     done
-    for ((i = PREFILL_NODES + 1; i <= PREFILL_NODES + DECODE_NODES; i++)); do
+    for ((i = PREFILL_NODES + 1; i <= PREFILL_NODES + DECODE_NODES; i += DECODE_SERVER_NODES)); do
       args+=(--decode "$(url "$i")")
     done
     exec "$@" "${{args[@]}}"
     ;;
   prefill)
-    {prefill_port}
+    server_flags 1 "$PREFILL_SERVER_NODES"
+    {prefill_boot}
+    exec "$@" "${{server[@]}}"
     ;;
   decode)
-    exec "$@" --port "$((PORT + NODE_RANK))"
+    server_flags "$((PREFILL_NODES + 1))" "$DECODE_SERVER_NODES"
+    exec "$@" "${{server[@]}}"
     ;;
   *)
     echo "sglang_disagg: unknown role $role" >&2
@@ -196,8 +309,7 @@ def _worker_env(plan: Plan, options: SglangDisaggOptions) -> dict[str, str]:
             f"(nodes {split.prefill + 1}..{last})",
             "SGLANG_NODE_RANK": f"the backend's node index, 0..{last}",
             "POD_INDEX": f"the backend's node index, 0..{last}",
-            "POD_IP": f"this node's address from NODE_HOSTS (set by {HELPER}; the IPv4 address "
-            "when a host name resolves)",
+            "POD_IP": f"this node's IPv4 address from NODE_HOSTS (set by {HELPER})",
             "SGLANG_NODE_IPS": f"every node's address from NODE_HOSTS in node-rank order, "
             f"separated by commas (set by {HELPER}, as POD_IP)",
         }
@@ -225,6 +337,7 @@ def emit(plan: Plan, options: SglangDisaggOptions | None) -> Launch:
     router += options.router_args
     roles = [Role(name="proxy", argv=tuple(router), env=_env(plan, options, "proxy"))]
     for mode in ("prefill", "decode"):
+        shape = server(plan, options, mode)
         argv: list[Word] = [
             *helper,
             mode,
@@ -235,19 +348,20 @@ def emit(plan: Plan, options: SglangDisaggOptions | None) -> Launch:
             options.model_path,
             "--disaggregation-mode",
             mode,
-            "--tp-size",
-            str(tp_size(plan, options)),
+            *shape.flags(),
             "--host",
             "0.0.0.0",
             "--disaggregation-transfer-backend",
             options.transfer_backend,
             *options.server_args,
+            *shape.args,
         ]
         roles.append(Role(name=mode, argv=tuple(argv), env=_env(plan, options, mode)))
     return Launch(
         roles=tuple(roles),
         files=(Artifact.text(HELPER, helper_script(plan, options), executable=True),),
         worker_env=_worker_env(plan, options),
+        endpoint=Endpoint(port=options.router_port),
     )
 
 
@@ -299,6 +413,51 @@ def _port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding
         )
 
 
+def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
+    """Servers of whole nodes, roles of whole servers (MDC383, MDC387), flags mdc sets (MDC389)."""
+    split = plan.disagg
+    gpus = plan.nproc_per_node
+    for role in ("prefill", "decode"):
+        shape = server(plan, options, role)
+        own: RoleOptions = getattr(options, role)
+        where = f"/sglang_disagg/{role}" if own.tp_size is not None else "/sglang_disagg"
+        if shape.gpus > gpus and shape.gpus % gpus:
+            # SGLang spreads a server's tp_size GPUs evenly over its --nnodes nodes
+            yield Finding(
+                code="MDC383",
+                pointer=f"{where}/tp_size",
+                message=f"a {role} server uses {shape.gpus} GPUs, which is more than one node "
+                f"({gpus}) but not a whole number of nodes",
+                hint=f"make it a multiple of nproc_per_node ({gpus}) or at most {gpus}",
+            )
+            continue
+        count = split.prefill if (split and role == "prefill") else split.decode if split else 0
+        if split is not None and count % shape.nodes:
+            below = max(shape.nodes, count // shape.nodes * shape.nodes)
+            yield Finding(
+                code="MDC387",
+                pointer=f"/distributed/{role}_nodes",
+                message=f"a {role} server spans {shape.nodes} nodes ({shape.gpus} GPUs), so "
+                f"the {count} {role} nodes do not hold whole servers",
+                hint=f"set {role}_nodes to a multiple of {shape.nodes}, e.g. {below} (and the "
+                "other role's count so that both add up to nnodes - 1)",
+            )
+    for pointer, words in (
+        ("/sglang_disagg/server_args", options.server_args),
+        ("/sglang_disagg/prefill/args", options.prefill.args),
+        ("/sglang_disagg/decode/args", options.decode.args),
+    ):
+        uses = OWNED_FLAGS.find(words)
+        for use in uses:
+            yield Finding(
+                code="MDC389",
+                pointer=pointer,
+                message=f"{pointer[1:].replace('/', '.')} has {use.spelled}, which the "
+                f"sglang_disagg launcher sets from {use.flag.source}",
+                hint=f"remove {use.spelled}; set it through {use.flag.source}",
+            )
+
+
 def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:
     if options is None:
         yield Finding(
@@ -309,15 +468,7 @@ def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:
             hint='add [sglang_disagg] model_path = "meta-llama/Llama-3.1-8B-Instruct"',
         )
         return
-    tp = tp_size(plan, options)
-    if tp > plan.nproc_per_node:
-        yield Finding(
-            code="MDC383",
-            pointer="/sglang_disagg/tp_size" if options.tp_size is not None else "/parallelism/tp",
-            message=f"each prefill/decode server runs on one node, so its tp_size "
-            f"({tp}) cannot exceed nproc_per_node ({plan.nproc_per_node})",
-            hint=f"set tp_size to {plan.nproc_per_node} or less",
-        )
+    yield from _server_findings(plan, options)
     if plan.sizes.pp != 1 or plan.sizes.cp != 1:
         yield Finding(
             code="MDC383",

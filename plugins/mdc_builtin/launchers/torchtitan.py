@@ -25,6 +25,8 @@ import mdc
 from mdc.api import (
     Artifact,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -644,17 +646,34 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
                     message="TOML has no null: a config value cannot be null",
                     hint="remove the key to keep TorchTitan's default",
                 )
-    for index, word in enumerate(plan.job.argv):
-        # TorchTitan's overrides: --section.key VALUE or --section.key=VALUE, - or _
-        if not word.startswith("--") or "." not in word:
-            continue
-        section, _, key = word[2:].split("=", 1)[0].replace("-", "_").partition(".")
+    for use in OVERRIDES.find(plan.job.argv):
+        section, _, key = use.flag.name[2:].partition(".")
         owner = _owner(plan, section, key)
         if owner is not None:
-            pointer = (
-                f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
+            yield _clash(
+                section, key, owner, "the job's command", _command_pointer(plan, use.index)
             )
-            yield _clash(section, key, owner, "the job's command", pointer)
+
+
+def _command_pointer(plan: Plan, index: int) -> str:
+    return f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
+
+
+def _override_name(word: str) -> str:
+    """TorchTitan's overrides as one name: --section.key, with - and _ alike (tyro)."""
+    return "--" + word[2:].replace("-", "_") if word.startswith("--") else word
+
+
+#: the command-line overrides of the config keys the launcher sets or reads
+OVERRIDES = FlagTable(
+    [
+        *(
+            KnownFlag(name=f"--{section}.{key}", source=source, nargs=1)
+            for (section, key), source in [*OPTION_KEYS.items(), *DERIVED_KEYS.items()]
+        ),
+    ],
+    normalize=_override_name,
+)
 
 
 def check(plan: Plan, options: TorchtitanOptions | None) -> Iterator[Finding]:
@@ -665,31 +684,126 @@ def check(plan: Plan, options: TorchtitanOptions | None) -> Iterator[Finding]:
     yield from _pipeline(plan, opts)
     yield from _dtype(plan)
     yield from _passthrough(plan, opts)
+    yield from _memory_overrides(plan)
 
 
-def _recompute(opts: TorchtitanOptions) -> str:
-    mode = _passed(opts, "activation_checkpoint", "mode", "selective")
-    return {"full": "full", "none": "none"}.get(str(mode), "selective")
+#: what the memory hint proposes, in the [torchtitan] table's words
+LEVERS = (
+    ("recompute full", '[torchtitan.config.activation_checkpoint] mode = "full"'),
+    ("optimizer offload", "[torchtitan.config.training] enable_cpu_offload = true"),
+)
+#: config keys that change what each GPU holds, as command-line overrides (read like the
+#: config table; the command's value wins, as in TorchTitan)
+MEMORY_KEYS = (
+    ("activation_checkpoint", "mode"),
+    ("activation_checkpoint", "selective_ac_option"),
+    ("training", "enable_cpu_offload"),
+    ("parallelism", "fsdp_reshard_after_forward"),
+)
+
+
+def memory_config(opts: TorchtitanOptions) -> dict[str, Any]:
+    """The memory keys' values in the config table."""
+    values = {f"{section}.{key}": _passed(opts, section, key, None) for section, key in MEMORY_KEYS}
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
+    """(mode, n): TorchTitan's selective checkpointing with an integer option recomputes
+    every n-th layer whole (its default: "2"); "op" saves per-op, like Megatron's selective."""
+    mode = str(values.get("activation_checkpoint.mode", "selective"))
+    if mode in ("full", "none"):
+        return mode, None
+    option = str(values.get("activation_checkpoint.selective_ac_option", "2"))
+    if option.isdigit() and int(option) > 0:
+        return "full", int(option)
+    return "selective", None
 
 
 def training(options: TorchtitanOptions | None) -> TrainingSetup:
     """FSDP2 shards weights, gradients and optimizer state (ZeRO-3 style) over its fsdp
-    dimension (dp_shard * cp; dp_replicate copies under HSDP); gradients are kept and
-    reduced in float32 (mixed_precision_reduce)."""
+    dimension (dp_shard * cp; dp_replicate copies under HSDP). TorchTitan keeps the sharded
+    parameters in float32 (compute in mixed_precision_param): 4-byte weights and
+    gradients, Adam's two 4-byte moments. ``fsdp_reshard_after_forward = "never"`` keeps
+    each layer's gathered weights from forward to backward (sharded like ZeRO-2);
+    ``training.enable_cpu_offload`` keeps weights, gradients and optimizer state on the
+    host."""
     opts = _options(options)
+    values = memory_config(opts)
+    mode, every = _recompute(values)
+    offload = values.get("training.enable_cpu_offload") in (True, "true", "True")
+    never = values.get("parallelism.fsdp_reshard_after_forward") == "never"
     return TrainingSetup(
-        zero_stage=3,
+        zero_stage=2 if never else 3,
         grad_bytes=4,
+        weight_bytes=4,
+        optimizer_bytes=8,
         sequence_parallel=True,
-        recompute=_recompute(opts),
+        recompute=mode,
+        recompute_every=every,
         replicas=opts.dp_replicate or 1,
+        param_offload=offload,
+        optimizer_offload=1.0 if offload else 0.0,
+        levers=LEVERS,
     )
+
+
+def _memory_overrides(plan: Plan) -> Iterator[Finding]:
+    """A memory key overridden on the command line: the estimate reads the config table."""
+    for use in MEMORY_OVERRIDES.find(plan.job.argv):
+        yield Finding(
+            code="MDC359",
+            pointer=_command_pointer(plan, use.index),
+            message=f"the job's command passes {use.spelled}, which changes what each GPU "
+            "holds; mdc's memory estimate reads it from the config table",
+            hint=f"remove it from the command and set {use.flag.source}",
+        )
+
+
+#: the memory keys' overrides (tyro: --training.enable-cpu-offload alone means true)
+MEMORY_OVERRIDES = FlagTable(
+    [
+        KnownFlag(
+            name="--activation_checkpoint.mode",
+            source="[torchtitan.config.activation_checkpoint] mode",
+            key="activation_checkpoint.mode",
+            nargs=1,
+            choices=("selective", "full", "memory_budget", "none"),
+        ),
+        KnownFlag(
+            name="--activation_checkpoint.selective_ac_option",
+            source="[torchtitan.config.activation_checkpoint] selective_ac_option",
+            key="activation_checkpoint.selective_ac_option",
+            nargs=1,
+        ),
+        KnownFlag(
+            name="--training.enable_cpu_offload",
+            source="[torchtitan.config.training] enable_cpu_offload",
+            key="training.enable_cpu_offload",
+        ),
+        KnownFlag(
+            name="--training.no_enable_cpu_offload",
+            source="[torchtitan.config.training] enable_cpu_offload",
+            key="training.enable_cpu_offload",
+            switch_value=False,
+        ),
+        KnownFlag(
+            name="--parallelism.fsdp_reshard_after_forward",
+            source="[torchtitan.config.parallelism] fsdp_reshard_after_forward",
+            key="parallelism.fsdp_reshard_after_forward",
+            nargs=1,
+            choices=("default", "always", "never"),
+        ),
+    ],
+    normalize=_override_name,
+)
 
 
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="torchtitan",
             description="TorchTitan on torchrun: a job config TOML plus command-line overrides "
             "with the plan's degrees and batch",

@@ -12,7 +12,16 @@ which starts Ray (the head on node 0 at MASTER_PORT, the others join it and
 block), and node 0 waits, bounded, until Ray reports every GPU, then execs the
 server with ``--distributed-executor-backend ray``. ``mode = "replicas"``: each
 node runs its own independent server (data-parallel replicas), so tp * pp must
-be the GPUs of one node.
+divide the GPUs of one node (several engines per node: ``--data-parallel-size``).
+
+Data parallel (``mode = "dp"``, the default over several nodes when tp * pp * dp =
+world with dp > 1): one API endpoint on node 0 over dp engines of tp * pp GPUs, as
+vLLM's "Data Parallel Deployment" documentation runs it. Every node gets
+``--data-parallel-size dp --data-parallel-size-local L`` (L engines per node) and,
+from ``launch/vllm-node.sh``, ``--data-parallel-address`` (node 0's IPv4 address) and
+``--data-parallel-rpc-port`` (MASTER_PORT); nodes after 0 add ``--headless
+--data-parallel-start-rank node * L``. ``[parallelism] ep`` above 1 adds
+``--enable-expert-parallel``; vLLM's expert-parallel group is then tp * dp of one server.
 """
 
 from __future__ import annotations
@@ -28,17 +37,22 @@ from mdc.api import (
     MASTER_PORT,
     NODE_RANK,
     Artifact,
+    Endpoint,
     Finding,
+    FlagTable,
+    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
     Role,
     Severity,
     Word,
+    flag_names,
     out_file,
     read_schema,
     shell_word,
 )
+from mdc_builtin.launchers._addresses import ipv4_function
 
 NODE_SCRIPT = "launch/vllm-node.sh"
 DEFAULT_PORT = 8000
@@ -51,15 +65,29 @@ SERVE = ("vllm", "serve")
 #: the flags mdc writes; a user's own copy of one is a finding (the CLI keeps the last)
 TP_FLAG = "--tensor-parallel-size"
 PP_FLAG = "--pipeline-parallel-size"
+DP_FLAG = "--data-parallel-size"
+DP_LOCAL_FLAG = "--data-parallel-size-local"
+EP_FLAG = "--enable-expert-parallel"
 EXECUTOR_FLAG = "--distributed-executor-backend"
-OWNED = {
-    TP_FLAG: ("-tp",),
-    PP_FLAG: ("-pp",),
-    "--host": (),
-    "--port": (),
-    "--model": (),
-    EXECUTOR_FLAG: (),
+#: flag -> (vLLM's aliases, where mdc takes the value from); vllm/engine/arg_utils.py
+#: (ParallelConfig group) and vllm/entrypoints/openai/cli_args.py
+OWNED: dict[str, tuple[tuple[str, ...], str]] = {
+    TP_FLAG: (("-tp",), "[parallelism] tp"),
+    PP_FLAG: (("-pp",), "[parallelism] pp"),
+    DP_FLAG: (("-dp",), "[parallelism] dp"),
+    DP_LOCAL_FLAG: (("-dpl",), "nproc_per_node / (tp x pp)"),
+    "--data-parallel-start-rank": (("-dpr",), "the node's rank"),
+    "--data-parallel-address": (("-dpa",), "node 0's address"),
+    "--data-parallel-rpc-port": (("-dpp",), "[distributed] master_port"),
+    "--headless": ((), "the node's rank"),
+    EP_FLAG: (("-ep",), "[parallelism] ep (= tp x dp of one server)"),
+    "--host": ((), "[vllm] host"),
+    "--port": ((), "[vllm] port"),
+    "--model": ((), "[vllm] model"),
+    EXECUTOR_FLAG: ((), "[vllm] mode"),
 }
+#: vLLM refuses these with --headless (ServeSubcommand.cmd, vllm/entrypoints/cli/serve.py)
+HEAD_ONLY = ("--api-server-count", "-asc")
 
 
 @attrs.frozen(kw_only=True)
@@ -69,8 +97,10 @@ class VllmOptions:
     model: str | None = None
     port: int | None = None
     host: str | None = None
-    mode: Literal["ray", "replicas"] | None = None
+    mode: Literal["ray", "replicas", "dp"] | None = None
     args: tuple[str, ...] = ()
+    #: arguments for node 0 only (the API server), e.g. --api-server-count
+    head_args: tuple[str, ...] = ()
     ray_wait_seconds: int | None = None
 
 
@@ -79,10 +109,24 @@ def _opts(options: VllmOptions | None) -> VllmOptions:
 
 
 def mode(plan: Plan, options: VllmOptions | None) -> str:
-    """ "single" (one node), "ray" (one server over every node) or "replicas"."""
+    """ "single" (one node), "ray" (one server over every node), "dp" (one endpoint over
+    data-parallel engines on every node) or "replicas" (a server per node)."""
     if plan.nnodes == 1:
         return "single"
-    return _opts(options).mode or "ray"
+    return _opts(options).mode or ("dp" if plan.sizes.dp > 1 else "ray")
+
+
+def server_dp(plan: Plan, options: VllmOptions | None) -> int:
+    """Data-parallel engines of one server (each node's share in replicas mode)."""
+    how = mode(plan, options)
+    if how == "replicas":
+        return max(1, plan.sizes.dp // plan.nnodes)
+    return 1 if how == "ray" else plan.sizes.dp
+
+
+def local_engines(plan: Plan) -> int:
+    """--data-parallel-size-local: the engines (of tp x pp GPUs) one node holds."""
+    return max(1, plan.nproc_per_node // (plan.sizes.tp * plan.sizes.pp))
 
 
 def serve_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
@@ -104,9 +148,57 @@ def serve_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
         "--port",
         str(opts.port or DEFAULT_PORT),
     ]
-    if mode(plan, options) == "ray":
+    how = mode(plan, options)
+    dp = server_dp(plan, options)
+    if dp > 1:
+        argv += [DP_FLAG, str(dp)]
+    if how == "dp":
+        argv += [DP_LOCAL_FLAG, str(local_engines(plan))]
+    if plan.sizes.ep > 1:
+        argv.append(EP_FLAG)
+    if how == "ray":
         argv += [EXECUTOR_FLAG, "ray"]
-    return argv + list(opts.args)
+    argv += list(opts.args)
+    if how != "dp":
+        argv += list(opts.head_args)
+    return argv
+
+
+def dp_node_script(plan: Plan, options: VllmOptions | None) -> str:
+    """launch/vllm-node.sh in dp mode: node 0 serves, the others run headless engines."""
+    opts = _opts(options)
+    local = local_engines(plan)
+    head_args = "".join(" " + shell_word(a) for a in opts.head_args)
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            (
+                f"# One node of vLLM job {plan.job.name!r}, data parallel: {plan.sizes.dp} engines "
+                f"of tp {plan.sizes.tp} x pp {plan.sizes.pp}, {local} per node."
+            ),
+            "# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS",
+            "# set and the server's command as its arguments. Node 0 runs the API server and its",
+            "# engines; the others run headless engines that connect to node 0's address at",
+            "# MASTER_PORT (--data-parallel-rpc-port).",
+            "set -euo pipefail",
+            ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
+            ': "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"',
+            ': "${MASTER_PORT:?MASTER_PORT must be set by the backend}"',
+            ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
+            *ipv4_function(),
+            'read -r -a hosts <<< "$NODE_HOSTS"',
+            'self="${hosts[NODE_RANK]:?NODE_HOSTS names no host for this node}"',
+            'VLLM_HOST_IP="$(node_ipv4 "$self")"',
+            "export VLLM_HOST_IP",
+            'head="$(node_ipv4 "$MASTER_ADDR")"',
+            'dp_args=(--data-parallel-address "$head" --data-parallel-rpc-port "$MASTER_PORT")',
+            "if ((NODE_RANK > 0)); then",
+            f'  exec "$@" --headless --data-parallel-start-rank "$((NODE_RANK * {local}))" '
+            '"${dp_args[@]}"',
+            "fi",
+            f'exec "$@" "${{dp_args[@]}}"{head_args}',
+        ]
+    )
 
 
 def node_script(plan: Plan, options: VllmOptions | None) -> str:
@@ -122,30 +214,23 @@ def node_script(plan: Plan, options: VllmOptions | None) -> str:
         [
             "#!/usr/bin/env bash",
             (
-                f"# One node of vLLM job {plan.job.name!r} over Ray: {plan.nnodes} nodes x {gpus} GPUs, "
-                f"tensor parallel {plan.sizes.tp}, pipeline parallel {plan.sizes.pp}."
+                f"# One node of vLLM job {plan.job.name!r} over Ray: {plan.nnodes} nodes x "
+                f"{gpus} GPUs, tensor parallel {plan.sizes.tp}, pipeline parallel {plan.sizes.pp}."
             ),
-            "# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set and",
-            "# the server's command as its arguments. Node 0 starts the Ray head at MASTER_PORT, waits",
-            f"# until Ray reports {total} GPUs (at most {wait} s), then runs the server; the other",
-            "# nodes join the head and block until Ray stops.",
+            "# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS",
+            "# set and the server's command as its arguments. Node 0 starts the Ray head at",
+            f"# MASTER_PORT, waits until Ray reports {total} GPUs (at most {wait} s), then runs",
+            "# the server; the other nodes join the head and block until Ray stops.",
             "set -euo pipefail",
             ': "${NODE_RANK:?NODE_RANK must be set by the backend}"',
             ': "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"',
             ': "${MASTER_PORT:?MASTER_PORT must be set by the backend}"',
             ': "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"',
+            *ipv4_function(),
             'read -r -a hosts <<< "$NODE_HOSTS"',
-            'self="${hosts[NODE_RANK]:-}"',
             "# vLLM and Ray need this node's IP address as the other nodes reach it.",
-            'if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ ]]; then',
-            '  ip="$self"',
-            "else",
-            '  ip="$(getent ahostsv4 "$self" | awk \'NR == 1 { print $1 }\' || true)"',
-            "fi",
-            'if [[ -z "$ip" ]]; then',
-            "  echo \"mdc: cannot find the IPv4 address of node $NODE_RANK ('$self' in NODE_HOSTS)\" >&2",
-            "  exit 1",
-            "fi",
+            'self="${hosts[NODE_RANK]:?NODE_HOSTS names no host for this node}"',
+            'ip="$(node_ipv4 "$self")"',
             'export VLLM_HOST_IP="$ip"',
             "if ((NODE_RANK == 0)); then",
             f'  ray start --head --node-ip-address="$ip" --port="$MASTER_PORT" --num-gpus={gpus}',
@@ -160,20 +245,21 @@ def node_script(plan: Plan, options: VllmOptions | None) -> str:
             "    fi",
             "    if ((SECONDS >= deadline)); then",
             (
-                f'      echo "mdc: Ray reports $gpus of {total} GPUs after {wait} s; a node did not '
-                "join the head at $MASTER_ADDR:$MASTER_PORT (see its log, or raise [vllm] "
+                f'      echo "mdc: Ray reports $gpus of {total} GPUs after {wait} s; a node '
+                "did not join the head at $MASTER_ADDR:$MASTER_PORT (see its log, or raise [vllm] "
                 'ray_wait_seconds)" >&2'
             ),
             "      exit 1",
             "    fi",
             f"    sleep {POLL_SECONDS}",
             "  done",
-            f'  echo "mdc: Ray reports {total} GPUs on {plan.nnodes} nodes; starting the server" >&2',
+            f'  echo "mdc: Ray reports {total} GPUs on {plan.nnodes} nodes; starting the '
+            'server" >&2',
             '  "$@" &',
             "  server=$!",
             "  # On Ctrl-C or TERM, stop the server and wait for it; the EXIT trap then stops Ray.",
-            """  trap 'kill "$server" 2>/dev/null || true; wait "$server" || true; exit 130' INT""",
-            """  trap 'kill "$server" 2>/dev/null || true; wait "$server" || true; exit 143' TERM""",
+            '  trap \'kill "$server" 2>/dev/null || true; wait "$server" || true; exit 130\' INT',
+            '  trap \'kill "$server" 2>/dev/null || true; wait "$server" || true; exit 143\' TERM',
             "  status=0",
             '  wait "$server" || status=$?',
             '  exit "$status"',
@@ -188,7 +274,7 @@ def node_script(plan: Plan, options: VllmOptions | None) -> str:
 
 def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     how = mode(plan, options)
-    backend = {"single": "auto", "ray": "ray", "replicas": "auto"}[how]
+    backend = {"single": "auto", "ray": "ray", "replicas": "auto", "dp": "mp"}[how]
     env: dict[str, Word] = {
         "VLLM_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
         "VLLM_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
@@ -205,6 +291,9 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     if how == "ray":
         argv = ("bash", out_file(NODE_SCRIPT), *serve)
         files = (Artifact.text(NODE_SCRIPT, node_script(plan, options), executable=True),)
+    elif how == "dp":
+        argv = ("bash", out_file(NODE_SCRIPT), *serve)
+        files = (Artifact.text(NODE_SCRIPT, dp_node_script(plan, options), executable=True),)
     worker_env = {
         "VLLM_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
         "VLLM_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
@@ -216,28 +305,116 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
         "MASTER_PORT": (
             f"{plan.rendezvous.master_port} (the Ray head's port)"
             if how == "ray"
+            else f"{plan.rendezvous.master_port} (--data-parallel-rpc-port)"
+            if how == "dp"
             else str(plan.rendezvous.master_port)
         ),
     }
-    if how == "ray":
+    if how in ("ray", "dp"):
         worker_env["VLLM_HOST_IP"] = "this node's IPv4 address, from NODE_HOSTS"
+    endpoint = Endpoint(port=_opts(options).port or DEFAULT_PORT, every_node=how == "replicas")
     return Launch(
-        roles=(Role(name="worker", argv=argv, env=env),), files=files, worker_env=worker_env
+        roles=(Role(name="worker", argv=argv, env=env),),
+        files=files,
+        worker_env=worker_env,
+        endpoint=endpoint,
     )
 
 
-def _written(words: Sequence[str]) -> list[str]:
-    found = []
-    for flag, aliases in OWNED.items():
-        names = (flag, *aliases)
-        if any(w in names or any(w.startswith(n + "=") for n in names) for w in words):
-            found.append(flag)
-    return found
+#: the same flags as a table of mdc's shared flag reader (switches take no value)
+OWNED_FLAGS = FlagTable(
+    KnownFlag(
+        name=flag,
+        source=source,
+        nargs=0 if flag in ("--headless", EP_FLAG) else 1,
+        aliases=aliases,
+    )
+    for flag, (aliases, source) in OWNED.items()
+)
+HEAD_ONLY_FLAGS = FlagTable(
+    [KnownFlag(name=HEAD_ONLY[0], source="[vllm] head_args", nargs=1, aliases=HEAD_ONLY[1:])]
+)
+
+
+def _written(words: Sequence[str], table: FlagTable = OWNED_FLAGS) -> list[str]:
+    found = flag_names(table.find(words))
+    return [flag.name for flag in table.flags if flag.name in found]
+
+
+def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
+    """tp x pp x dp = world, as each mode places the servers (MDC362, MDC368, MDC369)."""
+    tp, pp, gpus, dp = plan.sizes.tp, plan.sizes.pp, plan.nproc_per_node, plan.sizes.dp
+    how = mode(plan, opts)
+    engine = tp * pp
+    if how == "ray" and dp > 1:
+        yield Finding(
+            code="MDC362",
+            pointer="/vllm/mode",
+            message=f"in ray mode one vLLM server spans every node with tp {tp} x pp {pp} = "
+            f"{engine} GPUs, but the job has {plan.nnodes} x {gpus} = {plan.world_size}",
+            hint=f'remove mode for {dp} data-parallel engines behind one endpoint ("dp"), or '
+            f"set tp and pp so that tp x pp = {plan.world_size}",
+        )
+    elif how in ("replicas", "dp") and gpus % engine:
+        yield Finding(
+            code="MDC362",
+            pointer="/vllm/mode" if opts.mode else "/parallelism/tp",
+            message=f"in {how} mode every node holds whole engines of tp {tp} x pp {pp} = "
+            f"{engine} GPUs, which does not divide its {gpus} GPUs",
+            hint=f"make tp x pp a divisor of {gpus}, e.g. tp = {gpus} and pp = 1, or use "
+            'mode = "ray" for one server over every node',
+        )
+    ep = plan.sizes.ep
+    if ep > 1:
+        # vLLM sizes its expert-parallel group itself: tp x dp of one server
+        # (docs/serving/expert_parallel_deployment.md, "EP_SIZE = TP_SIZE x DP_SIZE")
+        want = tp * server_dp(plan, opts)
+        if ep != want:
+            yield Finding(
+                code="MDC368",
+                pointer="/parallelism/ep",
+                message=f"vLLM's expert-parallel group is tp x dp of one server = {tp} x "
+                f"{server_dp(plan, opts)} = {want}, not ep = {ep}",
+                hint=f"set ep = {want} (--enable-expert-parallel), or remove ep",
+            )
+        if plan.sizes.etp != 1:
+            yield Finding(
+                code="MDC368",
+                pointer="/parallelism/etp",
+                message=f"with expert parallelism vLLM splits no expert over tensor-parallel "
+                f"ranks; etp = {plan.sizes.etp}",
+                hint="remove etp (it is 1 for vLLM's expert parallelism)",
+            )
+    head_only = _written(opts.args, HEAD_ONLY_FLAGS)
+    if how == "dp" and head_only:
+        yield Finding(
+            code="MDC369",
+            pointer="/vllm/args",
+            message=f"[vllm] args reach every node, and vLLM refuses {head_only[0]} on the "
+            "--headless nodes",
+            hint="move it to [vllm] head_args (node 0, the API server, only)",
+        )
+
+
+def _clash_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
+    for pointer, words, where in (
+        ("/job/command", plan.job.argv, "the command already has"),
+        ("/vllm/args", opts.args, "[vllm] args has"),
+        ("/vllm/head_args", opts.head_args, "[vllm] head_args has"),
+    ):
+        written = _written(words)
+        if written:
+            keys = sorted({OWNED[flag][1] for flag in written})
+            yield Finding(
+                code="MDC364",
+                pointer=pointer,
+                message=f"{where} {', '.join(written)}, which the vllm launcher sets from the plan",
+                hint=f"remove them; mdc writes them from {', '.join(keys)}",
+            )
 
 
 def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
-    tp, pp, gpus = plan.sizes.tp, plan.sizes.pp, plan.nproc_per_node
     if not opts.model:
         yield Finding(
             code="MDC360",
@@ -255,27 +432,7 @@ def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
             message=f'[vllm] mode = "{opts.mode}" has no effect on 1 node',
             hint="remove mode, or set nnodes above 1",
         )
-    if how == "replicas" and tp * pp != gpus:
-        yield Finding(
-            code="MDC362",
-            pointer="/vllm/mode",
-            message=f"in replicas mode each node runs its own server on its "
-            f"{gpus} GPUs, but tp {tp} x pp {pp} = {tp * pp}",
-            hint=f"set [parallelism] tp = {gpus} and pp = 1",
-        )
-    elif how in ("single", "ray") and tp * pp != plan.world_size:
-        yield Finding(
-            code="MDC362",
-            pointer="/parallelism",
-            message=f"one vLLM server uses tp {tp} x pp {pp} = {tp * pp} GPUs, "
-            f"but the job has {plan.nnodes} x {gpus} = {plan.world_size}",
-            hint=(
-                f'set [vllm] mode = "replicas" for {plan.nnodes} independent servers'
-                if tp * pp == gpus and plan.nnodes > 1
-                else f"set tp and pp so that tp x pp = {plan.world_size}, e.g. tp = "
-                f"{gpus} and pp = {plan.nnodes}"
-            ),
-        )
+    yield from _layout_findings(plan, opts)
     if plan.sizes.cp > 1:
         yield Finding(
             code="MDC363",
@@ -283,26 +440,7 @@ def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
             message=f"vLLM serving has no context parallelism here (cp {plan.sizes.cp})",
             hint="remove cp (or set it to 1)",
         )
-    in_command = _written(plan.job.argv)
-    if in_command:
-        yield Finding(
-            code="MDC364",
-            pointer="/job/command",
-            message=f"the command already has {', '.join(in_command)}, which the "
-            "vllm launcher sets from the plan",
-            hint="remove them from the command; set the sizes in [parallelism] and "
-            "host, port and model in [vllm]",
-        )
-    in_args = _written(opts.args)
-    if in_args:
-        yield Finding(
-            code="MDC364",
-            pointer="/vllm/args",
-            message=f"[vllm] args has {', '.join(in_args)}, which the vllm launcher "
-            "sets from the plan",
-            hint="remove them from args; set the sizes in [parallelism] and host, "
-            "port and model in [vllm]",
-        )
+    yield from _clash_findings(plan, opts)
     argv = plan.job.argv
     if tuple(argv[:2]) != SERVE and not any("vllm.entrypoints" in w for w in argv):
         yield Finding(
@@ -336,7 +474,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
         LauncherSpec(
             name="vllm",
             description="vLLM OpenAI-compatible server: one node, one server over every node "
-            "through Ray, or one replica per node",
+            "through Ray, data-parallel engines behind node 0's endpoint, or one replica per node",
             parallelism="model",
             workload="serving",
             emit=emit,

@@ -107,6 +107,8 @@ def test_sbatch_accepts_the_batch_script(
     if nodes > slurm_cluster.nodes:
         nodes = slurm_cluster.nodes
         args.append(f"--nodes={nodes}")
+    else:  # an elastic job (--nodes=MIN-MAX) gets up to MAX idle nodes
+        nodes = min(plan["nnodes"], slurm_cluster.nodes)
     cpus = directive(script, "cpus-per-task")
     if cpus is not None and int(cpus) > slurm_cluster.cpus:
         args.append(f"--cpus-per-task={slurm_cluster.cpus}")

@@ -1,26 +1,40 @@
 #!/usr/bin/env bash
 # One node of vLLM job 'vllm-llama70b' over Ray: 2 nodes x 8 GPUs, tensor parallel 8, pipeline parallel 2.
-# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set and
-# the server's command as its arguments. Node 0 starts the Ray head at MASTER_PORT, waits
-# until Ray reports 16 GPUs (at most 300 s), then runs the server; the other
-# nodes join the head and block until Ray stops.
+# launch/worker.sh runs it with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS
+# set and the server's command as its arguments. Node 0 starts the Ray head at
+# MASTER_PORT, waits until Ray reports 16 GPUs (at most 300 s), then runs
+# the server; the other nodes join the head and block until Ray stops.
 set -euo pipefail
 : "${NODE_RANK:?NODE_RANK must be set by the backend}"
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
 : "${NODE_HOSTS:?NODE_HOSTS must be set by the backend}"
+# node_ipv4 NAME: NAME's IPv4 address (a literal IP as it is), waiting for DNS.
+node_ipv4() {
+  local name="$1" ip="" waited=0
+  local limit="${MDC_RESOLVE_SECONDS:-120}"
+  if [[ "$name" =~ ^[0-9]+([.][0-9]+){3}$ || "$name" == *:* ]]; then
+    printf '%s' "$name"
+    return 0
+  fi
+  while true; do
+    ip="$(getent ahostsv4 "$name" | awk 'NR == 1 { print $1 }' || true)"
+    if [[ -n "$ip" ]]; then
+      printf '%s' "$ip"
+      return 0
+    fi
+    if ((waited >= limit)); then
+      echo "mdc: '$name' (in NODE_HOSTS) has no IPv4 address after $limit s" >&2
+      exit 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+}
 read -r -a hosts <<< "$NODE_HOSTS"
-self="${hosts[NODE_RANK]:-}"
 # vLLM and Ray need this node's IP address as the other nodes reach it.
-if [[ "$self" =~ ^[0-9]+([.][0-9]+){3}$ ]]; then
-  ip="$self"
-else
-  ip="$(getent ahostsv4 "$self" | awk 'NR == 1 { print $1 }' || true)"
-fi
-if [[ -z "$ip" ]]; then
-  echo "mdc: cannot find the IPv4 address of node $NODE_RANK ('$self' in NODE_HOSTS)" >&2
-  exit 1
-fi
+self="${hosts[NODE_RANK]:?NODE_HOSTS names no host for this node}"
+ip="$(node_ipv4 "$self")"
 export VLLM_HOST_IP="$ip"
 if ((NODE_RANK == 0)); then
   ray start --head --node-ip-address="$ip" --port="$MASTER_PORT" --num-gpus=8

@@ -1,0 +1,219 @@
+"""Fit mdc tune's throughput constants on published measured runs, and report the error.
+
+    .venv/bin/python bench/tune_fit.py [--write]
+
+Every row of ``tests/published/runs.toml`` with a measured TFLOP/s per GPU becomes a case:
+its model (``tests/published/models.toml``, through the same spec the published-runs test
+compiles), its layout, accelerator and precision. The constants of
+:class:`mdc.tune.perf.Constants` are fitted by coordinate descent on the squared log error
+of the rows whose index (sorted by id) is not a multiple of 3 plus 2; those rows are held
+out and their error is reported apart. ``--write`` prints the fitted constants as Python.
+The report (Markdown) goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import statistics
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import attrs
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED = ROOT / "tests" / "published"
+
+from mdc.convert import structure  # noqa: E402
+from mdc.hardware import builtin  # noqa: E402
+from mdc.plan.memory import Shape, resolve_shape  # noqa: E402
+from mdc.spec import ModelTable  # noqa: E402
+from mdc.tune.perf import DEFAULT, Constants, Layout, predict  # noqa: E402
+
+#: the row's precision -> the GEMM precision whose peak runs it
+PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+#: the paper whose TFLOP/s count all keys of the attention (and the recomputed pass)
+NARAYANAN = "https://arxiv.org/abs/2104.04473"
+#: fitted constants, and the factor range each may move in
+FITTED = (
+    "gemm_peak", "shape_knee", "attention_peak",
+    "elementwise", "link_share", "tp_exposed", "ep_exposed", "moe_passes",
+)  # fmt: skip
+
+
+def _module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@attrs.frozen(kw_only=True)
+class Case:
+    id: str
+    shape: Shape
+    model: ModelTable
+    layout: Layout
+    hardware: str
+    precision: str
+    causal: bool
+    count_recompute: bool
+    nproc: int
+    measured: float
+
+    def predicted(self, constants: Constants = DEFAULT) -> float:
+        return predict(
+            self.shape,
+            self.layout,
+            builtin()[self.hardware],
+            nproc_per_node=self.nproc,
+            precision=self.precision,
+            constants=constants,
+            causal=self.causal,
+            count_recompute=self.count_recompute,
+            window=self.model.window_size,
+            window_skip=self.model.window_attn_skip_freq,
+        ).model_tflops_per_gpu
+
+
+def layout_of(run: dict[str, Any], moe: bool) -> Layout:
+    """The row's layout as the throughput model reads it (an MoE row's unstated etp is 1,
+    as NVIDIA's MoE recipes set it)."""
+    tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
+    ep = run.get("ep") or 1
+    dp = run["gpus"] // (tp * pp * cp)
+    mbs = run.get("micro_batch_size", 1)  # not stated: Megatron-LM's default, 1
+    table = run.get("launcher_table", {})
+    fsdp = bool(table.get("use_megatron_fsdp")) or bool(run.get("fsdp"))
+    paper = run["source"] == NARAYANAN  # 2021: no sequence parallel, no overlap, plain DDP
+    zero = 3 if fsdp else (0 if paper else 1)
+    return Layout(
+        tp=tp, pp=pp, cp=cp, ep=ep, etp=run.get("etp") or (1 if moe else tp), dp=dp,
+        vpp=run.get("vpp") or 1,
+        micro_batch_size=mbs, microbatches=max(1, run["global_batch_size"] // (mbs * dp)),
+        sequence_parallel=tp > 1 and not paper, recompute=run.get("recompute", "none"),
+        overlap_grad_reduce=not paper, overlap_param_gather=not paper,
+        recompute_layers=run.get("recompute_num_layers")
+        if run.get("recompute_method") == "block" else None,
+        zero_stage=zero,
+        grad_bytes=4,
+    )  # fmt: skip
+
+
+def cases() -> list[Case]:
+    """Every measured row whose model the published models table describes."""
+    published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
+    runs = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))["run"]
+    found = []
+    for run in sorted(runs, key=lambda r: r["id"]):
+        measured = run.get("measured", {}).get("tflops_per_gpu")
+        if measured is None or run["accelerator_model"] not in builtin():
+            continue
+        try:
+            spec = published.spec_of(run)
+        except published.ModelNotListed:
+            continue
+        model = structure(spec["model"], ModelTable)
+        shape = resolve_shape(model)
+        if shape is None:
+            continue
+        found.append(
+            Case(
+                id=run["id"],
+                shape=shape,
+                model=model,
+                layout=layout_of(run, shape.experts > 0),
+                hardware=run["accelerator_model"],
+                precision=PRECISION[run["precision"]],
+                causal=run["source"] != NARAYANAN,
+                count_recompute=bool(run["measured"].get("flops_include_recompute")),
+                nproc=run["nproc_per_node"],
+                measured=float(measured),
+            )
+        )
+    return found
+
+
+def held_out(index: int) -> bool:
+    return index % 3 == 2
+
+
+def loss(constants: Constants, train: list[Case]) -> float:
+    return statistics.fmean(math.log(c.predicted(constants) / c.measured) ** 2 for c in train)
+
+
+def fit(train: list[Case], start: Constants = DEFAULT, rounds: int = 6) -> Constants:
+    """Coordinate descent in log space: each constant in turn, a shrinking grid of factors."""
+    best, best_loss = start, loss(start, train)
+    for r in range(rounds):
+        span = 0.5 / (r + 1)
+        for name in FITTED:
+            for step in range(-4, 5):
+                value = getattr(best, name) * math.exp(span * step / 4)
+                if name in ("gemm_peak", "attention_peak",
+                            "link_share", "tp_exposed", "ep_exposed"):  # fmt: skip
+                    value = min(value, 1.0)
+                trial = attrs.evolve(best, **{name: value})
+                trial_loss = loss(trial, train)
+                if trial_loss < best_loss - 1e-12:
+                    best, best_loss = trial, trial_loss
+    return best
+
+
+def within(cases: list[Case], constants: Constants, tolerance: float = 0.2) -> float:
+    hits = [abs(c.predicted(constants) / c.measured - 1) <= tolerance for c in cases]
+    return sum(hits) / len(hits) if hits else 0.0
+
+
+def report(all_cases: list[Case], constants: Constants) -> str:
+    train = [c for i, c in enumerate(all_cases) if not held_out(i)]
+    test = [c for i, c in enumerate(all_cases) if held_out(i)]
+
+    def mape(items: list[Case]) -> float:
+        return statistics.fmean(abs(c.predicted(constants) / c.measured - 1) for c in items)
+
+    lines = [
+        f"fitted on {len(train)} rows, held out {len(test)} (every third row by id)",
+        "",
+        "| set | rows | mean abs error | within +-20 % |",
+        "|---|---|---|---|",
+        f"| fitted | {len(train)} | {mape(train) * 100:.1f} % "
+        f"| {within(train, constants) * 100:.0f} % |",
+        f"| held out | {len(test)} | {mape(test) * 100:.1f} % "
+        f"| {within(test, constants) * 100:.0f} % |",
+        f"| all | {len(all_cases)} | {mape(all_cases) * 100:.1f} % "
+        f"| {within(all_cases, constants) * 100:.0f} % |",
+        "",
+        "| row | set | measured TFLOP/s/GPU | predicted | error |",
+        "|---|---|---|---|---|",
+    ]
+    for i, c in enumerate(all_cases):
+        p = c.predicted(constants)
+        lines.append(
+            f"| {c.id} | {'held out' if held_out(i) else 'fitted'} | {c.measured:.0f} | "
+            f"{p:.0f} | {(p / c.measured - 1) * 100:+.0f} % |"
+        )
+    lines += ["", "constants:", ""]
+    lines += [f"- `{k}` = {v:.4g}" for k, v in constants.to_json().items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refit", action="store_true", help="fit from the defaults again")
+    args = parser.parse_args()
+    found = cases()
+    constants = DEFAULT
+    if args.refit:
+        constants = fit([c for i, c in enumerate(found) if not held_out(i)])
+    print(report(found, constants), end="")
+
+
+if __name__ == "__main__":
+    main()

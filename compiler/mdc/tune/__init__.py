@@ -1,0 +1,4 @@
+"""mdc tune: search the layouts a spec leaves open, predict each one's throughput, and
+choose. :mod:`mdc.tune.flops` counts model FLOPs, :mod:`mdc.tune.perf` predicts a step,
+:mod:`mdc.tune.search` enumerates and compiles candidates, :mod:`mdc.tune.report` prints.
+"""

@@ -1,0 +1,63 @@
+"""``mdc tune SPEC``: the command behind the CLI's subcommand."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from mdc.errors import ExitCode
+from mdc.importers import translate
+from mdc.loaders import load_file
+from mdc.pipeline import Compiler
+from mdc.plan.memory import GIB
+
+
+def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
+    from mdc.tune.report import result_json, svg, text, write_spec
+    from mdc.tune.search import Tuner
+
+    doc, notes = translate(load_file(args.spec))
+    out.diagnostics(notes)
+    tuner = Tuner(compiler, doc)
+    result = tuner.run(top=args.top)
+    if not result.rows:
+        # the spec as written says why, in the compiler's own words (held-fixed sizes that
+        # do not divide the world, a model the layout cannot split, ...)
+        compiler.compile_document(doc, tree=False)
+        print(
+            f"mdc tune: no layout fits and compiles ({result.generated} searched, "
+            f"{result.fitting} fit memory; refused: {dict(result.refused)})",
+            file=out.stderr,
+        )
+        return ExitCode.SPEC_INVALID
+    if args.write:
+        write_spec(args.write, result.rows[0].data, args.spec)
+    if args.svg:
+        capacity = tuner.capacity / GIB
+        Path(args.svg).write_text(svg(result, capacity, tuner.sample()), encoding="utf-8")
+    if out.fmt == "json":
+        out.json(result_json(result))
+    else:
+        out.stdout.write(text(result))
+    return ExitCode.OK
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="the job spec: model, launcher, nodes, accelerator, batch")
+    parser.add_argument(
+        "--top", type=_positive, default=5, metavar="N", help="show the N best layouts (default 5)"
+    )
+    parser.add_argument(
+        "--write", metavar="OUT_SPEC", help="write the best layout as a spec (.toml/.yaml/.json)"
+    )
+    parser.add_argument(
+        "--svg", metavar="FILE", help="draw throughput against memory per GPU as SVG"
+    )

@@ -1,0 +1,432 @@
+"""The throughput model: one training step's time for a layout on an accelerator.
+
+Every term, with its formula and source, is in docs/tune.md. In short, per GPU::
+
+    step = (m + (p - 1)/v) * t_micro          1F1B pipeline, bubble (p-1)/(v*m) (Narayanan 2021)
+         + exposed data-parallel communication
+         + optimizer step (memory bound)
+
+    t_micro = compute + elementwise + TP + CP (exposed) + EP all-to-all + p2p
+
+Compute runs the executed FLOPs (the model's, plus recompute's extra forward) at the
+dense peak of the GEMM precision times an efficiency that falls with the per-rank GEMM
+shape. Collectives are bandwidth terms over the scale-up network when the group lies in
+one scale-up domain, over each GPU's NIC otherwise. The calibrated constants are the
+fields of :class:`Constants`; bench/fit_tune.py fits them on published measured runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+
+import attrs
+
+from mdc.hardware import Accelerator
+from mdc.plan.architecture import Parts
+from mdc.plan.memory import Shape, resolve_shape
+from mdc.plan.model import Plan
+from mdc.tune.flops import TokenFlops, token_flops
+
+
+@attrs.frozen(kw_only=True)
+class Constants:
+    """The calibrated constants (defaults: the fit in docs/tune.md)."""
+
+    #: share of the dense peak a large GEMM reaches
+    gemm_peak: float = 0.7706
+    #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
+    shape_knee: float = 212.9
+    #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
+    attention_peak: float = 0.437
+    #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
+    elementwise: float = 3.55
+    #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
+    link_share: float = 0.7609
+    #: share of tensor-parallel communication not hidden behind GEMMs
+    tp_exposed: float = 0.06296
+    #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
+    ep_exposed: float = 0.2119
+    #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
+    #: router, grouped-GEMM staging), forward and backward
+    moe_passes: float = 57.25
+
+    def to_json(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
+
+
+DEFAULT = Constants()
+
+
+@attrs.frozen(kw_only=True)
+class Layout:
+    """What the model needs of a candidate layout (sizes, batch and training switches)."""
+
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    etp: int
+    dp: int
+    vpp: int
+    micro_batch_size: int
+    #: micro batches per step per pipeline (gradient accumulation steps)
+    microbatches: int
+    sequence_parallel: bool
+    #: "none", "selective" or "full"
+    recompute: str
+    #: layers per pipeline stage recomputed with full recompute (None: all)
+    recompute_layers: int | None = None
+    #: 0 plain, 1 distributed optimizer, 3 FSDP
+    zero_stage: int = 1
+    grad_bytes: int = 4
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
+    stage_layers: int | None = None
+    order: str = "tp-cp-ep-dp-pp"
+
+
+@attrs.frozen(kw_only=True)
+class Prediction:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    bubble: float
+    #: seconds per step of each exposed term
+    breakdown: Mapping[str, float]
+
+    @property
+    def dominant_communication(self) -> str:
+        comm = {k: v for k, v in self.breakdown.items() if k not in ("compute", "elementwise")}
+        name, value = max(sorted(comm.items()), key=lambda kv: kv[1])
+        return name if value > 0 else "none"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step_time_s": _round(self.step_time_s),
+            "tokens_per_s_per_gpu": _round(self.tokens_per_s_per_gpu),
+            "model_tflops_per_gpu": _round(self.model_tflops_per_gpu),
+            "mfu": _round(self.mfu),
+            "bubble": _round(self.bubble),
+            "dominant_communication": self.dominant_communication,
+            "breakdown_s": {k: _round(v) for k, v in sorted(self.breakdown.items())},
+        }
+
+
+def _round(value: float) -> float:
+    """Four significant digits: the model is no more precise, and JSON stays stable."""
+    return float(f"{value:.4g}")
+
+
+def _stride(order: str, sizes: Mapping[str, int], axis: str) -> int:
+    """Rank distance between neighbours of ``axis`` in a grid laid out in ``order``."""
+    stride = 1
+    for name in order.split("-"):
+        if name == axis:
+            return stride
+        stride *= sizes.get(name, 1)
+    return stride
+
+
+def _bandwidth(span: int, stride: int, domain: int, hw: Accelerator, share: float) -> float:
+    """Bytes/s per GPU of a collective over a group whose members lie ``stride`` ranks apart
+    within ``span`` consecutive ranks. Inside one scale-up domain: the scale-up link. Across
+    domains, NCCL's rings and trees send each domain's share over all its members' NICs at
+    once: the k members a domain holds reach k NICs' bandwidth (up to the scale-up link)."""
+    if span <= domain:
+        return hw.scale_up_gb_s * 1e9 * share
+    members = max(1, domain // stride)
+    return min(hw.scale_up_gb_s, hw.scale_out_gb_s * members) * 1e9 * share
+
+
+def scale_up_domain(hw: Accelerator, nproc_per_node: int) -> int:
+    """GPUs on one scale-up network: the rack for NVL72-style systems, else the node."""
+    return hw.scale_up_domain if hw.scale_up_domain > 8 else nproc_per_node
+
+
+def _efficiency(dims: list[float], knee: float) -> float:
+    result = 1.0
+    for d in dims:
+        result *= d / (d + knee)
+    return result
+
+
+def predict(
+    shape: Shape,
+    layout: Layout,
+    hw: Accelerator,
+    *,
+    nproc_per_node: int,
+    precision: str = "bf16",
+    constants: Constants = DEFAULT,
+    causal: bool = True,
+    count_recompute: bool = False,
+    window: tuple[int, int] | None = None,
+    window_skip: int | tuple[int, ...] | None = None,
+) -> Prediction:
+    """The predicted step of ``layout`` (see the module docstring and docs/tune.md).
+
+    ``causal`` and ``count_recompute`` choose the model-FLOPs convention the TFLOP/s and
+    MFU are reported in (:func:`mdc.tune.flops.token_flops`); the time does not depend on it.
+    """
+    c, L = constants, layout
+    world = L.tp * L.pp * L.cp * L.dp
+    h, s = shape.hidden, shape.seq
+    recomputes = count_recompute and L.recompute == "full"
+    flops = _flops(shape, causal, recomputes, window, window_skip)
+    # what the kernels execute: causal attention skips the masked half either way
+    executed = _flops(shape, True, False, None, None)
+    domain = scale_up_domain(hw, nproc_per_node)
+    act = 2  # bf16 activations
+
+    # ---- compute per micro batch on the heaviest stage
+    layers = shape.layers
+    stage_layers = L.stage_layers or math.ceil(layers / L.pp)
+    tokens = L.micro_batch_size * s / L.cp  # tokens one rank of a tp group computes
+    dense_share, expert_share = executed.dense_gemm / layers, executed.expert_gemm / layers
+    attention_share = executed.attention / layers
+    recomputed = 0.0
+    if L.recompute == "full":
+        count = (
+            stage_layers if L.recompute_layers is None else min(L.recompute_layers, stage_layers)
+        )
+        recomputed = count / stage_layers
+    attention_extra = 1 / 3 if L.recompute == "selective" else 0.0
+    gemm_factor = 1 + recomputed / 3
+    q_width = _attention_width(shape) / L.tp
+    ffn_width = shape.ffn * (3 if shape.gated else 2) / 2 / L.tp
+    peak = hw.peak_tflops(precision) * 1e12
+    gemm_peak = c.gemm_peak  # the fit finds fp8 and fp4 GEMMs as close to their peaks
+    dense_eff = gemm_peak * _efficiency([tokens, q_width, h], c.shape_knee)
+    if not shape.experts:
+        dense_eff *= _efficiency([ffn_width], c.shape_knee) ** 0.5
+    t_dense = tokens * stage_layers * dense_share * gemm_factor / L.tp / (peak * dense_eff)
+    t_expert = 0.0
+    if shape.experts:
+        per_expert_tokens = L.ep * tokens * shape.topk / shape.experts
+        expert_eff = gemm_peak * _efficiency(
+            [per_expert_tokens, shape.moe_ffn / L.etp, h], c.shape_knee
+        )
+        # the expert group computes the routed tokens of its tp group: spread over tp ranks
+        t_expert = tokens * stage_layers * expert_share * gemm_factor / L.tp / (peak * expert_eff)
+    # FlashAttention's tiles are head_dim wide: narrow heads run further from the peak
+    head_dim = shape.latent.qk_head + shape.latent.rope_head if shape.latent else shape.kv_channels
+    attention_peak = (
+        hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
+    )
+    t_attention = (
+        tokens
+        * stage_layers
+        * attention_share
+        * (1 + recomputed / 3 + attention_extra)
+        / L.tp
+        / attention_peak
+    )
+    # the output layer runs on the last stage (the heaviest one when layers divide evenly)
+    t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
+    compute = t_dense + t_expert + t_attention + t_logits
+
+    # elementwise kernels: Korthikanti's 34*s*b*h activation bytes per layer (16-bit),
+    # read and written in forward and backward, over the HBM: the 24 inside attention and
+    # the MLP split over tp, the 10 around them only with sequence parallel
+    split = L.tp if L.sequence_parallel else 1
+    elementwise = (
+        c.elementwise
+        * (10 / split + 24 / L.tp)
+        * tokens
+        * h
+        * stage_layers
+        * 3
+        * (1 + recomputed / 3)
+        / (hw.memory_bandwidth_gb_s * 1e9)
+    )
+
+    dense = {"tp": L.tp, "cp": L.cp, "ep": 1, "dp": L.dp, "pp": L.pp}
+    expert = {"tp": L.etp, "cp": 1, "ep": L.ep, "dp": world // (L.etp * L.ep * L.pp), "pp": L.pp}
+
+    def span(grid: Mapping[str, int], axis: str) -> int:
+        return _stride(L.order, grid, axis) * grid[axis]
+
+    # ---- tensor parallel: 2 all-reduces forward, 2 backward per layer (all-gather plus
+    # reduce-scatter with sequence parallel: the same bytes), ring: 2(t-1)/t of the tensor
+    t_tp = 0.0
+    if L.tp > 1:
+        bw = _bandwidth(span(dense, "tp"), 1, domain, hw, c.link_share)
+        per_layer = (4 + 2 * recomputed) * 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
+        t_tp = c.tp_exposed * per_layer * stage_layers
+
+    # ---- context parallel: ring attention passes K and V (cp-1) times forward, K, V and
+    # their gradients backward, hidden behind the attention it feeds
+    t_cp = 0.0
+    if L.cp > 1:
+        bw = _bandwidth(span(dense, "cp"), _stride(L.order, dense, "cp"), domain, hw, c.link_share)
+        kv_bytes = tokens * 2 * shape.groups * shape.kv_channels / min(L.tp, shape.groups) * act
+        ring = 3 * (L.cp - 1) * kv_bytes / bw * stage_layers
+        t_cp = max(0.0, ring - t_attention)
+
+    # ---- expert parallel: dispatch and combine all-to-alls, forward and backward
+    parts = _parts(shape)
+    moe_layers = stage_layers * parts.moe / max(layers, 1)
+    # token permutation around the experts: memory bound, every routed copy of a token
+    t_moe = (
+        c.moe_passes
+        * tokens
+        / split
+        * shape.topk
+        * h
+        * act
+        * moe_layers
+        / (hw.memory_bandwidth_gb_s * 1e9)
+    )
+    t_ep = 0.0
+    if shape.experts and L.ep > 1:
+        ep_span = span(expert, "ep")
+        inside = min(1.0, domain / ep_span)
+        up = hw.scale_up_gb_s * 1e9 * c.link_share
+        out = hw.scale_out_gb_s * 1e9 * c.link_share
+        routed = tokens / split * shape.topk * h * act * (L.ep - 1) / L.ep
+        per_a2a = routed * (inside / up + (1 - inside) / out)
+        t_ep = c.ep_exposed * (4 + 2 * recomputed) * per_a2a * moe_layers
+
+    # ---- pipeline p2p: one activation each way per virtual stage and micro batch
+    t_p2p = 0.0
+    if L.pp > 1:
+        bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
+        t_p2p = 2 * L.vpp * tokens * h * act / split / bw
+
+    elementwise += t_moe
+    micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
+    slots = L.microbatches + (L.pp - 1) / L.vpp
+    pipeline = slots * micro
+    bubble = (L.pp - 1) / L.vpp / slots
+
+    # ---- data parallel: gradient reduce-scatter and parameter all-gather (distributed
+    # optimizer) or all-reduce, once per step; overlapped with the last micro batch's
+    # backward and the first one's forward when Megatron's overlap flags are on
+    stage_params = _stage_params(shape, L, stage_layers)
+    dense_params, expert_params = stage_params
+    t_dp = 0.0
+    group = L.dp * L.cp
+    if group > 1 or L.ep * L.etp < world // L.pp:
+        # the gradient group is dp x cp: its closest members are cp's (or dp's) neighbours
+        inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
+        outer = max(span(dense, "dp"), span(dense, "cp"))
+        bw = _bandwidth(outer, inner, domain, hw, c.link_share)
+        edp = expert["dp"]
+        ring = (group - 1) / group
+        ering = (edp - 1) / edp if edp > 1 else 0.0
+        grads = (dense_params * ring + expert_params * ering) * L.grad_bytes
+        params = (dense_params * ring + expert_params * ering) * act
+        if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
+            traffic = grads * L.microbatches + 2 * params * L.microbatches
+        elif L.zero_stage >= 1:
+            traffic = grads + params
+        else:
+            traffic = 2 * grads
+        t_dp = traffic / bw
+        hidden_behind = micro if (L.overlap_grad_reduce or L.zero_stage >= 3) else 0.0
+        if L.zero_stage >= 3:
+            hidden_behind = pipeline
+        t_dp = max(0.0, t_dp - hidden_behind)
+
+    # ---- optimizer: Adam reads and writes fp32 master weights, moments, grads (memory bound)
+    shard = group if L.zero_stage >= 1 else 1
+    owned = dense_params / shard + expert_params / (expert["dp"] if L.zero_stage >= 1 else 1)
+    t_opt = owned * 30 / (hw.memory_bandwidth_gb_s * 1e9)
+
+    step = pipeline + t_dp + t_opt
+    tokens_step = L.microbatches * L.micro_batch_size * L.dp * s
+    model_flops = tokens_step * flops.total
+    tflops = model_flops / step / world / 1e12
+    breakdown = {
+        "compute": slots * compute,
+        "elementwise": slots * elementwise,
+        "tp": slots * t_tp,
+        "cp": slots * t_cp,
+        "ep": slots * t_ep,
+        "pp-p2p": slots * t_p2p,
+        "pp-bubble": (L.pp - 1) / L.vpp * micro,
+        "dp": t_dp,
+        "optimizer": t_opt,
+    }
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_step / step / world,
+        model_tflops_per_gpu=tflops,
+        mfu=tflops * 1e12 / peak,
+        bubble=bubble,
+        breakdown=breakdown,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _flops(
+    shape: Shape,
+    causal: bool,
+    recompute: bool,
+    window: tuple[int, int] | None,
+    window_skip: int | tuple[int, ...] | None,
+) -> TokenFlops:
+    return token_flops(
+        shape, causal=causal, recompute=recompute, window=window, window_skip=window_skip
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _parts(shape: Shape) -> Parts:
+    return shape.pattern.parts(0, shape.layers)
+
+
+def _attention_width(shape: Shape) -> float:
+    """Output width of the attention projections (QKV, or MLA's up projections)."""
+    latent = shape.latent
+    if latent is not None:
+        return shape.heads * (latent.qk_head + latent.rope_head + latent.qk_head + latent.v_head)
+    return (shape.heads + 2 * shape.groups) * shape.kv_channels
+
+
+def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
+    """(dense, expert) parameters one GPU of the heaviest stage holds."""
+    h = shape.hidden
+    width = 3 if shape.gated else 2
+    parts = _parts(shape)
+    layers = max(shape.layers, 1)
+    attention = _attention_width(shape) * h * 2 / 3  # projections in and out
+    dense = (attention * parts.attention + width * h * shape.ffn * parts.mlp) / layers
+    expert = (shape.experts * shape.moe_ffn + shape.shared_ffn) * width * h * parts.moe / layers
+    embedding = shape.vocab * h / layout.tp
+    dense_gpu = dense / layout.tp * stage_layers + embedding
+    return dense_gpu, expert / (layout.ep * layout.etp) * stage_layers
+
+
+def predict_plan(plan: Plan) -> Prediction | None:
+    """The prediction for a compiled training plan whose accelerator model is known (the
+    ``predicted`` block of ``mdc explain``); None for serving plans, or without
+    ``accelerator_model`` or a complete ``[model]``."""
+    hw, model, batch, memory = plan.hardware, plan.model, plan.batch, plan.memory
+    if hw is None or model is None or batch is None or memory is None:
+        return None
+    shape = resolve_shape(model)
+    if shape is None:
+        return None
+    s, t = plan.sizes, plan.training
+    options = plan.options.get(plan.launcher)
+    layout = Layout(
+        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
+        micro_batch_size=batch.micro_batch_size, microbatches=batch.grad_accum_steps,
+        sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
+        recompute_layers=t.recompute_num_layers
+        if t.recompute == "full" and t.recompute_method == "block" else None,
+        zero_stage=t.zero_stage, grad_bytes=t.grad_bytes or 4,
+        overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
+        overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
+        stage_layers=memory.stage_layers, order=plan.layout.order,
+    )  # fmt: skip
+    return predict(
+        shape, layout, hw, nproc_per_node=plan.nproc_per_node,
+        precision=model.dtype if model.dtype in ("fp8", "fp4") else "bf16",
+        window=model.window_size, window_skip=model.window_attn_skip_freq,
+    )  # fmt: skip

@@ -1,0 +1,240 @@
+"""What ``mdc tune`` prints: the ranked table, its JSON, the chosen spec and the picture."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from mdc.plan.memory import GIB
+from mdc.tune.search import Candidate, Result, Verified
+
+#: what each term of the breakdown is called in the "why" lines
+TERMS = {
+    "compute": "compute",
+    "elementwise": "elementwise kernels",
+    "tp": "tensor-parallel communication",
+    "cp": "context-parallel communication",
+    "ep": "expert all-to-all",
+    "pp-p2p": "pipeline sends",
+    "pp-bubble": "pipeline bubble",
+    "dp": "data-parallel communication",
+    "optimizer": "optimizer step",
+}
+
+
+def _memory_gib(row: Verified) -> float:
+    memory = row.memory
+    return (memory.total if memory else row.candidate.memory_bytes or 0) / GIB
+
+
+def candidate_json(rank: int, row: Verified) -> dict[str, Any]:
+    L = row.candidate.layout
+    return {
+        "rank": rank,
+        "layout": row.candidate.label(),
+        "parallelism": {
+            "tp": L.tp,
+            "pp": L.pp,
+            "cp": L.cp,
+            "ep": L.ep,
+            "etp": L.etp,
+            "vpp": L.vpp,
+            "dp": L.dp,
+        },
+        "micro_batch_size": L.micro_batch_size,
+        "recompute": L.recompute,
+        "recompute_num_layers": L.recompute_layers,
+        "sequence_parallel": L.sequence_parallel,
+        "distributed_optimizer": L.zero_stage == 1,
+        "fsdp": L.zero_stage >= 3,
+        "memory_gib": round(_memory_gib(row), 2),
+        "predicted": row.candidate.prediction.to_json(),
+        "spec": {
+            table: dict(row.data[table])
+            for table in ("parallelism", "batch", "megatron")
+            if isinstance(row.data.get(table), dict)
+        },
+    }
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    return {
+        "accelerator_model": result.hardware.id,
+        "precision": result.precision,
+        "searched": {
+            "candidates": result.generated,
+            "memory_estimated": result.estimated,
+            "fit_memory": result.fitting,
+            "refused_by_compile": dict(result.refused),
+        },
+        "candidates": [candidate_json(i + 1, row) for i, row in enumerate(result.rows)],
+    }
+
+
+def why_lost(best: Candidate, other: Candidate) -> str:
+    """One line: how much slower ``other`` is and the term that costs it most."""
+    slower = 1 - other.prediction.tokens_per_s_per_gpu / best.prediction.tokens_per_s_per_gpu
+    deltas = {
+        term: other.prediction.breakdown.get(term, 0.0) - best.prediction.breakdown.get(term, 0.0)
+        for term in TERMS
+    }
+    term, delta = max(sorted(deltas.items()), key=lambda kv: kv[1])
+    if slower <= 0:
+        same = (other.memory_bytes or 0) <= (best.memory_bytes or 0)
+        return (
+            "as fast and as large: an equivalent layout"
+            if same
+            else ("as fast, but needs more memory per GPU")
+        )
+    per = delta / max(other.prediction.step_time_s, 1e-12) * 100
+    return (
+        f"{slower * 100:.1f}% slower: more {TERMS[term]} (+{delta:.3g} s, {per:.0f}% of its step)"
+    )
+
+
+def text(result: Result) -> str:
+    hw = result.hardware
+    lines = [
+        f"mdc tune: the {len(result.rows)} fastest of {result.generated} layouts that fit "
+        f"and compile, on {hw.name}, {result.precision} ({result.estimated} estimated for "
+        f"memory on the way down the ranking, {result.estimated - result.fitting} too large)",
+    ]
+    if result.refused:
+        refused = ", ".join(f"{code} x{n}" for code, n in result.refused.items())
+        lines.append(f"refused by the compiler on the way: {refused}")
+    header = (
+        f"{'#':>2}  {'layout':<52} {'GiB/GPU':>7} {'step s':>8} {'tok/s/GPU':>9} "
+        f"{'TFLOP/s':>7} {'MFU':>5} {'bubble':>6}  dominant comm"
+    )
+    lines += ["", header]
+    for i, row in enumerate(result.rows, 1):
+        p = row.candidate.prediction
+        lines.append(
+            f"{i:>2}  {row.candidate.label():<52} {_memory_gib(row):>7.1f} {p.step_time_s:>8.3f} "
+            f"{p.tokens_per_s_per_gpu:>9.0f} {p.model_tflops_per_gpu:>7.0f} "
+            f"{p.mfu * 100:>4.0f}% {p.bubble * 100:>5.1f}%  {p.dominant_communication}"
+        )
+    if len(result.rows) > 1:
+        best = result.rows[0].candidate
+        lines += ["", "why the runners-up lost:"]
+        for i, row in enumerate(result.rows[1:], 2):
+            lines.append(f"{i:>2}  {why_lost(best, row.candidate)}")
+    return "\n".join(lines) + "\n"
+
+
+def write_spec(path: str, data: Mapping[str, Any], source: str) -> None:
+    """The chosen layout as a spec in OUT_SPEC's format (TOML keeps the source's comments)."""
+    target = Path(path)
+    suffix = target.suffix.lower()
+    if suffix == ".json":
+        target.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
+    if suffix in (".yaml", ".yml"):
+        import io
+
+        from ruamel.yaml import YAML
+
+        yaml = YAML(typ="safe", pure=True)
+        yaml.default_flow_style = False
+        stream = io.StringIO()
+        yaml.dump(dict(data), stream)
+        target.write_text(stream.getvalue(), encoding="utf-8")
+        return
+    import tomlkit
+
+    if source.lower().endswith(".toml"):
+        doc = tomlkit.parse(Path(source).read_text(encoding="utf-8"))
+        _merge(doc, data)
+    else:
+        doc = tomlkit.document()
+        doc.update(data)
+    target.write_text(tomlkit.dumps(doc), encoding="utf-8")
+
+
+def _merge(doc: Any, data: Mapping[str, Any]) -> None:
+    """Write ``data``'s values into the parsed TOML ``doc``, keeping its layout."""
+    for key, value in data.items():
+        if isinstance(value, dict) and key in doc and isinstance(doc[key], dict):
+            _merge(doc[key], value)
+            for gone in [k for k in doc[key] if k not in value]:
+                del doc[key][gone]
+        elif key not in doc or doc[key] != value:
+            doc[key] = value
+
+
+# ----------------------------------------------------------------------------- picture
+
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 70, 30, 40, 50
+
+
+def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -> str:
+    """Predicted tokens/s/GPU against memory per GPU: every fitting candidate as a dot,
+    the memory limit as a line, the chosen layout ringed, the runners-up labelled."""
+    points = [((c.memory_bytes or 0) / GIB, c.prediction.tokens_per_s_per_gpu) for c in others]
+    rows = [(_memory_gib(r), r.candidate.prediction.tokens_per_s_per_gpu) for r in result.rows]
+    xs = [x for x, _ in points + rows] + [capacity_gib]
+    ys = [y for _, y in points + rows] or [1.0]
+    x_max, y_max = max(xs) * 1.05, max(ys) * 1.1
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        px = LEFT + x / x_max * (WIDTH - LEFT - RIGHT)
+        py = HEIGHT - BOTTOM - y / y_max * (HEIGHT - TOP - BOTTOM)
+        return round(px, 1), round(py, 1)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
+        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
+        f'<text x="{LEFT}" y="20" font-size="13">mdc tune on {escape(result.hardware.name)}: '
+        "predicted throughput against memory per GPU</text>",
+    ]
+    x0, y0 = at(0, 0)
+    x1, y1 = at(x_max, y_max)
+    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
+    out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
+    for i in range(6):
+        gx, _ = at(x_max * i / 5, 0)
+        _, gy = at(0, y_max * i / 5)
+        out.append(f'<text x="{gx}" y="{y0 + 15}" text-anchor="middle">{x_max * i / 5:.0f}</text>')
+        out.append(f'<text x="{x0 - 5}" y="{gy + 4}" text-anchor="end">{y_max * i / 5:.0f}</text>')
+    out.append(
+        f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 12}" text-anchor="middle">'
+        "memory per GPU (GiB)</text>"
+    )
+    out.append(
+        f'<text x="15" y="{(y0 + y1) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 15 {(y0 + y1) / 2})">tokens/s per GPU</text>'
+    )
+    lx, _ = at(capacity_gib, 0)
+    out.append(
+        f'<line x1="{lx}" y1="{y0}" x2="{lx}" y2="{y1}" stroke="#c0392b" stroke-dasharray="6 4"/>'
+    )
+    out.append(
+        f'<text x="{lx - 4}" y="{y1 + 12}" text-anchor="end" fill="#c0392b">memory limit '
+        f"{capacity_gib:g} GiB</text>"
+    )
+    for x, y in points:
+        px, py = at(x, y)
+        out.append(f'<circle cx="{px}" cy="{py}" r="2" fill="#95a5a6"/>')
+    for i, ((x, y), row) in enumerate(zip(rows, result.rows, strict=True)):
+        px, py = at(x, y)
+        label = escape(row.candidate.label())
+        if i == 0:
+            out.append(
+                f'<circle cx="{px}" cy="{py}" r="7" fill="none" stroke="#27ae60" stroke-width="3"/>'
+            )
+            out.append(
+                f'<text x="{px + 10}" y="{py - 8}" fill="#27ae60" font-weight="bold">'
+                f"best: {label}</text>"
+            )
+        else:
+            out.append(f'<circle cx="{px}" cy="{py}" r="4" fill="#2980b9"/>')
+            out.append(
+                f'<text x="{px + 7}" y="{py + 4 + 12 * (i % 2)}" fill="#2980b9">'
+                f"#{i + 1} {label}</text>"
+            )
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

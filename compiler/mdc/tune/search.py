@@ -1,0 +1,501 @@
+"""The layout search: every layout the spec leaves open, ranked by predicted throughput.
+
+A candidate is the spec with its open keys filled in. The arithmetic stage estimates
+each candidate's memory with the plan's own estimate (:func:`mdc.plan.memory.estimate`)
+and its step time with :mod:`mdc.tune.perf`, and drops what does not fit. The best are
+then compiled, in rank order, by the same :class:`~mdc.pipeline.Compiler` as
+``mdc compile`` (plan pass, launcher and backend checks, no files written) until ``top``
+of them compile; a candidate the compiler refuses is skipped with its diagnostic codes.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from mdc.convert import structure_spec
+from mdc.errors import Finding, SpecError
+from mdc.hardware import Accelerator
+from mdc.loaders import LoadedDocument
+from mdc.pipeline import Compiled, Compiler
+from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape
+from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.plan.ranks import divisors
+from mdc.spec import JobSpec
+from mdc.tune.perf import DEFAULT, Constants, Layout, Prediction, predict, scale_up_domain
+
+#: launchers whose layout mdc tune searches, and the table holding their training switches
+TUNABLE = ("megatron",)
+MICRO_BATCHES = (1, 2, 4, 8)
+MAX_CP = 16
+#: shortest sequence slice a context-parallel rank keeps
+MIN_CP_TOKENS = 1024
+MAX_VPP = 8
+#: compile at most this many refused candidates before giving up on more rows
+MAX_REFUSED = 400
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    """One filled-in layout with its estimates."""
+
+    layout: Layout
+    #: the launcher-table switches this candidate sets (sequence parallel, optimizer, recompute)
+    switches: Mapping[str, Any]
+    prediction: Prediction
+    sizes: Sizes
+    batch: BatchPlan
+    training: TrainingSetup
+    #: the plan's memory estimate per GPU (None until estimated)
+    memory_bytes: int | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Best first: fastest, then smallest, then the layout's own order (deterministic)."""
+        L = self.layout
+        return (
+            -round(self.prediction.tokens_per_s_per_gpu, 6),
+            self.memory_bytes or 0,
+            L.tp,
+            L.pp,
+            L.cp,
+            L.ep,
+            L.etp,
+            L.vpp,
+            L.micro_batch_size,
+            ("none", "selective", "full").index(L.recompute),
+            L.recompute_layers or 0,
+            not L.sequence_parallel,
+            L.zero_stage,
+        )
+
+    def label(self) -> str:
+        L = self.layout
+        parts = [f"tp{L.tp}", f"pp{L.pp}"]
+        if L.vpp > 1:
+            parts.append(f"vpp{L.vpp}")
+        parts.append(f"cp{L.cp}")
+        if L.ep > 1 or L.etp != L.tp:
+            parts += [f"ep{L.ep}", f"etp{L.etp}"]
+        parts.append(f"dp{L.dp}")
+        parts.append(f"mbs{L.micro_batch_size}")
+        recompute = L.recompute
+        if recompute == "full" and L.recompute_layers is not None:
+            recompute = f"full{L.recompute_layers}"
+        parts.append(f"rc:{recompute}")
+        if L.tp > 1:
+            parts.append("sp" if L.sequence_parallel else "no-sp")
+        parts.append({0: "ddp", 1: "distopt", 3: "fsdp"}.get(L.zero_stage, f"zero{L.zero_stage}"))
+        return " ".join(parts)
+
+
+@attrs.frozen(kw_only=True)
+class Verified:
+    candidate: Candidate
+    compiled: Compiled
+    data: Mapping[str, Any]
+
+    @property
+    def memory(self) -> MemoryEstimate | None:
+        return self.compiled.plan.memory
+
+
+@attrs.frozen(kw_only=True)
+class Result:
+    hardware: Accelerator
+    rows: tuple[Verified, ...]
+    #: candidates the search generated, how many had their memory estimated (best first,
+    #: until enough compiled) and how many of those fit
+    generated: int
+    fitting: int
+    estimated: int = 0
+    #: diagnostic code -> candidates the compiler refused for it
+    refused: Mapping[str, int]
+    precision: str
+
+
+def _finding(code: str, pointer: str, message: str, hint: str) -> Finding:
+    return Finding(code=code, pointer=pointer, message=message, hint=hint)
+
+
+class Tuner:
+    """Search the layouts ``doc`` leaves open."""
+
+    def __init__(self, compiler: Compiler, doc: LoadedDocument, constants: Constants = DEFAULT):
+        self.compiler, self.doc, self.constants = compiler, doc, constants
+        found = compiler.checker.check(doc)
+        if found:
+            raise SpecError(found)
+        data = doc.data
+        assert isinstance(data, dict)
+        self.data: dict[str, Any] = data
+        self.spec: JobSpec = structure_spec(data, compiler.option_types)
+        self._requirements()
+        self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
+        self.options_type: Any = self.launcher.options_type
+        model = self.spec.model
+        self.window = model.window_size if model is not None else None
+        self.window_skip = model.window_attn_skip_freq if model is not None else None
+        self._variant_cache: dict[tuple[bool, int], list[tuple[dict[str, Any], TrainingSetup]]] = {}
+
+    # ---- what the spec must give
+    def _requirements(self) -> None:
+        spec, problems = self.spec, []
+        dist = spec.distributed
+        if dist.launcher not in TUNABLE:
+            problems.append(
+                _finding(
+                    "MDC610",
+                    "/distributed/launcher",
+                    f"mdc tune searches layouts for {', '.join(TUNABLE)}, not {dist.launcher!r}",
+                    f'set launcher = "{TUNABLE[0]}"',
+                )
+            )
+        known = self.compiler.plugins.accelerators()
+        if dist.accelerator_model is None or dist.accelerator_model not in known:
+            problems.append(
+                _finding(
+                    "MDC611",
+                    "/distributed/accelerator_model" if dist.accelerator_model else "/distributed",
+                    "mdc tune needs a known [distributed] accelerator_model to predict throughput"
+                    + (
+                        f" ({dist.accelerator_model!r} is not one)"
+                        if dist.accelerator_model
+                        else ""
+                    ),
+                    f"set accelerator_model to one of: {', '.join(known)}",
+                )
+            )
+        shape = resolve_shape(spec.model) if spec.model is not None else None
+        if shape is None:
+            problems.append(
+                _finding(
+                    "MDC612",
+                    "/model",
+                    "mdc tune needs a [model] table with num_layers, hidden_size, "
+                    "num_attention_heads, vocab_size and seq_length",
+                    "add the missing [model] keys",
+                )
+            )
+        if spec.batch is None or spec.batch.global_batch_size is None:
+            problems.append(
+                _finding(
+                    "MDC613",
+                    "/batch",
+                    "mdc tune needs [batch] global_batch_size (the batch is held fixed)",
+                    "set [batch] global_batch_size",
+                )
+            )
+        if problems:
+            raise SpecError([Compiler._diag(self.doc, f) for f in problems])
+        assert shape is not None and dist.accelerator_model is not None
+        self.shape: Shape = shape
+        self.hardware: Accelerator = known[dist.accelerator_model]
+        self.nproc = dist.nproc_per_node or 1
+        self.world = (dist.nnodes or 1) * self.nproc
+        memory = dist.accelerator_memory_gib or self.hardware.memory_gib
+        self.capacity = int(memory * GIB)
+        dtype = spec.model.dtype if spec.model is not None else None
+        self.precision = dtype if dtype in ("fp8", "fp4") else "bf16"
+
+    # ---- held-fixed values
+    def _fixed(self, table: str, key: str) -> Any:
+        value = self.data.get(table, {})
+        return value.get(key) if isinstance(value, dict) else None
+
+    def _choices(self, table: str, key: str, options: list[Any]) -> list[Any]:
+        fixed = self._fixed(table, key)
+        return [fixed] if fixed is not None else options
+
+    # ---- the arithmetic stage
+    def candidates(self) -> Iterator[Candidate]:
+        shape, world = self.shape, self.world
+        domain = scale_up_domain(self.hardware, self.nproc)
+        gbs = self.spec.batch.global_batch_size if self.spec.batch else None
+        assert gbs is not None
+        order = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
+        moe = shape.experts > 0
+        tps = self._choices("parallelism", "tp", [t for t in divisors(world) if domain % t == 0])
+        pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
+        cps = self._choices(
+            "parallelism",
+            "cp",
+            [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS] or [1],
+        )
+        for tp, pp, cp in itertools.product(tps, pps, cps):
+            if world % (tp * pp * cp):
+                continue
+            dp = world // (tp * pp * cp)
+            if gbs % dp:
+                continue
+            for ep, etp in self._experts(tp, pp, world, moe):
+                for vpp in self._vpps(pp):
+                    for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
+                        if gbs % (mbs * dp):
+                            continue
+                        sizes = Sizes(
+                            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp,
+                            edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
+                        )  # fmt: skip
+                        batch = BatchPlan(
+                            global_batch_size=gbs,
+                            micro_batch_size=mbs,
+                            grad_accum_steps=gbs // (mbs * dp),
+                        )
+                        chunk = -(-shape.layers // (pp * vpp))
+                        for switches, training in self._variants(tp, chunk):
+                            yield self._candidate(sizes, batch, order, switches, training)
+
+    def _variants(self, tp: int, chunk_layers: int) -> list[tuple[dict[str, Any], TrainingSetup]]:
+        """The switch settings to try with the launcher's training setup for each (cached)."""
+        key = (tp > 1, chunk_layers)
+        if key not in self._variant_cache:
+            self._variant_cache[key] = [
+                (switches, self._training(self._options(switches)))
+                for switches in self._switches(tp, chunk_layers)
+            ]
+        return self._variant_cache[key]
+
+    def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
+        """The [megatron] training switches to try: sequence parallel, the optimizer's
+        sharding (distributed optimizer or Megatron-FSDP) and recompute (none, selective,
+        full over every layer, or full over the first N layers of each model chunk).
+
+        Dominated settings are not generated: without sequence parallel a layout moves the
+        same tensor-parallel bytes and keeps more activations; without the distributed
+        optimizer it moves the same gradient bytes (an all-reduce is a reduce-scatter and an
+        all-gather) and keeps the whole optimizer state. A spec that writes them keeps them.
+        """
+        table = "megatron"
+        fields = attrs.fields_dict(self.options_type) if self.options_type else {}
+        sps = self._choices(table, "sequence_parallel", [True] if tp > 1 else [None])
+        optimizers: list[dict[str, Any]] = [{"use_distributed_optimizer": True}]
+        if "use_megatron_fsdp" in fields:
+            optimizers.append(
+                {
+                    "use_distributed_optimizer": True,
+                    "use_megatron_fsdp": True,
+                    "data_parallel_sharding_strategy": "optim_grads_params",
+                }
+            )
+        fixed = {
+            k: self._fixed(table, k)
+            for k in ("use_distributed_optimizer", "use_megatron_fsdp")
+            if self._fixed(table, k) is not None
+        }
+        if fixed:
+            optimizers = [
+                o for o in optimizers if all(o.get(k, False) == v for k, v in fixed.items())
+            ] or [fixed]
+        full = {"recompute_granularity": "full", "recompute_method": "uniform"}
+        recomputes: list[dict[str, Any]] = [
+            {},
+            {"recompute_granularity": "selective"},
+            {**full, "recompute_num_layers": 1},
+        ]
+        if "recompute_method" in fields:
+            for part in sorted({chunk_layers // 4, chunk_layers // 2, 3 * chunk_layers // 4}):
+                if 0 < part < chunk_layers:
+                    recomputes.append(
+                        {
+                            "recompute_granularity": "full",
+                            "recompute_method": "block",
+                            "recompute_num_layers": part,
+                        }
+                    )
+        if self._fixed(table, "recompute_granularity") is not None:
+            recomputes = [{}]  # held as written
+        for sp, optimizer, recompute in itertools.product(sps, optimizers, recomputes):
+            switches = {**optimizer, **recompute}
+            if sp is not None:
+                switches["sequence_parallel"] = sp
+            yield {k: v for k, v in switches.items() if self._fixed(table, k) is None}
+
+    def _experts(self, tp: int, pp: int, world: int, moe: bool) -> list[tuple[int, int]]:
+        if not moe:
+            ep = self._fixed("parallelism", "ep") or 1
+            etp = self._fixed("parallelism", "etp") or tp
+            return [(ep, etp)]
+        experts = self.shape.experts
+        eps = self._choices("parallelism", "ep", [e for e in divisors(experts) if world % e == 0])
+        etps = self._choices("parallelism", "etp", sorted({1, tp}))
+        return [
+            (ep, etp) for ep, etp in itertools.product(eps, etps) if world % (ep * etp * pp) == 0
+        ]
+
+    def _vpps(self, pp: int) -> list[int]:
+        fixed = self._fixed("parallelism", "vpp")
+        if fixed is not None:
+            return [fixed]
+        if pp == 1:
+            return [1]
+        per_stage = self.shape.layers // pp
+        return [1, *(v for v in divisors(per_stage) if 1 < v <= MAX_VPP)] if per_stage else [1]
+
+    def _candidate(
+        self,
+        sizes: Sizes,
+        batch: BatchPlan,
+        order: str,
+        switches: dict[str, Any],
+        training: TrainingSetup,
+    ) -> Candidate:
+        written = {**self._written("megatron"), **switches}
+        recompute = training.recompute
+        layout = Layout(
+            tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
+            vpp=sizes.vpp or 1, micro_batch_size=batch.micro_batch_size,
+            microbatches=batch.grad_accum_steps,
+            sequence_parallel=training.sequence_parallel and sizes.tp > 1,
+            recompute=recompute,
+            recompute_layers=training.recompute_num_layers
+            if recompute == "full" and training.recompute_method == "block" else None,
+            zero_stage=training.zero_stage,
+            grad_bytes=training.grad_bytes or 4,
+            order=order,
+            overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
+            overlap_param_gather=training.zero_stage >= 1
+            and written.get("overlap_param_gather") is not False,
+        )  # fmt: skip
+        prediction = predict(
+            self.shape, layout, self.hardware, nproc_per_node=self.nproc,
+            precision=self.precision, constants=self.constants,
+            window=self.window, window_skip=self.window_skip,
+        )  # fmt: skip
+        return Candidate(
+            layout=layout,
+            switches=switches,
+            prediction=prediction,
+            sizes=sizes,
+            batch=batch,
+            training=training,
+        )
+
+    def _written(self, table: str) -> dict[str, Any]:
+        value = self.data.get(table, {})
+        return dict(value) if isinstance(value, dict) else {}
+
+    def _options(self, switches: dict[str, Any]) -> Any:
+        """The launcher's options with ``switches`` set, as its own type."""
+        base: Any = self.spec.plugin_tables.get(self.spec.distributed.launcher)
+        if base is None:
+            base = self.options_type() if self.options_type else None
+        if base is None:
+            return None
+        return attrs.evolve(base, **switches)
+
+    def _training(self, options: Any) -> TrainingSetup:
+        """How the launcher trains with ``options``: its own ``training`` hook, as compile."""
+        hook = self.launcher.training
+        return hook(options) if hook is not None else TrainingSetup()
+
+    def _edits(self, L: Layout, switches: dict[str, Any]) -> dict[tuple[str, str], Any]:
+        edits: dict[tuple[str, str], Any] = {
+            ("parallelism", "tp"): L.tp,
+            ("parallelism", "pp"): L.pp,
+            ("parallelism", "cp"): L.cp,
+            ("batch", "micro_batch_size"): L.micro_batch_size,
+        }
+        if self.shape.experts or self._fixed("parallelism", "ep") is not None:
+            edits[("parallelism", "ep")] = L.ep
+        if self.shape.experts or self._fixed("parallelism", "etp") is not None:
+            edits[("parallelism", "etp")] = L.etp
+        if L.vpp > 1 or self._fixed("parallelism", "vpp") is not None:
+            edits[("parallelism", "vpp")] = L.vpp
+        for key, value in switches.items():
+            edits[("megatron", key)] = value
+        # the overlap Megatron offers for free (off by default in Megatron-LM)
+        edits[("megatron", "overlap_grad_reduce")] = True
+        if L.zero_stage >= 1:
+            edits[("megatron", "overlap_param_gather")] = True
+        return edits
+
+    def spec_data(self, candidate: Candidate) -> dict[str, Any]:
+        """The spec with the candidate's values written in (a deep copy)."""
+        data = copy.deepcopy(self.data)
+        for (table, key), value in self._edits(candidate.layout, dict(candidate.switches)).items():
+            section = data.setdefault(table, {})
+            if self._fixed(table, key) is None:
+                section[key] = value
+        par = data.get("parallelism", {})
+        if "dp" in par and self._fixed("parallelism", "dp") is None:
+            del par["dp"]
+        return data
+
+    def sample(self, limit: int = 1500) -> list[Candidate]:
+        """Up to ``limit`` of the candidates whose memory was estimated (for the picture)."""
+        walked = getattr(self, "walked", [])
+        step = max(1, len(walked) // limit)
+        return walked[::step][:limit]
+
+    def _with_memory(self, candidate: Candidate) -> Candidate:
+        memory = estimate(self.shape, candidate.sizes, candidate.batch, candidate.training)
+        return attrs.evolve(candidate, memory_bytes=memory.total)
+
+    # ---- the compile stage
+    def run(self, top: int = 5) -> Result:
+        """Rank every candidate by predicted throughput, then walk down the ranking: the
+        plan's memory estimate, then the compiler, until ``top`` candidates pass both.
+
+        The memory estimate grows with the micro batch (activations of min(pp, m) micro
+        batches of b sequences each, with b * m fixed by the global batch), so once a layout
+        does not fit at micro batch b, its larger micro batches are not estimated again.
+        """
+        ranked = sorted(self.candidates(), key=lambda c: c.key)
+        rows: list[Verified] = []
+        refused: Counter[str] = Counter()
+        walked: list[Candidate] = []
+        too_big: dict[tuple[Any, ...], int] = {}
+        shown: set[tuple[float, int | None]] = set()
+        shown_sizes: set[tuple[int, ...]] = set()
+        fitting = 0
+        for candidate in ranked:
+            if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
+                break
+            L = candidate.layout
+            family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
+            if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
+                continue
+            candidate = self._with_memory(candidate)
+            walked.append(candidate)
+            assert candidate.memory_bytes is not None
+            if candidate.memory_bytes > self.capacity:
+                too_big[family] = min(
+                    too_big.get(family, 1 << 30), candidate.batch.micro_batch_size
+                )
+                continue
+            fitting += 1
+            # a layout that trades cp, dp and the micro batch for one another at the same
+            # predicted speed and memory is the same choice: the first (simplest) one stands
+            same = (round(candidate.prediction.tokens_per_s_per_gpu, 3), candidate.memory_bytes)
+            # and each layout (sizes and micro batch) once, with its best training switches
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, L.micro_batch_size)
+            if same in shown or sizes in shown_sizes:
+                continue
+            data = self.spec_data(candidate)
+            doc = attrs.evolve(self.doc, data=data)
+            try:
+                compiled = self.compiler.compile_document(doc, tree=False)
+            except SpecError as exc:
+                codes = sorted({d.code for d in exc.diagnostics if d.is_error})
+                refused.update(codes or ["?"])
+                continue
+            rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
+            shown.add(same)
+            shown_sizes.add(sizes)
+        self.walked = walked
+        rows.sort(key=lambda r: r.candidate.key)
+        return Result(
+            hardware=self.hardware,
+            rows=tuple(rows),
+            generated=len(ranked),
+            fitting=fitting,
+            estimated=len(walked),
+            refused=dict(sorted(refused.items())),
+            precision=self.precision,
+        )

@@ -1,0 +1,109 @@
+"""The accelerator catalogue and [distributed] accelerator_model."""
+
+from __future__ import annotations
+
+import io
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mdc.cli import main
+from mdc.hardware import builtin, schema_errors
+from mdc.package_data import package_text
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRED = (
+    "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "b300",
+    "gb200", "gb300", "mi300x", "mi325x", "mi355x",
+)  # fmt: skip
+
+
+def test_the_catalogue_file_passes_its_schema() -> None:
+    raw = tomllib.loads(package_text("mdc.hardware", "catalogue.toml"))
+    assert schema_errors(raw) == []
+
+
+def test_the_schema_rejects_a_missing_source_and_sparse_keys() -> None:
+    raw = tomllib.loads(package_text("mdc.hardware", "catalogue.toml"))
+    entry = dict(raw["h100-sxm"])
+    entry["sources"] = {k: v for k, v in entry["sources"].items() if k != "compute"}
+    entry["dense_tflops"] = {**entry["dense_tflops"], "fp8_sparse": 3958}
+    errors = schema_errors({"h100-sxm": entry})
+    assert any("compute" in e for e in errors) and any("fp8_sparse" in e for e in errors)
+
+
+def test_every_required_accelerator_is_there_with_sources() -> None:
+    known = builtin()
+    assert set(REQUIRED) <= set(known)
+    for ident in REQUIRED:
+        entry = known[ident]
+        assert set(entry.sources) == {"compute", "memory", "scale_up", "scale_out"}
+        assert all(url.startswith("https://") for url in entry.sources.values())
+        assert entry.dense_tflops["bf16"] > 0
+
+
+def test_rack_scale_systems_have_a_72_gpu_domain() -> None:
+    known = builtin()
+    assert known["gb200"].scale_up_domain == known["gb300"].scale_up_domain == 72
+    assert all(known[i].scale_up_domain == 8 for i in REQUIRED if not i.startswith("gb"))
+
+
+def test_fp8_is_twice_bf16_and_fp4_only_where_it_exists() -> None:
+    """Dense peaks, not the sparse ones NVIDIA prints first: fp8 = 2 x bf16 on every chip
+    that has it; fp4 exists from Blackwell and CDNA 4 on."""
+    for ident, entry in builtin().items():
+        if "fp8" in entry.dense_tflops:
+            assert entry.dense_tflops["fp8"] == pytest.approx(2 * entry.dense_tflops["bf16"], 0.01)
+        has_fp4 = ident.startswith(("b", "gb")) or ident == "mi355x"
+        assert ("fp4" in entry.dense_tflops) == has_fp4, ident
+
+
+def _run(spec: str, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main([*args, spec], stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _spec(tmp_path: Path, distributed: str) -> str:
+    text = (REPO / "examples" / "tune-llama70b-64xh100.toml").read_text(encoding="utf-8")
+    text = text.replace('accelerator_model = "h100-sxm"\n', distributed)
+    path = tmp_path / "spec.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_accelerator_model_sets_the_memory_limit(tmp_path: Path) -> None:
+    code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "h100-sxm"\n'), "explain")
+    assert code == 0 and "of 80 GiB" in out
+    code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "mi300x"\n'), "explain")
+    assert code == 0 and "of 192 GiB" in out and "accelerator amd" in out
+
+
+def test_an_explicit_memory_wins(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, 'accelerator_model = "h100-sxm"\naccelerator_memory_gib = 79\n')
+    code, out, _ = _run(spec, "explain")
+    assert code == 0 and "of 79 GiB" in out
+
+
+def test_the_estimate_is_checked_against_the_model_memory(tmp_path: Path) -> None:
+    """A100 40GB cannot hold Llama-3-70B at tp 8, pp 8 with 8k sequences: MDC260."""
+    code, _, err = _run(_spec(tmp_path, 'accelerator_model = "a100-40gb"\n'), "validate")
+    assert code == 1 and "MDC260" in err and "accelerator_memory_gib = 40" in err
+
+
+def test_an_unknown_model_is_located_and_lists_the_known_ones(tmp_path: Path) -> None:
+    code, _, err = _run(_spec(tmp_path, 'accelerator_model = "h100"\n'), "validate")
+    assert code == 1
+    assert "spec.toml:16:21: error[MDC600]" in err and "h100-sxm" in err
+
+
+def test_a_contradicting_vendor_is_refused(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, 'accelerator = "nvidia"\naccelerator_model = "mi355x"\n')
+    code, _, err = _run(spec, "validate")
+    assert code == 1 and "MDC601" in err and 'accelerator = "amd"' in err
+
+
+def test_the_schema_refuses_a_malformed_id(tmp_path: Path) -> None:
+    code, _, err = _run(_spec(tmp_path, 'accelerator_model = "H100 SXM"\n'), "validate")
+    assert code == 1 and "/distributed/accelerator_model" in err

@@ -1,0 +1,225 @@
+"""mdc tune: every printed layout compiles, --write is the first row, output is stable."""
+
+from __future__ import annotations
+
+import io
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.cli import main
+from mdc.hardware import builtin
+from mdc.plan.memory import resolve_shape
+from mdc.spec import ModelTable
+from mdc.tune.flops import token_flops
+from mdc.tune.perf import Layout, predict
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tuned() -> dict[str, Any]:
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "6")
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _spec_with(tmp_path: Path, candidate: dict[str, Any], name: str) -> Path:
+    """The example with a candidate's printed tables merged in, as a JSON spec."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    for table, values in candidate["spec"].items():
+        data.setdefault(table, {}).update(values)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_every_printed_candidate_compiles(tuned: dict[str, Any], tmp_path: Path) -> None:
+    candidates = tuned["candidates"]
+    assert isinstance(candidates, list) and len(candidates) == 6
+    for i, candidate in enumerate(candidates):
+        spec = _spec_with(tmp_path, candidate, f"c{i}")
+        code, _, err = _run("compile", str(spec), "-o", str(tmp_path / f"out{i}"))
+        assert code == 0, (candidate["layout"], err)
+        plan = json.loads((tmp_path / f"out{i}" / "plan.json").read_text(encoding="utf-8"))
+        assert plan["parallelism"]["dp"] == candidate["parallelism"]["dp"]
+        assert candidate["memory_gib"] <= 80
+
+
+def test_write_output_compiles_and_is_the_first_row(tuned: dict[str, Any], tmp_path: Path) -> None:
+    out_spec = tmp_path / "best.toml"
+    code, _, err = _run("tune", str(EXAMPLE), "--write", str(out_spec))
+    assert code == 0, err
+    written = tomllib.loads(out_spec.read_text(encoding="utf-8"))
+    first = tuned["candidates"][0]
+    for axis in ("tp", "pp", "cp"):
+        assert written["parallelism"][axis] == first["parallelism"][axis]
+    assert written["parallelism"].get("vpp", 1) == first["parallelism"]["vpp"]
+    assert written["batch"]["micro_batch_size"] == first["micro_batch_size"]
+    assert written["job"] == tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))["job"]
+    code, _, err = _run("compile", str(out_spec), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+
+
+def test_ranking_is_deterministic_and_sorted(tuned: dict[str, Any]) -> None:
+    again = _run("tune", str(EXAMPLE), "--format", "json", "--top", "6")[1]
+    assert json.loads(again) == tuned
+    rates = [c["predicted"]["tokens_per_s_per_gpu"] for c in tuned["candidates"]]
+    assert rates == sorted(rates, reverse=True)
+    names = {"step_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu"}
+    for c in tuned["candidates"]:
+        assert names <= set(c["predicted"])
+        assert set(c["parallelism"]) == {"tp", "pp", "cp", "ep", "etp", "vpp", "dp"}
+
+
+def test_text_output_explains_the_runners_up() -> None:
+    code, out, _ = _run("tune", str(EXAMPLE), "--top", "3")
+    assert code == 0
+    assert "why the runners-up lost:" in out
+    why = out.split("why the runners-up lost:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in why] == ["2", "3"]
+    assert all(("slower" in line) or ("as fast" in line) for line in why)
+
+
+def test_held_fixed_parallelism_is_kept(tmp_path: Path) -> None:
+    spec = tmp_path / "fixed.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8") + "\n[parallelism]\ntp = 8\n", encoding="utf-8"
+    )
+    code, out, err = _run("tune", str(spec), "--format", "json")
+    assert code == 0, err
+    assert {c["parallelism"]["tp"] for c in json.loads(out)["candidates"]} == {8}
+
+
+def test_svg_marks_the_limit_and_the_choice(tmp_path: Path) -> None:
+    picture = tmp_path / "tune.svg"
+    code, _, _ = _run("tune", str(EXAMPLE), "--svg", str(picture))
+    assert code == 0
+    text = picture.read_text(encoding="utf-8")
+    assert text.startswith("<svg") and "memory limit 80 GiB" in text and "best: " in text
+    import xml.etree.ElementTree as ET
+
+    ET.fromstring(text)  # well-formed
+
+
+def test_a_spec_without_accelerator_model_is_refused_with_its_location(tmp_path: Path) -> None:
+    spec = tmp_path / "bare.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8").replace('accelerator_model = "h100-sxm"\n', ""),
+        encoding="utf-8",
+    )
+    code, _, err = _run("tune", str(spec))
+    assert code == 1 and "bare.toml:11:" in err and "error[MDC611]" in err
+
+
+# ------------------------------------------------------------------ the model's arithmetic
+
+
+def test_full_attention_count_is_narayanans_formula() -> None:
+    """Narayanan et al. 2021, appendix: 72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l)) for GPT-3."""
+    layers, h, s, V = 96, 12288, 2048, 51200
+    shape = resolve_shape(
+        ModelTable(
+            num_layers=layers, hidden_size=h, num_attention_heads=96, vocab_size=V, seq_length=s
+        )
+    )
+    assert shape is not None
+    paper = 72 * s * layers * h**2 * (1 + s / (6 * h) + V / (12 * h * layers))
+    assert token_flops(shape, causal=False).total * s == pytest.approx(paper, rel=1e-12)
+
+
+def test_causal_count_halves_only_the_attention_scores() -> None:
+    shape = resolve_shape(
+        ModelTable(
+            num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=32
+        )
+    )
+    assert shape is not None
+    full, causal = token_flops(shape, causal=False), token_flops(shape, causal=True)
+    assert full.attention == 2 * causal.attention
+    assert full.dense_gemm == causal.dense_gemm and full.logits == causal.logits
+
+
+def _layout(**kw: object) -> Layout:
+    base: dict[str, Any] = {"tp": 8, "pp": 4, "cp": 1, "ep": 1, "etp": 8, "dp": 2, "vpp": 1}
+    base.update(micro_batch_size=1, microbatches=64, sequence_parallel=True, recompute="none")
+    base.update(kw)
+    return Layout(**base)
+
+
+def test_bubble_is_p_minus_1_over_v_m() -> None:
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
+                   seq_length=4096)
+    )  # fmt: skip
+    assert shape is not None
+    hw = builtin()["h100-sxm"]
+    for vpp, m in ((1, 8), (5, 8), (1, 64)):
+        p = predict(shape, _layout(vpp=vpp, microbatches=m), hw, nproc_per_node=8)
+        assert p.bubble == pytest.approx(3 / vpp / (m + 3 / vpp))
+        assert p.breakdown["pp-bubble"] / (
+            p.step_time_s - p.breakdown["dp"] - p.breakdown["optimizer"]
+        ) == pytest.approx(p.bubble)
+
+
+def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
+                   seq_length=4096)
+    )  # fmt: skip
+    assert shape is not None
+    hw = builtin()["h100-sxm"]
+    none = predict(shape, _layout(), hw, nproc_per_node=8)
+    full = predict(shape, _layout(recompute="full"), hw, nproc_per_node=8)
+    assert full.step_time_s > none.step_time_s * 1.2
+    inside = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=8)
+    across = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=4)
+    # H100: 450 GB/s NVLink inside a node; across nodes of 4, a tp group of 8 has 4 members
+    # per node, so its traffic leaves over 4 NICs of 50 GB/s: 200 GB/s
+    assert across.breakdown["tp"] == pytest.approx(inside.breakdown["tp"] * 450 / 200)
+
+
+def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
+    """`mdc explain` of the written best spec shows the same predicted block as its row."""
+    out_spec = tmp_path / "best.toml"
+    assert _run("tune", str(EXAMPLE), "--write", str(out_spec))[0] == 0
+    code, out, err = _run("explain", str(out_spec), "--format", "json")
+    assert code == 0, err
+    predicted = json.loads(out)["predicted"]
+    assert predicted.pop("accelerator_model") == "h100-sxm"
+    assert predicted == tuned["candidates"][0]["predicted"]
+    code, text, _ = _run("explain", str(out_spec))
+    assert "predicted on NVIDIA H100 SXM5 80GB" in text
+
+
+def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "tp3.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8").replace(
+            "[batch]", "[parallelism]\ntp = 3\n\n[batch]", 1
+        ),
+        encoding="utf-8",
+    )
+    code, _, err = _run("tune", str(spec))
+    assert code == 1 and "tp3.toml:19:6: error[MDC201]" in err
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_write_in_other_formats_compiles(suffix: str, tmp_path: Path) -> None:
+    out_spec = tmp_path / f"best{suffix}"
+    assert _run("tune", str(EXAMPLE), "--top", "1", "--write", str(out_spec))[0] == 0
+    code, _, err = _run("compile", str(out_spec), "-o", str(tmp_path / "out"))
+    assert code == 0, err
