@@ -315,6 +315,13 @@ def test_words_a_reader_takes_for_another_type_are_quoted(text: str) -> None:
     assert check([{"k": text}]) == f"---\nk: '{text}'\n"
 
 
+def test_a_value_used_twice_is_written_twice_not_aliased() -> None:
+    shared = {"command": ["bash", "x"]}
+    assert check([{"leader": shared, "worker": shared}]) == (
+        "---\nleader:\n  command:\n  - bash\n  - x\nworker:\n  command:\n  - bash\n  - x\n"
+    )
+
+
 def test_keys_that_are_not_strings_are_written_as_strings() -> None:
     docs: list[dict[Any, Any]] = [{1: "a", False: "b", None: "c", "d": 2}]
     text = k8s.dump_yaml(docs)

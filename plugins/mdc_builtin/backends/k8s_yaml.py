@@ -85,6 +85,9 @@ def _dumper() -> type[Any]:
     class Dumper(yaml.CSafeDumper):
         """SafeDumper's rules on libyaml's emitter, with the representers above."""
 
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # a value used twice is written twice, never as an &anchor/*alias
+
     # A plain scalar _NOT_A_STRING matches is taken for a non-string, so libyaml quotes it.
     Dumper.add_implicit_resolver("tag:mdc,2026:not-a-string", _NOT_A_STRING, None)
     Dumper.add_representer(str, _string)
