@@ -23,6 +23,7 @@ from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, fl
 from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
+from mdc.plan.serving_memory import ServingSetup
 from mdc.plan.model import (
     GROUP_KINDS,
     BatchPlan,
@@ -195,6 +196,9 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: (plan, options) -> one server's sizes and its engine's memory settings, for the
+    #: serving memory check; None: no serving estimate
+    serving: Callable[[Plan, Any], ServingSetup | None] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -246,6 +250,7 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Endpoint",
+    "ServingSetup",
     "Finding",
     "FlagTable",
     "FlagUse",
