@@ -166,6 +166,10 @@ CODES: dict[str, Code] = {
         "warning: an expert-parallel group crosses a node boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
+    "MDC252": Code(
+        "warning: [job] command is a shell script run by torchrun as every worker process",
+        "give the program the script starts as [job] command, its exports as [job] env",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",

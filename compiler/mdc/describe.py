@@ -82,6 +82,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "disagg": _plain(plan.disagg),
         "model": _plain(plan.model),
         "memory": memory_json(plan.memory),
+        **_predicted_json(plan),
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
@@ -92,6 +93,37 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             else {}
         ),
     }
+
+
+def _predicted_json(plan: Plan) -> dict[str, object]:
+    """plan.json's "predicted" block (only for a plan whose accelerator model is known)."""
+    if plan.hardware is None:
+        return {}
+    from mdc.tune.perf import predict_plan
+
+    prediction = predict_plan(plan)
+    if prediction is None:
+        return {}
+    return {"predicted": {"accelerator_model": plan.hardware.id, **prediction.to_json()}}
+
+
+def predicted_lines(plan: Plan) -> list[str]:
+    """The throughput mdc tune predicts for this layout, for ``mdc explain``."""
+    if plan.hardware is None:
+        return []
+    from mdc.tune.perf import predict_plan
+
+    p = predict_plan(plan)
+    if p is None:
+        return []
+    return [
+        f"predicted on {plan.hardware.name} (mdc tune's model, docs/tune.md):",
+        f"  step time        {p.step_time_s:.3f} s",
+        f"  tokens/s per GPU {p.tokens_per_s_per_gpu:,.0f}",
+        f"  model TFLOP/s    {p.model_tflops_per_gpu:,.0f} per GPU (MFU {p.mfu * 100:.0f}%)",
+        f"  pipeline bubble  {p.bubble * 100:.1f}%; dominant communication: "
+        f"{p.dominant_communication}",
+    ]
 
 
 def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
@@ -222,6 +254,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
     lines += memory_lines(plan.memory)
     lines += serving_memory.lines(plan.serving_memory)
+    lines += predicted_lines(plan)
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]
