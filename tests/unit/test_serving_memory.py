@@ -112,3 +112,21 @@ def test_mla_caches_the_compressed_latent_on_every_tp_rank() -> None:
     for tp in (1, 8):
         memory = estimate(shape, ServingSetup(engine="vLLM", tp=tp, kv_dtype="fp8"), 141)
         assert memory.kv_per_token == per_token  # one byte each, not split over tp
+
+
+def test_a_serving_launcher_without_a_setup_says_no_estimate_is_made(tmp_path: Path) -> None:
+    data = {
+        "job": {"name": "pd", "command": "python3"},
+        "distributed": {
+            "launcher": "sglang_disagg",
+            "nnodes": 3,
+            "nproc_per_node": 8,
+            "accelerator_memory_gib": 80,
+        },
+        "sglang_disagg": {"model_path": "m"},
+        "model": model("llama3.1-8b"),
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    (note,) = [d for d in COMPILER.compile(path).diagnostics if d.code == "MDC261"]
+    assert "'sglang_disagg' gives no serving setup" in note.message
