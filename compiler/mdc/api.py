@@ -199,6 +199,9 @@ class LauncherSpec:
     #: (plan, options) -> one server's sizes and its engine's memory settings, for the
     #: serving memory check; None: no serving estimate
     serving: Callable[[Plan, Any], ServingSetup | None] | None = None
+    #: other plugins' tables this launcher reads besides its own (e.g. ``("torchrun",)``),
+    #: so that a spec giving them gets no "table not read" warning (MDC253)
+    reads: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -220,6 +223,8 @@ class BackendSpec:
     #: the shell command that starts the compiled job, ``{out}`` standing for the output
     #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
     run_command: str | None = None
+    #: other plugins' tables this backend reads besides its own (e.g. ``("torchrun",)``)
+    reads: tuple[str, ...] = ()
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:

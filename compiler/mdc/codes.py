@@ -170,6 +170,10 @@ CODES: dict[str, Code] = {
         "warning: [job] command is a shell script run by torchrun as every worker process",
         "give the program the script starts as [job] command, its exports as [job] env",
     ),
+    "MDC253": Code(
+        "warning: a plugin table that neither the chosen launcher nor the backend reads",
+        "remove the table, or choose the plugin it belongs to",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
@@ -366,8 +370,10 @@ CODES: dict[str, Code] = {
         "set the option the hint names, or remove it",
     ),
     "MDC359": Code(
-        "extra_args passes a flag Megatron-LM refuses in that form",
-        "set the spec key the hint names instead",
+        "a memory flag in the arguments: a value Megatron-LM refuses in extra_args, a "
+        "TorchTitan override of a memory key (the estimate reads the config table), or "
+        "(warning) a Megatron-LM flag the estimate does not model",
+        "set the spec key the hint names instead, or compare the estimate with a measured run",
     ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),

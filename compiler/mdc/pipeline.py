@@ -7,7 +7,7 @@ built once per process, then reused for every file.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,7 +35,7 @@ from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan, serving_memory
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plan.memory import missing_keys, resolve_shape
-from mdc.plugin_manager import PluginSet, Registered
+from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import JobSpec
 
@@ -222,6 +222,9 @@ class Compiler:
                         functools.partial(_listed, check, plan, plan.options.get(reg.record.name)),
                     )
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
+        findings += [
+            self._diag(doc, f) for f in self._unread_tables(doc, (launcher_reg, backend_reg))
+        ]
         failed = any(d.is_error for d in findings)
         if plan is None or failed or damaged:
             raise SpecError(findings if plan is None or failed else [])
@@ -356,6 +359,42 @@ class Compiler:
                     )
                     for name in clashes
                 ]
+            )
+
+    def _unread_tables(
+        self, doc: LoadedDocument, chosen: tuple[Registered, Registered]
+    ) -> Iterator[Finding]:
+        """MDC253 for each plugin table in the spec that neither the chosen launcher nor the
+        backend reads: it would change nothing, silently."""
+        data = doc.data if isinstance(doc.data, dict) else {}
+        read = {reg.record.name for reg in chosen}
+        for reg in chosen:
+            read.update(reg.record.reads)
+        launcher, backend = (reg.record.name for reg in chosen)
+        for table in sorted(data):
+            kind = (
+                "launcher"
+                if table in self.plugins.launchers
+                else "backend"
+                if table in self.plugins.backends
+                else None
+            )
+            if kind is None or table in read:
+                continue
+            origin = self.plugins.plugins.get(table)
+            where = (
+                f" (plugin {origin.distribution})"
+                if origin is not None and origin.distribution != DISTRIBUTION
+                else ""
+            )
+            yield Finding(
+                code="MDC253",
+                pointer=f"/{table}",
+                severity=Severity.WARNING,
+                message=f"[{table}] is not read: it holds the options of the {kind} "
+                f"{table!r}{where}, and this job runs launcher {launcher!r} on backend "
+                f"{backend!r}",
+                hint=f'remove [{table}], or set {kind} = "{table}" in [distributed]',
             )
 
     @staticmethod

@@ -252,6 +252,21 @@ def test_init_refuses_an_unsupported_pair_and_an_existing_file(tmp_path: Path) -
     assert run("init", "--launcher", "torchrun", "-o", str(target), "--force")[0] == 0
 
 
+def test_init_makes_the_folder_and_reports_what_it_cannot_write(tmp_path: Path) -> None:
+    nested = tmp_path / "jobs" / "team" / "job.toml"
+    assert run("init", "-q", "--launcher", "torchrun", "-o", str(nested))[0] == 0
+    assert nested.is_file()
+    blocker = tmp_path / "file"
+    blocker.write_text("x\n")
+    code, _, stderr = run("init", "--launcher", "torchrun", "-o", str(blocker / "job.toml"))
+    assert code == 2 and stderr.startswith(f"mdc: cannot write {blocker / 'job.toml'}: ")
+
+
+def test_init_to_stdout() -> None:
+    code, stdout, stderr = run("init", "--launcher", "basic", "--backend", "ssh", "-o", "-")
+    assert (code, stderr) == (0, "") and tomllib.loads(stdout)["ssh"]["hosts"]
+
+
 def test_init_names_an_unknown_launcher() -> None:
     code, _, stderr = run("init", "--launcher", "Megatron-LM", "-o", "-")
     assert code == 2 and "did you mean 'megatron'?" in stderr and "mdc plugins" in stderr

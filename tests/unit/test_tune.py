@@ -201,3 +201,25 @@ def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Pat
     assert predicted == tuned["candidates"][0]["predicted"]
     code, text, _ = _run("explain", str(out_spec))
     assert "predicted on NVIDIA H100 SXM5 80GB" in text
+
+
+def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "tp3.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8").replace(
+            "[batch]", "[parallelism]\ntp = 3\n\n[batch]", 1
+        ),
+        encoding="utf-8",
+    )
+    code, _, err = _run("tune", str(spec))
+    assert code == 1 and "tp3.toml:19:6: error[MDC201]" in err
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".json"])
+def test_write_in_other_formats_compiles(suffix: str, tmp_path: Path) -> None:
+    out_spec = tmp_path / f"best{suffix}"
+    assert _run("tune", str(EXAMPLE), "--top", "1", "--write", str(out_spec))[0] == 0
+    code, _, err = _run("compile", str(out_spec), "-o", str(tmp_path / "out"))
+    assert code == 0, err

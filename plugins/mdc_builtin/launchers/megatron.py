@@ -248,6 +248,7 @@ ARCHITECTURE_VALUES = (
     "qk_pos_emb_head_dim",
     "v_head_dim",
     "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
     "mtp_num_layers",
     "mamba_state_dim",
     "mamba_head_dim",
@@ -382,10 +383,6 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         if opts.recompute_num_layers is not None:
             args += ["--recompute-num-layers", str(opts.recompute_num_layers)]
     return args + list(_memory_args(plan, opts))
-
-
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
 
 
 def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
@@ -829,7 +826,7 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     yield from _precision_rules(opts, dtype)
     yield from _optimizer_rules(opts)
     yield from _offload_rules(plan, opts)
-    yield from _recompute_module_rules(opts, words, dtype)
+    yield from _recompute_module_rules(plan, opts, words, dtype)
     yield from _moe_rules(plan, opts, words)
     yield from _unmodelled(plan, opts)
 
@@ -1046,7 +1043,7 @@ def _offload_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 
 
 def _recompute_module_rules(
-    opts: MegatronOptions, words: Sequence[str], dtype: str | None
+    plan: Plan, opts: MegatronOptions, words: Sequence[str], dtype: str | None
 ) -> Iterator[Finding]:
     modules = opts.recompute_modules
     if modules is None:
@@ -1071,7 +1068,8 @@ def _recompute_module_rules(
             "moe_grouped_gemm.'), and the arguments do not pass it",
             hint='add "--moe-grouped-gemm" to extra_args, or remove moe_act',
         )
-    if "mla_up_proj" in modules and not _passes(words, "--multi-latent-attention"):
+    latent = bool(getattr(plan.model, "multi_latent_attention", None))
+    if "mla_up_proj" in modules and not (latent or _passes(words, "--multi-latent-attention")):
         yield Finding(
             code="MDC357",
             pointer=pointer,
@@ -1237,6 +1235,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",

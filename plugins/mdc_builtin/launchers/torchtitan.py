@@ -803,6 +803,7 @@ MEMORY_OVERRIDES = FlagTable(
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="torchtitan",
             description="TorchTitan on torchrun: a job config TOML plus command-line overrides "
             "with the plan's degrees and batch",
