@@ -23,7 +23,6 @@ from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, fl
 from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.memory import MemoryEstimate
-from mdc.plan.serving_memory import ServingSetup
 from mdc.plan.model import (
     GROUP_KINDS,
     BatchPlan,
@@ -35,6 +34,7 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
+from mdc.plan.serving_memory import ServingSetup
 from mdc.runtime import (
     MASTER_ADDR,
     MASTER_PORT,
