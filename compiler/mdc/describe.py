@@ -14,7 +14,7 @@ from mdc.api import Launch
 from mdc.errors import Diagnostic
 from mdc.plan import serving_memory
 from mdc.plan.memory import GIB, MemoryEstimate
-from mdc.plan.model import GROUP_KINDS, Plan
+from mdc.plan.model import GROUP_KINDS, Plan, Sizes
 
 #: plan.json lists every group only up to this world size.
 MAX_LISTED_RANKS = 4096
@@ -204,6 +204,13 @@ def _ranks(ranks: tuple[int, ...], limit: int = 16) -> str:
     return f"[{shown}{' ...' if len(ranks) > limit else ''}]"
 
 
+def _size(sizes: Sizes, axis: str) -> str:
+    """``pp 4``, or ``pp 4 (default: nnodes)`` when the spec left it to mdc."""
+    origin = sizes.defaults.get(axis)
+    value = getattr(sizes, axis)
+    return f"{axis} {value}" + (f" (default: {origin})" if origin else "")
+
+
 def explain_text(plan: Plan, launch: Launch) -> str:
     s, nproc = plan.sizes, plan.nproc_per_node
     elastic = f" (elastic: {plan.min_nnodes}..{plan.nnodes} nodes)" if plan.elastic else ""
@@ -214,10 +221,11 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         ),
         f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks{elastic}",
         (
-            f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
-            f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]"
+            f"parallelism (order {plan.layout.order}, fastest first): {_size(s, 'tp')} x cp "
+            f"{s.cp} x {_size(s, 'pp')} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * "
+            f"pp {s.pp} * cp {s.cp})]"
         ),
-        f"experts: ep {s.ep} x etp {s.etp} x expert-dp {s.edp} x pp {s.pp}"
+        f"experts: ep {s.ep} x {_size(s, 'etp')} x expert-dp {s.edp} x pp {s.pp}"
         + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
     ]
     if plan.batch:

@@ -233,7 +233,14 @@ def _parallel(
             "/parallelism/vpp",
             "remove vpp, or set pp > 1",
         )
-    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp)
+    defaults = {}
+    if par.tp is None and model_parallel:
+        defaults["tp"] = "nproc_per_node"
+    if par.pp is None and model_parallel and par.dp is None:
+        defaults["pp"] = "nnodes"
+    if par.etp is None:
+        defaults["etp"] = "tp / ep" if serving and ep > 1 else "tp"
+    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp, defaults=defaults)
     return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
 
 

@@ -44,6 +44,9 @@ class Sizes:
     edp: int
     #: virtual pipeline stages per pipeline rank (None: no interleaving)
     vpp: int | None = None
+    #: the sizes the spec did not write that mdc derived from another value, and from which
+    #: (``{"tp": "nproc_per_node", "pp": "nnodes"}``), for explain and plan.json
+    defaults: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

@@ -849,8 +849,10 @@ UNMODELLED = (
 
 
 def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
-    places = [("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i))]
-    places.append(("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"))
+    places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
+        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
+    ]
     for where, words, pointer in places:
         for index, word in enumerate(words):
             flag = word.split("=", 1)[0]
