@@ -34,6 +34,7 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
+from mdc.plan.serving_memory import ServingSetup
 from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
 from mdc.runtime import (
     MASTER_ADDR,
@@ -196,6 +197,12 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: (plan, options) -> one server's sizes and its engine's memory settings, for the
+    #: serving memory check; None: no serving estimate
+    serving: Callable[[Plan, Any], ServingSetup | None] | None = None
+    #: other plugins' tables this launcher reads besides its own (e.g. ``("torchrun",)``),
+    #: so that a spec giving them gets no "table not read" warning (MDC253)
+    reads: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -217,6 +224,8 @@ class BackendSpec:
     #: the shell command that starts the compiled job, ``{out}`` standing for the output
     #: directory (substituted shell-quoted); ``mdc compile`` prints it as the next step
     run_command: str | None = None
+    #: other plugins' tables this backend reads besides its own (e.g. ``("torchrun",)``)
+    reads: tuple[str, ...] = ()
 
 
 def read_schema(package: str, resource: str) -> dict[str, Any]:
@@ -247,6 +256,7 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Endpoint",
+    "ServingSetup",
     "Finding",
     "FlagTable",
     "FlagUse",

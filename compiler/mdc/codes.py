@@ -184,6 +184,14 @@ CODES: dict[str, Code] = {
         "warning: an expert-parallel group crosses a node boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
+    "MDC252": Code(
+        "warning: [job] command is a shell script run by torchrun as every worker process",
+        "give the program the script starts as [job] command, its exports as [job] env",
+    ),
+    "MDC253": Code(
+        "warning: a plugin table that neither the chosen launcher nor the backend reads",
+        "remove the table, or choose the plugin it belongs to",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
@@ -227,6 +235,15 @@ CODES: dict[str, Code] = {
     "MDC277": Code(
         "a Mamba size (heads, groups) is not a multiple of tp",
         "pick tp dividing it",
+    ),
+    "MDC280": Code(
+        "a serving engine's weights alone exceed one GPU's memory (estimate)",
+        "spread them over more GPUs (tp, pp, ep) or serve a quantized model",
+    ),
+    "MDC281": Code(
+        "warning: the estimated KV cache holds less than one full-length sequence",
+        "raise the memory share, shard the weights more, use an fp8 KV cache, or a "
+        "shorter maximum length",
     ),
     # torchrun
     "MDC301": Code(
@@ -371,8 +388,10 @@ CODES: dict[str, Code] = {
         "set the option the hint names, or remove it",
     ),
     "MDC359": Code(
-        "extra_args passes a flag Megatron-LM refuses in that form",
-        "set the spec key the hint names instead",
+        "a memory flag in the arguments: a value Megatron-LM refuses in extra_args, a "
+        "TorchTitan override of a memory key (the estimate reads the config table), or "
+        "(warning) a Megatron-LM flag the estimate does not model",
+        "set the spec key the hint names instead, or compare the estimate with a measured run",
     ),
     # vllm
     "MDC360": Code("no [vllm] model", "set [vllm] model"),

@@ -12,8 +12,9 @@ import attrs
 
 from mdc.api import Launch
 from mdc.errors import Diagnostic
+from mdc.plan import serving_memory
 from mdc.plan.memory import GIB, MemoryEstimate
-from mdc.plan.model import GROUP_KINDS, Plan
+from mdc.plan.model import GROUP_KINDS, Plan, Sizes
 
 #: plan.json lists every group only up to this world size.
 MAX_LISTED_RANKS = 4096
@@ -82,10 +83,48 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "model": _plain(plan.model),
         "pipeline_stages": plan.stages.as_json() if plan.stages else None,
         "memory": memory_json(plan.memory),
+        **_predicted_json(plan),
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
+        # a serving job's weights and KV cache per GPU, when estimated
+        **(
+            {"serving_memory": serving_memory.to_json(plan.serving_memory)}
+            if plan.serving_memory is not None
+            else {}
+        ),
     }
+
+
+def _predicted_json(plan: Plan) -> dict[str, object]:
+    """plan.json's "predicted" block (only for a plan whose accelerator model is known)."""
+    if plan.hardware is None:
+        return {}
+    from mdc.tune.perf import predict_plan
+
+    prediction = predict_plan(plan)
+    if prediction is None:
+        return {}
+    return {"predicted": {"accelerator_model": plan.hardware.id, **prediction.to_json()}}
+
+
+def predicted_lines(plan: Plan) -> list[str]:
+    """The throughput mdc tune predicts for this layout, for ``mdc explain``."""
+    if plan.hardware is None:
+        return []
+    from mdc.tune.perf import predict_plan
+
+    p = predict_plan(plan)
+    if p is None:
+        return []
+    return [
+        f"predicted on {plan.hardware.name} (mdc tune's model, docs/tune.md):",
+        f"  step time        {p.step_time_s:.3f} s",
+        f"  tokens/s per GPU {p.tokens_per_s_per_gpu:,.0f}",
+        f"  model TFLOP/s    {p.model_tflops_per_gpu:,.0f} per GPU (MFU {p.mfu * 100:.0f}%)",
+        f"  pipeline bubble  {p.bubble * 100:.1f}%; dominant communication: "
+        f"{p.dominant_communication}",
+    ]
 
 
 def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
@@ -190,6 +229,13 @@ def _ranks(ranks: tuple[int, ...], limit: int = 16) -> str:
     return f"[{shown}{' ...' if len(ranks) > limit else ''}]"
 
 
+def _size(sizes: Sizes, axis: str) -> str:
+    """``pp 4``, or ``pp 4 (default: nnodes)`` when the spec left it to mdc."""
+    origin = sizes.defaults.get(axis)
+    value = getattr(sizes, axis)
+    return f"{axis} {value}" + (f" (default: {origin})" if origin else "")
+
+
 def explain_text(plan: Plan, launch: Launch) -> str:
     s, nproc = plan.sizes, plan.nproc_per_node
     elastic = f" (elastic: {plan.min_nnodes}..{plan.nnodes} nodes)" if plan.elastic else ""
@@ -200,10 +246,11 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         ),
         f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks{elastic}",
         (
-            f"parallelism (order {plan.layout.order}, fastest first): tp {s.tp} x cp {s.cp} x "
-            f"pp {s.pp} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * pp {s.pp} * cp {s.cp})]"
+            f"parallelism (order {plan.layout.order}, fastest first): {_size(s, 'tp')} x cp "
+            f"{s.cp} x {_size(s, 'pp')} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * "
+            f"pp {s.pp} * cp {s.cp})]"
         ),
-        f"experts: ep {s.ep} x etp {s.etp} x expert-dp {s.edp} x pp {s.pp}"
+        f"experts: ep {s.ep} x {_size(s, 'etp')} x expert-dp {s.edp} x pp {s.pp}"
         + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
     ]
     if plan.batch:
@@ -240,6 +287,8 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
     lines += stage_lines(plan)
     lines += memory_lines(plan.memory)
+    lines += serving_memory.lines(plan.serving_memory)
+    lines += predicted_lines(plan)
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]

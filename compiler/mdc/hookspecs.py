@@ -48,7 +48,9 @@ def mdc_register_backends() -> Sequence[BackendSpec]:  # type: ignore[empty-body
     """Return the backends this plugin provides.
 
     Called like :func:`mdc_register_launchers`, and combined the same way
-    (sorted by ``name``, duplicates rejected).
+    (sorted by ``name``, duplicates rejected). A record's ``run_command`` (e.g.
+    ``"kubectl apply -f {out}/mybackend/job.yaml"``) is what ``mdc compile`` prints as
+    the next step, ``{out}`` replaced by the output directory, shell-quoted.
 
     :returns: :class:`mdc.api.BackendSpec` records (may be empty).
 

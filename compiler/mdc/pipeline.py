@@ -7,14 +7,24 @@ built once per process, then reused for every file.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
 from mdc import emit
-from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Finding, Launch, Role, TrainingSetup
+from mdc.api import (
+    OUT_DIR,
+    RUNTIME_VARIABLES,
+    Artifact,
+    Finding,
+    Launch,
+    LauncherSpec,
+    Role,
+    Severity,
+    TrainingSetup,
+)
 from mdc.convert import structure_spec
 from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
@@ -22,9 +32,10 @@ from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
-from mdc.plan import Plan, build_plan
+from mdc.plan import Plan, build_plan, serving_memory
 from mdc.plan.build import DEFAULT_BACKEND
-from mdc.plugin_manager import PluginSet, Registered
+from mdc.plan.memory import missing_keys, resolve_shape
+from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import JobSpec
 
@@ -191,6 +202,9 @@ class Compiler:
         findings += planned
         if plan is not None and hardware is not None:
             plan = attrs.evolve(plan, hardware=hardware)
+        if plan is not None and launcher.workload == "serving":
+            plan, serving_found = _serving_memory(plan, launcher, spec, launcher_reg)
+            findings += [self._diag(doc, f) for f in serving_found]
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -208,6 +222,9 @@ class Compiler:
                         functools.partial(_listed, check, plan, plan.options.get(reg.record.name)),
                     )
                     findings += [self._diag(doc, f) for f in _findings(reg, results)]
+        findings += [
+            self._diag(doc, f) for f in self._unread_tables(doc, (launcher_reg, backend_reg))
+        ]
         failed = any(d.is_error for d in findings)
         if plan is None or failed or damaged:
             raise SpecError(findings if plan is None or failed else [])
@@ -254,8 +271,8 @@ class Compiler:
     ) -> tuple[JobSpec, Accelerator | None, list[Finding]]:
         """The catalogue entry ``accelerator_model`` names, and the defaults it sets.
 
-        Its memory becomes ``accelerator_memory_gib`` unless that is written (serving and
-        model-less specs get no memory check, so none is set for them), and its vendor the
+        Its memory becomes ``accelerator_memory_gib`` unless that is written (model-less
+        specs get no memory check, so none is set for them), and its vendor the
         ``accelerator`` kind unless that is written.
         """
         dist = spec.distributed
@@ -294,7 +311,7 @@ class Compiler:
                 ],
             )
         memory = dist.accelerator_memory_gib
-        if memory is None and spec.model is not None and not serving:
+        if memory is None and spec.model is not None:
             memory = entry.memory_gib
         dist = attrs.evolve(dist, accelerator=entry.vendor, accelerator_memory_gib=memory)
         return attrs.evolve(spec, distributed=dist), entry, []
@@ -344,6 +361,42 @@ class Compiler:
                 ]
             )
 
+    def _unread_tables(
+        self, doc: LoadedDocument, chosen: tuple[Registered, Registered]
+    ) -> Iterator[Finding]:
+        """MDC253 for each plugin table in the spec that neither the chosen launcher nor the
+        backend reads: it would change nothing, silently."""
+        data = doc.data if isinstance(doc.data, dict) else {}
+        read = {reg.record.name for reg in chosen}
+        for reg in chosen:
+            read.update(reg.record.reads)
+        launcher, backend = (reg.record.name for reg in chosen)
+        for table in sorted(data):
+            kind = (
+                "launcher"
+                if table in self.plugins.launchers
+                else "backend"
+                if table in self.plugins.backends
+                else None
+            )
+            if kind is None or table in read:
+                continue
+            origin = self.plugins.plugins.get(table)
+            where = (
+                f" (plugin {origin.distribution})"
+                if origin is not None and origin.distribution != DISTRIBUTION
+                else ""
+            )
+            yield Finding(
+                code="MDC253",
+                pointer=f"/{table}",
+                severity=Severity.WARNING,
+                message=f"[{table}] is not read: it holds the options of the {kind} "
+                f"{table!r}{where}, and this job runs launcher {launcher!r} on backend "
+                f"{backend!r}",
+                hint=f'remove [{table}], or set {kind} = "{table}" in [distributed]',
+            )
+
     @staticmethod
     def _diag(doc: LoadedDocument, finding: Finding) -> Diagnostic:
         return Diagnostic(
@@ -382,3 +435,37 @@ def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:
             "returned something other than mdc.api.Finding records",
         )
     return items
+
+
+def _serving_memory(
+    plan: Plan, launcher: LauncherSpec, spec: JobSpec, reg: Registered
+) -> tuple[Plan, list[Finding]]:
+    """The serving memory estimate from the launcher's setup; MDC261 when none is made."""
+    capacity = spec.distributed.accelerator_memory_gib
+    if capacity is None or plan.model is None:
+        return plan, []
+    shape = resolve_shape(plan.model)
+    serving_of = launcher.serving
+    setup = (
+        None
+        if serving_of is None or shape is None
+        else _call(reg, "serving", lambda: serving_of(plan, plan.options.get(launcher.name)))
+    )
+    if shape is None or setup is None:
+        why = (
+            f"[model] lacks {', '.join(missing_keys(plan.model))}"
+            if shape is None
+            else f"{launcher.name!r} gives no serving setup"
+        )
+        return plan, [
+            Finding(
+                code="MDC261",
+                pointer="/distributed/accelerator_memory_gib",
+                severity=Severity.WARNING,
+                message=f"accelerator_memory_gib = {capacity:g} is set but no serving memory "
+                f"estimate is made: {why}",
+                hint="complete [model], or remove accelerator_memory_gib",
+            )
+        ]
+    memory = serving_memory.estimate(shape, setup, capacity)
+    return attrs.evolve(plan, serving_memory=memory), serving_memory.findings(memory)

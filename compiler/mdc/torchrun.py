@@ -187,8 +187,42 @@ def torchrun_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, Word]:
     return runner_env(plan, torchrun_argv(plan, opts, []))
 
 
+#: shells a command may start a script with
+SHELLS = ("bash", "sh", "dash", "ksh", "zsh")
+
+
+def shell_script(command: Sequence[str]) -> str | None:
+    """The shell script ``command`` runs (``run.sh ...``, ``bash run.sh ...``), if it runs one."""
+    if not command:
+        return None
+    if command[0].endswith(".sh"):
+        return command[0]
+    if os.path.basename(command[0]) not in SHELLS:
+        return None
+    for word in command[1:]:
+        if word == "-c":
+            return None  # an inline command, not a script file
+        if not word.startswith("-"):
+            return word
+    return None
+
+
 def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Finding]:
-    """What torchrun would reject in the ``[torchrun]`` table, for this plan."""
+    """What torchrun would reject in the ``[torchrun]`` table, for this plan, and a shell
+    script given to it (MDC252)."""
+    script = shell_script(plan.job.command)
+    if script is not None:
+        yield Finding(
+            code="MDC252",
+            pointer="/job/command",
+            severity=Severity.WARNING,
+            message=f"[job] command runs the shell script {script!r} under torchrun, which "
+            f"starts it as each of the {plan.nproc_per_node} worker process(es) of every node; "
+            f"a script that starts its own launcher (${RUNNER_VARIABLE} train.py, as "
+            "madengine's model scripts do, or torchrun) would run torchrun inside each worker",
+            hint="set [job] command to the program the script starts (for example "
+            '["python", "train.py", ...]) and move the script\'s exports to [job] env',
+        )
     opts = opts or TorchrunOptions()
     if plan.elastic and opts.rdzv_backend == "static":
         yield Finding(

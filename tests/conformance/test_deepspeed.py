@@ -711,3 +711,37 @@ def test_deepspeed_trains_one_step_on_every_rank(
         assert report["allreduce"] == world * (world - 1) / 2
         seen.add((node, local))
     assert len(seen) == world
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_offload_the_estimate_reads_is_what_deepspeed_reads(
+    stage: int, compiler: Compiler, tmp_path: Path, fake_world: Any
+) -> None:
+    """ds_config's offload tables, as the memory estimate reads them, are DeepSpeed's: the
+    compiled config loads, and DeepSpeed offloads exactly what the estimate leaves off."""
+    from mdc_builtin.launchers.deepspeed import DeepSpeedOptions, training
+
+    offload = {"device": "cpu", "pin_memory": True}
+    zero = {"offload_optimizer": offload, **({"offload_param": offload} if stage == 3 else {})}
+    spec = {
+        "job": {"name": f"offload-{stage}", "command": ["python", "train.py"]},
+        "distributed": {"launcher": "deepspeed", "nnodes": 1, "nproc_per_node": 2},
+        "batch": {"global_batch_size": 4, "micro_batch_size": 1},
+        "deepspeed": {
+            "zero_stage": stage,
+            "precision": "bf16",
+            "config": {"zero_optimization": zero},
+        },
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    compile_to(compiler, path, tmp_path / "out")
+    fake_world(2)
+    loaded = json.loads((tmp_path / "out" / "launch" / "ds_config.json").read_text("utf-8"))
+    config = DeepSpeedConfig(loaded).zero_config
+    setup = training(DeepSpeedOptions(zero_stage=stage, config={"zero_optimization": zero}))
+    assert config.stage == stage
+    assert (config.offload_optimizer.device == "cpu") == (setup.optimizer_offload == 1.0)
+    assert (config.offload_param is not None and config.offload_param.device == "cpu") == (
+        setup.param_offload
+    )

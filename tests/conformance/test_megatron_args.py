@@ -60,6 +60,8 @@ with warnings.catch_warnings():
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.mamba.mamba_model import MambaModel
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.parallel_state import RankGenerator
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
 
@@ -161,6 +163,7 @@ FLAGS: dict[str, Flag] = {
         int, TransformerConfig, "moe_shared_expert_intermediate_size"
     ),
     "--moe-layer-freq": Flag(moe_freq_type, TransformerConfig, "moe_layer_freq"),
+    "--moe-latent-size": Flag(int, TransformerConfig, "moe_latent_size"),
     "--mtp-num-layers": Flag(int, TransformerConfig, "mtp_num_layers"),
     "--is-hybrid-model": Flag(bool, TransformerConfig, "is_hybrid_model"),
     "--hybrid-override-pattern": Flag(str, MambaModel.__init__, "hybrid_override_pattern"),
@@ -171,6 +174,29 @@ FLAGS: dict[str, Flag] = {
     "--recompute-granularity": Flag(str, TransformerConfig, "recompute_granularity"),
     "--recompute-method": Flag(str, TransformerConfig, "recompute_method"),
     "--recompute-num-layers": Flag(int, TransformerConfig, "recompute_num_layers"),
+    "--recompute-modules": Flag(list, TransformerConfig, "recompute_modules"),
+    "--use-megatron-fsdp": Flag(bool, DistributedDataParallelConfig, "use_megatron_fsdp"),
+    "--ckpt-format": Flag(str, DistributedOptimizer.sharded_state_dict, "sharding_type"),
+    "--data-parallel-sharding-strategy": Flag(
+        str, DistributedDataParallelConfig, "data_parallel_sharding_strategy"
+    ),
+    # Megatron-LM: grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32, off with it
+    "--grad-reduce-in-bf16": Flag(bool, DistributedDataParallelConfig, "grad_reduce_in_fp32"),
+    "--fp8-recipe": Flag(str, TransformerConfig, "fp8_recipe"),
+    "--fp8-param-gather": Flag(bool, TransformerConfig, "fp8_param"),
+    "--use-precision-aware-optimizer": Flag(bool, OptimizerConfig, "use_precision_aware_optimizer"),
+    "--main-grads-dtype": Flag(str, OptimizerConfig, "main_grads_dtype"),
+    "--main-params-dtype": Flag(str, OptimizerConfig, "main_params_dtype"),
+    "--exp-avg-dtype": Flag(str, OptimizerConfig, "exp_avg_dtype"),
+    "--exp-avg-sq-dtype": Flag(str, OptimizerConfig, "exp_avg_sq_dtype"),
+    "--optimizer-cpu-offload": Flag(bool, OptimizerConfig, "optimizer_cpu_offload"),
+    "--optimizer-offload-fraction": Flag(float, OptimizerConfig, "optimizer_offload_fraction"),
+    "--cpu-offloading-num-layers": Flag(int, TransformerConfig, "cpu_offloading_num_layers"),
+    "--moe-token-dispatcher-type": Flag(str, TransformerConfig, "moe_token_dispatcher_type"),
+    "--moe-expert-capacity-factor": Flag(float, TransformerConfig, "moe_expert_capacity_factor"),
+    "--moe-pad-expert-input-to-capacity": Flag(
+        bool, TransformerConfig, "moe_pad_expert_input_to_capacity"
+    ),
 }
 #: mdc group kind -> (megatron generator, get_ranks token)
 MEGATRON_TOKENS = {
@@ -193,10 +219,14 @@ def megatron_parser(*, user_flags: bool = True) -> argparse.ArgumentParser:
     for flag, spec in FLAGS.items():
         if spec.kind is bool:
             parser.add_argument(flag, action="store_true")
+        elif spec.kind is list:
+            parser.add_argument(flag, nargs="+", default=None)
         else:
             parser.add_argument(flag, type=spec.kind, default=None)
     if user_flags:
         parser.add_argument("--distributed-backend", default="nccl", choices=["nccl", "gloo"])
+        # read by the recompute_modules rule; the user passes it
+        parser.add_argument("--moe-grouped-gemm", action="store_true")
     return parser
 
 
@@ -330,6 +360,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
             "window_attn_skip_freq",
             "moe_shared_expert_intermediate_size",
             "moe_layer_freq",
+            "moe_latent_size",
             "mtp_num_layers",
             "mamba_state_dim",
             "mamba_head_dim",
@@ -389,6 +420,36 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         recompute_granularity=ns.recompute_granularity,
         recompute_method=ns.recompute_method,
         recompute_num_layers=ns.recompute_num_layers,
+        recompute_modules=ns.recompute_modules,
+        fp8_recipe=ns.fp8_recipe or "delayed",
+        fp8_param=ns.fp8_param_gather,
+        # Megatron-LM: cpu_offloading follows cpu_offloading_num_layers > 0
+        cpu_offloading=bool(ns.cpu_offloading_num_layers),
+        cpu_offloading_num_layers=ns.cpu_offloading_num_layers or 0,
+        moe_token_dispatcher_type=ns.moe_token_dispatcher_type or "allgather",
+        moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity,
+        moe_grouped_gemm=ns.moe_grouped_gemm,
+    )
+
+
+def optimizer_config(ns: argparse.Namespace) -> OptimizerConfig:
+    """megatron-core's optimizer config as Megatron-LM builds it from the parsed flags."""
+    dtypes = {
+        "fp32": torch.float32,
+        "bf16": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp8": torch.uint8,
+    }
+    return OptimizerConfig(
+        use_distributed_optimizer=ns.use_distributed_optimizer,
+        use_precision_aware_optimizer=ns.use_precision_aware_optimizer,
+        main_grads_dtype=dtypes[ns.main_grads_dtype or "fp32"],
+        main_params_dtype=dtypes[ns.main_params_dtype or "fp32"],
+        exp_avg_dtype=dtypes[ns.exp_avg_dtype or "fp32"],
+        exp_avg_sq_dtype=dtypes[ns.exp_avg_sq_dtype or "fp32"],
+        optimizer_cpu_offload=ns.optimizer_cpu_offload,
+        optimizer_offload_fraction=ns.optimizer_offload_fraction or 1.0,
     )
 
 
@@ -424,8 +485,9 @@ def check_job(
     options = plan["options"].get("megatron") or {}
     extra_args = list(options.get("extra_args", []))
     own = program_args(plan)
-    # switches in FLAGS that a user may also pass (when mdc does not) are parsed away too
-    theirs = [w for w in [*own, *extra_args] if not (w in FLAGS and FLAGS[w].kind is bool)]
+    # flags in FLAGS that a user may also pass (switches mdc does not emit, and flags mdc
+    # reads from extra_args into their keys and emits in its place) are parsed away too
+    theirs = megatron_parser(user_flags=False).parse_known_args([*own, *extra_args])[1]
     assert rest == theirs, "mdc's flags must come after the user's own arguments"
     assert script_args[: len(own)] == own
     for flag in FLAGS:  # each flag once: Megatron-LM's parser keeps the last one silently
@@ -467,7 +529,14 @@ def check_job(
         use_distributed_optimizer=ns.use_distributed_optimizer,
         overlap_grad_reduce=ns.overlap_grad_reduce,
         overlap_param_gather=ns.overlap_param_gather,
+        use_megatron_fsdp=ns.use_megatron_fsdp,
+        data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
+        grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
     )
+    if ns.use_megatron_fsdp:  # Megatron-LM's validate_args
+        assert ns.ckpt_format == "fsdp_dtensor"
+    if not ns.use_precision_aware_optimizer:  # (which needs Transformer Engine to check)
+        optimizer_config(ns)
     if plan["batch"] is not None:
         assert (ns.micro_batch_size, ns.global_batch_size) == (
             plan["batch"]["micro_batch_size"],
@@ -499,6 +568,7 @@ def check_job(
         "qk_pos_emb_head_dim",
         "v_head_dim",
         "moe_shared_expert_intermediate_size",
+        "moe_latent_size",
         "mtp_num_layers",
         "hybrid_override_pattern",
         "mamba_state_dim",
@@ -530,7 +600,10 @@ def check_job(
     assert env["TENSOR_MODEL_PARALLEL_SIZE"] == str(p["tp"])
     assert env["PIPELINE_MODEL_PARALLEL_SIZE"] == str(p["pp"])
     assert env["CONTEXT_PARALLEL_SIZE"] == str(p["cp"])
-    wanted = plan["accelerator"] != "cpu" and (p["tp"] > 1 or p["cp"] > 1)
+    # Megatron-LM asserts it is not 1 under Megatron-FSDP
+    wanted = (
+        plan["accelerator"] != "cpu" and (p["tp"] > 1 or p["cp"] > 1) and not ns.use_megatron_fsdp
+    )
     assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == ("1" if wanted else None)
     for name in (
         "TENSOR_MODEL_PARALLEL_SIZE",
@@ -716,7 +789,158 @@ SPECS: dict[str, dict[str, Any]] = {
     "bare-command": spec(
         2, 2, command=["bash", "-c", 'exec python pretrain_gpt.py "$@"', "pretrain"]
     ),
+    "megatron-fsdp-fp8-params": spec(
+        1,
+        1,
+        model={**DENSE, "dtype": "fp8"},
+        megatron={
+            "use_megatron_fsdp": True,
+            "data_parallel_sharding_strategy": "optim_grads_params",
+            "fp8_recipe": "tensorwise",
+            "fp8_param_gather": True,
+            "grad_reduce_in_bf16": True,
+            "cpu_offloading_num_layers": 4,
+        },
+    ),
+    "fsdp-and-offload-from-extra-args": spec(
+        2,
+        1,
+        model=DENSE,
+        megatron={
+            "extra_args": [
+                "--use-megatron-fsdp",
+                "--data-parallel-sharding-strategy=optim_grads",
+                "--use-precision-aware-optimizer",
+                "--optimizer-cpu-offload",
+                "--optimizer-offload-fraction",
+                "0.5",
+                "--exp-avg-dtype",
+                "bf16",
+                "--lr",
+                "3e-4",
+            ]
+        },
+    ),
+    "selective-modules-moe-alltoall": spec(
+        2,
+        1,
+        ep=2,
+        model=MOE,
+        megatron={
+            "recompute_granularity": "selective",
+            "recompute_modules": ["core_attn", "layernorm", "moe_act"],
+            "moe_token_dispatcher_type": "alltoall",
+            "moe_expert_capacity_factor": 1.25,
+            "moe_pad_expert_input_to_capacity": True,
+            "extra_args": ["--disable-bias-linear", "--moe-grouped-gemm"],
+        },
+    ),
 }
+
+#: option sets each megatron-core 0.16.1 config refuses or accepts; mdc must agree
+RULES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
+    # (model overrides, [megatron] options, megatron-core refuses)
+    "offload-all-layers": ({}, {"cpu_offloading_num_layers": 16}, True),
+    "offload-some-layers": ({}, {"cpu_offloading_num_layers": 15}, False),
+    "offload-with-recompute": (
+        {},
+        {"cpu_offloading_num_layers": 2, "recompute_granularity": "selective"},
+        True,
+    ),
+    "moe-act-without-grouped-gemm": (
+        {"num_experts": 8},
+        {"recompute_granularity": "selective", "recompute_modules": ["moe_act"]},
+        True,
+    ),
+    "layernorm-with-delayed-fp8": (
+        {"dtype": "fp8"},
+        {"recompute_granularity": "selective", "recompute_modules": ["layernorm"]},
+        True,
+    ),
+    "layernorm-bf16": (
+        {},
+        {"recompute_granularity": "selective", "recompute_modules": ["layernorm", "mlp"]},
+        False,
+    ),
+    "pad-without-capacity": (
+        {"num_experts": 8},
+        {"moe_pad_expert_input_to_capacity": True, "moe_token_dispatcher_type": "alltoall"},
+        True,
+    ),
+    "flex-deepep-pad": (
+        {"num_experts": 8},
+        {
+            "moe_pad_expert_input_to_capacity": True,
+            "moe_expert_capacity_factor": 1.0,
+            "moe_token_dispatcher_type": "flex",
+        },
+        True,
+    ),
+    "fp8-params-without-fp8": ({}, {"fp8_param_gather": True}, True),
+    "bf16-main-grads-without-precision-aware": ({}, {"main_grads_dtype": "bf16"}, True),
+    "precision-aware-without-distributed-optimizer": (
+        {},
+        {
+            "use_precision_aware_optimizer": True,
+            "optimizer_cpu_offload": True,
+            "use_distributed_optimizer": False,
+        },
+        True,
+    ),
+}
+
+
+def core_refuses(model: dict[str, Any], options: dict[str, Any]) -> bool:
+    """Whether megatron-core's TransformerConfig or OptimizerConfig refuses the options, as
+    Megatron-LM passes them (its flag names mapped to the configs' fields)."""
+    words: list[str] = ["--num-layers", str(model["num_layers"])]
+    words += ["--hidden-size", str(model["hidden_size"])]
+    words += ["--num-attention-heads", str(model["num_attention_heads"])]
+    words += ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "1"]
+    words += ["--context-parallel-size", "1", "--expert-model-parallel-size", "1"]
+    words += ["--expert-tensor-parallel-size", "1", "--disable-bias-linear"]
+    if model.get("num_experts"):
+        words += ["--num-experts", str(model["num_experts"])]
+    if model.get("dtype") == "fp8":
+        words += ["--bf16", "--fp8-format", "hybrid"]
+    if options.get("use_distributed_optimizer", True):
+        words.append("--use-distributed-optimizer")
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if key == "use_distributed_optimizer":
+            continue
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            words += [flag, *value]
+        else:
+            words += [flag, str(value)]
+    ns = megatron_parser().parse_args(words)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            transformer_config(ns)
+            optimizer_config(ns)
+    except (ValueError, AssertionError):
+        return True
+    except TypeError:  # past its checks, the precision-aware path asks Transformer Engine
+        assert ns.use_precision_aware_optimizer
+    return False
+
+
+@pytest.mark.parametrize("case", sorted(RULES))
+def test_memory_options_refused_exactly_when_megatron_core_refuses(
+    case: str, tmp_path: Path
+) -> None:
+    overrides, options, refused = RULES[case]
+    model = {**DENSE, **overrides}
+    assert core_refuses(model, options) == refused
+    code, err, _ = compile_spec(
+        write_spec(tmp_path, spec(2, 1, model=model, megatron=options)), tmp_path / "out"
+    )
+    mine = re.findall(r"error\[(MDC35[4-8])\]", err)
+    assert bool(mine) == refused, err
+    assert code == (1 if refused else 0), err
 
 
 @pytest.mark.parametrize("case", sorted(SPECS))

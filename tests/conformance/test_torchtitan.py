@@ -478,6 +478,18 @@ SPECS: dict[str, dict[str, Any]] = {
         },
     ),
     "short-order": spec(2, 2, order="tp-dp-pp", model=LLAMA),
+    "memory-keys": spec(
+        2,
+        1,
+        model=LLAMA,
+        torchtitan={
+            "config": {
+                "activation_checkpoint": {"mode": "selective", "selective_ac_option": "3"},
+                "training": {"enable_cpu_offload": True},
+                "parallelism": {"fsdp_reshard_after_forward": "never"},
+            }
+        },
+    ),
 }
 
 
@@ -494,6 +506,15 @@ def test_written_spec_loads_in_torchtitan(
     if case == "vpp2-looped":
         assert config.parallelism.pipeline_parallel_schedule == "Interleaved1F1B"
         assert config.parallelism.pipeline_parallel_layers_per_stage is None
+    if case == "memory-keys":  # what the estimate reads is what TorchTitan reads
+        from mdc_builtin.launchers.torchtitan import TorchtitanOptions, training
+
+        setup = training(TorchtitanOptions(config=SPECS[case]["torchtitan"]["config"]))
+        assert config.activation_checkpoint.selective_ac_option == "3"
+        assert setup.recompute_every == 3 and setup.recompute == "full"
+        assert config.training.enable_cpu_offload and setup.param_offload
+        assert config.parallelism.fsdp_reshard_after_forward == "never"
+        assert setup.zero_stage == 2
     if case == "vpp4-layers-per-stage":
         assert config.parallelism.pipeline_parallel_layers_per_stage is not None
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from mdc.codes import CODES, section
+from mdc.codes import CODES, RANGES, section
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference"
@@ -87,6 +87,11 @@ def diagnostics_page() -> str:
         "ranges: [Diagnostics](../diagnostics.md). Third-party plugins use MDC900 and up and",
         "document their own.",
     ]
+    out += ["", "| range | codes |", "|---|---|"]
+    for first, last, title in RANGES:
+        used = [c for c in sorted(CODES) if first <= int(c[3:]) <= last]
+        if used:
+            out.append(f"| {title} | {', '.join(f'[{c}](#{c.lower()})' for c in used)} |")
     current = None
     for code in sorted(CODES):
         title = section(code)

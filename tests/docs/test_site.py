@@ -56,3 +56,37 @@ def test_readme_links_exist() -> None:
             if "://" in target:
                 continue
             assert (REPO / target).exists(), f"{name} links to {target}, which does not exist"
+
+
+def test_readme_is_the_front_door() -> None:
+    """README.md stays short; the rest of the documentation lives in docs/."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into docs/"
+
+
+def test_readme_compile_sessions_are_real(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each `$ mdc compile` in README.md prints what the README shows and writes its tree."""
+    import io
+    import re
+
+    from mdc.cli import main
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    sessions = re.findall(r"```console\n(.*?)```", text, re.DOTALL)
+    compiled = [s for s in sessions if s.startswith("$ mdc compile ")]
+    assert len(compiled) >= 2, "README.md shows a SLURM and a Kubernetes compile"
+    for index, session in enumerate(compiled):
+        here = tmp_path / str(index)
+        here.mkdir()
+        monkeypatch.chdir(here)
+        command, *rest = session.splitlines()
+        shown = rest[: next(i for i, line in enumerate(rest) if line.startswith("$ "))]
+        argv = command.removeprefix("$ mdc ").split()
+        argv = [str(REPO / a) if a.startswith("examples/") else a for a in argv]
+        out = io.StringIO()
+        assert main(argv, stdout=out, stderr=io.StringIO()) == 0, command
+        assert out.getvalue().splitlines() == shown, command
+        listing = session.split("$ find out -type f | sort\n")[1].split("\n$ ")[0]
+        files = [line.split()[0] for line in listing.splitlines()]
+        written = sorted(p.as_posix() for p in Path("out").rglob("*") if p.is_file())
+        assert files == written, command

@@ -156,6 +156,17 @@ def test_moe_layer_pattern_and_shared_expert_terms() -> None:
     assert shared - every == l * 3 * h * fs
 
 
+def test_moe_latent_projections_narrow_the_routed_experts() -> None:
+    """megatron-core's MoELayer with moe_latent_size L: fc1_latent_proj h x L and
+    fc2_latent_proj L x h, and each routed expert's fc1 L x f, fc2 f x L (the shared
+    expert keeps the hidden size)."""
+    l, h, f, e, latent = 4, 64, 40, 4, 16
+    moe = {"num_experts": e, "moe_ffn_hidden_size": f, "moe_shared_expert_intermediate_size": 8}
+    full = parameter_count(shape_of(**moe))
+    narrow = parameter_count(shape_of(**moe, moe_latent_size=latent))
+    assert full - narrow == l * (e * 2 * f * (h - latent) - 2 * h * latent)
+
+
 def test_mtp_layer_copies_the_last_layer_with_a_projection_and_three_norms() -> None:
     h = 64
     moe = {"num_experts": 4, "moe_ffn_hidden_size": 40, "gated_mlp": True}

@@ -679,3 +679,76 @@ def test_kubernetes_block_name_and_timeout(tmp_path: Path, compiler: Compiler) -
     slurm.write_text(json.dumps({"slurm": {"nodes": 1}, "timeout": 600}), encoding="utf-8")
     notes = madengine.translate(load_file(slurm))[1]
     assert [d.code for d in notes if d.location.pointer == "/timeout"] == ["MDC500"]
+
+
+# --- what madengine does that used to be lost without a report line ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "pointer", "said"),
+    [
+        ("k8s-megatron-4x8", "/k8s", "hostIPC: true"),
+        ("k8s-sglang-disagg-2", "", "--trust-remote-code"),
+        ("slurm-sglang-disagg-7", "", "NNODES = 7"),
+        ("k8s-torchrun-1x2", "/k8s", "POD_INDEX"),
+        ("k8s-native-1gpu", "/k8s", "appends --world_size 1 --rank 0"),
+        ("slurm-multi-3x8", "/distributed/launcher", "has no mdc equivalent"),
+        ("slurm-sglang-2x8", "", "one server per node"),
+    ],
+)
+def test_each_loss_is_reproduced_or_reported(case: str, pointer: str, said: str) -> None:
+    doc, notes = madengine.translate(load_file(fixture(case)))
+    found = [n for n in notes if said in n.message]
+    assert found, [n.message for n in notes]
+    assert found[0].location is not None and found[0].location.pointer == pointer
+
+
+def test_what_is_reproduced_is_in_the_spec() -> None:
+    def spec(case: str) -> dict[str, Any]:
+        data: dict[str, Any] = madengine.translate(load_file(fixture(case)))[0].data
+        return data
+
+    assert spec("k8s-megatron-4x8")["kubernetes"]["host_ipc"] is True
+    assert spec("k8s-torchrun-1x2")["kubernetes"].get("host_ipc") is None  # one node
+    assert spec("k8s-sglang-disagg-2")["sglang_disagg"]["server_args"] == ["--trust-remote-code"]
+    assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "7"
+    assert spec("slurm-multi-3x8")["slurm"]["sbatch_args"] == ["--reservation=mad-bench"]
+
+
+def test_multi_node_sglang_on_slurm_is_not_said_to_get_nccl_init_addr() -> None:
+    _, notes = madengine.translate(load_file(fixture("slurm-sglang-2x8")))
+    said = [n.message for n in notes if "NCCL_INIT_ADDR" in n.message]
+    assert said and all("no NCCL_INIT_ADDR" in m for m in said)
+
+
+@pytest.mark.parametrize(
+    ("command", "warned"),
+    [
+        (["bash", "run.sh"], True),
+        (["./run_llama.sh", "--steps", "10"], True),
+        (["sh", "-e", "scripts/train.sh"], True),
+        (["bash", "-c", "python train.py"], False),
+        (["python", "train.py"], False),
+    ],
+)
+def test_a_shell_script_under_torchrun_is_a_warning(
+    compiler: Compiler, tmp_path: Path, command: list[str], warned: bool
+) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {"name": "script", "command": command},
+                "distributed": {
+                    "launcher": "torchrun",
+                    "backend": "local",
+                    "nnodes": 1,
+                    "nproc_per_node": 2,
+                    "accelerator": "cpu",
+                },
+            }
+        ),
+        encoding="utf-8",
+    )
+    codes = [d.code for d in compiler.compile(spec).diagnostics]
+    assert ("MDC252" in codes) == warned, codes

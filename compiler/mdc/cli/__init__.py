@@ -267,7 +267,12 @@ def cmd_init(args: argparse.Namespace, out: Output) -> int:
     if target.exists() and not args.force:
         print(f"mdc: {target} exists; pass --force to replace it", file=out.stderr)
         return ExitCode.USAGE
-    target.write_text(text.replace("THIS_FILE", shlex.quote(str(target))), encoding="utf-8")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text.replace("THIS_FILE", shlex.quote(str(target))), encoding="utf-8")
+    except OSError as exc:
+        print(f"mdc: cannot write {target}: {exc.strerror}", file=out.stderr)
+        return ExitCode.USAGE
     out.summary(
         f"wrote {target}: a starter spec, {args.launcher} on {args.backend}\n"
         f"next: edit the lines marked EDIT, then mdc validate {shlex.quote(str(target))}\n"

@@ -247,7 +247,14 @@ def _parallel(
             "/parallelism/vpp",
             "remove vpp, or set pp > 1",
         )
-    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp)
+    defaults = {}
+    if par.tp is None and model_parallel:
+        defaults["tp"] = "nproc_per_node"
+    if par.pp is None and model_parallel and par.dp is None:
+        defaults["pp"] = "nnodes"
+    if par.etp is None:
+        defaults["etp"] = "tp / ep" if serving and ep > 1 else "tp"
+    sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp, defaults=defaults)
     return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
 
 
@@ -571,17 +578,7 @@ def _memory(
     """The training memory estimate and its fit check (serving launchers get none)."""
     capacity = spec.distributed.accelerator_memory_gib
     if serving:
-        if capacity is not None:
-            found.add(
-                "MDC261",
-                f"accelerator_memory_gib = {capacity:g} is set but the memory "
-                f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
-                "memory check is made",
-                "/distributed/accelerator_memory_gib",
-                "remove accelerator_memory_gib",
-                Severity.WARNING,
-            )
-        return None
+        return None  # the serving estimate is the pipeline's, with the launcher's setup
     context = Context(
         world=world,
         nproc_per_node=nproc,

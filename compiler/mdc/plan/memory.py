@@ -171,6 +171,8 @@ class Shape:
     latent: Latent | None = None
     #: the shared expert's width (0: none)
     shared_ffn: int = 0
+    #: the routed experts' latent width (0: they work in the hidden size)
+    moe_latent: int = 0
     mtp_layers: int = 0
     mamba: Mamba | None = None
 
@@ -214,6 +216,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         sinks=model.softmax_type == "learnable",
         latent=latent_of(model),
         shared_ffn=(model.moe_shared_expert_intermediate_size or 0) if model.num_experts else 0,
+        moe_latent=(model.moe_latent_size or 0) if model.num_experts else 0,
         mtp_layers=model.mtp_num_layers or 0,
         mamba=mamba_of(model),
     )
@@ -271,9 +274,10 @@ def _attention(shape: Shape, tp: int) -> int:
     return shape.norm + h * qkv + qkv_bias + q * h + b * h + qk_norms + sinks
 
 
-def _mlp(shape: Shape, width: int, split: int, bias: bool) -> int:
-    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up)."""
-    h, b, f = shape.hidden, int(bias), _split(width, split)
+def _mlp(shape: Shape, width: int, split: int, bias: bool, outer: int = 0) -> int:
+    """An MLP of ``width`` split ``split`` ways (gated: fc1 holds gate and up), from and
+    to ``outer`` (default the hidden size)."""
+    h, b, f = outer or shape.hidden, int(bias), _split(width, split)
     gates = 2 if shape.gated else 1
     return h * gates * f + b * gates * f + f * h + b * h
 
@@ -283,9 +287,13 @@ def _moe(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
     router = shape.experts * shape.hidden + (shape.experts if shape.bias else 0)
     shared = _mlp(shape, shape.shared_ffn, tp, False) if shape.shared_ffn else 0
     local = _split(shape.experts, ep)
+    # MoE latent projections (--moe-latent-size): the routed experts work in the latent
+    # width, between a replicated down (h -> latent) and up (latent -> h) projection
+    h, latent, b = shape.hidden, shape.moe_latent, int(shape.bias)
+    projections = 2 * h * latent + b * (latent + h) if latent else 0
     return _LayerParams(
-        dense=shape.norm + router + shared,
-        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias),
+        dense=shape.norm + router + shared + projections,
+        expert=local * _mlp(shape, shape.moe_ffn, etp, shape.bias, latent),
     )
 
 
@@ -433,7 +441,9 @@ def _part_activations(
     # experts padded to their capacity hold capacity-factor times the even share of tokens
     capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
     routed = tokens * shape.topk * capacity
-    experts = routed * (ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * h)
+    experts = routed * (
+        ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * (shape.moe_latent or h)
+    )
     shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
     # every part keeps its norm's input, its first matrix's input and a dropout mask
     inputs = (act + gemm_in + 1) * tokens * h
@@ -849,6 +859,9 @@ def _levers(
         ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
+    partial = training.recompute_every is not None or training.recompute_method == "block"
+    if training.recompute == "full" and partial:  # every layer is a change too
+        after -= 1
     yield [
         (
             keys[f"recompute {mode}"],
@@ -859,6 +872,7 @@ def _levers(
                 recompute=mode,
                 recompute_method=None,
                 recompute_num_layers=None,
+                recompute_every=None,
                 recompute_modules=None,
             ),
         )

@@ -15,6 +15,7 @@ from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
     from mdc.plan.memory import MemoryEstimate
+    from mdc.plan.serving_memory import ServingMemory
 
 #: Group kinds the plan exposes, and which grid (dense or expert) each comes from.
 #: Names follow Megatron-Core: "tp-pp" is the model-parallel group, "dp-cp" the
@@ -44,6 +45,9 @@ class Sizes:
     edp: int
     #: virtual pipeline stages per pipeline rank (None: no interleaving)
     vpp: int | None = None
+    #: the sizes the spec did not write that mdc derived from another value, and from which
+    #: (``{"tp": "nproc_per_node", "pp": "nnodes"}``), for explain and plan.json
+    defaults: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -179,6 +183,8 @@ class Plan:
     stages: StageLayers | None = None
     #: parameter count and per-GPU memory (None without a complete [model] table)
     memory: MemoryEstimate | None = None
+    #: a serving launcher's weights and KV cache per GPU (None without [model] and memory)
+    serving_memory: ServingMemory | None = None
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
     #: the catalogue entry [distributed] accelerator_model names (None: not named)

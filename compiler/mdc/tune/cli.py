@@ -22,6 +22,9 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     tuner = Tuner(compiler, doc)
     result = tuner.run(top=args.top)
     if not result.rows:
+        # the spec as written says why, in the compiler's own words (held-fixed sizes that
+        # do not divide the world, a model the layout cannot split, ...)
+        compiler.compile_document(doc, tree=False)
         print(
             f"mdc tune: no layout fits and compiles ({result.generated} searched, "
             f"{result.fitting} fit memory; refused: {dict(result.refused)})",
@@ -40,10 +43,17 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     return ExitCode.OK
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 1, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="the job spec: model, launcher, nodes, accelerator, batch")
     parser.add_argument(
-        "--top", type=int, default=5, metavar="N", help="show the N best layouts (default 5)"
+        "--top", type=_positive, default=5, metavar="N", help="show the N best layouts (default 5)"
     )
     parser.add_argument(
         "--write", metavar="OUT_SPEC", help="write the best layout as a spec (.toml/.yaml/.json)"

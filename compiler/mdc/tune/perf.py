@@ -25,7 +25,8 @@ import attrs
 
 from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
-from mdc.plan.memory import Shape
+from mdc.plan.memory import Shape, resolve_shape
+from mdc.plan.model import Plan
 from mdc.tune.flops import TokenFlops, token_flops
 
 
@@ -34,22 +35,22 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.9295
+    gemm_peak: float = 0.7706
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 242.8
+    shape_knee: float = 212.9
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.3707
+    attention_peak: float = 0.437
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 1.615
+    elementwise: float = 3.55
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.5262
+    link_share: float = 0.7609
     #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.1201
+    tp_exposed: float = 0.06296
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.08162
+    ep_exposed: float = 0.2119
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 71.54
+    moe_passes: float = 57.25
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -130,10 +131,15 @@ def _stride(order: str, sizes: Mapping[str, int], axis: str) -> int:
     return stride
 
 
-def _bandwidth(span: int, domain: int, hw: Accelerator, share: float) -> float:
-    """Bytes/s a ring over ``span`` consecutive ranks gets per GPU."""
-    gb_s = hw.scale_up_gb_s if span <= domain else hw.scale_out_gb_s
-    return gb_s * 1e9 * share
+def _bandwidth(span: int, stride: int, domain: int, hw: Accelerator, share: float) -> float:
+    """Bytes/s per GPU of a collective over a group whose members lie ``stride`` ranks apart
+    within ``span`` consecutive ranks. Inside one scale-up domain: the scale-up link. Across
+    domains, NCCL's rings and trees send each domain's share over all its members' NICs at
+    once: the k members a domain holds reach k NICs' bandwidth (up to the scale-up link)."""
+    if span <= domain:
+        return hw.scale_up_gb_s * 1e9 * share
+    members = max(1, domain // stride)
+    return min(hw.scale_up_gb_s, hw.scale_out_gb_s * members) * 1e9 * share
 
 
 def scale_up_domain(hw: Accelerator, nproc_per_node: int) -> int:
@@ -224,17 +230,17 @@ def predict(
     compute = t_dense + t_expert + t_attention + t_logits
 
     # elementwise kernels: Korthikanti's 34*s*b*h activation bytes per layer (16-bit),
-    # read and written in forward and backward, over the HBM
+    # read and written in forward and backward, over the HBM: the 24 inside attention and
+    # the MLP split over tp, the 10 around them only with sequence parallel
     split = L.tp if L.sequence_parallel else 1
     elementwise = (
         c.elementwise
-        * 34
+        * (10 / split + 24 / L.tp)
         * tokens
         * h
         * stage_layers
         * 3
         * (1 + recomputed / 3)
-        / split
         / (hw.memory_bandwidth_gb_s * 1e9)
     )
 
@@ -248,7 +254,7 @@ def predict(
     # reduce-scatter with sequence parallel: the same bytes), ring: 2(t-1)/t of the tensor
     t_tp = 0.0
     if L.tp > 1:
-        bw = _bandwidth(span(dense, "tp"), domain, hw, c.link_share)
+        bw = _bandwidth(span(dense, "tp"), 1, domain, hw, c.link_share)
         per_layer = (4 + 2 * recomputed) * 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
         t_tp = c.tp_exposed * per_layer * stage_layers
 
@@ -256,7 +262,7 @@ def predict(
     # their gradients backward, hidden behind the attention it feeds
     t_cp = 0.0
     if L.cp > 1:
-        bw = _bandwidth(span(dense, "cp"), domain, hw, c.link_share)
+        bw = _bandwidth(span(dense, "cp"), _stride(L.order, dense, "cp"), domain, hw, c.link_share)
         kv_bytes = tokens * 2 * shape.groups * shape.kv_channels / min(L.tp, shape.groups) * act
         ring = 3 * (L.cp - 1) * kv_bytes / bw * stage_layers
         t_cp = max(0.0, ring - t_attention)
@@ -288,7 +294,7 @@ def predict(
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
     if L.pp > 1:
-        bw = _bandwidth(span(dense, "pp"), domain, hw, c.link_share)
+        bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
 
     elementwise += t_moe
@@ -305,7 +311,10 @@ def predict(
     t_dp = 0.0
     group = L.dp * L.cp
     if group > 1 or L.ep * L.etp < world // L.pp:
-        bw = _bandwidth(span(dense, "dp") * L.cp, domain, hw, c.link_share)
+        # the gradient group is dp x cp: its closest members are cp's (or dp's) neighbours
+        inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
+        outer = max(span(dense, "dp"), span(dense, "cp"))
+        bw = _bandwidth(outer, inner, domain, hw, c.link_share)
         edp = expert["dp"]
         ring = (group - 1) / group
         ering = (edp - 1) / edp if edp > 1 else 0.0
@@ -391,3 +400,33 @@ def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[floa
     embedding = shape.vocab * h / layout.tp
     dense_gpu = dense / layout.tp * stage_layers + embedding
     return dense_gpu, expert / (layout.ep * layout.etp) * stage_layers
+
+
+def predict_plan(plan: Plan) -> Prediction | None:
+    """The prediction for a compiled training plan whose accelerator model is known (the
+    ``predicted`` block of ``mdc explain``); None for serving plans, or without
+    ``accelerator_model`` or a complete ``[model]``."""
+    hw, model, batch, memory = plan.hardware, plan.model, plan.batch, plan.memory
+    if hw is None or model is None or batch is None or memory is None:
+        return None
+    shape = resolve_shape(model)
+    if shape is None:
+        return None
+    s, t = plan.sizes, plan.training
+    options = plan.options.get(plan.launcher)
+    layout = Layout(
+        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
+        micro_batch_size=batch.micro_batch_size, microbatches=batch.grad_accum_steps,
+        sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
+        recompute_layers=t.recompute_num_layers
+        if t.recompute == "full" and t.recompute_method == "block" else None,
+        zero_stage=t.zero_stage, grad_bytes=t.grad_bytes or 4,
+        overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
+        overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
+        stage_layers=memory.stage_layers, order=plan.layout.order,
+    )  # fmt: skip
+    return predict(
+        shape, layout, hw, nproc_per_node=plan.nproc_per_node,
+        precision=model.dtype if model.dtype in ("fp8", "fp4") else "bf16",
+        window=model.window_size, window_skip=model.window_attn_skip_freq,
+    )  # fmt: skip

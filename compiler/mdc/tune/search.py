@@ -220,7 +220,7 @@ class Tuner:
         assert gbs is not None
         order = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
         moe = shape.experts > 0
-        tps = self._choices("parallelism", "tp", [t for t in divisors(world) if t <= domain])
+        tps = self._choices("parallelism", "tp", [t for t in divisors(world) if domain % t == 0])
         pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
         cps = self._choices(
             "parallelism",
@@ -451,6 +451,8 @@ class Tuner:
         refused: Counter[str] = Counter()
         walked: list[Candidate] = []
         too_big: dict[tuple[Any, ...], int] = {}
+        shown: set[tuple[float, int | None]] = set()
+        shown_sizes: set[tuple[int, ...]] = set()
         fitting = 0
         for candidate in ranked:
             if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
@@ -468,6 +470,13 @@ class Tuner:
                 )
                 continue
             fitting += 1
+            # a layout that trades cp, dp and the micro batch for one another at the same
+            # predicted speed and memory is the same choice: the first (simplest) one stands
+            same = (round(candidate.prediction.tokens_per_s_per_gpu, 3), candidate.memory_bytes)
+            # and each layout (sizes and micro batch) once, with its best training switches
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, L.micro_batch_size)
+            if same in shown or sizes in shown_sizes:
+                continue
             data = self.spec_data(candidate)
             doc = attrs.evolve(self.doc, data=data)
             try:
@@ -477,6 +486,8 @@ class Tuner:
                 refused.update(codes or ["?"])
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
+            shown.add(same)
+            shown_sizes.add(sizes)
         self.walked = walked
         rows.sort(key=lambda r: r.candidate.key)
         return Result(

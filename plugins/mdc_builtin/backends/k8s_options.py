@@ -73,6 +73,9 @@ class PodOptions:
     shm_size: str | None = None
     volumes: tuple[Volume, ...] = ()
     labels: Mapping[str, str] = attrs.field(factory=dict)
+    #: the pods share the node's IPC namespace (hostIPC), for shared memory between processes
+    #: of different pods on one node
+    host_ipc: bool = False
 
 
 def pod_options_schema() -> dict[str, Any]:

@@ -219,6 +219,8 @@ def pod_spec(
         spec["serviceAccountName"] = opts.service_account
     if opts.priority_class is not None:
         spec["priorityClassName"] = opts.priority_class
+    if opts.host_ipc:
+        spec["hostIPC"] = True
     if opts.node_selector:
         spec["nodeSelector"] = dict(sorted(opts.node_selector.items()))
     if opts.tolerations:

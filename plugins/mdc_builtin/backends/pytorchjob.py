@@ -206,6 +206,7 @@ def schema() -> dict[str, Any]:
 def mdc_register_backends() -> list[BackendSpec]:
     return [
         BackendSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="pytorchjob",
             emit=emit,
             check=check,

@@ -675,6 +675,7 @@ def training(options: DeepSpeedOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="deepspeed",
             description="DeepSpeed: the deepspeed command (--no_ssh) or torchrun on every node, "
             "with a ds_config.json whose batch triad matches the plan",

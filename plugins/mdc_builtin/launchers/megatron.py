@@ -22,6 +22,7 @@ import mdc
 from mdc.api import (
     Finding,
     FlagTable,
+    FlagUse,
     KnownFlag,
     Launch,
     LauncherSpec,
@@ -184,41 +185,38 @@ class MegatronOptions:
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool | None = None
     extra_args: tuple[str, ...] = ()
-    #: option -> index in the written extra_args of the flag it was read from (see resolve)
-    read_from_extra_args: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def _options(options: MegatronOptions | None) -> MegatronOptions:
     return resolve(options or MegatronOptions())
 
 
+def _read_uses(opts: MegatronOptions) -> list[FlagUse]:
+    """The flags of ``extra_args`` that stand for one of the table's keys (values valid)."""
+    return [use for use in FLAGS.find(opts.extra_args) if use.flag.key and use.error is None]
+
+
 def resolve(opts: MegatronOptions) -> MegatronOptions:
     """The options with each readable flag of ``extra_args`` read in as if its key had
-    been written, and those words taken out of ``extra_args`` (mdc emits them in its
-    place); a flag whose key the table also sets stays, for MDC323. Idempotent."""
-    if opts.read_from_extra_args or not opts.extra_args:
-        return opts
-    read, where, taken = {}, {}, []
-    for use in FLAGS.find(opts.extra_args):
-        key = use.flag.key
-        if key is None or use.error is not None or getattr(opts, key) is not None:
-            continue
-        read[key], where[key] = use.value, use.index
-        taken.append(use)
-    if not taken:
-        return opts
-    return attrs.evolve(
-        opts,
-        **read,
-        extra_args=tuple(drop_flags(opts.extra_args, taken)),
-        read_from_extra_args=where,
-    )
+    been written (a key the table sets keeps its value: the flag is then MDC323).
+    ``extra_args`` stays as written; :func:`user_extra_args` is what mdc emits of it."""
+    read = {
+        use.flag.key: use.value
+        for use in _read_uses(opts)
+        if use.flag.key and getattr(opts, use.flag.key) is None
+    }
+    return attrs.evolve(opts, **read) if read else opts
+
+
+def user_extra_args(opts: MegatronOptions) -> list[str]:
+    """``extra_args`` without the flags read into keys: mdc emits those in its place, once."""
+    return drop_flags(opts.extra_args, _read_uses(opts))
 
 
 def _at(opts: MegatronOptions, key: str) -> str:
-    """The pointer of an option: its key, or the extra_args word it was read from."""
-    index = opts.read_from_extra_args.get(key)
-    return f"/megatron/{key}" if index is None else f"/megatron/extra_args/{index}"
+    """The pointer of an option: the extra_args word it was read from, or its key."""
+    uses = [use for use in _read_uses(opts) if use.flag.key == key]
+    return f"/megatron/extra_args/{uses[-1].index}" if uses else f"/megatron/{key}"
 
 
 def _distributed_optimizer(opts: MegatronOptions) -> bool:
@@ -266,6 +264,7 @@ ARCHITECTURE_VALUES = (
     "qk_pos_emb_head_dim",
     "v_head_dim",
     "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
     "mtp_num_layers",
     "mamba_state_dim",
     "mamba_head_dim",
@@ -412,10 +411,6 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
     return args + list(_memory_args(plan, opts))
 
 
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     """The flags of the options that change what each GPU holds, in the table's order."""
     if opts.recompute_modules is not None:
@@ -488,7 +483,11 @@ def _torchrun(plan: Plan) -> TorchrunOptions | None:
 
 def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
     opts = _options(options)
-    words: list[Word] = [*program(plan.job.argv), *megatron_args(plan, opts), *opts.extra_args]
+    words: list[Word] = [
+        *program(plan.job.argv),
+        *megatron_args(plan, opts),
+        *user_extra_args(opts),
+    ]
     env = megatron_env(plan, opts)
     worker_env = {
         **torchrun_worker_env(plan, _torchrun(plan)),
@@ -863,7 +862,7 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     yield from _precision_rules(opts, dtype)
     yield from _optimizer_rules(opts)
     yield from _offload_rules(plan, opts)
-    yield from _recompute_module_rules(opts, words, dtype)
+    yield from _recompute_module_rules(plan, opts, words, dtype)
     yield from _moe_rules(plan, opts, words)
     yield from _unmodelled(plan, opts)
 
@@ -886,8 +885,10 @@ UNMODELLED = (
 
 
 def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
-    places = [("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i))]
-    places.append(("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"))
+    places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
+        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
+    ]
     for where, words, pointer in places:
         for index, word in enumerate(words):
             flag = word.split("=", 1)[0]
@@ -1080,7 +1081,7 @@ def _offload_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 
 
 def _recompute_module_rules(
-    opts: MegatronOptions, words: Sequence[str], dtype: str | None
+    plan: Plan, opts: MegatronOptions, words: Sequence[str], dtype: str | None
 ) -> Iterator[Finding]:
     modules = opts.recompute_modules
     if modules is None:
@@ -1105,7 +1106,8 @@ def _recompute_module_rules(
             "moe_grouped_gemm.'), and the arguments do not pass it",
             hint='add "--moe-grouped-gemm" to extra_args, or remove moe_act',
         )
-    if "mla_up_proj" in modules and not _passes(words, "--multi-latent-attention"):
+    latent = bool(getattr(plan.model, "multi_latent_attention", None))
+    if "mla_up_proj" in modules and not (latent or _passes(words, "--multi-latent-attention")):
         yield Finding(
             code="MDC357",
             pointer=pointer,
@@ -1240,12 +1242,6 @@ def _grad_bytes(opts: MegatronOptions) -> int:
     return 4
 
 
-def _where(opts: MegatronOptions, key: str) -> str:
-    """The pointer of an option: its key, or the extra_args flag it was read from."""
-    index = opts.read_from_extra_args.get(key)
-    return f"/megatron/extra_args/{index}" if index is not None else f"/megatron/{key}"
-
-
 def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
     """Megatron-LM's rule for placing layers on pipeline stages, with the [megatron] keys."""
     return PipelineSplit(
@@ -1256,7 +1252,7 @@ def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
         loss=bool(opts.account_for_loss_in_pipeline_split),
         layout=opts.pipeline_model_parallel_layout,
         pointers={
-            name: _where(opts, key)
+            name: _at(opts, key)
             for name, key in (
                 ("first", "decoder_first_pipeline_num_layers"),
                 ("last", "decoder_last_pipeline_num_layers"),
@@ -1300,6 +1296,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="megatron",
             description="Megatron-LM on torchrun: parallel sizes, batch and model shape as "
             "Megatron-LM arguments, plus its environment",

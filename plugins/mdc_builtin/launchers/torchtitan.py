@@ -715,6 +715,8 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     mode = str(values.get("activation_checkpoint.mode", "selective"))
     if mode in ("full", "none"):
         return mode, None
+    if mode == "memory_budget":  # the compiler's choice: counted as full recompute (a floor)
+        return "full", None
     option = str(values.get("activation_checkpoint.selective_ac_option", "2"))
     if option.isdigit() and int(option) > 0:
         return "full", int(option)
@@ -845,6 +847,7 @@ MEMORY_OVERRIDES = FlagTable(
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
         LauncherSpec(
+            reads=("torchrun",),  # [torchrun] tunes the torchrun it runs on
             name="torchtitan",
             description="TorchTitan on torchrun: a job config TOML plus command-line overrides "
             "with the plan's degrees and batch",

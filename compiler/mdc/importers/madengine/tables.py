@@ -178,6 +178,8 @@ COMMANDS: dict[str, list[str]] = {
     "sglang": ["python3", "-m", "sglang.launch_server"],
     "sglang_disagg": ["python3"],
 }
+#: the launchers madengine's Kubernetes template gives JOB_COMPLETION_INDEX and POD_INDEX
+NATIVE_LAUNCHERS = ("torchrun", "deepspeed", "megatron", "torchtitan")
 #: serving launchers: the table and key naming the model
 MODEL_KEYS = {"vllm": "model", "sglang": "model", "sglang_disagg": "model_path"}
 
@@ -356,10 +358,12 @@ DROPPED: dict[str, str] = {
     "(name existing pull Secrets in [kubernetes] image_pull_secrets)",
     "/k8s/allow_privileged_profiling": "madengine's profiling tools (SYS_PTRACE); mdc runs "
     "no tools",
-    "/k8s/memory_limit": "mdc sets requests = limits from k8s.memory (the request madengine "
-    "schedules on)",
-    "/k8s/cpu_limit": "mdc sets requests = limits from k8s.cpu (the request madengine "
-    "schedules on)",
+    "/k8s/memory_limit": "mdc requests k8s.memory (the request madengine schedules on) with no "
+    'limit; qos = "guaranteed" makes the limit equal to the request, and a larger limit has '
+    "no mdc key",
+    "/k8s/cpu_limit": "mdc requests k8s.cpu (the request madengine schedules on) with no "
+    'limit; qos = "guaranteed" makes the limit equal to the request, and a larger limit has '
+    "no mdc key",
     "/slurm/mem": "madengine ignores slurm.mem (no --mem is written); set [slurm] mem if you "
     "want it",
     "/slurm/results_dir": "madengine ignores it",

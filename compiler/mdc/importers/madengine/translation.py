@@ -30,6 +30,7 @@ from .tables import (
     LAUNCHERS,
     MANAGED_ENV,
     MODEL_KEYS,
+    NATIVE_LAUNCHERS,
     OBJECT_KEYS,
     OWN_DISTRIBUTED,
     OWN_K8S,
@@ -297,10 +298,12 @@ class _Translation:
             b.note(
                 "MDC504",
                 origin or "",
-                f"madengine's {raw!r} runs the model script once in "
-                "the allocation, which starts its own srun; mdc has no such launcher and "
-                "uses 'basic' (nproc_per_node copies of the command on every node)",
-                hint="check that the command starts one process per GPU",
+                f"madengine's {raw!r} deployment has no mdc equivalent: it runs the model "
+                "script once in the allocation (which starts its own srun steps), pulls the "
+                "image on every node, passes --reservation and writes a completion marker; "
+                "mdc uses the basic launcher instead, which starts nproc_per_node copies of "
+                "[job] command on every node with --world_size and --rank appended",
+                hint="set [job] command to the per-process program the script starts with srun",
             )
         elif mapped != raw:
             b.note("MDC504", origin or "", f"madengine's launcher {raw!r} is mdc's {mapped!r}")
@@ -332,8 +335,11 @@ class _Translation:
         b.note(
             "MDC503",
             f"/{self.k8s_key}",
-            "no launcher and one GPU: madengine runs the model "
-            "script directly in the pod; mdc uses the basic launcher with one process",
+            "no launcher and one GPU: madengine runs the model script once, as written, "
+            "in the pod; mdc uses the basic launcher with one process, which appends "
+            "--world_size 1 --rank 0 to [job] command (and sets RANK, WORLD_SIZE, ...)",
+            hint="make sure the program accepts --world_size and --rank, or wrap it in a "
+            "script that ignores them",
         )
         return "basic"
 
@@ -461,7 +467,9 @@ class _Translation:
             f"madengine runs the script of the model chosen with --tags (from "
             f"its models.json), which the context does not hold; mdc's [job] command is "
             f"set to {' '.join(command)!r} for the {name} launcher",
-            hint="set [job] command to your program",
+            hint="set [job] command to your program; for a model script that runs "
+            "$MAD_MULTI_NODE_RUNNER PROGRAM ARGS, set it to PROGRAM ARGS (mdc's launcher "
+            "starts the processes) and move the script's exports to [job] env",
         )
         if name == "primus":
             b.put(("job", "workdir"), "/workspace/Primus", None)
@@ -558,13 +566,23 @@ class _Translation:
         if launcher == "sglang" and nnodes > 1:
             b.put(("parallelism", "tp"), nnodes * nproc, None)
             b.put(("parallelism", "pp"), 1, None)
+            if self.target == "slurm":
+                what = (
+                    f"madengine's SLURM job exports SGLANG_TENSOR_PARALLEL_SIZE = {nproc} and "
+                    f"PIPELINE 1 and runs one server per node ({nnodes} independent servers, "
+                    "no NCCL_INIT_ADDR)"
+                )
+            else:
+                what = (
+                    f"madengine exports SGLANG_TENSOR_PARALLEL_SIZE = {nproc} and PIPELINE 1 "
+                    f"on each of {nnodes} pods, with NCCL_INIT_ADDR for one server across them"
+                )
             b.note(
                 "MDC504",
                 "",
-                f"madengine exports SGLANG_TENSOR_PARALLEL_SIZE = {nproc} and "
-                f"PIPELINE 1 on each of {nnodes} nodes, with NCCL_INIT_ADDR for one server "
-                f"across them; one SGLang server over {nnodes} nodes needs tp x pp = "
-                f"{nnodes * nproc}, so mdc keeps pp 1 and uses tp {nnodes * nproc}",
+                f"{what}; mdc runs one SGLang server over the {nnodes} nodes, which needs "
+                f"tp x pp = {nnodes * nproc}, so mdc keeps pp 1 and uses tp {nnodes * nproc}",
+                hint="for one server per node, compile a 1-node spec and run it on each node",
             )
         if launcher == "megatron" and nnodes == 1 and nproc > 8:
             b.put(("parallelism", "tp"), 8, None)
@@ -581,6 +599,22 @@ class _Translation:
                 "madengine's multi-node torchrun passes --node_rank and "
                 "--master_addr (a static rendezvous); mdc keeps it: [torchrun] "
                 'rdzv_backend = "static"',
+            )
+        if launcher == "sglang_disagg" and self.target == "kubernetes":
+            b.put(("sglang_disagg", "server_args"), ["--trust-remote-code"], None)
+            b.note(
+                "MDC503",
+                "",
+                "madengine's Kubernetes prefill and decode servers run with "
+                "--trust-remote-code; mdc keeps it: [sglang_disagg] server_args",
+            )
+        if launcher == "sglang_disagg" and self.target == "slurm":
+            b.put(("job", "env", "NNODES"), str(nnodes), None)
+            b.note(
+                "MDC503",
+                "",
+                f"madengine's SLURM job exports NNODES = {nnodes} (slurm.nodes) to the model "
+                "script; mdc's sglang_disagg launcher sets no NNODES, so [job] env keeps it",
             )
         if launcher == "sglang_disagg" and self.target == "kubernetes":
             b.note(
@@ -707,6 +741,24 @@ class _Translation:
                 "madengine's Kubernetes presets give " + "; ".join(defaults),
                 hint="set them in k8s to change them",
             )
+        if multi_node:
+            b.put((*table, "host_ipc"), True, None)
+            b.note(
+                "MDC503",
+                src,
+                "madengine's multi-node Jobs run their pods with hostIPC: true (whatever "
+                "k8s.host_ipc says); mdc keeps it: [kubernetes] host_ipc = true",
+                hint="remove host_ipc if your processes do not share memory across pods",
+            )
+        if self.launcher in NATIVE_LAUNCHERS:
+            b.note(
+                "MDC504",
+                src,
+                "madengine's pods export POD_INDEX (= JOB_COMPLETION_INDEX) for the "
+                f"{self.launcher} launcher; mdc's pods have NODE_RANK, the same index, and no "
+                "POD_INDEX",
+                hint="use NODE_RANK where the model script reads POD_INDEX",
+            )
         if "ttl_seconds_after_finished" in k8s and k8s["ttl_seconds_after_finished"] is not None:
             b.put(
                 (*table, "ttl_seconds_after_finished"),
@@ -783,6 +835,12 @@ class _Translation:
         b, slurm = self.b, self.slurm
         table = ("slurm",)
         b.table(table, "/slurm")
+        raw = self.dist.get("launcher")
+        reservation = slurm.get("reservation")
+        if str(raw).replace("-", "_") == "slurm_multi" and isinstance(reservation, str):
+            # the one launcher madengine passes --reservation for
+            b.put((*table, "sbatch_args"), [f"--reservation={reservation}"], None)
+            b.locate_only((*table, "sbatch_args", 0), "/slurm/reservation")
         multi = self.nnodes > 1
         defaults = []
         for key, preset in (

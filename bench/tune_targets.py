@@ -1,0 +1,135 @@
+"""mdc tune against published layouts: Megatron-LM's Table 1 and NVIDIA's recipes.
+
+    .venv/bin/python bench/tune_targets.py
+
+* Narayanan et al. 2021, Table 1: each row's model, GPU count, batch and full recompute,
+  with tp, pp, the virtual stages and the micro batch left open (sequence parallel and the
+  distributed optimizer off: they did not exist yet); does the searched best (tp, pp) equal
+  the paper's?
+* NVIDIA Megatron-Bridge recipes (the rows of tests/published/runs.toml that compile today):
+  tp, pp, cp, ep, etp, vpp and the micro batch left open, precision and the rest as the
+  recipe sets them; does the published layout rank in mdc tune's top 5, and does it fit?
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PUBLISHED = ROOT / "tests" / "published"
+
+from mdc.errors import SpecError  # noqa: E402
+from mdc.loaders import LoadedDocument  # noqa: E402
+from mdc.pipeline import Compiler  # noqa: E402
+from mdc.plugin_manager import load_plugins  # noqa: E402
+from mdc.tune.search import Tuner  # noqa: E402
+
+NARAYANAN = "https://arxiv.org/abs/2104.04473"
+OPEN = ("tp", "pp", "cp", "ep", "etp", "vpp")
+
+
+def _module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def runs() -> list[dict[str, Any]]:
+    data = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))
+    return sorted(data["run"], key=lambda r: r["id"])
+
+
+def _spec(run: dict[str, Any], published: ModuleType) -> dict[str, Any]:
+    spec: dict[str, Any] = published.spec_of(run)
+    spec["distributed"]["accelerator_model"] = run["accelerator_model"]
+    return spec
+
+
+def _tuner(compiler: Compiler, run: dict[str, Any], spec: dict[str, Any]) -> Tuner:
+    doc = LoadedDocument(path=f"{run['id']}.json", data=spec, values={}, keys={})
+    return Tuner(compiler, doc)
+
+
+def table1(compiler: Compiler, published: ModuleType) -> list[tuple[str, tuple[int, int], Any]]:
+    """(row, the paper's (tp, pp), mdc's best (tp, pp) or None)."""
+    found = []
+    for run in runs():
+        if run["source"] != NARAYANAN:
+            continue
+        spec = _spec(run, published)
+        for key in ("tp", "pp", "vpp"):
+            spec["parallelism"].pop(key, None)
+        spec["batch"].pop("micro_batch_size", None)
+        spec["megatron"].update(
+            sequence_parallel=False, use_distributed_optimizer=False, overlap_grad_reduce=False
+        )
+        result = _tuner(compiler, run, spec).run(top=1)
+        best = result.rows[0].candidate.layout if result.rows else None
+        found.append((run["id"], (run["tp"], run["pp"]), (best.tp, best.pp) if best else None))
+    return found
+
+
+def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
+    """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
+    published layout fits the plan's estimate, and the best layout mdc found."""
+    found = []
+    for run in runs():
+        if not run["id"].startswith(("mbridge", "nemo")) or run["id"] in published.AWAITING:
+            continue  # NVIDIA's recipes (Megatron-Bridge, NeMo) that compile today
+        if "measured" not in run:
+            continue
+        spec = _spec(run, published)
+        try:
+            compiled = compiler.compile_document(
+                LoadedDocument(path="x.json", data=spec, values={}, keys={}), tree=False
+            )
+        except SpecError:
+            continue
+        memory = compiled.plan.memory
+        fits = memory is None or memory.capacity is None or memory.total <= memory.capacity
+        want = {k: run.get(k) or 1 for k in ("tp", "pp", "cp", "ep", "vpp")}
+        want["mbs"] = run.get("micro_batch_size", 1)
+        for key in OPEN:
+            spec["parallelism"].pop(key, None)
+        spec["batch"].pop("micro_batch_size", None)
+        result = _tuner(compiler, run, spec).run(top=5)
+        rank = None
+        for i, row in enumerate(result.rows, 1):
+            L = row.candidate.layout
+            got = {"tp": L.tp, "pp": L.pp, "cp": L.cp, "ep": L.ep, "vpp": L.vpp,
+                   "mbs": L.micro_batch_size}  # fmt: skip
+            if got == want:
+                rank = i
+                break
+        best = result.rows[0].candidate.label() if result.rows else None
+        found.append({"id": run["id"], "rank": rank, "fits": fits, "want": want, "best": best})
+    return found
+
+
+def main() -> None:
+    published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
+    compiler = Compiler(load_plugins(autoload=False))
+    rows = table1(compiler, published)
+    same = sum(1 for _, paper, mine in rows if paper == mine)
+    print(f"Table 1: the searched best (tp, pp) equals the paper's in {same} of {len(rows)} rows")
+    for ident, paper, mine in rows:
+        print(f"  {ident}: paper {paper}, mdc {mine}")
+    found = recipes(compiler, published)
+    top = sum(1 for r in found if r["rank"] is not None)
+    fit = sum(1 for r in found if r["fits"])
+    print(f"recipes: published layout in the top 5 for {top} of {len(found)}; fits: {fit}")
+    for r in found:
+        print(f"  {r['id']}: rank {r['rank']}, fits {r['fits']}, published {r['want']}, "
+              f"best {r['best']}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""mdc tune against published runs: the issue's targets, computed over tests/published.
+
+* throughput: predicted model TFLOP/s per GPU within +-20 % of the measured value
+  (bench/tune_fit.py builds each measured row's case; target: 80 % of the rows);
+* Narayanan et al. 2021, Table 1: the searched best (tp, pp) equals the paper's
+  (bench/tune_targets.py; target: 8 of 10 rows);
+* NVIDIA's recipes that compile: the published layout ranks in the top 5 (target: 70 %),
+  and no published layout is discarded as not fitting (target: all).
+
+Each target is asserted where it is met. Where it is not met yet, the test asserts the
+level reached today (so the model cannot slide back) and a strict expected failure holds
+the issue's threshold: it turns into an error the day the threshold is reached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def accuracy() -> float:
+    fit = _module("tune_fit")
+    return float(fit.within(fit.cases(), fit.DEFAULT))
+
+
+@pytest.fixture(scope="module")
+def targets() -> dict[str, Any]:
+    from mdc.pipeline import Compiler
+    from mdc.plugin_manager import load_plugins
+
+    module = _module("tune_targets")
+    published = module._module(module.PUBLISHED / "test_published_runs.py", "published_runs")
+    compiler = Compiler(load_plugins(autoload=False))
+    return {
+        "table1": module.table1(compiler, published),
+        "recipes": module.recipes(compiler, published),
+    }
+
+
+def test_throughput_within_20_percent_floor(accuracy: float) -> None:
+    # 75 % before the Nemotron 3 rows (hybrid Mamba/MoE models) joined the measured cases
+    assert accuracy >= 0.62
+
+
+@pytest.mark.xfail(reason="the model reaches 62 % of the rows, not 80 % yet", strict=True)
+def test_throughput_within_20_percent_target(accuracy: float) -> None:
+    assert accuracy >= 0.80
+
+
+def test_table1_floor(targets: dict[str, Any]) -> None:
+    rows = targets["table1"]
+    assert len(rows) == 10
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 3
+
+
+@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 3 of 10 rows", strict=True)
+def test_table1_target(targets: dict[str, Any]) -> None:
+    assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
+
+
+def test_no_published_recipe_layout_is_discarded_as_not_fitting(targets: dict[str, Any]) -> None:
+    recipes = targets["recipes"]
+    assert recipes, "no NVIDIA recipe row compiles"
+    assert [r["id"] for r in recipes if not r["fits"]] == []
+
+
+def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
+    recipes = targets["recipes"]
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.40
+
+
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 43 % of recipes", strict=True)
+def test_recipes_top5_target(targets: dict[str, Any]) -> None:
+    recipes = targets["recipes"]
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
