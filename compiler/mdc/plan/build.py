@@ -454,7 +454,7 @@ def _framework_model(
         return model
     model = model or ModelTable()
     filled: dict[str, object] = {}
-    for key, value in shape.items():
+    for key, value in shape:
         written = getattr(model, key, None)
         if written is None:
             filled[key] = value

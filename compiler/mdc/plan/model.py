@@ -119,9 +119,10 @@ class TrainingSetup:
     replicas: int = 1
     #: how the launcher's framework places layers on pipeline stages
     pipeline: PipelineSplit = PipelineSplit()
-    #: [model] values the launcher's framework fixes (e.g. TorchTitan's flavor): they fill
-    #: what [model] leaves out, and a different written value is refused; "source" names them
-    model_shape: Mapping[str, object] = attrs.field(factory=dict)
+    #: [model] values the launcher's framework fixes (e.g. TorchTitan's flavor), as (key,
+    #: value) pairs: they fill what [model] leaves out, and a different written value is
+    #: refused; "source" names them
+    model_shape: tuple[tuple[str, object], ...] = ()
     model_source: str = ""
     #: bytes per weight element when the launcher keeps them in another precision than
     #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's

@@ -23,7 +23,7 @@ costs O(number of runs), not O(pp), however large the job.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -56,11 +56,11 @@ class PipelineSplit:
     #: virtual stages per rank the framework makes when vpp is not written (TorchTitan's
     #: looped schedules: 2)
     default_vpp: int | None = None
-    #: where each of the keys above was written (JSON pointers), for findings
-    pointers: Mapping[str, str] = attrs.field(factory=dict)
+    #: where each of the keys above was written: (key, JSON pointer) pairs, for findings
+    pointers: tuple[tuple[str, str], ...] = ()
 
     def pointer(self, key: str, default: str = "/parallelism/pp") -> str:
-        return self.pointers.get(key, default)
+        return dict(self.pointers).get(key, default)
 
 
 @attrs.frozen(kw_only=True)

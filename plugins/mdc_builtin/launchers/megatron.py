@@ -1251,8 +1251,8 @@ def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
         embedding=bool(opts.account_for_embedding_in_pipeline_split),
         loss=bool(opts.account_for_loss_in_pipeline_split),
         layout=opts.pipeline_model_parallel_layout,
-        pointers={
-            name: _at(opts, key)
+        pointers=tuple(
+            (name, _at(opts, key))
             for name, key in (
                 ("first", "decoder_first_pipeline_num_layers"),
                 ("last", "decoder_last_pipeline_num_layers"),
@@ -1260,7 +1260,7 @@ def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
                 ("loss", "account_for_loss_in_pipeline_split"),
                 ("layout", "pipeline_model_parallel_layout"),
             )
-        },
+        ),
     )
 
 

@@ -753,10 +753,10 @@ def pipeline_split(opts: TorchtitanOptions) -> PipelineSplit:
         v_shaped=opts.pipeline_schedule in V_SHAPED,
         # a looped schedule without pipeline_parallel_layers_per_stage: 2 stages per rank
         default_vpp=2 if opts.pipeline_schedule in MULTI_STAGE else None,
-        pointers={
-            "first": "/torchtitan/config/parallelism/pipeline_parallel_first_stage_less_layers",
-            "last": "/torchtitan/config/parallelism/pipeline_parallel_last_stage_less_layers",
-        },
+        pointers=(
+            ("first", "/torchtitan/config/parallelism/pipeline_parallel_first_stage_less_layers"),
+            ("last", "/torchtitan/config/parallelism/pipeline_parallel_last_stage_less_layers"),
+        ),
     )
 
 
@@ -784,7 +784,7 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         recompute_every=every,
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
-        model_shape=shape,
+        model_shape=tuple(sorted(shape.items())),
         model_source=source,
         param_offload=offload,
         optimizer_offload=1.0 if offload else 0.0,
