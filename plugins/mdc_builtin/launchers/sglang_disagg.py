@@ -46,6 +46,7 @@ from mdc.api import (
     out_file,
     read_schema,
 )
+from mdc.api import Server as ApiServer
 from mdc_builtin.launchers._addresses import ipv4_function
 
 HELPER = "launch/sglang_disagg.sh"
@@ -362,7 +363,32 @@ def emit(plan: Plan, options: SglangDisaggOptions | None) -> Launch:
         files=(Artifact.text(HELPER, helper_script(plan, options), executable=True),),
         worker_env=_worker_env(plan, options),
         endpoint=Endpoint(port=options.router_port),
+        servers=servers(plan, options),
     )
+
+
+def servers(plan: Plan, options: SglangDisaggOptions) -> tuple[ApiServer, ...]:
+    """The router on node 0, then each prefill and decode server by its nodes."""
+    split = plan.disagg
+    assert split is not None
+    found = [ApiServer(role="router", nodes=(0,), gpus=0, port=options.router_port)]
+    first = 1
+    for role, count in (("prefill", split.prefill), ("decode", split.decode)):
+        shape = server(plan, options, role)
+        for start in range(first, first + count, shape.nodes):
+            found.append(
+                ApiServer(
+                    role=role,
+                    nodes=tuple(range(start, min(start + shape.nodes, first + count))),
+                    gpus=shape.gpus,
+                    tp=shape.tp,
+                    dp=shape.dp,
+                    ep=shape.ep or 1,
+                    port=options.port + start,
+                )
+            )
+        first += count
+    return tuple(found)
 
 
 def _port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
