@@ -218,6 +218,15 @@ CODES: dict[str, Code] = {
         "a Mamba size (heads, groups) is not a multiple of tp",
         "pick tp dividing it",
     ),
+    "MDC280": Code(
+        "a serving engine's weights alone exceed one GPU's memory (estimate)",
+        "spread them over more GPUs (tp, pp, ep) or serve a quantized model",
+    ),
+    "MDC281": Code(
+        "warning: the estimated KV cache holds less than one full-length sequence",
+        "raise the memory share, shard the weights more, use an fp8 KV cache, or a "
+        "shorter maximum length",
+    ),
     # torchrun
     "MDC301": Code(
         "static rendezvous cannot run an elastic job",

@@ -20,6 +20,7 @@ from mdc.api import (
     Artifact,
     Finding,
     Launch,
+    LauncherSpec,
     Role,
     Severity,
     TrainingSetup,
@@ -31,8 +32,9 @@ from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import render_launch
 from mdc.loaders import LoadedDocument, load_file
-from mdc.plan import Plan, build_plan
+from mdc.plan import Plan, build_plan, serving_memory
 from mdc.plan.build import DEFAULT_BACKEND
+from mdc.plan.memory import missing_keys, resolve_shape
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import JobSpec
@@ -200,6 +202,9 @@ class Compiler:
         findings += planned
         if plan is not None and hardware is not None:
             plan = attrs.evolve(plan, hardware=hardware)
+        if plan is not None and launcher.workload == "serving":
+            plan, serving_found = _serving_memory(plan, launcher, spec, launcher_reg)
+            findings += [self._diag(doc, f) for f in serving_found]
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -266,8 +271,8 @@ class Compiler:
     ) -> tuple[JobSpec, Accelerator | None, list[Finding]]:
         """The catalogue entry ``accelerator_model`` names, and the defaults it sets.
 
-        Its memory becomes ``accelerator_memory_gib`` unless that is written (serving and
-        model-less specs get no memory check, so none is set for them), and its vendor the
+        Its memory becomes ``accelerator_memory_gib`` unless that is written (model-less
+        specs get no memory check, so none is set for them), and its vendor the
         ``accelerator`` kind unless that is written.
         """
         dist = spec.distributed
@@ -306,7 +311,7 @@ class Compiler:
                 ],
             )
         memory = dist.accelerator_memory_gib
-        if memory is None and spec.model is not None and not serving:
+        if memory is None and spec.model is not None:
             memory = entry.memory_gib
         dist = attrs.evolve(dist, accelerator=entry.vendor, accelerator_memory_gib=memory)
         return attrs.evolve(spec, distributed=dist), entry, []
@@ -430,3 +435,37 @@ def _findings(reg: Registered, results: Iterable[Any]) -> list[Finding]:
             "returned something other than mdc.api.Finding records",
         )
     return items
+
+
+def _serving_memory(
+    plan: Plan, launcher: LauncherSpec, spec: JobSpec, reg: Registered
+) -> tuple[Plan, list[Finding]]:
+    """The serving memory estimate from the launcher's setup; MDC261 when none is made."""
+    capacity = spec.distributed.accelerator_memory_gib
+    if capacity is None or plan.model is None:
+        return plan, []
+    shape = resolve_shape(plan.model)
+    serving_of = launcher.serving
+    setup = (
+        None
+        if serving_of is None or shape is None
+        else _call(reg, "serving", lambda: serving_of(plan, plan.options.get(launcher.name)))
+    )
+    if shape is None or setup is None:
+        why = (
+            f"[model] lacks {', '.join(missing_keys(plan.model))}"
+            if shape is None
+            else f"{launcher.name!r} gives no serving setup"
+        )
+        return plan, [
+            Finding(
+                code="MDC261",
+                pointer="/distributed/accelerator_memory_gib",
+                severity=Severity.WARNING,
+                message=f"accelerator_memory_gib = {capacity:g} is set but no serving memory "
+                f"estimate is made: {why}",
+                hint="complete [model], or remove accelerator_memory_gib",
+            )
+        ]
+    memory = serving_memory.estimate(shape, setup, capacity)
+    return attrs.evolve(plan, serving_memory=memory), serving_memory.findings(memory)

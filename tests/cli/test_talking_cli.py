@@ -9,6 +9,7 @@ installed, YAML indentation hints, and explain's located warnings.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 import subprocess
@@ -99,9 +100,19 @@ def test_summary_lists_the_files_and_layout(tmp_path: Path) -> None:
     assert files == f"wrote {target}/: {' '.join(written)}"
 
 
-def test_json_output_has_no_summary(tmp_path: Path) -> None:
-    import json
+def test_disaggregated_serving_shows_its_roles(tmp_path: Path) -> None:
+    spec = REPO / "examples" / "sglang-disagg-7-custom.yaml"
+    code, stdout, _ = run("compile", str(spec), "-o", str(tmp_path / "out"))
+    assert code == 0
+    roles = {
+        r["name"]: r["count"]
+        for r in json.loads((tmp_path / "out" / "plan.json").read_text())["roles"]
+    }
+    shown = f"{roles['proxy']} proxy, {roles['prefill']} prefill, {roles['decode']} decode"
+    assert stdout.splitlines()[0].endswith(f": 7 nodes x 8: {shown}")
 
+
+def test_json_output_has_no_summary(tmp_path: Path) -> None:
     code, stdout, _ = run("compile", QUICKSTART, "-o", str(tmp_path / "o"), "--format", "json")
     assert code == 0 and json.loads(stdout)["ok"] is True
 

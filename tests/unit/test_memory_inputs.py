@@ -236,12 +236,12 @@ def test_torchtitan_fsdp2_keeps_16_bytes_over_the_shard_group(
 
 def test_torchtitan_cpu_offload_and_no_reshard(compiler: Compiler, tmp_path: Path) -> None:
     base = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B"}))
-    config = {"training": {"enable_cpu_offload": True}}
-    off = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B", "config": config}))
+    offload = {"training": {"enable_cpu_offload": True}}
+    off = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B", "config": offload}))
     assert off.weights == off.gradients == off.optimizer == 0
     assert off.activations == base.activations
-    config = {"parallelism": {"fsdp_reshard_after_forward": "never"}}
-    kept = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B", "config": config}))
+    never = {"parallelism": {"fsdp_reshard_after_forward": "never"}}
+    kept = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B", "config": never}))
     assert kept.weights == 4 * kept.params_total  # gathered from forward to backward
     assert kept.optimizer == base.optimizer
 
@@ -463,3 +463,11 @@ def test_the_issues_fsdp_run_fits_gb200(compiler: Compiler, tmp_path: Path) -> N
         capacity=186,
     )
     assert estimate_of(compiler, tmp_path, data).total <= 186 * GIB
+
+
+def test_torchtitans_default_checkpointing_still_offers_full_recompute(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """TorchTitan's default recomputes every 2nd layer: recomputing all is still a lever."""
+    (error,) = refusal(compiler, tmp_path, spec("torchtitan", {"flavor": "70B"}, capacity=16))
+    assert '[torchtitan.config.activation_checkpoint] mode = "full"' in error

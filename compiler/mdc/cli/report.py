@@ -58,6 +58,12 @@ def layout(plan: Plan) -> str:
     nodes = plural(plan.nnodes, "node")
     if plan.min_nnodes < plan.nnodes:
         nodes = f"{plan.min_nnodes}-{plan.nnodes} nodes"
+    if plan.disagg is not None:  # whole servers per node: the roles are the layout
+        split = plan.disagg
+        return (
+            f"{nodes} x {plan.nproc_per_node}: 1 proxy, {split.prefill} prefill, "
+            f"{split.decode} decode"
+        )
     sizes = plan.sizes
     axes = [
         f"{name} {value}"

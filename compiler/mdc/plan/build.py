@@ -516,17 +516,7 @@ def _memory(
     """The training memory estimate and its fit check (serving launchers get none)."""
     capacity = spec.distributed.accelerator_memory_gib
     if serving:
-        if capacity is not None:
-            found.add(
-                "MDC261",
-                f"accelerator_memory_gib = {capacity:g} is set but the memory "
-                f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
-                "memory check is made",
-                "/distributed/accelerator_memory_gib",
-                "remove accelerator_memory_gib",
-                Severity.WARNING,
-            )
-        return None
+        return None  # the serving estimate is the pipeline's, with the launcher's setup
     context = Context(
         world=world,
         nproc_per_node=nproc,

@@ -76,14 +76,14 @@ def _attention(shape: Shape, causal: bool, window: tuple[int, int] | None) -> tu
     return 2.0 * (h * (q + 2 * kv) + q * h), 2.0 * 2 * q * keys
 
 
-def _mamba(shape: Shape) -> float:
-    """Forward FLOPs of one Mamba-2 layer for one token (Bridge's ``mamba_layer_flops``)."""
+def _mamba(shape: Shape) -> tuple[float, float]:
+    """(projections, scan) forward FLOPs of one Mamba-2 layer for one token (Bridge's
+    ``mamba_layer_flops``): the in and out projections are GEMMs, the SSD scan is not."""
     m, h = shape.mamba, shape.hidden
     assert m is not None
     inner = 2 * h  # Bridge counts d_in = 2h
-    return (
-        2 * h * (2 * inner + 2 * m.groups * m.state + m.heads) + 7 * inner * m.state + 2 * inner * h
-    )
+    projections = 2 * h * (2 * inner + 2 * m.groups * m.state + m.heads) + 2 * inner * h
+    return float(projections), float(7 * inner * m.state)
 
 
 def token_flops(
@@ -123,7 +123,9 @@ def token_flops(
     dense = attention_layers * projection + dense_mlps * 2 * h * shape.ffn * width
     expert = moe_mlps * 2 * h * (shape.moe_ffn * shape.topk + shape.shared_ffn) * width
     if parts.mamba:
-        dense += parts.mamba * _mamba(shape)
+        mamba_projections, scan = _mamba(shape)
+        dense += parts.mamba * mamba_projections
+        core_total += parts.mamba * scan
     if not hybrid and mtp:
         dense += mtp * 2 * (3 * h + 2 * h * h)  # MTP's norms and its 2h -> h projection
     logits = 2.0 * h * vocab * (1 + mtp)

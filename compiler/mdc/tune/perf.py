@@ -37,20 +37,20 @@ class Constants:
     #: share of the dense peak a large GEMM reaches
     gemm_peak: float = 0.7706
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 241.3
+    shape_knee: float = 212.9
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.3881
+    attention_peak: float = 0.437
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 1.25
+    elementwise: float = 3.55
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6152
+    link_share: float = 0.7609
     #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.09161
+    tp_exposed: float = 0.06296
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.1661
+    ep_exposed: float = 0.2119
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 46.48
+    moe_passes: float = 57.25
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}

@@ -452,6 +452,7 @@ class Tuner:
         walked: list[Candidate] = []
         too_big: dict[tuple[Any, ...], int] = {}
         shown: set[tuple[float, int | None]] = set()
+        shown_sizes: set[tuple[int, ...]] = set()
         fitting = 0
         for candidate in ranked:
             if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
@@ -472,7 +473,9 @@ class Tuner:
             # a layout that trades cp, dp and the micro batch for one another at the same
             # predicted speed and memory is the same choice: the first (simplest) one stands
             same = (round(candidate.prediction.tokens_per_s_per_gpu, 3), candidate.memory_bytes)
-            if same in shown:
+            # and each layout (sizes and micro batch) once, with its best training switches
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, L.micro_batch_size)
+            if same in shown or sizes in shown_sizes:
                 continue
             data = self.spec_data(candidate)
             doc = attrs.evolve(self.doc, data=data)
@@ -484,6 +487,7 @@ class Tuner:
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
             shown.add(same)
+            shown_sizes.add(sizes)
         self.walked = walked
         rows.sort(key=lambda r: r.candidate.key)
         return Result(
