@@ -33,6 +33,13 @@ def _plain(value: object) -> object:
     return value
 
 
+def _env(value: object) -> object:
+    """A [job] env value as written: a string, or the table's given keys."""
+    if attrs.has(type(value)):
+        return {k: v for k, v in attrs.asdict(value).items() if v is not None}  # type: ignore[arg-type]
+    return value
+
+
 def _finding(d: Diagnostic) -> dict[str, object]:
     return {
         "severity": d.severity.value,
@@ -58,7 +65,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             "image": plan.job.image,
             "command": plan.job.argv,
             "workdir": plan.job.workdir,
-            "env": dict(plan.job.env),
+            "env": {k: _env(v) for k, v in plan.job.env.items()},
         },
         "launcher": plan.launcher,
         "backend": plan.backend,
