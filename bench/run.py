@@ -391,35 +391,9 @@ def cpu():
 t = cpu(); getattr(pm, sys.argv[1])("mdc"); print(cpu() - t)
 """
 
-# Every Kubernetes golden written by mdc's writer and by libyaml's emitter (PyYAML's C
-# extension, SafeDumper rules), warm, in one process.
-K8S_YAML = """
-import json, resource, statistics, sys, yaml
-from mdc_builtin.backends.k8s_common import dump_yaml, load_yaml
-def cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-files = [open(f, encoding="utf-8").read() for f in sys.argv[1:]]
-docs = [load_yaml(text) for text in files if "apiVersion:" in text]
-def ours():
-    for d in docs:
-        dump_yaml(d)
-def libyaml():
-    for d in docs:
-        yaml.dump_all(d, Dumper=yaml.CSafeDumper, sort_keys=False, allow_unicode=True,
-                      default_flow_style=False, width=1 << 30, explicit_start=True)
-out = {}
-for fn in (ours, libyaml):
-    times = []
-    for _ in range(9):
-        t = cpu(); fn(); times.append(cpu() - t)
-    out[fn.__name__] = statistics.median(times) / len(docs)
-print(json.dumps(out))
-"""
-
 
 def hand_written_vs_library(runs: int) -> list[str]:
-    """The two hand-written pieces on the hot path against the libraries they stand in for."""
+    """The hand-written entry-point scanner against importlib.metadata, which it stands in for."""
 
     def fresh(code: str, *argv: str) -> str:
         return subprocess.run(
@@ -433,19 +407,12 @@ def hand_written_vs_library(runs: int) -> list[str]:
 
     scan = statistics.median(float(fresh(ENTRY_POINTS, "_scan")) for _ in range(runs))
     meta = statistics.median(float(fresh(ENTRY_POINTS, "_from_metadata")) for _ in range(runs))
-    goldens = [str(p) for p in sorted((ROOT / "golden").rglob("*.yaml"))]
-    yaml_times = json.loads(fresh(K8S_YAML, *goldens))
     return [
         "| hand-written piece vs the library, CPU time | mdc | library | ratio |",
         "|---|---|---|---|",
         (
             f"| entry points of group mdc, first call in a process (vs importlib.metadata) "
             f"| {scan * 1000:.1f} ms | {meta * 1000:.1f} ms | {scan / meta:.2f} |"
-        ),
-        (
-            f"| Kubernetes YAML, one golden's documents, warm (vs libyaml's emitter) "
-            f"| {yaml_times['ours'] * 1000:.2f} ms | {yaml_times['libyaml'] * 1000:.2f} ms "
-            f"| {yaml_times['ours'] / yaml_times['libyaml']:.2f} |"
         ),
     ]
 

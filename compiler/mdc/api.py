@@ -34,6 +34,7 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
+from mdc.plan.serving_memory import ServingSetup
 from mdc.runtime import (
     MASTER_ADDR,
     MASTER_PORT,
@@ -195,6 +196,9 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: (plan, options) -> one server's sizes and its engine's memory settings, for the
+    #: serving memory check; None: no serving estimate
+    serving: Callable[[Plan, Any], ServingSetup | None] | None = None
     #: other plugins' tables this launcher reads besides its own (e.g. ``("torchrun",)``),
     #: so that a spec giving them gets no "table not read" warning (MDC253)
     reads: tuple[str, ...] = ()
@@ -251,6 +255,7 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Endpoint",
+    "ServingSetup",
     "Finding",
     "FlagTable",
     "FlagUse",

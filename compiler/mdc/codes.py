@@ -174,6 +174,18 @@ CODES: dict[str, Code] = {
         "warning: a plugin table that neither the chosen launcher nor the backend reads",
         "remove the table, or choose the plugin it belongs to",
     ),
+    "MDC254": Code(
+        "warning: a [job] env value looks like a reference ($VAR); it is passed literally",
+        'write { prepend = "..." }, { append = "..." } or { ref = "NAME" }, or keep the text',
+    ),
+    "MDC255": Code(
+        "warning: a [job] env ref names a variable mdc does not set",
+        "make sure the nodes' environment has it, or refer to one mdc sets",
+    ),
+    "MDC256": Code(
+        "a [job] env table has not exactly one of prepend, append and ref",
+        "keep one of them",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
@@ -217,6 +229,15 @@ CODES: dict[str, Code] = {
     "MDC277": Code(
         "a Mamba size (heads, groups) is not a multiple of tp",
         "pick tp dividing it",
+    ),
+    "MDC280": Code(
+        "a serving engine's weights alone exceed one GPU's memory (estimate)",
+        "spread them over more GPUs (tp, pp, ep) or serve a quantized model",
+    ),
+    "MDC281": Code(
+        "warning: the estimated KV cache holds less than one full-length sequence",
+        "raise the memory share, shard the weights more, use an fp8 KV cache, or a "
+        "shorter maximum length",
     ),
     # torchrun
     "MDC301": Code(

@@ -12,6 +12,7 @@ import attrs
 
 from mdc.api import Launch
 from mdc.errors import Diagnostic
+from mdc.plan import serving_memory
 from mdc.plan.memory import GIB, MemoryEstimate
 from mdc.plan.model import GROUP_KINDS, Plan, Sizes
 
@@ -29,6 +30,13 @@ def _plain(value: object) -> object:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    return value
+
+
+def _env(value: object) -> object:
+    """A [job] env value as written: a string, or the table's given keys."""
+    if attrs.has(type(value)):
+        return {k: v for k, v in attrs.asdict(value).items() if v is not None}  # type: ignore[arg-type]
     return value
 
 
@@ -57,7 +65,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             "image": plan.job.image,
             "command": plan.job.argv,
             "workdir": plan.job.workdir,
-            "env": dict(plan.job.env),
+            "env": {k: _env(v) for k, v in plan.job.env.items()},
         },
         "launcher": plan.launcher,
         "backend": plan.backend,
@@ -85,6 +93,12 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
+        # a serving job's weights and KV cache per GPU, when estimated
+        **(
+            {"serving_memory": serving_memory.to_json(plan.serving_memory)}
+            if plan.serving_memory is not None
+            else {}
+        ),
     }
 
 
@@ -254,6 +268,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
     lines += memory_lines(plan.memory)
+    lines += serving_memory.lines(plan.serving_memory)
     lines += predicted_lines(plan)
     if launch.worker_env:
         lines.append("every worker sees:")

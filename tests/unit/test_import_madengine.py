@@ -156,7 +156,7 @@ def test_wrong_values_point_into_the_json(compiler: Compiler) -> None:
     assert located(errors, "/distributed/nnodes") == position(text, r'"nodes": (")')
     assert located(errors, "/slurm/time") == position(text, r'"time": (1)')
     assert located(errors, "/distributed/master_port") == position(text, r'"port": (7)')
-    assert located(errors, "/job/env/NCCL_DEBUG") == position(text, r'"NCCL_DEBUG": (\{)')
+    assert located(errors, "/job/env/NCCL_DEBUG/level") == position(text, r'(")level"')
 
 
 def test_typo_launcher_points_at_the_value(compiler: Compiler) -> None:

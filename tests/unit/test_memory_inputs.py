@@ -463,3 +463,11 @@ def test_the_issues_fsdp_run_fits_gb200(compiler: Compiler, tmp_path: Path) -> N
         capacity=186,
     )
     assert estimate_of(compiler, tmp_path, data).total <= 186 * GIB
+
+
+def test_torchtitans_default_checkpointing_still_offers_full_recompute(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """TorchTitan's default recomputes every 2nd layer: recomputing all is still a lever."""
+    (error,) = refusal(compiler, tmp_path, spec("torchtitan", {"flavor": "70B"}, capacity=16))
+    assert '[torchtitan.config.activation_checkpoint] mode = "full"' in error

@@ -492,7 +492,7 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
-    for f in architecture_rules(model, sizes.tp):
+    for f in architecture_rules(model, sizes.tp, spec.distributed.launcher == "megatron"):
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
@@ -516,17 +516,7 @@ def _memory(
     """The training memory estimate and its fit check (serving launchers get none)."""
     capacity = spec.distributed.accelerator_memory_gib
     if serving:
-        if capacity is not None:
-            found.add(
-                "MDC261",
-                f"accelerator_memory_gib = {capacity:g} is set but the memory "
-                f"estimate covers training, and {spec.distributed.launcher!r} serves; no "
-                "memory check is made",
-                "/distributed/accelerator_memory_gib",
-                "remove accelerator_memory_gib",
-                Severity.WARNING,
-            )
-        return None
+        return None  # the serving estimate is the pipeline's, with the launcher's setup
     context = Context(
         world=world,
         nproc_per_node=nproc,

@@ -807,6 +807,9 @@ def _levers(
         ]
     modes = ("none", "selective", "full")
     after = modes.index(training.recompute) + 1 if training.recompute in modes else 1
+    partial = training.recompute_every is not None or training.recompute_method == "block"
+    if training.recompute == "full" and partial:  # every layer is a change too
+        after -= 1
     yield [
         (
             keys[f"recompute {mode}"],
@@ -817,6 +820,7 @@ def _levers(
                 recompute=mode,
                 recompute_method=None,
                 recompute_num_layers=None,
+                recompute_every=None,
                 recompute_modules=None,
             ),
         )

@@ -14,6 +14,7 @@ from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
     from mdc.plan.memory import MemoryEstimate
+    from mdc.plan.serving_memory import ServingMemory
 
 #: Group kinds the plan exposes, and which grid (dense or expert) each comes from.
 #: Names follow Megatron-Core: "tp-pp" is the model-parallel group, "dp-cp" the
@@ -173,6 +174,8 @@ class Plan:
     training: TrainingSetup = TrainingSetup()
     #: parameter count and per-GPU memory (None without a complete [model] table)
     memory: MemoryEstimate | None = None
+    #: a serving launcher's weights and KV cache per GPU (None without [model] and memory)
+    serving_memory: ServingMemory | None = None
     #: warnings found while planning (errors stop the plan)
     warnings: tuple[Diagnostic, ...] = ()
     #: the catalogue entry [distributed] accelerator_model names (None: not named)

@@ -22,6 +22,7 @@ import mdc
 from mdc.api import (
     Finding,
     FlagTable,
+    FlagUse,
     KnownFlag,
     Launch,
     LauncherSpec,
@@ -166,41 +167,38 @@ class MegatronOptions:
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool | None = None
     extra_args: tuple[str, ...] = ()
-    #: option -> index in the written extra_args of the flag it was read from (see resolve)
-    read_from_extra_args: Mapping[str, int] = attrs.field(factory=dict)
 
 
 def _options(options: MegatronOptions | None) -> MegatronOptions:
     return resolve(options or MegatronOptions())
 
 
+def _read_uses(opts: MegatronOptions) -> list[FlagUse]:
+    """The flags of ``extra_args`` that stand for one of the table's keys (values valid)."""
+    return [use for use in FLAGS.find(opts.extra_args) if use.flag.key and use.error is None]
+
+
 def resolve(opts: MegatronOptions) -> MegatronOptions:
     """The options with each readable flag of ``extra_args`` read in as if its key had
-    been written, and those words taken out of ``extra_args`` (mdc emits them in its
-    place); a flag whose key the table also sets stays, for MDC323. Idempotent."""
-    if opts.read_from_extra_args or not opts.extra_args:
-        return opts
-    read, where, taken = {}, {}, []
-    for use in FLAGS.find(opts.extra_args):
-        key = use.flag.key
-        if key is None or use.error is not None or getattr(opts, key) is not None:
-            continue
-        read[key], where[key] = use.value, use.index
-        taken.append(use)
-    if not taken:
-        return opts
-    return attrs.evolve(
-        opts,
-        **read,
-        extra_args=tuple(drop_flags(opts.extra_args, taken)),
-        read_from_extra_args=where,
-    )
+    been written (a key the table sets keeps its value: the flag is then MDC323).
+    ``extra_args`` stays as written; :func:`user_extra_args` is what mdc emits of it."""
+    read = {
+        use.flag.key: use.value
+        for use in _read_uses(opts)
+        if use.flag.key and getattr(opts, use.flag.key) is None
+    }
+    return attrs.evolve(opts, **read) if read else opts
+
+
+def user_extra_args(opts: MegatronOptions) -> list[str]:
+    """``extra_args`` without the flags read into keys: mdc emits those in its place, once."""
+    return drop_flags(opts.extra_args, _read_uses(opts))
 
 
 def _at(opts: MegatronOptions, key: str) -> str:
-    """The pointer of an option: its key, or the extra_args word it was read from."""
-    index = opts.read_from_extra_args.get(key)
-    return f"/megatron/{key}" if index is None else f"/megatron/extra_args/{index}"
+    """The pointer of an option: the extra_args word it was read from, or its key."""
+    uses = [use for use in _read_uses(opts) if use.flag.key == key]
+    return f"/megatron/extra_args/{uses[-1].index}" if uses else f"/megatron/{key}"
 
 
 def _distributed_optimizer(opts: MegatronOptions) -> bool:
@@ -457,7 +455,11 @@ def _torchrun(plan: Plan) -> TorchrunOptions | None:
 
 def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
     opts = _options(options)
-    words: list[Word] = [*program(plan.job.argv), *megatron_args(plan, opts), *opts.extra_args]
+    words: list[Word] = [
+        *program(plan.job.argv),
+        *megatron_args(plan, opts),
+        *user_extra_args(opts),
+    ]
     env = megatron_env(plan, opts)
     worker_env = {
         **torchrun_worker_env(plan, _torchrun(plan)),

@@ -32,6 +32,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    ServingSetup,
     Severity,
     Word,
     flag_names,
@@ -247,6 +248,45 @@ def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
         )
 
 
+#: the engine settings the serving memory check reads from the arguments (server_args.py)
+MEMORY_FLAGS = FlagTable(
+    [
+        KnownFlag(
+            name="--mem-fraction-static",
+            source="[sglang] args",
+            key="share",
+            nargs=1,
+            convert=float,
+        ),
+        KnownFlag(name="--kv-cache-dtype", source="[sglang] args", key="kv_dtype", nargs=1),
+        KnownFlag(
+            name="--context-length", source="[sglang] args", key="max_len", nargs=1, convert=int
+        ),
+    ]
+)
+#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
+#: assumes this share
+ASSUMED_SHARE = 0.9
+
+
+def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
+    values, _ = MEMORY_FLAGS.read([*plan.job.argv, *_opts(options).args])
+    share = values.get("share")
+    return ServingSetup(
+        engine="SGLang",
+        tp=plan.sizes.tp,
+        pp=plan.sizes.pp,
+        ep=plan.sizes.ep,
+        etp=plan.sizes.etp,
+        share=share if share is not None else ASSUMED_SHARE,
+        share_source="--mem-fraction-static"
+        if share is not None
+        else "assumed; SGLang sizes --mem-fraction-static itself",
+        kv_dtype=values.get("kv_dtype", "auto"),
+        max_len=values.get("max_len"),
+    )
+
+
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
@@ -258,6 +298,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             workload="serving",
             emit=emit,
             check=check,
+            serving=serving,
             schema=read_schema("mdc_schemas", "plugins/sglang.v1.schema.json"),
             options_type=SglangOptions,
         )

@@ -714,6 +714,8 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     mode = str(values.get("activation_checkpoint.mode", "selective"))
     if mode in ("full", "none"):
         return mode, None
+    if mode == "memory_budget":  # the compiler's choice: counted as full recompute (a floor)
+        return "full", None
     option = str(values.get("activation_checkpoint.selective_ac_option", "2"))
     if option.isdigit() and int(option) > 0:
         return "full", int(option)

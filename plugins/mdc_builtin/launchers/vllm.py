@@ -45,6 +45,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    ServingSetup,
     Severity,
     Word,
     flag_names,
@@ -468,6 +469,46 @@ def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
         )
 
 
+#: the engine settings the serving memory check reads from the arguments
+#: (vllm/engine/arg_utils.py; --gpu-memory-utilization defaults to 0.9, CacheConfig)
+MEMORY_FLAGS = FlagTable(
+    [
+        KnownFlag(
+            name="--gpu-memory-utilization",
+            source="[vllm] args",
+            key="share",
+            nargs=1,
+            convert=float,
+        ),
+        KnownFlag(name="--kv-cache-dtype", source="[vllm] args", key="kv_dtype", nargs=1),
+        KnownFlag(
+            name="--max-model-len", source="[vllm] args", key="max_len", nargs=1, convert=int
+        ),
+    ]
+)
+
+
+def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:
+    """One engine's sizes: tp x pp GPUs; with expert parallelism whole experts over ep."""
+    opts = _opts(options)
+    values, _ = MEMORY_FLAGS.read([*plan.job.argv, *opts.args, *opts.head_args])
+    share = values.get("share")
+    ep = plan.sizes.ep
+    return ServingSetup(
+        engine="vLLM",
+        tp=plan.sizes.tp,
+        pp=plan.sizes.pp,
+        ep=ep,
+        etp=1 if ep > 1 else plan.sizes.tp,
+        share=share if share is not None else 0.9,
+        share_source="--gpu-memory-utilization"
+        if share is not None
+        else "vLLM's default --gpu-memory-utilization",
+        kv_dtype=values.get("kv_dtype", "auto"),
+        max_len=values.get("max_len"),
+    )
+
+
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
@@ -479,6 +520,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             workload="serving",
             emit=emit,
             check=check,
+            serving=serving,
             schema=read_schema("mdc_schemas", "plugins/vllm.v1.schema.json"),
             options_type=VllmOptions,
         )

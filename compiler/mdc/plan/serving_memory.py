@@ -1,0 +1,176 @@
+"""The serving memory check: weights and KV cache of one server's GPU.
+
+A serving engine keeps ``share`` of each GPU's memory (vLLM ``--gpu-memory-utilization``,
+default 0.9 in ``vllm/config/cache.py``; SGLang ``--mem-fraction-static``) for the weights
+and the KV cache. Per GPU of the heaviest pipeline stage:
+
+* weights: the stage's layers split over tp (experts over ep, each split over etp), the
+  embedding on the first stage and the output layer on the last; ``dtype`` fp8 weights
+  take one byte;
+* KV cache per token: per attention layer of the stage, 2 x the KV heads one tp rank holds
+  (at least one: a head is replicated when there are fewer than tp) x head_dim bytes, or
+  with multi-latent attention the compressed ``kv_lora_rank + qk_pos_emb_head_dim`` per
+  token, which every tp rank holds; in the KV dtype (``fp8``: one byte; ``auto``: the
+  activations', bf16 for an fp8 checkpoint);
+* the cache: ``share x capacity - weights``, an upper bound (activations and CUDA graphs
+  take some of it), in tokens and in sequences of ``max_model_len``.
+
+Only the weights can make it an error (MDC280: they exceed the whole GPU); a cache that
+cannot hold one full-length sequence is a warning (MDC281), since the estimate leaves the
+engine's own profiling out.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import attrs
+
+from mdc.errors import Finding, Severity
+from mdc.plan.architecture import Parts
+from mdc.plan.memory import GIB, Shape, _embedding, _layers, _split, gib
+
+#: bytes per element of weights / KV cache by dtype name
+DTYPE_BYTES = {
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp32": 4,
+    "float32": 4,
+    "float": 4,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+@attrs.frozen(kw_only=True)
+class ServingSetup:
+    """What a serving launcher tells the check about one server and its engine."""
+
+    #: "vLLM" or "SGLang", for messages
+    engine: str
+    tp: int
+    pp: int = 1
+    #: experts split over ep ranks, each expert over etp
+    ep: int = 1
+    etp: int = 1
+    #: the engine's share of each GPU's memory, and where it came from
+    share: float = 0.9
+    share_source: str = "vLLM's default --gpu-memory-utilization"
+    #: KV cache dtype ("auto": the weights')
+    kv_dtype: str = "auto"
+    #: the longest sequence (None: [model] seq_length)
+    max_len: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ServingMemory:
+    """One server GPU's memory, in bytes."""
+
+    engine: str
+    capacity: int
+    share: float
+    share_source: str
+    weights: int
+    kv_per_token: int
+    kv_dtype: str
+    cache: int
+    tokens: int
+    max_len: int
+    sequences: int
+
+
+def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
+    tp, pp = setup.tp, max(1, setup.pp)
+    per_stage = -(-shape.layers // pp)
+    weight_bytes = DTYPE_BYTES.get(shape.dtype, 2)
+    output = 0 if shape.tied and pp == 1 else _split(shape.vocab, tp) * shape.hidden
+    ends = [_embedding(shape, tp) + output] if pp == 1 else [_embedding(shape, tp), output]
+    starts = [0] if pp == 1 else [0, shape.layers - per_stage]
+    weights, kv = 0, 0
+    # "auto" caches in the activations' dtype: an fp8 checkpoint still computes in bf16
+    auto = "bf16" if shape.dtype == "fp8" else shape.dtype
+    kv_dtype = setup.kv_dtype if setup.kv_dtype != "auto" else auto
+    kv_bytes = DTYPE_BYTES.get(kv_dtype, weight_bytes)
+    for start, end in zip(starts, ends, strict=True):
+        stop = min(shape.layers, start + per_stage)
+        params = _layers(shape, start, stop, tp, setup.ep, setup.etp)
+        weights = max(weights, (params.dense + params.expert + end) * weight_bytes)
+        parts: Parts = shape.pattern.parts(start, stop)
+        kv = max(kv, parts.attention * _kv_per_layer(shape, tp) * kv_bytes)
+    capacity = int(capacity_gib * GIB)
+    cache = max(0, int(Fraction(setup.share).limit_denominator(1000) * capacity) - weights)
+    tokens = cache // kv if kv else 0
+    max_len = setup.max_len or shape.seq
+    return ServingMemory(
+        engine=setup.engine,
+        capacity=capacity,
+        share=setup.share,
+        share_source=setup.share_source,
+        weights=weights,
+        kv_per_token=kv,
+        kv_dtype=kv_dtype,
+        cache=cache,
+        tokens=tokens,
+        max_len=max_len,
+        sequences=tokens // max_len if max_len else 0,
+    )
+
+
+def _kv_per_layer(shape: Shape, tp: int) -> int:
+    """KV cache elements per token of one attention layer on one tp rank."""
+    if shape.latent is not None:
+        return shape.latent.kv_lora + shape.latent.rope_head
+    heads = max(1, -(-shape.groups // tp))
+    return 2 * heads * shape.kv_channels
+
+
+def findings(memory: ServingMemory) -> list[Finding]:
+    m = memory
+    found = []
+    if m.weights > m.capacity:
+        found.append(
+            Finding(
+                code="MDC280",
+                pointer="/distributed/accelerator_memory_gib",
+                message=f"the weights alone need {gib(m.weights)} per GPU of a {m.engine} "
+                f"server, more than its {gib(m.capacity)}",
+                hint="spread the weights over more GPUs (tp, pp, or ep for the experts), or "
+                "serve a quantized model",
+            )
+        )
+    elif m.tokens < m.max_len:
+        found.append(
+            Finding(
+                code="MDC281",
+                severity=Severity.WARNING,
+                message=f"{m.engine}'s KV cache holds about {m.tokens} tokens per GPU "
+                f"({gib(m.cache)} = {m.share:g} x {gib(m.capacity)} - {gib(m.weights)} of "
+                f"weights), less than one sequence of {m.max_len}",
+                pointer="/distributed/accelerator_memory_gib",
+                hint="raise the memory share, shard the weights over more GPUs, use an fp8 KV "
+                "cache, or lower the maximum sequence length",
+            )
+        )
+    return found
+
+
+def lines(memory: ServingMemory | None) -> list[str]:
+    """explain's lines for the estimate."""
+    if memory is None:
+        return []
+    m = memory
+    return [
+        f"serving memory per GPU (estimate, {m.engine}): {gib(m.capacity)} x {m.share:g} "
+        f"({m.share_source})",
+        f"  weights {gib(m.weights)}, KV cache up to {gib(m.cache)}: "
+        f"{m.kv_per_token} bytes per token ({m.kv_dtype}), about {m.tokens} tokens",
+        f"  {m.sequences} full-length sequences of {m.max_len} tokens",
+    ]
+
+
+def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
+    return None if memory is None else attrs.asdict(memory)

@@ -1,0 +1,132 @@
+"""The serving memory check against what vLLM reports for known models."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.errors import SpecError
+from mdc.pipeline import Compiled, Compiler
+from mdc.plan.memory import GIB, resolve_shape
+from mdc.plan.serving_memory import ServingSetup, estimate
+from mdc.plugin_manager import load_plugins
+from mdc.spec import ModelTable
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
+COMPILER = Compiler(load_plugins(autoload=False))
+
+
+def model(name: str, **changes: Any) -> dict[str, Any]:
+    return {**MODELS[name]["model"], **changes}
+
+
+def compile_(tmp_path: Path, args: list[str], gib: float, **extra: Any) -> Compiled:
+    data = {
+        "job": {"name": "serve", "command": ["vllm", "serve"]},
+        "distributed": {
+            "launcher": "vllm",
+            "nproc_per_node": extra.pop("nproc", 1),
+            "accelerator_memory_gib": gib,
+        },
+        "vllm": {"model": "m", "args": args},
+        "model": extra.pop("model", model("llama3.1-8b")),
+        **extra,
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return COMPILER.compile(path)
+
+
+# vllm-project/vllm issue #10517 (comment of 2024-12-02): meta-llama/Llama-3.1-8B-Instruct
+# on an RTX 3090, gpu_memory_utilization 0.90, --max-model-len 29000, vLLM's log:
+#   Loading model weights took 14.9888 GB      (vLLM divides by 2**30)
+#   total_gpu_memory=23.58GiB peak_torch_memory=17.98GiB non_torch_memory=0.35GiB
+#   kv_cache_size=2.89GiB, # GPU blocks: 1478 (16 tokens each) = 23648 tokens
+ISSUE_10517 = {
+    "weights": 14.9888,
+    "total": 23.58,
+    "peak_torch": 17.98,
+    "non_torch": 0.35,
+    "kv_cache": 2.89,
+    "tokens": 1478 * 16,
+}
+
+
+def test_llama_8b_weights_and_kv_per_token_match_vllms_log(tmp_path: Path) -> None:
+    r = ISSUE_10517
+    memory = compile_(tmp_path, ["--max-model-len", "29000"], r["total"]).plan.serving_memory
+    assert memory is not None
+    assert memory.weights / GIB == pytest.approx(r["weights"], rel=0.005)
+    # vLLM's cache of 2.89 GiB held 23648 tokens: its bytes per token (to the log's rounding)
+    assert memory.kv_per_token == pytest.approx(r["kv_cache"] * GIB / r["tokens"], rel=0.002)
+    # the estimate's cache is what vLLM split between its KV cache, the activation peak of
+    # its profiling run (peak_torch - weights) and non-torch memory (to the 0.03 GiB by
+    # which the counted weights fall short of the loaded ones, and the log's rounding)
+    used = r["kv_cache"] + (r["peak_torch"] - r["weights"]) + r["non_torch"]
+    assert memory.cache / GIB == pytest.approx(used, abs=0.05)
+    assert memory.cache / GIB >= r["kv_cache"]  # an upper bound of the KV cache
+
+
+def test_a_cache_shorter_than_one_sequence_is_a_warning(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, ["--max-model-len", "131072"], 23.58)
+    (warning,) = [d for d in compiled.diagnostics if d.code == "MDC281"]
+    assert "less than one sequence of 131072" in warning.message
+    assert not warning.is_error
+
+
+def test_the_engine_settings_in_the_args_are_read(tmp_path: Path) -> None:
+    base = compile_(tmp_path, [], 80).plan.serving_memory
+    fp8 = compile_(
+        tmp_path, ["--kv-cache-dtype", "fp8", "--gpu-memory-utilization=0.5"], 80
+    ).plan.serving_memory
+    assert base is not None and fp8 is not None
+    assert (base.share, base.kv_dtype) == (0.9, "bf16")
+    assert (fp8.share, fp8.kv_dtype) == (0.5, "fp8")
+    assert fp8.kv_per_token * 2 == base.kv_per_token
+    assert base.max_len == MODELS["llama3.1-8b"]["model"]["seq_length"]
+
+
+def test_weights_beyond_the_gpu_are_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as caught:
+        compile_(tmp_path, [], 80, model=model("llama3.1-70b"))
+    (error,) = [d for d in caught.value.diagnostics if d.is_error]
+    assert error.code == "MDC280" and "more than its 80.0 GiB" in error.message
+    # over tp 8 the same model fits, with room for many full-length sequences
+    fits = compile_(
+        tmp_path, [], 80, model=model("llama3.1-70b"), nproc=8, parallelism={"tp": 8}
+    ).plan.serving_memory
+    assert fits is not None and fits.sequences > 1
+
+
+def test_mla_caches_the_compressed_latent_on_every_tp_rank() -> None:
+    """DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers."""
+    table = MODELS["deepseek-v3"]["model"]
+    shape = resolve_shape(ModelTable(**{k: v for k, v in table.items() if k != "window_size"}))
+    assert shape is not None and shape.latent is not None
+    per_token = (table["kv_lora_rank"] + table["qk_pos_emb_head_dim"]) * table["num_layers"]
+    for tp in (1, 8):
+        memory = estimate(shape, ServingSetup(engine="vLLM", tp=tp, kv_dtype="fp8"), 141)
+        assert memory.kv_per_token == per_token  # one byte each, not split over tp
+
+
+def test_a_serving_launcher_without_a_setup_says_no_estimate_is_made(tmp_path: Path) -> None:
+    data = {
+        "job": {"name": "pd", "command": "python3"},
+        "distributed": {
+            "launcher": "sglang_disagg",
+            "nnodes": 3,
+            "nproc_per_node": 8,
+            "accelerator_memory_gib": 80,
+        },
+        "sglang_disagg": {"model_path": "m"},
+        "model": model("llama3.1-8b"),
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    (note,) = [d for d in COMPILER.compile(path).diagnostics if d.code == "MDC261"]
+    assert "'sglang_disagg' gives no serving setup" in note.message
