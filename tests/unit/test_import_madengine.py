@@ -713,6 +713,7 @@ def test_what_is_reproduced_is_in_the_spec() -> None:
     assert spec("k8s-sglang-disagg-2")["sglang_disagg"]["server_args"] == ["--trust-remote-code"]
     assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "7"
     assert spec("slurm-multi-3x8")["slurm"]["sbatch_args"] == ["--reservation=mad-bench"]
+    assert spec("k8s-torchrun-1x2")["job"]["env"]["POD_INDEX"] == {"ref": "NODE_RANK"}
 
 
 def test_multi_node_sglang_on_slurm_is_not_said_to_get_nccl_init_addr() -> None:
