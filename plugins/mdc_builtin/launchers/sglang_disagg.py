@@ -41,6 +41,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    ServingSetup,
     Severity,
     Word,
     out_file,
@@ -537,6 +538,52 @@ def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:
     yield from _port_findings(plan, options)
 
 
+#: the engine settings the serving memory check reads from the servers' arguments
+MEMORY_FLAGS = FlagTable(
+    [
+        KnownFlag(
+            name="--mem-fraction-static",
+            source="server_args",
+            key="share",
+            nargs=1,
+            convert=float,
+        ),
+        KnownFlag(name="--kv-cache-dtype", source="server_args", key="kv_dtype", nargs=1),
+        KnownFlag(
+            name="--context-length", source="server_args", key="max_len", nargs=1, convert=int
+        ),
+    ]
+)
+
+
+def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | None:
+    """The tighter role's servers (fewer GPUs; decode on a tie) for the memory check."""
+    if options is None or plan.disagg is None:
+        return None
+    shapes = [server(plan, options, role) for role in ("decode", "prefill")]
+    shape = min(shapes, key=lambda s: s.gpus)
+    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    share = values.get("share")
+    ep = shape.ep or 1
+    return ServingSetup(
+        engine=f"SGLang ({shape.role})",
+        tp=shape.tp,
+        ep=ep,
+        etp=max(1, shape.tp // ep),
+        share=share if share is not None else ASSUMED_SHARE,
+        share_source="--mem-fraction-static"
+        if share is not None
+        else "assumed; SGLang sizes --mem-fraction-static itself",
+        kv_dtype=values.get("kv_dtype", "auto"),
+        max_len=values.get("max_len"),
+    )
+
+
+#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
+#: assumes this share
+ASSUMED_SHARE = 0.9
+
+
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
@@ -549,6 +596,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             workload="serving",
             emit=emit,
             check=check,
+            serving=serving,
             schema=read_schema("mdc_schemas", "plugins/sglang_disagg.v1.schema.json"),
             options_type=SglangDisaggOptions,
         )
