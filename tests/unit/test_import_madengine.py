@@ -16,11 +16,11 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref
 from mdc.cli import main
@@ -35,7 +35,6 @@ from mdc.testing import Golden
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO / "golden"
-SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 FIXTURES = Path("tests/fixtures/madengine")
 CASES = sorted(p.stem for p in (REPO / FIXTURES).glob("*.json"))
@@ -127,7 +126,7 @@ def test_fixture_compiles(compiler: Compiler, case: str) -> None:
             text = artifact.data.decode("utf-8")
             for tool in (
                 ["bash", "-n"],
-                [str(SHELLCHECK), "--norc", "-S", "warning", "-s", "bash", "-"],
+                [shellcheck(), "--norc", "-S", "warning", "-s", "bash", "-"],
             ):
                 check = subprocess.run(
                     tool, input=text, text=True, capture_output=True, check=False

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Ref
 from mdc.errors import Diagnostic, SpecError
@@ -35,7 +36,6 @@ from mdc.plugin_manager import load_plugins
 
 OTHERS = ("deepspeed", "megatron", "torchtitan", "primus", "slurm", "ssh")
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
-SHELLCHECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "shellcheck"
 
 #: from SGLang's ServerArgs (see the module docstring)
 SERVER_FLAGS = {
@@ -244,7 +244,7 @@ def test_scripts_pass_bash_n_and_shellcheck(tmp_path: Path) -> None:
         assert len(scripts) == 5
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
-        subprocess.run([str(SHELLCHECK), *scripts], check=True)
+        subprocess.run([shellcheck(), *scripts], check=True)
 
 
 STAND_IN = """#!/usr/bin/env bash
