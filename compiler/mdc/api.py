@@ -152,6 +152,24 @@ class Endpoint:
 
 
 @attrs.frozen(kw_only=True)
+class Server:
+    """One server of a serving job, as ``mdc explain`` and plan.json describe it."""
+
+    #: "server", "replica", "router", "prefill" or "decode"
+    role: str
+    nodes: tuple[int, ...]
+    #: GPUs the server uses (0: the router)
+    gpus: int
+    tp: int = 1
+    pp: int = 1
+    #: data-parallel engines (vLLM) or DP attention groups (SGLang) inside the server
+    dp: int = 1
+    ep: int = 1
+    #: the port its first node serves HTTP on
+    port: int
+
+
+@attrs.frozen(kw_only=True)
 class Launch:
     """A launcher's output: one :class:`Role` per plan role, files, and the worker env contract.
 
@@ -166,6 +184,8 @@ class Launch:
     worker_env: Mapping[str, str] = attrs.field(factory=dict)
     #: a serving launcher's client endpoint (None: the job serves nothing)
     endpoint: Endpoint | None = None
+    #: a serving launcher's servers, in node order (empty: the job serves nothing)
+    servers: tuple[Server, ...] = ()
 
     def role(self, name: str) -> Role:
         for role in self.roles:
@@ -256,6 +276,7 @@ __all__ = [
     "Diagnostic",
     "DisaggSplit",
     "Endpoint",
+    "Server",
     "ServingSetup",
     "Finding",
     "FlagTable",

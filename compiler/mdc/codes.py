@@ -192,6 +192,18 @@ CODES: dict[str, Code] = {
         "warning: a plugin table that neither the chosen launcher nor the backend reads",
         "remove the table, or choose the plugin it belongs to",
     ),
+    "MDC254": Code(
+        "warning: a [job] env value looks like a reference ($VAR); it is passed literally",
+        'write { prepend = "..." }, { append = "..." } or { ref = "NAME" }, or keep the text',
+    ),
+    "MDC255": Code(
+        "warning: a [job] env ref names a variable mdc does not set",
+        "make sure the nodes' environment has it, or refer to one mdc sets",
+    ),
+    "MDC256": Code(
+        "a [job] env table has not exactly one of prepend, append and ref",
+        "keep one of them",
+    ),
     "MDC260": Code(
         "the memory estimate exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",

@@ -120,6 +120,11 @@ def _union(tp: Any, args: tuple[Any, ...]) -> Structurer:
     if len(members) == 1:  # an optional
         inner = structurer(members[0])
         return lambda value: None if value is None else inner(value)
+    classes = [a for a in members if attrs.has(a)]
+    if len(classes) == 1 and all(a in SCALARS for a in members if a is not classes[0]):
+        # a scalar or a table (as a [job] env value): the schema checked which
+        table = structurer(classes[0])
+        return lambda value: table(value) if isinstance(value, dict) else value
     arrays = [a for a in members if typing.get_origin(a) in (tuple, list)]
     if len(arrays) == 1 and all(a in SCALARS for a in members if a is not arrays[0]):
         # a number or a list of them (as [model] moe_layer_freq): the schema checked which

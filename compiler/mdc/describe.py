@@ -33,6 +33,13 @@ def _plain(value: object) -> object:
     return value
 
 
+def _env(value: object) -> object:
+    """A [job] env value as written: a string, or the table's given keys."""
+    if attrs.has(type(value)):
+        return {k: v for k, v in attrs.asdict(value).items() if v is not None}  # type: ignore[arg-type]
+    return value
+
+
 def _finding(d: Diagnostic) -> dict[str, object]:
     return {
         "severity": d.severity.value,
@@ -58,7 +65,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             "image": plan.job.image,
             "command": plan.job.argv,
             "workdir": plan.job.workdir,
-            "env": dict(plan.job.env),
+            "env": {k: _env(v) for k, v in plan.job.env.items()},
         },
         "launcher": plan.launcher,
         "backend": plan.backend,
@@ -87,7 +94,8 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
-        # a serving job's weights and KV cache per GPU, when estimated
+        # a serving job's servers, and their weights and KV cache per GPU when estimated
+        **({"servers": [_plain(server) for server in launch.servers]} if launch.servers else {}),
         **(
             {"serving_memory": serving_memory.to_json(plan.serving_memory)}
             if plan.serving_memory is not None
@@ -125,6 +133,36 @@ def predicted_lines(plan: Plan) -> list[str]:
         f"  pipeline bubble  {p.bubble * 100:.1f}%; dominant communication: "
         f"{p.dominant_communication}",
     ]
+
+
+def server_lines(launch: Launch) -> list[str]:
+    """A serving job as servers: role, nodes, GPUs, sizes and where each serves."""
+    if not launch.servers:
+        return []
+    lines = ["servers:"]
+    for server in launch.servers[:MAX_SHOWN]:
+        first, last = server.nodes[0], server.nodes[-1]
+        nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
+        if server.gpus == 0:
+            lines.append(f"  {server.role}: {nodes}, serves clients on port {server.port}")
+            continue
+        sizes = " ".join(
+            f"{name} {value}"
+            for name, value in (
+                ("tp", server.tp),
+                ("pp", server.pp),
+                ("dp", server.dp),
+                ("ep", server.ep),
+            )
+            if value > 1 or name == "tp"
+        )
+        lines.append(
+            f"  {server.role}: {nodes}, {server.gpus} GPUs ({sizes}), HTTP on node {first} "
+            f"port {server.port}"
+        )
+    if len(launch.servers) > MAX_SHOWN:
+        lines.append(f"  ... {len(launch.servers) - MAX_SHOWN} more server(s)")
+    return lines
 
 
 def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
@@ -287,6 +325,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
     lines += stage_lines(plan)
     lines += memory_lines(plan.memory)
+    lines += server_lines(launch)
     lines += serving_memory.lines(plan.serving_memory)
     lines += predicted_lines(plan)
     if launch.worker_env:

@@ -13,12 +13,25 @@ import attrs
 
 
 @attrs.frozen(kw_only=True)
+class EnvValue:
+    """A ``[job] env`` value in its explicit form: exactly one of ``prepend``/``append`` (to
+    the variable's value at run time, joined by ``separator`` when it is set) and ``ref`` (the
+    value of another variable at run time)."""
+
+    prepend: str | None = None
+    append: str | None = None
+    separator: str = ":"
+    ref: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class JobTable:
     name: str
     command: str | tuple[str, ...]
     image: str | None = None
     workdir: str | None = None
-    env: Mapping[str, str] = attrs.field(factory=dict)
+    #: a literal string (passed as written, never expanded) or an :class:`EnvValue`
+    env: Mapping[str, str | EnvValue] = attrs.field(factory=dict)
 
     @property
     def argv(self) -> list[str]:

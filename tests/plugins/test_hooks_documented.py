@@ -270,7 +270,9 @@ def test_hook_mdc_register_hardware_is_called() -> None:
         scale_up_domain=4,
         scale_up_gb_s=100,
         scale_out_gb_s=25,
-        sources=dict.fromkeys(("compute", "memory", "scale_up", "scale_out"), "https://example.com/probe"),
+        sources=dict.fromkeys(
+            ("compute", "memory", "scale_up", "scale_out"), "https://example.com/probe"
+        ),
     )
 
     class Probe:

@@ -317,6 +317,15 @@ def test_each_rule_names_its_key() -> None:
     assert codes(4, **mamba, mamba_num_heads=6) == ["MDC277", "MDC277"]
 
 
+def test_megatron_rules_apply_to_the_megatron_launcher_only() -> None:
+    model = structure({**BASE, "mtp_num_layers": 1, "position_embedding": "learned"}, ModelTable)
+    assert [f.code for f in rules(model, 1, megatron=True)] == ["MDC275"]
+    assert list(rules(model, 1, megatron=False)) == []
+    # a pattern that does not describe every layer is wrong for any launcher
+    broken = structure({**BASE, "hybrid_override_pattern": "M*"}, ModelTable)
+    assert [f.code for f in rules(broken, 1, megatron=False)] == ["MDC270"]
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_published_model_plans_on_megatron(name: str) -> None:
     data = {

@@ -20,7 +20,7 @@ from mdc.errors import InternalError
 from mdc.importers import translate
 from mdc.loaders import FORMATS, load_file
 from mdc.plugin_manager import load_plugins
-from mdc.spec import CORE_TABLES, JobSpec
+from mdc.spec import CORE_TABLES, EnvValue, JobSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted(
@@ -49,6 +49,11 @@ def reference_converter() -> cattrs.Converter:
     converter.register_structure_hook(
         int | tuple[int, ...] | None,
         lambda value, _: tuple(value) if isinstance(value, list) else value,
+    )
+    # a [job] env value: a literal string or its explicit form (a table)
+    converter.register_structure_hook(
+        str | EnvValue,
+        lambda value, _: converter.structure(value, EnvValue) if isinstance(value, dict) else value,
     )
     return converter
 

@@ -16,11 +16,11 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref
 from mdc.cli import main
@@ -35,7 +35,6 @@ from mdc.testing import Golden
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO / "golden"
-SHELLCHECK = Path(sys.executable).parent / "shellcheck"
 
 FIXTURES = Path("tests/fixtures/madengine")
 CASES = sorted(p.stem for p in (REPO / FIXTURES).glob("*.json"))
@@ -127,7 +126,7 @@ def test_fixture_compiles(compiler: Compiler, case: str) -> None:
             text = artifact.data.decode("utf-8")
             for tool in (
                 ["bash", "-n"],
-                [str(SHELLCHECK), "--norc", "-S", "warning", "-s", "bash", "-"],
+                [shellcheck(), "--norc", "-S", "warning", "-s", "bash", "-"],
             ):
                 check = subprocess.run(
                     tool, input=text, text=True, capture_output=True, check=False
@@ -156,7 +155,7 @@ def test_wrong_values_point_into_the_json(compiler: Compiler) -> None:
     assert located(errors, "/distributed/nnodes") == position(text, r'"nodes": (")')
     assert located(errors, "/slurm/time") == position(text, r'"time": (1)')
     assert located(errors, "/distributed/master_port") == position(text, r'"port": (7)')
-    assert located(errors, "/job/env/NCCL_DEBUG") == position(text, r'"NCCL_DEBUG": (\{)')
+    assert located(errors, "/job/env/NCCL_DEBUG/level") == position(text, r'(")level"')
 
 
 def test_typo_launcher_points_at_the_value(compiler: Compiler) -> None:
@@ -713,6 +712,7 @@ def test_what_is_reproduced_is_in_the_spec() -> None:
     assert spec("k8s-sglang-disagg-2")["sglang_disagg"]["server_args"] == ["--trust-remote-code"]
     assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "7"
     assert spec("slurm-multi-3x8")["slurm"]["sbatch_args"] == ["--reservation=mad-bench"]
+    assert spec("k8s-torchrun-1x2")["job"]["env"]["POD_INDEX"] == {"ref": "NODE_RANK"}
 
 
 def test_multi_node_sglang_on_slurm_is_not_said_to_get_nccl_init_addr() -> None:

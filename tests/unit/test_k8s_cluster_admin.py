@@ -263,3 +263,29 @@ def test_both_forms_pass_strict_validation(compiler: Compiler, tmp_path: Path, q
     docs = documents(compiler, tmp_path, spec("kubernetes", cpu="500m", memory="8Gi", qos=qos))
     for doc in docs:
         kubernetes_validate.validate(doc, "1.30", strict=True)
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "pytorchjob", "leaderworkerset"])
+def test_host_ipc_reaches_every_pod_and_validates(
+    compiler: Compiler, tmp_path: Path, backend: str
+) -> None:
+    docs = documents(compiler, tmp_path, spec(backend, host_ipc=True))
+    pods: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "containers" in node:
+                pods.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(docs)
+    assert pods and all(p.get("hostIPC") is True for p in pods)
+    default = documents(compiler, tmp_path, spec(backend))
+    assert "hostIPC" not in yaml.safe_dump_all(default)
+    for doc in docs:
+        if doc["kind"] in ("ConfigMap", "Service", "Job"):
+            kubernetes_validate.validate(doc, "1.30", strict=True)

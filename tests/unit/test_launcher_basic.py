@@ -8,13 +8,12 @@ these results). Real runs of the spawner live in tests/integration/test_basic_ru
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref, shell_word
 from mdc.errors import Diagnostic, SpecError
@@ -132,11 +131,6 @@ def test_rendezvous_file_becomes_an_init_method_argument(tmp_path: Path) -> None
 def test_the_spawner_is_the_same_bytes_for_the_same_spec(tmp_path: Path) -> None:
     first = file_of(compile_(tmp_path, spec()), "launch/spawn.sh")
     assert file_of(compile_(tmp_path, spec()), "launch/spawn.sh") == first
-
-
-def shellcheck() -> str:
-    found = Path(sys.executable).parent / "shellcheck"
-    return str(found) if found.is_file() else shutil.which("shellcheck") or "shellcheck"
 
 
 @pytest.mark.slow

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref
 from mdc.emit import write_tree
@@ -190,11 +189,6 @@ def test_a_foreign_command_is_a_warning(tmp_path: Path) -> None:
 def test_an_elastic_job_is_refused(tmp_path: Path) -> None:
     found = diagnostics(tmp_path, spec(nnodes=4, nproc=2, distributed={"min_nnodes": 2}))
     assert "MDC375" in {d.code for d in found if d.is_error}
-
-
-def shellcheck() -> str:
-    found = Path(sys.executable).parent / "shellcheck"
-    return str(found) if found.is_file() else shutil.which("shellcheck") or "shellcheck"
 
 
 @pytest.mark.slow

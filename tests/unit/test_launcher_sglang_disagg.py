@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Ref
 from mdc.errors import Diagnostic, SpecError
@@ -35,7 +36,6 @@ from mdc.plugin_manager import load_plugins
 
 OTHERS = ("deepspeed", "megatron", "torchtitan", "primus", "slurm", "ssh")
 COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
-SHELLCHECK = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "shellcheck"
 
 #: from SGLang's ServerArgs (see the module docstring)
 SERVER_FLAGS = {
@@ -244,7 +244,7 @@ def test_scripts_pass_bash_n_and_shellcheck(tmp_path: Path) -> None:
         assert len(scripts) == 5
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
-        subprocess.run([str(SHELLCHECK), *scripts], check=True)
+        subprocess.run([shellcheck(), *scripts], check=True)
 
 
 STAND_IN = """#!/usr/bin/env bash
@@ -437,3 +437,18 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "'a' (in NODE_HOSTS) has no IPv4 address after 0 s" in done.stderr
+
+
+def test_explain_and_plan_json_describe_servers(tmp_path: Path) -> None:
+    """5 x 8 with tp_size 16: a router and one prefill and one decode server of 2 nodes."""
+    from mdc.describe import explain_text, plan_json
+
+    compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
+    servers = plan_json(compiled.plan, compiled.launch)["servers"]
+    assert [(s["role"], s["nodes"], s["gpus"], s["tp"], s["port"]) for s in servers] == [
+        ("router", [0], 0, 1, 8000),
+        ("prefill", [1, 2], 16, 16, 30001),
+        ("decode", [3, 4], 16, 16, 30003),
+    ]
+    text = explain_text(compiled.plan, compiled.launch)
+    assert "  prefill: nodes 1-2, 16 GPUs (tp 16), HTTP on node 1 port 30001" in text

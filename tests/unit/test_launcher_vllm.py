@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref
 from mdc.emit import write_tree
@@ -304,11 +303,6 @@ def test_unknown_keys_and_bad_modes_are_schema_errors(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------ the Ray node script, run
-
-
-def shellcheck() -> str:
-    found = Path(sys.executable).parent / "shellcheck"
-    return str(found) if found.is_file() else shutil.which("shellcheck") or "shellcheck"
 
 
 STUB_RAY = """#!/usr/bin/env bash

@@ -114,7 +114,7 @@ def test_mla_caches_the_compressed_latent_on_every_tp_rank() -> None:
         assert memory.kv_per_token == per_token  # one byte each, not split over tp
 
 
-def test_a_serving_launcher_without_a_setup_says_no_estimate_is_made(tmp_path: Path) -> None:
+def test_disaggregated_servers_get_the_tighter_roles_estimate(tmp_path: Path) -> None:
     data = {
         "job": {"name": "pd", "command": "python3"},
         "distributed": {
@@ -128,5 +128,9 @@ def test_a_serving_launcher_without_a_setup_says_no_estimate_is_made(tmp_path: P
     }
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(data), encoding="utf-8")
-    (note,) = [d for d in COMPILER.compile(path).diagnostics if d.code == "MDC261"]
-    assert "'sglang_disagg' gives no serving setup" in note.message
+    compiled = COMPILER.compile(path)
+    memory = compiled.plan.serving_memory
+    assert memory is not None and memory.engine == "SGLang (decode)"
+    # the same one-GPU weights as vLLM's tp 1 count, here per GPU of a tp 8 server
+    assert memory.weights < 3 * GIB and memory.share == 0.9
+    assert not [d for d in compiled.diagnostics if d.code == "MDC261"]

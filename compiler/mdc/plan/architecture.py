@@ -147,8 +147,13 @@ def _finding(code: str, message: str, pointer: str, hint: str | None = None) -> 
     return Finding(code=code, message=message, pointer=pointer, hint=hint)
 
 
-def rules(model: ModelTable, tp: int) -> Iterator[Finding]:
-    """What Megatron-Core refuses in these keys, on its conditions (MDC270-279)."""
+def rules(model: ModelTable, tp: int, megatron: bool = True) -> Iterator[Finding]:
+    """What Megatron-Core refuses in these keys, on its conditions (MDC270-279).
+
+    A pattern or list that does not describe every layer (MDC270, 271, 274) leaves the
+    shape undefined for any launcher; the others are Megatron-LM's and Megatron-Core's own
+    rules, applied to the megatron launcher only.
+    """
     layers, pattern = model.num_layers, model.hybrid_override_pattern
     if pattern is not None and layers is not None and len(pattern) != layers:
         # megatron.core.ssm.mamba_hybrid_layer_allocation._allocate_override
@@ -167,6 +172,15 @@ def rules(model: ModelTable, tp: int) -> Iterator[Finding]:
             "/model/moe_layer_freq",
             "give one 0 (dense) or 1 (MoE) per layer",
         )
+    if pattern is not None and MOE in pattern and not model.num_experts:
+        yield _finding(
+            "MDC274",
+            "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
+            "/model/num_experts",
+            "set num_experts",
+        )
+    if not megatron:
+        return
     groups, heads = model.num_query_groups, model.num_attention_heads
     if model.multi_latent_attention and groups is not None and groups != heads:
         # megatron/training/arguments.py: MLA and --group-query-attention exclude each other
@@ -185,13 +199,6 @@ def rules(model: ModelTable, tp: int) -> Iterator[Finding]:
             "Megatron-Core builds them without biases",
             "/model/bias",
             "set bias = false",
-        )
-    if pattern is not None and MOE in pattern and not model.num_experts:
-        yield _finding(
-            "MDC274",
-            "hybrid_override_pattern has MoE layers (E) but num_experts is not set",
-            "/model/num_experts",
-            "set num_experts",
         )
     if model.mtp_num_layers and model.position_embedding in (None, "learned"):
         # megatron/training/arguments.py: MTP needs rope or no position embedding

@@ -552,7 +552,7 @@ def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings) -> None:
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
-    for f in architecture_rules(model, sizes.tp):
+    for f in architecture_rules(model, sizes.tp, spec.distributed.launcher == "megatron"):
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):

@@ -32,6 +32,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    Server,
     ServingSetup,
     Severity,
     Word,
@@ -164,6 +165,16 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
         files=files,
         worker_env=worker_env,
         endpoint=Endpoint(port=_opts(options).port or DEFAULT_PORT),
+        servers=(
+            Server(
+                role="server",
+                nodes=tuple(range(plan.nnodes)),
+                gpus=plan.world_size,
+                tp=plan.sizes.tp,
+                pp=plan.sizes.pp,
+                port=_opts(options).port or DEFAULT_PORT,
+            ),
+        ),
     )
 
 

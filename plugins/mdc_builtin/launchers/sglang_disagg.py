@@ -41,11 +41,13 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    ServingSetup,
     Severity,
     Word,
     out_file,
     read_schema,
 )
+from mdc.api import Server as ApiServer
 from mdc_builtin.launchers._addresses import ipv4_function
 
 HELPER = "launch/sglang_disagg.sh"
@@ -362,7 +364,32 @@ def emit(plan: Plan, options: SglangDisaggOptions | None) -> Launch:
         files=(Artifact.text(HELPER, helper_script(plan, options), executable=True),),
         worker_env=_worker_env(plan, options),
         endpoint=Endpoint(port=options.router_port),
+        servers=servers(plan, options),
     )
+
+
+def servers(plan: Plan, options: SglangDisaggOptions) -> tuple[ApiServer, ...]:
+    """The router on node 0, then each prefill and decode server by its nodes."""
+    split = plan.disagg
+    assert split is not None
+    found = [ApiServer(role="router", nodes=(0,), gpus=0, port=options.router_port)]
+    first = 1
+    for role, count in (("prefill", split.prefill), ("decode", split.decode)):
+        shape = server(plan, options, role)
+        for start in range(first, first + count, shape.nodes):
+            found.append(
+                ApiServer(
+                    role=role,
+                    nodes=tuple(range(start, min(start + shape.nodes, first + count))),
+                    gpus=shape.gpus,
+                    tp=shape.tp,
+                    dp=shape.dp,
+                    ep=shape.ep or 1,
+                    port=options.port + start,
+                )
+            )
+        first += count
+    return tuple(found)
 
 
 def _port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
@@ -511,6 +538,52 @@ def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:
     yield from _port_findings(plan, options)
 
 
+#: the engine settings the serving memory check reads from the servers' arguments
+MEMORY_FLAGS = FlagTable(
+    [
+        KnownFlag(
+            name="--mem-fraction-static",
+            source="server_args",
+            key="share",
+            nargs=1,
+            convert=float,
+        ),
+        KnownFlag(name="--kv-cache-dtype", source="server_args", key="kv_dtype", nargs=1),
+        KnownFlag(
+            name="--context-length", source="server_args", key="max_len", nargs=1, convert=int
+        ),
+    ]
+)
+
+
+def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | None:
+    """The tighter role's servers (fewer GPUs; decode on a tie) for the memory check."""
+    if options is None or plan.disagg is None:
+        return None
+    shapes = [server(plan, options, role) for role in ("decode", "prefill")]
+    shape = min(shapes, key=lambda s: s.gpus)
+    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    share = values.get("share")
+    ep = shape.ep or 1
+    return ServingSetup(
+        engine=f"SGLang ({shape.role})",
+        tp=shape.tp,
+        ep=ep,
+        etp=max(1, shape.tp // ep),
+        share=share if share is not None else ASSUMED_SHARE,
+        share_source="--mem-fraction-static"
+        if share is not None
+        else "assumed; SGLang sizes --mem-fraction-static itself",
+        kv_dtype=values.get("kv_dtype", "auto"),
+        max_len=values.get("max_len"),
+    )
+
+
+#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
+#: assumes this share
+ASSUMED_SHARE = 0.9
+
+
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
@@ -523,6 +596,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             workload="serving",
             emit=emit,
             check=check,
+            serving=serving,
             schema=read_schema("mdc_schemas", "plugins/sglang_disagg.v1.schema.json"),
             options_type=SglangDisaggOptions,
         )

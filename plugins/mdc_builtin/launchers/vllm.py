@@ -45,6 +45,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    Server,
     ServingSetup,
     Severity,
     Word,
@@ -313,12 +314,37 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     }
     if how in ("ray", "dp"):
         worker_env["VLLM_HOST_IP"] = "this node's IPv4 address, from NODE_HOSTS"
-    endpoint = Endpoint(port=_opts(options).port or DEFAULT_PORT, every_node=how == "replicas")
+    port = _opts(options).port or DEFAULT_PORT
+    endpoint = Endpoint(port=port, every_node=how == "replicas")
     return Launch(
         roles=(Role(name="worker", argv=argv, env=env),),
         files=files,
         worker_env=worker_env,
         endpoint=endpoint,
+        servers=servers(plan, options, port),
+    )
+
+
+def servers(plan: Plan, options: VllmOptions | None, port: int) -> tuple[Server, ...]:
+    """One server over the job, or (replicas) one per node."""
+    how, sizes = mode(plan, options), plan.sizes
+    dp = server_dp(plan, options)
+    ep = sizes.tp * dp if sizes.ep > 1 else 1
+    groups = (
+        [(n,) for n in range(plan.nnodes)] if how == "replicas" else [tuple(range(plan.nnodes))]
+    )
+    return tuple(
+        Server(
+            role="replica" if how == "replicas" else "server",
+            nodes=nodes,
+            gpus=sizes.tp * sizes.pp * dp,
+            tp=sizes.tp,
+            pp=sizes.pp,
+            dp=dp,
+            ep=ep,
+            port=port,
+        )
+        for nodes in groups
     )
 
 

