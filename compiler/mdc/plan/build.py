@@ -147,7 +147,7 @@ def build_plan(
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
     stages = None
     if sizes and model is not None:
-        _model_rules(model, sizes, found)
+        _model_rules(model, sizes, found, spec.distributed.launcher)
         if not serving:
             stages = _stages(model, sizes, training, found)
     if layout is not None and sizes is not None and not (disaggregated or serving):
@@ -513,7 +513,7 @@ def _stages(
     return stages
 
 
-def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings) -> None:
+def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings, launcher: str) -> None:
     """The shape rules Megatron-Core applies, with its meaning (the layers per stage:
     :func:`_stages`, by the launcher's own rule; serving engines split layers unevenly)."""
     heads, groups = model.num_attention_heads, model.num_query_groups
@@ -552,7 +552,7 @@ def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings) -> None:
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
-    for f in architecture_rules(model, sizes.tp, spec.distributed.launcher == "megatron"):
+    for f in architecture_rules(model, sizes.tp, launcher == "megatron"):
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
