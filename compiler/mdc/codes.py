@@ -205,7 +205,7 @@ CODES: dict[str, Code] = {
         "keep one of them",
     ),
     "MDC260": Code(
-        "the memory estimate exceeds accelerator_memory_gib",
+        "the model state (weights, gradients, optimizer) alone exceeds accelerator_memory_gib",
         "apply one of the changes the hint prices (more tp/pp/cp, ZeRO, recompute, ...)",
     ),
     "MDC261": Code(
@@ -213,7 +213,7 @@ CODES: dict[str, Code] = {
         "complete the [model] table, or remove accelerator_memory_gib",
     ),
     "MDC262": Code(
-        "warning: the estimate is above 90% of accelerator_memory_gib",
+        "warning: the estimate with activations is above 90% of accelerator_memory_gib (or over it)",
         "leave headroom for what the estimate leaves out (context, buffers, fragmentation)",
     ),
     "MDC270": Code(

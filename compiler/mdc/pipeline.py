@@ -479,16 +479,15 @@ def env_findings(env: Mapping[str, object]) -> Iterator[Finding]:
                 message=f"[job] env {name} needs exactly one of prepend, append and ref",
                 hint=f'for example {name} = {{ prepend = "/opt/tool/bin" }}',
             )
-        elif isinstance(value, EnvValue) and value.ref is not None:
-            if value.ref not in SET_BY_MDC:
-                yield Finding(
-                    code="MDC255",
-                    pointer=f"/job/env/{escape_pointer_token(name)}/ref",
-                    severity=Severity.WARNING,
-                    message=f"{name} takes {value.ref}, which mdc does not set: it comes from "
-                    "the node's environment when the launch script runs (empty if unset)",
-                    hint=f"mdc sets {', '.join(SET_BY_MDC)}",
-                )
+        elif isinstance(value, EnvValue) and value.ref is not None and value.ref not in SET_BY_MDC:
+            yield Finding(
+                code="MDC255",
+                pointer=f"/job/env/{escape_pointer_token(name)}/ref",
+                severity=Severity.WARNING,
+                message=f"{name} takes {value.ref}, which mdc does not set: it comes from "
+                "the node's environment when the launch script runs (empty if unset)",
+                hint=f"mdc sets {', '.join(SET_BY_MDC)}",
+            )
 
 
 def _serving_memory(

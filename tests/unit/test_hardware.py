@@ -87,9 +87,10 @@ def test_an_explicit_memory_wins(tmp_path: Path) -> None:
 
 
 def test_the_estimate_is_checked_against_the_model_memory(tmp_path: Path) -> None:
-    """A100 40GB cannot hold Llama-3-70B at tp 8, pp 8 with 8k sequences: MDC260."""
+    """On A100 40GB, Llama-3-70B at tp 8, pp 8 with 8k sequences keeps its model state in
+    memory but its estimated activations do not fit: a warning (MDC262), not a refusal."""
     code, _, err = _run(_spec(tmp_path, 'accelerator_model = "a100-40gb"\n'), "validate")
-    assert code == 1 and "MDC260" in err and "accelerator_memory_gib = 40" in err
+    assert code == 0 and "MDC262" in err and "accelerator_memory_gib = 40" in err
 
 
 def test_an_unknown_model_is_located_and_lists_the_known_ones(tmp_path: Path) -> None:
