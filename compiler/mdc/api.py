@@ -35,6 +35,7 @@ from mdc.plan.model import (
     TrainingSetup,
 )
 from mdc.plan.serving_memory import ServingSetup
+from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
 from mdc.runtime import (
     MASTER_ADDR,
     MASTER_PORT,
@@ -287,6 +288,7 @@ __all__ = [
     "MemoryEstimate",
     "ModelTable",
     "NodeRole",
+    "PipelineSplit",
     "Plan",
     "RankLayout",
     "Ref",
@@ -294,6 +296,8 @@ __all__ = [
     "Role",
     "Severity",
     "Sizes",
+    "StageLayers",
+    "StageRun",
     "TorchrunOptions",
     "TrainingSetup",
     "Word",
@@ -302,6 +306,7 @@ __all__ = [
     "drop_flags",
     "flag_names",
     "out_file",
+    "parse_layout",
     "program",
     "read_schema",
     "refs_in",
@@ -315,4 +320,5 @@ __all__ = [
     "torchrun_env",
     "torchrun_findings",
     "torchrun_worker_env",
+    "torchtitan_shares",
 ]

@@ -34,6 +34,7 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (360, 369, "vllm"),
     (370, 379, "sglang"),
     (380, 389, "sglang_disagg"),
+    (390, 399, "Pipeline stages (TorchTitan) and framework models"),
     (400, 409, "local"),
     (410, 429, "slurm"),
     (430, 439, "ssh"),
@@ -136,7 +137,11 @@ CODES: dict[str, Code] = {
         "num_query_groups is neither a multiple nor a divisor of tp",
         "pick tp or num_query_groups so that one divides the other",
     ),
-    "MDC222": Code("num_layers is not divisible by pp", "pick pp from the hint"),
+    "MDC222": Code(
+        "num_layers (plus the embedding and loss when Megatron counts them) is not divisible by pp",
+        "pick pp from the hint, or (megatron) an uneven split: the account_for_* keys or "
+        "first/last stage layer counts",
+    ),
     "MDC223": Code(
         "the layers per pipeline stage are not divisible by vpp",
         "pick vpp dividing the layers per stage",
@@ -149,6 +154,19 @@ CODES: dict[str, Code] = {
     "MDC226": Code(
         "num_attention_heads is not a multiple of num_query_groups",
         "pick num_query_groups from the hint",
+    ),
+    "MDC227": Code(
+        "Megatron refuses the uneven pipeline split: first/last stage layer counts with the "
+        "embedding/loss accounting, counts not divisible by vpp, middle layers that do not "
+        "divide over the middle stages, or a stage left without layers (a warning when "
+        "megatron-core builds fewer layers than num_layers)",
+        "follow the hint: change the first/last stage counts, vpp, or the accounting keys",
+    ),
+    "MDC228": Code(
+        "Megatron refuses the pipeline_model_parallel_layout: it does not parse, its stage "
+        "count is not a multiple of pp, it disagrees with vpp or num_layers, it is combined "
+        "with other split keys, or it misplaces the embedding, loss or MTP layers",
+        "write E, t, m, L stages separated by |, pp * vpp of them, holding num_layers t's",
     ),
     "MDC231": Code(
         "the backend does not run this launcher",
@@ -444,6 +462,15 @@ CODES: dict[str, Code] = {
         "remove it; set the [sglang_disagg] key the message names",
     ),
     # local
+    "MDC390": Code(
+        "TorchTitan cannot split the layers over pp * vpp stages: more stages than layers plus "
+        "the first/last stage weights, or a weight above the smallest share",
+        "use fewer pipeline stages, or smaller pipeline_parallel_*_stage_less_layers",
+    ),
+    "MDC393": Code(
+        "a [model] value contradicts the model the framework builds (TorchTitan's flavor)",
+        "remove the key (it is taken from the flavor) or write the flavor's value",
+    ),
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
     "MDC402": Code(
         "warning: several nodes on one machine share its GPUs",

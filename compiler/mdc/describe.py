@@ -88,6 +88,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "groups": groups,
         "disagg": _plain(plan.disagg),
         "model": _plain(plan.model),
+        "pipeline_stages": plan.stages.as_json() if plan.stages else None,
         "memory": memory_json(plan.memory),
         **_predicted_json(plan),
         "options": _plain(dict(plan.options)),
@@ -171,7 +172,7 @@ def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
     m = memory
     return {
         "params": {"total": m.params_total, "per_gpu": m.params_per_gpu},
-        "stage": {"name": m.stage, "layers": m.stage_layers},
+        "stage": {"name": m.stage, "rank": m.stage_rank, "layers": m.stage_layers},
         "dtype": m.dtype,
         "bytes_per_param": {
             "weights": m.weight_bytes,
@@ -209,6 +210,7 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
     stage = {
         "only": "",
         "first": f" on the first pipeline stage, {m.stage_layers} layers + input embedding",
+        "middle": f" on pipeline stage {m.stage_rank}, {m.stage_layers} layers",
         "last": f" on the last pipeline stage, {m.stage_layers} layers + output layer",
     }[m.stage]
     experts = f", experts over expert-dp {m.expert_shard}" if m.expert_shard != m.shard else ""
@@ -235,6 +237,29 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
         ),
         f"  total       {_gib(m.total)}   {verdict}",
     ]
+
+
+def stage_lines(plan: Plan) -> list[str]:
+    """The decoder layers of each pipeline stage, for ``mdc explain``."""
+    stages = plan.stages
+    if stages is None or stages.pp == 1:
+        return []
+    pp = stages.pp
+    lines = ["pipeline stages (decoder layers; per virtual stage in brackets):"]
+    for run in stages.runs:
+        # the first and the last rank stand alone: they also hold the embedding / output
+        cuts = sorted({run.first_rank, run.first_rank + run.count} | {1, pp - 1} - {0, pp})
+        bounds = [c for c in cuts if run.first_rank <= c <= run.first_rank + run.count]
+        bounds = sorted({run.first_rank, *bounds, run.first_rank + run.count})
+        for start, end in zip(bounds, bounds[1:], strict=False):
+            ranks = f"{start}" if end - start == 1 else f"{start}..{end - 1}"
+            ends = [
+                n for n, on in (("input embedding", start == 0), ("output layer", end == pp)) if on
+            ]
+            chunks = f" [{' '.join(map(str, run.chunks))}]" if stages.vpp > 1 else ""
+            more = f" + {' + '.join(ends)}" if ends else ""
+            lines.append(f"  stage {ranks}: {run.layers} layers{chunks}{more}")
+    return lines
 
 
 def _ranks(ranks: tuple[int, ...], limit: int = 16) -> str:
@@ -298,6 +323,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         listed = [_ranks(group_set[i]) for i in range(min(group_set.count, MAX_SHOWN))]
         more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
+    lines += stage_lines(plan)
     lines += memory_lines(plan.memory)
     lines += server_lines(launch)
     lines += serving_memory.lines(plan.serving_memory)

@@ -116,6 +116,21 @@ FLAGS: dict[str, Flag] = {
     "--num-virtual-stages-per-pipeline-rank": Flag(
         int, ModelParallelConfig, "virtual_pipeline_model_parallel_size"
     ),
+    "--decoder-first-pipeline-num-layers": Flag(
+        int, TransformerConfig, "num_layers_in_first_pipeline_stage"
+    ),
+    "--decoder-last-pipeline-num-layers": Flag(
+        int, TransformerConfig, "num_layers_in_last_pipeline_stage"
+    ),
+    "--account-for-embedding-in-pipeline-split": Flag(
+        bool, TransformerConfig, "account_for_embedding_in_pipeline_split"
+    ),
+    "--account-for-loss-in-pipeline-split": Flag(
+        bool, TransformerConfig, "account_for_loss_in_pipeline_split"
+    ),
+    "--pipeline-model-parallel-layout": Flag(
+        str, TransformerConfig, "pipeline_model_parallel_layout"
+    ),
     "--use-tp-pp-dp-mapping": Flag(bool, parallel_state.initialize_model_parallel, "order"),
     "--sequence-parallel": Flag(bool, ModelParallelConfig, "sequence_parallel"),
     "--use-distributed-optimizer": Flag(

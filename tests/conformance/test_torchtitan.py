@@ -171,6 +171,10 @@ def spec(
         },
         "parallelism": parallelism,
     }
+    if torchtitan is None or "model" not in torchtitan:
+        # a model the user registers with TorchTitan (not in its registry): [model] gives
+        # its shape, free of a registered flavor's
+        torchtitan = {"model": "my_llm", "flavor": "custom", **(torchtitan or {})}
     for key, value in (("model", model), ("batch", batch), ("torchtitan", torchtitan)):
         if value is not None:
             data[key] = value
@@ -439,7 +443,7 @@ SPECS: dict[str, dict[str, Any]] = {
         2,
         1,
         ep=4,
-        model={**LLAMA, "num_experts": 8},
+        model={"seq_length": 4096},  # the rest, 64 experts included, from the flavor
         torchtitan={"model": "deepseek_v3", "flavor": "16B"},
     ),
     "moe-etp1-cp": spec(2, 1, cp=2, ep=2, etp=1, model={**LLAMA, "num_experts": 4}),
@@ -718,11 +722,10 @@ def test_pipeline_microbatch_rejected_exactly_when_torchtitan_rejects_it(
 
 STAGE_CASES = [
     (layers, pp, vpp, schedule)
-    for layers in (8, 16, 30, 32)
-    for pp in (2, 4)
+    for layers in (5, 30, 32)
+    for pp in (2, 3, 4)
     for vpp in (None, 2, 3, 4)
     for schedule in (None, "1F1B", "Interleaved1F1B", "DualPipeV")
-    if layers % pp == 0 and (vpp is None or (layers // pp) % vpp == 0)
 ]
 
 
@@ -744,9 +747,11 @@ def test_pipeline_stages_are_what_torchtitan_makes(
         tmp_path / "out",
     )
     if code != 0:
-        assert "MDC336" in stderr, stderr
+        assert "MDC336" in stderr or "MDC390" in stderr, stderr
     name = schedule or ("Interleaved1F1B" if vpp else "1F1B")
     looped = name != "1F1B"
+    # without vpp a looped schedule makes TorchTitan's default of 2 stages per rank
+    vpp = vpp or (2 if looped else None)
     wanted = pp * (vpp or 1)
     # TorchTitan, given what mdc would write: the schedule, and the layers per stage when
     # mdc found one (else none: TorchTitan's default of 1 or 2 stages per rank)

@@ -663,9 +663,18 @@ def test_context_parallel_divides_the_sequence() -> None:
 def test_pipeline_first_stage_holds_pp_microbatches(pp: int, gas: int, vpp: int | None) -> None:
     first, last = stages(classic_plan(tp=2, pp=pp, gas=gas, vpp=vpp))
     per_layer = korthikanti_layer(S, 2, 2)
-    interleave = 1 + Fraction(pp - 1, pp * vpp) if vpp else 1
-    assert first.activations == math.ceil(L // pp * per_layer * min(pp, gas) * interleave)
-    assert last.activations == math.ceil(L // pp * per_layer + logits(S, 2, 2))
+    if vpp:
+        # Megatron's interleaved schedule: rank r warms up (pp - r - 1) * 2 + (vpp - 1) * pp
+        # model chunks of L / (pp * vpp) layers (at most gas * vpp), and holds one more
+        def held(rank: int) -> Fraction:
+            chunks = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, gas * vpp)
+            return chunks * Fraction(L, pp * vpp)
+
+        assert first.activations == math.ceil(held(0) * per_layer)
+        assert last.activations == math.ceil(held(pp - 1) * per_layer + logits(S, 2, 2))
+    else:
+        assert first.activations == math.ceil(L // pp * per_layer * min(pp, gas))
+        assert last.activations == math.ceil(L // pp * per_layer + logits(S, 2, 2))
     assert (first.in_flight, last.in_flight) == (min(pp, gas), 1)
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import shlex
 from collections.abc import Callable
+from typing import Any
+
+import attrs
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
 from mdc.plan.architecture import rules as architecture_rules
@@ -24,7 +27,8 @@ from mdc.plan.model import (
     TrainingSetup,
 )
 from mdc.plan.ranks import RankGrid, complete_order, divisors
-from mdc.spec import JobSpec
+from mdc.plan.stages import Model, StageLayers, layout_vpp, split_layers
+from mdc.spec import JobSpec, ModelTable
 
 Locate = Callable[[str], SourceLocation]
 
@@ -118,6 +122,8 @@ def build_plan(
     :returns: the plan (None if any error) and every finding, warnings included.
     """
     found = _Findings(locate)
+    training = training or TrainingSetup()
+    model = _framework_model(spec.model, training, found)
     dist = spec.distributed
     nnodes = dist.nnodes or 1
     nproc = dist.nproc_per_node or 1
@@ -131,14 +137,19 @@ def build_plan(
             f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
         )
     sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found, disaggregated or serving)
+    if sizes is not None and not serving:
+        sizes = _layout_vpp(sizes, training, found)
     if sizes:
         batch = _batch(spec, sizes, found)
     else:
         batch = None
         _batch_without_dp(spec, found)
     roles, disagg = _roles(spec, nnodes, disaggregated, found)
-    if sizes and spec.model is not None:
-        _model_rules(spec, sizes, found, serving)
+    stages = None
+    if sizes and model is not None:
+        _model_rules(model, sizes, found, spec.distributed.launcher)
+        if not serving:
+            stages = _stages(model, sizes, training, found)
     if layout is not None and sizes is not None and not (disaggregated or serving):
         # a serving engine's tp spanning nodes is a deployment choice (multi-node servers)
         _span_warnings(layout, sizes, nproc, found)
@@ -146,9 +157,11 @@ def build_plan(
     if not found.errors and sizes is not None:
         memory = _memory(
             spec,
+            model,
             sizes,
+            stages,
             batch,
-            training or TrainingSetup(),
+            training,
             disaggregated or serving,
             nnodes * nproc,
             nproc,
@@ -174,9 +187,10 @@ def build_plan(
         ),
         roles=roles,
         disagg=disagg,
-        model=spec.model,
+        model=model,
         options=spec.plugin_tables,
-        training=training or TrainingSetup(),
+        training=training,
+        stages=stages,
         memory=memory,
         warnings=tuple(found.items),
     )
@@ -430,15 +444,78 @@ def _roles(
     return roles, split
 
 
-def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -> None:
-    """The shape rules Megatron-Core applies, with its meaning.
+def _framework_model(
+    model: ModelTable | None, training: TrainingSetup, found: _Findings
+) -> ModelTable | None:
+    """[model] with what the launcher's framework fixes (TorchTitan's flavor) filled in;
+    a written value that differs is refused (MDC393): the framework builds its own."""
+    shape = training.model_shape
+    if not shape:
+        return model
+    model = model or ModelTable()
+    filled: dict[str, object] = {}
+    for key, value in shape:
+        written = getattr(model, key, None)
+        if written is None:
+            filled[key] = value
+        elif written != value:
+            found.add(
+                "MDC393",
+                f"[model] {key} = {written!r}, but {training.model_source} has {key} = "
+                f"{value!r}, and that is the model the framework builds",
+                f"/model/{key}",
+                f"remove {key} (it is taken from {training.model_source}) or write {value!r}",
+            )
+    known: dict[str, Any] = {k: v for k, v in filled.items() if k in attrs.fields_dict(ModelTable)}
+    return attrs.evolve(model, **known)
 
-    Serving engines (vLLM, SGLang) split layers unevenly over pipeline stages, so the
-    layers-per-stage rules are training's only.
-    """
-    model = spec.model
-    if model is None:
-        return
+
+def _layout_vpp(sizes: Sizes, training: TrainingSetup, found: _Findings) -> Sizes:
+    """The virtual stages per rank the framework makes when vpp is not written: a Megatron
+    layout string's, or TorchTitan's default for a looped schedule."""
+    split = training.pipeline
+    if split.default_vpp is not None and sizes.vpp is None and sizes.pp > 1:
+        return attrs.evolve(sizes, vpp=split.default_vpp)
+    if split.rule != "megatron" or split.layout is None:
+        return sizes
+    implied, findings = layout_vpp(split, sizes.pp)
+    for f in findings:
+        found.add(f.code, f.message, f.pointer, f.hint, f.severity)
+    if implied is not None and sizes.vpp is None:
+        if sizes.pp == 1:
+            found.add(
+                "MDC228",
+                f"pipeline_model_parallel_layout gives {implied} virtual stages per rank, "
+                "which needs pp > 1 (Megatron-LM: 'When interleaved schedule is used, "
+                "pipeline-model-parallel size should be greater than 1')",
+                split.pointer("layout"),
+                "write one stage per pipeline rank, or set pp > 1",
+            )
+        return attrs.evolve(sizes, vpp=implied)
+    return sizes
+
+
+def _stages(
+    model: ModelTable, sizes: Sizes, training: TrainingSetup, found: _Findings
+) -> StageLayers | None:
+    """The layers of every pipeline stage, by the launcher's framework's rule."""
+    if not model.num_layers:
+        return None
+    mtp = getattr(model, "mtp_num_layers", None)
+    stages, findings = split_layers(
+        training.pipeline,
+        Model(layers=model.num_layers, mtp_layers=mtp if isinstance(mtp, int) else None),
+        sizes.pp,
+        sizes.vpp,
+    )
+    for f in findings:
+        found.add(f.code, f.message, f.pointer, f.hint, f.severity)
+    return stages
+
+
+def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings, launcher: str) -> None:
+    """The shape rules Megatron-Core applies, with its meaning (the layers per stage:
+    :func:`_stages`, by the launcher's own rule; serving engines split layers unevenly)."""
     heads, groups = model.num_attention_heads, model.num_query_groups
     if heads and heads % sizes.tp:
         found.add(
@@ -460,23 +537,6 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
             f"num_query_groups ({groups}) must be a multiple or divisor of tp ({sizes.tp})",
             "/model/num_query_groups",
         )
-    layers = None if serving else model.num_layers
-    if layers and layers % sizes.pp:
-        found.add(
-            "MDC222",
-            f"num_layers ({layers}) is not divisible by pp ({sizes.pp})",
-            "/model/num_layers",
-            f"pp can be one of {_listing(divisors(layers))}",
-        )
-    elif layers and sizes.vpp and (layers // sizes.pp) % sizes.vpp:
-        per_stage = layers // sizes.pp
-        found.add(
-            "MDC223",
-            f"layers per pipeline stage ({layers} / {sizes.pp} = {per_stage}) "
-            f"is not divisible by vpp ({sizes.vpp})",
-            "/parallelism/vpp",
-            f"vpp can be one of {_listing([d for d in divisors(per_stage) if d > 1])}",
-        )
     experts = model.num_experts
     if sizes.ep > 1 and not experts:
         found.add(
@@ -492,7 +552,7 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
-    for f in architecture_rules(model, sizes.tp, spec.distributed.launcher == "megatron"):
+    for f in architecture_rules(model, sizes.tp, launcher == "megatron"):
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
     if seq and sizes.cp > 1 and seq % (2 * sizes.cp):
@@ -505,7 +565,9 @@ def _model_rules(spec: JobSpec, sizes: Sizes, found: _Findings, serving: bool) -
 
 def _memory(
     spec: JobSpec,
+    model: ModelTable | None,
     sizes: Sizes,
+    stages: StageLayers | None,
     batch: BatchPlan | None,
     training: TrainingSetup,
     serving: bool,
@@ -524,7 +586,7 @@ def _memory(
         etp_follows_tp=spec.parallelism.etp is None,
         order=spec.parallelism.order or DEFAULT_ORDER,
     )
-    memory, findings = plan_memory(spec.model, sizes, batch, training, capacity, context)
+    memory, findings = plan_memory(model, sizes, batch, training, capacity, context, stages)
     for f in findings:
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     return memory

@@ -116,6 +116,7 @@ from mdc.plan.architecture import (
 )
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
+from mdc.plan.stages import Model, StageLayers, split_layers
 from mdc.spec import ModelTable
 
 GIB = 1 << 30
@@ -365,8 +366,10 @@ class MemoryEstimate:
     params_total: int
     #: parameters one GPU of that stage holds (its tp/ep shard), before ZeRO-3 sharding
     params_per_gpu: int
-    #: "only" (pp = 1), "first" or "last": the heaviest pipeline stage
+    #: "only" (pp = 1), "first", "middle" or "last": the heaviest pipeline stage
     stage: str
+    #: its pipeline rank
+    stage_rank: int
     #: transformer layers on that stage
     stage_layers: int
     dtype: str
@@ -577,18 +580,65 @@ def _dispatch_buffer(
     return act * local * sizes.tp * sizes.ep * shape.hidden
 
 
+def _stage_split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
+    """The launcher's split of the layers over the stages (None: its framework refuses)."""
+    model = Model(layers=shape.layers, mtp_layers=shape.mtp_layers or None)
+    stages, _ = split_layers(training.pipeline, model, sizes.pp, sizes.vpp)
+    return stages
+
+
+def _spans(
+    shape: Shape, sizes: Sizes, training: TrainingSetup, stages: StageLayers | None
+) -> dict[int, list[tuple[int, int]]]:
+    """The layer index ranges of each pipeline rank that can be the heaviest; a split the
+    framework refuses falls back to ceil(layers / pp) on the first and the last rank."""
+    pp = sizes.pp
+    stages = stages or _stage_split(shape, sizes, training)
+    if stages is None:
+        even = _ceil(Fraction(shape.layers, pp))
+        return {0: [(0, even)], pp - 1: [(max(shape.layers - even, 0), shape.layers)]}
+    return {rank: stages.layer_spans(rank) for rank in stages.candidate_ranks()}
+
+
+def _parts_of(shape: Shape, spans: list[tuple[int, int]]) -> Parts:
+    each = [shape.pattern.parts(start, stop) for start, stop in spans]
+    return Parts(
+        attention=sum(p.attention for p in each),
+        mlp=sum(p.mlp for p in each),
+        moe=sum(p.moe for p in each),
+        mamba=sum(p.mamba for p in each),
+    )
+
+
+def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
+    """(micro batches whose activations pipeline rank ``rank`` holds at once, the share of
+    its layers' activations each holds). 1F1B: pp - rank, at most the micro batches.
+    Megatron's interleaved schedule warms up (pp - rank - 1) * 2 + (vpp - 1) * pp model
+    chunks (at most microbatches * vpp) and holds one more: that many chunks of
+    layers / vpp each."""
+    held = min(pp - rank, microbatches)
+    if not vpp:
+        return held, Fraction(1)
+    chunks = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
+    return held, Fraction(chunks, vpp * held)
+
+
 def stage_estimates(
     shape: Shape,
     sizes: Sizes,
     batch: BatchPlan | None,
     training: TrainingSetup,
     capacity: int | None = None,
+    stages: StageLayers | None = None,
 ) -> list[MemoryEstimate]:
-    """Per-GPU memory of the first and the last pipeline stage (one entry when pp = 1)."""
+    """Per-GPU memory of each pipeline rank that can be the heaviest (one entry when pp = 1).
+
+    ``stages``: the layers of every stage (default: the launcher's rule applied to
+    ``shape``).
+    """
     tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
-    per_stage = _ceil(Fraction(shape.layers, pp))
     embedding = _embedding(shape, tp)
     output = _split(shape.vocab, tp) * shape.hidden
     logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
@@ -601,22 +651,7 @@ def stage_estimates(
     mtp_kept, _ = _activations(shape, mtp_parts, 1, sizes, micro, training)
     heads = logits * (1 + shape.mtp_layers)
     last_extra = (mtp, mtp_kept * shape.mtp_layers)
-    # (name, first layer, ends' parameters, micro batches in flight, logits, MTP)
-    if pp == 1:
-        stages = [("only", 0, embedding + (0 if shape.tied else output), 1, heads, last_extra)]
-    else:
-        none = (_LayerParams(dense=0, expert=0), Fraction(0))
-        stages = [
-            ("first", 0, embedding, min(pp, microbatches), Fraction(0), none),
-            (
-                "last",
-                shape.layers - per_stage,
-                output + mtp_embedding,
-                1,
-                heads,
-                last_extra,
-            ),
-        ]
+    none = (_LayerParams(dense=0, expert=0), Fraction(0))
     w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
     layer_w = training.layer_weight_bytes or w
     g = training.grad_bytes or w
@@ -626,9 +661,26 @@ def stage_estimates(
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
-    for name, first, ends, in_flight, head, (extra_params, extra_kept) in stages:
-        stop = first + per_stage
-        params = _layers(shape, first, stop, tp, ep, etp) + extra_params
+    for rank, spans in _spans(shape, sizes, training, stages).items():
+        # (name, ends' parameters, logits, MTP)
+        if pp == 1:
+            name, ends, head, extra = (
+                "only",
+                embedding + (0 if shape.tied else output),
+                heads,
+                last_extra,
+            )
+        elif rank == 0:
+            name, ends, head, extra = "first", embedding, Fraction(0), none
+        elif rank == pp - 1:
+            name, ends, head, extra = "last", output + mtp_embedding, heads, last_extra
+        else:
+            name, ends, head, extra = "middle", 0, Fraction(0), none
+        extra_params, extra_kept = extra
+        in_flight, factor = _in_flight(rank, pp, sizes.vpp, microbatches)
+        per_stage = sum(stop - start for start, stop in spans)
+        parts = _parts_of(shape, spans)
+        params = _parts(shape, parts, tp, ep, etp) + extra_params
         dense, expert = params.dense + ends, params.expert
 
         def sharded(
@@ -639,11 +691,7 @@ def stage_estimates(
                 Fraction(dense, shard if on else 1) + Fraction(expert, expert_shard if on else 1)
             )
 
-        factor = Fraction(1)
-        if name == "first" and sizes.vpp:
-            factor += Fraction(pp - 1, pp * sizes.vpp)
-        parts = shape.pattern.parts(first, stop)
-        kept, heaviest = _activations(shape, parts, stop - first, sizes, micro, training)
+        kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
         recomputing = heaviest if training.recompute == "full" else 0
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
@@ -660,6 +708,7 @@ def stage_estimates(
                 params_total=parameter_count(shape),
                 params_per_gpu=dense + expert,
                 stage=name,
+                stage_rank=rank,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
                 weight_bytes=layer_w,
@@ -689,10 +738,11 @@ def estimate(
     batch: BatchPlan | None,
     training: TrainingSetup,
     capacity: int | None = None,
+    stages: StageLayers | None = None,
 ) -> MemoryEstimate:
-    """Per-GPU memory of the heavier of the first and the last pipeline stage."""
-    stages = stage_estimates(shape, sizes, batch, training, capacity)
-    return max(stages, key=lambda e: e.total)  # the first on a tie
+    """Per-GPU memory of the heaviest pipeline stage."""
+    found = stage_estimates(shape, sizes, batch, training, capacity, stages)
+    return max(found, key=lambda e: e.total)  # the first on a tie
 
 
 # ----------------------------------------------------------------------------- findings
@@ -724,6 +774,7 @@ def _resized(
     sizes: Sizes,
     context: Context,
     shape: Shape,
+    training: TrainingSetup,
     *,
     tp: int | None = None,
     pp: int | None = None,
@@ -739,13 +790,14 @@ def _resized(
     if pp > 1 and not context.order.endswith("pp") and dp != edp:
         return None
     g = shape.groups
-    if shape.heads % tp or (g % tp and tp % g) or shape.layers % pp:
-        return None
-    if sizes.vpp and (shape.layers // pp) % sizes.vpp:
+    if shape.heads % tp or (g % tp and tp % g):
         return None
     if cp > 1 and shape.seq % (2 * cp):
         return None
-    return attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
+    resized = attrs.evolve(sizes, tp=tp, pp=pp, cp=cp, etp=etp, dp=dp, edp=edp)
+    if pp != sizes.pp and _stage_split(shape, resized, training) is None:
+        return None
+    return resized
 
 
 def _rebatched(
@@ -776,7 +828,7 @@ def _levers(
         for value in divisors(context.world):
             if value <= current:
                 continue
-            resized = _resized(sizes, context, shape, **{axis: value})
+            resized = _resized(sizes, context, shape, training, **{axis: value})
             if resized is None:
                 continue
             divides, rebatched = _rebatched(batch, resized.dp, context)
@@ -880,6 +932,7 @@ def plan_memory(
     training: TrainingSetup,
     capacity_gib: float | None,
     context: Context,
+    stages: StageLayers | None = None,
 ) -> tuple[MemoryEstimate | None, list[Finding]]:
     """The estimate (None without a complete [model]) and the fit findings (MDC260-262)."""
     pointer = "/distributed/accelerator_memory_gib"
@@ -912,14 +965,19 @@ def plan_memory(
                 hint=f"add {', '.join(missing)} to [model]",
             )
         ]
-    found = estimate(shape, sizes, batch, training, capacity)
+    found = estimate(shape, sizes, batch, training, capacity, stages)
     if capacity is None:
         return found, []
     parts = (
         f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
         f"{gib(found.optimizer)} + activations {gib(found.activations)}"
     )
-    where = "per GPU" if found.stage == "only" else f"per GPU on the {found.stage} pipeline stage"
+    where = (
+        "per GPU"
+        if found.stage == "only"
+        else f"per GPU on pipeline stage {found.stage_rank} ({found.stage}, "
+        f"{found.stage_layers} layers)"
+    )
     limit = f"accelerator_memory_gib = {_number(capacity_gib or 0)}"
     if found.total > capacity:
         return found, [

@@ -10,6 +10,7 @@ import attrs
 from mdc.errors import Diagnostic
 from mdc.hardware import Accelerator
 from mdc.plan.ranks import GroupSet, RankGrid
+from mdc.plan.stages import PipelineSplit, StageLayers
 from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
@@ -116,6 +117,13 @@ class TrainingSetup:
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
     #: stage shards within each (over dp * cp / replicas ranks); must divide dp
     replicas: int = 1
+    #: how the launcher's framework places layers on pipeline stages
+    pipeline: PipelineSplit = PipelineSplit()
+    #: [model] values the launcher's framework fixes (e.g. TorchTitan's flavor), as (key,
+    #: value) pairs: they fill what [model] leaves out, and a different written value is
+    #: refused; "source" names them
+    model_shape: tuple[tuple[str, object], ...] = ()
+    model_source: str = ""
     #: bytes per weight element when the launcher keeps them in another precision than
     #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
     weight_bytes: int | None = None
@@ -172,6 +180,8 @@ class Plan:
     hosts: tuple[str, ...] | None = None
     #: how the launcher trains (for the memory estimate)
     training: TrainingSetup = TrainingSetup()
+    #: the decoder layers of every pipeline stage (None without [model] num_layers)
+    stages: StageLayers | None = None
     #: parameter count and per-GPU memory (None without a complete [model] table)
     memory: MemoryEstimate | None = None
     #: a serving launcher's weights and KV cache per GPU (None without [model] and memory)

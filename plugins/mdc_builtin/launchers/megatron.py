@@ -27,6 +27,7 @@ from mdc.api import (
     Launch,
     LauncherSpec,
     ModelTable,
+    PipelineSplit,
     Plan,
     Role,
     Severity,
@@ -49,10 +50,7 @@ DEFAULT_ORDER = "tp-cp-ep-dp-pp"
 TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
 #: Megatron-LM's flags that select the same setting as one mdc emits (a second spelling).
 ALIASES: Mapping[str, tuple[str, ...]] = {
-    "--num-virtual-stages-per-pipeline-rank": (
-        "--num-layers-per-virtual-pipeline-stage",
-        "--pipeline-model-parallel-layout",
-    ),
+    "--num-virtual-stages-per-pipeline-rank": ("--num-layers-per-virtual-pipeline-stage",),
     "--num-layers": ("--encoder-num-layers",),
     "--recompute-granularity": ("--recompute-activations",),
     "--tensor-model-parallel-size": ("--model-parallel-size",),
@@ -74,6 +72,21 @@ SWITCHES: Mapping[str, str] = {
     "--expert-model-parallel-size": "[parallelism] ep",
     "--expert-tensor-parallel-size": "[parallelism] etp",
     "--num-virtual-stages-per-pipeline-rank": "[parallelism] vpp",
+    "--decoder-first-pipeline-num-layers": "[megatron] decoder_first_pipeline_num_layers",
+    "--decoder-last-pipeline-num-layers": "[megatron] decoder_last_pipeline_num_layers",
+    "--account-for-embedding-in-pipeline-split": (
+        "[megatron] account_for_embedding_in_pipeline_split"
+    ),
+    "--account-for-loss-in-pipeline-split": "[megatron] account_for_loss_in_pipeline_split",
+    "--pipeline-model-parallel-layout": "[megatron] pipeline_model_parallel_layout",
+}
+#: the [megatron] keys that place layers on pipeline stages, and their flags
+PIPELINE_KEYS: Mapping[str, str] = {
+    "decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers",
+    "decoder_last_pipeline_num_layers": "--decoder-last-pipeline-num-layers",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
 }
 #: Megatron-FSDP / torch FSDP2 flags: they need CUDA_DEVICE_MAX_CONNECTIONS unset.
 FSDP_FLAGS = ("--use-torch-fsdp2", "--use-megatron-fsdp")
@@ -150,6 +163,11 @@ class MegatronOptions:
     recompute_modules: tuple[str, ...] | None = None
     max_position_embeddings: int | None = None
     fp8_format: str | None = None
+    decoder_first_pipeline_num_layers: int | None = None
+    decoder_last_pipeline_num_layers: int | None = None
+    account_for_embedding_in_pipeline_split: bool | None = None
+    account_for_loss_in_pipeline_split: bool | None = None
+    pipeline_model_parallel_layout: str | None = None
     fp8_recipe: str | None = None
     fp8_param_gather: bool | None = None
     use_megatron_fsdp: bool | None = None
@@ -354,8 +372,18 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         "--expert-tensor-parallel-size",
         str(s.etp),
     ]
-    if s.vpp is not None:
+    if opts.pipeline_model_parallel_layout is not None:
+        # the layout gives the virtual stages; Megatron-LM takes only one of the two
+        args += ["--pipeline-model-parallel-layout", opts.pipeline_model_parallel_layout]
+    elif s.vpp is not None:
         args += ["--num-virtual-stages-per-pipeline-rank", str(s.vpp)]
+    for key in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        value = getattr(opts, key)
+        if value is not None:
+            args += [PIPELINE_KEYS[key], str(value)]
+    for key in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(opts, key):
+            args.append(PIPELINE_KEYS[key])
     if megatron_order(plan) == TP_PP_DP_ORDER:
         args.append("--use-tp-pp-dp-mapping")
     if _sequence_parallel(plan, opts):
@@ -540,11 +568,17 @@ FLAGS = FlagTable(
         _readable("recompute_num_layers", 1, convert=int),
         _readable("max_position_embeddings", 1, convert=int),
         _readable("fp8_format", 1, choices=("e4m3", "hybrid")),
+        _readable("decoder_first_pipeline_num_layers", 1, convert=int),
+        _readable("decoder_last_pipeline_num_layers", 1, convert=int),
+        _readable("account_for_embedding_in_pipeline_split"),
+        _readable("account_for_loss_in_pipeline_split"),
+        _readable("pipeline_model_parallel_layout", 1),
         *OPTION_FLAGS,
         *(
             KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
             for flag, source in [*SWITCHES.items(), *SOURCES.items()]
             if not flag.startswith("--recompute-")
+            and flag not in PIPELINE_KEYS.values()
             and flag
             not in (
                 "--sequence-parallel",
@@ -1208,6 +1242,28 @@ def _grad_bytes(opts: MegatronOptions) -> int:
     return 4
 
 
+def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
+    """Megatron-LM's rule for placing layers on pipeline stages, with the [megatron] keys."""
+    return PipelineSplit(
+        rule="megatron",
+        first=opts.decoder_first_pipeline_num_layers,
+        last=opts.decoder_last_pipeline_num_layers,
+        embedding=bool(opts.account_for_embedding_in_pipeline_split),
+        loss=bool(opts.account_for_loss_in_pipeline_split),
+        layout=opts.pipeline_model_parallel_layout,
+        pointers=tuple(
+            (name, _at(opts, key))
+            for name, key in (
+                ("first", "decoder_first_pipeline_num_layers"),
+                ("last", "decoder_last_pipeline_num_layers"),
+                ("embedding", "account_for_embedding_in_pipeline_split"),
+                ("loss", "account_for_loss_in_pipeline_split"),
+                ("layout", "pipeline_model_parallel_layout"),
+            )
+        ),
+    )
+
+
 def training(options: MegatronOptions | None) -> TrainingSetup:
     opts = _options(options)
     offload = 0.0
@@ -1220,6 +1276,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         grad_bytes=_grad_bytes(opts),
         sequence_parallel=opts.sequence_parallel is not False,
         recompute=opts.recompute_granularity or "none",
+        pipeline=pipeline_split(opts),
         recompute_method=opts.recompute_method,
         recompute_num_layers=opts.recompute_num_layers,
         recompute_modules=opts.recompute_modules,

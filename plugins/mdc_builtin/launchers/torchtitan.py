@@ -14,6 +14,7 @@ checked at compile time.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +30,7 @@ from mdc.api import (
     KnownFlag,
     Launch,
     LauncherSpec,
+    PipelineSplit,
     Plan,
     Role,
     Severity,
@@ -43,6 +45,7 @@ from mdc.api import (
     torchrun_env,
     torchrun_findings,
     torchrun_worker_env,
+    torchtitan_shares,
 )
 
 CONFIG_PATH = "launch/torchtitan.toml"
@@ -489,15 +492,6 @@ def _pipeline(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
             message=f"schedule {name!r} runs one stage per pipeline rank, but vpp = {s.vpp}",
             hint=f"use a looped schedule ({', '.join(MULTI_STAGE)}), or remove vpp",
         )
-    elif not s.vpp and name in MULTI_STAGE:
-        yield Finding(
-            code="MDC336",
-            pointer="/torchtitan/pipeline_schedule",
-            message=f"schedule {name!r} runs several stages per pipeline rank (2 "
-            "unless pipeline_parallel_layers_per_stage says otherwise), but "
-            "vpp is not set",
-            hint='set [parallelism] vpp = 2, or use schedule "1F1B"',
-        )
     elif s.vpp and name in V_SHAPED and s.vpp != 2:
         yield Finding(
             code="MDC336",
@@ -549,16 +543,6 @@ def _stages(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         first = _passed_count(opts, "pipeline_parallel_first_stage_less_layers")
         last = _passed_count(opts, "pipeline_parallel_last_stage_less_layers")
         weighted = layers + first + last
-        # stage counts TorchTitan can make, that also split num_layers / pp evenly (MDC223)
-        reachable = sorted(
-            {
-                math.ceil(weighted / n) // s.pp
-                for n in range(1, weighted + 1)
-                if math.ceil(weighted / n) % s.pp == 0
-                and (layers // s.pp) % (math.ceil(weighted / n) // s.pp) == 0
-            }
-            - {0, 1}
-        )
         yield Finding(
             code="MDC336",
             pointer="/parallelism/vpp",
@@ -566,10 +550,27 @@ def _stages(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
             f"{s.pp} * {s.vpp} = {s.pp * (s.vpp or 1)} stages: TorchTitan makes "
             f"ceil((num_layers + {first} + {last}) / layers_per_stage) = "
             f"ceil({weighted} / n) stages",
-            hint="vpp can be one of " + ", ".join(map(str, reachable))
-            if reachable
-            else "use vpp = 2",
+            hint=_vpp_hint(layers, s.pp, first, last),
         )
+
+
+def _vpp_hint(layers: int, pp: int, first: int, last: int) -> str:
+    """The vpp values TorchTitan builds: a layers_per_stage reaches pp * vpp stages, and
+    its split of the layers over them succeeds."""
+    weighted = layers + first + last
+    reachable = sorted(
+        {
+            -(-weighted // n) // pp
+            for n in range(1, weighted + 1)
+            if -(-weighted // n) % pp == 0 and -(-weighted // n) // pp > 2
+        }
+    )
+    fitting = [
+        v for v in reachable if not isinstance(torchtitan_shares(pp * v, layers, first, last), str)
+    ]
+    if fitting:
+        return "vpp can be 2 or one of " + ", ".join(map(str, fitting))
+    return "use vpp = 2"
 
 
 def _dtype(plan: Plan) -> Iterator[Finding]:
@@ -722,6 +723,43 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     return "selective", None
 
 
+#: TorchTitan's model registry at the pinned version (scripts/torchtitan_flavors.py)
+FLAVORS_FILE = "torchtitan_flavors.json"
+
+
+@functools.cache
+def flavors() -> Mapping[str, Any]:
+    """{model name: {flavor: {[model] key: value}}} of TorchTitan's registered models."""
+    facts: Mapping[str, Any] = read_schema("mdc_builtin.launchers", FLAVORS_FILE)["models"]
+    return facts
+
+
+def flavor_shape(opts: TorchtitanOptions) -> tuple[Mapping[str, Any], str]:
+    """The shape TorchTitan builds for [torchtitan] model/flavor (empty when not registered:
+    a model the user registers with TorchTitan's register_train_spec is unknown here)."""
+    name, flavor = opts.model or DEFAULT_MODEL, opts.flavor or DEFAULT_FLAVOR
+    shape = flavors().get(name, {}).get(flavor)
+    if shape is None:
+        return {}, ""
+    return shape, f"TorchTitan's {name} flavor {flavor!r}"
+
+
+def pipeline_split(opts: TorchtitanOptions) -> PipelineSplit:
+    """TorchTitan's rule for placing layers on pipeline stages, with its stage weights."""
+    return PipelineSplit(
+        rule="torchtitan",
+        first_less=_passed_count(opts, "pipeline_parallel_first_stage_less_layers"),
+        last_less=_passed_count(opts, "pipeline_parallel_last_stage_less_layers"),
+        v_shaped=opts.pipeline_schedule in V_SHAPED,
+        # a looped schedule without pipeline_parallel_layers_per_stage: 2 stages per rank
+        default_vpp=2 if opts.pipeline_schedule in MULTI_STAGE else None,
+        pointers=(
+            ("first", "/torchtitan/config/parallelism/pipeline_parallel_first_stage_less_layers"),
+            ("last", "/torchtitan/config/parallelism/pipeline_parallel_last_stage_less_layers"),
+        ),
+    )
+
+
 def training(options: TorchtitanOptions | None) -> TrainingSetup:
     """FSDP2 shards weights, gradients and optimizer state (ZeRO-3 style) over its fsdp
     dimension (dp_shard * cp; dp_replicate copies under HSDP). TorchTitan keeps the sharded
@@ -731,6 +769,7 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
     ``training.enable_cpu_offload`` keeps weights, gradients and optimizer state on the
     host."""
     opts = _options(options)
+    shape, source = flavor_shape(opts)
     values = memory_config(opts)
     mode, every = _recompute(values)
     offload = values.get("training.enable_cpu_offload") in (True, "true", "True")
@@ -744,6 +783,9 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         recompute=mode,
         recompute_every=every,
         replicas=opts.dp_replicate or 1,
+        pipeline=pipeline_split(opts),
+        model_shape=tuple(sorted(shape.items())),
+        model_source=source,
         param_offload=offload,
         optimizer_offload=1.0 if offload else 0.0,
         levers=LEVERS,
