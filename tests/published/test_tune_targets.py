@@ -56,10 +56,10 @@ def targets() -> dict[str, Any]:
 
 def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 75 % before the Nemotron 3 rows (hybrid Mamba/MoE models) joined the measured cases
-    assert accuracy >= 0.62
+    assert accuracy >= 0.66
 
 
-@pytest.mark.xfail(reason="the model reaches 62 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 67 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
@@ -83,13 +83,13 @@ def test_no_published_recipe_layout_is_discarded_as_not_fitting(targets: dict[st
 
 def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
-    # 22 in the top 5; the recipes with uneven pipeline splits (embedding/loss accounting,
+    # 23 in the top 5; the recipes with uneven pipeline splits (embedding/loss accounting,
     # first/last stage counts, layout strings) compile since those keys exist, and joined
     # the denominator, but the search does not try uneven splits yet (22 of 57 before them)
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.26
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.27
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 26 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 28 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70

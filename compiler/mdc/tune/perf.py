@@ -233,9 +233,13 @@ def predict(
     # read and written in forward and backward, over the HBM: the 24 inside attention and
     # the MLP split over tp, the 10 around them only with sequence parallel
     split = L.tp if L.sequence_parallel else 1
+    # without FlashAttention the scores are materialised: Korthikanti's 5*a*s^2*b more bytes
+    # per layer (softmax output, dropout mask and output), split over tp with the heads; the
+    # fused softmax and dropout kernels move each of those bytes about once per pass
+    scores = 0.0 if shape.flash else 5 * shape.heads * s / h / c.elementwise
     elementwise = (
         c.elementwise
-        * (10 / split + 24 / L.tp)
+        * (10 / split + 24 / L.tp + scores / L.tp)
         * tokens
         * h
         * stage_layers
@@ -328,9 +332,13 @@ def predict(
             traffic = 2 * grads
         t_dp = traffic / bw
         hidden_behind = micro if (L.overlap_grad_reduce or L.zero_stage >= 3) else 0.0
+        exposed = 0.0
         if L.zero_stage >= 3:
             hidden_behind = pipeline
-        t_dp = max(0.0, t_dp - hidden_behind)
+            # each micro batch's first all-gather and last reduce-scatter have no layer to
+            # hide behind: one layer's share of the traffic per micro batch stays exposed
+            exposed = t_dp / stage_layers
+        t_dp = max(exposed, t_dp - hidden_behind)
 
     # ---- optimizer: Adam reads and writes fp32 master weights, moments, grads (memory bound)
     shard = group if L.zero_stage >= 1 else 1
