@@ -161,7 +161,10 @@ def slurm_cpus_per_task(plan: Plan) -> int | None:
 
 
 def slurm_exclusive(plan: Plan) -> bool:
-    return getattr(plan.options.get("slurm"), "exclusive", None) is True
+    """Whole nodes: ``[slurm] exclusive``, which the slurm backend takes as true when
+    ``cpus_per_task`` is not set."""
+    given = getattr(plan.options.get("slurm"), "exclusive", None)
+    return given if isinstance(given, bool) else slurm_cpus_per_task(plan) is None
 
 
 def srun_lines(plan: Plan, opts: MpirunOptions) -> list[Line]:
