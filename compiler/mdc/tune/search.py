@@ -38,6 +38,14 @@ MIN_CP_TOKENS = 1024
 MAX_VPP = 8
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 400
+#: the [megatron] keys that place layers on pipeline stages unevenly
+SPLIT_KEYS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -79,6 +87,14 @@ class Candidate:
         parts = [f"tp{L.tp}", f"pp{L.pp}"]
         if L.vpp > 1:
             parts.append(f"vpp{L.vpp}")
+        split = self.switches
+        if "decoder_first_pipeline_num_layers" in split:
+            first = split["decoder_first_pipeline_num_layers"]
+            last = split["decoder_last_pipeline_num_layers"]
+            parts.append(f"first{first}/last{last}")
+        elif any(k.startswith("account_for_") for k in split):
+            counted = [k.split("_")[2] for k in sorted(split) if k.startswith("account_for_")]
+            parts.append("+".join(counted) + "-as-layer")
         parts.append(f"cp{L.cp}")
         if L.ep > 1 or L.etp != L.tp:
             parts += [f"ep{L.ep}", f"etp{L.etp}"]
@@ -141,7 +157,10 @@ class Tuner:
         model = self.spec.model
         self.window = model.window_size if model is not None else None
         self.window_skip = model.window_attn_skip_freq if model is not None else None
-        self._variant_cache: dict[tuple[bool, int], list[tuple[dict[str, Any], TrainingSetup]]] = {}
+        self._variant_cache: dict[
+            tuple[bool, int, tuple[tuple[str, Any], ...]],
+            list[tuple[dict[str, Any], TrainingSetup]],
+        ] = {}
 
     # ---- what the spec must give
     def _requirements(self) -> None:
@@ -234,7 +253,7 @@ class Tuner:
             if gbs % dp:
                 continue
             for ep, etp in self._experts(tp, pp, world, moe):
-                for vpp in self._vpps(pp):
+                for split, vpp, heaviest in self._splits(pp):
                     for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
                         if gbs % (mbs * dp):
                             continue
@@ -247,19 +266,70 @@ class Tuner:
                             micro_batch_size=mbs,
                             grad_accum_steps=gbs // (mbs * dp),
                         )
-                        chunk = -(-shape.layers // (pp * vpp))
-                        for switches, training in self._variants(tp, chunk):
-                            yield self._candidate(sizes, batch, order, switches, training)
+                        chunk = -(-heaviest // vpp)
+                        for switches, training in self._variants(tp, chunk, split):
+                            yield self._candidate(sizes, batch, order, switches, training, heaviest)
 
-    def _variants(self, tp: int, chunk_layers: int) -> list[tuple[dict[str, Any], TrainingSetup]]:
+    def _variants(
+        self, tp: int, chunk_layers: int, split: Mapping[str, Any]
+    ) -> list[tuple[dict[str, Any], TrainingSetup]]:
         """The switch settings to try with the launcher's training setup for each (cached)."""
-        key = (tp > 1, chunk_layers)
+        key = (tp > 1, chunk_layers, tuple(sorted(split.items())))
         if key not in self._variant_cache:
             self._variant_cache[key] = [
                 (switches, self._training(self._options(switches)))
-                for switches in self._switches(tp, chunk_layers)
+                for switches in ({**split, **rest} for rest in self._switches(tp, chunk_layers))
             ]
         return self._variant_cache[key]
+
+    def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int]]:
+        """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
+        vpp, the layers of the heaviest stage). Layers that divide by pp go evenly. Layers
+        that do not get Megatron-LM's two uneven splits: the embedding and/or the loss
+        counted as a layer (--account-for-embedding/loss-in-pipeline-split) where that
+        divides, else the middle stages at ceil(layers / pp) each and the rest on the first
+        and last (--decoder-first/last-pipeline-num-layers). A spec that writes any of
+        these keys keeps its split; the plan pass checks every one as compile does."""
+        layers = self.shape.layers
+        even: list[tuple[dict[str, Any], int, int]] = (
+            [({}, v, layers // pp) for v in self._vpps(pp)] if layers % pp == 0 else []
+        )
+        if pp == 1 or any(self._fixed("megatron", k) is not None for k in SPLIT_KEYS):
+            return even or [({}, v, -(-layers // pp)) for v in self._vpps(pp)]
+        if even:
+            return even
+        found: list[tuple[dict[str, Any], int, int]] = []
+        for embedding, loss in ((True, True), (True, False), (False, True)):
+            counted = layers + embedding + loss
+            if counted % pp == 0 and counted // pp > 1:
+                accounting: dict[str, Any] = {
+                    k: True
+                    for k, on in (
+                        ("account_for_embedding_in_pipeline_split", embedding),
+                        ("account_for_loss_in_pipeline_split", loss),
+                    )
+                    if on
+                }
+                found += [(accounting, v, counted // pp) for v in self._vpps(pp, counted // pp)]
+                break
+        middle = -(-layers // pp)
+        rest = layers - middle * (pp - 2)
+        if pp == 2:
+            first, last = middle, layers - middle
+        else:
+            first, last = rest // 2, rest - rest // 2
+        if first >= 1 and last >= 1 and max(first, last) <= middle:
+            keys: dict[str, Any] = {
+                "decoder_first_pipeline_num_layers": first,
+                "decoder_last_pipeline_num_layers": last,
+            }
+            vpps = [
+                v
+                for v in self._vpps(pp, middle)
+                if first % v == 0 and last % v == 0 and (pp == 2 or middle % v == 0)
+            ]
+            found += [(keys, v, middle) for v in vpps]
+        return found
 
     def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
         """The [megatron] training switches to try: sequence parallel, the optimizer's
@@ -328,13 +398,13 @@ class Tuner:
             (ep, etp) for ep, etp in itertools.product(eps, etps) if world % (ep * etp * pp) == 0
         ]
 
-    def _vpps(self, pp: int) -> list[int]:
+    def _vpps(self, pp: int, per_stage: int | None = None) -> list[int]:
         fixed = self._fixed("parallelism", "vpp")
         if fixed is not None:
             return [fixed]
         if pp == 1:
             return [1]
-        per_stage = self.shape.layers // pp
+        per_stage = self.shape.layers // pp if per_stage is None else per_stage
         return [1, *(v for v in divisors(per_stage) if 1 < v <= MAX_VPP)] if per_stage else [1]
 
     def _candidate(
@@ -344,6 +414,7 @@ class Tuner:
         order: str,
         switches: dict[str, Any],
         training: TrainingSetup,
+        heaviest: int,
     ) -> Candidate:
         written = {**self._written("megatron"), **switches}
         recompute = training.recompute
@@ -361,6 +432,7 @@ class Tuner:
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_param_gather=training.zero_stage >= 1
             and written.get("overlap_param_gather") is not False,
+            stage_layers=heaviest,
         )  # fmt: skip
         prediction = predict(
             self.shape, layout, self.hardware, nproc_per_node=self.nproc,
