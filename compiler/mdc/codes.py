@@ -177,11 +177,11 @@ CODES: dict[str, Code] = {
         "remove it from [job] env; set the spec key that controls it",
     ),
     "MDC250": Code(
-        "warning: a tensor-parallel group crosses a node boundary",
-        "make tp divide nproc_per_node, or change the order",
+        "warning: a tensor-parallel group crosses a node (or NVLink-rack) boundary",
+        "make tp divide nproc_per_node (or the accelerator's scale-up domain), or change the order",
     ),
     "MDC251": Code(
-        "warning: an expert-parallel group crosses a node boundary",
+        "warning: an expert-parallel group crosses a node (or NVLink-rack) boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
     "MDC252": Code(
