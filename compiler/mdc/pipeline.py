@@ -199,6 +199,7 @@ class Compiler:
             locate=doc.locate,
             serving=launcher.workload == "serving",
             training=training,
+            scale_up_domain=hardware.scale_up_domain if hardware is not None else None,
         )
         findings += planned
         if plan is not None and launcher.server_units is not None:

@@ -112,6 +112,7 @@ def build_plan(
     locate: Locate,
     serving: bool = False,
     training: TrainingSetup | None = None,
+    scale_up_domain: int | None = None,
 ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
 
@@ -158,7 +159,7 @@ def build_plan(
             stages = _stages(model, sizes, training, found)
     if layout is not None and sizes is not None and not (disaggregated or serving):
         # a serving engine's tp spanning nodes is a deployment choice (multi-node servers)
-        _span_warnings(layout, sizes, nproc, found)
+        _span_warnings(layout, sizes, nproc, scale_up_domain, found)
     memory = None
     if not found.errors and sizes is not None:
         memory = _memory(
@@ -644,24 +645,33 @@ def _memory(
     return memory
 
 
-def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:
+def _span_warnings(
+    layout: RankLayout, sizes: Sizes, nproc: int, scale_up_domain: int | None, found: _Findings
+) -> None:
+    # A group is fast while it stays on one scale-up network: a node, or a whole rack of
+    # nodes where the accelerator's NVLink domain spans several (NVL72: 72 GPUs, 4 a node).
+    # Ranks fill nodes in order, so consecutive nodes share a domain.
+    rack = scale_up_domain is not None and scale_up_domain > nproc and scale_up_domain % nproc == 0
+    boundary = scale_up_domain if rack and scale_up_domain else nproc
+    where = f"scale-up domains ({boundary} GPUs each)" if rack else "nodes"
     for code, kind, article, name, size in (
         ("MDC250", "tp", "a", "tensor-parallel", sizes.tp),
         ("MDC251", "ep", "an", "expert-parallel", sizes.ep),
     ):
         groups = layout.groups(kind)
-        index = groups.group_crossing(nproc)
+        index = groups.group_crossing(boundary)
         if index is None:
             continue
         ranks = groups[index] if size <= 16 else groups[index][:16]
-        nodes = sorted({r // nproc for r in ranks})
+        spans = sorted({r // boundary for r in groups[index]})
         shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
         found.add(
             code,
-            f"{article} {name} group (ranks {shown}) spans nodes "
-            f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
+            f"{article} {name} group (ranks {shown}) spans {where} "
+            f"{', '.join(map(str, spans))}: its all-reduces cross the inter-node network",
             f"/parallelism/{kind}",
-            f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "
-            "rule of thumb: tp within a node, pp across nodes, dp in between",
+            f"keep {kind} within a node (a divisor of nproc_per_node = {nproc})"
+            + (f" or a scale-up domain ({boundary} GPUs)" if rack else "")
+            + "; rule of thumb: tp within a node, pp across nodes, dp in between",
             Severity.WARNING,
         )

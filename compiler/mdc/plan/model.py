@@ -135,8 +135,9 @@ class TrainingSetup:
     #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
     weight_bytes: int | None = None
     #: bytes per element of the transformer layers' weights when the launcher keeps them
-    #: in another precision than [model] dtype (fp8 parameters: 1); None: the dtype's
-    layer_weight_bytes: int | None = None
+    #: in another precision than [model] dtype (fp8 parameters: 1, NVFP4 ones: 1.125);
+    #: None: the dtype's
+    layer_weight_bytes: float | None = None
     #: bytes per parameter of optimizer state; None: Adam's 12 (mixed precision) or 8 (fp32)
     optimizer_bytes: int | None = None
     #: share of the optimizer state kept in host memory, 0 to 1
