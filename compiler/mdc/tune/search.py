@@ -26,6 +26,7 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
+from mdc.plan.stages import Model, layout_vpp, split_layers
 from mdc.spec import JobSpec
 from mdc.tune.perf import DEFAULT, Constants, Layout, Prediction, predict, scale_up_domain
 
@@ -35,7 +36,7 @@ MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CP = 16
 #: shortest sequence slice a context-parallel rank keeps
 MIN_CP_TOKENS = 1024
-MAX_VPP = 8
+MAX_VPP = 32
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 400
 #: the [megatron] keys that place layers on pipeline stages unevenly
@@ -161,6 +162,7 @@ class Tuner:
             tuple[bool, int, tuple[tuple[str, Any], ...]],
             list[tuple[dict[str, Any], TrainingSetup]],
         ] = {}
+        self._split_cache: dict[int, list[tuple[dict[str, Any], int, int]]] = {}
 
     # ---- what the spec must give
     def _requirements(self) -> None:
@@ -284,51 +286,69 @@ class Tuner:
 
     def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int]]:
         """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
-        vpp, the layers of the heaviest stage). Layers that divide by pp go evenly. Layers
-        that do not get Megatron-LM's two uneven splits: the embedding and/or the loss
-        counted as a layer (--account-for-embedding/loss-in-pipeline-split) where that
-        divides, else the middle stages at ceil(layers / pp) each and the rest on the first
-        and last (--decoder-first/last-pipeline-num-layers). A spec that writes any of
-        these keys keeps its split; the plan pass checks every one as compile does."""
+        vpp, the layers of the heaviest stage), each checked by the plan's own split
+        (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers that
+        divide by pp go evenly; a spec that writes a split keeps it (a layout string
+        fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
+        (:meth:`_uneven`)."""
+        if pp in self._split_cache:
+            return self._split_cache[pp]
         layers = self.shape.layers
-        even: list[tuple[dict[str, Any], int, int]] = (
-            [({}, v, layers // pp) for v in self._vpps(pp)] if layers % pp == 0 else []
-        )
-        if pp == 1 or any(self._fixed("megatron", k) is not None for k in SPLIT_KEYS):
-            return even or [({}, v, -(-layers // pp)) for v in self._vpps(pp)]
-        if even:
-            return even
+        written = any(self._fixed("megatron", k) is not None for k in SPLIT_KEYS)
+        options = [{}] if written or pp == 1 or layers % pp == 0 else self._uneven(pp)
+        model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
+        fixed_vpp = self._fixed("parallelism", "vpp")
         found: list[tuple[dict[str, Any], int, int]] = []
+        for split in options:
+            pipeline = self._training(self._options(split)).pipeline
+            if pipeline.layout is not None:
+                implied, problems = layout_vpp(pipeline, pp)
+                vpps = [] if problems else [implied or 1]
+            elif fixed_vpp is not None:
+                vpps = [fixed_vpp]
+            else:
+                vpps = list(range(1, min(MAX_VPP, -(-layers // pp)) + 1)) if pp > 1 else [1]
+            for vpp in vpps:
+                stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
+                if stages is not None:
+                    heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
+                    found.append((split, vpp, heaviest))
+        self._split_cache[pp] = found
+        return found
+
+    def _uneven(self, pp: int) -> list[dict[str, Any]]:
+        """Megatron-LM's splits for layers that do not divide by pp: the embedding and/or
+        the loss counted as a layer (--account-for-embedding/loss-in-pipeline-split) where
+        that divides, and the middle stages at ceil(layers / pp) each with the rest on the
+        first and last (--decoder-first/last-pipeline-num-layers)."""
+        layers = self.shape.layers
+        found: list[dict[str, Any]] = []
         for embedding, loss in ((True, True), (True, False), (False, True)):
-            counted = layers + embedding + loss
-            if counted % pp == 0 and counted // pp > 1:
-                accounting: dict[str, Any] = {
-                    k: True
-                    for k, on in (
-                        ("account_for_embedding_in_pipeline_split", embedding),
-                        ("account_for_loss_in_pipeline_split", loss),
-                    )
-                    if on
-                }
-                found += [(accounting, v, counted // pp) for v in self._vpps(pp, counted // pp)]
+            if (layers + embedding + loss) % pp == 0:
+                found.append(
+                    {
+                        k: True
+                        for k, on in (
+                            ("account_for_embedding_in_pipeline_split", embedding),
+                            ("account_for_loss_in_pipeline_split", loss),
+                        )
+                        if on
+                    }
+                )
                 break
         middle = -(-layers // pp)
-        rest = layers - middle * (pp - 2)
         if pp == 2:
             first, last = middle, layers - middle
         else:
+            rest = layers - middle * (pp - 2)
             first, last = rest // 2, rest - rest // 2
         if first >= 1 and last >= 1 and max(first, last) <= middle:
-            keys: dict[str, Any] = {
-                "decoder_first_pipeline_num_layers": first,
-                "decoder_last_pipeline_num_layers": last,
-            }
-            vpps = [
-                v
-                for v in self._vpps(pp, middle)
-                if first % v == 0 and last % v == 0 and (pp == 2 or middle % v == 0)
-            ]
-            found += [(keys, v, middle) for v in vpps]
+            found.append(
+                {
+                    "decoder_first_pipeline_num_layers": first,
+                    "decoder_last_pipeline_num_layers": last,
+                }
+            )
         return found
 
     def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
@@ -397,15 +417,6 @@ class Tuner:
         return [
             (ep, etp) for ep, etp in itertools.product(eps, etps) if world % (ep * etp * pp) == 0
         ]
-
-    def _vpps(self, pp: int, per_stage: int | None = None) -> list[int]:
-        fixed = self._fixed("parallelism", "vpp")
-        if fixed is not None:
-            return [fixed]
-        if pp == 1:
-            return [1]
-        per_stage = self.shape.layers // pp if per_stage is None else per_stage
-        return [1, *(v for v in divisors(per_stage) if 1 < v <= MAX_VPP)] if per_stage else [1]
 
     def _candidate(
         self,
