@@ -116,15 +116,18 @@ CODES: dict[str, Code] = {
     ),
     "MDC208": Code("min_nnodes is larger than nnodes", "set min_nnodes to at most nnodes"),
     "MDC209": Code(
-        "disaggregated serving needs at least 3 nodes (proxy, prefill, decode)",
-        "set nnodes to 3 or more",
+        "disaggregated serving runs on one node of at least 2 GPUs or on at least 3 nodes "
+        "(proxy, prefill, decode)",
+        "set nnodes to 1 or to 3 or more",
     ),
     "MDC210": Code(
-        "prefill_nodes and decode_nodes are not both given, or do not add up to nnodes - 1",
-        "give both so that prefill + decode + 1 = nnodes, or neither for the automatic split",
+        "prefill_nodes and decode_nodes (one node: prefill_gpus and decode_gpus) are not both "
+        "given, do not add up to nnodes - 1 (nproc_per_node), or do not fit the node count",
+        "give both so that they add up, or neither for the automatic split",
     ),
     "MDC211": Code(
-        "prefill_nodes or decode_nodes on a launcher that is not disaggregated serving",
+        "prefill_nodes, decode_nodes, prefill_gpus or decode_gpus on a launcher that is not "
+        "disaggregated serving",
         "remove the key",
     ),
     "MDC212": Code("the order names an axis twice", "use each axis once"),

@@ -442,11 +442,17 @@ def test_custom_disaggregated_split() -> None:
     assert plan.role_of_name("decode").nodes == range(4, 6)
 
 
-@pytest.mark.parametrize("nnodes", [1, 2])
-def test_disaggregated_needs_three_nodes(nnodes: int) -> None:
-    d = only("MDC209", job(nnodes=nnodes), disaggregated=True)
-    assert d.location.pointer == "/distributed/nnodes"
-    assert f"got {nnodes}" in d.message
+def test_disaggregated_needs_one_node_or_three() -> None:
+    """Two nodes have no layout (a proxy node and one server node); one node splits its GPUs."""
+    d = only("MDC209", job(nnodes=2), disaggregated=True)
+    assert d.location.pointer == "/distributed/nnodes" and "got 2" in d.message
+    d = only("MDC209", job(nnodes=1, nproc=1), disaggregated=True)
+    assert d.location.pointer == "/distributed/nproc_per_node" and "= 1" in d.message
+    plan, diagnostics = plan_of(job(nnodes=1, nproc=8), disaggregated=True)
+    assert plan is not None and plan.disagg is not None and not diagnostics
+    # 40% of the 8 GPUs rounded down prefill, the rest decode, every role on node 0
+    assert (plan.disagg.prefill, plan.disagg.decode, plan.disagg.unit) == (3, 5, "gpus")
+    assert [(r.name, r.first_node, r.count) for r in plan.roles] == [("disagg", 0, 1)]
 
 
 @pytest.mark.parametrize("key", ["prefill_nodes", "decode_nodes"])

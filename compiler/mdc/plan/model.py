@@ -84,14 +84,21 @@ class NodeRole:
         return range(self.first_node, self.first_node + self.count)
 
 
+#: the role of the one node of a single-node disaggregated job (router, prefill, decode)
+ONE_NODE_ROLE = "disagg"
+
+
 @attrs.frozen(kw_only=True)
 class DisaggSplit:
-    """Disaggregated serving: node 0 the proxy, then prefill nodes, then decode nodes."""
+    """Disaggregated serving: node 0 the proxy, then prefill nodes, then decode nodes; on
+    one node (``unit = "gpus"``) the node's GPUs split into prefill and decode GPUs."""
 
     prefill: int
     decode: int
     #: "auto" or "spec"
     origin: str
+    #: what prefill and decode count: "nodes", or "gpus" when every role shares one node
+    unit: str = "nodes"
 
 
 @attrs.frozen(kw_only=True)
