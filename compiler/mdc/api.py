@@ -24,6 +24,7 @@ from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.model import (
     GROUP_KINDS,
+    ONE_NODE_ROLE,
     BatchPlan,
     DisaggSplit,
     NodeRole,
@@ -187,6 +188,8 @@ class Server:
     ep: int = 1
     #: the port its first node serves HTTP on
     port: int
+    #: its first GPU on each of its nodes (several servers share a node: --base-gpu-id)
+    first_gpu: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -234,6 +237,10 @@ class LauncherSpec:
     workload: Literal["training", "serving"] = "training"
     #: (plan, options) -> findings, run before emit
     check: Callable[[Plan, Any], Iterable[Finding]] | None = None
+    #: disaggregated launchers: (plan, options) -> the (prefill, decode) nodes one server
+    #: spans, or its GPUs when the split is of one node's GPUs (``plan.disagg.unit``); the
+    #: automatic split gives each role whole servers. None: one node (GPU) per server
+    server_units: Callable[[Plan, Any], tuple[int, int]] | None = None
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
@@ -281,6 +288,7 @@ def script_path(role: str) -> str:
 
 __all__ = [
     "GROUP_KINDS",
+    "ONE_NODE_ROLE",
     "MASTER_ADDR",
     "MASTER_PORT",
     "NODE_HOSTS",

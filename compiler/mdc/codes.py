@@ -116,15 +116,18 @@ CODES: dict[str, Code] = {
     ),
     "MDC208": Code("min_nnodes is larger than nnodes", "set min_nnodes to at most nnodes"),
     "MDC209": Code(
-        "disaggregated serving needs at least 3 nodes (proxy, prefill, decode)",
-        "set nnodes to 3 or more",
+        "disaggregated serving runs on one node of at least 2 GPUs or on at least 3 nodes "
+        "(proxy, prefill, decode)",
+        "set nnodes to 1 or to 3 or more",
     ),
     "MDC210": Code(
-        "prefill_nodes and decode_nodes are not both given, or do not add up to nnodes - 1",
-        "give both so that prefill + decode + 1 = nnodes, or neither for the automatic split",
+        "prefill_nodes and decode_nodes (one node: prefill_gpus and decode_gpus) are not both "
+        "given, do not add up to nnodes - 1 (nproc_per_node), or do not fit the node count",
+        "give both so that they add up, or neither for the automatic split",
     ),
     "MDC211": Code(
-        "prefill_nodes or decode_nodes on a launcher that is not disaggregated serving",
+        "prefill_nodes, decode_nodes, prefill_gpus or decode_gpus on a launcher that is not "
+        "disaggregated serving",
         "remove the key",
     ),
     "MDC212": Code("the order names an axis twice", "use each axis once"),
@@ -177,11 +180,11 @@ CODES: dict[str, Code] = {
         "remove it from [job] env; set the spec key that controls it",
     ),
     "MDC250": Code(
-        "warning: a tensor-parallel group crosses a node boundary",
-        "make tp divide nproc_per_node, or change the order",
+        "warning: a tensor-parallel group crosses a node (or NVLink-rack) boundary",
+        "make tp divide nproc_per_node (or the accelerator's scale-up domain), or change the order",
     ),
     "MDC251": Code(
-        "warning: an expert-parallel group crosses a node boundary",
+        "warning: an expert-parallel group crosses a node (or NVLink-rack) boundary",
         "make ep (times etp) fit in a node, or change the order",
     ),
     "MDC252": Code(
@@ -470,6 +473,15 @@ CODES: dict[str, Code] = {
     "MDC393": Code(
         "a [model] value contradicts the model the framework builds (TorchTitan's flavor)",
         "remove the key (it is taken from the flavor) or write the flavor's value",
+    ),
+    "MDC394": Code(
+        "Megatron-LM refuses the FP4 options: fp4_format with dtype fp8, fp4_param_gather "
+        "without fp4_format, or the custom fp4_recipe without fp4_quantizer_factory",
+        'train in one precision: dtype = "bf16" with fp4_format, or dtype = "fp8" without it',
+    ),
+    "MDC395": Code(
+        "warning: an FP4 option (fp4_recipe, fp4_quantizer_factory) without fp4_format",
+        'set fp4_format = "e2m1", or remove the option',
     ),
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
     "MDC402": Code(

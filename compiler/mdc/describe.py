@@ -89,7 +89,8 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
             {"name": r.name, "first_node": r.first_node, "count": r.count} for r in plan.roles
         ],
         "ranks_of_node": "node_rank * nproc_per_node + local_rank",
-        "groups": groups,
+        # a disaggregated job's servers are listed under "servers", not as rank groups
+        "groups": groups if plan.disagg is None else {},
         "disagg": _plain(plan.disagg),
         "model": _plain(plan.model),
         "pipeline_stages": plan.stages.as_json() if plan.stages else None,
@@ -156,9 +157,15 @@ def server_lines(launch: Launch) -> list[str]:
             )
             if value > 1 or name == "tp"
         )
+        shared = len({s.nodes for s in launch.servers if s.gpus}) < len(
+            [s for s in launch.servers if s.gpus]
+        )
+        gpus = f"{server.gpus} GPUs"
+        if shared:  # several servers on one node: which of its GPUs
+            last = server.first_gpu + server.gpus - 1
+            gpus = f"GPU {last}" if server.gpus == 1 else f"GPUs {server.first_gpu}-{last}"
         lines.append(
-            f"  {server.role}: {nodes}, {server.gpus} GPUs ({sizes}), HTTP on node {first} "
-            f"port {server.port}"
+            f"  {server.role}: {nodes}, {gpus} ({sizes}), HTTP on node {first} port {server.port}"
         )
     if len(launch.servers) > MAX_SHOWN:
         lines.append(f"  ... {len(launch.servers) - MAX_SHOWN} more server(s)")
@@ -286,6 +293,18 @@ def _size(sizes: Sizes, axis: str) -> str:
     return f"{axis} {value}" + (f" (default: {origin})" if origin else "")
 
 
+def _group_lines(plan: Plan) -> list[str]:
+    lines = ["groups (ranks in each group):"]
+    for kind in GROUP_KINDS:
+        group_set = plan.layout.groups(kind)
+        if group_set.group_size == 1 and kind not in ("dp", "tp"):
+            continue
+        listed = [_ranks(group_set[i]) for i in range(min(group_set.count, MAX_SHOWN))]
+        more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
+        lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
+    return lines
+
+
 def explain_text(plan: Plan, launch: Launch) -> str:
     s, nproc = plan.sizes, plan.nproc_per_node
     elastic = f" (elastic: {plan.min_nnodes}..{plan.nnodes} nodes)" if plan.elastic else ""
@@ -294,15 +313,21 @@ def explain_text(plan: Plan, launch: Launch) -> str:
             f"job {plan.job.name}: launcher {plan.launcher} on backend {plan.backend}, "
             f"accelerator {plan.accelerator}"
         ),
-        f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks{elastic}",
-        (
+        f"world: {plan.nnodes} node(s) x {nproc} GPU(s)"
+        if plan.disagg
+        else f"world: {plan.nnodes} node(s) x {nproc} process(es) = {plan.world_size} ranks"
+        + elastic,
+    ]
+    # a disaggregated job is its servers (below): one rank grid over every GPU, the
+    # router's included, would describe no process that runs
+    if not plan.disagg:
+        lines += [
             f"parallelism (order {plan.layout.order}, fastest first): {_size(s, 'tp')} x cp "
             f"{s.cp} x {_size(s, 'pp')} x dp {s.dp}   [dp = {plan.world_size} / (tp {s.tp} * "
-            f"pp {s.pp} * cp {s.cp})]"
-        ),
-        f"experts: ep {s.ep} x {_size(s, 'etp')} x expert-dp {s.edp} x pp {s.pp}"
-        + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
-    ]
+            f"pp {s.pp} * cp {s.cp})]",
+            f"experts: ep {s.ep} x {_size(s, 'etp')} x expert-dp {s.edp} x pp {s.pp}"
+            + (f"; virtual pipeline stages per rank: {s.vpp}" if s.vpp else ""),
+        ]
     if plan.batch:
         b = plan.batch
         lines.append(
@@ -314,7 +339,10 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     if plan.disagg:
         d = plan.disagg
         lines.append(
-            f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
+            f"disaggregated serving ({d.origin} split): the router and {d.prefill} prefill, "
+            f"{d.decode} decode GPUs on one node"
+            if d.unit == "gpus"
+            else f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
             f"{d.decode} decode node(s)"
         )
     lines.append("nodes:")
@@ -326,15 +354,10 @@ def explain_text(plan: Plan, launch: Launch) -> str:
             lines.append(f"  ... {plan.nnodes - MAX_SHOWN} more node(s)")
         first = node * nproc
         role = plan.role_of(node).name
-        lines.append(f"  node {node} ({role}): ranks {first}..{first + nproc - 1}")
-    lines.append("groups (ranks in each group):")
-    for kind in GROUP_KINDS:
-        group_set = plan.layout.groups(kind)
-        if group_set.group_size == 1 and kind not in ("dp", "tp"):
-            continue
-        listed = [_ranks(group_set[i]) for i in range(min(group_set.count, MAX_SHOWN))]
-        more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
-        lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
+        ranks = "" if plan.disagg else f": ranks {first}..{first + nproc - 1}"
+        lines.append(f"  node {node} ({role}){ranks}")
+    if not plan.disagg:
+        lines += _group_lines(plan)
     lines += stage_lines(plan)
     lines += memory_lines(plan.memory)
     lines += server_lines(launch)

@@ -34,7 +34,7 @@ from mdc.importers import translate
 from mdc.launch_scripts import SET_BY_MDC, render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
-from mdc.plan.build import DEFAULT_BACKEND
+from mdc.plan.build import DEFAULT_BACKEND, auto_split, disagg_roles
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import EnvValue, JobSpec
@@ -198,8 +198,11 @@ class Compiler:
             locate=doc.locate,
             serving=launcher.workload == "serving",
             training=training,
+            scale_up_domain=hardware.scale_up_domain if hardware is not None else None,
         )
         findings += planned
+        if plan is not None and launcher.server_units is not None:
+            plan = _whole_servers(plan, launcher, launcher_reg)
         if plan is not None and hardware is not None:
             plan = attrs.evolve(plan, hardware=hardware)
         if plan is not None and launcher.workload == "serving":
@@ -487,6 +490,20 @@ def env_findings(env: Mapping[str, object]) -> Iterator[Finding]:
                 "the node's environment when the launch script runs (empty if unset)",
                 hint=f"mdc sets {', '.join(SET_BY_MDC)}",
             )
+
+
+def _whole_servers(plan: Plan, launcher: LauncherSpec, reg: Registered) -> Plan:
+    """The automatic prefill/decode split redone so that each role holds whole servers."""
+    split, units_of = plan.disagg, launcher.server_units
+    if split is None or split.origin != "auto" or units_of is None:
+        return plan
+    prefill_unit, decode_unit = _call(
+        reg, "server_units", lambda: units_of(plan, plan.options.get(launcher.name))
+    )
+    units = (max(1, prefill_unit), max(1, decode_unit))
+    prefill, decode = auto_split(split.prefill + split.decode, units)
+    whole = attrs.evolve(split, prefill=prefill, decode=decode)
+    return attrs.evolve(plan, disagg=whole, roles=disagg_roles(whole))
 
 
 def _serving_memory(

@@ -50,6 +50,8 @@ class DistributedTable:
     accelerator: str | None = None
     prefill_nodes: int | None = None
     decode_nodes: int | None = None
+    prefill_gpus: int | None = None
+    decode_gpus: int | None = None
     accelerator_memory_gib: float | None = None
     accelerator_model: str | None = None
 

@@ -199,6 +199,10 @@ FLAGS: dict[str, Flag] = {
     "--grad-reduce-in-bf16": Flag(bool, DistributedDataParallelConfig, "grad_reduce_in_fp32"),
     "--fp8-recipe": Flag(str, TransformerConfig, "fp8_recipe"),
     "--fp8-param-gather": Flag(bool, TransformerConfig, "fp8_param"),
+    "--fp4-format": Flag(str, TransformerConfig, "fp4"),
+    "--fp4-recipe": Flag(str, TransformerConfig, "fp4_recipe"),
+    "--fp4-quantizer-factory": Flag(str, TransformerConfig, "fp4_quantizer_factory"),
+    "--fp4-param-gather": Flag(bool, TransformerConfig, "fp4_param"),
     "--use-precision-aware-optimizer": Flag(bool, OptimizerConfig, "use_precision_aware_optimizer"),
     "--main-grads-dtype": Flag(str, OptimizerConfig, "main_grads_dtype"),
     "--main-params-dtype": Flag(str, OptimizerConfig, "main_params_dtype"),
@@ -438,6 +442,10 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         recompute_modules=ns.recompute_modules,
         fp8_recipe=ns.fp8_recipe or "delayed",
         fp8_param=ns.fp8_param_gather,
+        fp4=ns.fp4_format,
+        fp4_recipe=ns.fp4_recipe or "nvfp4",
+        fp4_quantizer_factory=ns.fp4_quantizer_factory,
+        fp4_param=ns.fp4_param_gather,
         # Megatron-LM: cpu_offloading follows cpu_offloading_num_layers > 0
         cpu_offloading=bool(ns.cpu_offloading_num_layers),
         cpu_offloading_num_layers=ns.cpu_offloading_num_layers or 0,
@@ -817,6 +825,18 @@ SPECS: dict[str, dict[str, Any]] = {
             "cpu_offloading_num_layers": 4,
         },
     ),
+    "nvfp4-params": spec(
+        2,
+        1,
+        model={**DENSE, "dtype": "bf16"},
+        megatron={"fp4_format": "e2m1", "fp4_recipe": "nvfp4", "fp4_param_gather": True},
+    ),
+    "nvfp4-from-extra-args": spec(
+        2,
+        1,
+        model={**DENSE, "dtype": "bf16"},
+        megatron={"extra_args": ["--fp4-format", "e2m1", "--fp4-param-gather", "--lr", "3e-4"]},
+    ),
     "fsdp-and-offload-from-extra-args": spec(
         2,
         1,
@@ -892,6 +912,15 @@ RULES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
         True,
     ),
     "fp8-params-without-fp8": ({}, {"fp8_param_gather": True}, True),
+    "fp4-params-without-fp4": ({}, {"fp4_param_gather": True}, True),
+    "fp4-with-fp8": ({"dtype": "fp8"}, {"fp4_format": "e2m1"}, True),
+    "fp4-params": ({}, {"fp4_format": "e2m1", "fp4_param_gather": True}, False),
+    "fp4-custom-without-factory": ({}, {"fp4_format": "e2m1", "fp4_recipe": "custom"}, True),
+    "fp4-custom-with-factory": (
+        {},
+        {"fp4_format": "e2m1", "fp4_recipe": "custom", "fp4_quantizer_factory": "pkg.factory"},
+        False,
+    ),
     "bf16-main-grads-without-precision-aware": ({}, {"main_grads_dtype": "bf16"}, True),
     "precision-aware-without-distributed-optimizer": (
         {},
@@ -953,7 +982,7 @@ def test_memory_options_refused_exactly_when_megatron_core_refuses(
     code, err, _ = compile_spec(
         write_spec(tmp_path, spec(2, 1, model=model, megatron=options)), tmp_path / "out"
     )
-    mine = re.findall(r"error\[(MDC35[4-8])\]", err)
+    mine = re.findall(r"error\[(MDC35[4-8]|MDC394)\]", err)
     assert bool(mine) == refused, err
     assert code == (1 if refused else 0), err
 
@@ -967,6 +996,8 @@ def test_written_spec_is_what_megatron_core_accepts(
     ns = check_job(tmp_path / "out", plan, monkeypatch)
     if case == "fp8":
         assert ns.fp8_format == "e4m3" and ns.bf16
+    if case.startswith("nvfp4"):
+        assert (ns.fp4_format, ns.fp4_param_gather, ns.bf16) == ("e2m1", True, True)
     if case == "overlap-recompute-full":
         assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == (
             "full",

@@ -260,3 +260,93 @@ def test_sglang_pd_with_two_node_servers_is_the_documented_deepseek_command(
         "--decode",
         "http://10.0.0.4:30003",
     ]
+
+
+#: SGLang docs/advanced_features/pd_disaggregation.md, "Llama Single Node", under Mooncake
+#: and NIXL (sgl-project/sglang at 08edc506b2da77e7fa8a6a3a1ec7a704241703d4): a prefill
+#: server on GPU 0, a decode server on GPU 1 (--base-gpu-id 1) and the router, one machine.
+SGLANG_PD_ONE_NODE = {
+    "mooncake": (
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+        "--disaggregation-mode prefill --port 30000 --disaggregation-ib-device mlx5_roce0",
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+        "--disaggregation-mode decode --port 30001 --base-gpu-id 1 "
+        "--disaggregation-ib-device mlx5_roce0",
+    ),
+    "nixl": (
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+        "--disaggregation-mode prefill --port 30000 --disaggregation-transfer-backend nixl",
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct "
+        "--disaggregation-mode decode --port 30001 --base-gpu-id 1 "
+        "--disaggregation-transfer-backend nixl",
+    ),
+}
+SGLANG_PD_ONE_NODE_ROUTER = (
+    "python -m sglang_router.launch_router --pd-disaggregation --prefill "
+    "http://127.0.0.1:30000 --decode http://127.0.0.1:30001 --host 0.0.0.0 --port 8000"
+)
+#: ServerArgs defaults (server_args.py at the commit of SGLANG_FLAGS): tp_size 1,
+#: base_gpu_id 0, disaggregation_bootstrap_port 8998, transfer backend mooncake; the
+#: documented servers leave host at its default, which mdc opens to every interface
+SGLANG_SERVER_DEFAULTS = {
+    "tp_size": 1,
+    "base_gpu_id": 0,
+    "disaggregation_bootstrap_port": 8998,
+    "disaggregation_transfer_backend": "mooncake",
+    "host": "0.0.0.0",
+}
+
+RECORDER = """#!/usr/bin/env bash
+exec {python} -c 'import json, os, sys
+with open(os.environ["RECORD"], "a") as out:
+    out.write(json.dumps(["python", *sys.argv[1:]]) + "\\n")' "$@"
+"""
+
+
+def test_sglang_pd_on_one_node_is_the_documented_llama_command(tmp_path: Path) -> None:
+    import sys
+
+    for backend, (prefill_doc, decode_doc) in SGLANG_PD_ONE_NODE.items():
+        data: dict[str, Any] = {
+            "job": {"name": "pd-one-node", "command": "python3"},
+            "distributed": {"launcher": "sglang_disagg", "backend": "local", "nproc_per_node": 2},
+            "sglang_disagg": {
+                "model_path": "meta-llama/Llama-3.1-8B-Instruct",
+                "transfer_backend": backend,
+                "server_args": ["--disaggregation-ib-device", "mlx5_roce0"]
+                if backend == "mooncake"
+                else [],
+            },
+        }
+        compiled = compile_data(tmp_path, data)
+        out = tmp_path / backend
+        write_tree(out, compiled.tree)
+        recorder = out / "record"
+        recorder.write_text(RECORDER.format(python=sys.executable), encoding="utf-8")
+        recorder.chmod(0o755)
+        record = out / "runs.jsonl"
+        subprocess.run(
+            ["bash", str(out / "launch" / "sglang_disagg.sh"), str(recorder)],
+            env={**os.environ, "RECORD": str(record)},
+            check=True,
+            timeout=60,
+        )
+        runs = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+        (router,) = [r for r in runs if r[2] == "sglang_router.launch_router"]
+        # the router's words, with the prefill server's bootstrap port written out (8998,
+        # the server's default, which the documented router leaves implicit)
+        documented = SGLANG_PD_ONE_NODE_ROUTER.split()
+        at = documented.index("--decode")
+        assert sorted(router) == sorted([*documented[:at], "8998", *documented[at:]])
+        assert router[router.index("--prefill") + 1 : router.index("--prefill") + 3] == [
+            "http://127.0.0.1:30000",
+            "8998",
+        ]
+        servers = {r[r.index("--disaggregation-mode") + 1]: r for r in runs if r is not router}
+        for mode, doc in (("prefill", prefill_doc), ("decode", decode_doc)):
+            mine, theirs = sglang_namespace(servers[mode]), sglang_namespace(doc.split())
+            for key, value in theirs.items():
+                if value is not None:
+                    assert mine[key] == value, f"{backend} {mode} {key}: {mine[key]!r}, {value!r}"
+            extra = {k: v for k, v in mine.items() if theirs[k] is None and v is not None}
+            assert extra == {k: SGLANG_SERVER_DEFAULTS[k] for k in extra}, f"mdc adds {extra}"

@@ -345,6 +345,8 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
             "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
         },
     ),
+    # one node: 2 prefill + 6 decode GPUs in servers of tp 2 (the automatic split)
+    ("sglang_disagg", 1, "local", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B", "tp_size": 2}}),
     (
         "vllm",
         2,
@@ -415,10 +417,33 @@ def test_serving_roles_and_addresses(
         stderr=stderr,
     )
     assert code == 0, stdout.getvalue() + stderr.getvalue()
-    assert f"rehearse: OK: {launcher} on {backend}, {nnodes} nodes" in stdout.getvalue()
+    nodes = "1 node:" if nnodes == 1 else f"{nnodes} nodes"
+    assert f"rehearse: OK: {launcher} on {backend}, {nodes}" in stdout.getvalue()
     records = mdc.rehearse.serving.read_records(keep / "rehearse")
     assert sorted(records) == list(range(nnodes))
-    if launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
+    if launcher == "sglang_disagg" and nnodes == 1:  # every server and the router on node 0
+        runs = {e["env"]["SGLANG_DISAGG_ROLE"] + ":" + e["argv"][1]: e["argv"] for e in records[0]}
+        router = runs["proxy:sglang_router.launch_router"]
+        assert router[router.index("--prefill") :] == [
+            "--prefill",
+            "http://127.0.0.1:30000",
+            "8998",
+            *[
+                w
+                for port in (30001, 30002, 30003)
+                for w in ("--decode", f"http://127.0.0.1:{port}")
+            ],
+        ]
+        placed = sorted(
+            (
+                e["argv"][e["argv"].index("--port") + 1],
+                e["argv"][e["argv"].index("--base-gpu-id") + 1],
+            )
+            for e in records[0]
+            if e["argv"][1] == "sglang.launch_server"
+        )
+        assert placed == [("30000", "0"), ("30001", "2"), ("30002", "4"), ("30003", "6")]
+    elif launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
         router = records[0][0]["argv"]
         assert router[router.index("--prefill") :] == [
             "--prefill",
@@ -557,3 +582,35 @@ def test_a_server_node_pointed_at_another_servers_head_is_caught(
         f.startswith("node 2 (prefill): --dist-init-addr 127.0.0.4:") and "is node 3" in f
         for f in outcome.findings
     ), outcome.findings
+
+
+def test_one_node_router_pointed_at_the_wrong_role_is_caught() -> None:
+    """The one-node check reads the records: a router that sends prefill to a decode server."""
+    plan = {
+        "nproc_per_node": 2,
+        "servers": [
+            {"role": "router", "gpus": 0, "port": 8000},
+            {"role": "prefill", "gpus": 1, "port": 30000},
+            {"role": "decode", "gpus": 1, "port": 30001},
+        ],
+    }
+
+    def server(mode: str, port: int, gpu: int) -> dict[str, Any]:
+        argv = ["-m", "sglang.launch_server", "--disaggregation-mode", mode, "--tp-size", "1"]
+        argv += ["--port", str(port), "--base-gpu-id", str(gpu)]
+        return {"program": "python", "argv": argv, "env": {"SGLANG_DISAGG_ROLE": mode}}
+
+    router = {
+        "program": "python",
+        "argv": ["-m", "sglang_router.launch_router", "--pd-disaggregation"]
+        + ["--prefill", "http://127.0.0.1:30001", "8998", "--decode", "http://127.0.0.1:30000"],
+        "env": {"SGLANG_DISAGG_ROLE": "proxy"},
+    }
+    found = mdc.rehearse.serving._check_disagg_one_node(
+        plan, [server("prefill", 30000, 0), server("decode", 30001, 0), router], "127.0.0.1"
+    )
+    assert found == [
+        "decode server on port 30001 takes GPU 0, also the server on port 30000's",
+        "router --prefill http://127.0.0.1:30001 reaches a decode server",
+        "router --decode http://127.0.0.1:30000 reaches a prefill server",
+    ]

@@ -39,11 +39,15 @@ PRECISION = {
     "fp16": ("fp16", None),
     "fp8": ("fp8", "hybrid"),
     "mxfp8": ("fp8", "e4m3"),
-    # NVFP4 trains with --fp4-format e2m1: no spec key says so yet
-    "nvfp4": ("fp4", None),
+    "nvfp4": ("bf16", None),
+}
+#: the row's precision -> its [megatron] keys: Megatron-Bridge's NVFP4 recipe
+#: (mixed_precision.py, bf16_with_nvfp4_mixed at 17a381f: fp4 = "e2m1", fp4_recipe = "nvfp4",
+#: fp4_param_gather = True) in Megatron-LM's flags
+MEGATRON_PRECISION: dict[str, dict[str, Any]] = {
+    "nvfp4": {"fp4_format": "e2m1", "fp4_recipe": "nvfp4", "fp4_param_gather": True},
 }
 
-_FP4 = "NVFP4 training precision (issue 12 §2)"
 _MODEL = "no models.toml entry for the model yet (issue 12 §3)"
 _LAYOUT = (
     "uneven split given by the recipe's --pipeline-model-parallel-layout, not transcribed yet "
@@ -64,22 +68,12 @@ AWAITING: dict[str, str] = {
     "llama3-paper-405b-16384gpu-cp16": _MEMORY,
     "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
     "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
-    "mbridge-26.04.01-gb300-llama3-70b-nvfp4": _FP4,
-    "mbridge-26.04.01-gb200-llama3-70b-nvfp4": _FP4,
-    "mbridge-26.04.01-gb300-llama3.1-405b-nvfp4": _FP4,
-    "mbridge-26.04.01-gb200-llama3.1-405b-nvfp4": _FP4,
     "mbridge-26.04.01-gb300-kimi-k2-mxfp8": _MODEL,
-    "mbridge-26.04.01-gb300-nemotron-3-super-nvfp4": _FP4,
-    "mbridge-26.04.01-gb200-nemotron-3-super-nvfp4": _FP4,
-    "mbridge-26.04.01-b300-nemotron-3-super-nvfp4": _FP4,
-    "mbridge-26.04.01-b200-nemotron-3-super-nvfp4": _FP4,
     "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
     "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MEMORY,
     "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MEMORY,
     "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
     "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-super-nvfp4": _FP4,
-    "mbridge-26.08-gb200-nemotron-3-super-nvfp4": _FP4,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
     "mbridge-25.11-gb200-deepseek-v3-no-mtp-bf16": _LAYOUT,
@@ -112,6 +106,7 @@ def spec_of(run: dict[str, Any], models: dict[str, dict[str, Any]] = MODELS) -> 
         table.update(_megatron_recompute(run))
         if fp8_format is not None:
             table["fp8_format"] = fp8_format
+        table.update(MEGATRON_PRECISION.get(run["precision"], {}))
     elif "recompute" in run:
         table["config"] = {"activation_checkpoint": {"mode": run["recompute"]}}
     for key, value in run.get("launcher_table", {}).items():

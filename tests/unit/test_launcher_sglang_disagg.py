@@ -452,3 +452,182 @@ def test_explain_and_plan_json_describe_servers(tmp_path: Path) -> None:
     ]
     text = explain_text(compiled.plan, compiled.launch)
     assert "  prefill: nodes 1-2, 16 GPUs (tp 16), HTTP on node 1 port 30001" in text
+
+
+def test_the_automatic_split_gives_each_role_whole_servers(tmp_path: Path) -> None:
+    """5 x 8 with tp 16: servers of 2 nodes. The plain split (1 prefill, 3 decode nodes)
+    holds no whole server; the nearest that does is 2 and 2."""
+    for key in ("sglang_disagg", "parallelism"):  # tp_size, or [parallelism] tp (router excluded)
+        data = spec(5, 8)
+        if key == "sglang_disagg":
+            data[key]["tp_size"] = 16
+        else:
+            data[key] = {"tp": 16}
+        compiled = compile_(tmp_path, data)
+        assert compiled.plan.disagg is not None
+        assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (2, 2)
+        assert [(s.role, s.nodes) for s in compiled.launch.servers] == [
+            ("router", (0,)),
+            ("prefill", (1, 2)),
+            ("decode", (3, 4)),
+        ]
+
+
+def one_node(nproc: int = 8, options: dict[str, Any] | None = None, **split: Any) -> dict[str, Any]:
+    return spec(1, nproc, options, **split)
+
+
+@pytest.mark.parametrize(
+    ("nproc", "tp", "expected"),
+    [
+        # 40% of the GPUs, rounded down (at least 1): SGLang's documented 1 + 1 on two GPUs
+        (2, 1, (1, 1)),
+        (8, 1, (3, 5)),
+        # whole servers of 2 GPUs: 3 is none; 2 and 4 are as near, the smaller wins
+        (8, 2, (2, 6)),
+        # servers of 4 GPUs: one each
+        (8, 4, (4, 4)),
+    ],
+)
+def test_one_node_splits_its_gpus(
+    tmp_path: Path, nproc: int, tp: int, expected: tuple[int, int]
+) -> None:
+    compiled = compile_(tmp_path, one_node(nproc, {"tp_size": tp}))
+    split = compiled.plan.disagg
+    assert split is not None and split.unit == "gpus"
+    assert (split.prefill, split.decode) == expected
+    assert [r.name for r in compiled.plan.roles] == ["disagg"]
+    gpus = [(s.role, s.first_gpu, s.gpus) for s in compiled.launch.servers if s.gpus]
+    prefill, decode = expected[0] // tp, expected[1] // tp
+    assert gpus == [("prefill", i * tp, tp) for i in range(prefill)] + [
+        ("decode", expected[0] + i * tp, tp) for i in range(decode)
+    ]
+
+
+def test_one_node_split_keys_and_their_errors(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, one_node(8, {"tp_size": 2}, prefill_gpus=4, decode_gpus=4))
+    assert [(s.role, s.port, s.first_gpu) for s in compiled.launch.servers] == [
+        ("router", 8000, 0),
+        ("prefill", 30000, 0),
+        ("prefill", 30001, 2),
+        ("decode", 30002, 4),
+        ("decode", 30003, 6),
+    ]
+    cases: list[tuple[dict[str, Any], list[str]]] = [
+        (spec(3, 8, prefill_gpus=4, decode_gpus=4), ["MDC210", "MDC210"]),
+        (one_node(8, prefill_nodes=1, decode_nodes=1), ["MDC210", "MDC210"]),
+        (one_node(8, prefill_gpus=4, decode_gpus=3), ["MDC210"]),
+        (one_node(8, prefill_gpus=4), ["MDC210"]),
+        (one_node(1), ["MDC209"]),
+        # 3 prefill and 5 decode GPUs hold no whole server of 2
+        (one_node(8, {"tp_size": 2}, prefill_gpus=3, decode_gpus=5), ["MDC387", "MDC387"]),
+        # a prefill server of 4 GPUs on the 2 prefill GPUs
+        (one_node(8, {"tp_size": 4}, prefill_gpus=2, decode_gpus=6), ["MDC383", "MDC387"]),
+    ]
+    for data, codes in cases:
+        assert sorted(d.code for d in errors(tmp_path, data)) == codes, data["distributed"]
+
+
+def test_one_node_ports_that_overlap(tmp_path: Path) -> None:
+    """One node: server k on port + k, prefill server k bootstraps on bootstrap_port + k."""
+    options = {"tp_size": 1, "port": 9000, "bootstrap_port": 8998}
+    (error,) = errors(tmp_path, one_node(8, options))  # 3 prefill: 8998..9000; HTTP 9000..
+    assert error.code == "MDC382" and "[9000]" in error.message
+    (error,) = errors(tmp_path, one_node(8, {"router_port": 30004}))
+    assert error.code == "MDC382" and "[30004]" in error.message
+
+
+ONE_NODE_STAND_IN = """#!/usr/bin/env bash
+printf '%s\\n' "$SGLANG_DISAGG_ROLE" "$@" > "$RECORD_DIR/$$"
+"""
+
+
+def one_node_runs(root: Path, env: dict[str, str]) -> list[list[str]]:
+    """What the one node's processes ran, each as [role, words...], in port order."""
+    subprocess.run(
+        ["bash", str(root / "launch" / "disagg.sh")],
+        env={**env, "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+        check=True,
+        timeout=30,
+    )
+    runs = [p.read_text(encoding="utf-8").splitlines() for p in Path(env["RECORD_DIR"]).iterdir()]
+    return sorted(runs, key=lambda r: int(r[r.index("--port") + 1]) if "--port" in r else 0)
+
+
+@pytest.mark.slow
+def test_one_node_runs_every_server_and_the_router(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, one_node(8, {"tp_size": 2}, prefill_gpus=4, decode_gpus=4))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(ONE_NODE_STAND_IN, encoding="utf-8")
+    runs = one_node_runs(root, env)
+    router = next(r for r in runs if "sglang_router.launch_router" in r)
+    assert router[0] == "proxy"
+    assert after(router, "sglang_router.launch_router") == [
+        "--pd-disaggregation",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--prefill",
+        "http://127.0.0.1:30000",
+        "8998",
+        "--prefill",
+        "http://127.0.0.1:30001",
+        "8999",
+        "--decode",
+        "http://127.0.0.1:30002",
+        "--decode",
+        "http://127.0.0.1:30003",
+    ]
+    servers = [r for r in runs if "sglang.launch_server" in r]
+    placed = [
+        (
+            r[0],
+            r[r.index("--disaggregation-mode") + 1],
+            r[r.index("--port") + 1],
+            r[r.index("--base-gpu-id") + 1],
+            r[r.index("--disaggregation-bootstrap-port") + 1]
+            if "--disaggregation-bootstrap-port" in r
+            else None,
+        )
+        for r in servers
+    ]
+    assert placed == [
+        ("prefill", "prefill", "30000", "0", "8998"),
+        ("prefill", "prefill", "30001", "2", "8999"),
+        ("decode", "decode", "30002", "4", None),
+        ("decode", "decode", "30003", "6", None),
+    ]
+
+
+FAILING_STAND_IN = """#!/usr/bin/env bash
+if [[ "$SGLANG_DISAGG_ROLE" == decode ]]; then exit 3; fi
+exec sleep 60
+"""
+
+
+@pytest.mark.slow
+def test_one_node_stops_when_a_server_fails(tmp_path: Path) -> None:
+    """A decode server that dies ends the job with its status; the others are stopped."""
+    root = write_tree(compile_(tmp_path, one_node(2)), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(FAILING_STAND_IN, encoding="utf-8")
+    done = subprocess.run(
+        ["bash", str(root / "launch" / "disagg.sh")],
+        env={**env, "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+        check=False,
+        timeout=30,
+    )
+    assert done.returncode == 3
+
+
+@pytest.mark.slow
+def test_one_node_scripts_pass_shellcheck(tmp_path: Path) -> None:
+    for options in ({}, {"router": "mini_lb", "policy": "random"}):
+        out = tmp_path / str(len(options))
+        root = write_tree(compile_(tmp_path, one_node(8, options)), out)
+        scripts = sorted(str(p) for p in root.rglob("*.sh"))
+        for script in scripts:
+            subprocess.run(["bash", "-n", script], check=True)
+        subprocess.run([shellcheck(), *scripts], check=True)

@@ -170,6 +170,32 @@ def test_fp8_parameters_keep_the_layers_in_one_byte(compiler: Compiler, tmp_path
     assert plain.weights == 2 * plain.params_total
 
 
+def test_nvfp4_parameters_keep_the_layers_in_nine_eighths_of_a_byte(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """NVFP4 (Transformer Engine's NVFP4BlockScaling): 4-bit values plus one 1-byte E4M3
+    scale per 16-value block, 9/16 byte per value, in the row-wise and the column-wise
+    (transposed) copy each: 9/8 byte. The embeddings stay bf16 (2 bytes)."""
+    table = {"fp4_format": "e2m1", "fp4_recipe": "nvfp4", "fp4_param_gather": True}
+    m = estimate_of(compiler, tmp_path, spec("megatron", table))
+    embeddings = 2 * LLAMA3_70B["vocab_size"] * LLAMA3_70B["hidden_size"]  # input and output
+    assert m.weights == ceil_div((m.params_total - embeddings) * 9, 8) + embeddings * 2
+    assert m.weight_bytes == 1.125
+    # FP4 GEMMs alone keep the bf16 weights; so does the same flag read from extra_args
+    gemms = estimate_of(compiler, tmp_path, spec("megatron", {"fp4_format": "e2m1"}))
+    assert gemms.weights == 2 * gemms.params_total
+    extra = {"extra_args": ["--fp4-format", "e2m1", "--fp4-param-gather"]}
+    assert estimate_of(compiler, tmp_path, spec("megatron", extra)).weights == m.weights
+
+
+def test_fp4_with_fp8_is_refused_as_megatron_lm_refuses_it(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    model = {**LLAMA3_70B, "dtype": "fp8"}
+    errors = refusal(compiler, tmp_path, spec("megatron", {"fp4_format": "e2m1"}, model=model))
+    assert len(errors) == 1 and "MDC394" in errors[0] and "simultaneously" in errors[0]
+
+
 @pytest.mark.parametrize(
     ("dtypes", "per_param"),
     [

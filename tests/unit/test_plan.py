@@ -42,6 +42,7 @@ def plan_of(
     parallelism: str = "data",
     disaggregated: bool = False,
     serving: bool = False,
+    scale_up_domain: int | None = None,
 ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     spec = structure_spec(data, {})
     return build_plan(
@@ -49,6 +50,7 @@ def plan_of(
         parallelism=parallelism,
         disaggregated=disaggregated,
         serving=serving,
+        scale_up_domain=scale_up_domain,
         locate=lambda pointer: SourceLocation(path="job.toml", pointer=pointer),
     )
 
@@ -440,11 +442,17 @@ def test_custom_disaggregated_split() -> None:
     assert plan.role_of_name("decode").nodes == range(4, 6)
 
 
-@pytest.mark.parametrize("nnodes", [1, 2])
-def test_disaggregated_needs_three_nodes(nnodes: int) -> None:
-    d = only("MDC209", job(nnodes=nnodes), disaggregated=True)
-    assert d.location.pointer == "/distributed/nnodes"
-    assert f"got {nnodes}" in d.message
+def test_disaggregated_needs_one_node_or_three() -> None:
+    """Two nodes have no layout (a proxy node and one server node); one node splits its GPUs."""
+    d = only("MDC209", job(nnodes=2), disaggregated=True)
+    assert d.location.pointer == "/distributed/nnodes" and "got 2" in d.message
+    d = only("MDC209", job(nnodes=1, nproc=1), disaggregated=True)
+    assert d.location.pointer == "/distributed/nproc_per_node" and "= 1" in d.message
+    plan, diagnostics = plan_of(job(nnodes=1, nproc=8), disaggregated=True)
+    assert plan is not None and plan.disagg is not None and not diagnostics
+    # 40% of the 8 GPUs rounded down prefill, the rest decode, every role on node 0
+    assert (plan.disagg.prefill, plan.disagg.decode, plan.disagg.unit) == (3, 5, "gpus")
+    assert [(r.name, r.first_node, r.count) for r in plan.roles] == [("disagg", 0, 1)]
 
 
 @pytest.mark.parametrize("key", ["prefill_nodes", "decode_nodes"])
@@ -532,6 +540,30 @@ def test_ep_spanning_nodes_warns() -> None:
     )
     ranks, nodes = spanned(d)
     assert ranks[1] - ranks[0] == 8 and nodes == [0, 1]
+
+
+def test_groups_within_an_nvl72_rack_do_not_warn() -> None:
+    # GB200 NVL72: 4 GPUs a node, 72 on one NVLink network; tp 8 and ep 72 span nodes
+    # but not the rack, nor does ep 72, so their traffic stays on NVLink
+    data = job(nnodes=18, nproc=4, parallelism={"tp": 8})
+    assert plan_of(data)[1] and plan_of(data, scale_up_domain=72)[1] == ()
+    data = job(nnodes=18, nproc=4, parallelism={"ep": 72})
+    assert plan_of(data, scale_up_domain=72)[1] == ()
+
+
+def test_a_group_wider_than_the_rack_warns_by_domain() -> None:
+    # 36 nodes of 4 = two racks of 72; an ep group of 144 ranks covers both
+    plan, diagnostics = plan_of(
+        job(nnodes=36, nproc=4, parallelism={"ep": 144}), scale_up_domain=72
+    )
+    assert plan is not None
+    (d,) = diagnostics
+    assert d.code == "MDC251" and "spans scale-up domains (72 GPUs each) 0, 1:" in d.message
+
+
+def test_a_domain_of_one_node_is_the_node_boundary() -> None:
+    data = job(nnodes=2, nproc=8, parallelism={"tp": 16})
+    assert plan_of(data, scale_up_domain=8)[1] == plan_of(data)[1] != ()
 
 
 # --- scale --------------------------------------------------------------------------------

@@ -60,6 +60,11 @@ def layout(plan: Plan) -> str:
         nodes = f"{plan.min_nnodes}-{plan.nnodes} nodes"
     if plan.disagg is not None:  # whole servers per node: the roles are the layout
         split = plan.disagg
+        if split.unit == "gpus":
+            return (
+                f"{nodes} x {plan.nproc_per_node}: router, {split.prefill} prefill and "
+                f"{split.decode} decode GPUs"
+            )
         return (
             f"{nodes} x {plan.nproc_per_node}: 1 proxy, {split.prefill} prefill, "
             f"{split.decode} decode"

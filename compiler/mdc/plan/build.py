@@ -15,6 +15,7 @@ import attrs
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
 from mdc.plan.model import (
+    ONE_NODE_ROLE,
     BatchPlan,
     DisaggSplit,
     NodeRole,
@@ -112,6 +113,7 @@ def build_plan(
     locate: Locate,
     serving: bool = False,
     training: TrainingSetup | None = None,
+    scale_up_domain: int | None = None,
 ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
 
@@ -137,7 +139,12 @@ def build_plan(
             "/distributed/min_nnodes",
             f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
         )
-    sizes, layout = _parallel(spec, nnodes, nproc, parallelism, found, disaggregated or serving)
+    # a disaggregated job's proxy node runs the router, on no GPU: the servers' sizes
+    # divide the other nodes' GPUs (one node: all its GPUs)
+    gpus = nproc * (nnodes - 1 if disaggregated and nnodes > 2 else nnodes)
+    sizes, layout = _parallel(
+        spec, gpus, nnodes, nproc, parallelism, found, disaggregated or serving
+    )
     if sizes is not None and not serving:
         sizes = _layout_vpp(sizes, training, found)
     if sizes:
@@ -145,7 +152,7 @@ def build_plan(
     else:
         batch = None
         _batch_without_dp(spec, found)
-    roles, disagg = _roles(spec, nnodes, disaggregated, found)
+    roles, disagg = _roles(spec, nnodes, nproc, disaggregated, found)
     stages = None
     if sizes and model is not None:
         _model_rules(model, sizes, found, spec.distributed.launcher)
@@ -153,7 +160,7 @@ def build_plan(
             stages = _stages(model, sizes, training, found)
     if layout is not None and sizes is not None and not (disaggregated or serving):
         # a serving engine's tp spanning nodes is a deployment choice (multi-node servers)
-        _span_warnings(layout, sizes, nproc, found)
+        _span_warnings(layout, sizes, nproc, scale_up_domain, found)
     memory = None
     if not found.errors and sizes is not None:
         memory = _memory(
@@ -199,10 +206,15 @@ def build_plan(
 
 
 def _parallel(
-    spec: JobSpec, nnodes: int, nproc: int, parallelism: str, found: _Findings, serving: bool
+    spec: JobSpec,
+    world: int,
+    nnodes: int,
+    nproc: int,
+    parallelism: str,
+    found: _Findings,
+    serving: bool,
 ) -> tuple[Sizes | None, RankLayout | None]:
     par = spec.parallelism
-    world = nnodes * nproc
     model_parallel = parallelism == "model"
     tp = par.tp or (nproc if model_parallel else 1)
     # a written dp says the nodes hold replicas, not pipeline stages
@@ -383,17 +395,34 @@ def _batch_without_dp(spec: JobSpec, found: _Findings) -> None:
         )
 
 
-def auto_split(nnodes: int) -> tuple[int, int]:
-    """The automatic prefill/decode split of the nodes after the proxy."""
-    prefill = max(1, (nnodes - 1) * 2 // 5)
-    return prefill, nnodes - 1 - prefill
+def auto_split(total: int, units: tuple[int, int] = (1, 1)) -> tuple[int, int]:
+    """The automatic prefill/decode split of ``total`` nodes after the proxy (or of one
+    node's GPUs): about 40% prefill, each role whole servers of ``units`` (prefill, decode)
+    nodes or GPUs when such a split exists."""
+    target = max(1, total * 2 // 5)
+    prefill_unit, decode_unit = units
+    fits = [p for p in range(prefill_unit, total, prefill_unit) if (total - p) % decode_unit == 0]
+    prefill = min(fits, key=lambda p: (abs(p - target), p)) if fits else target
+    return prefill, total - prefill
+
+
+def disagg_roles(split: DisaggSplit) -> tuple[NodeRole, ...]:
+    """The plan roles of a split: the proxy, prefill and decode nodes, or one node for all."""
+    if split.unit == "gpus":
+        return (NodeRole(name=ONE_NODE_ROLE, first_node=0, count=1),)
+    return (
+        NodeRole(name="proxy", first_node=0, count=1),
+        NodeRole(name="prefill", first_node=1, count=split.prefill),
+        NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode),
+    )
 
 
 def _roles(
-    spec: JobSpec, nnodes: int, disaggregated: bool, found: _Findings
+    spec: JobSpec, nnodes: int, nproc: int, disaggregated: bool, found: _Findings
 ) -> tuple[tuple[NodeRole, ...], DisaggSplit | None]:
     dist = spec.distributed
-    given = [k for k in ("prefill_nodes", "decode_nodes") if getattr(dist, k) is not None]
+    keys = ("prefill_nodes", "decode_nodes", "prefill_gpus", "decode_gpus")
+    given = [k for k in keys if getattr(dist, k) is not None]
     if not disaggregated:
         for key in given:
             found.add(
@@ -403,46 +432,70 @@ def _roles(
                 f"remove {key}",
             )
         return (NodeRole(name="worker", first_node=0, count=nnodes),), None
-    if nnodes < 3:
+    if nnodes == 2:
         found.add(
             "MDC209",
-            "disaggregated serving needs at least 3 nodes (1 proxy + 1 "
-            f"prefill + 1 decode), got {nnodes}",
+            "disaggregated serving runs on one node (its GPUs split between prefill and "
+            "decode) or on at least 3 nodes (1 proxy + prefill + decode nodes), got 2",
             "/distributed/nnodes",
-            "set nnodes to 3 or more",
+            "set nnodes to 1 or to 3 or more",
+        )
+        return (), None
+    unit, total = ("gpus", nproc) if nnodes == 1 else ("nodes", nnodes - 1)
+    wrong = [k for k in given if not k.endswith(unit)]
+    for key in wrong:
+        right = (
+            key.replace("_gpus", "_nodes") if unit == "nodes" else key.replace("_nodes", "_gpus")
+        )
+        found.add(
+            "MDC210",
+            f"{key} does not apply to {nnodes} node(s): "
+            + ("one node splits its GPUs" if unit == "gpus" else "the roles take whole nodes"),
+            f"/distributed/{key}",
+            f"use {right}",
+        )
+    if wrong:
+        return (), None
+    if total < 2:
+        found.add(
+            "MDC209",
+            f"disaggregated serving on one node needs at least 2 GPUs (1 prefill + 1 "
+            f"decode), got nproc_per_node = {nproc}",
+            "/distributed/nproc_per_node",
+            "set nproc_per_node to 2 or more",
         )
         return (), None
     if len(given) == 1:
         found.add(
             "MDC210",
-            f"{given[0]} is set but not its partner; set both prefill_nodes "
-            "and decode_nodes, or neither for the automatic split",
+            f"{given[0]} is set but not its partner; set both prefill_{unit} "
+            f"and decode_{unit}, or neither for the automatic split",
             f"/distributed/{given[0]}",
         )
         return (), None
     if given:
-        prefill, decode = dist.prefill_nodes or 0, dist.decode_nodes or 0
-        if prefill + decode + 1 != nnodes:
-            auto = auto_split(nnodes)
+        prefill = getattr(dist, f"prefill_{unit}") or 0
+        decode = getattr(dist, f"decode_{unit}") or 0
+        if prefill + decode != total:
+            auto = auto_split(total)
+            whole = (
+                f"+ 1 proxy must equal nnodes ({nnodes}), but got {prefill + decode + 1}"
+                if unit == "nodes"
+                else f"must equal nproc_per_node ({nproc}), but got {prefill + decode}"
+            )
             found.add(
                 "MDC210",
-                f"prefill_nodes ({prefill}) + decode_nodes ({decode}) + 1 proxy "
-                f"must equal nnodes ({nnodes}), but got {prefill + decode + 1}",
-                "/distributed/prefill_nodes",
-                f"for {nnodes} nodes, e.g. prefill_nodes = {auto[0]} and "
-                f"decode_nodes = {auto[1]} (the automatic split)",
+                f"prefill_{unit} ({prefill}) + decode_{unit} ({decode}) {whole}",
+                f"/distributed/prefill_{unit}",
+                f"e.g. prefill_{unit} = {auto[0]} and decode_{unit} = {auto[1]} (the automatic "
+                "split)",
             )
             return (), None
-        split = DisaggSplit(prefill=prefill, decode=decode, origin="spec")
+        split = DisaggSplit(prefill=prefill, decode=decode, origin="spec", unit=unit)
     else:
-        prefill, decode = auto_split(nnodes)
-        split = DisaggSplit(prefill=prefill, decode=decode, origin="auto")
-    roles = (
-        NodeRole(name="proxy", first_node=0, count=1),
-        NodeRole(name="prefill", first_node=1, count=split.prefill),
-        NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode),
-    )
-    return roles, split
+        prefill, decode = auto_split(total)
+        split = DisaggSplit(prefill=prefill, decode=decode, origin="auto", unit=unit)
+    return disagg_roles(split), split
 
 
 def _framework_model(
@@ -600,24 +653,33 @@ def _memory(
     return memory
 
 
-def _span_warnings(layout: RankLayout, sizes: Sizes, nproc: int, found: _Findings) -> None:
+def _span_warnings(
+    layout: RankLayout, sizes: Sizes, nproc: int, scale_up_domain: int | None, found: _Findings
+) -> None:
+    # A group is fast while it stays on one scale-up network: a node, or a whole rack of
+    # nodes where the accelerator's NVLink domain spans several (NVL72: 72 GPUs, 4 a node).
+    # Ranks fill nodes in order, so consecutive nodes share a domain.
+    rack = scale_up_domain is not None and scale_up_domain > nproc and scale_up_domain % nproc == 0
+    boundary = scale_up_domain if rack and scale_up_domain else nproc
+    where = f"scale-up domains ({boundary} GPUs each)" if rack else "nodes"
     for code, kind, article, name, size in (
         ("MDC250", "tp", "a", "tensor-parallel", sizes.tp),
         ("MDC251", "ep", "an", "expert-parallel", sizes.ep),
     ):
         groups = layout.groups(kind)
-        index = groups.group_crossing(nproc)
+        index = groups.group_crossing(boundary)
         if index is None:
             continue
         ranks = groups[index] if size <= 16 else groups[index][:16]
-        nodes = sorted({r // nproc for r in ranks})
+        spans = sorted({r // boundary for r in groups[index]})
         shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
         found.add(
             code,
-            f"{article} {name} group (ranks {shown}) spans nodes "
-            f"{', '.join(map(str, nodes))}: its all-reduces cross the inter-node network",
+            f"{article} {name} group (ranks {shown}) spans {where} "
+            f"{', '.join(map(str, spans))}: its all-reduces cross the inter-node network",
             f"/parallelism/{kind}",
-            f"keep {kind} within a node (a divisor of nproc_per_node = {nproc}); "
-            "rule of thumb: tp within a node, pp across nodes, dp in between",
+            f"keep {kind} within a node (a divisor of nproc_per_node = {nproc})"
+            + (f" or a scale-up domain ({boundary} GPUs)" if rack else "")
+            + "; rule of thumb: tp within a node, pp across nodes, dp in between",
             Severity.WARNING,
         )

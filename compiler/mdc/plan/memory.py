@@ -373,8 +373,8 @@ class MemoryEstimate:
     #: transformer layers on that stage
     stage_layers: int
     dtype: str
-    #: bytes per parameter of weights, gradients and optimizer state
-    weight_bytes: int
+    #: bytes per parameter of weights (NVFP4 ones: a fraction), gradients and optimizer state
+    weight_bytes: float
     grad_bytes: int
     optimizer_bytes: int
     zero_stage: int
@@ -653,7 +653,7 @@ def stage_estimates(
     last_extra = (mtp, mtp_kept * shape.mtp_layers)
     none = (_LayerParams(dense=0, expert=0), Fraction(0))
     w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
-    layer_w = training.layer_weight_bytes or w
+    layer_w = Fraction(training.layer_weight_bytes or w)
     g = training.grad_bytes or w
     o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
@@ -695,10 +695,9 @@ def stage_estimates(
         recomputing = heaviest if training.recompute == "full" else 0
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
-        # fp8 parameters: the layers' weights in 1 byte, the embeddings in the dtype's
-        weights = _ceil(
-            sharded(Fraction(layer_w), 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0)
-        )
+        # fp8/fp4 parameters: the layers' weights in 1 (1.125) bytes, the embeddings in the
+        # dtype's
+        weights = _ceil(sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0))
         gradients = _ceil(sharded(Fraction(g), 2))
         if training.param_offload:
             weights = gradients = 0
@@ -711,7 +710,7 @@ def stage_estimates(
                 stage_rank=rank,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
-                weight_bytes=layer_w,
+                weight_bytes=int(layer_w) if layer_w.denominator == 1 else float(layer_w),
                 grad_bytes=g,
                 optimizer_bytes=o,
                 zero_stage=zero,

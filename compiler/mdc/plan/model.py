@@ -84,14 +84,21 @@ class NodeRole:
         return range(self.first_node, self.first_node + self.count)
 
 
+#: the role of the one node of a single-node disaggregated job (router, prefill, decode)
+ONE_NODE_ROLE = "disagg"
+
+
 @attrs.frozen(kw_only=True)
 class DisaggSplit:
-    """Disaggregated serving: node 0 the proxy, then prefill nodes, then decode nodes."""
+    """Disaggregated serving: node 0 the proxy, then prefill nodes, then decode nodes; on
+    one node (``unit = "gpus"``) the node's GPUs split into prefill and decode GPUs."""
 
     prefill: int
     decode: int
     #: "auto" or "spec"
     origin: str
+    #: what prefill and decode count: "nodes", or "gpus" when every role shares one node
+    unit: str = "nodes"
 
 
 @attrs.frozen(kw_only=True)
@@ -128,8 +135,9 @@ class TrainingSetup:
     #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
     weight_bytes: int | None = None
     #: bytes per element of the transformer layers' weights when the launcher keeps them
-    #: in another precision than [model] dtype (fp8 parameters: 1); None: the dtype's
-    layer_weight_bytes: int | None = None
+    #: in another precision than [model] dtype (fp8 parameters: 1, NVFP4 ones: 1.125);
+    #: None: the dtype's
+    layer_weight_bytes: float | None = None
     #: bytes per parameter of optimizer state; None: Adam's 12 (mixed precision) or 8 (fp32)
     optimizer_bytes: int | None = None
     #: share of the optimizer state kept in host memory, 0 to 1

@@ -165,7 +165,9 @@ def check(
                 f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no server"
             )
     launcher = plan["launcher"]
-    if launcher == "sglang_disagg":
+    if launcher == "sglang_disagg" and (plan.get("disagg") or {}).get("unit") == "gpus":
+        found += _check_disagg_one_node(plan, records.get(0, []), hosts[0])
+    elif launcher == "sglang_disagg":
         found += _check_disagg(plan, records, hosts, node_at)
     elif launcher == "sglang":
         for node, entries in sorted(records.items()):
@@ -376,6 +378,88 @@ def _check_disagg(
                 f"the router's --{kind} URLs point at nodes {sorted(pointed[kind])}, "
                 f"the plan's {kind} nodes are {wanted}"
             )
+    return found
+
+
+def _gpus_of(argv: list[str]) -> range:
+    """The GPUs an SGLang server takes from --base-gpu-id: tp, times dp without DP attention."""
+    tp = int(_value(argv, "--tp-size") or 1)
+    dp = 1 if "--enable-dp-attention" in argv else int(_value(argv, "--dp-size") or 1)
+    base = int(_value(argv, "--base-gpu-id") or 0)
+    return range(base, base + tp * dp)
+
+
+def _check_disagg_one_node(
+    plan: dict[str, Any], entries: list[dict[str, Any]], host: str
+) -> list[str]:
+    """One node: every planned server started with its role on its own GPUs and ports, and
+    the router reaches each of them, by role, at this node's address."""
+    found: list[str] = []
+    started = [
+        e
+        for e in entries
+        if e["program"] == "python" and e["argv"][1:2] == ["sglang.launch_server"]
+    ]
+    routers = [
+        e
+        for e in entries
+        if e["program"] == "python" and e["argv"][1:2] and e["argv"][1] in ROUTERS
+    ]
+    by_port: dict[str, dict[str, Any]] = {}
+    taken: dict[int, str] = {}
+    for entry in started:
+        argv, role = entry["argv"], entry["env"].get("SGLANG_DISAGG_ROLE")
+        mode, port = _value(argv, "--disaggregation-mode"), _value(argv, "--port") or ""
+        if role != mode:
+            found.append(f"server on port {port}: SGLANG_DISAGG_ROLE {role!r}, mode {mode!r}")
+        if port in by_port:
+            found.append(f"two servers serve HTTP on port {port}")
+        by_port[port] = entry
+        for gpu in _gpus_of(argv):
+            if gpu >= plan["nproc_per_node"] or gpu in taken:
+                found.append(
+                    f"{mode} server on port {port} takes GPU {gpu}, "
+                    + (f"also {taken[gpu]}'s" if gpu in taken else "beyond the node's GPUs")
+                )
+            taken.setdefault(gpu, f"the server on port {port}")
+    planned = sorted((s["role"], str(s["port"])) for s in plan["servers"] if s["gpus"])
+    ran = sorted((_value(e["argv"], "--disaggregation-mode") or "", p) for p, e in by_port.items())
+    if ran != planned:
+        found.append(f"servers started {ran}, the plan has {planned}")
+    if len(routers) != 1 or routers[0]["env"].get("SGLANG_DISAGG_ROLE") != "proxy":
+        found.append(f"{len(routers)} router(s) started, the plan has one (role proxy)")
+        return found
+    argv = routers[0]["argv"]
+    pointed: list[str] = []
+    for i, word in enumerate(argv):
+        if word not in ("--prefill", "--decode") or i + 1 >= len(argv):
+            continue
+        url = urlsplit(argv[i + 1])
+        target = by_port.get(str(url.port))
+        if url.hostname != host or target is None:
+            found.append(f"router {word} {argv[i + 1]} reaches no server of this node")
+            continue
+        pointed.append(str(url.port))
+        mode = _value(target["argv"], "--disaggregation-mode")
+        if word[2:] != mode:
+            found.append(f"router {word} {argv[i + 1]} reaches a {mode} server")
+        # mini_lb takes no bootstrap ports (every prefill server keeps the fixed one)
+        bootstraps = argv[1] == "sglang_router.launch_router"
+        if (
+            bootstraps
+            and word == "--prefill"
+            and argv[i + 2 : i + 3]
+            != [_value(target["argv"], "--disaggregation-bootstrap-port") or "8998"]
+        ):
+            found.append(
+                f"router --prefill {argv[i + 1]}: bootstrap port {argv[i + 2 : i + 3]}, the "
+                "server's is "
+                f"{_value(target['argv'], '--disaggregation-bootstrap-port')}"
+            )
+    if sorted(pointed) != sorted(by_port):
+        found.append(
+            f"the router reaches ports {sorted(pointed)}, servers run on {sorted(by_port)}"
+        )
     return found
 
 

@@ -44,6 +44,12 @@ from mdc.api import (
     torchrun_findings,
     torchrun_worker_env,
 )
+from mdc_builtin.launchers.megatron_precision import (
+    FP4_FLAGS,
+    fp4_args,
+    fp4_layer_weight_bytes,
+    fp4_rules,
+)
 
 #: The orders Megatron-LM's command line can express: its default, and --use-tp-pp-dp-mapping.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -184,6 +190,10 @@ class MegatronOptions:
     moe_token_dispatcher_type: str | None = None
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool | None = None
+    fp4_format: str | None = None
+    fp4_recipe: str | None = None
+    fp4_quantizer_factory: str | None = None
+    fp4_param_gather: bool | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -445,6 +455,7 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     ):
         if getattr(opts, key):
             yield _flag(key)
+    yield from fp4_args(opts)
 
 
 def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
@@ -574,6 +585,7 @@ FLAGS = FlagTable(
         _readable("account_for_loss_in_pipeline_split"),
         _readable("pipeline_model_parallel_layout", 1),
         *OPTION_FLAGS,
+        *FP4_FLAGS,
         *(
             KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
             for flag, source in [*SWITCHES.items(), *SOURCES.items()]
@@ -860,6 +872,7 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     dtype = plan.model.dtype if plan.model else None
     yield from _fsdp_rules(opts, words)
     yield from _precision_rules(opts, dtype)
+    yield from fp4_rules(opts, dtype, lambda key: _at(opts, key))
     yield from _optimizer_rules(opts)
     yield from _offload_rules(plan, opts)
     yield from _recompute_module_rules(plan, opts, words, dtype)
@@ -876,8 +889,6 @@ UNMODELLED = (
     "--fine-grained-activation-offloading",
     "--offload-modules",
     "--distribute-saved-activations",
-    "--fp4-format",
-    "--fp4-param-gather",
     "--moe-flex-dispatcher-backend",
     "--reuse-grad-buf-for-mxfp8-param-ag",
     "--keep-fp8-transpose-cache",
@@ -1280,7 +1291,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         recompute_method=opts.recompute_method,
         recompute_num_layers=opts.recompute_num_layers,
         recompute_modules=opts.recompute_modules,
-        layer_weight_bytes=1 if opts.fp8_param_gather else None,
+        layer_weight_bytes=1 if opts.fp8_param_gather else fp4_layer_weight_bytes(opts),
         optimizer_bytes=_optimizer_bytes(opts),
         optimizer_offload=offload,
         offload_layers=opts.cpu_offloading_num_layers or 0,
