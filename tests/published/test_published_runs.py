@@ -66,12 +66,9 @@ _MEMORY = (
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
     "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
     "mbridge-26.04.01-gb300-kimi-k2-mxfp8": _MODEL,
     "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MEMORY,
-    "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MEMORY,
     "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
     "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
