@@ -26,6 +26,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import attrs
 
+from mdc.api import Server
 from mdc.plan.model import Plan
 from mdc.plan.ranks import RankGrid
 
@@ -174,8 +175,11 @@ class _Canvas:
         self.parts.append(part)
 
 
-def rank_map_svg(plan: Plan) -> str:
-    """The rank map of ``plan`` as a standalone SVG document."""
+def rank_map_svg(plan: Plan, servers: Sequence[Server] = ()) -> str:
+    """The rank map of ``plan`` as a standalone SVG document; a serving job (its
+    launcher's ``servers``) is drawn as its servers instead of rank groups."""
+    if servers:
+        return _servers_svg(plan, servers)
     nproc, world = plan.nproc_per_node, plan.world_size
     nodes = _shown(plan.nnodes, MAX_NODES)
     columns = _shown(nproc, MAX_COLUMNS)
@@ -381,3 +385,195 @@ def _draw_legend(
         y += LINE
     canvas.add("</g>")
     return y + 4
+
+
+def _server_label(index: int, server: Server) -> str:
+    """``prefill 0: nodes 1-2, tp 16 dp 8, port 30001`` (the legend and the tooltips)."""
+    first, last = server.nodes[0], server.nodes[-1]
+    nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
+    if server.gpus == 0:
+        return f"{server.role}: {nodes}, port {server.port} (no GPU)"
+    sizes = " ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("tp", server.tp),
+            ("pp", server.pp),
+            ("dp", server.dp),
+            ("ep", server.ep),
+        )
+        if value > 1 or name == "tp"
+    )
+    return f"{server.role} {index}: {nodes}, {sizes}, port {server.port}"
+
+
+def server_at(servers: Sequence[Server], node: int, gpu: int) -> int | None:
+    """The index of the server that runs on ``gpu`` of ``node`` (None: no server does)."""
+    for index, server in enumerate(servers):
+        if server.gpus == 0 or node not in server.nodes:
+            continue
+        per_node = server.gpus // len(server.nodes)
+        if server.first_gpu <= gpu < server.first_gpu + per_node:
+            return index
+    return None
+
+
+def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
+    """One panel: node rows, each GPU coloured by the server that runs on it."""
+    nproc = plan.nproc_per_node
+    nodes = _shown(plan.nnodes, MAX_NODES)
+    columns = _shown(nproc, MAX_COLUMNS)
+    numbered: dict[int, int] = {}  # server index -> its number within its role
+    for index, server in enumerate(servers):
+        numbered[index] = sum(1 for s in servers[:index] if s.role == server.role)
+    labels = {i: _server_label(numbered[i], s) for i, s in enumerate(servers)}
+    cell_w = max(64, CHAR_W * max(len(f"{s.role} {numbered[i]}") for i, s in enumerate(servers)))
+    cell_w += 10
+    cols_w = sum(ELLIPSIS_W if c is None else cell_w for c in columns) + CELL_GAP * (
+        len(columns) - 1
+    )
+    gpu_servers = [s for s in servers if s.gpus]
+    header = [
+        f"server map: job {plan.job.name} ({plan.launcher} on {plan.backend})",
+        f"{plan.nnodes} node(s) x {nproc} GPU(s); {len(gpu_servers)} server(s)"
+        + "".join(f", {s.role} on node {s.nodes[0]}" for s in servers if not s.gpus),
+        "cell: GPU / the server that runs on it; hover for details",
+    ]
+    if None in nodes:
+        header.append(f"drawn: nodes 0..{MAX_NODES - 2} and {plan.nnodes - 1} of {plan.nnodes}")
+    if None in columns:
+        header.append(f"drawn: GPUs 0..{MAX_COLUMNS - 2} and {nproc - 1} of {nproc} per node")
+    title = "servers: colour = server"
+    width = max(
+        2 * MARGIN + LABEL_W + cols_w + 2 * ROW_PAD,
+        2 * MARGIN + HEADER_CHAR_W * max(len(line) for line in [*header, title]),
+    )
+    canvas = _Canvas()
+    y = MARGIN
+    for i, line in enumerate(header):
+        y += LINE
+        weight = {"font_size": "14", "font_weight": "bold"} if i == 0 else {"font_size": "12"}
+        canvas.add(_text(MARGIN, y, line, **weight, **{"class": "header"}))
+    y += LINE // 2 + LINE + 4
+    canvas.add('<g class="panel" data-kind="servers">')
+    canvas.add(
+        _text(MARGIN, y, title, font_size="13", font_weight="bold", **{"class": "panel-title"})
+    )
+    y += 8
+    row_h = CELL_H + 2 * ROW_PAD
+    seen: set[int] = set()
+    for node in nodes:
+        if node is None:
+            gap = plan.nnodes - MAX_NODES
+            canvas.add(
+                _text(
+                    MARGIN + LABEL_W,
+                    y + 15,
+                    f"… {gap} more node(s), not drawn",
+                    font_style="italic",
+                )
+            )
+            y += 22
+            continue
+        name, detail = _node_label(plan, node)
+        canvas.add(f'<g class="node" data-node="{node}">')
+        canvas.add(_text(MARGIN, y + row_h // 2, name, font_weight="bold", font_size="12"))
+        if detail:
+            canvas.add(_text(MARGIN, y + row_h // 2 + 15, detail, font_size="10"))
+        x0 = MARGIN + LABEL_W
+        x = x0 + ROW_PAD
+        for local in columns:
+            if local is None:
+                canvas.add(_text(x + 8, y + ROW_PAD + CELL_H // 2 + 4, "…"))
+                x += ELLIPSIS_W + CELL_GAP
+                continue
+            runs = server_at(servers, node, local)
+            if runs is not None:
+                seen.add(runs)
+            _server_cell(
+                canvas, servers, numbered, labels, node, local, runs, x, y + ROW_PAD, cell_w
+            )
+            x += cell_w + CELL_GAP
+        frame_w = x - CELL_GAP + ROW_PAD - x0
+        canvas.add(
+            f'<rect class="node-frame" x="{x0}" y="{y}" width="{frame_w}" '
+            f'height="{row_h}" rx="5" fill="none" stroke="#222222" stroke-width="2"/>'
+        )
+        canvas.add("</g>")
+        y += row_h + ROW_GAP
+    canvas.add('<g class="legend">')
+    listed = [i for i, s in enumerate(servers) if i in seen or not s.gpus][:MAX_LEGEND]
+    for i in listed:
+        fill = colour(i) if servers[i].gpus else "#ffffff"
+        canvas.add(
+            f'<rect class="swatch" x="{MARGIN}" y="{y + 3}" width="12" height="12" '
+            f'fill="{fill}" stroke="#555555" stroke-width="0.75"/>'
+        )
+        canvas.add(_text(MARGIN + 18, y + 13, labels[i]))
+        y += LINE
+    if len(servers) > len(listed):
+        canvas.add(
+            _text(
+                MARGIN,
+                y + 13,
+                f"… {len(servers) - len(listed)} more server(s)",
+                font_style="italic",
+            )
+        )
+        y += LINE
+    canvas.add("</g>")
+    canvas.add("</g>")
+    height = y + MARGIN
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
+        f'monospace" font-size="11">'
+    )
+    body = "\n".join(canvas.parts)
+    doc_title = escape(f"server map of job {plan.job.name}")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{doc_title}</title>\n'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
+    )
+
+
+def _server_cell(
+    canvas: _Canvas,
+    servers: Sequence[Server],
+    numbered: dict[int, int],
+    labels: dict[int, str],
+    node: int,
+    gpu: int,
+    index: int | None,
+    x: int,
+    y: int,
+    cell_w: int,
+) -> None:
+    """A GPU: the colour and name of its server, or grey when no server runs on it."""
+    if index is None:
+        tip, fill, role, sizes = f"node {node}, GPU {gpu}: no server", "#f0f0f0", "unused", ""
+    else:
+        server = servers[index]
+        tip, fill = f"node {node}, GPU {gpu}: {labels[index]}", colour(index)
+        role = f"{server.role} {numbered[index]}"
+        sizes = " ".join(
+            f"{name}{value}"
+            for name, value in (
+                ("tp", server.tp),
+                ("pp", server.pp),
+                ("dp", server.dp),
+                ("ep", server.ep),
+            )
+            if value > 1
+        )
+    cx = x + cell_w // 2
+    canvas.add(
+        f'<g class="cell" data-node="{node}" data-gpu="{gpu}" data-server="'
+        f'{"" if index is None else index}">'
+        f"<title>{escape(tip)}</title>"
+        f'<rect x="{x}" y="{y}" width="{cell_w}" height="{CELL_H}" rx="3" '
+        f'fill="{fill}" stroke="#555555" stroke-width="0.75"/>'
+        + _text(cx, y + 14, f"g{gpu}", text_anchor="middle", font_weight="bold")
+        + _text(cx, y + 28, role, text_anchor="middle", font_size="10")
+        + _text(cx, y + 42, sizes, text_anchor="middle", font_size="10")
+        + "</g>"
+    )

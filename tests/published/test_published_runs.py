@@ -50,8 +50,12 @@ MEGATRON_PRECISION: dict[str, dict[str, Any]] = {
 
 _MODEL = "no models.toml entry for the model yet (issue 12 §3)"
 _LAYOUT = (
-    "uneven split given by the recipe's --pipeline-model-parallel-layout, not transcribed yet "
-    "(issue 12 §1)"
+    "61 layers over pp x vp stages that Megatron-LM splits only through "
+    "--pipeline-model-parallel-layout, and no published layout for this pp and vp: the "
+    "recipe's layout_map (Megatron-Bridge v0.2.0, recipes/deepseek/deepseek_v3.py) has "
+    "(1, 1), (4, 1), (8, 1), (4, 2), (16, 1), (8, 2), (4, 4) only, and the 25.11 presets "
+    "(scripts/performance/configs/deepseek/workload_base_configs.py) run GB300 and GB200 at "
+    "pp 4 x vp 4, ep 64, not this row's layout"
 )
 _MEMORY = (
     "compiles (activations over the limit are a warning, MDC262), but the memory estimate "
@@ -62,23 +66,13 @@ _MEMORY = (
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "mbridge-26.04.01-gb300-deepseek-v3-mxfp8": _MEMORY,
-    "llama3-paper-405b-8192gpu-cp1": _MEMORY,
-    "llama3-paper-405b-16384gpu-cp1": _MEMORY,
-    "llama3-paper-405b-16384gpu-cp16": _MEMORY,
-    "mbridge-25.11-h100-sxm-gpt-oss-120b-bf16": _MEMORY,
     "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
-    "mbridge-26.04.01-gb300-kimi-k2-mxfp8": _MODEL,
     "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb300-nemotron-3-ultra-mxfp8": _MEMORY,
-    "mbridge-26.08-gb200-nemotron-3-ultra-mxfp8": _MEMORY,
     "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
     "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
-    "mbridge-25.11-gb200-deepseek-v3-no-mtp-bf16": _LAYOUT,
     "mbridge-25.11-gb200-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
-    "mbridge-25.11-b200-deepseek-v3-mxfp8": _LAYOUT,
 }
 
 

@@ -360,3 +360,45 @@ def test_configmap_keys_and_a_payload_over_the_limit() -> None:
         k8s.config_key("launch/a b.sh")
     big = [Artifact.text("launch/big.json", "x" * (k8s.CONFIGMAP_LIMIT + 1))]
     assert [f.code for f in k8s.configmap_findings(big, "kubernetes")] == ["MDC467"]
+
+
+def serving_spec(launcher: str, nnodes: int, table: dict[str, Any]) -> dict[str, Any]:
+    data = spec(nnodes=nnodes)
+    data["distributed"]["launcher"] = launcher
+    data["job"]["command"] = {
+        "vllm": ["vllm", "serve"],
+        "sglang": ["python3", "-m", "sglang.launch_server"],
+        "sglang_disagg": "python3",
+    }[launcher]
+    data[launcher] = table
+    return data
+
+
+@pytest.mark.parametrize(
+    ("launcher", "nnodes", "table", "port"),
+    [
+        # vLLM's OpenAI-compatible server answers GET /health once its engine is up
+        # (docs.vllm.ai, "OpenAI-Compatible Server"); default port 8000 (FrontendArgs.port)
+        ("vllm", 1, {"model": "m"}, 8000),
+        ("vllm", 2, {"model": "m", "port": 8080}, 8080),
+        # SGLang's HTTP server: GET /health (python/sglang/srt/entrypoints/http_server.py),
+        # default port 30000 (ServerArgs.port)
+        ("sglang", 2, {"model": "m"}, 30000),
+        # the router of a disaggregated job answers /health on its port (node 0)
+        ("sglang_disagg", 3, {"model_path": "m", "router_port": 8001}, 8001),
+    ],
+)
+def test_serving_pods_are_ready_once_the_server_answers(
+    compiler: Compiler, tmp_path: Path, launcher: str, nnodes: int, table: dict[str, Any], port: int
+) -> None:
+    compiled = compiled_of(compiler, tmp_path, serving_spec(launcher, nnodes, table))
+    job = docs_of(compiled)["Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}
+    assert {"containerPort": port, "protocol": "TCP"} in container["ports"]
+
+
+def test_training_pods_have_no_readiness_probe(compiler: Compiler, tmp_path: Path) -> None:
+    job = docs_of(compiled_of(compiler, tmp_path, spec()))["Job"]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert "readinessProbe" not in container

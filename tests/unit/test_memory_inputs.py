@@ -341,6 +341,30 @@ def test_selective_recompute_drops_the_listed_modules(
     assert activations(compiler, tmp_path, table, **eager) == kept - L * dropped
 
 
+def test_mla_up_proj_recompute_drops_the_up_projected_q_k_v(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-Core's "mla_up_proj" (multi_latent_attention.py: CheckpointWithoutOutput
+    around the up-projection and RoPE, discarded after core attention): per token, the
+    bf16 Q and K of every head (qk + rope head dims each) and V (v head dim) go; the
+    latents they are recomputed from stay."""
+    heads, qk, rope, v = 16, 64, 32, 64
+    mla = {
+        "multi_latent_attention": True,
+        "q_lora_rank": 256,
+        "kv_lora_rank": 128,
+        "qk_head_dim": qk,
+        "qk_pos_emb_head_dim": rope,
+        "v_head_dim": v,
+    }
+    table = {"recompute_granularity": "selective"}
+    kept = activations(compiler, tmp_path, table, **mla)
+    dropped = activations(
+        compiler, tmp_path, {**table, "recompute_modules": ["mla_up_proj"]}, **mla
+    )
+    assert kept - dropped == L * 2 * S * heads * (2 * (qk + rope) + v)
+
+
 @pytest.mark.parametrize("count", [1, 3, 7])
 def test_activation_offloading_keeps_the_other_layers(
     compiler: Compiler, tmp_path: Path, count: int

@@ -601,3 +601,13 @@ def test_a_million_ranks_without_enumerating() -> None:
         pp_index = t + TP * (c + CP * d)
         assert pp_groups.index_of(r) == pp_index
         assert pp_groups[pp_index] == tuple(rank(t, c, d, i) for i in range(PP))
+
+
+def test_a_serving_servers_tp_over_nodes_is_no_warning() -> None:
+    """tp 16 on 2 x 8: training is warned (MDC250); a serving engine spans nodes by design
+    (SGLang's --nnodes servers, vLLM over Ray)."""
+    data = job(nnodes=2, nproc=8, parallelism={"tp": 16, "pp": 1})
+    _, trained = plan_of(data, parallelism="model")
+    assert "MDC250" in codes(trained)
+    plan, served = plan_of(data, parallelism="model", serving=True)
+    assert plan is not None and "MDC250" not in codes(served)

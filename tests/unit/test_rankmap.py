@@ -7,6 +7,7 @@ torch-marked test) or are worked out here from the node layout, never read back 
 from __future__ import annotations
 
 import io
+import json
 import re
 import warnings
 import xml.etree.ElementTree as ET
@@ -273,3 +274,66 @@ def test_colours_and_labels_match_megatron(nnodes: int, nproc: int, sizes: dict[
                 if n > 1
             )
             assert texts(cell) == [f"r{rank}", coords, f"{NOUNS[kind]} {value}"], (kind, rank)
+
+
+# ---------------------------------------------------------------- serving jobs as servers
+
+
+def serving_compiled(data: dict[str, Any], tmp_path: Path) -> Any:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return Compiler(load_plugins(autoload=False, blocked=[])).compile(path)
+
+
+def gpu_cells(root: ET.Element) -> dict[tuple[int, int], str]:
+    """(node, GPU) -> the server index the cell is coloured by ("" when none)."""
+    return {
+        (int(c.get("data-node", "")), int(c.get("data-gpu", ""))): c.get("data-server", "")
+        for c in root.iter(f"{SVG}g")
+        if c.get("class") == "cell"
+    }
+
+
+def test_a_disaggregated_job_is_drawn_as_its_servers(tmp_path: Path) -> None:
+    """5 x 8, tp 16: the router node runs no server (no replica drawn there); each server's
+    16 GPUs over its 2 nodes are one colour."""
+    data = {
+        "job": {"name": "pd", "command": "python3"},
+        "distributed": {"launcher": "sglang_disagg", "nnodes": 5, "nproc_per_node": 8},
+        "sglang_disagg": {"model_path": "m", "tp_size": 16},
+    }
+    compiled = serving_compiled(data, tmp_path)
+    root = parse(rank_map_svg(compiled.plan, compiled.launch.servers))
+    assert set(panels(root)) == {"servers"}
+    cells_ = gpu_cells(root)
+    assert {cells_[(0, g)] for g in range(8)} == {""}  # the router's node
+    assert {cells_[(n, g)] for n in (1, 2) for g in range(8)} == {"1"}  # prefill 0
+    assert {cells_[(n, g)] for n in (3, 4) for g in range(8)} == {"2"}  # decode 0
+    words = texts(root)
+    assert "router: node 0, port 8000 (no GPU)" in words
+    assert "prefill 0: nodes 1-2, tp 16, port 30001" in words
+    assert not any("replica" in w for w in words)
+
+
+def test_one_node_servers_on_their_gpus(tmp_path: Path) -> None:
+    data = {
+        "job": {"name": "pd1", "command": "python3"},
+        "distributed": {"launcher": "sglang_disagg", "nnodes": 1, "nproc_per_node": 8},
+        "sglang_disagg": {"model_path": "m", "tp_size": 2},
+    }
+    compiled = serving_compiled(data, tmp_path)
+    cells_ = gpu_cells(parse(rank_map_svg(compiled.plan, compiled.launch.servers)))
+    # servers 1.. in the plan's order: prefill on GPUs 0-1, decode on 2-3, 4-5, 6-7
+    assert [cells_[(0, g)] for g in range(8)] == ["1", "1", "2", "2", "3", "3", "4", "4"]
+
+
+def test_explain_draws_a_serving_job_as_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MDC_DISABLE_PLUGIN_AUTOLOAD", "1")
+    spec = REPO / "examples" / "vllm-dp-ep-2x8.toml"
+    target = tmp_path / "map.svg"
+    assert main(["explain", str(spec), "--svg", str(target)], stdout=io.StringIO()) == 0
+    root = parse(target.read_text(encoding="utf-8"))
+    assert set(panels(root)) == {"servers"}
+    assert set(gpu_cells(root).values()) == {"0"}  # one server of 16 engines over both nodes

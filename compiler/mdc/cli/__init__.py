@@ -174,7 +174,8 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     if args.svg:
         from mdc.rankmap import rank_map_svg
 
-        Path(args.svg).write_text(rank_map_svg(compiled.plan), encoding="utf-8")
+        svg = rank_map_svg(compiled.plan, compiled.launch.servers)
+        Path(args.svg).write_text(svg, encoding="utf-8")
     if out.fmt == "json":
         out.json(plan_json(compiled.plan, compiled.launch))
     else:

@@ -405,8 +405,8 @@ class _PartActivations:
     split: Fraction = Fraction(0)
     scores: Fraction = Fraction(0)
     #: what Megatron-Core's selective recompute of a module drops, by module name
-    #: ("layernorm": the norm's output, part of the replicated share; "mlp", "moe",
-    #: "moe_act", "shared_experts": parts of the split share)
+    #: ("layernorm": the norm's output, part of the replicated share; "mla_up_proj", "mlp",
+    #: "moe", "moe_act", "shared_experts": parts of the split share)
     modules: tuple[tuple[str, Fraction], ...] = ()
 
     def full(self, sp: int) -> Fraction:
@@ -448,6 +448,7 @@ def _part_activations(
     # every part keeps its norm's input, its first matrix's input and a dropout mask
     inputs = (act + gemm_in + 1) * tokens * h
     latent = shape.latent
+    attention_modules: tuple[tuple[str, Fraction], ...] = (norm_output,)
     if latent is not None:
         # Q and K of qk + rope width, V and the projection input of v width, per head; the
         # replicated compressed q and kv (each a norm input and an up-projection input)
@@ -455,6 +456,9 @@ def _part_activations(
         v = Fraction(shape.heads * latent.v_head, t)
         split = act * tokens * (2 * q + 2 * v)
         inputs += act * tokens * (2 * latent.q_lora + 2 * latent.kv_lora + latent.rope_head)
+        # recompute_modules "mla_up_proj": Megatron-Core discards the up-projected Q, K and V
+        # once core attention has run and recomputes them from the latents for its backward
+        attention_modules += (("mla_up_proj", act * tokens * (2 * q + v)),)
     else:
         d = shape.kv_channels
         q = Fraction(shape.heads * d, t)
@@ -464,7 +468,7 @@ def _part_activations(
     mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
     parts = {
         "attention": _PartActivations(
-            replicated=inputs, split=split, scores=Fraction(scores), modules=(norm_output,)
+            replicated=inputs, split=split, scores=Fraction(scores), modules=attention_modules
         ),
         "mlp": _PartActivations(
             replicated=(act + gemm_in + 1) * tokens * h,

@@ -15,7 +15,9 @@ Backend codes MDC440-449:
 
 A failing pod fails the Job (backoffLimit 0, restartPolicy Never), and the finished
 Job and its pods are deleted after a week (ttlSecondsAfterFinished 604800) unless
-the table says otherwise (-1: kept).
+the table says otherwise (-1: kept). A serving launcher's pods get a readiness probe on
+its health endpoint (``GET /health`` on the serving port: vLLM's and SGLang's servers and
+SGLang's router), and the container lists that port.
 """
 
 from __future__ import annotations
@@ -76,7 +78,18 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
     files = [*launch.files, node]
     port = plan.rendezvous.master_port
     env: dict[str, Any] = {"MASTER_ADDR": hosts.name(0), "MASTER_PORT": str(port)}
-    container = k8s.container(plan, opts, name="node", env=env, ports=[port])
+    endpoint = launch.endpoint
+    ports = [port] if endpoint is None else [port, endpoint.port]
+    container = k8s.container(plan, opts, name="node", env=env, ports=ports)
+    if endpoint is not None:
+        # a serving pod is Ready once its server answers the health endpoint (the model is
+        # loaded), so a Service in front of the pods routes only to servers that serve; a
+        # pod that serves no HTTP (a later node of a server, a headless engine) stays unready
+        container["readinessProbe"] = {
+            "httpGet": {"path": endpoint.health_path, "port": endpoint.port},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+        }
     pod_labels = {**labels, "mdc/role": "node"}
     job_spec: dict[str, Any] = {
         "completionMode": "Indexed",
