@@ -100,7 +100,9 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
     table = run.get("launcher_table", {})
     fsdp = bool(table.get("use_megatron_fsdp")) or bool(run.get("fsdp"))
     paper = run["source"] == NARAYANAN  # 2021: no sequence parallel, no overlap, plain DDP
-    zero = 3 if fsdp else (0 if paper else 1)
+    # Megatron-FSDP's sharding strategy (default optim_grads_params) as ZeRO stage
+    strategy = table.get("data_parallel_sharding_strategy", "optim_grads_params")
+    zero = {"optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (0 if paper else 1)
     return Layout(
         tp=tp, pp=pp, cp=cp, ep=ep, etp=run.get("etp") or (1 if moe else tp), dp=dp,
         vpp=run.get("vpp") or 1,

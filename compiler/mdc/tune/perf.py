@@ -351,14 +351,16 @@ def predict(
         params = (dense_params * ring + expert_params * ering) * act
         if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
             traffic = grads * L.microbatches + 2 * params * L.microbatches
+        elif L.zero_stage == 2:  # gradients reduce-scattered every micro batch, weights kept
+            traffic = grads * L.microbatches + params
         elif L.zero_stage >= 1:
             traffic = grads + params
         else:
             traffic = 2 * grads
         t_dp = traffic / bw
-        hidden_behind = micro if (L.overlap_grad_reduce or L.zero_stage >= 3) else 0.0
+        hidden_behind = micro if (L.overlap_grad_reduce or L.zero_stage >= 2) else 0.0
         exposed = 0.0
-        if L.zero_stage >= 3:
+        if L.zero_stage >= 2:
             hidden_behind = pipeline
             # each micro batch's first all-gather and last reduce-scatter have no layer to
             # hide behind: one layer's share of the traffic per micro batch stays exposed
