@@ -556,7 +556,12 @@ def one_node_runs(root: Path, env: dict[str, str]) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_one_node_runs_every_server_and_the_router(tmp_path: Path) -> None:
-    compiled = compile_(tmp_path, one_node(8, {"tp_size": 2}, prefill_gpus=4, decode_gpus=4))
+    options = {
+        "tp_size": 2,
+        "prefill": {"args": ["--chunked-prefill-size", "8192"]},
+        "decode": {"args": ["--max-running-requests", "128"]},
+    }
+    compiled = compile_(tmp_path, one_node(8, options, prefill_gpus=4, decode_gpus=4))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_in_path(tmp_path)
     (Path(env["PATH"].split(":")[0]) / "python3").write_text(ONE_NODE_STAND_IN, encoding="utf-8")
@@ -593,6 +598,10 @@ def test_one_node_runs_every_server_and_the_router(tmp_path: Path) -> None:
         )
         for r in servers
     ]
+    for run in servers:  # a role's args reach that role's servers only
+        prefill = run[0] == "prefill"
+        assert ("--chunked-prefill-size" in run) == prefill
+        assert ("--max-running-requests" in run) == (not prefill)
     assert placed == [
         ("prefill", "prefill", "30000", "0", "8998"),
         ("prefill", "prefill", "30001", "2", "8999"),
