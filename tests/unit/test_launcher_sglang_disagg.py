@@ -640,3 +640,34 @@ def test_one_node_scripts_pass_shellcheck(tmp_path: Path) -> None:
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
         subprocess.run([shellcheck(), *scripts], check=True)
+
+
+@pytest.mark.slow
+def test_one_node_stops_its_servers_when_terminated(tmp_path: Path) -> None:
+    """TERM to the node (a cancelled job) reaches every server and the router."""
+    import signal
+    import time
+
+    root = write_tree(compile_(tmp_path, one_node(2)), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    sleeper = (
+        '#!/usr/bin/env bash\necho "$$" > "$RECORD_DIR/$SGLANG_DISAGG_ROLE-$$"\nexec sleep 60\n'
+    )
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(sleeper, encoding="utf-8")
+    node = subprocess.Popen(
+        ["bash", str(root / "launch" / "sglang_disagg.sh"), "python3"],
+        env={**env, "NODE_RANK": "0"},
+    )
+    record = Path(env["RECORD_DIR"])
+    deadline = time.monotonic() + 20
+    while len(list(record.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text(encoding="utf-8")) for p in record.iterdir()]
+    assert len(pids) == 3  # prefill, decode, router
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=20) == 143
+    time.sleep(0.5)
+    for pid in pids:  # gone, or a zombie no one has reaped yet (it no longer runs)
+        status = Path(f"/proc/{pid}/status")
+        state = status.read_text(encoding="utf-8") if status.exists() else "State:\tX"
+        assert "\nState:\tZ" in state or "State:\tX" in state, state.splitlines()[:3]
