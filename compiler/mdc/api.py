@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from json.encoder import encode_basestring as _json_string
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -22,7 +22,6 @@ from mdc.errors import Diagnostic, Finding, Severity
 from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
 from mdc.hardware import Accelerator
 from mdc.package_data import package_text
-from mdc.plan.memory import MemoryEstimate
 from mdc.plan.model import (
     GROUP_KINDS,
     ONE_NODE_ROLE,
@@ -35,7 +34,6 @@ from mdc.plan.model import (
     Sizes,
     TrainingSetup,
 )
-from mdc.plan.serving_memory import ServingSetup
 from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
 from mdc.runtime import (
     MASTER_ADDR,
@@ -66,6 +64,28 @@ from mdc.torchrun import (
     torchrun_findings,
     torchrun_worker_env,
 )
+
+if TYPE_CHECKING:
+    from mdc.plan.memory import MemoryEstimate
+    from mdc.plan.serving_memory import ServingSetup
+
+#: Public names whose modules load only when first used: the memory estimates (and the
+#: fractions arithmetic behind them) cost a spec without a [model] nothing.
+_LAZY = {
+    "MemoryEstimate": "mdc.plan.memory",
+    "ServingSetup": "mdc.plan.serving_memory",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 @attrs.frozen(kw_only=True)

@@ -7,14 +7,18 @@ small; beyond the bounds, the formulas describe the rest.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from mdc.api import Launch
 from mdc.errors import Diagnostic
-from mdc.plan import serving_memory
-from mdc.plan.memory import GIB, MemoryEstimate
 from mdc.plan.model import GROUP_KINDS, Plan, Sizes
+
+if TYPE_CHECKING:
+    from mdc.plan.memory import MemoryEstimate
+
+# The memory modules are imported only for a plan that holds an estimate.
 
 #: plan.json lists every group only up to this world size.
 MAX_LISTED_RANKS = 4096
@@ -97,11 +101,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "warnings": [_finding(d) for d in plan.warnings],
         # a serving job's servers, and their weights and KV cache per GPU when estimated
         **({"servers": [_plain(server) for server in launch.servers]} if launch.servers else {}),
-        **(
-            {"serving_memory": serving_memory.to_json(plan.serving_memory)}
-            if plan.serving_memory is not None
-            else {}
-        ),
+        **_serving_json(plan),
     }
 
 
@@ -172,6 +172,14 @@ def server_lines(launch: Launch) -> list[str]:
     return lines
 
 
+def _serving_json(plan: Plan) -> dict[str, object]:
+    if plan.serving_memory is None:
+        return {}
+    from mdc.plan import serving_memory
+
+    return {"serving_memory": serving_memory.to_json(plan.serving_memory)}
+
+
 def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
     """plan.json's "memory": the estimate in bytes, and what it assumed."""
     if memory is None:
@@ -206,6 +214,8 @@ def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
 
 
 def _gib(n: int) -> str:
+    from mdc.plan.memory import GIB
+
     return f"{n / GIB:8.2f} GiB"
 
 
@@ -213,6 +223,8 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
     """The estimate as a short table for ``mdc explain``."""
     if memory is None:
         return []
+    from mdc.plan.memory import GIB
+
     m = memory
     stage = {
         "only": "",
@@ -349,7 +361,10 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     lines += stage_lines(plan)
     lines += memory_lines(plan.memory)
     lines += server_lines(launch)
-    lines += serving_memory.lines(plan.serving_memory)
+    if plan.serving_memory is not None:
+        from mdc.plan import serving_memory
+
+        lines += serving_memory.lines(plan.serving_memory)
     lines += predicted_lines(plan)
     if launch.worker_env:
         lines.append("every worker sees:")

@@ -33,9 +33,8 @@ from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import SET_BY_MDC, render_launch
 from mdc.loaders import LoadedDocument, load_file
-from mdc.plan import Plan, build_plan, serving_memory
+from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND, auto_split, disagg_roles
-from mdc.plan.memory import missing_keys, resolve_shape
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import EnvValue, JobSpec
@@ -514,6 +513,9 @@ def _serving_memory(
     capacity = spec.distributed.accelerator_memory_gib
     if capacity is None or plan.model is None:
         return plan, []
+    from mdc.plan import serving_memory  # imported only for a spec that asks for the check
+    from mdc.plan.memory import missing_keys, resolve_shape
+
     shape = resolve_shape(plan.model)
     serving_of = launcher.serving
     setup = (

@@ -7,7 +7,6 @@ falling back to spelling distance.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 #: other names users give mdc's values (normalized: lowercase, no "-", "_" or spaces)
@@ -59,5 +58,7 @@ def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.75) -> str
     if alias is not None and alias in options:
         return alias
     lowered = {c.lower(): c for c in options}
+    import difflib  # only a spec with a mistake gets this far
+
     near = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=cutoff)
     return lowered[near[0]] if near else None

@@ -108,6 +108,10 @@ def user_repo(tmp_path: Path) -> Iterator[Path]:
     shutil.copy(BAD_BATCH, root / "jobs" / "bad.yaml")
     shutil.copy(BAD_SYNTAX, root / "jobs" / "broken.toml")
     shutil.copy(BAD_MISSING, root / "jobs" / "nested" / "incomplete.yaml")
+    # a plugin's project inside the spec folder: its metadata and schema are not specs
+    (root / "jobs" / "plugin").mkdir()
+    (root / "jobs" / "plugin" / "pyproject.toml").write_text('[project]\nname = "p"\n')
+    (root / "jobs" / "plugin" / "p.v1.schema.json").write_text('{"type": "object"}\n')
     (root / ".github" / "workflows").mkdir(parents=True)
     (root / ".github" / "workflows" / "ci.yml").write_text("on: push\njobs: {}\n")
     (root / "package.json").write_text('{"name": "not-a-spec"}\n')
@@ -227,6 +231,8 @@ def test_default_files_pick_specs_only(
         "plan.json",
         "manifest.json",
         ".pre-commit-config.yaml",
+        "pyproject.toml",
+        "schema.json",
         "jobs/good.toml:",
     ):
         assert never not in done.stdout, (never, done.stdout)

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -19,8 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mdc.cli import main
+from mdc.cli.specs import EXCLUDE, find_specs
+from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +149,32 @@ def test_validate_a_folder_finds_the_specs_and_skips_compiled_trees(tmp_path: Pa
     assert run("compile", "-q", str(jobs / "a.toml"), "-o", str(jobs / "build"))[0] == 0
     code, stdout, stderr = run("validate", str(jobs))
     assert (code, stdout, stderr) == (0, "2 specs ok, 0 warnings\n", "")
+
+
+def test_validate_a_folder_skips_files_that_are_never_specs(tmp_path: Path) -> None:
+    """A plugin's project in the folder: its pyproject.toml and JSON Schema are not specs."""
+    plugin = tmp_path / "plugin"
+    (plugin / "src").mkdir(parents=True)
+    shutil.copy(REPO / "examples" / "quickstart.toml", plugin / "job.toml")
+    (plugin / "pyproject.toml").write_text('[project]\nname = "p"\n')
+    (plugin / "src" / "p.v1.schema.json").write_text('{"type": "object"}\n')
+    assert run("validate", str(plugin)) == (0, "1 spec ok, 0 warnings\n", "")
+
+
+def test_folder_specs_are_picked_as_the_pre_commit_hook_picks_them() -> None:
+    hook = next(
+        h
+        for h in yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+        if h["id"] == "mdc-validate"
+    )
+    assert hook["exclude"] == EXCLUDE.pattern
+    # this repository's examples: every file found is a job spec, the example plugin's
+    # project files are not among them
+    found = find_specs(REPO / "examples")
+    assert REPO / "examples" / "quickstart.toml" in found
+    for path in found:
+        doc = load_file(path).data
+        assert isinstance(doc, dict) and ("job" in doc or "distributed" in doc), path
 
 
 def test_validate_an_empty_folder(tmp_path: Path) -> None:

@@ -1,22 +1,26 @@
 """The specs in a folder, as the pre-commit hook ``mdc-validate`` picks them.
 
-TOML, YAML and JSON files, skipping what ``mdc compile`` writes (folders ``out/`` and
-``launch/``, ``plan.json``, ``manifest.json``, and any folder holding a ``manifest.json``, an
-output tree under another name) and hidden folders (``.git``, ``.venv``).
+TOML, YAML and JSON files, without what the hook excludes (:data:`EXCLUDE`): the trees
+``mdc compile`` writes (folders ``out/`` and ``launch/``, ``plan.json``, ``manifest.json``) and
+files that are never specs (a Python project's ``pyproject.toml``, JSON Schemas
+``*.schema.json``). Also skipped: any folder holding a ``manifest.json`` (an output tree under
+another name) and hidden folders (``.git``, ``.venv``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
 
 SUFFIXES = (".toml", ".yaml", ".yml", ".json")
-#: folder names the hook excludes: trees `mdc compile` writes
-COMPILED_FOLDERS = {"out", "launch"}
-#: files of such a tree
-COMPILED_FILES = {"plan.json", "manifest.json"}
+#: the `exclude:` of the hook mdc-validate in .pre-commit-hooks.yaml (a test holds them equal),
+#: matched against a path relative to the folder given
+EXCLUDE = re.compile(
+    r"(^|/)(out|launch)/|(^|/)(plan|manifest)\.json$|(^|/)pyproject\.toml$|\.schema\.json$"
+)
 
 
 def find_specs(folder: Path) -> list[Path]:
@@ -26,12 +30,11 @@ def find_specs(folder: Path) -> list[Path]:
         if "manifest.json" in files and Path(root) != folder:
             dirs[:] = []
             continue
-        dirs[:] = [d for d in dirs if d not in COMPILED_FOLDERS and not d.startswith(".")]
-        found += [
-            Path(root) / name
-            for name in files
-            if name.endswith(SUFFIXES) and name not in COMPILED_FILES
-        ]
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            path = Path(root) / name
+            if name.endswith(SUFFIXES) and not EXCLUDE.search(path.relative_to(folder).as_posix()):
+                found.append(path)
     return sorted(found)
 
 
@@ -41,7 +44,8 @@ def no_specs(folder: str) -> Diagnostic:
         severity=Severity.ERROR,
         code="MDC005",
         message="no spec in this folder: no .toml, .yaml, .yml or .json file outside "
-        "compiled trees (out/, launch/, a folder holding manifest.json)",
+        "compiled trees (out/, launch/, a folder holding manifest.json) but pyproject.toml "
+        "and JSON Schemas (*.schema.json)",
         hint="give the spec files, or the folder that holds them",
         location=SourceLocation(path=folder),
     )

@@ -12,10 +12,12 @@ without a position and lets a few redefinitions through (``x.a = 1`` then
 from __future__ import annotations
 
 import bisect
+import contextlib
 import datetime
+import functools
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from mdc.errors import SpecError, join_pointer
 from mdc.loaders import LoadedDocument, Position, duplicate_key, syntax_error
@@ -44,19 +46,50 @@ _VALUE, _HEADER, _IMPLICIT, _DOTTED, _AOT = "value", "header", "implicit", "dott
 
 def parse(text: str, path: str) -> LoadedDocument:
     """Parse TOML ``text``; raise :class:`SpecError` (MDC001/MDC002) if it is invalid."""
-    raw: object
     try:
         raw = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError):
-        raw = _read_thoroughly(text, path)
+        data = _plain(_read_thoroughly(text, path))
+        scanner = _Scanner(text)
+        try:
+            scanner.run()  # its verdict on redefinitions tomlkit lets through
+        except _Duplicate as dup:
+            raise _duplicate_error(dup, path) from None
+        except _ScanError:
+            pass  # positions are a convenience: keep what was found
+        return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
+    # tomllib refuses every redefinition, so the scanner runs only when a finding asks for a
+    # position (most specs have none)
+    scanned = functools.cache(functools.partial(_positions, text))
+    return LoadedDocument(
+        path=path,
+        data=_plain(raw),
+        values=_Scanned(lambda: scanned().values),
+        keys=_Scanned(lambda: scanned().keys),
+    )
+
+
+def _positions(text: str) -> _Scanner:
     scanner = _Scanner(text)
-    try:
+    with contextlib.suppress(_ScanError, _Duplicate):  # neither in a text tomllib read
         scanner.run()
-    except _Duplicate as dup:
-        raise _duplicate_error(dup, path) from None
-    except _ScanError:
-        pass  # positions are a convenience: keep what was found
-    return LoadedDocument(path=path, data=_plain(raw), values=scanner.values, keys=scanner.keys)
+    return scanner
+
+
+class _Scanned(Mapping[str, Position]):
+    """A table of positions, scanned when first looked up."""
+
+    def __init__(self, table: Callable[[], dict[str, Position]]) -> None:
+        self._table = table
+
+    def __getitem__(self, pointer: str) -> Position:
+        return self._table()[pointer]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
 
 
 def _read_thoroughly(text: str, path: str) -> object:

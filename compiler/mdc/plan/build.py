@@ -9,13 +9,11 @@ from __future__ import annotations
 import hashlib
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mdc.errors import Diagnostic, Severity, SourceLocation
-from mdc.plan.architecture import rules as architecture_rules
-from mdc.plan.memory import Context, MemoryEstimate, plan_memory
 from mdc.plan.model import (
     ONE_NODE_ROLE,
     BatchPlan,
@@ -30,6 +28,9 @@ from mdc.plan.model import (
 from mdc.plan.ranks import RankGrid, complete_order, divisors
 from mdc.plan.stages import Model, StageLayers, layout_vpp, split_layers
 from mdc.spec import JobSpec, ModelTable
+
+if TYPE_CHECKING:
+    from mdc.plan.memory import MemoryEstimate
 
 Locate = Callable[[str], SourceLocation]
 
@@ -605,6 +606,9 @@ def _model_rules(model: ModelTable, sizes: Sizes, found: _Findings, launcher: st
             "/model/num_experts",
             f"ep can be one of {_listing(divisors(experts))}",
         )
+    # the model's rules and memory estimate are imported only for a spec with a [model]
+    from mdc.plan.architecture import rules as architecture_rules
+
     for f in architecture_rules(model, sizes.tp, launcher == "megatron"):
         found.add(f.code, f.message, f.pointer, f.hint, f.severity)
     seq = model.seq_length
@@ -632,6 +636,10 @@ def _memory(
     capacity = spec.distributed.accelerator_memory_gib
     if serving:
         return None  # the serving estimate is the pipeline's, with the launcher's setup
+    if model is None and capacity is None:
+        return None  # nothing to estimate, nothing to check
+    from mdc.plan.memory import Context, plan_memory
+
     context = Context(
         world=world,
         nproc_per_node=nproc,

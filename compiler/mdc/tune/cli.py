@@ -10,10 +10,10 @@ from mdc.errors import ExitCode
 from mdc.importers import translate
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
-from mdc.plan.memory import GIB
 
 
 def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
+    from mdc.plan.memory import GIB
     from mdc.tune.report import result_json, svg, text, write_spec
     from mdc.tune.search import Tuner
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -71,37 +72,17 @@ def openmpi() -> str:
     return found
 
 
-#: mdc's own emulated SLURM cluster (this plugin lives in mdc's repository)
-SLURM_LOCAL = ROOT.parent.parent / "tests" / "integration" / "slurm" / "slurm_local.sh"
-#: the settings mdc's SLURM tier uses, so that both share one running cluster
-SLURM_SETTINGS = {"MDC_SLURM_NODES": "4", "MDC_SLURM_FAKE_GPUS": "8"}
+def _mdc_slurm_cluster() -> ModuleType:
+    """mdc's emulated SLURM cluster (this plugin lives in mdc's repository): the module with
+    its session fixture, loaded from its file so this suite also runs from its own folder."""
+    path = ROOT.parent.parent / "tests" / "integration" / "slurm" / "cluster.py"
+    spec = importlib.util.spec_from_file_location("mdc_tests_slurm_cluster", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _slurm_local(action: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["bash", str(SLURM_LOCAL), action],
-        env={**os.environ, **SLURM_SETTINGS},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[None]:
-    """A real SLURM cluster on this machine (mdc's slurm_local.sh: apt-installs SLURM when
-    missing). Torn down only if this session started it."""
-    if os.geteuid() != 0 or not SLURM_LOCAL.is_file():
-        why = f"the SLURM test needs root and {SLURM_LOCAL}"
-        if in_ci():
-            pytest.fail(why)
-        pytest.skip(why)
-    was_up = _slurm_local("status", 60).returncode == 0
-    up = _slurm_local("up", 900)
-    if up.returncode != 0:
-        pytest.fail(f"slurm_local.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
-    yield
-    if not was_up:
-        down = _slurm_local("down", 120)
-        assert down.returncode == 0, f"slurm_local.sh down failed:\n{down.stderr}"
+#: the same fixture as mdc's SLURM tier: one cluster for every test process of the run,
+#: torn down by the last user and only if the run started it
+slurm_cluster = _mdc_slurm_cluster().slurm_cluster

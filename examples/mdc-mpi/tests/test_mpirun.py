@@ -561,7 +561,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 @pytest.mark.torch
 @pytest.mark.parametrize("extra", ["", MPIRUN_ON_SLURM], ids=["srun", "mpirun-with-hint"])
 def test_real_slurm_run(
-    extra: str, slurm_cluster: None, openmpi: str, tmp_path: Path, mdc_cli: MdcCli
+    extra: str, slurm_cluster: object, openmpi: str, tmp_path: Path, mdc_cli: MdcCli
 ) -> None:
     """sbatch on a real (emulated) 2-node cluster: every rank reports the plan's layout."""
     spec = tmp_path / "spec.toml"

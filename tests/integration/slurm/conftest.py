@@ -2,10 +2,11 @@
 
 ``slurm_local.sh`` (beside this file) installs SLURM with apt when it is
 missing and runs 4 emulated nodes, each with 8 fake GPUs, on 127.0.0.1. The
-session fixture brings it up once and tears down only what it started: a
-cluster that was already up stays up. Without root, or without SLURM and
-apt-get, the tests that need it skip and say why (under CI a skip fails the
-run, which is intended: CI has both).
+session fixture ``slurm_cluster`` (in ``cluster.py``, shared with the example
+plugin's suite) brings it up once for every test process of the run and tears
+down only what it started: a cluster that was already up stays up. Without
+root, or without SLURM and apt-get, the tests that need it skip and say why
+(under CI they fail: CI has both).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,12 +24,14 @@ from pathlib import Path
 
 import attrs
 import pytest
+from tests.integration.slurm import cluster
+from tests.integration.slurm.cluster import FAKE_GPUS, NODES, TIMES, Cluster
+
+#: the session fixture, shared with examples/mdc-mpi/tests (one cluster for every process)
+slurm_cluster = cluster.slurm_cluster
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
-SCRIPT = HERE / "slurm_local.sh"
-NODES = 4
-FAKE_GPUS = 8
 #: the venv's bin: torchrun lives next to the interpreter running the tests
 VENV_BIN = Path(sys.executable).parent
 #: marks every process a job starts (sbatch passes the environment on), to find leftovers
@@ -45,69 +47,6 @@ FINAL_STATES = {
     "BOOT_FAIL",
     "DEADLINE",
 }
-
-#: seconds spent bringing the cluster up, and in this directory's tests
-TIMES: dict[str, float] = {}
-
-
-def _installed() -> bool:
-    return all(
-        Path(p).is_file()
-        for p in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch", "/usr/sbin/munged")
-    )
-
-
-def _script(action: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MDC_SLURM_NODES": str(NODES), "MDC_SLURM_FAKE_GPUS": str(FAKE_GPUS)}
-    return subprocess.run(
-        ["bash", str(SCRIPT), action],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-@attrs.frozen
-class Cluster:
-    nodes: int
-    gpus_per_node: int
-    partitions: tuple[str, ...]
-    #: CPUs of each emulated node (slurm.conf gives each this machine's count)
-    cpus: int
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    if os.geteuid() != 0:
-        pytest.skip(
-            "the SLURM tests run a real cluster on this machine and need root "
-            "(tests/integration/slurm/slurm_local.sh up)"
-        )
-    if not _installed() and shutil.which("apt-get") is None:
-        pytest.skip(
-            "SLURM is not installed and there is no apt-get to install it "
-            "(munge slurmctld slurmd slurm-client)"
-        )
-    was_up = _installed() and _script("status", timeout=60).returncode == 0
-    started = time.monotonic()
-    up = _script("up")
-    TIMES["bring-up"] = time.monotonic() - started
-    if up.returncode != 0:
-        pytest.fail(f"slurm_local.sh up failed ({up.returncode}):\n{up.stdout}{up.stderr}")
-    partitions = subprocess.run(
-        ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    cpus = int(
-        subprocess.run(
-            ["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, check=True
-        ).stdout.split()[0]
-    )
-    yield Cluster(nodes=NODES, gpus_per_node=FAKE_GPUS, partitions=tuple(partitions), cpus=cpus)
-    if not was_up:
-        down = _script("down", timeout=120)
-        assert down.returncode == 0, f"slurm_local.sh down failed:\n{down.stderr}"
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -22,10 +22,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 def probe_launch(plan: Plan, options: object) -> Launch:
     """Each node records its rank, the job's node count and the CPUs its task got
-    (SLURM_CPUS_ON_NODE in a step is the step's CPUs on that node); PROBE_FAIL fails a node."""
+    (SLURM_CPUS_ON_NODE in a step is the step's CPUs on that node); PROBE_FAIL fails a node,
+    once every node has recorded (up to 10 s): srun then stops the others, which must not
+    happen before they wrote their record, however loaded the machine."""
     line = (
         'echo "$NODE_RANK $SLURM_JOB_NUM_NODES $SLURM_CPUS_ON_NODE" > "$PROBE_DIR/node-$NODE_RANK"'
-        '; if [[ "$NODE_RANK" == "${PROBE_FAIL:-none}" ]]; then exit 3; fi'
+        '; if [[ "$NODE_RANK" == "${PROBE_FAIL:-none}" ]]; then'
+        " for _ in {1..100}; do"
+        ' (( $(ls "$PROBE_DIR" | wc -l) >= SLURM_JOB_NUM_NODES )) && break; sleep 0.1; done;'
+        " exit 3; fi"
     )
     return Launch(roles=tuple(Role(name=r.name, argv=("bash", "-c", line)) for r in plan.roles))
 
