@@ -77,7 +77,6 @@ _MEMORY = (
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
     "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _DSV4,
     "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _DSV4,
     "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _LIGHTNING,
