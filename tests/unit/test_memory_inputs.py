@@ -290,8 +290,10 @@ def classic_spec(table: dict[str, Any], *, model: dict[str, Any] | None = None) 
 LAYER = 34 * S * H
 #: what full recompute keeps of a layer: its input
 INPUT = 2 * S * H
-#: the fp32 logits of the output layer
-LOGITS = 4 * S * V
+#: what Megatron's loss holds per logit at the end of the forward pass: the output layer's
+#: bf16 logits (2 bytes) and vocab_parallel_cross_entropy's fp32 copy (4 bytes), which it
+#: keeps (as exp(logits)) for its backward
+LOGITS = (2 + 4) * S * V
 
 
 def activations(compiler: Compiler, tmp_path: Path, table: dict[str, Any], **model: Any) -> int:
