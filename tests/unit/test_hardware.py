@@ -90,10 +90,10 @@ def _spec(tmp_path: Path, distributed: str) -> str:
 def test_accelerator_model_sets_the_memory_limit(tmp_path: Path) -> None:
     code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "h100-sxm"\n'), "explain")
     # the GiB the device exposes (nvidia-smi: 81559 MiB), not the datasheet's 80 GB
-    assert code == 0 and "of 79.65 GiB" in out
+    assert code == 0 and "of 79.6475 GiB" in out
     code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "mi300x"\n'), "explain")
     # rocm-smi: 206141652992 bytes
-    assert code == 0 and "of 191.98 GiB" in out and "accelerator amd" in out
+    assert code == 0 and "of 191.984 GiB" in out and "accelerator amd" in out
 
 
 def test_an_explicit_memory_wins(tmp_path: Path) -> None:
