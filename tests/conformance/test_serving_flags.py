@@ -59,7 +59,8 @@ Flag = tuple[tuple[str, ...], str, Any]
 #:   --gpu-memory-utilization (float), --kv-cache-dtype; the data-parallel flags of the
 #:   ParallelConfig group: "--data-parallel-rank" "-dpn", "--data-parallel-start-rank"
 #:   "-dpr", "--data-parallel-size-local" "-dpl", "--data-parallel-address" "-dpa" (str),
-#:   "--data-parallel-rpc-port" "-dpp" (int), "--enable-expert-parallel" "-ep" (a switch);
+#:   "--data-parallel-rpc-port" "-dpp" (int), "--enable-expert-parallel" "-ep" (a switch),
+#:   "--data-parallel-backend" "-dpb" (choices mp, ray);
 #: - vllm/entrypoints/openai/cli_args.py (make_arg_parser): "--headless" (a switch),
 #:   "--api-server-count" "-asc" (int), which ServeSubcommand.cmd refuses with --headless
 #:   (vllm/entrypoints/cli/serve.py).
@@ -83,6 +84,7 @@ VLLM_FLAGS: list[Flag] = [
     (("--data-parallel-address", "-dpa"), "value", str),
     (("--data-parallel-rpc-port", "-dpp"), "value", int),
     (("--enable-expert-parallel", "-ep"), "switch", None),
+    (("--data-parallel-backend", "-dpb"), "value", ["mp", "ray"]),
     (("--headless",), "switch", None),
     (("--api-server-count", "-asc"), "value", int),
 ]

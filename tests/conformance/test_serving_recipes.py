@@ -187,6 +187,32 @@ def test_vllm_single_node_dp_ep_is_the_documented_command(tmp_path: Path) -> Non
     )
 
 
+#: vLLM docs/serving/data_parallel_deployment.md, "Internal Load Balancing" (vllm-project/vllm
+#: at 01e4fce07423dafcc832600ba05159fb28dc1126): data parallel over Ray, one command on one
+#: node; "when a single DP group requires multiple nodes ... set VLLM_RAY_DP_PACK_STRATEGY=
+#: "span" in which case --data-parallel-size-local is ignored", so it is left out here.
+VLLM_RAY_DP = "vllm serve m --data-parallel-size 4 --data-parallel-backend=ray"
+
+
+def test_vllm_data_parallel_ranks_over_nodes_is_the_documented_ray_command(
+    tmp_path: Path,
+) -> None:
+    """8 nodes x 8 GPUs, tp 16: four ranks of two nodes each, as the documented command."""
+    data = {
+        "job": {"name": "vllm-ray-dp", "command": ["vllm", "serve"]},
+        "distributed": {"launcher": "vllm", "backend": "local", "nnodes": 8, "nproc_per_node": 8},
+        "parallelism": {"tp": 16, "pp": 1},
+        "vllm": {"model": "m"},
+    }
+    compiled = compile_data(tmp_path, data)
+    (role,) = compiled.launch.roles
+    assert role.argv[0] == "bash"  # launch/vllm-node.sh: the Ray cluster, then node 0 serves
+    serve = [str(w) for w in role.argv[2:]]
+    # the documented command with the rank's size that makes it span two nodes
+    same_command(serve, VLLM_RAY_DP + " --tensor-parallel-size 16")
+    assert role.env["VLLM_RAY_DP_PACK_STRATEGY"] == "span"
+
+
 SGLANG_DOC_DEFAULTS = {"host": "0.0.0.0", "disaggregation_transfer_backend": "mooncake"}
 
 

@@ -362,6 +362,13 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
             "parallelism": {"tp": 1, "pp": 1, "ep": 16},
         },
     ),
+    # data-parallel ranks of 16 GPUs over 8-GPU nodes: a Ray cluster, node 0 serves
+    (
+        "vllm",
+        4,
+        "local",
+        {"vllm": {"model": "deepseek-ai/DeepSeek-V3-0324"}, "parallelism": {"tp": 16, "pp": 1}},
+    ),
     (
         "sglang",
         2,
@@ -482,6 +489,12 @@ def test_serving_roles_and_addresses(
             assert argv[argv.index("--data-parallel-address") + 1] == "127.0.0.1"
             assert argv[argv.index("--data-parallel-rpc-port") + 1] == str(port)
             assert "--enable-expert-parallel" in argv
+    elif launcher == "vllm" and extra["parallelism"]["tp"] == 16:  # Ray data parallel
+        (head,) = [e["argv"] for e in records[0] if e["program"] == "vllm"]
+        assert head[head.index("--data-parallel-size") + 1] == "2"
+        assert head[head.index("--data-parallel-backend") + 1] == "ray"
+        for node in (1, 2, 3):  # every other node joins the Ray head and serves nothing
+            assert [e["program"] for e in records[node]] == ["ray"]
     elif launcher == "vllm":  # Ray head on node 0, node 1 joins it from its own address
         joined = records[1][0]["argv"]
         assert joined[:2] == ["start", f"--address=127.0.0.1:{records[0][0]['argv'][3][7:]}"]

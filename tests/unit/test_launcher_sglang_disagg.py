@@ -558,7 +558,12 @@ def one_node_runs(root: Path, env: dict[str, str]) -> list[list[str]]:
 
 @pytest.mark.slow
 def test_one_node_runs_every_server_and_the_router(tmp_path: Path) -> None:
-    compiled = compile_(tmp_path, one_node(8, {"tp_size": 2}, prefill_gpus=4, decode_gpus=4))
+    options = {
+        "tp_size": 2,
+        "prefill": {"args": ["--chunked-prefill-size", "8192"]},
+        "decode": {"args": ["--max-running-requests", "128"]},
+    }
+    compiled = compile_(tmp_path, one_node(8, options, prefill_gpus=4, decode_gpus=4))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_in_path(tmp_path)
     (Path(env["PATH"].split(":")[0]) / "python3").write_text(ONE_NODE_STAND_IN, encoding="utf-8")
@@ -595,6 +600,10 @@ def test_one_node_runs_every_server_and_the_router(tmp_path: Path) -> None:
         )
         for r in servers
     ]
+    for run in servers:  # a role's args reach that role's servers only
+        prefill = run[0] == "prefill"
+        assert ("--chunked-prefill-size" in run) == prefill
+        assert ("--max-running-requests" in run) == (not prefill)
     assert placed == [
         ("prefill", "prefill", "30000", "0", "8998"),
         ("prefill", "prefill", "30001", "2", "8999"),
@@ -633,3 +642,34 @@ def test_one_node_scripts_pass_shellcheck(tmp_path: Path) -> None:
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
         subprocess.run([shellcheck(), *scripts], check=True)
+
+
+@pytest.mark.slow
+def test_one_node_stops_its_servers_when_terminated(tmp_path: Path) -> None:
+    """TERM to the node (a cancelled job) reaches every server and the router."""
+    import signal
+    import time
+
+    root = write_tree(compile_(tmp_path, one_node(2)), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    sleeper = (
+        '#!/usr/bin/env bash\necho "$$" > "$RECORD_DIR/$SGLANG_DISAGG_ROLE-$$"\nexec sleep 60\n'
+    )
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(sleeper, encoding="utf-8")
+    node = subprocess.Popen(
+        ["bash", str(root / "launch" / "sglang_disagg.sh"), "python3"],
+        env={**env, "NODE_RANK": "0"},
+    )
+    record = Path(env["RECORD_DIR"])
+    deadline = time.monotonic() + 20
+    while len(list(record.iterdir())) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text(encoding="utf-8")) for p in record.iterdir()]
+    assert len(pids) == 3  # prefill, decode, router
+    node.send_signal(signal.SIGTERM)
+    assert node.wait(timeout=20) == 143
+    time.sleep(0.5)
+    for pid in pids:  # gone, or a zombie no one has reaped yet (it no longer runs)
+        status = Path(f"/proc/{pid}/status")
+        state = status.read_text(encoding="utf-8") if status.exists() else "State:\tX"
+        assert "\nState:\tZ" in state or "State:\tX" in state, state.splitlines()[:3]

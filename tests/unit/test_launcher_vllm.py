@@ -230,6 +230,30 @@ def test_tp_below_the_job_is_data_parallel_by_default(tmp_path: Path) -> None:
     assert "--enable-expert-parallel" not in words
 
 
+def test_data_parallel_ranks_wider_than_a_node_run_over_ray(tmp_path: Path) -> None:
+    """tp 16 on 8-GPU nodes, dp 2: vLLM places such ranks through Ray with
+    VLLM_RAY_DP_PACK_STRATEGY=span, which ignores --data-parallel-size-local
+    (docs/serving/data_parallel_deployment.md, "Internal Load Balancing", vllm-project/vllm
+    at 01e4fce07423dafcc832600ba05159fb28dc1126)."""
+    data = spec(nnodes=4, nproc=8, parallelism={"tp": 16, "pp": 1})
+    compiled = compile_(tmp_path, data)
+    (role,) = compiled.launch.roles
+    words = [w for w in role.argv if isinstance(w, str)]
+    assert words[words.index("--data-parallel-size") + 1] == "2"
+    assert words[words.index("--data-parallel-backend") + 1] == "ray"
+    assert "--data-parallel-size-local" not in words and "--headless" not in words
+    assert role.env["VLLM_RAY_DP_PACK_STRATEGY"] == "span"
+    # the Ray cluster of every node first; node 0 serves once Ray has the 32 GPUs
+    script = file_of(compiled, "launch/vllm-node.sh")
+    assert "ray start --head" in script and "((gpus >= 32))" in script
+    (server,) = compiled.launch.servers
+    assert (server.nodes, server.gpus, server.tp, server.dp) == ((0, 1, 2, 3), 32, 16, 2)
+    # an engine of 12 GPUs is neither a divisor of a node nor whole nodes
+    data = spec(nnodes=3, nproc=8, parallelism={"tp": 12, "pp": 1})
+    (found,) = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert found.code == "MDC362" and "whole nodes" in found.message
+
+
 def test_vllm_expert_parallel_is_tp_times_dp(tmp_path: Path) -> None:
     data = spec(nnodes=2, nproc=8, parallelism={"tp": 2, "pp": 1, "ep": 4})
     data["model"] = {"num_experts": 64}

@@ -230,8 +230,14 @@ def _check_vllm(
             head = servers.get(0)
             if head is None:
                 found.append("node 0 (the Ray head) did not start vllm serve")
-            elif _value(head["argv"], "--distributed-executor-backend") != "ray":
-                found.append("node 0: vllm serve without --distributed-executor-backend ray")
+            elif "ray" not in (
+                _value(head["argv"], "--distributed-executor-backend"),
+                _value(head["argv"], "--data-parallel-backend"),
+            ):
+                found.append(
+                    "node 0: vllm serve without --distributed-executor-backend ray (one "
+                    "engine) or --data-parallel-backend ray (engines over nodes)"
+                )
         else:
             address = _value(argv, "--address") or ""
             host, _, port = address.rpartition(":")

@@ -418,8 +418,10 @@ def one_node_script(plan: Plan, options: SglangDisaggOptions) -> str:
 # of them fails (the others are stopped) or when all have ended.
 set -euo pipefail
 pids=()
-# leaving (a process failed, or a signal): stop the others
+# leaving (a process failed, or TERM/INT from the backend): stop the others
 trap 'if ((${{#pids[@]}})); then kill "${{pids[@]}}" 2>/dev/null || true; fi' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 {body}
 status=0
 for _ in "${{pids[@]}}"; do

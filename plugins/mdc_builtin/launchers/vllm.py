@@ -73,6 +73,10 @@ DP_FLAG = "--data-parallel-size"
 DP_LOCAL_FLAG = "--data-parallel-size-local"
 EP_FLAG = "--enable-expert-parallel"
 EXECUTOR_FLAG = "--distributed-executor-backend"
+DP_BACKEND_FLAG = "--data-parallel-backend"
+#: vLLM places a data-parallel rank wider than a node through Ray with this packing
+#: (docs/serving/data_parallel_deployment.md, "Internal Load Balancing")
+PACK_STRATEGY = "VLLM_RAY_DP_PACK_STRATEGY"
 #: flag -> (vLLM's aliases, where mdc takes the value from); vllm/engine/arg_utils.py
 #: (ParallelConfig group) and vllm/entrypoints/openai/cli_args.py
 OWNED: dict[str, tuple[tuple[str, ...], str]] = {
@@ -89,6 +93,7 @@ OWNED: dict[str, tuple[tuple[str, ...], str]] = {
     "--port": ((), "[vllm] port"),
     "--model": ((), "[vllm] model"),
     EXECUTOR_FLAG: ((), "[vllm] mode"),
+    DP_BACKEND_FLAG: (("-dpb",), "the layout (ray when an engine spans nodes)"),
 }
 #: vLLM refuses these with --headless (ServeSubcommand.cmd, vllm/entrypoints/cli/serve.py)
 HEAD_ONLY = ("--api-server-count", "-asc")
@@ -128,6 +133,14 @@ def server_dp(plan: Plan, options: VllmOptions | None) -> int:
     return 1 if how == "ray" else plan.sizes.dp
 
 
+def engines_span_nodes(plan: Plan, options: VllmOptions | None) -> bool:
+    """Data parallel with engines of whole nodes (tp x pp a multiple of a node's GPUs):
+    vLLM places them through Ray (--data-parallel-backend ray, VLLM_RAY_DP_PACK_STRATEGY
+    span, where --data-parallel-size-local is ignored)."""
+    engine, gpus = plan.sizes.tp * plan.sizes.pp, plan.nproc_per_node
+    return mode(plan, options) == "dp" and engine > gpus and engine % gpus == 0
+
+
 def local_engines(plan: Plan) -> int:
     """--data-parallel-size-local: the engines (of tp x pp GPUs) one node holds."""
     return max(1, plan.nproc_per_node // (plan.sizes.tp * plan.sizes.pp))
@@ -156,14 +169,17 @@ def serve_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
     dp = server_dp(plan, options)
     if dp > 1:
         argv += [DP_FLAG, str(dp)]
-    if how == "dp":
+    spans = engines_span_nodes(plan, options)
+    if spans:
+        argv += [DP_BACKEND_FLAG, "ray"]
+    elif how == "dp":
         argv += [DP_LOCAL_FLAG, str(local_engines(plan))]
     if plan.sizes.ep > 1:
         argv.append(EP_FLAG)
     if how == "ray":
         argv += [EXECUTOR_FLAG, "ray"]
     argv += list(opts.args)
-    if how != "dp":
+    if how != "dp" or spans:  # only node 0 runs vllm serve
         argv += list(opts.head_args)
     return argv
 
@@ -278,7 +294,10 @@ def node_script(plan: Plan, options: VllmOptions | None) -> str:
 
 def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     how = mode(plan, options)
+    spans = engines_span_nodes(plan, options)
     backend = {"single": "auto", "ray": "ray", "replicas": "auto", "dp": "mp"}[how]
+    if spans:
+        backend = "ray"
     env: dict[str, Word] = {
         "VLLM_TENSOR_PARALLEL_SIZE": str(plan.sizes.tp),
         "VLLM_PIPELINE_PARALLEL_SIZE": str(plan.sizes.pp),
@@ -289,10 +308,12 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
         "MASTER_ADDR": MASTER_ADDR,
         "MASTER_PORT": MASTER_PORT,
     }
+    if spans:
+        env[PACK_STRATEGY] = "span"
     serve = serve_argv(plan, options)
     files: tuple[Artifact, ...] = ()
     argv: tuple[Word, ...] = tuple(serve)
-    if how == "ray":
+    if how == "ray" or spans:  # a Ray cluster over every node; node 0 serves
         argv = ("bash", out_file(NODE_SCRIPT), *serve)
         files = (Artifact.text(NODE_SCRIPT, node_script(plan, options), executable=True),)
     elif how == "dp":
@@ -308,7 +329,7 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
         "MASTER_ADDR": "node 0's address (set by the backend)",
         "MASTER_PORT": (
             f"{plan.rendezvous.master_port} (the Ray head's port)"
-            if how == "ray"
+            if how == "ray" or spans
             else f"{plan.rendezvous.master_port} (--data-parallel-rpc-port)"
             if how == "dp"
             else str(plan.rendezvous.master_port)
@@ -316,6 +337,8 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
     }
     if how in ("ray", "dp"):
         worker_env["VLLM_HOST_IP"] = "this node's IPv4 address, from NODE_HOSTS"
+    if spans:
+        worker_env[PACK_STRATEGY] = "span (data-parallel ranks wider than a node, over Ray)"
     port = _opts(options).port or DEFAULT_PORT
     endpoint = Endpoint(port=port, every_node=how == "replicas")
     return Launch(
@@ -384,14 +407,20 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
             hint=f'remove mode for {dp} data-parallel engines behind one endpoint ("dp"), or '
             f"set tp and pp so that tp x pp = {plan.world_size}",
         )
-    elif how in ("replicas", "dp") and gpus % engine:
+    elif how in ("replicas", "dp") and gpus % engine and not engines_span_nodes(plan, opts):
         yield Finding(
             code="MDC362",
             pointer="/vllm/mode" if opts.mode else "/parallelism/tp",
             message=f"in {how} mode every node holds whole engines of tp {tp} x pp {pp} = "
-            f"{engine} GPUs, which does not divide its {gpus} GPUs",
-            hint=f"make tp x pp a divisor of {gpus}, e.g. tp = {gpus} and pp = 1, or use "
-            'mode = "ray" for one server over every node',
+            f"{engine} GPUs, which does not divide its {gpus} GPUs"
+            + (f" (nor is it whole nodes of {gpus})" if how == "dp" else ""),
+            hint=f"make tp x pp a divisor of {gpus}, e.g. tp = {gpus} and pp = 1"
+            + (
+                f", or a multiple of {gpus} (engines over whole nodes, through Ray)"
+                if how == "dp"
+                else ""
+            )
+            + ', or use mode = "ray" for one server over every node',
         )
     ep = plan.sizes.ep
     if ep > 1:
@@ -415,7 +444,7 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
                 hint="remove etp (it is 1 for vLLM's expert parallelism)",
             )
     head_only = _written(opts.args, HEAD_ONLY_FLAGS)
-    if how == "dp" and head_only:
+    if how == "dp" and head_only and not engines_span_nodes(plan, opts):
         yield Finding(
             code="MDC369",
             pointer="/vllm/args",

@@ -6,8 +6,10 @@
 # of them fails (the others are stopped) or when all have ended.
 set -euo pipefail
 pids=()
-# leaving (a process failed, or a signal): stop the others
+# leaving (a process failed, or TERM/INT from the backend): stop the others
 trap 'if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi' EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 SGLANG_DISAGG_ROLE=prefill "$@" -m sglang.launch_server --model-path Qwen/Qwen3-8B --disaggregation-mode prefill --tp-size 2 --host 0.0.0.0 --disaggregation-transfer-backend mooncake --trust-remote-code --chunked-prefill-size 8192 --port 30000 --base-gpu-id 0 --disaggregation-bootstrap-port 8998 &
 pids+=("$!")
 SGLANG_DISAGG_ROLE=decode "$@" -m sglang.launch_server --model-path Qwen/Qwen3-8B --disaggregation-mode decode --tp-size 2 --host 0.0.0.0 --disaggregation-transfer-backend mooncake --trust-remote-code --max-running-requests 128 --port 30001 --base-gpu-id 2 &
