@@ -48,7 +48,18 @@ MEGATRON_PRECISION: dict[str, dict[str, Any]] = {
     "nvfp4": {"fp4_format": "e2m1", "fp4_recipe": "nvfp4", "fp4_param_gather": True},
 }
 
-_MODEL = "no models.toml entry for the model yet (issue 12 §3)"
+_DSV4 = (
+    "DeepSeek-V4's architecture has parts [model] cannot describe (issue 12 §3): "
+    "hyper-connections, compressed sparse attention with its compressors and indexer, a "
+    "grouped low-rank output projection (o_groups, o_lora_rank) and hash-routed MoE layers "
+    "(Megatron-Bridge 067f987, models/deepseek/deepseek_v4_bridge.py)"
+)
+_LIGHTNING = (
+    "the shape of Nemotron 3.5 Lightning is read by Megatron-Bridge from the Hugging Face "
+    "config of nvidia/NVIDIA-Nemotron-3.5-Lightning-30B-A3B-BF16 (revision b3caaab, "
+    "recipes/nemotronh/h100/nemotron_3_nano.py), which no source at hand states; the Bridge's "
+    "verification card gives only the total, 32,913,266,240 parameters with the MTP layers"
+)
 _LAYOUT = (
     "61 layers over pp x vp stages that Megatron-LM splits only through "
     "--pipeline-model-parallel-layout, and no published layout for this pp and vp: the "
@@ -66,10 +77,9 @@ _MEMORY = (
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
-    "nemo-24.07-h100-sxm-nemotron4-340b-128gpu-fp8": _MEMORY,
-    "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _MODEL,
-    "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _MODEL,
+    "mbridge-26.08-gb300-deepseek-v4-flash-mxfp8": _DSV4,
+    "mbridge-26.08-gb200-deepseek-v4-flash-mxfp8": _DSV4,
+    "mbridge-26.08-gb200-nemotron-3-5-lightning-mxfp8": _LIGHTNING,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
     "mbridge-25.11-gb200-deepseek-v3-no-mtp-mxfp8": _LAYOUT,

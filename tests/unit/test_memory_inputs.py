@@ -248,6 +248,43 @@ def test_deepspeed_offload_keeps_state_on_the_host(compiler: Compiler, tmp_path:
     assert m.optimizer == 0 and m.gradients == ceil_div(2 * m.params_total, 16)
 
 
+def test_torchtitan_pipelining_keeps_the_gathered_weights(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """TorchTitan's default reshard policy does not reshard after forward with pp > 1
+    (apply_fsdp: reshard_after_forward = not pp_enabled): each stage's weights stay whole,
+    gradients and optimizer state sharded."""
+    pp = {"tp": 1, "pp": 2}
+    m = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B"}, parallelism=pp))
+    assert m.weights == 4 * m.params_per_gpu
+    always = {"flavor": "70B", "config": {"parallelism": {"fsdp_reshard_after_forward": "always"}}}
+    m = estimate_of(compiler, tmp_path, spec("torchtitan", always, parallelism=pp))
+    assert m.weights == ceil_div(4 * m.params_per_gpu, m.shard)
+
+
+def test_torchtitan_pipeline_microbatches_hold_what_accumulation_would(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """A local batch of 4 run as pipeline microbatches of 1 keeps, in flight, what 4
+    accumulated micro batches of 1 keep: TorchTitan's schedule sees 4 microbatches."""
+    pp = {"tp": 1, "pp": 2}
+    split = spec(
+        "torchtitan",
+        {"flavor": "70B", "pipeline_microbatch_size": 1},
+        parallelism=pp,
+        batch={"global_batch_size": 4 * 32, "micro_batch_size": 4},
+    )
+    accumulated = spec(
+        "torchtitan",
+        {"flavor": "70B", "pipeline_microbatch_size": 1},
+        parallelism=pp,
+        batch={"global_batch_size": 4 * 32, "micro_batch_size": 1},
+    )
+    found = estimate_of(compiler, tmp_path, split)
+    assert found.activations == estimate_of(compiler, tmp_path, accumulated).activations
+    assert found.micro_batch_size == 1
+
+
 @pytest.mark.parametrize("replicate", [1, 2, 4])
 def test_torchtitan_fsdp2_keeps_16_bytes_over_the_shard_group(
     compiler: Compiler, tmp_path: Path, replicate: int
@@ -290,8 +327,10 @@ def classic_spec(table: dict[str, Any], *, model: dict[str, Any] | None = None) 
 LAYER = 34 * S * H
 #: what full recompute keeps of a layer: its input
 INPUT = 2 * S * H
-#: the fp32 logits of the output layer
-LOGITS = 4 * S * V
+#: what Megatron's loss holds per logit at the end of the forward pass: the output layer's
+#: bf16 logits (2 bytes) and vocab_parallel_cross_entropy's fp32 copy (4 bytes), which it
+#: keeps (as exp(logits)) for its backward
+LOGITS = (2 + 4) * S * V
 
 
 def activations(compiler: Compiler, tmp_path: Path, table: dict[str, Any], **model: Any) -> int:

@@ -83,8 +83,11 @@ keeps only each layer's input (2*s*b*h, over t with sequence parallel) plus
 one layer's full activations while it is recomputed. fp32 doubles the 2-byte
 terms. Context parallelism divides s by cp (each rank's scores are s/cp
 queries by s keys). MoE layers hold top-k copies of each token's expert input
-and MLP intermediates (the latter over etp). The last stage adds the fp32
-logits, 4*s*b*V/t.
+and MLP intermediates (the latter over etp). The last stage adds what its loss holds
+at the end of the forward pass, per logit (s*b*V/t of them): the fp32 logits, 4 bytes,
+unless the launcher says more (Megatron-Core's vocab-parallel cross entropy keeps the
+bf16 logits beside its fp32 copy: 6; a float() cross entropy as TorchTitan's has the
+bf16 logits, the saved log-softmax and two fp32 gradients: 12 at its backward).
 
 Pipeline (1F1B): stage i holds min(pp - i, microbatches) micro batches of its
 layers: the first stage the most, the last one; the interleaved schedule
@@ -643,9 +646,18 @@ def stage_estimates(
     tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
+    split = training.pipeline_micro_batch
+    if pp > 1 and split and micro % split == 0:
+        # the schedule runs (and keeps activations of) pipeline micro batches of this size
+        micro, microbatches = split, microbatches * (micro // split)
     embedding = _embedding(shape, tp)
     output = _split(shape.vocab, tp) * shape.hidden
-    logits = 4 * Fraction(shape.seq, sizes.cp) * micro * Fraction(shape.vocab, tp)
+    logits = (
+        (training.logit_bytes or 4)
+        * Fraction(shape.seq, sizes.cp)
+        * micro
+        * Fraction(shape.vocab, tp)
+    )
     # multi-token prediction layers sit on the last stage, each with its own logits;
     # with pp > 1 that stage also holds a copy of the input embedding for them
     mtp = _mtp(shape, tp, ep, etp) * shape.mtp_layers
@@ -661,7 +673,8 @@ def stage_estimates(
     g = training.grad_bytes or w
     o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
-    zero = max(0, min(3, training.zero_stage))
+    stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
+    zero = max(0, min(3, training.zero_stage if stage is None else stage))
     replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []

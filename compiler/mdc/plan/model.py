@@ -122,6 +122,10 @@ class TrainingSetup:
     sequence_parallel: bool = False
     #: activation recomputation: "none", "selective" (attention core) or "full"
     recompute: str = "none"
+    #: the ZeRO stage when pp > 1, where the launcher's framework shards differently with
+    #: pipelining (TorchTitan's default reshard policy keeps the gathered weights: 2); None:
+    #: zero_stage
+    pp_zero_stage: int | None = None
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
     #: stage shards within each (over dp * cp / replicas ranks); must divide dp
     replicas: int = 1
@@ -158,6 +162,14 @@ class TrainingSetup:
     moe_dispatcher: str | None = None
     #: MoE: each expert's input padded to this capacity factor (None: dropless)
     moe_capacity_factor: float | None = None
+    #: with pp > 1, the micro batch the pipeline schedule runs when the launcher splits each
+    #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
+    #: 1); None: the [batch] micro batch
+    pipeline_micro_batch: int | None = None
+    #: bytes per logit the loss holds at its peak on the last stage; None: 4 (the fp32
+    #: logits alone). Megatron's vocab-parallel cross entropy: the bf16 logits and their fp32
+    #: copy, 6; an unfused float() cross entropy (TorchTitan): 12 in its backward
+    logit_bytes: int | None = None
     #: what the memory hint may propose, as the launcher spells it: (lever, setting) pairs
     #: for the levers "zero 1".."zero 3", "sequence parallel", "recompute selective",
     #: "recompute full", "optimizer offload"; a lever not listed is not proposed

@@ -1299,6 +1299,8 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         moe_capacity_factor=opts.moe_expert_capacity_factor
         if opts.moe_pad_expert_input_to_capacity
         else None,
+        # vocab_parallel_cross_entropy: the output layer's bf16 logits and their fp32 copy
+        logit_bytes=6,
         levers=LEVERS,
     )
 

@@ -773,9 +773,13 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
     values = memory_config(opts)
     mode, every = _recompute(values)
     offload = values.get("training.enable_cpu_offload") in (True, "true", "True")
-    never = values.get("parallelism.fsdp_reshard_after_forward") == "never"
+    policy = values.get("parallelism.fsdp_reshard_after_forward", "default")
+    never = policy == "never"
     return TrainingSetup(
         zero_stage=2 if never else 3,
+        # "default" does not reshard after forward when pipelining (TorchTitan's
+        # apply_fsdp: reshard_after_forward = not pp_enabled)
+        pp_zero_stage=2 if policy in ("default", "never") else 3,
         grad_bytes=4,
         weight_bytes=4,
         optimizer_bytes=8,
@@ -788,6 +792,11 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         model_source=source,
         param_offload=offload,
         optimizer_offload=1.0 if offload else 0.0,
+        # each local batch runs as pipeline microbatches (TorchTitan's default size: 1)
+        pipeline_micro_batch=opts.pipeline_microbatch_size or 1,
+        # cross_entropy(pred.float()): bf16 pred, the saved fp32 log-softmax, and in its
+        # backward the fp32 gradients of the loss and of the log-softmax
+        logit_bytes=12,
         levers=LEVERS,
     )
 
