@@ -116,13 +116,12 @@ CODES: dict[str, Code] = {
     ),
     "MDC208": Code("min_nnodes is larger than nnodes", "set min_nnodes to at most nnodes"),
     "MDC209": Code(
-        "disaggregated serving runs on one node of at least 2 GPUs or on at least 3 nodes "
-        "(proxy, prefill, decode)",
-        "set nnodes to 1 or to 3 or more",
+        "disaggregated serving on one node needs at least 2 GPUs (1 prefill + 1 decode)",
+        "set nproc_per_node to 2 or more",
     ),
     "MDC210": Code(
-        "prefill_nodes and decode_nodes (one node: prefill_gpus and decode_gpus) are not both "
-        "given, do not add up to nnodes - 1 (nproc_per_node), or do not fit the node count",
+        "prefill_nodes and decode_nodes (up to 2 nodes: prefill_gpus and decode_gpus) are not "
+        "both given, do not add up to nnodes - 1 (the job's GPUs), or do not fit the node count",
         "give both so that they add up, or neither for the automatic split",
     ),
     "MDC211": Code(
@@ -482,6 +481,12 @@ CODES: dict[str, Code] = {
     "MDC395": Code(
         "warning: an FP4 option (fp4_recipe, fp4_quantizer_factory) without fp4_format",
         'set fp4_format = "e2m1", or remove the option',
+    ),
+    "MDC396": Code(
+        "Megatron-LM refuses use_torch_fsdp2 with pipeline or expert parallelism, gradient "
+        "accumulation fusion, a checkpoint format other than torch_dist/torch_dcp, tied "
+        "embeddings or fp16",
+        "change the setting the message names, or remove use_torch_fsdp2",
     ),
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
     "MDC402": Code(

@@ -293,6 +293,10 @@ def _size(sizes: Sizes, axis: str) -> str:
     return f"{axis} {value}" + (f" (default: {origin})" if origin else "")
 
 
+def plural_nodes(count: int) -> str:
+    return "one node" if count == 1 else f"{count} nodes"
+
+
 def _group_lines(plan: Plan) -> list[str]:
     lines = ["groups (ranks in each group):"]
     for kind in GROUP_KINDS:
@@ -340,7 +344,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         d = plan.disagg
         lines.append(
             f"disaggregated serving ({d.origin} split): the router and {d.prefill} prefill, "
-            f"{d.decode} decode GPUs on one node"
+            f"{d.decode} decode GPUs on {plural_nodes(plan.nnodes)}"
             if d.unit == "gpus"
             else f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
             f"{d.decode} decode node(s)"

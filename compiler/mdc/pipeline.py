@@ -503,7 +503,7 @@ def _whole_servers(plan: Plan, launcher: LauncherSpec, reg: Registered) -> Plan:
     units = (max(1, prefill_unit), max(1, decode_unit))
     prefill, decode = auto_split(split.prefill + split.decode, units)
     whole = attrs.evolve(split, prefill=prefill, decode=decode)
-    return attrs.evolve(plan, disagg=whole, roles=disagg_roles(whole))
+    return attrs.evolve(plan, disagg=whole, roles=disagg_roles(whole, plan.nnodes))
 
 
 def _serving_memory(

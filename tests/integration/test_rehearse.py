@@ -347,6 +347,8 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ),
     # one node: 2 prefill + 6 decode GPUs in servers of tp 2 (the automatic split)
     ("sglang_disagg", 1, "local", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B", "tp_size": 2}}),
+    # two nodes: 6 prefill GPUs on node 0, 10 decode GPUs after them, the router on node 0
+    ("sglang_disagg", 2, "local", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B", "tp_size": 2}}),
     (
         "vllm",
         2,
@@ -450,6 +452,13 @@ def test_serving_roles_and_addresses(
             if e["argv"][1] == "sglang.launch_server"
         )
         assert placed == [("30000", "0"), ("30001", "2"), ("30002", "4"), ("30003", "6")]
+    elif launcher == "sglang_disagg" and nnodes == 2:  # servers on both, router on node 0
+        (router,) = [e["argv"] for e in records[0] if e["argv"][1] == "sglang_router.launch_router"]
+        decode = [router[i + 1] for i, w in enumerate(router) if w == "--decode"]
+        assert decode == ["http://127.0.0.1:30003"] + [
+            f"http://127.0.0.2:{port}" for port in (30004, 30005, 30006, 30007)
+        ]
+        assert {e["argv"][1] for e in records[1]} == {"sglang.launch_server"}
     elif launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
         router = records[0][0]["argv"]
         assert router[router.index("--prefill") :] == [
@@ -602,9 +611,9 @@ def test_one_node_router_pointed_at_the_wrong_role_is_caught() -> None:
     plan = {
         "nproc_per_node": 2,
         "servers": [
-            {"role": "router", "gpus": 0, "port": 8000},
-            {"role": "prefill", "gpus": 1, "port": 30000},
-            {"role": "decode", "gpus": 1, "port": 30001},
+            {"role": "router", "gpus": 0, "port": 8000, "nodes": [0]},
+            {"role": "prefill", "gpus": 1, "port": 30000, "nodes": [0]},
+            {"role": "decode", "gpus": 1, "port": 30001, "nodes": [0]},
         ],
     }
 
@@ -619,8 +628,8 @@ def test_one_node_router_pointed_at_the_wrong_role_is_caught() -> None:
         + ["--prefill", "http://127.0.0.1:30001", "8998", "--decode", "http://127.0.0.1:30000"],
         "env": {"SGLANG_DISAGG_ROLE": "proxy"},
     }
-    found = mdc.rehearse.serving._check_disagg_one_node(
-        plan, [server("prefill", 30000, 0), server("decode", 30001, 0), router], "127.0.0.1"
+    found = mdc.rehearse.serving._check_disagg_shared(
+        plan, {0: [server("prefill", 30000, 0), server("decode", 30001, 0), router]}, ["127.0.0.1"]
     )
     assert found == [
         "decode server on port 30001 takes GPU 0, also the server on port 30000's",

@@ -127,9 +127,7 @@ def test_custom_split(tmp_path: Path) -> None:
     assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (4, 2)
 
 
-def test_two_nodes_and_a_split_that_does_not_add_up(tmp_path: Path) -> None:
-    (two,) = errors(tmp_path, spec(2))
-    assert two.code == "MDC209" and "got 2" in two.message
+def test_a_split_that_does_not_add_up(tmp_path: Path) -> None:
     (bad,) = errors(tmp_path, spec(7, prefill_nodes=3, decode_nodes=2))
     assert bad.code == "MDC210" and "(7)" in bad.message and "got 6" in bad.message
 
@@ -206,10 +204,12 @@ def test_flags_mdc_sets_are_refused_in_the_arguments(tmp_path: Path) -> None:
     }
     found = errors(tmp_path, spec(3, 2, options))
     assert [(d.code, d.location.pointer) for d in found] == [
-        ("MDC389", "/sglang_disagg/server_args"),
-        ("MDC389", "/sglang_disagg/decode/args"),
+        ("MDC389", "/sglang_disagg/server_args/3"),
+        ("MDC389", "/sglang_disagg/decode/args/0"),
     ]
-    assert "--port" in found[0].message and "set it through port" in (found[0].hint or "")
+    assert "[sglang_disagg] server_args passes --port," in found[0].message
+    assert "set the value through port" in (found[0].hint or "")
+    assert "(another spelling of --ep-size)" in found[1].message
     assert "through ep_size" in (found[1].hint or "")
 
 
@@ -633,9 +633,9 @@ def test_one_node_stops_when_a_server_fails(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_one_node_scripts_pass_shellcheck(tmp_path: Path) -> None:
-    for options in ({}, {"router": "mini_lb", "policy": "random"}):
-        out = tmp_path / str(len(options))
-        root = write_tree(compile_(tmp_path, one_node(8, options)), out)
+    for nnodes, options in ((1, {}), (1, {"router": "mini_lb", "policy": "random"}), (2, {})):
+        out = tmp_path / f"{nnodes}-{len(options)}"
+        root = write_tree(compile_(tmp_path, spec(nnodes, 8, options)), out)
         scripts = sorted(str(p) for p in root.rglob("*.sh"))
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
@@ -671,3 +671,63 @@ def test_one_node_stops_its_servers_when_terminated(tmp_path: Path) -> None:
         status = Path(f"/proc/{pid}/status")
         state = status.read_text(encoding="utf-8") if status.exists() else "State:\tX"
         assert "\nState:\tZ" in state or "State:\tX" in state, state.splitlines()[:3]
+
+
+def test_two_nodes_share_their_gpus(tmp_path: Path) -> None:
+    """2 x 8 GPUs, tp 2: 40% of 16 rounded down is 6 prefill GPUs (3 servers on node 0),
+    then 10 decode GPUs (one on node 0's last two GPUs, four on node 1); the router on
+    node 0."""
+    compiled = compile_(tmp_path, spec(2, 8, {"tp_size": 2}))
+    split = compiled.plan.disagg
+    assert split is not None and (split.prefill, split.decode, split.unit) == (6, 10, "gpus")
+    assert [(r.name, r.first_node, r.count) for r in compiled.plan.roles] == [("disagg", 0, 2)]
+    placed = [(s.role, s.nodes, s.first_gpu, s.port) for s in compiled.launch.servers]
+    assert placed == [
+        ("router", (0,), 0, 8000),
+        ("prefill", (0,), 0, 30000),
+        ("prefill", (0,), 2, 30001),
+        ("prefill", (0,), 4, 30002),
+        ("decode", (0,), 6, 30003),
+        *[("decode", (1,), gpu, 30004 + i) for i, gpu in enumerate((0, 2, 4, 6))],
+    ]
+
+
+def test_two_node_servers_stay_inside_a_node(tmp_path: Path) -> None:
+    # prefill servers of 3 GPUs side by side: the third (GPUs 6-8) would cross into node 1
+    data = spec(2, 8, {"tp_size": 2, "prefill": {"tp_size": 3}}, prefill_gpus=12, decode_gpus=4)
+    (found,) = errors(tmp_path, data)
+    assert found.code == "MDC383" and "GPU 6 of node 0" in found.message
+    # the automatic split moves prefill to a multiple of both sizes: 4 (then 12 decode)
+    compiled = compile_(tmp_path, spec(2, 8, {"tp_size": 2, "decode": {"tp_size": 4}}))
+    assert compiled.plan.disagg is not None
+    assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (4, 12)
+
+
+@pytest.mark.slow
+def test_two_nodes_run_their_servers_and_node_0_the_router(tmp_path: Path) -> None:
+    root = write_tree(compile_(tmp_path, spec(2, 2, {"tp_size": 1})), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(ONE_NODE_STAND_IN, encoding="utf-8")
+    hosts = {"NODE_HOSTS": "node-a node-b", "MASTER_ADDR": "node-a", "MASTER_PORT": "29500"}
+    for rank in (0, 1):
+        subprocess.run(
+            ["bash", str(root / "launch" / "disagg.sh")],
+            env={**env, **hosts, "NODE_RANK": str(rank)},
+            check=True,
+            timeout=30,
+        )
+    runs = [p.read_text(encoding="utf-8").splitlines() for p in Path(env["RECORD_DIR"]).iterdir()]
+    (router,) = [r for r in runs if "sglang_router.launch_router" in r]
+    # 4 GPUs: 1 prefill (node 0, GPU 0), 3 decode (node 0 GPU 1, node 1 GPUs 0-1)
+    assert router[router.index("--prefill") :] == [
+        "--prefill",
+        "http://node-a:30000",
+        "8998",
+        "--decode",
+        "http://node-a:30001",
+        "--decode",
+        "http://node-b:30002",
+        "--decode",
+        "http://node-b:30003",
+    ]
+    assert len(runs) == 5

@@ -141,6 +141,57 @@ def test_megatron_fsdp_shards_as_its_strategy_says(
     assert m.optimizer == ceil_div(12 * p, d if optim else 1)
 
 
+#: what Megatron-LM asks of --use-torch-fsdp2 (validate_args): no distributed optimizer, no
+#: gradient accumulation fusion, untied embeddings (LLAMA3_70B has them)
+TORCH_FSDP2 = {
+    "use_torch_fsdp2": True,
+    "use_distributed_optimizer": False,
+    "extra_args": ["--no-gradient-accumulation-fusion"],
+}
+
+
+def test_torch_fsdp2_shards_weights_gradients_and_optimizer(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    m = estimate_of(compiler, tmp_path, spec("megatron", TORCH_FSDP2))
+    p, d = m.params_total, 64
+    assert (m.weights, m.gradients, m.optimizer) == (
+        ceil_div(2 * p, d),
+        ceil_div(4 * p, d),
+        ceil_div(12 * p, d),
+    )
+    # the flag in extra_args is the key
+    extra = {
+        **TORCH_FSDP2,
+        "extra_args": ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"],
+    }
+    del extra["use_torch_fsdp2"]
+    assert estimate_of(compiler, tmp_path, spec("megatron", extra)).total == m.total
+
+
+@pytest.mark.parametrize(
+    ("change", "quote"),
+    [
+        ({"parallelism": {"tp": 1, "pp": 2}}, "is not supported with pipeline parallelism"),
+        ({"table": {"extra_args": []}}, "is not supported with gradient accumulation fusion"),
+        ({"model": {**LLAMA3_70B, "tied_embeddings": True}}, "requires --untie-embeddings"),
+        ({"table": {"use_distributed_optimizer": True}}, "MCore's distributed optimizer"),
+    ],
+)
+def test_torch_fsdp2_is_refused_where_megatron_lm_refuses_it(
+    compiler: Compiler, tmp_path: Path, change: dict[str, Any], quote: str
+) -> None:
+    table = {**TORCH_FSDP2, **change.get("table", {})}
+    data = spec(
+        "megatron",
+        table,
+        model=change.get("model"),
+        parallelism=change.get("parallelism"),
+    )
+    errors = refusal(compiler, tmp_path, data)
+    assert len(errors) == 1 and quote in errors[0], errors
+
+
 def test_llama3_70b_fsdp_64_on_gb200_is_about_18_bytes_over_64(
     compiler: Compiler, tmp_path: Path
 ) -> None:
@@ -246,6 +297,43 @@ def test_deepspeed_offload_keeps_state_on_the_host(compiler: Compiler, tmp_path:
     table = {"zero_stage": 2, "precision": "bf16", "config": config}
     m = estimate_of(compiler, tmp_path, spec("deepspeed", table, nnodes=2, nproc=8))
     assert m.optimizer == 0 and m.gradients == ceil_div(2 * m.params_total, 16)
+
+
+def test_torchtitan_pipelining_keeps_the_gathered_weights(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """TorchTitan's default reshard policy does not reshard after forward with pp > 1
+    (apply_fsdp: reshard_after_forward = not pp_enabled): each stage's weights stay whole,
+    gradients and optimizer state sharded."""
+    pp = {"tp": 1, "pp": 2}
+    m = estimate_of(compiler, tmp_path, spec("torchtitan", {"flavor": "70B"}, parallelism=pp))
+    assert m.weights == 4 * m.params_per_gpu
+    always = {"flavor": "70B", "config": {"parallelism": {"fsdp_reshard_after_forward": "always"}}}
+    m = estimate_of(compiler, tmp_path, spec("torchtitan", always, parallelism=pp))
+    assert m.weights == ceil_div(4 * m.params_per_gpu, m.shard)
+
+
+def test_torchtitan_pipeline_microbatches_hold_what_accumulation_would(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """A local batch of 4 run as pipeline microbatches of 1 keeps, in flight, what 4
+    accumulated micro batches of 1 keep: TorchTitan's schedule sees 4 microbatches."""
+    pp = {"tp": 1, "pp": 2}
+    split = spec(
+        "torchtitan",
+        {"flavor": "70B", "pipeline_microbatch_size": 1},
+        parallelism=pp,
+        batch={"global_batch_size": 4 * 32, "micro_batch_size": 4},
+    )
+    accumulated = spec(
+        "torchtitan",
+        {"flavor": "70B", "pipeline_microbatch_size": 1},
+        parallelism=pp,
+        batch={"global_batch_size": 4 * 32, "micro_batch_size": 1},
+    )
+    found = estimate_of(compiler, tmp_path, split)
+    assert found.activations == estimate_of(compiler, tmp_path, accumulated).activations
+    assert found.micro_batch_size == 1
 
 
 @pytest.mark.parametrize("replicate", [1, 2, 4])

@@ -442,10 +442,13 @@ def test_custom_disaggregated_split() -> None:
     assert plan.role_of_name("decode").nodes == range(4, 6)
 
 
-def test_disaggregated_needs_one_node_or_three() -> None:
-    """Two nodes have no layout (a proxy node and one server node); one node splits its GPUs."""
-    d = only("MDC209", job(nnodes=2), disaggregated=True)
-    assert d.location.pointer == "/distributed/nnodes" and "got 2" in d.message
+def test_disaggregated_on_one_or_two_nodes_splits_the_gpus() -> None:
+    """Up to two nodes the servers share the nodes with the router; one GPU is too few."""
+    plan, diagnostics = plan_of(job(nnodes=2, nproc=8), disaggregated=True)
+    assert plan is not None and plan.disagg is not None and not diagnostics
+    # 40% of the 16 GPUs rounded down prefill, the rest decode
+    assert (plan.disagg.prefill, plan.disagg.decode, plan.disagg.unit) == (6, 10, "gpus")
+    assert [(r.name, r.first_node, r.count) for r in plan.roles] == [("disagg", 0, 2)]
     d = only("MDC209", job(nnodes=1, nproc=1), disaggregated=True)
     assert d.location.pointer == "/distributed/nproc_per_node" and "= 1" in d.message
     plan, diagnostics = plan_of(job(nnodes=1, nproc=8), disaggregated=True)

@@ -406,10 +406,11 @@ def auto_split(total: int, units: tuple[int, int] = (1, 1)) -> tuple[int, int]:
     return prefill, total - prefill
 
 
-def disagg_roles(split: DisaggSplit) -> tuple[NodeRole, ...]:
-    """The plan roles of a split: the proxy, prefill and decode nodes, or one node for all."""
+def disagg_roles(split: DisaggSplit, nnodes: int) -> tuple[NodeRole, ...]:
+    """The plan roles of a split: the proxy, prefill and decode nodes, or (a split of GPUs)
+    one role for every node, each running its servers and node 0 also the router."""
     if split.unit == "gpus":
-        return (NodeRole(name=ONE_NODE_ROLE, first_node=0, count=1),)
+        return (NodeRole(name=ONE_NODE_ROLE, first_node=0, count=nnodes),)
     return (
         NodeRole(name="proxy", first_node=0, count=1),
         NodeRole(name="prefill", first_node=1, count=split.prefill),
@@ -432,16 +433,9 @@ def _roles(
                 f"remove {key}",
             )
         return (NodeRole(name="worker", first_node=0, count=nnodes),), None
-    if nnodes == 2:
-        found.add(
-            "MDC209",
-            "disaggregated serving runs on one node (its GPUs split between prefill and "
-            "decode) or on at least 3 nodes (1 proxy + prefill + decode nodes), got 2",
-            "/distributed/nnodes",
-            "set nnodes to 1 or to 3 or more",
-        )
-        return (), None
-    unit, total = ("gpus", nproc) if nnodes == 1 else ("nodes", nnodes - 1)
+    # up to 2 nodes the servers share the nodes (the router on node 0 beside them) and
+    # the split is of GPUs; from 3 the router has node 0 and the roles whole nodes
+    unit, total = ("gpus", nproc * nnodes) if nnodes <= 2 else ("nodes", nnodes - 1)
     wrong = [k for k in given if not k.endswith(unit)]
     for key in wrong:
         right = (
@@ -450,7 +444,9 @@ def _roles(
         found.add(
             "MDC210",
             f"{key} does not apply to {nnodes} node(s): "
-            + ("one node splits its GPUs" if unit == "gpus" else "the roles take whole nodes"),
+            + (
+                "up to 2 nodes split their GPUs" if unit == "gpus" else "the roles take whole nodes"
+            ),
             f"/distributed/{key}",
             f"use {right}",
         )
@@ -481,7 +477,8 @@ def _roles(
             whole = (
                 f"+ 1 proxy must equal nnodes ({nnodes}), but got {prefill + decode + 1}"
                 if unit == "nodes"
-                else f"must equal nproc_per_node ({nproc}), but got {prefill + decode}"
+                else f"must equal the job's GPUs ({nnodes} x {nproc} = {total}), but got "
+                f"{prefill + decode}"
             )
             found.add(
                 "MDC210",
@@ -495,7 +492,7 @@ def _roles(
     else:
         prefill, decode = auto_split(total)
         split = DisaggSplit(prefill=prefill, decode=decode, origin="auto", unit=unit)
-    return disagg_roles(split), split
+    return disagg_roles(split, nnodes), split
 
 
 def _framework_model(

@@ -97,7 +97,8 @@ class DisaggSplit:
     decode: int
     #: "auto" or "spec"
     origin: str
-    #: what prefill and decode count: "nodes", or "gpus" when every role shares one node
+    #: what prefill and decode count: "nodes", or "gpus" when the servers and the router
+    #: share the nodes (one or two nodes; prefill on the first GPUs, decode on the rest)
     unit: str = "nodes"
 
 

@@ -166,7 +166,7 @@ def check(
             )
     launcher = plan["launcher"]
     if launcher == "sglang_disagg" and (plan.get("disagg") or {}).get("unit") == "gpus":
-        found += _check_disagg_one_node(plan, records.get(0, []), hosts[0])
+        found += _check_disagg_shared(plan, records, hosts)
     elif launcher == "sglang_disagg":
         found += _check_disagg(plan, records, hosts, node_at)
     elif launcher == "sglang":
@@ -395,72 +395,87 @@ def _gpus_of(argv: list[str]) -> range:
     return range(base, base + tp * dp)
 
 
-def _check_disagg_one_node(
-    plan: dict[str, Any], entries: list[dict[str, Any]], host: str
+def _check_disagg_shared(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str]
 ) -> list[str]:
-    """One node: every planned server started with its role on its own GPUs and ports, and
-    the router reaches each of them, by role, at this node's address."""
+    """Servers sharing one or two nodes: every planned server started on its node with its
+    role, on its own GPUs and port; the one router, on node 0, reaches each of them by role
+    at its node's address (one node: 127.0.0.1, where SGLang's single-node example has it)."""
     found: list[str] = []
-    started = [
-        e
-        for e in entries
-        if e["program"] == "python" and e["argv"][1:2] == ["sglang.launch_server"]
-    ]
-    routers = [
-        e
-        for e in entries
-        if e["program"] == "python" and e["argv"][1:2] and e["argv"][1] in ROUTERS
-    ]
-    by_port: dict[str, dict[str, Any]] = {}
-    taken: dict[int, str] = {}
-    for entry in started:
-        argv, role = entry["argv"], entry["env"].get("SGLANG_DISAGG_ROLE")
-        mode, port = _value(argv, "--disaggregation-mode"), _value(argv, "--port") or ""
-        if role != mode:
-            found.append(f"server on port {port}: SGLANG_DISAGG_ROLE {role!r}, mode {mode!r}")
-        if port in by_port:
-            found.append(f"two servers serve HTTP on port {port}")
-        by_port[port] = entry
-        for gpu in _gpus_of(argv):
-            if gpu >= plan["nproc_per_node"] or gpu in taken:
-                found.append(
-                    f"{mode} server on port {port} takes GPU {gpu}, "
-                    + (f"also {taken[gpu]}'s" if gpu in taken else "beyond the node's GPUs")
-                )
-            taken.setdefault(gpu, f"the server on port {port}")
-    planned = sorted((s["role"], str(s["port"])) for s in plan["servers"] if s["gpus"])
-    ran = sorted((_value(e["argv"], "--disaggregation-mode") or "", p) for p, e in by_port.items())
+    where = {host: node for node, host in enumerate(hosts)}
+    if len(hosts) == 1:
+        where["127.0.0.1"] = 0
+    by_port: dict[str, tuple[int, dict[str, Any]]] = {}
+    taken: dict[tuple[int, int], str] = {}
+    routers: list[tuple[int, dict[str, Any]]] = []
+    for node, entries in sorted(records.items()):
+        for entry in entries:
+            argv = entry["argv"]
+            if entry["program"] != "python" or len(argv) < 2:
+                continue
+            if argv[1] in ROUTERS:
+                routers.append((node, entry))
+            if argv[1] != "sglang.launch_server":
+                continue
+            role = entry["env"].get("SGLANG_DISAGG_ROLE")
+            mode, port = _value(argv, "--disaggregation-mode"), _value(argv, "--port") or ""
+            if role != mode:
+                found.append(f"server on port {port}: SGLANG_DISAGG_ROLE {role!r}, mode {mode!r}")
+            if port in by_port:
+                found.append(f"two servers serve HTTP on port {port}")
+            by_port[port] = (node, entry)
+            for gpu in _gpus_of(argv):
+                if gpu >= plan["nproc_per_node"] or (node, gpu) in taken:
+                    found.append(
+                        f"{mode} server on port {port} takes GPU {gpu}, "
+                        + (
+                            f"also {taken[(node, gpu)]}'s"
+                            if (node, gpu) in taken
+                            else "beyond the node's GPUs"
+                        )
+                    )
+                taken.setdefault((node, gpu), f"the server on port {port}")
+    planned = sorted(
+        (s["role"], str(s["port"]), s["nodes"][0]) for s in plan["servers"] if s["gpus"]
+    )
+    ran = sorted(
+        (_value(e["argv"], "--disaggregation-mode") or "", port, node)
+        for port, (node, e) in by_port.items()
+    )
     if ran != planned:
-        found.append(f"servers started {ran}, the plan has {planned}")
-    if len(routers) != 1 or routers[0]["env"].get("SGLANG_DISAGG_ROLE") != "proxy":
-        found.append(f"{len(routers)} router(s) started, the plan has one (role proxy)")
+        found.append(f"servers started (role, port, node) {ran}, the plan has {planned}")
+    if [n for n, _ in routers] != [0] or routers[0][1]["env"].get("SGLANG_DISAGG_ROLE") != "proxy":
+        found.append(
+            f"routers started on nodes {[n for n, _ in routers]}, the plan has one on node 0"
+        )
         return found
-    argv = routers[0]["argv"]
+    argv = routers[0][1]["argv"]
+    # mini_lb takes no bootstrap ports (every prefill server keeps the fixed one)
+    bootstraps = argv[1] == "sglang_router.launch_router"
     pointed: list[str] = []
     for i, word in enumerate(argv):
         if word not in ("--prefill", "--decode") or i + 1 >= len(argv):
             continue
         url = urlsplit(argv[i + 1])
         target = by_port.get(str(url.port))
-        if url.hostname != host or target is None:
-            found.append(f"router {word} {argv[i + 1]} reaches no server of this node")
+        if url.hostname not in where or target is None:
+            found.append(f"router {word} {argv[i + 1]} reaches no server")
             continue
+        node, entry = target
+        if where[url.hostname] != node:
+            found.append(
+                f"router {word} {argv[i + 1]} is node {where[url.hostname]}; the server on "
+                f"port {url.port} runs on node {node}"
+            )
         pointed.append(str(url.port))
-        mode = _value(target["argv"], "--disaggregation-mode")
+        mode = _value(entry["argv"], "--disaggregation-mode")
         if word[2:] != mode:
             found.append(f"router {word} {argv[i + 1]} reaches a {mode} server")
-        # mini_lb takes no bootstrap ports (every prefill server keeps the fixed one)
-        bootstraps = argv[1] == "sglang_router.launch_router"
-        if (
-            bootstraps
-            and word == "--prefill"
-            and argv[i + 2 : i + 3]
-            != [_value(target["argv"], "--disaggregation-bootstrap-port") or "8998"]
-        ):
+        theirs = _value(entry["argv"], "--disaggregation-bootstrap-port") or "8998"
+        if bootstraps and word == "--prefill" and argv[i + 2 : i + 3] != [theirs]:
             found.append(
                 f"router --prefill {argv[i + 1]}: bootstrap port {argv[i + 2 : i + 3]}, the "
-                "server's is "
-                f"{_value(target['argv'], '--disaggregation-bootstrap-port')}"
+                f"server's is {theirs}"
             )
     if sorted(pointed) != sorted(by_port):
         found.append(

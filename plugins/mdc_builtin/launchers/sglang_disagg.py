@@ -24,6 +24,8 @@ as madengine does (no bootstrap ports: every prefill server keeps one fixed boot
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 import shlex
 from collections.abc import Iterator
@@ -46,6 +48,7 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+    already_set,
     out_file,
     read_schema,
 )
@@ -353,21 +356,24 @@ def router_words(options: SglangDisaggOptions) -> list[str]:
 
 @attrs.frozen(kw_only=True)
 class Placed:
-    """A server of a one-node job: its shape, HTTP port, KV bootstrap port and first GPU."""
+    """A server of a job whose servers share the nodes: its shape, its node, its first GPU
+    there, its HTTP port and (prefill) KV bootstrap port."""
 
     shape: Server
+    node: int
+    first_gpu: int
     port: int
     bootstrap: int | None
-    first_gpu: int
 
 
-def one_node_servers(plan: Plan, options: SglangDisaggOptions) -> list[Placed]:
-    """One node: the prefill servers on its first GPUs, then the decode servers; server k
-    serves HTTP on port + k, prefill server k its KV bootstrap on bootstrap_port + k."""
+def shared_servers(plan: Plan, options: SglangDisaggOptions) -> list[Placed]:
+    """One or two nodes: the prefill servers on the first GPUs (node 0 first), then the
+    decode servers; server k serves HTTP on port + k, prefill server k its KV bootstrap
+    on bootstrap_port + k."""
     split = plan.disagg
     assert split is not None
     placed: list[Placed] = []
-    gpu = 0
+    gpu = 0  # over the job's GPUs: node 0's, then node 1's
     for role, gpus in (("prefill", split.prefill), ("decode", split.decode)):
         shape = server(plan, options, role)
         for _ in range(gpus // shape.gpus):
@@ -376,18 +382,27 @@ def one_node_servers(plan: Plan, options: SglangDisaggOptions) -> list[Placed]:
             if role == "prefill":
                 shared = options.router != "sglang_router"  # mini_lb: one fixed port
                 bootstrap = options.bootstrap_port + (0 if shared else index)
+            node, first = divmod(gpu, plan.nproc_per_node)
             placed.append(
-                Placed(shape=shape, port=options.port + index, bootstrap=bootstrap, first_gpu=gpu)
+                Placed(
+                    shape=shape,
+                    node=node,
+                    first_gpu=first,
+                    port=options.port + index,
+                    bootstrap=bootstrap,
+                )
             )
             gpu += shape.gpus
     return placed
 
 
-def one_node_script(plan: Plan, options: SglangDisaggOptions) -> str:
-    """The one node's helper: every server on its GPUs, then the router, then the wait."""
-    placed = one_node_servers(plan, options)
-    starts: list[str] = []
-    router = router_words(options)
+def shared_script(plan: Plan, options: SglangDisaggOptions) -> str:
+    """The helper when the servers share the nodes: each node starts its servers on their
+    GPUs, node 0 also the router, then waits."""
+    placed = shared_servers(plan, options)
+    one = plan.nnodes == 1
+    starts: dict[int, list[str]] = {node: [] for node in range(plan.nnodes)}
+    router = [shlex.quote(w) for w in router_words(options)]
     for server_ in placed:
         words = [
             *server_words(options, server_.shape),
@@ -396,7 +411,13 @@ def one_node_script(plan: Plan, options: SglangDisaggOptions) -> str:
             "--base-gpu-id",
             str(server_.first_gpu),
         ]
-        url = f"http://{LOOPBACK}:{server_.port}"
+        # one node: the router reaches the servers at 127.0.0.1 (SGLang's single-node
+        # example); two: at the node's name, which the other node's servers reach too
+        url = (
+            f"http://{LOOPBACK}:{server_.port}"
+            if one
+            else f'"$(url {server_.node} {server_.port})"'
+        )
         if server_.bootstrap is not None:
             words += ["--disaggregation-bootstrap-port", str(server_.bootstrap)]
             router += ["--prefill", url]
@@ -404,23 +425,42 @@ def one_node_script(plan: Plan, options: SglangDisaggOptions) -> str:
                 router.append(str(server_.bootstrap))
         else:
             router += ["--decode", url]
-        starts.append(_start(server_.shape.role, words))
-    starts.append(_start("proxy", router))
+        starts[server_.node].append(_start(server_.shape.role, [shlex.quote(w) for w in words]))
+    starts[0].append(_start("proxy", router))
     prefill = sum(1 for s in placed if s.shape.role == "prefill")
-    body = "\n".join(starts)
+    if one:
+        body = "\n".join(starts[0])
+        hosts = ""
+    else:
+        cases = "\n".join(
+            f"  {node})\n"
+            + "".join(f"    {line}\n" for part in lines for line in part.split("\n"))
+            + "    ;;"
+            for node, lines in starts.items()
+        )
+        body = f'case "${{NODE_RANK:?NODE_RANK is not set}}" in\n{cases}\nesac'
+        hosts = """read -r -a hosts <<< "${NODE_HOSTS:?NODE_HOSTS is not set}"
+# url NODE PORT: a server's URL by its node's name in NODE_HOSTS
+url() {
+  local host="${hosts[$1]}"
+  if [[ "$host" == *:* ]]; then host="[$host]"; fi
+  printf 'http://%s:%s' "$host" "$2"
+}
+"""
+    where = "one node" if one else f"{plan.nnodes} nodes"
     return f"""#!/usr/bin/env bash
-# Generated by mdc (sglang_disagg launcher), one node. Usage: sglang_disagg.sh PYTHON...
+# Generated by mdc (sglang_disagg launcher), {where}. Usage: sglang_disagg.sh PYTHON...
 # Starts {prefill} prefill and {len(placed) - prefill} decode server(s) on disjoint GPUs of
-# this node (--base-gpu-id) and SGLang's router in front of them at 127.0.0.1, each with
-# PYTHON (the job's command) and SGLANG_DISAGG_ROLE set to its role. The job ends when one
-# of them fails (the others are stopped) or when all have ended.
+# {where} (--base-gpu-id) and, on node 0, SGLang's router in front of them, each with
+# PYTHON (the job's command) and SGLANG_DISAGG_ROLE set to its role. A node's part ends
+# when one of its processes fails (the others are stopped) or when all have ended.
 set -euo pipefail
 pids=()
 # leaving (a process failed, or TERM/INT from the backend): stop the others
 trap 'if ((${{#pids[@]}})); then kill "${{pids[@]}}" 2>/dev/null || true; fi' EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
-{body}
+{hosts}{body}
 status=0
 for _ in "${{pids[@]}}"; do
   wait -n || {{
@@ -433,29 +473,30 @@ exit "$status"
 
 
 def _start(role: str, words: list[str]) -> str:
-    quoted = " ".join(shlex.quote(w) for w in words)
-    return f'SGLANG_DISAGG_ROLE={role} "$@" {quoted} &\npids+=("$!")'
+    """Start one process in the background (its words already shell-quoted)."""
+    return f'SGLANG_DISAGG_ROLE={role} "$@" {" ".join(words)} &\npids+=("$!")'
 
 
 #: where the router of a one-node job reaches the servers
 LOOPBACK = "127.0.0.1"
 
 
-def _emit_one_node(plan: Plan, options: SglangDisaggOptions) -> Launch:
+def _emit_shared(plan: Plan, options: SglangDisaggOptions) -> Launch:
     env = {k: v for k, v in _env(plan, options, "").items() if k in ONE_NODE_ENV}
     argv: tuple[Word, ...] = ("bash", out_file(HELPER), *plan.job.argv)
     meaning = {k: v for k, v in env.items() if isinstance(v, str)}
+    rank = "0 (the only node)" if plan.nnodes == 1 else "the backend's node index, 0..1"
     meaning.update(
         {
             "SGLANG_DISAGG_ROLE": f"proxy (the router), prefill or decode: each process its "
             f"own (set by {HELPER})",
-            "SGLANG_NODE_RANK": "0 (the only node)",
-            "POD_INDEX": "0 (the only node)",
+            "SGLANG_NODE_RANK": rank,
+            "POD_INDEX": rank,
         }
     )
     return Launch(
         roles=(Role(name=ONE_NODE_ROLE, argv=argv, env=env),),
-        files=(Artifact.text(HELPER, one_node_script(plan, options), executable=True),),
+        files=(Artifact.text(HELPER, shared_script(plan, options), executable=True),),
         worker_env=dict(sorted(meaning.items())),
         endpoint=Endpoint(port=options.router_port),
         servers=servers(plan, options),
@@ -479,7 +520,7 @@ def emit(plan: Plan, options: SglangDisaggOptions | None) -> Launch:
     if options is None or plan.disagg is None:  # check() / the core reported it
         raise ValueError("the sglang_disagg launcher needs [sglang_disagg] and a split")
     if plan.disagg.unit == "gpus":
-        return _emit_one_node(plan, options)
+        return _emit_shared(plan, options)
     python = tuple(plan.job.argv)
     helper: tuple[Word, ...] = ("bash", out_file(HELPER))
     router: list[Word] = [*helper, "router", *python, *router_words(options)]
@@ -503,12 +544,12 @@ def servers(plan: Plan, options: SglangDisaggOptions) -> tuple[ApiServer, ...]:
     assert split is not None
     found = [ApiServer(role="router", nodes=(0,), gpus=0, port=options.router_port)]
     if split.unit == "gpus":
-        for placed in one_node_servers(plan, options):
+        for placed in shared_servers(plan, options):
             shape = placed.shape
             found.append(
                 ApiServer(
                     role=shape.role,
-                    nodes=(0,),
+                    nodes=(placed.node,),
                     gpus=shape.gpus,
                     tp=shape.tp,
                     dp=shape.dp,
@@ -537,9 +578,10 @@ def servers(plan: Plan, options: SglangDisaggOptions) -> tuple[ApiServer, ...]:
     return tuple(found)
 
 
-def _one_node_port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
-    """One node: every server's HTTP and bootstrap port and the router's differ."""
-    placed = one_node_servers(plan, options)
+def _shared_port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
+    """Servers sharing the nodes: every server's HTTP and bootstrap port and the router's
+    differ (so that two nodes on one host, the local backend, never collide either)."""
+    placed = shared_servers(plan, options)
     # mini_lb's prefill servers share one bootstrap port: count each bootstrap port once
     boots = sorted({s.bootstrap for s in placed if s.bootstrap is not None})
     ports = [options.router_port, *(s.port for s in placed), *boots]
@@ -564,7 +606,7 @@ def _one_node_port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterato
 
 def _port_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
     if plan.disagg is not None and plan.disagg.unit == "gpus":
-        yield from _one_node_port_findings(plan, options)
+        yield from _shared_port_findings(plan, options)
         return
     last = plan.nnodes - 1
     if options.port + last > MAX_PORT:
@@ -622,7 +664,7 @@ def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Findi
         own: RoleOptions = getattr(options, role)
         where = f"/sglang_disagg/{role}" if own.tp_size is not None else "/sglang_disagg"
         if split is not None and split.unit == "gpus":
-            yield from _one_node_role_findings(shape, getattr(split, role), gpus, where)
+            yield from _shared_role_findings(plan, shape, getattr(split, role), where)
             continue
         if shape.gpus > gpus and shape.gpus % gpus:
             # SGLang spreads a server's tp_size GPUs evenly over its --nnodes nodes
@@ -645,31 +687,31 @@ def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Findi
                 hint=f"set {role}_nodes to a multiple of {shape.nodes}, e.g. {below} (and the "
                 "other role's count so that both add up to nnodes - 1)",
             )
-    for pointer, words in (
-        ("/sglang_disagg/server_args", options.server_args),
-        ("/sglang_disagg/prefill/args", options.prefill.args),
-        ("/sglang_disagg/decode/args", options.decode.args),
+    for where, pointer, words in (
+        ("[sglang_disagg] server_args", "/sglang_disagg/server_args", options.server_args),
+        ("[sglang_disagg.prefill] args", "/sglang_disagg/prefill/args", options.prefill.args),
+        ("[sglang_disagg.decode] args", "/sglang_disagg/decode/args", options.decode.args),
     ):
-        uses = OWNED_FLAGS.find(words)
-        for use in uses:
-            yield Finding(
-                code="MDC389",
-                pointer=pointer,
-                message=f"{pointer[1:].replace('/', '.')} has {use.spelled}, which the "
-                f"sglang_disagg launcher sets from {use.flag.source}",
-                hint=f"remove {use.spelled}; set it through {use.flag.source}",
-            )
+        yield from already_set(
+            OWNED_FLAGS.find(words),
+            code="MDC389",
+            launcher="sglang_disagg",
+            where=where,
+            pointer=functools.partial("{}/{}".format, pointer),
+        )
 
 
-def _one_node_role_findings(shape: Server, count: int, gpus: int, where: str) -> Iterator[Finding]:
-    """One node: a role's GPUs hold whole servers of that role (MDC383, MDC387)."""
-    role = shape.role
+def _shared_role_findings(plan: Plan, shape: Server, count: int, where: str) -> Iterator[Finding]:
+    """Servers sharing one or two nodes: a role's GPUs hold whole servers of that role
+    (MDC387), each server inside one node (MDC383)."""
+    role, gpus, split = shape.role, plan.nproc_per_node, plan.disagg
+    total = gpus * plan.nnodes
     if shape.gpus > count:
         yield Finding(
             code="MDC383",
             pointer=f"{where}/tp_size",
-            message=f"a {role} server uses {shape.gpus} GPUs, but the node gives {role} "
-            f"{count} of its {gpus}",
+            message=f"a {role} server uses {shape.gpus} GPUs, but the split gives {role} "
+            f"{count} of the {total}",
             hint=f"set prefill_gpus and decode_gpus in [distributed] so that {role} gets "
             f"{shape.gpus} or a multiple, or a smaller tp_size for {role}",
         )
@@ -677,21 +719,47 @@ def _one_node_role_findings(shape: Server, count: int, gpus: int, where: str) ->
         yield Finding(
             code="MDC387",
             pointer=f"/distributed/{role}_gpus",
-            message=f"a {role} server uses {shape.gpus} GPUs, so the node's {count} {role} "
-            "GPUs do not hold whole servers",
+            message=f"a {role} server uses {shape.gpus} GPUs, so the {count} {role} GPUs do "
+            "not hold whole servers",
             hint=f"set {role}_gpus to a multiple of {shape.gpus} (and the other role's so "
-            f"that both add up to nproc_per_node, {gpus})",
+            f"that both add up to the job's {total} GPUs)",
         )
+    elif plan.nnodes > 1 and split is not None:
+        # servers side by side from GPU 0 of node 0: one crosses into node 1 unless it
+        # starts and ends inside a node (a server over nodes needs the 3-node layout)
+        first = 0 if role == "prefill" else split.prefill
+        crossing = [
+            start
+            for start in range(first, first + count, shape.gpus)
+            if start // gpus != (start + shape.gpus - 1) // gpus
+        ]
+        if crossing:
+            yield Finding(
+                code="MDC383",
+                pointer=f"/distributed/{role}_gpus"
+                if split.origin == "spec"
+                else f"{where}/tp_size",
+                message=f"on {plan.nnodes} nodes the servers share the nodes, side by side: a "
+                f"{role} server of {shape.gpus} GPUs starting at GPU {crossing[0] % gpus} of "
+                f"node {crossing[0] // gpus} would cross into the next node",
+                hint=f"give the servers a size dividing nproc_per_node ({gpus}) and prefill_gpus "
+                f"a multiple of the decode servers' size, or use 3 or more nodes (the router on "
+                "node 0, servers over whole nodes)",
+            )
 
 
 def server_units(plan: Plan, options: SglangDisaggOptions | None) -> tuple[int, int]:
-    """Nodes (one node: GPUs) one prefill and one decode server take, for the split."""
+    """Nodes (up to two nodes: GPUs) one prefill and one decode server take, for the split."""
     if options is None:
         return 1, 1
-    shapes = [server(plan, options, role) for role in ("prefill", "decode")]
+    prefill, decode = (server(plan, options, role) for role in ("prefill", "decode"))
     if plan.nnodes == 1:
-        return shapes[0].gpus, shapes[1].gpus
-    return shapes[0].nodes, shapes[1].nodes
+        return prefill.gpus, decode.gpus
+    if plan.nnodes == 2:
+        # servers side by side over both nodes: the decode servers start where prefill
+        # ends, which must be a multiple of theirs too to keep each inside a node
+        return math.lcm(prefill.gpus, decode.gpus), decode.gpus
+    return prefill.nodes, decode.nodes
 
 
 def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:

@@ -146,6 +146,7 @@ class _Translation:
         b.put(("distributed", "nproc_per_node"), nproc, nproc_origin)
         b.put(("distributed", "accelerator"), self.vendor[0], self.vendor[1])
         self.nnodes = nnodes if isinstance(nnodes, int) else 1
+        self.nnodes_origin = nnodes_origin
         self.nproc = nproc if isinstance(nproc, int) else 1
         self.port()
         self.launcher_options(launcher)
@@ -599,6 +600,15 @@ class _Translation:
                 "madengine's multi-node torchrun passes --node_rank and "
                 "--master_addr (a static rendezvous); mdc keeps it: [torchrun] "
                 'rdzv_backend = "static"',
+            )
+        if launcher == "sglang_disagg" and self.nnodes < 3 and self.nnodes_origin:
+            b.note(
+                "MDC504",
+                self.nnodes_origin,
+                f"madengine refuses sglang-disagg on fewer than 3 nodes (1 proxy + 1 prefill "
+                f"+ 1 decode); mdc runs it on {self.nnodes}: the router beside the servers, "
+                "the GPUs split between prefill and decode",
+                hint="set 3 or more nodes for madengine's layout (the router on its own node)",
             )
         if launcher == "sglang_disagg" and self.target == "kubernetes":
             b.put(("sglang_disagg", "server_args"), ["--trust-remote-code"], None)
