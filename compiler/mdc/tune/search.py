@@ -309,6 +309,8 @@ class Tuner:
             else:
                 vpps = list(range(1, min(MAX_VPP, -(-layers // pp)) + 1)) if pp > 1 else [1]
             for vpp in vpps:
+                if vpp > 1 and pp == 1:
+                    continue  # the interleaved schedule needs pp > 1 (MDC206)
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
                     heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
