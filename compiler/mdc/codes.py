@@ -482,6 +482,12 @@ CODES: dict[str, Code] = {
         "warning: an FP4 option (fp4_recipe, fp4_quantizer_factory) without fp4_format",
         'set fp4_format = "e2m1", or remove the option',
     ),
+    "MDC396": Code(
+        "Megatron-LM refuses use_torch_fsdp2 with pipeline or expert parallelism, gradient "
+        "accumulation fusion, a checkpoint format other than torch_dist/torch_dcp, tied "
+        "embeddings or fp16",
+        "change the setting the message names, or remove use_torch_fsdp2",
+    ),
     "MDC401": Code("warning: [job] image is not used on the local backend", "remove it"),
     "MDC402": Code(
         "warning: several nodes on one machine share its GPUs",

@@ -141,6 +141,57 @@ def test_megatron_fsdp_shards_as_its_strategy_says(
     assert m.optimizer == ceil_div(12 * p, d if optim else 1)
 
 
+#: what Megatron-LM asks of --use-torch-fsdp2 (validate_args): no distributed optimizer, no
+#: gradient accumulation fusion, untied embeddings (LLAMA3_70B has them)
+TORCH_FSDP2 = {
+    "use_torch_fsdp2": True,
+    "use_distributed_optimizer": False,
+    "extra_args": ["--no-gradient-accumulation-fusion"],
+}
+
+
+def test_torch_fsdp2_shards_weights_gradients_and_optimizer(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    m = estimate_of(compiler, tmp_path, spec("megatron", TORCH_FSDP2))
+    p, d = m.params_total, 64
+    assert (m.weights, m.gradients, m.optimizer) == (
+        ceil_div(2 * p, d),
+        ceil_div(4 * p, d),
+        ceil_div(12 * p, d),
+    )
+    # the flag in extra_args is the key
+    extra = {
+        **TORCH_FSDP2,
+        "extra_args": ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"],
+    }
+    del extra["use_torch_fsdp2"]
+    assert estimate_of(compiler, tmp_path, spec("megatron", extra)).total == m.total
+
+
+@pytest.mark.parametrize(
+    ("change", "quote"),
+    [
+        ({"parallelism": {"tp": 1, "pp": 2}}, "is not supported with pipeline parallelism"),
+        ({"table": {"extra_args": []}}, "is not supported with gradient accumulation fusion"),
+        ({"model": {**LLAMA3_70B, "tied_embeddings": True}}, "requires --untie-embeddings"),
+        ({"table": {"use_distributed_optimizer": True}}, "MCore's distributed optimizer"),
+    ],
+)
+def test_torch_fsdp2_is_refused_where_megatron_lm_refuses_it(
+    compiler: Compiler, tmp_path: Path, change: dict[str, Any], quote: str
+) -> None:
+    table = {**TORCH_FSDP2, **change.get("table", {})}
+    data = spec(
+        "megatron",
+        table,
+        model=change.get("model"),
+        parallelism=change.get("parallelism"),
+    )
+    errors = refusal(compiler, tmp_path, data)
+    assert len(errors) == 1 and quote in errors[0], errors
+
+
 def test_llama3_70b_fsdp_64_on_gb200_is_about_18_bytes_over_64(
     compiler: Compiler, tmp_path: Path
 ) -> None:

@@ -35,6 +35,7 @@ from mdc.api import (
     TrainingSetup,
     Word,
     already_set,
+    command_pointer,
     drop_flags,
     program,
     read_schema,
@@ -139,6 +140,7 @@ def _option_flag(
 #: [megatron] options a flag in extra_args may stand for: read into the plan as if written
 OPTION_FLAGS = (
     _option_flag("use_megatron_fsdp"),
+    _option_flag("use_torch_fsdp2"),
     _option_flag("data_parallel_sharding_strategy", 1, choices=SHARDING_STRATEGIES),
     _option_flag("grad_reduce_in_bf16"),
     _option_flag("fp8_recipe", 1, choices=FP8_RECIPES),
@@ -177,6 +179,7 @@ class MegatronOptions:
     fp8_recipe: str | None = None
     fp8_param_gather: bool | None = None
     use_megatron_fsdp: bool | None = None
+    use_torch_fsdp2: bool | None = None
     data_parallel_sharding_strategy: str | None = None
     grad_reduce_in_bf16: bool | None = None
     use_precision_aware_optimizer: bool | None = None
@@ -447,6 +450,7 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         if value is not None:
             yield from (_flag(key), str(value))
     for key in (
+        "use_torch_fsdp2",
         "grad_reduce_in_bf16",
         "fp8_param_gather",
         "use_precision_aware_optimizer",
@@ -482,7 +486,10 @@ def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
         "CONTEXT_PARALLEL_SIZE": str(s.cp),
     }
     opts = _options(options)
-    if not _fsdp(opts) and _needs_max_connections(plan, [*plan.job.argv, *opts.extra_args]):
+    torch_fsdp2 = bool(opts.use_torch_fsdp2)
+    if not (_fsdp(opts) or torch_fsdp2) and _needs_max_connections(
+        plan, [*plan.job.argv, *opts.extra_args]
+    ):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
 
@@ -517,10 +524,6 @@ def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
 
 
 # ------------------------------------------------------------------ checks
-
-
-def _command_pointer(plan: Plan, index: int) -> str:
-    return f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
 
 
 #: where the value of a flag mdc emits (other than SWITCHES) comes from
@@ -621,7 +624,7 @@ def _clashes(plan: Plan, written: MegatronOptions, opts: MegatronOptions) -> Ite
         code="MDC323",
         launcher="megatron",
         where="the job's command",
-        pointer=lambda index: _command_pointer(plan, index),
+        pointer=lambda index: command_pointer(plan.job.command, index),
     )
     extra = [use for use in FLAGS.find(written.extra_args) if use.flag.name in mine]
     yield from already_set(
@@ -678,12 +681,11 @@ def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
                 "'Must use --overlap-param-gather with --overlap-grad-reduce')",
                 hint="set overlap_grad_reduce = true",
             )
-    words = [*plan.job.argv, *opts.extra_args]
-    if _distributed_optimizer(opts) and _passes(words, "--use-torch-fsdp2"):
+    if _distributed_optimizer(opts) and opts.use_torch_fsdp2:
         yield Finding(
             code="MDC321",
-            pointer="/megatron/use_distributed_optimizer",
-            message="--use-torch-fsdp2 cannot run with the distributed optimizer "
+            pointer=_at(opts, "use_torch_fsdp2"),
+            message="use_torch_fsdp2 cannot run with the distributed optimizer "
             "(Megatron-LM: \"--use-torch-fsdp2 is not supported with MCore's "
             'distributed optimizer"), which the megatron launcher turns on '
             "by default",
@@ -871,6 +873,7 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     words = [*plan.job.argv, *opts.extra_args]
     dtype = plan.model.dtype if plan.model else None
     yield from _fsdp_rules(opts, words)
+    yield from _torch_fsdp2_rules(plan, opts, words, dtype)
     yield from _precision_rules(opts, dtype)
     yield from fp4_rules(opts, dtype, lambda key: _at(opts, key))
     yield from _optimizer_rules(opts)
@@ -882,7 +885,6 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 
 #: Megatron-LM flags that change what a GPU holds and that the estimate does not model
 UNMODELLED = (
-    "--use-torch-fsdp2",
     "--torch-fsdp2-no-reshard-after-forward",
     "--outer-dp-sharding-strategy",
     "--num-distributed-optimizer-instances",
@@ -897,7 +899,7 @@ UNMODELLED = (
 
 def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
-        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("the job's command", plan.job.argv, lambda i: command_pointer(plan.job.command, i)),
         ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
     ]
     for where, words, pointer in places:
@@ -946,14 +948,56 @@ def _fsdp_rules(opts: MegatronOptions, words: Sequence[str]) -> Iterator[Finding
             "fsdp_dtensor checkpoint format')",
             hint="remove --ckpt-format (mdc then passes fsdp_dtensor), or set it to fsdp_dtensor",
         )
-    if _fsdp(opts) and _passes(words, "--use-torch-fsdp2"):
+    if _fsdp(opts) and opts.use_torch_fsdp2:
         yield Finding(
             code="MDC354",
             pointer=_at(opts, "use_megatron_fsdp"),
-            message="use_megatron_fsdp and --use-torch-fsdp2 are two FSDP implementations; "
+            message="use_megatron_fsdp and use_torch_fsdp2 are two FSDP implementations; "
             "Megatron-LM wraps the model in one (torch FSDP2) and ignores the other",
-            hint="remove --use-torch-fsdp2, or use_megatron_fsdp",
+            hint="remove use_torch_fsdp2, or use_megatron_fsdp",
         )
+
+
+def _torch_fsdp2_rules(
+    plan: Plan, opts: MegatronOptions, words: Sequence[str], dtype: str | None
+) -> Iterator[Finding]:
+    """Megatron-LM core_v0.16.1's asserts on --use-torch-fsdp2 (validate_args)."""
+    if not opts.use_torch_fsdp2:
+        return
+    s = plan.sizes
+    tied = plan.model.tied_embeddings if plan.model else None
+    ckpt = _value_after(words, "--ckpt-format")
+    refused = [
+        (s.pp > 1, f"pp = {s.pp}", "is not supported with pipeline parallelism", "set pp = 1"),
+        (s.ep > 1, f"ep = {s.ep}", "is not supported with expert parallelism", "set ep = 1"),
+        (
+            not _passes(words, "--no-gradient-accumulation-fusion"),
+            "gradient accumulation fusion (on by default)",
+            "is not supported with gradient accumulation fusion",
+            'add "--no-gradient-accumulation-fusion" to extra_args',
+        ),
+        (
+            ckpt is not None and ckpt not in ("torch_dist", "torch_dcp"),
+            f"--ckpt-format {ckpt}",
+            "requires --ckpt-format torch_dist or torch_dcp",
+            "pass --ckpt-format torch_dist (the default) or torch_dcp",
+        ),
+        (
+            tied is not False,
+            "tied input and output embeddings",
+            "requires --untie-embeddings-and-output-weights",
+            "set [model] tied_embeddings = false",
+        ),
+        (dtype == "fp16", 'dtype = "fp16"', "not supported with fp16 yet", 'use dtype "bf16"'),
+    ]
+    for failed, what, quote, hint in refused:
+        if failed:
+            yield Finding(
+                code="MDC396",
+                pointer=_at(opts, "use_torch_fsdp2"),
+                message=f"use_torch_fsdp2 with {what} (Megatron-LM: '--use-torch-fsdp2 {quote}')",
+                hint=hint + ", or remove use_torch_fsdp2",
+            )
 
 
 def _precision_rules(opts: MegatronOptions, dtype: str | None) -> Iterator[Finding]:
@@ -1224,6 +1268,8 @@ def zero_stage(opts: MegatronOptions) -> int:
     (no_shard, optim, optim_grads, optim_grads_params: 0-3), else the distributed
     optimizer's 1."""
     stage = 1 if _distributed_optimizer(opts) else 0
+    if opts.use_torch_fsdp2:  # torch's fully_shard: parameters, gradients and optimizer state
+        stage = 3
     if _fsdp(opts):
         strategy = opts.data_parallel_sharding_strategy or "no_shard"
         stage = max(stage, FSDP_ZERO_STAGE[strategy])
