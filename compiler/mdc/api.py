@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
-from mdc.flags import FlagTable, FlagUse, KnownFlag, already_set, drop_flags, flag_names
+from mdc.flags import (
+    FlagTable,
+    FlagUse,
+    KnownFlag,
+    already_set,
+    command_pointer,
+    drop_flags,
+    flag_names,
+)
 from mdc.hardware import Accelerator
 from mdc.package_data import package_text
 from mdc.plan.model import (
@@ -330,6 +338,7 @@ __all__ = [
     "TrainingSetup",
     "Word",
     "already_set",
+    "command_pointer",
     "around_launch",
     "drop_flags",
     "flag_names",

@@ -172,6 +172,12 @@ def drop_flags(words: Sequence[str], uses: Iterable[FlagUse]) -> list[str]:
     return [word for i, word in enumerate(words) if i not in dropped]
 
 
+def command_pointer(command: str | tuple[str, ...], index: int) -> str:
+    """The JSON pointer of word ``index`` of ``[job] command``: that word when the command is
+    a list, the whole command when it is one string."""
+    return f"/job/command/{index}" if isinstance(command, tuple) else "/job/command"
+
+
 def already_set(
     uses: Iterable[FlagUse],
     *,

@@ -165,19 +165,51 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("where", "words", "flags"),
+    ("where", "words", "expected"),
     [
-        ("command", [*SERVER, "--tensor-parallel-size", "2"], "--tp-size"),
-        ("args", ["--model", "x", "--nccl-init-addr=a:1"], "--model-path, --dist-init-addr"),
-        ("args", ["--node-rank", "0", "--port=1"], "--node-rank, --port"),
+        (
+            "command",
+            [*SERVER, "--tensor-parallel-size", "2"],
+            [
+                (
+                    "/job/command/3",
+                    "--tensor-parallel-size (another spelling of --tp-size)",
+                    "[parallelism] tp",
+                )
+            ],
+        ),
+        (
+            "args",
+            ["--model", "x", "--nccl-init-addr=a:1"],
+            [
+                ("/sglang/args/0", "--model (another spelling of --model-path)", "[sglang] model"),
+                (
+                    "/sglang/args/2",
+                    "--nccl-init-addr (another spelling of --dist-init-addr)",
+                    "[distributed] master_port (on node 0)",
+                ),
+            ],
+        ),
+        (
+            "args",
+            ["--node-rank", "0", "--port=1"],
+            [
+                ("/sglang/args/0", "--node-rank", "the node's rank"),
+                ("/sglang/args/2", "--port", "[sglang] port"),
+            ],
+        ),
     ],
 )
 def test_flags_mdc_sets_may_not_be_written_again(
-    tmp_path: Path, where: str, words: list[str], flags: str
+    tmp_path: Path, where: str, words: list[str], expected: list[tuple[str, str, str]]
 ) -> None:
+    """One finding per flag, at the word itself, naming the key mdc writes it from."""
     data = spec({"args": words}) if where == "args" else spec(command=words)
-    (found,) = [d for d in diagnostics(tmp_path, data) if d.is_error]
-    assert found.code == "MDC373" and f"has {flags}," in found.message
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert [d.code for d in found] == ["MDC373"] * len(expected)
+    for d, (pointer, spelled, source) in zip(found, expected, strict=True):
+        assert d.location.pointer == pointer
+        assert f"passes {spelled}, which the sglang launcher sets from {source}" in d.message
 
 
 def test_a_foreign_command_is_a_warning(tmp_path: Path) -> None:

@@ -204,10 +204,12 @@ def test_flags_mdc_sets_are_refused_in_the_arguments(tmp_path: Path) -> None:
     }
     found = errors(tmp_path, spec(3, 2, options))
     assert [(d.code, d.location.pointer) for d in found] == [
-        ("MDC389", "/sglang_disagg/server_args"),
-        ("MDC389", "/sglang_disagg/decode/args"),
+        ("MDC389", "/sglang_disagg/server_args/3"),
+        ("MDC389", "/sglang_disagg/decode/args/0"),
     ]
-    assert "--port" in found[0].message and "set it through port" in (found[0].hint or "")
+    assert "[sglang_disagg] server_args passes --port," in found[0].message
+    assert "set the value through port" in (found[0].hint or "")
+    assert "(another spelling of --ep-size)" in found[1].message
     assert "through ep_size" in (found[1].hint or "")
 
 

@@ -272,9 +272,12 @@ def test_api_server_count_must_not_reach_headless_nodes(tmp_path: Path) -> None:
 
 def test_dp_flags_in_args_point_at_the_spec_key(tmp_path: Path) -> None:
     found = diagnostics(tmp_path, spec({"args": ["-dp", "2", "--enable-expert-parallel"]}))
-    (clash,) = [d for d in found if d.code == "MDC364"]
-    assert "--data-parallel-size, --enable-expert-parallel" in clash.message
-    assert "[parallelism] dp" in (clash.hint or "") and "[parallelism] ep" in (clash.hint or "")
+    clashes = [d for d in found if d.code == "MDC364"]
+    assert [d.location.pointer for d in clashes] == ["/vllm/args/0", "/vllm/args/2"]
+    assert "-dp (another spelling of --data-parallel-size)" in clashes[0].message
+    assert "[parallelism] dp" in (clashes[0].hint or "")
+    assert "--enable-expert-parallel" in clashes[1].message
+    assert "[parallelism] ep" in (clashes[1].hint or "")
 
 
 def test_context_parallel_is_refused(tmp_path: Path) -> None:
@@ -283,20 +286,30 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("where", "words", "flags"),
+    ("where", "words", "expected"),
     [
-        ("command", ["vllm", "serve", "--port", "1"], "--port"),
-        ("args", ["-tp", "2", "--model=x"], "--tensor-parallel-size, --model"),
-        ("args", ["--pipeline-parallel-size=2"], "--pipeline-parallel-size"),
+        ("command", ["vllm", "serve", "--port", "1"], [("/job/command/2", "--port")]),
+        (
+            "args",
+            ["-tp", "2", "--model=x"],
+            [
+                ("/vllm/args/0", "-tp (another spelling of --tensor-parallel-size)"),
+                ("/vllm/args/2", "--model"),
+            ],
+        ),
+        ("args", ["--pipeline-parallel-size=2"], [("/vllm/args/0", "--pipeline-parallel-size")]),
     ],
 )
 def test_flags_mdc_sets_may_not_be_written_again(
-    tmp_path: Path, where: str, words: list[str], flags: str
+    tmp_path: Path, where: str, words: list[str], expected: list[tuple[str, str]]
 ) -> None:
+    """One finding per flag, at the word itself."""
     data = spec({"args": words}) if where == "args" else spec(command=words)
-    (found,) = [d for d in diagnostics(tmp_path, data) if d.is_error]
-    assert found.code == "MDC364" and f"has {flags}," in found.message
-    assert found.location.pointer == ("/vllm/args" if where == "args" else "/job/command")
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert [d.code for d in found] == ["MDC364"] * len(expected)
+    for d, (pointer, spelled) in zip(found, expected, strict=True):
+        assert d.location.pointer == pointer
+        assert f"passes {spelled}, which the vllm launcher sets" in d.message
 
 
 def test_warnings_for_a_foreign_command_and_a_mode_on_one_node(tmp_path: Path) -> None:

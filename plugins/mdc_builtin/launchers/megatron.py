@@ -35,6 +35,7 @@ from mdc.api import (
     TrainingSetup,
     Word,
     already_set,
+    command_pointer,
     drop_flags,
     program,
     read_schema,
@@ -526,10 +527,6 @@ def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
 # ------------------------------------------------------------------ checks
 
 
-def _command_pointer(plan: Plan, index: int) -> str:
-    return f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
-
-
 #: where the value of a flag mdc emits (other than SWITCHES) comes from
 SOURCES: Mapping[str, str] = {
     "--micro-batch-size": "[batch] micro_batch_size",
@@ -628,7 +625,7 @@ def _clashes(plan: Plan, written: MegatronOptions, opts: MegatronOptions) -> Ite
         code="MDC323",
         launcher="megatron",
         where="the job's command",
-        pointer=lambda index: _command_pointer(plan, index),
+        pointer=lambda index: command_pointer(plan.job.command, index),
     )
     extra = [use for use in FLAGS.find(written.extra_args) if use.flag.name in mine]
     yield from already_set(
@@ -903,7 +900,7 @@ UNMODELLED = (
 
 def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     places: list[tuple[str, Sequence[str], Callable[[int], str]]] = [
-        ("the job's command", plan.job.argv, lambda i: _command_pointer(plan, i)),
+        ("the job's command", plan.job.argv, lambda i: command_pointer(plan.job.command, i)),
         ("extra_args", opts.extra_args, lambda i: f"/megatron/extra_args/{i}"),
     ]
     for where, words, pointer in places:

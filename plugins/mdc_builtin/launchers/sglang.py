@@ -13,7 +13,7 @@ the server.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import attrs
 
@@ -36,7 +36,8 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
-    flag_names,
+    already_set,
+    command_pointer,
     out_file,
     read_schema,
 )
@@ -46,16 +47,17 @@ NODE_SCRIPT = "launch/sglang-node.sh"
 DEFAULT_PORT = 30000
 DEFAULT_HOST = "0.0.0.0"
 MODULE = "sglang.launch_server"
-#: the flags mdc writes, with SGLang's aliases of each; a user's copy of one is a finding
-OWNED = {
-    "--model-path": ("--model",),
-    "--tp-size": ("--tensor-parallel-size",),
-    "--pp-size": ("--pipeline-parallel-size",),
-    "--nnodes": (),
-    "--node-rank": (),
-    "--dist-init-addr": ("--nccl-init-addr",),
-    "--host": (),
-    "--port": (),
+#: the flags mdc writes, with SGLang's aliases of each and what mdc writes it from; a user's
+#: copy of one is a finding
+OWNED: dict[str, tuple[tuple[str, ...], str]] = {
+    "--model-path": (("--model",), "[sglang] model"),
+    "--tp-size": (("--tensor-parallel-size",), "[parallelism] tp"),
+    "--pp-size": (("--pipeline-parallel-size",), "[parallelism] pp"),
+    "--nnodes": ((), "[distributed] nnodes"),
+    "--node-rank": ((), "the node's rank"),
+    "--dist-init-addr": (("--nccl-init-addr",), "[distributed] master_port (on node 0)"),
+    "--host": ((), "[sglang] host"),
+    "--port": ((), "[sglang] port"),
 }
 
 
@@ -180,14 +182,9 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
 
 #: the same flags as a table of mdc's shared flag reader (each takes one value)
 OWNED_FLAGS = FlagTable(
-    KnownFlag(name=flag, source="the plan", nargs=1, aliases=aliases)
-    for flag, aliases in OWNED.items()
+    KnownFlag(name=flag, source=source, nargs=1, aliases=aliases)
+    for flag, (aliases, source) in OWNED.items()
 )
-
-
-def _written(words: Sequence[str]) -> list[str]:
-    found = flag_names(OWNED_FLAGS.find(words))
-    return [flag for flag in OWNED if flag in found]
 
 
 def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
@@ -219,26 +216,20 @@ def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
             message=f"the sglang launcher passes no context parallelism (cp {plan.sizes.cp})",
             hint="remove cp (or set it to 1)",
         )
-    in_command = _written(plan.job.argv)
-    if in_command:
-        yield Finding(
-            code="MDC373",
-            pointer="/job/command",
-            message=f"the command already has {', '.join(in_command)}, which the "
-            "sglang launcher sets from the plan",
-            hint="remove them from the command; set the sizes in [parallelism] and "
-            "host, port and model in [sglang]",
-        )
-    in_args = _written(opts.args)
-    if in_args:
-        yield Finding(
-            code="MDC373",
-            pointer="/sglang/args",
-            message=f"[sglang] args has {', '.join(in_args)}, which the sglang "
-            "launcher sets from the plan",
-            hint="remove them from args; set the sizes in [parallelism] and host, "
-            "port and model in [sglang]",
-        )
+    yield from already_set(
+        OWNED_FLAGS.find(plan.job.argv),
+        code="MDC373",
+        launcher="sglang",
+        where="the job's command",
+        pointer=lambda index: command_pointer(plan.job.command, index),
+    )
+    yield from already_set(
+        OWNED_FLAGS.find(opts.args),
+        code="MDC373",
+        launcher="sglang",
+        where="[sglang] args",
+        pointer=lambda index: f"/sglang/args/{index}",
+    )
     if not any(w == MODULE or w.endswith("/launch_server.py") for w in plan.job.argv):
         yield Finding(
             code="MDC374",

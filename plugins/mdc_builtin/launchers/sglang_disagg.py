@@ -24,6 +24,7 @@ as madengine does (no bootstrap ports: every prefill server keeps one fixed boot
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import shlex
@@ -47,6 +48,7 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+    already_set,
     out_file,
     read_schema,
 )
@@ -685,20 +687,18 @@ def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Findi
                 hint=f"set {role}_nodes to a multiple of {shape.nodes}, e.g. {below} (and the "
                 "other role's count so that both add up to nnodes - 1)",
             )
-    for pointer, words in (
-        ("/sglang_disagg/server_args", options.server_args),
-        ("/sglang_disagg/prefill/args", options.prefill.args),
-        ("/sglang_disagg/decode/args", options.decode.args),
+    for where, pointer, words in (
+        ("[sglang_disagg] server_args", "/sglang_disagg/server_args", options.server_args),
+        ("[sglang_disagg.prefill] args", "/sglang_disagg/prefill/args", options.prefill.args),
+        ("[sglang_disagg.decode] args", "/sglang_disagg/decode/args", options.decode.args),
     ):
-        uses = OWNED_FLAGS.find(words)
-        for use in uses:
-            yield Finding(
-                code="MDC389",
-                pointer=pointer,
-                message=f"{pointer[1:].replace('/', '.')} has {use.spelled}, which the "
-                f"sglang_disagg launcher sets from {use.flag.source}",
-                hint=f"remove {use.spelled}; set it through {use.flag.source}",
-            )
+        yield from already_set(
+            OWNED_FLAGS.find(words),
+            code="MDC389",
+            launcher="sglang_disagg",
+            where=where,
+            pointer=functools.partial("{}/{}".format, pointer),
+        )
 
 
 def _shared_role_findings(plan: Plan, shape: Server, count: int, where: str) -> Iterator[Finding]:

@@ -37,6 +37,7 @@ from mdc.api import (
     TorchrunOptions,
     TrainingSetup,
     Word,
+    command_pointer,
     out_file,
     program,
     read_schema,
@@ -652,12 +653,12 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
         owner = _owner(plan, section, key)
         if owner is not None:
             yield _clash(
-                section, key, owner, "the job's command", _command_pointer(plan, use.index)
+                section,
+                key,
+                owner,
+                "the job's command",
+                command_pointer(plan.job.command, use.index),
             )
-
-
-def _command_pointer(plan: Plan, index: int) -> str:
-    return f"/job/command/{index}" if isinstance(plan.job.command, tuple) else "/job/command"
 
 
 def _override_name(word: str) -> str:
@@ -806,7 +807,7 @@ def _memory_overrides(plan: Plan) -> Iterator[Finding]:
     for use in MEMORY_OVERRIDES.find(plan.job.argv):
         yield Finding(
             code="MDC359",
-            pointer=_command_pointer(plan, use.index),
+            pointer=command_pointer(plan.job.command, use.index),
             message=f"the job's command passes {use.spelled}, which changes what each GPU "
             "holds; mdc's memory estimate reads it from the config table",
             hint=f"remove it from the command and set {use.flag.source}",

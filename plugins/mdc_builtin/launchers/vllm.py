@@ -49,6 +49,8 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+    already_set,
+    command_pointer,
     flag_names,
     out_file,
     read_schema,
@@ -453,20 +455,14 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
 
 
 def _clash_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
-    for pointer, words, where in (
-        ("/job/command", plan.job.argv, "the command already has"),
-        ("/vllm/args", opts.args, "[vllm] args has"),
-        ("/vllm/head_args", opts.head_args, "[vllm] head_args has"),
+    for words, where, pointer in (
+        (plan.job.argv, "the job's command", lambda i: command_pointer(plan.job.command, i)),
+        (opts.args, "[vllm] args", lambda i: f"/vllm/args/{i}"),
+        (opts.head_args, "[vllm] head_args", lambda i: f"/vllm/head_args/{i}"),
     ):
-        written = _written(words)
-        if written:
-            keys = sorted({OWNED[flag][1] for flag in written})
-            yield Finding(
-                code="MDC364",
-                pointer=pointer,
-                message=f"{where} {', '.join(written)}, which the vllm launcher sets from the plan",
-                hint=f"remove them; mdc writes them from {', '.join(keys)}",
-            )
+        yield from already_set(
+            OWNED_FLAGS.find(words), code="MDC364", launcher="vllm", where=where, pointer=pointer
+        )
 
 
 def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
