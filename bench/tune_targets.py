@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 import tomllib
 from pathlib import Path
@@ -77,6 +78,11 @@ def table1(compiler: Compiler, published: ModuleType) -> list[tuple[str, tuple[i
     return found
 
 
+def _sizes(L: Any) -> dict[str, int]:
+    return {"tp": L.tp, "pp": L.pp, "cp": L.cp, "ep": L.ep, "vpp": L.vpp,
+            "mbs": L.micro_batch_size}  # fmt: skip
+
+
 def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
     """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
     published layout fits the plan's estimate, and the best layout mdc found."""
@@ -100,17 +106,28 @@ def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
         for key in OPEN:
             spec["parallelism"].pop(key, None)
         spec["batch"].pop("micro_batch_size", None)
-        result = _tuner(compiler, run, spec).run(top=5)
+        tuner = _tuner(compiler, run, spec)
+        result = tuner.run(top=5)
         rank = None
         for i, row in enumerate(result.rows, 1):
-            L = row.candidate.layout
-            got = {"tp": L.tp, "pp": L.pp, "cp": L.cp, "ep": L.ep, "vpp": L.vpp,
-                   "mbs": L.micro_batch_size}  # fmt: skip
-            if got == want:
+            if _sizes(row.candidate.layout) == want:
                 rank = i
                 break
         best = result.rows[0].candidate.label() if result.rows else None
-        found.append({"id": run["id"], "rank": rank, "fits": fits, "want": want, "best": best})
+        # how much slower the model predicts the published layout than its own best
+        # (the published sizes with the switches mdc would pick for them)
+        gap = None
+        own = [
+            c.prediction.tokens_per_s_per_gpu
+            for c in tuner.candidates()
+            if _sizes(c.layout) == want
+        ]
+        if own and result.rows:
+            top = result.rows[0].candidate.prediction.tokens_per_s_per_gpu
+            gap = 1 - max(own) / top
+        found.append(
+            {"id": run["id"], "rank": rank, "fits": fits, "want": want, "best": best, "gap": gap}
+        )
     return found
 
 
@@ -126,9 +143,17 @@ def main() -> None:
     top = sum(1 for r in found if r["rank"] is not None)
     fit = sum(1 for r in found if r["fits"])
     print(f"recipes: published layout in the top 5 for {top} of {len(found)}; fits: {fit}")
+    gaps = sorted(r["gap"] for r in found if r["gap"] is not None)
+    if gaps:
+        within = sum(1 for g in gaps if g <= 0.05)
+        print(
+            f"  predicted slower than mdc's best: median {statistics.median(gaps):.1%}, "
+            f"within 5 % for {within} of {len(gaps)}"
+        )
     for r in found:
-        print(f"  {r['id']}: rank {r['rank']}, fits {r['fits']}, published {r['want']}, "
-              f"best {r['best']}")  # fmt: skip
+        gap = "-" if r["gap"] is None else f"{r['gap']:.1%}"
+        print(f"  {r['id']}: rank {r['rank']}, fits {r['fits']}, {gap} slower, "
+              f"published {r['want']}, best {r['best']}")  # fmt: skip
 
 
 if __name__ == "__main__":

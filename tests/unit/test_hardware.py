@@ -38,9 +38,23 @@ def test_every_required_accelerator_is_there_with_sources() -> None:
     assert set(REQUIRED) <= set(known)
     for ident in REQUIRED:
         entry = known[ident]
-        assert set(entry.sources) == {"compute", "memory", "scale_up", "scale_out"}
+        required = {"compute", "memory", "scale_up", "scale_out"}
+        assert required <= set(entry.sources) <= required | {"memory_exposed"}
         assert all(url.startswith("https://") for url in entry.sources.values())
         assert entry.dense_tflops["bf16"] > 0
+
+
+def test_memory_is_what_the_device_exposes_not_the_datasheet_gb() -> None:
+    """nvidia-smi / rocm-smi totals: a little under the datasheet's decimal GB read as GiB."""
+    exposed_mib = {
+        "a100-40gb": 40960, "a100-80gb": 81920, "h100-sxm": 81559, "h200": 143771,
+        "b200": 183359, "b300": 275040, "gb200": 189471, "gb300": 284208,
+    }  # fmt: skip
+    known = builtin()
+    for ident, mib in exposed_mib.items():
+        assert known[ident].memory_gib == pytest.approx(mib / 1024, abs=0.01), ident
+    assert known["mi300x"].memory_gib == pytest.approx(206141652992 / 2**30, abs=0.01)
+    assert known["mi355x"].memory_gib == pytest.approx(309220868096 / 2**30, abs=0.01)
 
 
 def test_rack_scale_systems_have_a_72_gpu_domain() -> None:
@@ -75,9 +89,11 @@ def _spec(tmp_path: Path, distributed: str) -> str:
 
 def test_accelerator_model_sets_the_memory_limit(tmp_path: Path) -> None:
     code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "h100-sxm"\n'), "explain")
-    assert code == 0 and "of 80 GiB" in out
+    # the GiB the device exposes (nvidia-smi: 81559 MiB), not the datasheet's 80 GB
+    assert code == 0 and "of 79.6475 GiB" in out
     code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "mi300x"\n'), "explain")
-    assert code == 0 and "of 192 GiB" in out and "accelerator amd" in out
+    # rocm-smi: 206141652992 bytes
+    assert code == 0 and "of 191.984 GiB" in out and "accelerator amd" in out
 
 
 def test_an_explicit_memory_wins(tmp_path: Path) -> None:

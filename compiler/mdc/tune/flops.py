@@ -7,7 +7,7 @@ per multiply-add, per token:
   (``src/megatron/bridge/training/utils/flop_utils.py``), which its performance tables and
   recipes report TFLOP/s with: attention scores and values over half the sequence (causal),
   GQA or multi-latent attention, dense / MoE / shared-expert MLPs after ``moe_layer_freq``,
-  multi-token-prediction layers, sliding windows, hybrid Mamba stacks, and the logits
+  multi-token-prediction layers, sliding windows, hybrid Mamba stacks, latent MoE, and the logits
   over the vocabulary padded to a multiple of 128.
 * ``causal=False`` is Narayanan et al. 2021 (Megatron-LM, SC'21, appendix), the count of its
   Table 1: ``72*B*s*l*h^2*(1 + s/(6h) + V/(12*h*l))`` for a GPT: the same terms with the
@@ -121,7 +121,14 @@ def token_flops(
         _, swa_core = _attention(shape, causal, window)
         core_total = (attention_layers - swa_layers) * core + swa_layers * swa_core
     dense = attention_layers * projection + dense_mlps * 2 * h * shape.ffn * width
-    expert = moe_mlps * 2 * h * (shape.moe_ffn * shape.topk + shape.shared_ffn) * width
+    # latent MoE (--moe-latent-size): the routed experts run in the latent width, between a
+    # down (h -> latent) and an up (latent -> h) projection of every token; the shared
+    # expert stays at h (Bridge's moe_layer_flops)
+    routed_width = shape.moe_latent or h
+    expert = (
+        moe_mlps * 2 * (routed_width * shape.moe_ffn * shape.topk + h * shape.shared_ffn) * width
+    )
+    dense += moe_mlps * 2 * 2 * h * shape.moe_latent
     if parts.mamba:
         mamba_projections, scan = _mamba(shape)
         dense += parts.mamba * mamba_projections

@@ -26,6 +26,7 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
+from mdc.plan.stages import Model, layout_vpp, split_layers
 from mdc.spec import JobSpec
 from mdc.tune.perf import DEFAULT, Constants, Layout, Prediction, predict, scale_up_domain
 
@@ -35,9 +36,17 @@ MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CP = 16
 #: shortest sequence slice a context-parallel rank keeps
 MIN_CP_TOKENS = 1024
-MAX_VPP = 8
+MAX_VPP = 32
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 400
+#: the [megatron] keys that place layers on pipeline stages unevenly
+SPLIT_KEYS = (
+    "decoder_first_pipeline_num_layers",
+    "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "pipeline_model_parallel_layout",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -79,6 +88,14 @@ class Candidate:
         parts = [f"tp{L.tp}", f"pp{L.pp}"]
         if L.vpp > 1:
             parts.append(f"vpp{L.vpp}")
+        split = self.switches
+        if "decoder_first_pipeline_num_layers" in split:
+            first = split["decoder_first_pipeline_num_layers"]
+            last = split["decoder_last_pipeline_num_layers"]
+            parts.append(f"first{first}/last{last}")
+        elif any(k.startswith("account_for_") for k in split):
+            counted = [k.split("_")[2] for k in sorted(split) if k.startswith("account_for_")]
+            parts.append("+".join(counted) + "-as-layer")
         parts.append(f"cp{L.cp}")
         if L.ep > 1 or L.etp != L.tp:
             parts += [f"ep{L.ep}", f"etp{L.etp}"]
@@ -141,7 +158,11 @@ class Tuner:
         model = self.spec.model
         self.window = model.window_size if model is not None else None
         self.window_skip = model.window_attn_skip_freq if model is not None else None
-        self._variant_cache: dict[tuple[bool, int], list[tuple[dict[str, Any], TrainingSetup]]] = {}
+        self._variant_cache: dict[
+            tuple[bool, int, tuple[tuple[str, Any], ...]],
+            list[tuple[dict[str, Any], TrainingSetup]],
+        ] = {}
+        self._split_cache: dict[int, list[tuple[dict[str, Any], int, int]]] = {}
 
     # ---- what the spec must give
     def _requirements(self) -> None:
@@ -234,7 +255,7 @@ class Tuner:
             if gbs % dp:
                 continue
             for ep, etp in self._experts(tp, pp, world, moe):
-                for vpp in self._vpps(pp):
+                for split, vpp, heaviest in self._splits(pp):
                     for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
                         if gbs % (mbs * dp):
                             continue
@@ -247,19 +268,88 @@ class Tuner:
                             micro_batch_size=mbs,
                             grad_accum_steps=gbs // (mbs * dp),
                         )
-                        chunk = -(-shape.layers // (pp * vpp))
-                        for switches, training in self._variants(tp, chunk):
-                            yield self._candidate(sizes, batch, order, switches, training)
+                        chunk = -(-heaviest // vpp)
+                        for switches, training in self._variants(tp, chunk, split):
+                            yield self._candidate(sizes, batch, order, switches, training, heaviest)
 
-    def _variants(self, tp: int, chunk_layers: int) -> list[tuple[dict[str, Any], TrainingSetup]]:
+    def _variants(
+        self, tp: int, chunk_layers: int, split: Mapping[str, Any]
+    ) -> list[tuple[dict[str, Any], TrainingSetup]]:
         """The switch settings to try with the launcher's training setup for each (cached)."""
-        key = (tp > 1, chunk_layers)
+        key = (tp > 1, chunk_layers, tuple(sorted(split.items())))
         if key not in self._variant_cache:
             self._variant_cache[key] = [
                 (switches, self._training(self._options(switches)))
-                for switches in self._switches(tp, chunk_layers)
+                for switches in ({**split, **rest} for rest in self._switches(tp, chunk_layers))
             ]
         return self._variant_cache[key]
+
+    def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int]]:
+        """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
+        vpp, the layers of the heaviest stage), each checked by the plan's own split
+        (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers that
+        divide by pp go evenly; a spec that writes a split keeps it (a layout string
+        fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
+        (:meth:`_uneven`)."""
+        if pp in self._split_cache:
+            return self._split_cache[pp]
+        layers = self.shape.layers
+        written = any(self._fixed("megatron", k) is not None for k in SPLIT_KEYS)
+        options = [{}] if written or pp == 1 or layers % pp == 0 else self._uneven(pp)
+        model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
+        fixed_vpp = self._fixed("parallelism", "vpp")
+        found: list[tuple[dict[str, Any], int, int]] = []
+        for split in options:
+            pipeline = self._training(self._options(split)).pipeline
+            if pipeline.layout is not None:
+                implied, problems = layout_vpp(pipeline, pp)
+                vpps = [] if problems else [implied or 1]
+            elif fixed_vpp is not None:
+                vpps = [fixed_vpp]
+            else:
+                vpps = list(range(1, min(MAX_VPP, -(-layers // pp)) + 1)) if pp > 1 else [1]
+            for vpp in vpps:
+                stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
+                if stages is not None:
+                    heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
+                    found.append((split, vpp, heaviest))
+        self._split_cache[pp] = found
+        return found
+
+    def _uneven(self, pp: int) -> list[dict[str, Any]]:
+        """Megatron-LM's splits for layers that do not divide by pp: the embedding and/or
+        the loss counted as a layer (--account-for-embedding/loss-in-pipeline-split) where
+        that divides, and the middle stages at ceil(layers / pp) each with the rest on the
+        first and last (--decoder-first/last-pipeline-num-layers)."""
+        layers = self.shape.layers
+        found: list[dict[str, Any]] = []
+        for embedding, loss in ((True, True), (True, False), (False, True)):
+            if (layers + embedding + loss) % pp == 0:
+                found.append(
+                    {
+                        k: True
+                        for k, on in (
+                            ("account_for_embedding_in_pipeline_split", embedding),
+                            ("account_for_loss_in_pipeline_split", loss),
+                        )
+                        if on
+                    }
+                )
+                break
+        middle = -(-layers // pp)
+        if pp == 2:
+            first, last = middle, layers - middle
+        else:
+            rest = layers - middle * (pp - 2)
+            first, last = rest // 2, rest - rest // 2
+        if first >= 1 and last >= 1 and max(first, last) <= middle:
+            found.append(
+                {
+                    "decoder_first_pipeline_num_layers": first,
+                    "decoder_last_pipeline_num_layers": last,
+                }
+            )
+        return found
 
     def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
         """The [megatron] training switches to try: sequence parallel, the optimizer's
@@ -328,15 +418,6 @@ class Tuner:
             (ep, etp) for ep, etp in itertools.product(eps, etps) if world % (ep * etp * pp) == 0
         ]
 
-    def _vpps(self, pp: int) -> list[int]:
-        fixed = self._fixed("parallelism", "vpp")
-        if fixed is not None:
-            return [fixed]
-        if pp == 1:
-            return [1]
-        per_stage = self.shape.layers // pp
-        return [1, *(v for v in divisors(per_stage) if 1 < v <= MAX_VPP)] if per_stage else [1]
-
     def _candidate(
         self,
         sizes: Sizes,
@@ -344,6 +425,7 @@ class Tuner:
         order: str,
         switches: dict[str, Any],
         training: TrainingSetup,
+        heaviest: int,
     ) -> Candidate:
         written = {**self._written("megatron"), **switches}
         recompute = training.recompute
@@ -361,6 +443,7 @@ class Tuner:
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_param_gather=training.zero_stage >= 1
             and written.get("overlap_param_gather") is not False,
+            stage_layers=heaviest,
         )  # fmt: skip
         prediction = predict(
             self.shape, layout, self.hardware, nproc_per_node=self.nproc,
