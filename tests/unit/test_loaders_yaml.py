@@ -149,3 +149,33 @@ def test_escaped_surrogate_pairs_are_joined_and_unpaired_ones_refused() -> None:
         load_text('a:\n  b: "x\\udc00"\n', "s.yaml", "yaml")
     (diag,) = exc.value.diagnostics
     assert (diag.code, diag.location.pointer, diag.location.line) == ("MDC001", "/a/b", 2)
+
+
+def _by_newline(text: str, index: int) -> tuple[int, int]:
+    """The 1-based line and column of ``text[index]`` when only "\\n" ends a line."""
+    return text.count("\n", 0, index) + 1, index - text.rfind("\n", 0, index)
+
+
+def test_positions_count_newlines_where_yaml_breaks_lines_otherwise() -> None:
+    # YAML also ends a line at a lone CR: mdc's file:line:col counts "\n" as the JSON and
+    # TOML loaders and editors do, so every position stays in the text
+    text = "a: 1\rb: 2\nc: 3\n"
+    doc = parse(text)
+    assert doc.data == {"a": 1, "b": 2, "c": 3}
+    for key in "abc":
+        assert doc.keys[f"/{key}"] == _by_newline(text, text.index(f"{key}:"))
+        assert doc.values[f"/{key}"] == _by_newline(text, text.index(f"{key}:") + 3)
+
+
+@pytest.mark.parametrize("brk", ["\r", "\x85", "\u2028"])
+def test_an_error_after_a_yaml_only_break_is_located_in_the_text(brk: str) -> None:
+    # a lone CR breaks a YAML 1.2 line; NEL and LS broke 1.1's, and the parser still counts
+    # them in its marks
+    broken = f"a: 1{brk}b: [1\n"
+    with pytest.raises(SpecError) as caught:
+        parse(broken)
+    lines = broken.split("\n")
+    for d in caught.value.diagnostics:
+        line, column = d.location.line, d.location.column
+        assert line is not None and column is not None
+        assert 1 <= line <= len(lines) and 1 <= column <= len(lines[line - 1]) + 1

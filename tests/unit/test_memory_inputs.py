@@ -471,6 +471,14 @@ def test_fp8_keeps_linear_inputs_in_one_byte(compiler: Compiler, tmp_path: Path)
     assert bf16 - fp8 == L * S * (H + H + 4 * H)
 
 
+def test_nvfp4_keeps_linear_inputs_quantized(compiler: Compiler, tmp_path: Path) -> None:
+    """With --fp4-format e2m1, Transformer Engine saves the NVFP4 copy of the QKV and MLP
+    matrices' inputs (4 bits and an E4M3 scale per 16 values: 9/16 byte), not bf16's 2."""
+    bf16 = activations(compiler, tmp_path, {})
+    fp4 = activations(compiler, tmp_path, {"fp4_format": "e2m1"})
+    assert bf16 - fp4 == L * S * (H + H + 4 * H) * (2 - 9 / 16)
+
+
 MOE: dict[str, Any] = {**CLASSIC, "num_experts": 8, "moe_router_topk": 2}
 
 

@@ -12,9 +12,12 @@ import datetime
 import functools
 import re
 import warnings
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from mdc.errors import SpecError, escape_pointer_token
+import attrs
+
+from mdc.errors import SourceLocation, SpecError, escape_pointer_token
 from mdc.loaders import MAX_DEPTH, SURROGATE, LoadedDocument, Position, duplicate_key, syntax_error
 
 if TYPE_CHECKING:
@@ -102,6 +105,46 @@ def parse(text: str, path: str) -> LoadedDocument:
 
 def parse_thorough(text: str, path: str) -> LoadedDocument:
     """ruamel.yaml's YAML 1.2 reading, with a located diagnostic for anything it refuses."""
+    if not _YAML_ONLY_BREAK.search(text):
+        return _read_ruamel(text, path)
+    to_text = _NewlinePositions(text)
+    try:
+        doc = _read_ruamel(text, path)
+    except SpecError as exc:
+        raise SpecError(
+            attrs.evolve(d, location=to_text.location(d.location)) for d in exc.diagnostics
+        ) from None
+    return attrs.evolve(doc, values=to_text.each(doc.values), keys=to_text.each(doc.keys))
+
+
+#: a line break to YAML (lone CR, NEL, LS, PS) that is none to mdc's positions, which count
+#: "\n" as the JSON and TOML loaders and editors' "line:column" jumps do
+_YAML_ONLY_BREAK = re.compile("\r(?!\n)|[\x85\u2028\u2029]")
+_YAML_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+class _NewlinePositions:
+    """YAML's 1-based (line, column), where every YAML break starts a line, as mdc's."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts = [0, *(m.end() for m in _YAML_BREAK.finditer(text))]
+
+    def __call__(self, line: int, column: int) -> Position:
+        index = min(self.starts[min(line, len(self.starts)) - 1] + column - 1, len(self.text))
+        return self.text.count("\n", 0, index) + 1, index - self.text.rfind("\n", 0, index)
+
+    def each(self, positions: Mapping[str, Position]) -> dict[str, Position]:
+        return {pointer: self(*at) for pointer, at in positions.items()}
+
+    def location(self, where: SourceLocation) -> SourceLocation:
+        if where.line is None or where.column is None:
+            return where
+        line, column = self(where.line, where.column)
+        return attrs.evolve(where, line=line, column=column)
+
+
+def _read_ruamel(text: str, path: str) -> LoadedDocument:
     from ruamel.yaml import YAML
     from ruamel.yaml.constructor import DuplicateKeyError
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -350,6 +393,14 @@ class _Declined(Exception):
 def read_fast(text: str) -> tuple[object, dict[str, Position], dict[str, Position]] | None:
     """``(data, values, keys)`` as :func:`parse_thorough` gives them, composed from
     libyaml's events; None where ruamel might read the text otherwise, or refuse it."""
+    read = _read_libyaml(text)
+    if read is None or not _YAML_ONLY_BREAK.search(text):
+        return read
+    to_text = _NewlinePositions(text)
+    return read[0], to_text.each(read[1]), to_text.each(read[2])
+
+
+def _read_libyaml(text: str) -> tuple[object, dict[str, Position], dict[str, Position]] | None:
     if CParser is None or _DISAGREE.search(text):
         return None
     values: dict[str, Position] = {"": (1, 1)}

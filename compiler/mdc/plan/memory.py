@@ -436,7 +436,9 @@ def _part_activations(
     h = shape.hidden
     # fp8 training: Transformer Engine keeps a linear layer's input for its backward pass
     # in fp8 (1 byte); the norms, attention and activation functions keep 16 bits
-    gemm_in = 1 if shape.dtype == "fp8" else act
+    gemm_in: Fraction | int = 1 if shape.dtype == "fp8" else act
+    if training.gemm_input_bytes is not None:  # e.g. NVFP4: the launcher's quantized copy
+        gemm_in = Fraction(training.gemm_input_bytes)
     norm_output = ("layernorm", gemm_in * tokens * h)
     # per ffn column: the first matrix's outputs (gate and up, or one) and the second
     # matrix's input

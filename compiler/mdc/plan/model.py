@@ -166,6 +166,10 @@ class TrainingSetup:
     #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
     #: 1); None: the [batch] micro batch
     pipeline_micro_batch: int | None = None
+    #: bytes per element of the linear layers' inputs kept for the backward pass when the
+    #: launcher quantizes them (NVFP4: 4 bits and an E4M3 scale per 16 values, 0.5625);
+    #: None: the dtype's (fp8: 1)
+    gemm_input_bytes: float | None = None
     #: bytes per logit the loss holds at its peak on the last stage; None: 4 (the fp32
     #: logits alone). Megatron's vocab-parallel cross entropy: the bf16 logits and their fp32
     #: copy, 6; an unfused float() cross entropy (TorchTitan): 12 in its backward

@@ -48,6 +48,7 @@ from mdc.api import (
 from mdc_builtin.launchers.megatron_precision import (
     FP4_FLAGS,
     fp4_args,
+    fp4_gemm_input_bytes,
     fp4_layer_weight_bytes,
     fp4_rules,
 )
@@ -1338,6 +1339,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         recompute_num_layers=opts.recompute_num_layers,
         recompute_modules=opts.recompute_modules,
         layer_weight_bytes=1 if opts.fp8_param_gather else fp4_layer_weight_bytes(opts),
+        gemm_input_bytes=fp4_gemm_input_bytes(opts),
         optimizer_bytes=_optimizer_bytes(opts),
         optimizer_offload=offload,
         offload_layers=opts.cpu_offloading_num_layers or 0,

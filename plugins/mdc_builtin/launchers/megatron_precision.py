@@ -70,6 +70,16 @@ def fp4_args(opts: Fp4Options) -> Iterator[str]:
         yield "--fp4-param-gather"
 
 
+#: bytes per element of an NVFP4 GEMM input Transformer Engine saves for the backward pass
+#: (one quantized copy)
+NVFP4_INPUT_BYTES = 0.5 + 1 / 16
+
+
+def fp4_gemm_input_bytes(opts: Fp4Options) -> float | None:
+    """Bytes per saved linear-layer input under FP4 training (None: not FP4)."""
+    return NVFP4_INPUT_BYTES if opts.fp4_format is not None else None
+
+
 def fp4_layer_weight_bytes(opts: Fp4Options) -> float | None:
     """Bytes per transformer-layer weight element under FP4 parameters (None: not FP4)."""
     if opts.fp4_format is not None and opts.fp4_param_gather:
