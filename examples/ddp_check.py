@@ -41,6 +41,9 @@ def main() -> None:
     print(line, flush=True)
     if os.environ.get("DDP_CHECK_DIR"):
         Path(os.environ["DDP_CHECK_DIR"], f"rank-{rank}.json").write_text(line + "\n")
+    # every rank is done before any closes its gloo connections: a peer still tearing
+    # down when another's sockets close aborts ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 

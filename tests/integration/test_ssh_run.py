@@ -344,6 +344,7 @@ report = {name: os.environ.get(name) for name in (
 report.update(dist_rank=rank, allreduce=total.item())
 Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(json.dumps(report))
 print(f"probe rank {rank} done", flush=True)
+dist.barrier()
 dist.destroy_process_group()
 """
 

@@ -91,6 +91,9 @@ def main() -> None:
     Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(
         json.dumps(report, sort_keys=True) + "\n", encoding="utf-8"
     )
+    # every rank is done before any closes its gloo connections: a peer still tearing
+    # down when another's sockets close aborts ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
     if problems:
         print(f"megatron_probe rank {rank}: " + "; ".join(problems), file=sys.stderr)
