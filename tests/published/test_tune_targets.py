@@ -86,12 +86,13 @@ def test_no_published_recipe_layout_is_discarded_as_not_fitting(targets: dict[st
 
 def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
-    # 38 of 101 in the top 5 (23 of 83 before the overlapped-collective tax made Megatron-FSDP
-    # pay for gathering every micro batch, and before uneven pipeline splits were searched)
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.36
+    # 36 of 101 in the top 5 (23 of 83 before the overlapped-collective tax made Megatron-FSDP
+    # pay for gathering every micro batch, and before uneven pipeline splits were searched;
+    # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication)
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.35
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 38 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 36 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70

@@ -268,3 +268,23 @@ def test_layers_that_do_not_divide_by_pp_get_megatrons_uneven_splits(
         assert len(counts) == 8 and sum(counts) == layers
         # the heaviest stage, the one the throughput model charges
         assert max(counts) == 10
+
+
+def test_megatron_fp4_on_a_bf16_model_is_predicted_at_the_fp4_peak(tmp_path: Path) -> None:
+    """NVFP4 is written as [megatron] fp4_format on a bf16 model (Megatron's --bf16
+    --fp4-format e2m1): tune and explain take the fp4 peak for it, not bf16's."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["distributed"]["accelerator_model"] = "b200"
+    data["distributed"].pop("accelerator_memory_gib", None)
+    predicted: dict[str, float] = {}
+    for name, megatron in (("bf16", {}), ("fp4", {"fp4_format": "e2m1", "fp4_recipe": "nvfp4"})):
+        data["megatron"] = {**data.get("megatron", {}), **megatron}
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps(data), encoding="utf-8")
+        code, out, err = _run("tune", str(spec), "--format", "json", "--top", "1")
+        assert code == 0, err
+        assert json.loads(out)["precision"] == name
+        code, out, err = _run("explain", str(spec), "--format", "json")
+        assert code == 0, err
+        predicted[name] = json.loads(out)["predicted"]["model_tflops_per_gpu"]
+    assert predicted["fp4"] > predicted["bf16"]

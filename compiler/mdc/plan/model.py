@@ -170,6 +170,10 @@ class TrainingSetup:
     #: launcher quantizes them (NVFP4: 4 bits and an E4M3 scale per 16 values, 0.5625);
     #: None: the dtype's (fp8: 1)
     gemm_input_bytes: float | None = None
+    #: the precision the transformer layers' GEMMs run in when the launcher quantizes them
+    #: beyond [model] dtype ("fp8", "fp4": Megatron's --fp8-format, --fp4-format); None: the
+    #: dtype's. Throughput (mdc tune, explain's prediction) takes the peak of this precision.
+    gemm_precision: str | None = None
     #: bytes per logit the loss holds at its peak on the last stage; None: 4 (the fp32
     #: logits alone). Megatron's vocab-parallel cross entropy: the bf16 logits and their fp32
     #: copy, 6; an unfused float() cross entropy (TorchTitan): 12 in its backward

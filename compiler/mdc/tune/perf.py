@@ -26,7 +26,7 @@ import attrs
 from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape, resolve_shape
-from mdc.plan.model import Plan
+from mdc.plan.model import Plan, TrainingSetup
 from mdc.tune.flops import TokenFlops, token_flops
 
 
@@ -442,6 +442,14 @@ def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[floa
     return dense_gpu, expert / (layout.ep * layout.etp) * stage_layers
 
 
+def gemm_precision(dtype: str | None, training: TrainingSetup) -> str:
+    """The precision whose peak runs the GEMMs: the launcher's quantization (Megatron's
+    --fp4-format on a bf16 model), else [model] dtype's fp8 or fp4, else bf16."""
+    if training.gemm_precision is not None:
+        return training.gemm_precision
+    return dtype if dtype in ("fp8", "fp4") else "bf16"
+
+
 def predict_plan(plan: Plan) -> Prediction | None:
     """The prediction for a compiled training plan whose accelerator model is known (the
     ``predicted`` block of ``mdc explain``); None for serving plans, or without
@@ -467,6 +475,6 @@ def predict_plan(plan: Plan) -> Prediction | None:
     )  # fmt: skip
     return predict(
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,
-        precision=model.dtype if model.dtype in ("fp8", "fp4") else "bf16",
+        precision=gemm_precision(model.dtype, t),
         window=model.window_size, window_skip=model.window_attn_skip_freq,
     )  # fmt: skip

@@ -28,7 +28,15 @@ from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, layout_vpp, split_layers
 from mdc.spec import JobSpec
-from mdc.tune.perf import DEFAULT, Constants, Layout, Prediction, predict, scale_up_domain
+from mdc.tune.perf import (
+    DEFAULT,
+    Constants,
+    Layout,
+    Prediction,
+    gemm_precision,
+    predict,
+    scale_up_domain,
+)
 
 #: launchers whose layout mdc tune searches, and the table holding their training switches
 TUNABLE = ("megatron",)
@@ -156,6 +164,8 @@ class Tuner:
         self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
         self.options_type: Any = self.launcher.options_type
         model = self.spec.model
+        dtype = model.dtype if model is not None else None
+        self.precision = gemm_precision(dtype, self._training(self._options({})))
         self.window = model.window_size if model is not None else None
         self.window_skip = model.window_attn_skip_freq if model is not None else None
         self._variant_cache: dict[
@@ -221,8 +231,6 @@ class Tuner:
         self.world = (dist.nnodes or 1) * self.nproc
         memory = dist.accelerator_memory_gib or self.hardware.memory_gib
         self.capacity = int(memory * GIB)
-        dtype = spec.model.dtype if spec.model is not None else None
-        self.precision = dtype if dtype in ("fp8", "fp4") else "bf16"
 
     # ---- held-fixed values
     def _fixed(self, table: str, key: str) -> Any:

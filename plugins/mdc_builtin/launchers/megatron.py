@@ -1340,6 +1340,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         recompute_modules=opts.recompute_modules,
         layer_weight_bytes=1 if opts.fp8_param_gather else fp4_layer_weight_bytes(opts),
         gemm_input_bytes=fp4_gemm_input_bytes(opts),
+        gemm_precision="fp4" if opts.fp4_format else "fp8" if opts.fp8_format else None,
         optimizer_bytes=_optimizer_bytes(opts),
         optimizer_offload=offload,
         offload_layers=opts.cpu_offloading_num_layers or 0,
