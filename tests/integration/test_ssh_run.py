@@ -164,9 +164,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         + "\n",
         encoding="utf-8",
     )
-    privsep = Path("/run/sshd")  # sshd refuses to start without its privilege separation dir
-    made_privsep = not privsep.exists()
-    privsep.mkdir(mode=0o755, exist_ok=True)
+    # sshd refuses a connection without its privilege separation dir; it stays after the
+    # run: another sshd (another pytest worker's, or the system's) may be using it
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     checked = subprocess.run(
         [str(SSHD), "-t", "-f", str(config)],
         capture_output=True,
@@ -204,8 +204,6 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
             server.kill()
             server.wait(timeout=20)
         log.close()
-        if made_privsep:
-            shutil.rmtree(privsep, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- running launch.sh
