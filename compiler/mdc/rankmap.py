@@ -158,6 +158,15 @@ def _text(x: int, y: int, text: str, **attrs_: str) -> str:
     return f'<text x="{x}" y="{y}"{extra}>{escape(text)}</text>'
 
 
+def _node_heading(canvas: _Canvas, plan: Plan, node: int, middle: int) -> None:
+    """Open a node's group and write its name (and role or host) left of its row."""
+    name, detail = _node_label(plan, node)
+    canvas.add(f'<g class="node" data-node="{node}">')
+    canvas.add(_text(MARGIN, middle, name, font_weight="bold", font_size="12"))
+    if detail:
+        canvas.add(_text(MARGIN, middle + 15, detail, font_size="10"))
+
+
 def _node_label(plan: Plan, node: int) -> tuple[str, str]:
     second = []
     if plan.hosts is not None and node < len(plan.hosts):
@@ -293,11 +302,7 @@ def _draw_panel(
             )
             y += 22
             continue
-        name, detail = _node_label(plan, node)
-        canvas.add(f'<g class="node" data-node="{node}">')
-        canvas.add(_text(MARGIN, y + row_h // 2, name, font_weight="bold", font_size="12"))
-        if detail:
-            canvas.add(_text(MARGIN, y + row_h // 2 + 15, detail, font_size="10"))
+        _node_heading(canvas, plan, node, y + row_h // 2)
         x0 = MARGIN + LABEL_W
         x = x0 + ROW_PAD
         for local in columns:
@@ -474,11 +479,7 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
             )
             y += 22
             continue
-        name, detail = _node_label(plan, node)
-        canvas.add(f'<g class="node" data-node="{node}">')
-        canvas.add(_text(MARGIN, y + row_h // 2, name, font_weight="bold", font_size="12"))
-        if detail:
-            canvas.add(_text(MARGIN, y + row_h // 2 + 15, detail, font_size="10"))
+        _node_heading(canvas, plan, node, y + row_h // 2)
         x0 = MARGIN + LABEL_W
         x = x0 + ROW_PAD
         for local in columns:
