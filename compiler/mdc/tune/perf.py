@@ -344,11 +344,20 @@ def predict(
         inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
         outer = max(span(dense, "dp"), span(dense, "cp"))
         bw = _bandwidth(outer, inner, domain, hw, c.link_share)
+        # the expert weights reduce over the expert-data-parallel group, whose members lie
+        # ep * etp ranks apart: one per scale-up domain once ep fills it, so each GPU's own
+        # NIC carries its experts' gradients (Megatron-Core's expert_data_parallel_group)
         edp = expert["dp"]
+        ebw = bw
+        if edp > 1:
+            ebw = _bandwidth(span(expert, "dp"), _stride(L.order, expert, "dp"), domain, hw,
+                             c.link_share)  # fmt: skip
         ring = (group - 1) / group
         ering = (edp - 1) / edp if edp > 1 else 0.0
-        grads = (dense_params * ring + expert_params * ering) * L.grad_bytes
-        params = (dense_params * ring + expert_params * ering) * act
+        # the bytes the expert group moves, in the dense group's bandwidth (one time term)
+        eweight = ering * bw / ebw
+        grads = (dense_params * ring + expert_params * eweight) * L.grad_bytes
+        params = (dense_params * ring + expert_params * eweight) * act
         if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
             traffic = grads * L.microbatches + 2 * params * L.microbatches
         elif L.zero_stage == 2:  # gradients reduce-scattered every micro batch, weights kept
