@@ -326,7 +326,16 @@ def predict(
         bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
 
-    elementwise += t_moe + t_mamba
+    # the local experts' weights stream from HBM every micro batch: read by the forward and
+    # the data-gradient GEMMs (bf16), their fp32 main gradients read and written by the
+    # weight-gradient GEMM (Megatron's gradient accumulation fusion): 12 bytes per local
+    # expert parameter (2 more per recomputed forward), which few tokens per expert do not
+    # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
+    stage_params = _stage_params(shape, L, stage_layers)
+    dense_params, expert_params = stage_params
+    t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
+
+    elementwise += t_moe + t_mamba + t_weights
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -335,8 +344,6 @@ def predict(
     # ---- data parallel: gradient reduce-scatter and parameter all-gather (distributed
     # optimizer) or all-reduce, once per step; overlapped with the last micro batch's
     # backward and the first one's forward when Megatron's overlap flags are on
-    stage_params = _stage_params(shape, L, stage_layers)
-    dense_params, expert_params = stage_params
     t_dp = 0.0
     group = L.dp * L.cp
     if group > 1 or L.ep * L.etp < world // L.pp:
