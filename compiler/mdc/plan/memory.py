@@ -619,6 +619,30 @@ def _parts_of(shape: Shape, spans: list[tuple[int, int]]) -> Parts:
     )
 
 
+def quantized(shape: Shape, training: TrainingSetup) -> bool:
+    """Whether the transformer layers' GEMMs run below 16 bits (fp8 or fp4)."""
+    return shape.dtype == "fp8" or training.gemm_precision in ("fp8", "fp4")
+
+
+def bf16_spans(
+    shape: Shape, training: TrainingSetup, spans: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of ``spans`` (layer index ranges) that the launcher keeps in bf16 when the
+    rest is quantized: the model's first and last layers (TrainingSetup.bf16_layers)."""
+    first, last = training.bf16_layers
+    if not quantized(shape, training) or not (first or last):
+        return []
+    ends = [(0, min(first, shape.layers)), (max(shape.layers - last, 0), shape.layers)]
+    if ends[0][1] >= ends[1][0]:  # the two ends meet: every layer
+        ends = [(0, shape.layers)]
+    found = []
+    for start, stop in spans:
+        for low, high in ends:
+            if max(start, low) < min(stop, high):
+                found.append((max(start, low), min(stop, high)))
+    return found
+
+
 def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
     """(micro batches whose activations pipeline rank ``rank`` holds at once, the share of
     its layers' activations each holds). 1F1B: pp - rank, at most the micro batches.
@@ -677,7 +701,8 @@ def stage_estimates(
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
     zero = max(0, min(3, training.zero_stage if stage is None else stage))
-    replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
+    # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
+    replicas = training.replicas if sizes.dp * sizes.cp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
     for rank, spans in _spans(shape, sizes, training, stages).items():
@@ -711,16 +736,31 @@ def stage_estimates(
             )
 
         kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
+        # layers kept in bf16 under fp8 / fp4 training: 16-bit weights and GEMM inputs
+        wide = bf16_spans(shape, training, spans)
+        wide_parts, wide_layers = _parts_of(shape, wide), sum(b - a for a, b in wide)
+        wide_params = _parts(shape, wide_parts, tp, ep, etp)
+        if wide_layers and training.recompute != "full":  # full keeps 16-bit inputs anyway
+            act16 = attrs.evolve(training, gemm_input_bytes=4 if shape.dtype == "fp32" else 2)
+            kept += _activations(shape, wide_parts, wide_layers, sizes, micro, act16)[0]
+            kept -= _activations(shape, wide_parts, wide_layers, sizes, micro, training)[0]
         recomputing = heaviest if training.recompute == "full" else 0
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
         # fp8/fp4 parameters: the layers' weights in 1 (1.125) bytes, the embeddings in the
         # dtype's
-        weights = _ceil(sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0))
+        wide_w = (w - layer_w) * sharded(Fraction(1), 3, wide_params.dense, wide_params.expert)
+        weights = _ceil(
+            sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0) + wide_w
+        )
         gradients = _ceil(sharded(Fraction(g), 2))
         if training.param_offload:
             weights = gradients = 0
-        optimizer = _ceil(sharded(o * on_gpu, 1))
+        # Muon: Adam's state for the embeddings and the output layer
+        o_ends = training.end_optimizer_bytes or o
+        optimizer = _ceil(
+            sharded(o * on_gpu, 1) + (o_ends - o) * on_gpu * sharded(Fraction(1), 1, ends, 0)
+        )
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
