@@ -572,6 +572,17 @@ CODES: dict[str, Code] = {
         "format)",
         "remove the option the message names, or use another optimizer",
     ),
+    "MDC477": Code(
+        "DeepSeek-V4 attention keys Megatron-Core refuses (without multi_latent_attention, "
+        "too few csa_compress_ratios, no indexer sizes, o_groups not dividing the heads, "
+        "tp > 1), or such a key without experimental_attention_variant",
+        "follow the hint: set the key it names",
+    ),
+    "MDC478": Code(
+        "hash-routed MoE layers with pp > 1 and no pipeline_model_parallel_layout "
+        "(Megatron-Core asserts it)",
+        "set [megatron] pipeline_model_parallel_layout",
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),

@@ -308,9 +308,22 @@ ARCHITECTURE_VALUES = (
     "mamba_head_dim",
     "mamba_num_groups",
     "mamba_num_heads",
+    # DeepSeek-V4 (Megatron-LM's dev branch, 2026-08: not in core_v0.16)
+    "experimental_attention_variant",
+    "o_groups",
+    "o_lora_rank",
+    "dsa_indexer_n_heads",
+    "dsa_indexer_head_dim",
+    "num_residual_streams",
+    "moe_n_hash_layers",
 )
 #: and the switches
-ARCHITECTURE_SWITCHES = ("qk_layernorm", "add_qkv_bias", "multi_latent_attention")
+ARCHITECTURE_SWITCHES = (
+    "qk_layernorm",
+    "add_qkv_bias",
+    "multi_latent_attention",
+    "enable_hyper_connections",
+)
 
 
 def _flag(key: str) -> str:
@@ -332,7 +345,7 @@ def _architecture_args(model: ModelTable) -> Iterator[str]:
             yield from (_flag(key), str(value))
     if model.window_size is not None:
         yield from ("--window-size", ",".join(map(str, model.window_size)))
-    for key in ("window_attn_skip_freq", "moe_layer_freq"):
+    for key in ("window_attn_skip_freq", "moe_layer_freq", "csa_compress_ratios"):
         value = getattr(model, key)
         if value is not None:
             yield from (_flag(key), _frequency(value))
@@ -572,7 +585,7 @@ SOURCES: Mapping[str, str] = {
     **{_flag(key): f"[model] {key}" for key in (*ARCHITECTURE_VALUES, *ARCHITECTURE_SWITCHES)},
     **{
         _flag(key): f"[model] {key}"
-        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq")
+        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq", "csa_compress_ratios")
     },
     "--is-hybrid-model": "[model] hybrid_override_pattern",
     "--hybrid-override-pattern": "[model] hybrid_override_pattern",
@@ -840,6 +853,17 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
             "(Megatron-Core: 'Bias in Moe is only supported when ETP==1'), "
             "and neither the command nor extra_args passes it",
             hint='add "--disable-bias-linear" to [megatron] extra_args, or set etp = 1',
+        )
+    hashed = model.moe_n_hash_layers if model else None
+    if hashed and s.pp > 1 and opts.pipeline_model_parallel_layout is None:
+        yield Finding(
+            code="MDC478",
+            pointer="/model/moe_n_hash_layers",
+            message=f"hash-routed MoE layers (moe_n_hash_layers = {hashed}) with pp = {s.pp} "
+            "need an explicit layout (Megatron-Core: 'pipeline_model_parallel_layout must be "
+            "set when using hash MoE layers with pipeline parallelism (PP > 1).')",
+            hint="set [megatron] pipeline_model_parallel_layout, with the hash layers on the "
+            "embedding's stage",
         )
     if opts.sequence_parallel and s.tp == 1:
         yield Finding(
