@@ -25,8 +25,8 @@ import pytest
 
 from mdc.convert import structure
 from mdc.errors import SpecError
-from mdc.plan.memory import parameter_count, resolve_shape
 from mdc.pipeline import Compiled, Compiler
+from mdc.plan.memory import parameter_count, resolve_shape
 from mdc.plugin_manager import load_plugins
 from mdc.spec import ModelTable
 

@@ -116,10 +116,10 @@ def expected(c: dict[str, Any]) -> int:
     """Embedding, layers, the stream head and the output layer (no final norm: mdc's
     convention), and each MTP layer: a layer of its own ratio, two input norms, the e and h
     projections, its final norm and its own stream head."""
-    h, n, v = c["hidden_size"], c["num_residual_streams"], c["vocab_size"]
-    ratios, layers = c["csa_compress_ratios"], c["num_layers"]
+    h, n, v = int(c["hidden_size"]), int(c["num_residual_streams"]), int(c["vocab_size"])
+    ratios, layers = c["csa_compress_ratios"], int(c["num_layers"])
     head = n * n * h + n + 1
-    total = 2 * v * h + head
+    total: int = 2 * v * h + head
     for ratio in ratios[:layers]:
         total += sum(math.prod(s) for s in tensors(c, ratio).values())
     for ratio in ratios[layers : layers + c["mtp_num_layers"]]:

@@ -20,7 +20,7 @@ import pytest
 
 from mdc.api import MemoryEstimate
 from mdc.errors import SpecError
-from mdc.pipeline import Compiler
+from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.tune.perf import predict_plan
 
@@ -71,7 +71,7 @@ def spec(
     }
 
 
-def compiled(compiler: Compiler, tmp_path: Path, data: dict[str, Any]) -> Any:
+def compiled(compiler: Compiler, tmp_path: Path, data: dict[str, Any]) -> Compiled:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     return compiler.compile(path, tree=False)
@@ -260,7 +260,7 @@ def test_bf16_layers_change_nothing_in_bf16_training(compiler: Compiler, tmp_pat
     data = spec({"first_last_layers_bf16": True})
     result = compiled(compiler, tmp_path, data)
     plain = estimate(compiler, tmp_path, spec({}))
-    assert result.plan.memory.total == plain.total
+    assert result.plan.memory is not None and result.plan.memory.total == plain.total
     warnings = [d.render() for d in result.diagnostics if not d.is_error]
     assert any("MDC475" in w and "no effect" in w for w in warnings), warnings
 
