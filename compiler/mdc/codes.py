@@ -583,6 +583,11 @@ CODES: dict[str, Code] = {
         "(Megatron-Core asserts it)",
         "set [megatron] pipeline_model_parallel_layout",
     ),
+    "MDC479": Code(
+        "--attention-backend in the arguments disagrees with [model] flash_attention "
+        "(eager unfused/local attention keeps the seq x seq scores, a fused kernel does not)",
+        "set [model] flash_attention as the hint says",
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),

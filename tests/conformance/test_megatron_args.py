@@ -64,6 +64,7 @@ with warnings.catch_warnings():
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.parallel_state import RankGenerator
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
 
 from mdc.cli import main
 
@@ -220,6 +221,7 @@ FLAGS: dict[str, Flag] = {
     "--num-layers-at-start-in-bf16": Flag(int, TransformerConfig, "num_layers_at_start_in_bf16"),
     "--num-layers-at-end-in-bf16": Flag(int, TransformerConfig, "num_layers_at_end_in_bf16"),
     "--optimizer": Flag(str, OptimizerConfig, "optimizer"),
+    "--attention-backend": Flag(str, TransformerConfig, "attention_backend"),
     "--num-distributed-optimizer-instances": Flag(
         int, parallel_state.initialize_model_parallel, "num_distributed_optimizer_instances"
     ),
@@ -890,6 +892,7 @@ SPECS: dict[str, dict[str, Any]] = {
         },
     ),
     "muon": spec(2, 1, model={**DENSE, "dtype": "bf16"}, megatron={"optimizer": "muon"}),
+    "eager-attention": spec(2, 1, model={**DENSE, "flash_attention": False}),
     "selective-modules-moe-alltoall": spec(
         2,
         1,
@@ -1058,6 +1061,9 @@ def test_written_spec_is_what_megatron_core_accepts(
     if case.startswith("bf16-layers"):
         assert (ns.first_last_layers_bf16, ns.num_layers_at_end_in_bf16) == (True, 2)
         assert ns.num_distributed_optimizer_instances == 2
+    if case == "eager-attention":  # Megatron-Core's unfused attention keeps the scores
+        assert ns.attention_backend == "unfused"
+        assert AttnBackend[ns.attention_backend] in (AttnBackend.unfused, AttnBackend.local)
     if case == "muon":  # Megatron-LM runs Muon without the distributed optimizer
         assert ns.optimizer == "muon" and not ns.use_distributed_optimizer
     if case.startswith("nvfp4"):

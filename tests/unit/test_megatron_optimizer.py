@@ -301,3 +301,39 @@ def test_bf16_layers_run_at_the_bf16_peak(compiler: Compiler, tmp_path: Path) ->
     assert fp8 is not None and wide is not None and bf16 is not None
     # every layer in bf16: the bf16 run's GEMM time (the output layer stays at fp8's peak)
     assert fp8.step_time_s < wide.step_time_s <= bf16.step_time_s
+
+
+# ------------------------------------------------------------------ attention backend
+
+
+@pytest.mark.parametrize(
+    ("flash", "backend", "refused"),
+    [
+        (None, "unfused", True),  # eager attention estimated as fused: too little
+        (None, "local", True),
+        (False, "flash", True),  # fused attention estimated as eager: too much
+        (False, "unfused", False),
+        (None, "fused", False),
+        (None, "auto", False),
+    ],
+)
+def test_attention_backend_agrees_with_flash_attention(
+    compiler: Compiler, tmp_path: Path, flash: bool | None, backend: str, refused: bool
+) -> None:
+    model = LLAMA3_70B if flash is None else {**LLAMA3_70B, "flash_attention": flash}
+    data = spec({"extra_args": ["--attention-backend", backend]}, model=model)
+    if refused:
+        (error,) = errors(compiler, tmp_path, data)
+        assert "MDC479" in error and "/megatron/extra_args/0" in error
+    else:
+        compiled(compiler, tmp_path, data)
+
+
+def test_eager_attention_is_run_eagerly(compiler: Compiler, tmp_path: Path) -> None:
+    """flash_attention = false counts the scores; Megatron-Core's default (auto) would pick
+    a fused kernel, so the launcher passes --attention-backend unfused."""
+    result = compiled(compiler, tmp_path, spec({}, model={**LLAMA3_70B, "flash_attention": False}))
+    argv = [str(w) for w in result.launch.roles[0].argv]
+    assert argv[argv.index("--attention-backend") + 1] == "unfused"
+    fused = compiled(compiler, tmp_path, spec({}))
+    assert "--attention-backend" not in [str(w) for w in fused.launch.roles[0].argv]

@@ -453,6 +453,9 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
             str(plan.batch.global_batch_size),
         ]
     args += _model_args(plan, opts)
+    if _eager_attention(plan) and _attention_backend(plan, opts) is None:
+        # Megatron-Core's default backend picks a fused kernel; eager attention is unfused
+        args += ["--attention-backend", "unfused"]
     if opts.recompute_granularity is not None:
         args += ["--recompute-granularity", opts.recompute_granularity]
         if opts.recompute_method is not None:
@@ -500,6 +503,46 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     yield from fp4_args(opts)
     yield from bf16_layer_args(opts)
     yield from optimizer_args(opts)
+
+
+#: Megatron-Core's AttnBackend values that run attention eagerly (seq x seq scores kept)
+EAGER_BACKENDS = ("unfused", "local")
+
+
+def _eager_attention(plan: Plan) -> bool:
+    return plan.model is not None and plan.model.flash_attention is False
+
+
+def _attention_backend(plan: Plan, opts: MegatronOptions) -> str | None:
+    """The --attention-backend the job's command or extra_args pass (None: not passed)."""
+    return _value_after([*plan.job.argv, *opts.extra_args], "--attention-backend")
+
+
+def _attention_backend_rule(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """--attention-backend decides whether attention keeps its seq x seq scores, which
+    [model] flash_attention tells the estimate: the two must agree."""
+    backend = _attention_backend(plan, opts)
+    if backend is None or plan.model is None:
+        return
+    eager = backend in EAGER_BACKENDS
+    if eager == _eager_attention(plan):
+        return
+    where = "/model/flash_attention"
+    for index, word in enumerate(plan.job.argv):
+        if word.split("=", 1)[0] == "--attention-backend":
+            where = command_pointer(plan.job.command, index)
+    for index, word in enumerate(opts.extra_args):  # extra_args come last: they win
+        if word.split("=", 1)[0] == "--attention-backend":
+            where = f"/megatron/extra_args/{index}"
+    kind = "eager attention, which keeps the seq x seq scores" if eager else "a fused kernel"
+    yield Finding(
+        code="MDC479",
+        pointer=where,
+        message=f"the arguments pass --attention-backend {backend} ({kind}), but [model] "
+        f"flash_attention is {'not false' if eager else 'false'}: the memory estimate would "
+        "count the other attention",
+        hint=f"set [model] flash_attention = {'false' if eager else 'true'}",
+    )
 
 
 def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
@@ -946,6 +989,10 @@ UNMODELLED = (
     "--moe-flex-dispatcher-backend",
     "--reuse-grad-buf-for-mxfp8-param-ag",
     "--keep-fp8-transpose-cache",
+    # CUDA graphs keep their static buffers and memory pool
+    "--cuda-graph-impl",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
 )
 
 
@@ -1268,6 +1315,7 @@ def _moe_rules(plan: Plan, opts: MegatronOptions, words: Sequence[str]) -> Itera
 def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     written, opts = options or MegatronOptions(), _options(options)
     yield from torchrun_findings(plan, _torchrun(plan))
+    yield from _attention_backend_rule(plan, opts)
     yield from _order(plan)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
