@@ -45,6 +45,20 @@ from mdc.api import (
     torchrun_findings,
     torchrun_worker_env,
 )
+from mdc_builtin.launchers.megatron_bf16_layers import (
+    BF16_LAYER_FLAGS,
+    bf16_layer_args,
+    bf16_layer_rules,
+    bf16_layers,
+)
+from mdc_builtin.launchers.megatron_optimizer import (
+    OPTIMIZER_FLAGS,
+    end_optimizer_bytes,
+    is_muon,
+    layer_optimizer_bytes,
+    optimizer_args,
+    optimizer_rules,
+)
 from mdc_builtin.launchers.megatron_precision import (
     FP4_FLAGS,
     fp4_args,
@@ -52,6 +66,8 @@ from mdc_builtin.launchers.megatron_precision import (
     fp4_layer_weight_bytes,
     fp4_rules,
 )
+from mdc_builtin.launchers.megatron_words import passes as _passes
+from mdc_builtin.launchers.megatron_words import value_after as _value_after
 
 #: The orders Megatron-LM's command line can express: its default, and --use-tp-pp-dp-mapping.
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -198,6 +214,11 @@ class MegatronOptions:
     fp4_recipe: str | None = None
     fp4_quantizer_factory: str | None = None
     fp4_param_gather: bool | None = None
+    first_last_layers_bf16: bool | None = None
+    num_layers_at_start_in_bf16: int | None = None
+    num_layers_at_end_in_bf16: int | None = None
+    optimizer: str | None = None
+    num_distributed_optimizer_instances: int | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -234,7 +255,10 @@ def _at(opts: MegatronOptions, key: str) -> str:
 
 
 def _distributed_optimizer(opts: MegatronOptions) -> bool:
-    return opts.use_distributed_optimizer is not False
+    """On unless turned off; by default off for Muon, which Megatron-LM runs without it."""
+    if opts.use_distributed_optimizer is None:
+        return not is_muon(opts)
+    return opts.use_distributed_optimizer
 
 
 def _sequence_parallel(plan: Plan, opts: MegatronOptions) -> bool:
@@ -284,9 +308,22 @@ ARCHITECTURE_VALUES = (
     "mamba_head_dim",
     "mamba_num_groups",
     "mamba_num_heads",
+    # DeepSeek-V4 (Megatron-LM's dev branch, 2026-08: not in core_v0.16)
+    "experimental_attention_variant",
+    "o_groups",
+    "o_lora_rank",
+    "dsa_indexer_n_heads",
+    "dsa_indexer_head_dim",
+    "num_residual_streams",
+    "moe_n_hash_layers",
 )
 #: and the switches
-ARCHITECTURE_SWITCHES = ("qk_layernorm", "add_qkv_bias", "multi_latent_attention")
+ARCHITECTURE_SWITCHES = (
+    "qk_layernorm",
+    "add_qkv_bias",
+    "multi_latent_attention",
+    "enable_hyper_connections",
+)
 
 
 def _flag(key: str) -> str:
@@ -308,7 +345,7 @@ def _architecture_args(model: ModelTable) -> Iterator[str]:
             yield from (_flag(key), str(value))
     if model.window_size is not None:
         yield from ("--window-size", ",".join(map(str, model.window_size)))
-    for key in ("window_attn_skip_freq", "moe_layer_freq"):
+    for key in ("window_attn_skip_freq", "moe_layer_freq", "csa_compress_ratios"):
         value = getattr(model, key)
         if value is not None:
             yield from (_flag(key), _frequency(value))
@@ -416,6 +453,9 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
             str(plan.batch.global_batch_size),
         ]
     args += _model_args(plan, opts)
+    if _eager_attention(plan) and _attention_backend(plan, opts) is None:
+        # Megatron-Core's default backend picks a fused kernel; eager attention is unfused
+        args += ["--attention-backend", "unfused"]
     if opts.recompute_granularity is not None:
         args += ["--recompute-granularity", opts.recompute_granularity]
         if opts.recompute_method is not None:
@@ -461,6 +501,48 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         if getattr(opts, key):
             yield _flag(key)
     yield from fp4_args(opts)
+    yield from bf16_layer_args(opts)
+    yield from optimizer_args(opts)
+
+
+#: Megatron-Core's AttnBackend values that run attention eagerly (seq x seq scores kept)
+EAGER_BACKENDS = ("unfused", "local")
+
+
+def _eager_attention(plan: Plan) -> bool:
+    return plan.model is not None and plan.model.flash_attention is False
+
+
+def _attention_backend(plan: Plan, opts: MegatronOptions) -> str | None:
+    """The --attention-backend the job's command or extra_args pass (None: not passed)."""
+    return _value_after([*plan.job.argv, *opts.extra_args], "--attention-backend")
+
+
+def _attention_backend_rule(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """--attention-backend decides whether attention keeps its seq x seq scores, which
+    [model] flash_attention tells the estimate: the two must agree."""
+    backend = _attention_backend(plan, opts)
+    if backend is None or plan.model is None:
+        return
+    eager = backend in EAGER_BACKENDS
+    if eager == _eager_attention(plan):
+        return
+    where = "/model/flash_attention"
+    for index, word in enumerate(plan.job.argv):
+        if word.split("=", 1)[0] == "--attention-backend":
+            where = command_pointer(plan.job.command, index)
+    for index, word in enumerate(opts.extra_args):  # extra_args come last: they win
+        if word.split("=", 1)[0] == "--attention-backend":
+            where = f"/megatron/extra_args/{index}"
+    kind = "eager attention, which keeps the seq x seq scores" if eager else "a fused kernel"
+    yield Finding(
+        code="MDC479",
+        pointer=where,
+        message=f"the arguments pass --attention-backend {backend} ({kind}), but [model] "
+        f"flash_attention is {'not false' if eager else 'false'}: the memory estimate would "
+        "count the other attention",
+        hint=f"set [model] flash_attention = {'false' if eager else 'true'}",
+    )
 
 
 def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
@@ -473,10 +555,6 @@ def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
 
 def _fsdp(opts: MegatronOptions) -> bool:
     return bool(opts.use_megatron_fsdp)
-
-
-def _passes(words: Sequence[str], flag: str) -> bool:
-    return any(w == flag or w.startswith(flag + "=") for w in words)
 
 
 def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
@@ -550,7 +628,7 @@ SOURCES: Mapping[str, str] = {
     **{_flag(key): f"[model] {key}" for key in (*ARCHITECTURE_VALUES, *ARCHITECTURE_SWITCHES)},
     **{
         _flag(key): f"[model] {key}"
-        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq")
+        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq", "csa_compress_ratios")
     },
     "--is-hybrid-model": "[model] hybrid_override_pattern",
     "--hybrid-override-pattern": "[model] hybrid_override_pattern",
@@ -590,6 +668,8 @@ FLAGS = FlagTable(
         _readable("pipeline_model_parallel_layout", 1),
         *OPTION_FLAGS,
         *FP4_FLAGS,
+        *BF16_LAYER_FLAGS,
+        *OPTIMIZER_FLAGS,
         *(
             KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
             for flag, source in [*SWITCHES.items(), *SOURCES.items()]
@@ -817,6 +897,17 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
             "and neither the command nor extra_args passes it",
             hint='add "--disable-bias-linear" to [megatron] extra_args, or set etp = 1',
         )
+    hashed = model.moe_n_hash_layers if model else None
+    if hashed and s.pp > 1 and opts.pipeline_model_parallel_layout is None:
+        yield Finding(
+            code="MDC478",
+            pointer="/model/moe_n_hash_layers",
+            message=f"hash-routed MoE layers (moe_n_hash_layers = {hashed}) with pp = {s.pp} "
+            "need an explicit layout (Megatron-Core: 'pipeline_model_parallel_layout must be "
+            "set when using hash MoE layers with pipeline parallelism (PP > 1).')",
+            hint="set [megatron] pipeline_model_parallel_layout, with the hash layers on the "
+            "embedding's stage",
+        )
     if opts.sequence_parallel and s.tp == 1:
         yield Finding(
             code="MDC325",
@@ -881,6 +972,10 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     yield from _offload_rules(plan, opts)
     yield from _recompute_module_rules(plan, opts, words, dtype)
     yield from _moe_rules(plan, opts, words)
+    layers = plan.model.num_layers if plan.model else None
+    at = lambda key: _at(opts, key)  # noqa: E731
+    yield from bf16_layer_rules(opts, dtype, layers, plan.sizes.pp, at)
+    yield from optimizer_rules(plan, opts, words, dtype, at)
     yield from _unmodelled(plan, opts)
 
 
@@ -888,13 +983,16 @@ def _memory_options(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 UNMODELLED = (
     "--torch-fsdp2-no-reshard-after-forward",
     "--outer-dp-sharding-strategy",
-    "--num-distributed-optimizer-instances",
     "--fine-grained-activation-offloading",
     "--offload-modules",
     "--distribute-saved-activations",
     "--moe-flex-dispatcher-backend",
     "--reuse-grad-buf-for-mxfp8-param-ag",
     "--keep-fp8-transpose-cache",
+    # CUDA graphs keep their static buffers and memory pool
+    "--cuda-graph-impl",
+    "--enable-cuda-graph",
+    "--external-cuda-graph",
 )
 
 
@@ -916,17 +1014,6 @@ def _unmodelled(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
                     hint="compare the estimate with a measured run, or leave "
                     "accelerator_memory_gib out to skip the check",
                 )
-
-
-def _value_after(words: Sequence[str], flag: str) -> str | None:
-    """The value a flag is given in ``words`` (the last one, as argparse keeps)."""
-    found = None
-    for index, word in enumerate(words):
-        if word.startswith(flag + "="):
-            found = word.split("=", 1)[1]
-        elif word == flag and index + 1 < len(words):
-            found = words[index + 1]
-    return found
 
 
 def _fsdp_rules(opts: MegatronOptions, words: Sequence[str]) -> Iterator[Finding]:
@@ -1228,6 +1315,7 @@ def _moe_rules(plan: Plan, opts: MegatronOptions, words: Sequence[str]) -> Itera
 def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     written, opts = options or MegatronOptions(), _options(options)
     yield from torchrun_findings(plan, _torchrun(plan))
+    yield from _attention_backend_rule(plan, opts)
     yield from _order(plan)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
@@ -1269,6 +1357,8 @@ def zero_stage(opts: MegatronOptions) -> int:
     (no_shard, optim, optim_grads, optim_grads_params: 0-3), else the distributed
     optimizer's 1."""
     stage = 1 if _distributed_optimizer(opts) else 0
+    if opts.optimizer == "dist_muon":  # Megatron-Core's layer-wise distributed optimizer
+        stage = 1
     if opts.use_torch_fsdp2:  # torch's fully_shard: parameters, gradients and optimizer state
         stage = 3
     if _fsdp(opts):
@@ -1278,9 +1368,13 @@ def zero_stage(opts: MegatronOptions) -> int:
 
 
 def _optimizer_bytes(opts: MegatronOptions) -> int | None:
-    """Adam's bytes per parameter under the precision-aware optimizer: the main (master)
-    parameters (fp32 kept as a 16-bit remainder beside the bf16 weight, as megatron-core's
-    store_param_remainders does by default: 2 bytes) and the two moments; None: 12."""
+    """Bytes per parameter of optimizer state: SGD's or Muon's (megatron_optimizer), else
+    Adam's under the precision-aware optimizer: the main (master) parameters (fp32 kept as
+    a 16-bit remainder beside the bf16 weight, as megatron-core's store_param_remainders
+    does by default: 2 bytes) and the two moments; None: 12."""
+    other = layer_optimizer_bytes(opts, opts.extra_args)
+    if other is not None:
+        return other
     if not opts.use_precision_aware_optimizer:
         return None
     main = DTYPE_BYTES[opts.main_params_dtype or "fp32"]
@@ -1331,6 +1425,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         )
     return TrainingSetup(
         zero_stage=zero_stage(opts),
+        replicas=opts.num_distributed_optimizer_instances or 1,
         grad_bytes=_grad_bytes(opts),
         sequence_parallel=opts.sequence_parallel is not False,
         recompute=opts.recompute_granularity or "none",
@@ -1342,6 +1437,8 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         gemm_input_bytes=fp4_gemm_input_bytes(opts),
         gemm_precision="fp4" if opts.fp4_format else "fp8" if opts.fp8_format else None,
         optimizer_bytes=_optimizer_bytes(opts),
+        end_optimizer_bytes=end_optimizer_bytes(opts),
+        bf16_layers=bf16_layers(opts),
         optimizer_offload=offload,
         offload_layers=opts.cpu_offloading_num_layers or 0,
         moe_dispatcher=opts.moe_token_dispatcher_type or "allgather",
