@@ -12,9 +12,9 @@ arguments.py``) and megatron-core 0.16's config classes.
 
 The launcher's parts: megatron_flags (the flags it knows), megatron_options (the
 [megatron] table, extra_args read in), megatron_emit (the command line and environment),
-megatron_rules and megatron_memory_rules (Megatron-LM's refusals), megatron_training (what the memory estimate reads);
-megatron_precision, megatron_bf16_layers and megatron_optimizer hold the FP4, bf16-layer
-and optimizer keys.
+megatron_rules and megatron_memory_rules (Megatron-LM's refusals), megatron_training (what
+the memory estimate reads); megatron_precision, megatron_bf16_layers and megatron_optimizer
+hold the FP4, bf16-layer and optimizer keys.
 """
 
 from __future__ import annotations
