@@ -287,6 +287,19 @@ def _offload_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 def _recompute_module_rules(
     plan: Plan, opts: MegatronOptions, words: Sequence[str], dtype: str | None
 ) -> Iterator[Finding]:
+    if opts.recompute_granularity == "full" and passes(opts.extra_args, "--moe-layer-recompute"):
+        index = next(
+            i for i, w in enumerate(opts.extra_args) if w.split("=")[0] == "--moe-layer-recompute"
+        )
+        yield Finding(
+            code="MDC357",
+            pointer=f"/megatron/extra_args/{index}",
+            message='extra_args passes --moe-layer-recompute with recompute_granularity = "full" '
+            "(Megatron-Core: 'Do not set --moe-layer-recompute with full recompute "
+            "granularity.')",
+            hint='remove --moe-layer-recompute, or use recompute_granularity = "selective" '
+            'with recompute_modules = ["core_attn", "moe"]',
+        )
     modules = opts.recompute_modules
     if modules is None:
         return

@@ -7,6 +7,7 @@ import attrs
 from mdc.api import FlagUse, drop_flags
 from mdc_builtin.launchers.megatron_flags import FLAGS
 from mdc_builtin.launchers.megatron_optimizer import is_muon
+from mdc_builtin.launchers.megatron_words import passes
 
 
 @attrs.frozen(kw_only=True)
@@ -75,7 +76,28 @@ def resolve(opts: MegatronOptions) -> MegatronOptions:
         for use in _read_uses(opts)
         if use.flag.key and getattr(opts, use.flag.key) is None
     }
-    return attrs.evolve(opts, **read) if read else opts
+    resolved = attrs.evolve(opts, **read) if read else opts
+    return _moe_layer_recompute(resolved)
+
+
+#: Megatron-Core's default selective recompute modules (TransformerConfig.recompute_modules)
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+
+
+def _moe_layer_recompute(opts: MegatronOptions) -> MegatronOptions:
+    """--moe-layer-recompute (deprecated) as Megatron-Core reads it: selective recompute
+    with "moe" among the modules (TransformerConfig.__post_init__; with full granularity it
+    raises, the launcher's rule MDC357)."""
+    if not passes(opts.extra_args, "--moe-layer-recompute"):
+        return opts
+    if opts.recompute_granularity == "full":
+        return opts
+    modules = opts.recompute_modules or DEFAULT_RECOMPUTE_MODULES
+    return attrs.evolve(
+        opts,
+        recompute_granularity="selective",
+        recompute_modules=modules if "moe" in modules else (*modules, "moe"),
+    )
 
 
 def user_extra_args(opts: MegatronOptions) -> list[str]:
