@@ -337,3 +337,62 @@ def test_eager_attention_is_run_eagerly(compiler: Compiler, tmp_path: Path) -> N
     assert argv[argv.index("--attention-backend") + 1] == "unfused"
     fused = compiled(compiler, tmp_path, spec({}))
     assert "--attention-backend" not in [str(w) for w in fused.launch.roles[0].argv]
+
+
+# ------------------------------------------------------------------ --moe-layer-recompute
+
+MOE_70B = {**LLAMA3_70B, "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 4096}
+EP8 = {"tp": 1, "pp": 1, "ep": 8}
+
+
+def test_moe_layer_recompute_is_read_as_megatron_core_reads_it(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """megatron-core's TransformerConfig turns the deprecated flag into selective recompute
+    with "moe" added to its default modules; the estimate reads the same."""
+    core = pytest.importorskip("megatron.core.transformer")
+    with pytest.warns(UserWarning, match="deprecated"):
+        config = core.TransformerConfig(
+            num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+            moe_ffn_hidden_size=32,
+            moe_layer_recompute=True,
+        )  # fmt: skip
+    assert config.recompute_granularity == "selective"
+    modules = tuple(config.recompute_modules)
+    flagged = estimate(
+        compiler,
+        tmp_path,
+        spec({"extra_args": ["--moe-layer-recompute"]}, model=MOE_70B, parallelism=EP8),
+    )
+    keyed = estimate(
+        compiler,
+        tmp_path,
+        spec(
+            {"recompute_granularity": "selective", "recompute_modules": list(modules)},
+            model=MOE_70B,
+            parallelism=EP8,
+        ),
+    )
+    plain = estimate(compiler, tmp_path, spec({}, model=MOE_70B, parallelism=EP8))
+    assert flagged == keyed and flagged.activations < plain.activations
+
+
+def test_moe_layer_recompute_with_full_recompute_is_refused(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    core = pytest.importorskip("megatron.core.transformer")
+    with pytest.raises(ValueError, match="full recompute granularity"), pytest.warns(UserWarning):
+        core.TransformerConfig(
+            num_layers=2, hidden_size=64, num_attention_heads=4, num_moe_experts=8,
+            moe_ffn_hidden_size=32,
+            moe_layer_recompute=True, recompute_granularity="full", recompute_method="uniform",
+            recompute_num_layers=1,
+        )  # fmt: skip
+    table = {
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+        "extra_args": ["--moe-layer-recompute"],
+    }
+    (error,) = errors(compiler, tmp_path, spec(table, model=MOE_70B, parallelism=EP8))
+    assert "MDC357" in error and "/megatron/extra_args/0" in error
