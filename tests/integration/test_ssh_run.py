@@ -306,9 +306,12 @@ def finish(proc: subprocess.Popen[bytes], token: str, timeout: float = 240) -> t
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        # launch.sh may end between the timeout and the kill: never leave proc unreaped
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         for pid in _processes_with(token):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(
             f"launch.sh did not finish within {timeout} s:\n"
