@@ -482,7 +482,7 @@ def test_a_local_run_gets_the_exact_bytes_and_runs_nothing_hidden(tmp_path: Path
         env=run_env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
     assert done.returncode == 0, f"run.sh exited {done.returncode}:\n{done.stderr}"
