@@ -24,6 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# one worker computes the module's fixtures (minutes of tune searches) once, under pytest-xdist
+pytestmark = pytest.mark.xdist_group("tune-targets")
+
 
 def _module(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
