@@ -1,6 +1,6 @@
 """mdc tune against published layouts: Megatron-LM's Table 1 and NVIDIA's recipes.
 
-    .venv/bin/python bench/tune_targets.py
+    .venv/bin/python bench/tune_targets.py [--rows SUBSTR]
 
 * Narayanan et al. 2021, Table 1: each row's model, GPU count, batch and full recompute,
   with tp, pp, the virtual stages and the micro batch left open (sequence parallel and the
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import statistics
 import sys
@@ -43,9 +44,15 @@ def _module(path: Path, name: str) -> ModuleType:
     return module
 
 
+#: ``--rows``: only the rows whose id contains it (None: all)
+ROWS: str | None = None
+
+
 def runs() -> list[dict[str, Any]]:
     data = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))
-    return sorted(data["run"], key=lambda r: r["id"])
+    return sorted(
+        (r for r in data["run"] if ROWS is None or ROWS in r["id"]), key=lambda r: r["id"]
+    )
 
 
 def _spec(run: dict[str, Any], published: ModuleType) -> dict[str, Any]:
@@ -132,8 +139,13 @@ def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", metavar="SUBSTR", help="only the rows whose id contains this")
+    args = parser.parse_args()
     published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
+    global ROWS
+    ROWS = args.rows
     rows = table1(compiler, published)
     same = sum(1 for _, paper, mine in rows if paper == mine)
     print(f"Table 1: the searched best (tp, pp) equals the paper's in {same} of {len(rows)} rows")

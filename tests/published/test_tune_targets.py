@@ -59,11 +59,13 @@ def targets() -> dict[str, Any]:
 
 def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
-    # collectives taxed (and each source's TFLOP/s converted by its own FLOP count)
-    assert accuracy >= 0.69
+    # collectives taxed (and each source's TFLOP/s converted by its own FLOP count); 69 %
+    # before the expert gradients crossed the NIC of their expert-data-parallel group, the
+    # local expert weights were streamed every micro batch and Nemotron 3 ran its MTP layers
+    assert accuracy >= 0.72  # 88 of 121
 
 
-@pytest.mark.xfail(reason="the model reaches 69 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 73 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 

@@ -333,7 +333,16 @@ def predict(
         bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
 
-    elementwise += t_moe + t_mamba
+    # the local experts' weights stream from HBM every micro batch: read by the forward and
+    # the data-gradient GEMMs (bf16), their fp32 main gradients read and written by the
+    # weight-gradient GEMM (Megatron's gradient accumulation fusion): 12 bytes per local
+    # expert parameter (2 more per recomputed forward), which few tokens per expert do not
+    # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
+    stage_params = _stage_params(shape, L, stage_layers)
+    dense_params, expert_params = stage_params
+    t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
+
+    elementwise += t_moe + t_mamba + t_weights
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -342,8 +351,6 @@ def predict(
     # ---- data parallel: gradient reduce-scatter and parameter all-gather (distributed
     # optimizer) or all-reduce, once per step; overlapped with the last micro batch's
     # backward and the first one's forward when Megatron's overlap flags are on
-    stage_params = _stage_params(shape, L, stage_layers)
-    dense_params, expert_params = stage_params
     t_dp = 0.0
     group = L.dp * L.cp
     if group > 1 or L.ep * L.etp < world // L.pp:
@@ -351,11 +358,20 @@ def predict(
         inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
         outer = max(span(dense, "dp"), span(dense, "cp"))
         bw = _bandwidth(outer, inner, domain, hw, c.link_share)
+        # the expert weights reduce over the expert-data-parallel group, whose members lie
+        # ep * etp ranks apart: one per scale-up domain once ep fills it, so each GPU's own
+        # NIC carries its experts' gradients (Megatron-Core's expert_data_parallel_group)
         edp = expert["dp"]
+        ebw = bw
+        if edp > 1:
+            ebw = _bandwidth(span(expert, "dp"), _stride(L.order, expert, "dp"), domain, hw,
+                             c.link_share)  # fmt: skip
         ring = (group - 1) / group
         ering = (edp - 1) / edp if edp > 1 else 0.0
-        grads = (dense_params * ring + expert_params * ering) * L.grad_bytes
-        params = (dense_params * ring + expert_params * ering) * act
+        # the bytes the expert group moves, in the dense group's bandwidth (one time term)
+        eweight = ering * bw / ebw
+        grads = (dense_params * ring + expert_params * eweight) * L.grad_bytes
+        params = (dense_params * ring + expert_params * eweight) * act
         if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
             traffic = grads * L.microbatches + 2 * params * L.microbatches
         elif L.zero_stage == 2:  # gradients reduce-scattered every micro batch, weights kept
