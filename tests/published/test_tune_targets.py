@@ -56,11 +56,12 @@ def targets() -> dict[str, Any]:
 
 def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
-    # collectives taxed (and each source's TFLOP/s converted by its own FLOP count)
-    assert accuracy >= 0.69
+    # collectives taxed (and each source's TFLOP/s converted by its own FLOP count); 69 %
+    # while the norms and residual adds were charged as a share of the fitted passes
+    assert accuracy >= 0.74
 
 
-@pytest.mark.xfail(reason="the model reaches 69 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 74 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
@@ -68,12 +69,13 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
 def test_table1_floor(targets: dict[str, Any]) -> None:
     rows = targets["table1"]
     assert len(rows) == 10
-    # 3 before the search tried uneven pipeline splits: 76.1B's 60 layers now also go on
-    # pp 8 (first 6, last 6), and tp 4 x pp 8 beats the paper's tp 8 x pp 4 by 3 %
-    assert sum(1 for _, paper, mine in rows if paper == mine) >= 2
+    # 3 before the search tried uneven pipeline splits (76.1B's 60 layers then also went on
+    # pp 8 with tp 4); 3 again since the norms and residual adds that tp 8 without sequence
+    # parallelism runs unsplit are charged by their bytes
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 3
 
 
-@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 2 of 10 rows", strict=True)
+@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 3 of 10 rows", strict=True)
 def test_table1_target(targets: dict[str, Any]) -> None:
     assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
 
