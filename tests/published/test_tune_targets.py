@@ -90,11 +90,13 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     # 36 of 101 in the top 5 (23 of 83 before the overlapped-collective tax made Megatron-FSDP
     # pay for gathering every micro batch, and before uneven pipeline splits were searched;
-    # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication)
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.35
+    # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication);
+    # 39 of 101 since the interleaved schedule hides its sends and block recompute is
+    # charged per model chunk
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.38
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 36 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 39 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
