@@ -555,6 +555,39 @@ CODES: dict[str, Code] = {
     "MDC473": Code(
         "[kubernetes] cluster_domain is not a DNS domain", "the kubelet's --cluster-domain"
     ),
+    # megatron (optimizer and bf16 layers)
+    "MDC474": Code(
+        "num_distributed_optimizer_instances does not divide dp * cp or the expert "
+        "data-parallel size (Megatron-Core asserts it)",
+        "set it to a divisor of both",
+    ),
+    "MDC475": Code(
+        "first_last_layers_bf16 that Megatron-Core refuses (fp8's delayed recipe, a count "
+        "outside 0..num_layers // pp), or (warning) a bf16-layer key that has no effect",
+        "follow the hint: change fp8_recipe or the count, or remove the key",
+    ),
+    "MDC476": Code(
+        "optimizer = muon or dist_muon with what Megatron-LM refuses beside it (the "
+        "distributed optimizer, overlapped reduce or gather, FSDP, fp16, another checkpoint "
+        "format)",
+        "remove the option the message names, or use another optimizer",
+    ),
+    "MDC477": Code(
+        "DeepSeek-V4 attention keys Megatron-Core refuses (without multi_latent_attention, "
+        "too few csa_compress_ratios, no indexer sizes, o_groups not dividing the heads, "
+        "tp > 1), or such a key without experimental_attention_variant",
+        "follow the hint: set the key it names",
+    ),
+    "MDC478": Code(
+        "hash-routed MoE layers with pp > 1 and no pipeline_model_parallel_layout "
+        "(Megatron-Core asserts it)",
+        "set [megatron] pipeline_model_parallel_layout",
+    ),
+    "MDC479": Code(
+        "--attention-backend in the arguments disagrees with [model] flash_attention "
+        "(eager unfused/local attention keeps the seq x seq scores, a fused kernel does not)",
+        "set [model] flash_attention as the hint says",
+    ),
     # trainjob
     "MDC480": Code("pod names the Trainer derives would be too long", "shorten the job name"),
     "MDC481": Code("an elastic TrainJob", "remove min_nnodes"),

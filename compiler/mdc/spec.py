@@ -114,6 +114,15 @@ class ModelTable:
     mamba_head_dim: int | None = None
     mamba_num_groups: int | None = None
     mamba_num_heads: int | None = None
+    experimental_attention_variant: str | None = None
+    csa_compress_ratios: tuple[int, ...] | None = None
+    o_groups: int | None = None
+    o_lora_rank: int | None = None
+    dsa_indexer_n_heads: int | None = None
+    dsa_indexer_head_dim: int | None = None
+    enable_hyper_connections: bool | None = None
+    num_residual_streams: int | None = None
+    moe_n_hash_layers: int | None = None
 
 
 #: Core top-level tables and their classes; every other table belongs to a plugin.

@@ -64,6 +64,7 @@ with warnings.catch_warnings():
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
     from megatron.core.parallel_state import RankGenerator
     from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+    from megatron.core.transformer.enums import AttnBackend
 
 from mdc.cli import main
 
@@ -216,6 +217,14 @@ FLAGS: dict[str, Flag] = {
     "--moe-pad-expert-input-to-capacity": Flag(
         bool, TransformerConfig, "moe_pad_expert_input_to_capacity"
     ),
+    "--first-last-layers-bf16": Flag(bool, TransformerConfig, "first_last_layers_bf16"),
+    "--num-layers-at-start-in-bf16": Flag(int, TransformerConfig, "num_layers_at_start_in_bf16"),
+    "--num-layers-at-end-in-bf16": Flag(int, TransformerConfig, "num_layers_at_end_in_bf16"),
+    "--optimizer": Flag(str, OptimizerConfig, "optimizer"),
+    "--attention-backend": Flag(str, TransformerConfig, "attention_backend"),
+    "--num-distributed-optimizer-instances": Flag(
+        int, parallel_state.initialize_model_parallel, "num_distributed_optimizer_instances"
+    ),
 }
 #: mdc group kind -> (megatron generator, get_ranks token)
 MEGATRON_TOKENS = {
@@ -340,6 +349,7 @@ def model_parallel_kwargs(ns: argparse.Namespace) -> dict[str, Any]:
         "expert_model_parallel_size": ns.expert_model_parallel_size,
         "expert_tensor_parallel_size": ns.expert_tensor_parallel_size,
         "order": TP_PP_DP_ORDER if ns.use_tp_pp_dp_mapping else DEFAULT_ORDER,
+        "num_distributed_optimizer_instances": ns.num_distributed_optimizer_instances or 1,
     }
 
 
@@ -453,6 +463,14 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity,
         moe_grouped_gemm=ns.moe_grouped_gemm,
+        first_last_layers_bf16=ns.first_last_layers_bf16,
+        # TransformerConfig's defaults: one layer at each end
+        num_layers_at_start_in_bf16=ns.num_layers_at_start_in_bf16
+        if ns.num_layers_at_start_in_bf16 is not None
+        else 1,
+        num_layers_at_end_in_bf16=ns.num_layers_at_end_in_bf16
+        if ns.num_layers_at_end_in_bf16 is not None
+        else 1,
     )
 
 
@@ -856,6 +874,25 @@ SPECS: dict[str, dict[str, Any]] = {
             ]
         },
     ),
+    "bf16-layers-and-optimizer-instances-from-extra-args": spec(
+        2,
+        1,
+        model={**DENSE, "dtype": "fp8"},
+        megatron={
+            "fp8_recipe": "tensorwise",
+            "extra_args": [
+                "--first-last-layers-bf16",
+                "--num-layers-at-end-in-bf16",
+                "2",
+                "--num-distributed-optimizer-instances",
+                "2",
+                "--lr",
+                "3e-4",
+            ],
+        },
+    ),
+    "muon": spec(2, 1, model={**DENSE, "dtype": "bf16"}, megatron={"optimizer": "muon"}),
+    "eager-attention": spec(2, 1, model={**DENSE, "flash_attention": False}),
     "selective-modules-moe-alltoall": spec(
         2,
         1,
@@ -922,6 +959,31 @@ RULES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
         False,
     ),
     "bf16-main-grads-without-precision-aware": ({}, {"main_grads_dtype": "bf16"}, True),
+    "bf16-layers-delayed-fp8": ({"dtype": "fp8"}, {"first_last_layers_bf16": True}, True),
+    "bf16-layers-tensorwise-fp8": (
+        {"dtype": "fp8"},
+        {
+            "first_last_layers_bf16": True,
+            "fp8_recipe": "tensorwise",
+            "num_layers_at_start_in_bf16": 3,
+        },
+        False,
+    ),
+    "bf16-layers-a-whole-stage": (
+        {"dtype": "fp8"},
+        {"first_last_layers_bf16": True, "fp8_recipe": "mxfp8", "num_layers_at_end_in_bf16": 16},
+        False,
+    ),
+    "bf16-layers-more-than-a-stage": (
+        {"dtype": "fp8"},
+        {"first_last_layers_bf16": True, "fp8_recipe": "mxfp8", "num_layers_at_end_in_bf16": 17},
+        True,
+    ),
+    "bf16-layers-under-fp4": (
+        {},
+        {"first_last_layers_bf16": True, "fp4_format": "e2m1", "num_layers_at_end_in_bf16": 17},
+        False,
+    ),
     "precision-aware-without-distributed-optimizer": (
         {},
         {
@@ -982,7 +1044,7 @@ def test_memory_options_refused_exactly_when_megatron_core_refuses(
     code, err, _ = compile_spec(
         write_spec(tmp_path, spec(2, 1, model=model, megatron=options)), tmp_path / "out"
     )
-    mine = re.findall(r"error\[(MDC35[4-8]|MDC394)\]", err)
+    mine = re.findall(r"error\[(MDC35[4-8]|MDC394|MDC47[4-6])\]", err)
     assert bool(mine) == refused, err
     assert code == (1 if refused else 0), err
 
@@ -996,6 +1058,14 @@ def test_written_spec_is_what_megatron_core_accepts(
     ns = check_job(tmp_path / "out", plan, monkeypatch)
     if case == "fp8":
         assert ns.fp8_format == "e4m3" and ns.bf16
+    if case.startswith("bf16-layers"):
+        assert (ns.first_last_layers_bf16, ns.num_layers_at_end_in_bf16) == (True, 2)
+        assert ns.num_distributed_optimizer_instances == 2
+    if case == "eager-attention":  # Megatron-Core's unfused attention keeps the scores
+        assert ns.attention_backend == "unfused"
+        assert AttnBackend[ns.attention_backend] in (AttnBackend.unfused, AttnBackend.local)
+    if case == "muon":  # Megatron-LM runs Muon without the distributed optimizer
+        assert ns.optimizer == "muon" and not ns.use_distributed_optimizer
     if case.startswith("nvfp4"):
         assert (ns.fp4_format, ns.fp4_param_gather, ns.bf16) == ("e2m1", True, True)
     if case == "overlap-recompute-full":
@@ -1090,6 +1160,30 @@ def test_order_is_accepted_exactly_when_megatron_lm_can_lay_it_out(
     assert (TP_PP_DP_ORDER if mapped else DEFAULT_ORDER) in expressible
     for kind, expected in layout.items():
         assert plan["groups"][kind]["ranks"] == expected, kind
+
+
+INSTANCES = [(tp, cp, n) for tp, cp in ((2, 1), (2, 2), (4, 2)) for n in (1, 2, 3, 4, 8)]
+
+
+@pytest.mark.parametrize(
+    ("tp", "cp", "instances"), INSTANCES, ids=[f"tp{t}-cp{c}-x{n}" for t, c, n in INSTANCES]
+)
+def test_optimizer_instances_refused_exactly_when_megatron_core_refuses(
+    tp: int, cp: int, instances: int, tmp_path: Path
+) -> None:
+    """num_distributed_optimizer_instances must divide dp * cp: initialize_model_parallel's
+    assert, asked with the same sizes (16 ranks)."""
+    words = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", "1"]
+    words += ["--context-parallel-size", str(cp), "--expert-model-parallel-size", "1"]
+    words += ["--expert-tensor-parallel-size", "1"]
+    words += ["--num-distributed-optimizer-instances", str(instances)]
+    verdict = initialize_verdict(16, megatron_parser().parse_args(words))
+    options = {"num_distributed_optimizer_instances": instances}
+    code, err, _ = compile_spec(
+        write_spec(tmp_path, spec(tp, 1, cp=cp, model=DENSE, megatron=options)), tmp_path / "out"
+    )
+    assert ("MDC474" in err) == (verdict is not None), (verdict, err)
+    assert (code == 0) == (verdict is None), err
 
 
 RECOMPUTE = [

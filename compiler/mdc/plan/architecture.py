@@ -26,6 +26,13 @@ DEFAULT_V_HEAD_DIM = 128
 DEFAULT_MAMBA_STATE_DIM, DEFAULT_MAMBA_HEAD_DIM, DEFAULT_MAMBA_NUM_GROUPS = 128, 64, 8
 #: MambaMixer's expand and d_conv (not configurable through Megatron-LM's flags)
 MAMBA_EXPAND, MAMBA_CONV_KERNEL = 2, 4
+#: DeepSeek-V4's hybrid attention (Megatron-Core's "dsv4_hybrid"): its defaults and the
+#: compress ratios of its compressed sparse (overlapping windows, with an indexer) and
+#: heavily compressed layers (megatron/core/transformer/experimental_attention_variant/
+#: csa.py, Megatron-LM dev 2026-08)
+DSV4 = "dsv4_hybrid"
+DEFAULT_O_GROUPS, DEFAULT_O_LORA_RANK, DEFAULT_RESIDUAL_STREAMS = 8, 1024, 4
+CSA_RATIO, HCA_RATIO = 4, 128
 
 
 @attrs.frozen(kw_only=True)
@@ -55,13 +62,27 @@ class Mamba:
 
 
 @attrs.frozen(kw_only=True)
+class Dsv4:
+    """DeepSeek-V4's hybrid attention: the grouped output projection and the indexer of its
+    compressed sparse layers."""
+
+    o_groups: int
+    o_lora: int
+    indexer_heads: int
+    indexer_dim: int
+
+
+@attrs.frozen(kw_only=True)
 class Parts:
-    """How many of each part a range of layers holds."""
+    """How many of each part a range of layers holds (csa, hca: how many of the attention
+    parts have a compressed sparse or heavily compressed branch)."""
 
     attention: int = 0
     mlp: int = 0
     moe: int = 0
     mamba: int = 0
+    csa: int = 0
+    hca: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -75,6 +96,8 @@ class LayerPattern:
     moe_list: tuple[int, ...] | None = None
     #: or one symbol per layer (a hybrid stack)
     hybrid: str | None = None
+    #: DeepSeek-V4: each layer's KV compress ratio (then each MTP layer's)
+    compress: tuple[int, ...] | None = None
 
     def parts(self, start: int, stop: int) -> Parts:
         """The parts of layers ``start`` to ``stop - 1``."""
@@ -90,13 +113,25 @@ class LayerPattern:
                 mamba=symbols.count(MAMBA),
             )
         count = stop - start
+        csa, hca = self._compressed(start, stop)
         if self.moe_list is not None:
             moe = sum(self.moe_list[start:stop])
         elif self.moe_every:
             moe = math.ceil(stop / self.moe_every) - math.ceil(start / self.moe_every)
         else:
             moe = 0
-        return Parts(attention=count, mlp=count - moe, moe=moe)
+        return Parts(attention=count, mlp=count - moe, moe=moe, csa=csa, hca=hca)
+
+    def _compressed(self, start: int, stop: int) -> tuple[int, int]:
+        ratios = (self.compress or ())[start:stop]
+        return ratios.count(CSA_RATIO), ratios.count(HCA_RATIO)
+
+    def mtp_parts(self, index: int, moe: bool) -> Parts:
+        """The parts of MTP layer ``index``: a copy of the last layer's kind, with the
+        compress ratio that follows the layers' ratios."""
+        start = self.layers + index
+        csa, hca = self._compressed(start, start + 1)
+        return Parts(attention=1, mlp=int(not moe), moe=int(moe), csa=csa, hca=hca)
 
     def last_is_moe(self) -> bool:
         """Whether the last layer's MLP is an MoE layer (an MTP layer copies it)."""
@@ -113,6 +148,24 @@ def latent_of(model: ModelTable) -> Latent | None:
         rope_head=model.qk_pos_emb_head_dim or DEFAULT_QK_POS_EMB_HEAD_DIM,
         v_head=model.v_head_dim or DEFAULT_V_HEAD_DIM,
     )
+
+
+def dsv4_of(model: ModelTable) -> Dsv4 | None:
+    if model.experimental_attention_variant != DSV4:
+        return None
+    return Dsv4(
+        o_groups=model.o_groups or DEFAULT_O_GROUPS,
+        o_lora=model.o_lora_rank or DEFAULT_O_LORA_RANK,
+        indexer_heads=model.dsa_indexer_n_heads or 0,
+        indexer_dim=model.dsa_indexer_head_dim or 0,
+    )
+
+
+def residual_streams_of(model: ModelTable) -> int:
+    """The hyper-connections' residual streams (0: a plain residual)."""
+    if not model.enable_hyper_connections:
+        return 0
+    return model.num_residual_streams or DEFAULT_RESIDUAL_STREAMS
 
 
 def mamba_of(model: ModelTable) -> Mamba | None:
@@ -133,14 +186,16 @@ def pattern_of(model: ModelTable) -> LayerPattern:
     pattern = model.hybrid_override_pattern
     if pattern is not None and len(pattern) == layers:
         return LayerPattern(layers=layers, hybrid=pattern)
+    compress = model.csa_compress_ratios if dsv4_of(model) else None
     if not model.num_experts:
-        return LayerPattern(layers=layers)
+        return LayerPattern(layers=layers, compress=compress)
     freq = model.moe_layer_freq if model.moe_layer_freq is not None else 1
     if isinstance(freq, int):
-        return LayerPattern(layers=layers, moe_every=freq)
+        return LayerPattern(layers=layers, moe_every=freq, compress=compress)
     if len(freq) == layers:
-        return LayerPattern(layers=layers, moe_list=freq)
-    return LayerPattern(layers=layers, moe_every=1)  # refused by rules(); count every layer
+        return LayerPattern(layers=layers, moe_list=freq, compress=compress)
+    # refused by rules(); count every layer
+    return LayerPattern(layers=layers, moe_every=1, compress=compress)
 
 
 def _finding(code: str, message: str, pointer: str, hint: str | None = None) -> Finding:
@@ -211,6 +266,67 @@ def rules(model: ModelTable, tp: int, megatron: bool = True) -> Iterator[Finding
     mamba = mamba_of(model)
     if mamba is not None:
         yield from _mamba_rules(mamba, tp)
+    yield from _dsv4_rules(model, tp)
+
+
+def _dsv4_rules(model: ModelTable, tp: int) -> Iterator[Finding]:
+    """Megatron-Core's asserts for DeepSeek-V4's parts (TransformerConfig.__post_init__ and
+    the dsv4_hybrid attention, Megatron-LM dev 2026-08)."""
+    if dsv4_of(model) is None:
+        for key in ("csa_compress_ratios", "o_groups", "o_lora_rank"):
+            if getattr(model, key) is not None:
+                yield _finding(
+                    "MDC477",
+                    f'{key} applies only with experimental_attention_variant = "{DSV4}"',
+                    f"/model/{key}",
+                    f'set experimental_attention_variant = "{DSV4}", or remove {key}',
+                )
+        return
+    if not model.multi_latent_attention:
+        yield _finding(
+            "MDC477",
+            "DSv4 Hybrid requires multi_latent_attention (Megatron-Core asserts it)",
+            "/model/multi_latent_attention",
+            "set multi_latent_attention = true",
+        )
+    ratios, layers = model.csa_compress_ratios, model.num_layers or 0
+    wanted = layers + (model.mtp_num_layers or 0)
+    if ratios is None or len(ratios) < wanted:
+        given = "not set" if ratios is None else f"{len(ratios)} long"
+        yield _finding(
+            "MDC477",
+            f"csa_compress_ratios is {given}; Megatron-Core needs at least num_layers + "
+            f"mtp_num_layers = {wanted} entries",
+            "/model/csa_compress_ratios",
+            "give one ratio (0, 4 or 128) per layer and per MTP layer",
+        )
+    if (
+        ratios
+        and CSA_RATIO in ratios
+        and not (model.dsa_indexer_n_heads and model.dsa_indexer_head_dim)
+    ):
+        yield _finding(
+            "MDC477",
+            "compressed sparse attention layers (ratio 4) need their indexer's sizes",
+            "/model/dsa_indexer_n_heads",
+            "set dsa_indexer_n_heads and dsa_indexer_head_dim",
+        )
+    groups = model.o_groups or DEFAULT_O_GROUPS
+    width = (model.num_attention_heads or 0) * (model.v_head_dim or DEFAULT_V_HEAD_DIM)
+    if width % groups:
+        yield _finding(
+            "MDC477",
+            f"num_attention_heads * v_head_dim ({width}) must be divisible by o_groups "
+            f"({groups}) (Megatron-Core asserts it)",
+            "/model/o_groups",
+        )
+    if tp > 1:
+        yield _finding(
+            "MDC477",
+            f"DSv4 Hybrid Attention only supports TP size 1 (tp is {tp}; Megatron-Core asserts it)",
+            "/parallelism/tp",
+            "set tp = 1 (DeepSeek-V4 runs expert parallelism instead)",
+        )
 
 
 def _mamba_rules(mamba: Mamba, tp: int) -> Iterator[Finding]:

@@ -109,13 +109,18 @@ import attrs
 
 from mdc.errors import Finding, Severity
 from mdc.plan.architecture import (
+    CSA_RATIO,
+    HCA_RATIO,
+    Dsv4,
     Latent,
     LayerPattern,
     Mamba,
     Parts,
+    dsv4_of,
     latent_of,
     mamba_of,
     pattern_of,
+    residual_streams_of,
 )
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
@@ -178,6 +183,10 @@ class Shape:
     moe_latent: int = 0
     mtp_layers: int = 0
     mamba: Mamba | None = None
+    #: DeepSeek-V4's hybrid attention (with ``latent``'s q_lora, v_head and rope_head)
+    dsv4: Dsv4 | None = None
+    #: hyper-connections' residual streams (0: a plain residual)
+    streams: int = 0
 
     def norm_of(self, width: int) -> int:
         """Parameters of a norm over ``width`` (weight, and bias for LayerNorm)."""
@@ -222,6 +231,8 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         moe_latent=(model.moe_latent_size or 0) if model.num_experts else 0,
         mtp_layers=model.mtp_num_layers or 0,
         mamba=mamba_of(model),
+        dsv4=dsv4_of(model),
+        streams=residual_streams_of(model),
     )
 
 
@@ -250,10 +261,61 @@ def _split(width: int, tp: int) -> int:
     return _ceil(Fraction(width, tp))
 
 
+def _dsv4_attention(shape: Shape, dsv4: Dsv4, latent: Latent, tp: int) -> int:
+    """DeepSeek-V4's hybrid attention without its compressed branch (Megatron-Core's
+    DSv4HybridSelfAttention): the compressed query and its norm, the up projection to
+    heads of v_head width, one shared key/value head and its norm, the grouped output
+    projection (o_groups x o_lora of heads * v_head / o_groups each), the projection to
+    hidden and a sink per head."""
+    h, b, v = shape.hidden, int(shape.bias), latent.v_head
+    query = h * latent.q_lora + latent.q_lora + latent.q_lora * _split(shape.heads * v, tp)
+    kv = h * _split(v, tp) + v
+    grouped = _split(dsv4.o_groups, tp) * dsv4.o_lora * (shape.heads * v // dsv4.o_groups)
+    projection = _split(dsv4.o_groups * dsv4.o_lora, tp) * h + b * h
+    return shape.norm + query + kv + grouped + projection + _split(shape.heads, tp)
+
+
+def _compressor(shape: Shape, width: int, ratio: int, overlap: bool) -> int:
+    """A compressor of ``ratio`` tokens into one ``width`` entry (Megatron-Core's csa
+    Compressor): KV and gate projections of (2 if overlapping) x width, a learned position
+    bias per window slot, an RMSNorm."""
+    out = (2 if overlap else 1) * width
+    return 2 * shape.hidden * out + ratio * out + width
+
+
+def _compressed(shape: Shape, parts: Parts) -> int:
+    """The compressed branches of the attention parts: compressed sparse layers (ratio 4,
+    overlapping windows, and a lightning indexer with its own compressor, query projection
+    and head weights) and heavily compressed ones (ratio 128)."""
+    dsv4, latent = shape.dsv4, shape.latent
+    if dsv4 is None or latent is None:
+        return 0
+    v, heads, dim = latent.v_head, dsv4.indexer_heads, dsv4.indexer_dim
+    indexer = latent.q_lora * heads * dim + shape.hidden * heads
+    indexer += _compressor(shape, dim, CSA_RATIO, True)
+    csa = _compressor(shape, v, CSA_RATIO, True) + indexer
+    return parts.csa * csa + parts.hca * _compressor(shape, v, HCA_RATIO, False)
+
+
+def _hyper_connection(shape: Shape) -> int:
+    """One hyper-connection module (before each attention and MLP block): the n streams'
+    projection to n^2 + 2n mixing weights, their bias and three gates."""
+    n = shape.streams
+    return (n * n + 2 * n) * (n * shape.hidden + 1) + 3 if n else 0
+
+
+def _hyper_head(shape: Shape) -> int:
+    """The final collapse of the n streams (the main model's, and each MTP layer's)."""
+    n = shape.streams
+    return n * n * shape.hidden + n + 1 if n else 0
+
+
 def _attention(shape: Shape, tp: int) -> int:
     """The input norm and the attention block of one layer on one tp rank."""
     h, b = shape.hidden, int(shape.bias)
     latent = shape.latent
+    if shape.dsv4 is not None and latent is not None:
+        return _dsv4_attention(shape, shape.dsv4, latent, tp)
     sinks = _split(shape.heads, tp) if shape.sinks else 0
     if latent is not None:
         # as Transformer Engine's spec builds it: the down projections (and their norms)
@@ -315,9 +377,12 @@ def _mamba(shape: Shape, tp: int) -> int:
 def _parts(shape: Shape, parts: Parts, tp: int, ep: int, etp: int) -> _LayerParams:
     dense = (
         parts.attention * _attention(shape, tp)
+        + _compressed(shape, parts)
         + parts.mlp * (shape.norm + _mlp(shape, shape.ffn, tp, shape.bias))
         + parts.mamba * _mamba(shape, tp)
     )
+    blocks = parts.attention + parts.mlp + parts.moe + parts.mamba
+    dense += blocks * _hyper_connection(shape)
     return _LayerParams(dense=dense, expert=0) + _moe(shape, tp, ep, etp) * parts.moe
 
 
@@ -327,12 +392,16 @@ def _layers(shape: Shape, start: int, stop: int, tp: int, ep: int, etp: int) -> 
 
 
 def _mtp(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
-    """One multi-token prediction layer: a copy of the last layer's kind, two input norms,
-    the 2h -> h projection (split over tp) and its own final norm."""
-    moe = shape.pattern.last_is_moe()
-    layer = _parts(shape, Parts(attention=1, mlp=int(not moe), moe=int(moe)), tp, ep, etp)
-    h = shape.hidden
-    return layer + _LayerParams(dense=3 * shape.norm + 2 * h * _split(h, tp), expert=0)
+    """The multi-token prediction layers: each a copy of the last layer's kind (with its
+    own compress ratio), two input norms, the 2h -> h projection (split over tp), its own
+    final norm and, with hyper-connections, its own stream head."""
+    moe, h = shape.pattern.last_is_moe(), shape.hidden
+    extra = 3 * shape.norm + 2 * h * _split(h, tp) + _hyper_head(shape)
+    total = _LayerParams(dense=0, expert=0)
+    for index in range(shape.mtp_layers):
+        layer = _parts(shape, shape.pattern.mtp_parts(index, moe), tp, ep, etp)
+        total = total + layer + _LayerParams(dense=extra, expert=0)
+    return total
 
 
 def _embedding(shape: Shape, tp: int) -> int:
@@ -343,9 +412,9 @@ def _embedding(shape: Shape, tp: int) -> int:
 
 def parameter_count(shape: Shape) -> int:
     """Parameters of the whole model (tied embeddings counted once; no final norm)."""
-    layers = _layers(shape, 0, shape.layers, 1, 1, 1) + _mtp(shape, 1, 1, 1) * shape.mtp_layers
+    layers = _layers(shape, 0, shape.layers, 1, 1, 1) + _mtp(shape, 1, 1, 1)
     output = 0 if shape.tied else shape.vocab * shape.hidden
-    return layers.dense + layers.expert + _embedding(shape, 1) + output
+    return layers.dense + layers.expert + _embedding(shape, 1) + output + _hyper_head(shape)
 
 
 def active_parameter_count(shape: Shape) -> int:
@@ -355,7 +424,7 @@ def active_parameter_count(shape: Shape) -> int:
     routed = min(shape.topk, shape.experts)
     expert = layers.expert * routed // shape.experts if shape.experts else 0
     output = 0 if shape.tied else shape.vocab * shape.hidden
-    return layers.dense + expert + _embedding(shape, 1) + output
+    return layers.dense + expert + _embedding(shape, 1) + output + _hyper_head(shape)
 
 
 # ----------------------------------------------------------------------------- memory
@@ -454,7 +523,18 @@ def _part_activations(
     inputs = (act + gemm_in + 1) * tokens * h
     latent = shape.latent
     attention_modules: tuple[tuple[str, Fraction], ...] = (norm_output,)
-    if latent is not None:
+    dsv4 = shape.dsv4
+    if dsv4 is not None and latent is not None:
+        # DeepSeek-V4: Q before and after its norm and rope, the one shared K = V head, the
+        # attention output (the grouped projection's input) and the o_groups x o_lora
+        # output projection's input; the compressed query and the kv head, each a norm
+        # input and a projection input
+        q = Fraction(shape.heads * latent.v_head, t)
+        grouped = Fraction(dsv4.o_groups * dsv4.o_lora, t)
+        split = act * tokens * (3 * q + 2 * latent.v_head + grouped)
+        inputs += act * tokens * (2 * latent.q_lora + 2 * latent.v_head)
+        attention_modules += (("mla_up_proj", act * tokens * 2 * q),)
+    elif latent is not None:
         # Q and K of qk + rope width, V and the projection input of v width, per head; the
         # replicated compressed q and kv (each a norm input and an up-projection input)
         q = Fraction(shape.heads * (latent.qk_head + latent.rope_head), t)
@@ -471,17 +551,23 @@ def _part_activations(
         split = act * tokens * (2 * q + 2 * kv)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
     mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
+    if shape.streams:
+        # hyper-connections: each block keeps the n residual streams it mixes
+        streams = act * shape.streams * tokens * h
+        inputs += streams
+    else:
+        streams = Fraction(0)
     parts = {
         "attention": _PartActivations(
             replicated=inputs, split=split, scores=Fraction(scores), modules=attention_modules
         ),
         "mlp": _PartActivations(
-            replicated=(act + gemm_in + 1) * tokens * h,
+            replicated=(act + gemm_in + 1) * tokens * h + streams,
             split=mlp,
             modules=(norm_output, ("mlp", mlp)),
         ),
         "moe": _PartActivations(
-            replicated=(act + gemm_in + 1) * tokens * h,
+            replicated=(act + gemm_in + 1) * tokens * h + streams,
             split=experts + shared,
             modules=(
                 norm_output,
@@ -616,7 +702,33 @@ def _parts_of(shape: Shape, spans: list[tuple[int, int]]) -> Parts:
         mlp=sum(p.mlp for p in each),
         moe=sum(p.moe for p in each),
         mamba=sum(p.mamba for p in each),
+        csa=sum(p.csa for p in each),
+        hca=sum(p.hca for p in each),
     )
+
+
+def quantized(shape: Shape, training: TrainingSetup) -> bool:
+    """Whether the transformer layers' GEMMs run below 16 bits (fp8 or fp4)."""
+    return shape.dtype == "fp8" or training.gemm_precision in ("fp8", "fp4")
+
+
+def bf16_spans(
+    shape: Shape, training: TrainingSetup, spans: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The parts of ``spans`` (layer index ranges) that the launcher keeps in bf16 when the
+    rest is quantized: the model's first and last layers (TrainingSetup.bf16_layers)."""
+    first, last = training.bf16_layers
+    if not quantized(shape, training) or not (first or last):
+        return []
+    ends = [(0, min(first, shape.layers)), (max(shape.layers - last, 0), shape.layers)]
+    if ends[0][1] >= ends[1][0]:  # the two ends meet: every layer
+        ends = [(0, shape.layers)]
+    found = []
+    for start, stop in spans:
+        for low, high in ends:
+            if max(start, low) < min(stop, high):
+                found.append((max(start, low), min(stop, high)))
+    return found
 
 
 def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
@@ -662,7 +774,7 @@ def stage_estimates(
     )
     # multi-token prediction layers sit on the last stage, each with its own logits;
     # with pp > 1 that stage also holds a copy of the input embedding for them
-    mtp = _mtp(shape, tp, ep, etp) * shape.mtp_layers
+    mtp = _mtp(shape, tp, ep, etp)
     mtp_embedding = embedding if shape.mtp_layers and pp > 1 else 0
     mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
     mtp_parts = Parts(attention=1, **{mtp_kind: 1})
@@ -677,7 +789,8 @@ def stage_estimates(
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
     zero = max(0, min(3, training.zero_stage if stage is None else stage))
-    replicas = training.replicas if sizes.dp % max(training.replicas, 1) == 0 else 1
+    # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
+    replicas = training.replicas if sizes.dp * sizes.cp % max(training.replicas, 1) == 0 else 1
     shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
     found = []
     for rank, spans in _spans(shape, sizes, training, stages).items():
@@ -711,16 +824,31 @@ def stage_estimates(
             )
 
         kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
+        # layers kept in bf16 under fp8 / fp4 training: 16-bit weights and GEMM inputs
+        wide = bf16_spans(shape, training, spans)
+        wide_parts, wide_layers = _parts_of(shape, wide), sum(b - a for a, b in wide)
+        wide_params = _parts(shape, wide_parts, tp, ep, etp)
+        if wide_layers and training.recompute != "full":  # full keeps 16-bit inputs anyway
+            act16 = attrs.evolve(training, gemm_input_bytes=4 if shape.dtype == "fp32" else 2)
+            kept += _activations(shape, wide_parts, wide_layers, sizes, micro, act16)[0]
+            kept -= _activations(shape, wide_parts, wide_layers, sizes, micro, training)[0]
         recomputing = heaviest if training.recompute == "full" else 0
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
         # fp8/fp4 parameters: the layers' weights in 1 (1.125) bytes, the embeddings in the
         # dtype's
-        weights = _ceil(sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0))
+        wide_w = (w - layer_w) * sharded(Fraction(1), 3, wide_params.dense, wide_params.expert)
+        weights = _ceil(
+            sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0) + wide_w
+        )
         gradients = _ceil(sharded(Fraction(g), 2))
         if training.param_offload:
             weights = gradients = 0
-        optimizer = _ceil(sharded(o * on_gpu, 1))
+        # Muon: Adam's state for the embeddings and the output layer
+        o_ends = training.end_optimizer_bytes or o
+        optimizer = _ceil(
+            sharded(o * on_gpu, 1) + (o_ends - o) * on_gpu * sharded(Fraction(1), 1, ends, 0)
+        )
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),

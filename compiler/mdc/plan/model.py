@@ -127,7 +127,7 @@ class TrainingSetup:
     #: zero_stage
     pp_zero_stage: int | None = None
     #: hybrid sharding (HSDP): the dp-cp group holds this many full replicas, and the ZeRO
-    #: stage shards within each (over dp * cp / replicas ranks); must divide dp
+    #: stage shards within each (over dp * cp / replicas ranks); must divide dp * cp
     replicas: int = 1
     #: how the launcher's framework places layers on pipeline stages
     pipeline: PipelineSplit = PipelineSplit()
@@ -145,6 +145,9 @@ class TrainingSetup:
     layer_weight_bytes: float | None = None
     #: bytes per parameter of optimizer state; None: Adam's 12 (mixed precision) or 8 (fp32)
     optimizer_bytes: int | None = None
+    #: bytes per parameter of the embeddings' and output layer's optimizer state when it
+    #: differs from the layers' (Megatron's Muon leaves them to Adam: 12); None: the same
+    end_optimizer_bytes: int | None = None
     #: share of the optimizer state kept in host memory, 0 to 1
     optimizer_offload: float = 0.0
     #: weights and gradients kept in host memory (ZeRO-3 offload_param, FSDP2 CPU offload)
@@ -174,6 +177,11 @@ class TrainingSetup:
     #: beyond [model] dtype ("fp8", "fp4": Megatron's --fp8-format, --fp4-format); None: the
     #: dtype's. Throughput (mdc tune, explain's prediction) takes the peak of this precision.
     gemm_precision: str | None = None
+    #: (first, last) transformer layers of the model kept out of fp8 / fp4 training
+    #: (Megatron's --first-last-layers-bf16): when the GEMMs are quantized, these layers'
+    #: weights and saved GEMM inputs take the 16-bit dtype's bytes and their GEMMs the
+    #: bf16 peak
+    bf16_layers: tuple[int, int] = (0, 0)
     #: bytes per logit the loss holds at its peak on the last stage; None: 4 (the fp32
     #: logits alone). Megatron's vocab-parallel cross entropy: the bf16 logits and their fp32
     #: copy, 6; an unfused float() cross entropy (TorchTitan): 12 in its backward

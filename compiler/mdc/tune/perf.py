@@ -25,7 +25,7 @@ import attrs
 
 from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
-from mdc.plan.memory import Shape, resolve_shape
+from mdc.plan.memory import Shape, quantized, resolve_shape
 from mdc.plan.model import Plan, TrainingSetup
 from mdc.tune.flops import TokenFlops, token_flops
 
@@ -172,8 +172,12 @@ def predict(
     count_recompute: bool = False,
     window: tuple[int, int] | None = None,
     window_skip: int | tuple[int, ...] | None = None,
+    bf16_share: float = 0.0,
 ) -> Prediction:
     """The predicted step of ``layout`` (see the module docstring and docs/tune.md).
+
+    ``bf16_share``: the share of the heaviest stage's layers whose GEMMs run at the bf16
+    peak although ``precision`` is fp8 or fp4 (Megatron's --first-last-layers-bf16).
 
     ``causal`` and ``count_recompute`` choose the model-FLOPs convention the TFLOP/s and
     MFU are reported in (:func:`mdc.tune.flops.token_flops`); the time does not depend on it.
@@ -206,6 +210,9 @@ def predict(
     q_width = _attention_width(shape) / L.tp
     ffn_width = shape.ffn * (3 if shape.gated else 2) / 2 / L.tp
     peak = hw.peak_tflops(precision) * 1e12
+    if bf16_share:  # the layers' GEMM time: each share at its own peak
+        slow = hw.peak_tflops("bf16") * 1e12
+        peak = 1 / ((1 - bf16_share) / peak + bf16_share / slow)
     # fp8 and fp4 GEMMs reach the same share of their (2x, 4x) peak in the fit; the step
     # gains less than that, as the attention, elementwise, MoE and communication terms do
     # not speed up with the GEMM precision
@@ -493,4 +500,17 @@ def predict_plan(plan: Plan) -> Prediction | None:
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,
         precision=gemm_precision(model.dtype, t),
         window=model.window_size, window_skip=model.window_attn_skip_freq,
+        bf16_share=bf16_share(shape, t, memory.stage, memory.stage_layers),
     )  # fmt: skip
+
+
+def bf16_share(shape: Shape, training: TrainingSetup, stage: str, stage_layers: int) -> float:
+    """The share of a stage's layers kept in bf16 under fp8 / fp4 training: the model's first
+    layers sit on the first stage, its last ones on the last (only, with pp = 1: both)."""
+    first, last = training.bf16_layers
+    if not (first or last) or not stage_layers or not quantized(shape, training):
+        return 0.0
+    if stage == "only":
+        return min(first + last, stage_layers) / stage_layers
+    held = {"first": first, "last": last}.get(stage, 0)
+    return min(held, stage_layers) / stage_layers

@@ -33,6 +33,7 @@ from mdc.tune.perf import (
     Constants,
     Layout,
     Prediction,
+    bf16_share,
     gemm_precision,
     predict,
     scale_up_domain,
@@ -459,6 +460,7 @@ class Tuner:
             self.shape, layout, self.hardware, nproc_per_node=self.nproc,
             precision=self.precision, constants=self.constants,
             window=self.window, window_skip=self.window_skip,
+            bf16_share=bf16_share(self.shape, training, _slowest(sizes, training), heaviest),
         )  # fmt: skip
         return Candidate(
             layout=layout,
@@ -592,3 +594,12 @@ class Tuner:
             refused=dict(sorted(refused.items())),
             precision=self.precision,
         )
+
+
+def _slowest(sizes: Sizes, training: TrainingSetup) -> str:
+    """The stage whose bf16 layers (Megatron's --first-last-layers-bf16) slow it most: the
+    only one, or the end of the model that keeps more of them in bf16."""
+    first, last = training.bf16_layers
+    if sizes.pp == 1:
+        return "only"
+    return "first" if first >= last else "last"

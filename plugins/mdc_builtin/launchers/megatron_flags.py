@@ -1,0 +1,261 @@
+"""Megatron-LM's flags the megatron launcher knows: the [megatron] options a flag in
+extra_args is read into, the flags whose value another table decides, and how [model]
+keys are spelled as flags (Megatron-LM core_v0.16.1, megatron/training/arguments.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from mdc.api import FlagTable, KnownFlag
+from mdc_builtin.launchers.megatron_bf16_layers import BF16_LAYER_FLAGS
+from mdc_builtin.launchers.megatron_optimizer import OPTIMIZER_FLAGS
+from mdc_builtin.launchers.megatron_precision import FP4_FLAGS
+
+#: Megatron-LM's flags that select the same setting as one mdc emits (a second spelling).
+ALIASES: Mapping[str, tuple[str, ...]] = {
+    "--num-virtual-stages-per-pipeline-rank": ("--num-layers-per-virtual-pipeline-stage",),
+    "--num-layers": ("--encoder-num-layers",),
+    "--recompute-granularity": ("--recompute-activations",),
+    "--tensor-model-parallel-size": ("--model-parallel-size",),
+    "--micro-batch-size": ("--batch-size",),
+}
+
+
+#: Switches mdc owns whether or not it emits them (each has a [megatron] option or a spec key).
+SWITCHES: Mapping[str, str] = {
+    "--sequence-parallel": "[megatron] sequence_parallel",
+    "--use-distributed-optimizer": "[megatron] use_distributed_optimizer",
+    "--overlap-grad-reduce": "[megatron] overlap_grad_reduce",
+    "--overlap-param-gather": "[megatron] overlap_param_gather",
+    "--use-tp-pp-dp-mapping": "[parallelism] order",
+    "--recompute-granularity": "[megatron] recompute_granularity",
+    "--recompute-method": "[megatron] recompute_method",
+    "--recompute-num-layers": "[megatron] recompute_num_layers",
+    "--tensor-model-parallel-size": "[parallelism] tp",
+    "--pipeline-model-parallel-size": "[parallelism] pp",
+    "--context-parallel-size": "[parallelism] cp",
+    "--expert-model-parallel-size": "[parallelism] ep",
+    "--expert-tensor-parallel-size": "[parallelism] etp",
+    "--num-virtual-stages-per-pipeline-rank": "[parallelism] vpp",
+    "--decoder-first-pipeline-num-layers": "[megatron] decoder_first_pipeline_num_layers",
+    "--decoder-last-pipeline-num-layers": "[megatron] decoder_last_pipeline_num_layers",
+    "--account-for-embedding-in-pipeline-split": (
+        "[megatron] account_for_embedding_in_pipeline_split"
+    ),
+    "--account-for-loss-in-pipeline-split": "[megatron] account_for_loss_in_pipeline_split",
+    "--pipeline-model-parallel-layout": "[megatron] pipeline_model_parallel_layout",
+}
+
+
+#: the [megatron] keys that place layers on pipeline stages, and their flags
+PIPELINE_KEYS: Mapping[str, str] = {
+    "decoder_first_pipeline_num_layers": "--decoder-first-pipeline-num-layers",
+    "decoder_last_pipeline_num_layers": "--decoder-last-pipeline-num-layers",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split",
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout",
+}
+
+
+#: Megatron-LM core_v0.16.1's choices (megatron/training/arguments.py, TransformerConfig)
+SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
+
+
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+
+
+OPTIMIZER_DTYPES = {
+    "main_grads_dtype": ("fp32", "bf16"),
+    "main_params_dtype": ("fp32", "fp16"),
+    "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"),
+    "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8"),
+}
+
+
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+)
+
+
+DISPATCHERS = ("allgather", "alltoall", "flex")
+
+
+def _option_flag(
+    key: str,
+    nargs: Literal[0, 1, "+"] = 0,
+    convert: Callable[[str], Any] = str,
+    choices: tuple[str, ...] = (),
+) -> KnownFlag:
+    """A flag read into the [megatron] option of the same name (flag: --key-in-kebab-case)."""
+    return KnownFlag(
+        name="--" + key.replace("_", "-"),
+        source=f"[megatron] {key}",
+        key=key,
+        nargs=nargs,
+        convert=convert,
+        choices=choices,
+    )
+
+
+#: [megatron] options a flag in extra_args may stand for: read into the plan as if written
+OPTION_FLAGS = (
+    _option_flag("use_megatron_fsdp"),
+    _option_flag("use_torch_fsdp2"),
+    _option_flag("data_parallel_sharding_strategy", 1, choices=SHARDING_STRATEGIES),
+    _option_flag("grad_reduce_in_bf16"),
+    _option_flag("fp8_recipe", 1, choices=FP8_RECIPES),
+    _option_flag("fp8_param_gather"),
+    _option_flag("use_precision_aware_optimizer"),
+    *(_option_flag(key, 1, choices=values) for key, values in OPTIMIZER_DTYPES.items()),
+    _option_flag("optimizer_cpu_offload"),
+    _option_flag("optimizer_offload_fraction", 1, float),
+    _option_flag("cpu_offloading_num_layers", 1, int),
+    _option_flag("recompute_modules", "+", choices=RECOMPUTE_MODULES),
+    _option_flag("moe_token_dispatcher_type", 1, choices=DISPATCHERS),
+    _option_flag("moe_expert_capacity_factor", 1, float),
+    _option_flag("moe_pad_expert_input_to_capacity"),
+)
+
+
+#: [model] values -> Megatron-LM's choices for --position-embedding-type and --normalization
+POSITION_EMBEDDINGS: Mapping[str, str] = {
+    "learned": "learned_absolute",
+    "rope": "rope",
+    "none": "none",
+}
+
+
+#: [model] keys emitted as Megatron-LM's flag of the same name, with a value
+ARCHITECTURE_VALUES = (
+    "kv_channels",
+    "softmax_type",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_head_dim",
+    "qk_pos_emb_head_dim",
+    "v_head_dim",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "mtp_num_layers",
+    "mamba_state_dim",
+    "mamba_head_dim",
+    "mamba_num_groups",
+    "mamba_num_heads",
+    # DeepSeek-V4 (Megatron-LM's dev branch, 2026-08: not in core_v0.16)
+    "experimental_attention_variant",
+    "o_groups",
+    "o_lora_rank",
+    "dsa_indexer_n_heads",
+    "dsa_indexer_head_dim",
+    "num_residual_streams",
+    "moe_n_hash_layers",
+)
+
+
+#: and the switches
+ARCHITECTURE_SWITCHES = (
+    "qk_layernorm",
+    "add_qkv_bias",
+    "multi_latent_attention",
+    "enable_hyper_connections",
+)
+
+
+def flag_of(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+NORMALIZATIONS: Mapping[str, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
+#: where the value of a flag mdc emits (other than SWITCHES) comes from
+SOURCES: Mapping[str, str] = {
+    "--micro-batch-size": "[batch] micro_batch_size",
+    "--global-batch-size": "[batch] global_batch_size",
+    "--num-layers": "[model] num_layers",
+    "--hidden-size": "[model] hidden_size",
+    "--ffn-hidden-size": "[model] ffn_hidden_size",
+    "--num-attention-heads": "[model] num_attention_heads",
+    "--group-query-attention": "[model] num_query_groups",
+    "--num-query-groups": "[model] num_query_groups",
+    "--seq-length": "[model] seq_length",
+    "--max-position-embeddings": "[megatron] max_position_embeddings ([model] seq_length)",
+    "--num-experts": "[model] num_experts",
+    "--moe-ffn-hidden-size": "[model] moe_ffn_hidden_size",
+    "--moe-router-topk": "[model] moe_router_topk",
+    "--swiglu": "[model] gated_mlp",
+    "--untie-embeddings-and-output-weights": "[model] tied_embeddings",
+    "--position-embedding-type": "[model] position_embedding",
+    "--disable-bias-linear": "[model] bias",
+    "--normalization": "[model] normalization",
+    **{flag_of(key): f"[model] {key}" for key in (*ARCHITECTURE_VALUES, *ARCHITECTURE_SWITCHES)},
+    **{
+        flag_of(key): f"[model] {key}"
+        for key in ("window_size", "window_attn_skip_freq", "moe_layer_freq", "csa_compress_ratios")
+    },
+    "--is-hybrid-model": "[model] hybrid_override_pattern",
+    "--hybrid-override-pattern": "[model] hybrid_override_pattern",
+    "--bf16": "[model] dtype",
+    "--fp16": "[model] dtype",
+    "--fp8-format": "[model] dtype and [megatron] fp8_format",
+}
+
+
+def _readable(key: str, nargs: Literal[0, 1, "+"] = 0, **how: Any) -> KnownFlag:
+    return attrs.evolve(_option_flag(key, nargs), **how)
+
+
+#: Every Megatron-LM flag the launcher knows: the [megatron] options' (read from extra_args)
+#: and those whose value comes from another table (never read: refused with that table's key).
+FLAGS = FlagTable(
+    [
+        _readable("sequence_parallel"),
+        _readable("use_distributed_optimizer"),
+        _readable("overlap_grad_reduce"),
+        _readable("overlap_param_gather"),
+        _readable("recompute_granularity", 1, choices=("full", "selective")),
+        KnownFlag(
+            name="--recompute-activations",
+            source="[megatron] recompute_granularity",
+            key="recompute_granularity",
+            switch_value="selective",
+        ),
+        _readable("recompute_method", 1, choices=("uniform", "block")),
+        _readable("recompute_num_layers", 1, convert=int),
+        _readable("max_position_embeddings", 1, convert=int),
+        _readable("fp8_format", 1, choices=("e4m3", "hybrid")),
+        _readable("decoder_first_pipeline_num_layers", 1, convert=int),
+        _readable("decoder_last_pipeline_num_layers", 1, convert=int),
+        _readable("account_for_embedding_in_pipeline_split"),
+        _readable("account_for_loss_in_pipeline_split"),
+        _readable("pipeline_model_parallel_layout", 1),
+        *OPTION_FLAGS,
+        *FP4_FLAGS,
+        *BF16_LAYER_FLAGS,
+        *OPTIMIZER_FLAGS,
+        *(
+            KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
+            for flag, source in [*SWITCHES.items(), *SOURCES.items()]
+            if not flag.startswith("--recompute-")
+            and flag not in PIPELINE_KEYS.values()
+            and flag
+            not in (
+                "--sequence-parallel",
+                "--use-distributed-optimizer",
+                "--overlap-grad-reduce",
+                "--overlap-param-gather",
+                "--max-position-embeddings",
+                "--fp8-format",
+            )
+        ),
+    ]
+)
