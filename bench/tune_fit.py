@@ -32,8 +32,9 @@ PUBLISHED = ROOT / "tests" / "published"
 from mdc.convert import structure  # noqa: E402
 from mdc.hardware import builtin  # noqa: E402
 from mdc.plan.memory import Shape, resolve_shape  # noqa: E402
+from mdc.plan.model import TrainingSetup  # noqa: E402
 from mdc.spec import ModelTable  # noqa: E402
-from mdc.tune.perf import DEFAULT, Constants, Layout, predict  # noqa: E402
+from mdc.tune.perf import DEFAULT, Constants, Layout, bf16_share, predict  # noqa: E402
 
 #: the row's precision -> the GEMM precision whose peak runs it
 PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
@@ -71,6 +72,8 @@ class Case:
     #: the source's own model FLOPs per token, where it states a throughput beside its
     #: TFLOP/s (None: mdc's count, :func:`mdc.tune.flops.token_flops`, is the source's)
     source_flops: float | None = None
+    #: share of the heaviest stage's layers the recipe keeps in bf16 under fp8 / fp4
+    bf16_share: float = 0.0
 
     def predicted(self, constants: Constants = DEFAULT) -> float:
         prediction = predict(
@@ -84,6 +87,7 @@ class Case:
             count_recompute=self.count_recompute,
             window=self.model.window_size,
             window_skip=self.model.window_attn_skip_freq,
+            bf16_share=self.bf16_share,
         )
         if self.source_flops is None:
             return prediction.model_tflops_per_gpu
@@ -114,6 +118,22 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
         zero_stage=zero,
         grad_bytes=4,
     )  # fmt: skip
+
+
+def bf16_share_of(run: dict[str, Any], shape: Shape, layout: Layout) -> float:
+    """Megatron's --first-last-layers-bf16 as the row's recipe sets it: the share of the
+    heaviest stage's layers whose GEMMs stay in bf16 (TransformerConfig's default count 1)."""
+    table = run.get("launcher_table", {})
+    if not table.get("first_last_layers_bf16"):
+        return 0.0
+    counts = (
+        table.get("num_layers_at_start_in_bf16", 1),
+        table.get("num_layers_at_end_in_bf16", 1),
+    )
+    training = TrainingSetup(bf16_layers=counts, gemm_precision=PRECISION[run["precision"]])
+    stage_layers = -(-shape.layers // layout.pp)
+    stages = ("only",) if layout.pp == 1 else ("first", "last")
+    return max(bf16_share(shape, training, stage, stage_layers) for stage in stages)
 
 
 def source_flops(run: dict[str, Any]) -> float | None:
@@ -153,12 +173,13 @@ def cases() -> list[Case]:
             # DeepSeek-V4's compressed sparse attention, its indexer and the hyper-connections
             # are counted in parameters and memory, not yet in the FLOP count (mdc.tune.flops)
             continue
+        layout = layout_of(run, shape.experts > 0)
         found.append(
             Case(
                 id=run["id"],
                 shape=shape,
                 model=model,
-                layout=layout_of(run, shape.experts > 0),
+                layout=layout,
                 hardware=run["accelerator_model"],
                 precision=PRECISION[run["precision"]],
                 causal=run["source"] != NARAYANAN,
@@ -166,6 +187,7 @@ def cases() -> list[Case]:
                 nproc=run["nproc_per_node"],
                 measured=float(measured),
                 source_flops=source_flops(run),
+                bf16_share=bf16_share_of(run, shape, layout),
             )
         )
     return found

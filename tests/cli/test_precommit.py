@@ -45,7 +45,12 @@ BAD_BATCH = REPO / "golden" / "diagnostics" / "global-batch-not-divisible" / "sp
 BAD_SYNTAX = REPO / "golden" / "diagnostics" / "toml-syntax-error" / "spec.toml"
 BAD_MISSING = REPO / "golden" / "diagnostics" / "missing-required-key" / "spec.yaml"
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_ambient_plugins")]
+# xdist_group: one worker builds the module's hook environment once, under pytest-xdist
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.usefixtures("no_ambient_plugins"),
+    pytest.mark.xdist_group("pre-commit"),
+]
 
 
 def git(cwd: Path, *args: str) -> str:

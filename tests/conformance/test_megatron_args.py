@@ -483,6 +483,7 @@ def optimizer_config(ns: argparse.Namespace) -> OptimizerConfig:
         "fp8": torch.uint8,
     }
     return OptimizerConfig(
+        optimizer=ns.optimizer or "adam",
         use_distributed_optimizer=ns.use_distributed_optimizer,
         use_precision_aware_optimizer=ns.use_precision_aware_optimizer,
         main_grads_dtype=dtypes[ns.main_grads_dtype or "fp32"],
@@ -984,6 +985,12 @@ RULES: dict[str, tuple[dict[str, Any], dict[str, Any], bool]] = {
         {"first_last_layers_bf16": True, "fp4_format": "e2m1", "num_layers_at_end_in_bf16": 17},
         False,
     ),
+    "precision-aware-sgd": (
+        {},
+        {"optimizer": "sgd", "use_precision_aware_optimizer": True},
+        True,
+    ),
+    "sgd": ({}, {"optimizer": "sgd"}, False),
     "precision-aware-without-distributed-optimizer": (
         {},
         {

@@ -49,9 +49,6 @@ from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-# Real processes on loopback ports: one xdist worker runs every such test, in turn.
-pytestmark = pytest.mark.xdist_group("loopback")
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(
     p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
@@ -435,6 +432,7 @@ with open(os.path.join(os.environ["CAPTURE"], f"rank-{rank}.json"), "w") as f:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("loopback")  # real processes: one xdist worker runs these in turn
 def test_a_local_run_gets_the_exact_bytes_and_runs_nothing_hidden(tmp_path: Path) -> None:
     """basic launcher on the local backend: 2 nodes x 2 processes of a real Python program."""
     canary = tmp_path / "canary"
@@ -484,7 +482,7 @@ def test_a_local_run_gets_the_exact_bytes_and_runs_nothing_hidden(tmp_path: Path
         env=run_env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
         check=False,
     )
     assert done.returncode == 0, f"run.sh exited {done.returncode}:\n{done.stderr}"

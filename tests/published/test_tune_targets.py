@@ -24,6 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# one worker computes the module's fixtures (minutes of tune searches) once, under pytest-xdist
+pytestmark = pytest.mark.xdist_group("tune-targets")
+
 
 def _module(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
@@ -57,11 +60,13 @@ def targets() -> dict[str, Any]:
 def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
     # collectives taxed (and each source's TFLOP/s converted by its own FLOP count); 69 %
-    # while the norms and residual adds were charged as a share of the fitted passes
-    assert accuracy >= 0.73  # 89 of 121
+    # while the norms and residual adds were charged as a share of the fitted passes; 73 %
+    # before the expert gradients crossed the NIC of their expert-data-parallel group, the
+    # local expert weights were streamed every micro batch and Nemotron 3 ran its MTP layers
+    assert accuracy >= 0.76  # 92 of 121
 
 
-@pytest.mark.xfail(reason="the model reaches 74 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 76 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
@@ -92,11 +97,12 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # pay for gathering every micro batch, and before uneven pipeline splits were searched;
     # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication);
     # 39 of 101 since the interleaved schedule hides its sends and block recompute is
-    # charged per model chunk
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.38
+    # charged per model chunk; 55 of 103 with the expert weights streamed every micro batch
+    # and the expert gradients over their own group's NICs
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.53
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 39 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 53 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70

@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from mdc.cli import main
@@ -288,3 +289,66 @@ def test_megatron_fp4_on_a_bf16_model_is_predicted_at_the_fp4_peak(tmp_path: Pat
         assert code == 0, err
         predicted[name] = json.loads(out)["predicted"]["model_tflops_per_gpu"]
     assert predicted["fp4"] > predicted["bf16"]
+
+
+def _moe_shape() -> Any:
+    """A small MoE stack: 8 layers, 64 experts of width 1024, top 4, on h = 2048."""
+    shape = resolve_shape(
+        ModelTable(num_layers=8, hidden_size=2048, num_attention_heads=16, vocab_size=32000,
+                   seq_length=4096, num_experts=64, moe_ffn_hidden_size=1024, moe_router_topk=4,
+                   gated_mlp=True)
+    )  # fmt: skip
+    assert shape is not None
+    return shape
+
+
+def test_expert_gradients_cross_the_nic_once_ep_fills_the_node() -> None:
+    """ep 8 on 8-GPU nodes: each expert-data-parallel group has one member per node, so the
+    expert gradients go over each GPU's own NIC; on one 64-GPU NVLink domain the same group
+    stays on the scale-up link. The dense gradients cross the same bandwidth either way."""
+    shape, hw = _moe_shape(), builtin()["b300"]
+    layout = _layout(tp=1, pp=1, ep=8, etp=1, dp=64, microbatches=1, sequence_parallel=False,
+                     overlap_grad_reduce=False)  # fmt: skip
+    nodes = predict(shape, layout, hw, nproc_per_node=8).breakdown["dp"]
+    rack = predict(shape, attrs.evolve(layout, ep=64), hw, nproc_per_node=8).breakdown["dp"]
+    # expert parameters per GPU with ep 8: 8 local experts x 8 layers x 3 x 1024 x 2048
+    local = 8 * 8 * 3 * 1024 * 2048
+    share = 0.6785  # link_share
+    # fp32 gradients reduce-scattered and bf16 parameters gathered over 8 members, 1 NIC each
+    expert_nic = local * 7 / 8 * (4 + 2) / (hw.scale_out_gb_s * 1e9 * share)
+    # ep 64 leaves no expert gradient to reduce: what remains is the dense traffic
+    assert nodes - rack == pytest.approx(expert_nic, rel=1e-9)
+
+
+def test_few_tokens_per_expert_stream_the_expert_weights() -> None:
+    """ep 1 keeps every expert on every GPU: 12 bytes per expert parameter per micro batch
+    (bf16 reads forward and backward, fp32 main-gradient read and write)."""
+    shape, hw = _moe_shape(), builtin()["b300"]
+    one = _layout(tp=1, pp=1, ep=1, etp=1, dp=8, microbatches=1, sequence_parallel=False)
+    eight = attrs.evolve(one, ep=8)
+    a = predict(shape, one, hw, nproc_per_node=8).breakdown["elementwise"]
+    b = predict(shape, eight, hw, nproc_per_node=8).breakdown["elementwise"]
+    experts = 64 * 8 * 3 * 1024 * 2048
+    expected = 12 * experts * (1 - 1 / 8) / (hw.memory_bandwidth_gb_s * 1e9)
+    # one micro batch: the step holds one slot of elementwise time
+    assert a - b == pytest.approx(expected, rel=1e-9)
+
+
+def test_hybrid_mtp_layers_are_attention_and_the_last_layers_mlp() -> None:
+    """Megatron-Bridge counts a hybrid stack's MTP depths as its MTP pattern ("*E" for
+    Nemotron 3: attention and MoE) plus one more output layer each."""
+    table: dict[str, Any] = {
+        "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 1024,
+        "seq_length": 2048, "num_experts": 8, "moe_ffn_hidden_size": 512, "moe_router_topk": 2,
+        "hybrid_override_pattern": "M*ME", "mamba_num_heads": 32, "mamba_head_dim": 64,
+    }  # fmt: skip
+    base = resolve_shape(ModelTable(**table))
+    mtp = resolve_shape(ModelTable(**table, mtp_num_layers=2))
+    assert base is not None and mtp is not None
+    without, with_mtp = token_flops(base), token_flops(mtp)
+    one_moe = without.expert_gemm
+    core = 3 * 2 * 2 * (8 * 128) * 2048 / 2  # one causal attention layer's scores and values
+    # the pattern's one attention and one MoE layer, twice
+    assert with_mtp.attention - without.attention == pytest.approx(2 * core)
+    assert with_mtp.expert_gemm == pytest.approx(3 * one_moe)
+    assert with_mtp.logits == pytest.approx(3 * without.logits)

@@ -126,12 +126,11 @@ class LayerPattern:
         ratios = (self.compress or ())[start:stop]
         return ratios.count(CSA_RATIO), ratios.count(HCA_RATIO)
 
-    def mtp_parts(self, index: int, moe: bool) -> Parts:
-        """The parts of MTP layer ``index``: a copy of the last layer's kind, with the
-        compress ratio that follows the layers' ratios."""
-        start = self.layers + index
-        csa, hca = self._compressed(start, start + 1)
-        return Parts(attention=1, mlp=int(not moe), moe=int(moe), csa=csa, hca=hca)
+    def mtp_compressed(self, count: int) -> Parts:
+        """The compressed branches of the first ``count`` MTP layers, whose compress ratios
+        follow the layers' ones."""
+        csa, hca = self._compressed(self.layers, self.layers + count)
+        return Parts(csa=csa, hca=hca)
 
     def last_is_moe(self) -> bool:
         """Whether the last layer's MLP is an MoE layer (an MTP layer copies it)."""

@@ -396,12 +396,12 @@ def _mtp(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
     own compress ratio), two input norms, the 2h -> h projection (split over tp), its own
     final norm and, with hyper-connections, its own stream head."""
     moe, h = shape.pattern.last_is_moe(), shape.hidden
+    layer = _parts(shape, Parts(attention=1, mlp=int(not moe), moe=int(moe)), tp, ep, etp)
     extra = 3 * shape.norm + 2 * h * _split(h, tp) + _hyper_head(shape)
-    total = _LayerParams(dense=0, expert=0)
-    for index in range(shape.mtp_layers):
-        layer = _parts(shape, shape.pattern.mtp_parts(index, moe), tp, ep, etp)
-        total = total + layer + _LayerParams(dense=extra, expert=0)
-    return total
+    compressed = _compressed(shape, shape.pattern.mtp_compressed(shape.mtp_layers))
+    return (layer + _LayerParams(dense=extra, expert=0)) * shape.mtp_layers + _LayerParams(
+        dense=compressed, expert=0
+    )
 
 
 def _embedding(shape: Shape, tp: int) -> int:

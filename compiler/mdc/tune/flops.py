@@ -104,8 +104,10 @@ def token_flops(
     attention_layers = parts.attention
     dense_mlps, moe_mlps = parts.mlp, parts.moe
     hybrid = shape.pattern.hybrid is not None
-    if not hybrid and mtp:
-        # Bridge: each MTP layer is one more transformer layer of the last layer's kind
+    if mtp:
+        # Bridge: each MTP layer is one more transformer layer of the last layer's kind; a
+        # hybrid stack's MTP depth is its MTP pattern (an attention and the last layer's MLP,
+        # "*E" for Nemotron 3), which Bridge counts with the main pattern's layers
         attention_layers += mtp
         if shape.pattern.last_is_moe():
             moe_mlps += mtp

@@ -35,28 +35,28 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.6915
+    gemm_peak: float = 0.7061
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 172.1
+    shape_knee: float = 228.0
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.6385
+    attention_peak: float = 0.6358
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 5.08
+    elementwise: float = 3.843
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.8933
+    link_share: float = 0.7148
     #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.7101
+    tp_exposed: float = 0.5682
     #: share of an overlapped data-parallel collective's time the compute still loses
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.519
+    ep_exposed: float = 0.2778
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 43.03
+    moe_passes: float = 43.3
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 595.9
+    mamba_passes: float = 574.0
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -344,7 +344,16 @@ def predict(
             hidden = min(t_p2p, compute)
             t_p2p = t_p2p - hidden + c.overlap_tax * hidden
 
-    elementwise += t_moe + t_mamba
+    # the local experts' weights stream from HBM every micro batch: read by the forward and
+    # the data-gradient GEMMs (bf16), their fp32 main gradients read and written by the
+    # weight-gradient GEMM (Megatron's gradient accumulation fusion): 12 bytes per local
+    # expert parameter (2 more per recomputed forward), which few tokens per expert do not
+    # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
+    stage_params = _stage_params(shape, L, stage_layers)
+    dense_params, expert_params = stage_params
+    t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
+
+    elementwise += t_moe + t_mamba + t_weights
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -353,8 +362,6 @@ def predict(
     # ---- data parallel: gradient reduce-scatter and parameter all-gather (distributed
     # optimizer) or all-reduce, once per step; overlapped with the last micro batch's
     # backward and the first one's forward when Megatron's overlap flags are on
-    stage_params = _stage_params(shape, L, stage_layers)
-    dense_params, expert_params = stage_params
     t_dp = 0.0
     group = L.dp * L.cp
     if group > 1 or L.ep * L.etp < world // L.pp:
@@ -362,11 +369,20 @@ def predict(
         inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
         outer = max(span(dense, "dp"), span(dense, "cp"))
         bw = _bandwidth(outer, inner, domain, hw, c.link_share)
+        # the expert weights reduce over the expert-data-parallel group, whose members lie
+        # ep * etp ranks apart: one per scale-up domain once ep fills it, so each GPU's own
+        # NIC carries its experts' gradients (Megatron-Core's expert_data_parallel_group)
         edp = expert["dp"]
+        ebw = bw
+        if edp > 1:
+            ebw = _bandwidth(span(expert, "dp"), _stride(L.order, expert, "dp"), domain, hw,
+                             c.link_share)  # fmt: skip
         ring = (group - 1) / group
         ering = (edp - 1) / edp if edp > 1 else 0.0
-        grads = (dense_params * ring + expert_params * ering) * L.grad_bytes
-        params = (dense_params * ring + expert_params * ering) * act
+        # the bytes the expert group moves, in the dense group's bandwidth (one time term)
+        eweight = ering * bw / ebw
+        grads = (dense_params * ring + expert_params * eweight) * L.grad_bytes
+        params = (dense_params * ring + expert_params * eweight) * act
         if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
             traffic = grads * L.microbatches + 2 * params * L.microbatches
         elif L.zero_stage == 2:  # gradients reduce-scattered every micro batch, weights kept

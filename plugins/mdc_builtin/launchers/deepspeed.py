@@ -19,7 +19,6 @@ by construction.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
@@ -496,6 +495,8 @@ def _config_findings(plan: Plan, opts: DeepSpeedOptions) -> Iterator[Finding]:
                     hint=REMOVED_ZERO_KEYS[key],
                 )
             elif key not in ZERO_KEYS:
+                import difflib  # only a config with an unknown key gets this far
+
                 near = difflib.get_close_matches(key, sorted(ZERO_KEYS), n=1, cutoff=0.6)
                 yield Finding(
                     code="MDC314",

@@ -70,6 +70,8 @@ class OptimizerOptions(Protocol):
     def use_megatron_fsdp(self) -> bool | None: ...
     @property
     def use_torch_fsdp2(self) -> bool | None: ...
+    @property
+    def use_precision_aware_optimizer(self) -> bool | None: ...
 
 
 def is_muon(opts: OptimizerOptions) -> bool:
@@ -117,6 +119,14 @@ def optimizer_rules(
 ) -> Iterator[Finding]:
     """Megatron-LM core_v0.16.1's rules; ``at`` gives a key's pointer."""
     yield from _instance_rules(plan, opts, at)
+    if opts.optimizer not in (None, "adam") and opts.use_precision_aware_optimizer:
+        yield Finding(
+            code="MDC476",
+            pointer=at("use_precision_aware_optimizer"),
+            message=f"use_precision_aware_optimizer with optimizer = {opts.optimizer!r} "
+            "(Megatron-Core: '--use-precision-aware-optimizer only supported with adam')",
+            hint='remove use_precision_aware_optimizer, or use optimizer = "adam"',
+        )
     if not is_muon(opts):
         return
     name = opts.optimizer
