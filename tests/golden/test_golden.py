@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from mdc.cli import main
+from mdc.testing import subprocess_env
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -156,25 +157,47 @@ def test_warning_only_spec_passes(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------- determinism
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.name)
-def test_output_does_not_depend_on_hash_seed(
-    spec: Path, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
-) -> None:
-    trees = []
-    for seed, out in (("0", tmp_path / "a" / "out"), ("1", tmp_path / "b" / "elsewhere")):
+#: a fresh process that compiles each (spec, out) pair of its arguments with mdc's command line
+COMPILE_ALL = """
+import sys
+from mdc.cli import main
+from mdc.testing import subprocess_env
+pairs = zip(sys.argv[1::2], sys.argv[2::2])
+sys.exit(max([main(["compile", spec, "-o", out]) for spec, out in pairs], default=0))
+"""
+
+
+@pytest.fixture(scope="module")
+def trees_by_seed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every example compiled under PYTHONHASHSEED=0 (into .../out) and =1 (into
+    .../elsewhere): one process per seed, not one per example and seed."""
+    trees: dict[str, dict[str, Any]] = {}
+    for seed, name in (("0", "out"), ("1", "elsewhere")):
+        root = tmp_path_factory.mktemp(f"hash-seed-{seed}")
+        pairs = [(spec, root / spec.name / name) for spec in example_specs()]
         done = subprocess.run(
-            [sys.executable, "-m", "mdc", "compile", f"examples/{spec.name}", "-o", str(out)],
+            [sys.executable, "-c", COMPILE_ALL]
+            + [word for spec, out in pairs for word in (f"examples/{spec.name}", str(out))],
             cwd=REPO,
-            env=clean_env(PYTHONHASHSEED=seed, MDC_DISABLE_PLUGIN_AUTOLOAD="1"),
+            env=subprocess_env(PYTHONHASHSEED=seed, MDC_DISABLE_PLUGIN_AUTOLOAD="1"),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=600,
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        trees.append(read_tree(out))
-    first, second = trees
+        trees[seed] = {spec.name: read_tree(out) for spec, out in pairs}
+    return trees
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("hash-seed")  # one worker compiles the examples once per seed
+@pytest.mark.parametrize("spec", example_specs(), ids=lambda p: p.name)
+def test_output_does_not_depend_on_hash_seed(
+    spec: Path, trees_by_seed: dict[str, dict[str, Any]]
+) -> None:
+    first, second = trees_by_seed["0"][spec.name], trees_by_seed["1"][spec.name]
+    assert first, f"{spec.name} compiled to nothing"
     assert sorted(first) == sorted(second)
     changed = [path for path in first if first[path] != second[path]]
     assert not changed, f"PYTHONHASHSEED=0 and =1 wrote different bytes or modes: {changed}"

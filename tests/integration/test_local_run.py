@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from mdc.rehearse.process import processes_with
+
 pytest.importorskip(
     "torch",
     reason="real runs need torch==2.13.0: run scripts/test, or "
@@ -43,18 +45,7 @@ TOKEN_VARIABLE = "MDC_TEST_RUN_TOKEN"
 
 
 def _processes_with(token: str) -> list[int]:
-    """Live processes whose environment holds ``TOKEN_VARIABLE=token``."""
-    needle = f"{TOKEN_VARIABLE}={token}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:  # gone, a zombie or not ours
-            continue
-    return found
+    return processes_with(TOKEN_VARIABLE, token)
 
 
 def _kill_all(token: str) -> None:

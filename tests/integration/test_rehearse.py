@@ -25,6 +25,7 @@ from mdc.cli import main
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.rehearse import RehearseError, rehearse
+from mdc.rehearse.process import processes_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("loopback")]
 
@@ -106,15 +107,7 @@ def _spec(
 
 def _token_free(results: Path) -> bool:
     """No process of this rehearsal is left (they all carry MDC_REHEARSE_RESULTS=results)."""
-    needle = f"MDC_REHEARSE_RESULTS={results}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    return False
-            except OSError:
-                continue
-    return True
+    return not processes_with("MDC_REHEARSE_RESULTS", str(results))
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,8 @@ from typing import Any
 import attrs
 import pytest
 
+from mdc.rehearse.process import processes_with
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,17 +212,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 
 
 def _processes_with(token: str) -> list[int]:
-    needle = f"{TOKEN_VARIABLE}={token}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return processes_with(TOKEN_VARIABLE, token)
 
 
 def leftovers(token: str, grace: float = 10.0) -> list[str]:

@@ -403,6 +403,7 @@ MEGATRON_CASES: list[dict[str, Any]] = [
 
 @pytest.mark.slow
 @pytest.mark.torch
+@pytest.mark.xdist_group("loopback")  # 4 real ranks on loopback: never beside another real run
 def test_per_gpu_parameters_match_megatron_core(tmp_path: Path) -> None:
     """Build each model with megatron-core on 4 CPU ranks; every rank's count must match.
 

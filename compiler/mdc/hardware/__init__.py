@@ -10,7 +10,6 @@ scale-up (NVLink / Infinity Fabric) and scale-out (NIC) networks.
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,6 +62,8 @@ def from_json(ident: str, data: Mapping[str, Any]) -> Accelerator:
 @functools.cache
 def builtin() -> Mapping[str, Accelerator]:
     """mdc's own catalogue, by id."""
+    import tomllib  # a JSON or YAML spec without accelerator_model never needs it
+
     data = tomllib.loads(package_text("mdc.hardware", "catalogue.toml"))
     return {ident: from_json(ident, entry) for ident, entry in sorted(data.items())}
 

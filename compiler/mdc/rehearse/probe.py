@@ -36,17 +36,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-#: environment variables the report copies, when set
+from mdc.runtime import RUNTIME_VARIABLES
+
+#: what a launcher sets for each rank (torchrun's names; the other launchers map theirs)
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+#: environment variables the report copies, when set: the rank's, the node's (set by the
+#: backend), then other launchers' own
 REPORTED = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NODE_HOSTS",
+    *RANK_VARIABLES,
+    *RUNTIME_VARIABLES,
     "LOCAL_SIZE",
     "CROSS_RANK",
     "CROSS_SIZE",

@@ -29,9 +29,10 @@ class Node:
     log: Path
 
 
-def _processes_with(token: str) -> list[int]:
-    """Live processes of this rehearsal (their environment holds ``TOKEN=token``)."""
-    needle = f"{TOKEN}={token}".encode()
+def processes_with(name: str, value: str) -> list[int]:
+    """Live processes other than this one whose environment holds ``name=value`` (a token a
+    run gives every process it starts, however deep, and that a test looks for too)."""
+    needle = f"{name}={value}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -124,10 +125,10 @@ def _stop(procs: dict[int, Any], token: str) -> None:
                 os.killpg(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline and (
-        any(p.poll() is None for p in procs.values()) or _processes_with(token)
+        any(p.poll() is None for p in procs.values()) or processes_with(TOKEN, token)
     ):
         time.sleep(0.1)
-    for pid in _processes_with(token):  # torchrun's workers live in sessions of their own
+    for pid in processes_with(TOKEN, token):  # torchrun's workers live in sessions of their own
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     for proc in procs.values():

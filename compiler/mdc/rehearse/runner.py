@@ -22,8 +22,10 @@ import attrs
 
 from mdc import emit
 from mdc.errors import ExitCode
+from mdc.rehearse.probe import RANK_VARIABLES
 from mdc.rehearse.process import TOKEN, Node, Progress, run_nodes
 from mdc.rehearse.report import Outcome, log_tail, training_findings
+from mdc.runtime import OUT_DIR, RUNTIME_VARIABLES
 
 #: refuse worlds above this many ranks (``--max-ranks``) rather than fork hundreds of processes
 DEFAULT_MAX_RANKS = 64
@@ -38,16 +40,9 @@ UNSUPPORTED = {
 }
 #: variables of the calling shell that would confuse the nodes (the backend sets its own)
 SCRUBBED = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "NODE_HOSTS",
-    "MDC_OUT",
+    *RANK_VARIABLES,
+    *RUNTIME_VARIABLES,
+    OUT_DIR.name,
     "JOB_COMPLETION_INDEX",
     "CUDA_VISIBLE_DEVICES",
 )

@@ -27,6 +27,8 @@ import pytest
 from tests.integration.slurm import cluster
 from tests.integration.slurm.cluster import FAKE_GPUS, NODES, TIMES, Cluster
 
+from mdc.rehearse.process import processes_with
+
 #: the session fixture, shared with examples/mdc-mpi/tests (one cluster for every process)
 slurm_cluster = cluster.slurm_cluster
 
@@ -194,17 +196,7 @@ class RunToken:
 
     def processes(self) -> list[int]:
         """Live processes whose environment holds the token."""
-        needle = f"{TOKEN_VARIABLE}={self.value}".encode()
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:  # gone, a zombie or not ours
-                continue
-        return found
+        return processes_with(TOKEN_VARIABLE, self.value)
 
     def leftovers(self, grace: float = 10.0) -> list[str]:
         """Command lines of the token's processes still alive ``grace`` seconds from now."""
