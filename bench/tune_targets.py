@@ -1,6 +1,6 @@
 """mdc tune against published layouts: Megatron-LM's Table 1 and NVIDIA's recipes.
 
-    .venv/bin/python bench/tune_targets.py [--rows SUBSTR]
+    .venv/bin/python bench/tune_targets.py [--only table1|recipes] [--rows SUBSTR,...]
 
 * Narayanan et al. 2021, Table 1: each row's model, GPU count, batch and full recompute,
   with tp, pp, the virtual stages and the micro batch left open (sequence parallel and the
@@ -44,15 +44,14 @@ def _module(path: Path, name: str) -> ModuleType:
     return module
 
 
-#: ``--rows``: only the rows whose id contains it (None: all)
-ROWS: str | None = None
-
-
 def runs() -> list[dict[str, Any]]:
     data = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))
-    return sorted(
-        (r for r in data["run"] if ROWS is None or ROWS in r["id"]), key=lambda r: r["id"]
-    )
+    return sorted(data["run"], key=lambda r: r["id"])
+
+
+def _picked(run: dict[str, Any], rows: str) -> bool:
+    """Whether the row's id contains one of the comma-separated ``rows`` (all when empty)."""
+    return any(part in run["id"] for part in rows.split(","))
 
 
 def _spec(run: dict[str, Any], published: ModuleType) -> dict[str, Any]:
@@ -66,11 +65,13 @@ def _tuner(compiler: Compiler, run: dict[str, Any], spec: dict[str, Any]) -> Tun
     return Tuner(compiler, doc)
 
 
-def table1(compiler: Compiler, published: ModuleType) -> list[tuple[str, tuple[int, int], Any]]:
+def table1(
+    compiler: Compiler, published: ModuleType, rows: str = ""
+) -> list[tuple[str, tuple[int, int], Any]]:
     """(row, the paper's (tp, pp), mdc's best (tp, pp) or None)."""
     found = []
     for run in runs():
-        if run["source"] != NARAYANAN:
+        if run["source"] != NARAYANAN or not _picked(run, rows):
             continue
         spec = _spec(run, published)
         for key in ("tp", "pp", "vpp"):
@@ -90,11 +91,13 @@ def _sizes(L: Any) -> dict[str, int]:
             "mbs": L.micro_batch_size}  # fmt: skip
 
 
-def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
+def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[dict[str, Any]]:
     """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
     published layout fits the plan's estimate, and the best layout mdc found."""
     found = []
     for run in runs():
+        if not _picked(run, rows):
+            continue
         if not run["id"].startswith(("mbridge", "nemo")) or run["id"] in published.AWAITING:
             continue  # NVIDIA's recipes (Megatron-Bridge, NeMo) that compile today
         if "measured" not in run:
@@ -140,18 +143,24 @@ def recipes(compiler: Compiler, published: ModuleType) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", metavar="SUBSTR", help="only the rows whose id contains this")
+    parser.add_argument("--only", choices=("table1", "recipes"), help="run one of the two")
+    parser.add_argument(
+        "--rows", default="", help="only the rows whose id contains one of these (comma-separated)"
+    )
     args = parser.parse_args()
     published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
-    global ROWS
-    ROWS = args.rows
-    rows = table1(compiler, published)
-    same = sum(1 for _, paper, mine in rows if paper == mine)
-    print(f"Table 1: the searched best (tp, pp) equals the paper's in {same} of {len(rows)} rows")
-    for ident, paper, mine in rows:
-        print(f"  {ident}: paper {paper}, mdc {mine}")
-    found = recipes(compiler, published)
+    if args.only != "recipes":
+        rows = table1(compiler, published, args.rows)
+        same = sum(1 for _, paper, mine in rows if paper == mine)
+        print(
+            f"Table 1: the searched best (tp, pp) equals the paper's in {same} of {len(rows)} rows"
+        )
+        for ident, paper, mine in rows:
+            print(f"  {ident}: paper {paper}, mdc {mine}")
+    if args.only == "table1":
+        return
+    found = recipes(compiler, published, args.rows)
     top = sum(1 for r in found if r["rank"] is not None)
     fit = sum(1 for r in found if r["fits"])
     print(f"recipes: published layout in the top 5 for {top} of {len(found)}; fits: {fit}")

@@ -60,12 +60,13 @@ def targets() -> dict[str, Any]:
 def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
     # collectives taxed (and each source's TFLOP/s converted by its own FLOP count); 69 %
+    # while the norms and residual adds were charged as a share of the fitted passes; 73 %
     # before the expert gradients crossed the NIC of their expert-data-parallel group, the
     # local expert weights were streamed every micro batch and Nemotron 3 ran its MTP layers
-    assert accuracy >= 0.72  # 88 of 121
+    assert accuracy >= 0.76  # 92 of 121
 
 
-@pytest.mark.xfail(reason="the model reaches 73 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 76 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
@@ -73,12 +74,13 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
 def test_table1_floor(targets: dict[str, Any]) -> None:
     rows = targets["table1"]
     assert len(rows) == 10
-    # 3 before the search tried uneven pipeline splits: 76.1B's 60 layers now also go on
-    # pp 8 (first 6, last 6), and tp 4 x pp 8 beats the paper's tp 8 x pp 4 by 3 %
-    assert sum(1 for _, paper, mine in rows if paper == mine) >= 2
+    # 3 before the search tried uneven pipeline splits (76.1B's 60 layers then also went on
+    # pp 8 with tp 4); 3 again since the norms and residual adds that tp 8 without sequence
+    # parallelism runs unsplit are charged by their bytes
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 3
 
 
-@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 2 of 10 rows", strict=True)
+@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 3 of 10 rows", strict=True)
 def test_table1_target(targets: dict[str, Any]) -> None:
     assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
 
@@ -93,11 +95,14 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     # 36 of 101 in the top 5 (23 of 83 before the overlapped-collective tax made Megatron-FSDP
     # pay for gathering every micro batch, and before uneven pipeline splits were searched;
-    # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication)
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.35
+    # 38 while NVFP4 recipes were searched at the bf16 peak, which hid their communication);
+    # 39 of 101 since the interleaved schedule hides its sends and block recompute is
+    # charged per model chunk; 55 of 103 with the expert weights streamed every micro batch
+    # and the expert gradients over their own group's NICs
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.53
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 36 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 53 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70

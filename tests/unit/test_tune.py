@@ -16,7 +16,7 @@ from mdc.hardware import builtin
 from mdc.plan.memory import resolve_shape
 from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
-from mdc.tune.perf import Layout, predict
+from mdc.tune.perf import DEFAULT, Layout, predict
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
@@ -313,7 +313,7 @@ def test_expert_gradients_cross_the_nic_once_ep_fills_the_node() -> None:
     rack = predict(shape, attrs.evolve(layout, ep=64), hw, nproc_per_node=8).breakdown["dp"]
     # expert parameters per GPU with ep 8: 8 local experts x 8 layers x 3 x 1024 x 2048
     local = 8 * 8 * 3 * 1024 * 2048
-    share = 0.6785  # link_share
+    share = DEFAULT.link_share
     # fp32 gradients reduce-scattered and bf16 parameters gathered over 8 members, 1 NIC each
     expert_nic = local * 7 / 8 * (4 + 2) / (hw.scale_out_gb_s * 1e9 * share)
     # ep 64 leaves no expert gradient to reduce: what remains is the dense traffic

@@ -35,28 +35,28 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.7361
+    gemm_peak: float = 0.7061
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 136.6
+    shape_knee: float = 228.0
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.5576
+    attention_peak: float = 0.6358
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 6.27
+    elementwise: float = 3.843
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6785
+    link_share: float = 0.7148
     #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.2225
+    tp_exposed: float = 0.5682
     #: share of an overlapped data-parallel collective's time the compute still loses
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.5083
+    ep_exposed: float = 0.2778
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 33.03
+    moe_passes: float = 43.3
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 213.8
+    mamba_passes: float = 574.0
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -200,10 +200,11 @@ def predict(
     attention_share = executed.attention / layers
     recomputed = 0.0
     if L.recompute == "full":
-        count = (
-            stage_layers if L.recompute_layers is None else min(L.recompute_layers, stage_layers)
-        )
-        recomputed = count / stage_layers
+        # block recomputes the first recompute_num_layers layers of each model chunk
+        # (Megatron-Core's TransformerBlock is one chunk), as the memory estimate counts them
+        chunk = math.ceil(stage_layers / L.vpp)
+        count = chunk if L.recompute_layers is None else min(L.recompute_layers, chunk)
+        recomputed = min(count * L.vpp, stage_layers) / stage_layers
     attention_extra = 1 / 3 if L.recompute == "selective" else 0.0
     gemm_factor = 1 + recomputed / 3
     q_width = _attention_width(shape) / L.tp
@@ -247,22 +248,26 @@ def predict(
     t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
     compute = t_dense + t_expert + t_attention + t_logits
 
-    # elementwise kernels: Korthikanti's 34*s*b*h activation bytes per layer (16-bit),
-    # read and written in forward and backward, over the HBM: the 24 inside attention and
-    # the MLP split over tp, the 10 around them only with sequence parallel
+    # elementwise kernels inside attention and the MLP (activation, softmax, rotary,
+    # bias): Korthikanti's 24*s*b*h activation bytes per layer (16-bit), split over tp,
+    # read and written in forward and backward, over the HBM
     split = L.tp if L.sequence_parallel else 1
     # without FlashAttention the scores are materialised: Korthikanti's 5*a*s^2*b more bytes
     # per layer (softmax output, dropout mask and output), split over tp with the heads; the
     # fused softmax and dropout kernels move each of those bytes about once per pass
     scores = 0.0 if shape.flash else 5 * shape.heads * s / h / c.elementwise
+    inner = c.elementwise * (24 + scores) / L.tp * 3
+    # the two norms and two residual adds (with bias and dropout) around them run on the
+    # whole hidden vector, on every tp rank unless sequence parallel splits them: 22 bytes
+    # per hidden element forward (norm: read and write 2 bytes each; bias-dropout-add: read
+    # input and residual, write output and a 1-byte mask), 22 backward
+    around = _AROUND_BYTES / split
+    # full recompute runs the forward once more: a third of inner's passes, half of around's
     elementwise = (
-        c.elementwise
-        * (10 / split + 24 / L.tp + scores / L.tp)
+        (inner * (1 + recomputed / 3) + around * (1 + recomputed / 2))
         * tokens
         * h
         * stage_layers
-        * 3
-        * (1 + recomputed / 3)
         / (hw.memory_bandwidth_gb_s * 1e9)
     )
 
@@ -332,6 +337,12 @@ def predict(
     if L.pp > 1:
         bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
+        if L.vpp > 1:
+            # the interleaved schedule overlaps its sends and receives with the next chunk's
+            # forward or backward (Megatron-LM's overlap_p2p_comm, on by default there and
+            # forced off without interleaving): what is hidden costs only the overlap tax
+            hidden = min(t_p2p, compute)
+            t_p2p = t_p2p - hidden + c.overlap_tax * hidden
 
     # the local experts' weights stream from HBM every micro batch: read by the forward and
     # the data-gradient GEMMs (bf16), their fp32 main gradients read and written by the
@@ -420,6 +431,11 @@ def predict(
         bubble=bubble,
         breakdown=breakdown,
     )
+
+
+#: HBM bytes per hidden element and token of the norms and residual adds around attention
+#: and the MLP, forward and backward (2 x (4 + 7) each way; see predict)
+_AROUND_BYTES = 44.0
 
 
 @functools.lru_cache(maxsize=64)
