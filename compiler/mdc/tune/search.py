@@ -178,6 +178,8 @@ class Tuner:
         self._split_cache: dict[int, list[tuple[dict[str, Any], int, int]]] = {}
         #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
+        self._predictions: dict[tuple[Layout, float], Prediction] = {}
+        self._megatron = self._written("megatron")
         self.order: str = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
 
     # ---- what the spec must give
@@ -510,7 +512,7 @@ class Tuner:
     ) -> Candidate:
         sizes, batch, heaviest = group.sizes, group.batch, group.heaviest
         order = self.order
-        written = {**self._written("megatron"), **switches}
+        written = {**self._megatron, **switches}
         recompute = training.recompute
         layout = Layout(
             tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
@@ -528,12 +530,16 @@ class Tuner:
             and written.get("overlap_param_gather") is not False,
             stage_layers=heaviest,
         )  # fmt: skip
-        prediction = predict(
-            self.shape, layout, self.hardware, nproc_per_node=self.nproc,
-            precision=self.precision, constants=self.constants,
-            window=self.window, window_skip=self.window_skip,
-            bf16_share=bf16_share(self.shape, training, _slowest(sizes, training), heaviest),
-        )  # fmt: skip
+        share = bf16_share(self.shape, training, _slowest(sizes, training), heaviest)
+        # layer splits with the same heaviest stage are the same layout to the model
+        prediction = self._predictions.get((layout, share))
+        if prediction is None:
+            prediction = predict(
+                self.shape, layout, self.hardware, nproc_per_node=self.nproc,
+                precision=self.precision, constants=self.constants,
+                window=self.window, window_skip=self.window_skip, bf16_share=share,
+            )  # fmt: skip
+            self._predictions[(layout, share)] = prediction
         return Candidate(
             layout=layout,
             switches=switches,
