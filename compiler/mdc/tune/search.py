@@ -11,9 +11,11 @@ of them compile; a candidate the compiler refuses is skipped with its diagnostic
 from __future__ import annotations
 
 import copy
+import heapq
 import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from math import inf
 from typing import Any
 
 import attrs
@@ -174,6 +176,9 @@ class Tuner:
             list[tuple[dict[str, Any], TrainingSetup]],
         ] = {}
         self._split_cache: dict[int, list[tuple[dict[str, Any], int, int]]] = {}
+        #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
+        self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
+        self.order: str = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
 
     # ---- what the spec must give
     def _requirements(self) -> None:
@@ -243,12 +248,13 @@ class Tuner:
         return [fixed] if fixed is not None else options
 
     # ---- the arithmetic stage
-    def candidates(self) -> Iterator[Candidate]:
+    def classes(self) -> Iterator[LayoutClass]:
+        """Every layout the spec leaves open (sizes, layer split, micro batch), with the
+        training switches each may run (:meth:`_variants`), in generation order."""
         shape, world = self.shape, self.world
         domain = scale_up_domain(self.hardware, self.nproc)
         gbs = self.spec.batch.global_batch_size if self.spec.batch else None
         assert gbs is not None
-        order = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
         moe = shape.experts > 0
         tps = self._choices("parallelism", "tp", [t for t in divisors(world) if domain % t == 0])
         pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
@@ -265,6 +271,8 @@ class Tuner:
                 continue
             for ep, etp in self._experts(tp, pp, world, moe):
                 for split, vpp, heaviest in self._splits(pp):
+                    variants = self._variants(tp, -(-heaviest // vpp), split)
+                    subgroups = self._subgroup_cache.setdefault(id(variants), _subgroups(variants))
                     for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
                         if gbs % (mbs * dp):
                             continue
@@ -277,9 +285,77 @@ class Tuner:
                             micro_batch_size=mbs,
                             grad_accum_steps=gbs // (mbs * dp),
                         )
-                        chunk = -(-heaviest // vpp)
-                        for switches, training in self._variants(tp, chunk, split):
-                            yield self._candidate(sizes, batch, order, switches, training, heaviest)
+                        yield LayoutClass(sizes, batch, heaviest, variants, subgroups)
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Every candidate, each predicted, in generation order (the exhaustive search)."""
+        for group in self.classes():
+            for switches, training in group.variants:
+                yield self._candidate(group, switches, training)
+
+    def ranked(self) -> tuple[int, Iterator[Candidate]]:
+        """How many candidates there are, and the candidates in the order of
+        ``sorted(self.candidates(), key=key)``, predicted only as far as the caller reads.
+
+        Two bounds keep most candidates unpredicted. Recompute only adds work, to every
+        term: no switch setting runs faster than the same setting without recompute. And the
+        optimizer's sharding changes only the data-parallel term: no setting of a layout
+        class runs faster than one setting's step less that term. So each class is predicted
+        once and waits in a heap under that bound, ahead of every candidate it holds; when
+        it reaches the top, each optimizer setting is predicted without recompute and waits
+        under that; then its recompute settings are predicted. Ties keep generation order,
+        as the stable sort does. A candidate that beats its parent's bound raises
+        :class:`BoundMissed` (then :meth:`run` ranks exhaustively).
+        """
+        heap: list[_Entry] = []
+        count = 0
+        for index, group in enumerate(self.classes()):
+            count += len(group.variants)
+            head = group.subgroups[0][1]
+            if head is None:
+                for i, (switches, training) in enumerate(group.variants):
+                    c = self._candidate(group, switches, training)
+                    heap.append((c.key, (index, i), c, None))
+                continue
+            c = self._candidate(group, *group.variants[head])
+            p = c.prediction
+            # the fastest any optimizer setting can run: this step without its data-parallel
+            # term (a hair wider, against float rounding)
+            floor = p.step_time_s - p.breakdown.get("dp", 0.0)
+            bound = p.tokens_per_s_per_gpu * p.step_time_s / floor if floor > 0 else inf
+            heap.append((_bound_key(c, bound * (1 + 1e-9)), (index, -2), c, (group, None)))
+        heapq.heapify(heap)
+        return count, self._pop(heap)
+
+    def _pop(self, heap: list[_Entry]) -> Iterator[Candidate]:
+        """Pop ``heap`` in order, predicting a class's settings when its bound comes up."""
+        while heap:
+            entry = heapq.heappop(heap)
+            key, order, candidate, pending = entry
+            if pending is None:
+                yield candidate
+                continue
+            group, subgroup = pending
+            index = order[0]
+            children: list[_Entry] = []
+            if subgroup is not None:  # one optimizer setting: its recompute settings
+                for i in group.subgroups[subgroup][0]:
+                    c = candidate if i == order[2] else self._candidate(group, *group.variants[i])
+                    children.append((c.key, (index, i), c, None))
+            else:  # the class: each optimizer setting without recompute
+                for k, (members, head) in enumerate(group.subgroups):
+                    if head is None:
+                        for i in members:
+                            c = self._candidate(group, *group.variants[i])
+                            children.append((c.key, (index, i), c, None))
+                        continue
+                    c = candidate if k == 0 else self._candidate(group, *group.variants[head])
+                    bound = c.prediction.tokens_per_s_per_gpu * (1 + 1e-9)
+                    children.append((_bound_key(c, bound), (index, -1, head), c, (group, k)))
+            for child in children:
+                if child[:2] < entry[:2]:
+                    raise BoundMissed(child[2].label())
+                heapq.heappush(heap, child)
 
     def _variants(
         self, tp: int, chunk_layers: int, split: Mapping[str, Any]
@@ -430,14 +506,10 @@ class Tuner:
         ]
 
     def _candidate(
-        self,
-        sizes: Sizes,
-        batch: BatchPlan,
-        order: str,
-        switches: dict[str, Any],
-        training: TrainingSetup,
-        heaviest: int,
+        self, group: LayoutClass, switches: dict[str, Any], training: TrainingSetup
     ) -> Candidate:
+        sizes, batch, heaviest = group.sizes, group.batch, group.heaviest
+        order = self.order
         written = {**self._written("megatron"), **switches}
         recompute = training.recompute
         layout = Layout(
@@ -541,7 +613,17 @@ class Tuner:
         batches of b sequences each, with b * m fixed by the global batch), so once a layout
         does not fit at micro batch b, its larger micro batches are not estimated again.
         """
-        ranked = sorted(self.candidates(), key=lambda c: c.key)
+        try:
+            return self._walk(*self.ranked(), top)
+        except BoundMissed:
+            return self.run_exhaustive(top)
+
+    def run_exhaustive(self, top: int = 5) -> Result:
+        """:meth:`run` over every candidate predicted and sorted (the reference ranking)."""
+        everything = sorted(self.candidates(), key=lambda c: c.key)
+        return self._walk(len(everything), iter(everything), top)
+
+    def _walk(self, generated: int, ranked: Iterator[Candidate], top: int) -> Result:
         rows: list[Verified] = []
         refused: Counter[str] = Counter()
         walked: list[Candidate] = []
@@ -588,12 +670,68 @@ class Tuner:
         return Result(
             hardware=self.hardware,
             rows=tuple(rows),
-            generated=len(ranked),
+            generated=generated,
             fitting=fitting,
             estimated=len(walked),
             refused=dict(sorted(refused.items())),
             precision=self.precision,
         )
+
+
+class BoundMissed(Exception):
+    """A candidate ranked faster than its class's bound (see :meth:`Tuner.ranked`)."""
+
+
+@attrs.frozen
+class LayoutClass:
+    """Sizes, layer split and micro batch: the candidates that differ only in switches."""
+
+    sizes: Sizes
+    batch: BatchPlan
+    #: layers of the heaviest pipeline stage
+    heaviest: int
+    #: (launcher switches, training setup) the class may run, in generation order
+    variants: list[tuple[dict[str, Any], TrainingSetup]]
+    #: the variants' indices by optimizer setting, each with its head (:func:`_subgroups`)
+    subgroups: list[tuple[list[int], int | None]]
+
+
+#: a heap entry: sort key, generation order (ties), the candidate, and what it stands for
+#: (None: itself; else the class and its optimizer settings, or one setting's index)
+_Entry = tuple[tuple[Any, ...], tuple[int, ...], Candidate, Any]
+
+RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+
+
+def _subgroups(
+    variants: list[tuple[dict[str, Any], TrainingSetup]],
+) -> list[tuple[list[int], int | None]]:
+    """The variants by their switches other than recompute (the optimizer's sharding), each
+    with the one whose step bounds the rest: the first without recompute, or the first when
+    all recompute alike; None when neither (each is then predicted)."""
+    members: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+    for i, (switches, _) in enumerate(variants):
+        rest = tuple(sorted((k, v) for k, v in switches.items() if k not in RECOMPUTE_KEYS))
+        members.setdefault(rest, []).append(i)
+    found: list[tuple[list[int], int | None]] = []
+    for indices in members.values():
+        trainings = [variants[i][1] for i in indices]
+        head = next(
+            (i for i, t in zip(indices, trainings, strict=True) if t.recompute == "none"), None
+        )
+        kinds = {(t.recompute, t.recompute_method, t.recompute_num_layers) for t in trainings}
+        if head is None and len(kinds) == 1:
+            head = indices[0]
+        found.append((indices, head))
+    return found
+
+
+def _bound_key(candidate: Candidate, tokens_per_s: float) -> tuple[Any, ...]:
+    """A sort key ahead of every candidate of ``candidate``'s sizes and micro batch that
+    runs at most ``tokens_per_s``."""
+    L = candidate.layout
+    return (-round(tokens_per_s, 6), 0, L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp,
+            L.micro_batch_size, -1)  # fmt: skip
 
 
 def _slowest(sizes: Sizes, training: TrainingSetup) -> str:

@@ -1,0 +1,94 @@
+"""mdc tune's bounded search ranks exactly as predicting and sorting every candidate does."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.loaders import load_file
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.tune.search import Candidate, Result, Tuner
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
+MODELS = REPO / "tests" / "published" / "models.toml"
+
+
+def _spec(**edits: dict[str, Any]) -> dict[str, Any]:
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    for table, values in edits.items():
+        data.setdefault(table, {}).update(values)
+    return data
+
+
+def _qwen3(**edits: Any) -> dict[str, Any]:
+    model: dict[str, Any] = tomllib.loads(MODELS.read_text(encoding="utf-8"))["qwen3-30b-a3b"]
+    return {"model": model["model"] | {"dtype": "bf16"} | edits}
+
+
+SMALL = {"nnodes": 2}
+SPECS = {
+    # 78 layers: uneven pipeline splits (first/last stage, embedding and loss as layers)
+    "dense-uneven": _spec(distributed=SMALL, batch={"global_batch_size": 64},
+                          model={"num_layers": 78}),
+    "dense-fp8": _spec(distributed=SMALL, batch={"global_batch_size": 64},
+                       model={"dtype": "fp8"}),
+    # 128 experts: ep x etp multiply the layouts; 46 layers do not divide by pp 4, 8, 16
+    "moe-uneven": _spec(distributed=SMALL, batch={"global_batch_size": 64},
+                        **_qwen3(num_layers=46)),
+    # recompute held as written: every candidate of a class recomputes alike
+    "moe-held-recompute": _spec(
+        distributed=SMALL, batch={"global_batch_size": 64},
+        megatron={"recompute_granularity": "full", "recompute_method": "uniform",
+                  "recompute_num_layers": 1},
+        **_qwen3(),
+    ),
+}  # fmt: skip
+
+
+def _tuner(name: str, tmp_path: Path) -> Tuner:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(SPECS[name]), encoding="utf-8")
+    return Tuner(Compiler(load_plugins(autoload=False)), load_file(str(path)))
+
+
+def _seen(candidates: list[Candidate]) -> list[tuple[Any, ...]]:
+    return [
+        (c.key, c.label(), sorted(c.switches.items()), c.memory_bytes, c.prediction)
+        for c in candidates
+    ]
+
+
+def _shown(result: Result) -> tuple[Any, ...]:
+    rows = [
+        (r.candidate.label(), r.candidate.key, r.candidate.prediction, r.data) for r in result.rows
+    ]
+    return (rows, result.generated, result.fitting, result.estimated, result.refused)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_bounded_ranking_is_the_exhaustive_sort(name: str, tmp_path: Path) -> None:
+    tuner = _tuner(name, tmp_path)
+    everything = sorted(tuner.candidates(), key=lambda c: c.key)
+    count, ranked = tuner.ranked()
+    # read to the end: every bound is checked against the candidates it stood for
+    assert count == len(everything) > 100
+    assert _seen(list(ranked)) == _seen(everything)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_search_result_equals_the_exhaustive_one(name: str, tmp_path: Path) -> None:
+    tuner = _tuner(name, tmp_path)
+    exhaustive = tuner.run_exhaustive(top=8)
+    walked = _seen(tuner.walked)
+    bounded = tuner.run(top=8)
+    assert bounded.rows, "no layout found: the comparison would be empty"
+    assert _shown(bounded) == _shown(exhaustive)
+    assert _seen(tuner.walked) == walked
+    # the walk went past candidates that do not fit: the bounds were tested below the top
+    assert bounded.estimated > bounded.fitting
