@@ -274,7 +274,9 @@ class Tuner:
             for ep, etp in self._experts(tp, pp, world, moe):
                 for split, vpp, heaviest in self._splits(pp):
                     variants = self._variants(tp, -(-heaviest // vpp), split)
-                    subgroups = self._subgroup_cache.setdefault(id(variants), _subgroups(variants))
+                    subgroups = self._subgroup_cache.get(id(variants))
+                    if subgroups is None:
+                        subgroups = self._subgroup_cache[id(variants)] = _subgroups(variants)
                     for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
                         if gbs % (mbs * dp):
                             continue
