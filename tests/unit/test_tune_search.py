@@ -12,6 +12,7 @@ import pytest
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
+from mdc.tune import search
 from mdc.tune.search import Candidate, Result, Tuner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,3 +93,16 @@ def test_search_result_equals_the_exhaustive_one(name: str, tmp_path: Path) -> N
     assert _seen(tuner.walked) == walked
     # the walk went past candidates that do not fit: the bounds were tested below the top
     assert bounded.estimated > bounded.fitting
+
+
+def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exhaustive = _tuner("moe-held-recompute", tmp_path).run_exhaustive(top=4)
+    real = search._bound_key
+    # bounds at half the speed: the first class predicted in full beats its own bound
+    monkeypatch.setattr(search, "_bound_key", lambda c, tokens: real(c, tokens / 2))
+    tuner = _tuner("moe-held-recompute", tmp_path)
+    with pytest.raises(search.BoundMissed):
+        list(tuner.ranked()[1])
+    assert _shown(tuner.run(top=4)) == _shown(exhaustive)
