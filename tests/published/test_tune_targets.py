@@ -24,7 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# one worker computes the module's fixtures (minutes of tune searches) once, under pytest-xdist
+# one worker computes the fixtures (minutes of tune searches) once, under pytest-xdist; they are
+# session-scoped because a worker may run other modules' tests between this module's, which
+# would tear a module-scoped fixture down and search again
 pytestmark = pytest.mark.xdist_group("tune-targets")
 
 
@@ -37,13 +39,13 @@ def _module(name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def accuracy() -> float:
     fit = _module("tune_fit")
     return float(fit.within(fit.cases(), fit.DEFAULT))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def targets() -> dict[str, Any]:
     from mdc.pipeline import Compiler
     from mdc.plugin_manager import load_plugins
