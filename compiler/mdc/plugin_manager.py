@@ -9,9 +9,10 @@ mdc's own entry points are imported only when a command needs one of their
 records: each registers exactly one record named like its entry point, of the
 kind its module path says (``mdc_builtin.launchers.NAME``; a test checks this
 against loading them all), so their names are known without importing them. The
-entry points in mdc's own metadata are the one list of built-ins. Third-party plugins are always imported up front, so a broken one fails
-every command as before; a third-party record whose name clashes with a
-built-in makes every plugin load up front, for the same errors as before.
+entry points in mdc's own metadata are the one list of built-ins. Third-party
+plugins are always imported up front, so a broken one fails every command as before;
+a third-party record whose name clashes with a built-in makes every plugin load up
+front, for the same errors as before.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib
 import os
 import re
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -383,13 +385,32 @@ def _load_builtin(
     return found[ep.name]
 
 
+#: what pluggy can take a hook implementation from (see pluggy's ``_static_hook_attr``)
+_HOOKABLE = (types.FunctionType, types.MethodType, staticmethod, classmethod)
+
+
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, told at once that a module's other names are no hooks.
+
+    ``register`` asks :meth:`parse_hookimpl_opts` about every name of a plugin, and pluggy
+    looks each up with ``inspect.getattr_static``, which was a tenth of loading a built-in
+    plugin. A module's names are its ``__dict__``, so a value there that no hook can be
+    (a class, a constant, an imported module) is answered here; pluggy judges the rest.
+    """
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        if isinstance(plugin, ModuleType) and not isinstance(vars(plugin).get(name), _HOOKABLE):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
 def _manager(
     eps: Sequence[EntryPoint],
     extra: Sequence[tuple[str, object, PluginOrigin]],
     trace: Callable[[str], Any] | None,
 ) -> tuple[pluggy.PluginManager, dict[str, PluginOrigin]]:
     """A plugin manager with ``eps`` imported and ``extra`` registered."""
-    manager = pluggy.PluginManager(GROUP)
+    manager = _PluginManager(GROUP)
     manager.add_hookspecs(hookspecs)
     if trace is not None:
         manager.trace.root.setwriter(trace)
