@@ -23,7 +23,6 @@ import re
 import sys
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -160,13 +159,18 @@ _OBJECT_REFERENCE = re.compile(
 _INFO_SUFFIXES = (".dist-info", ".egg-info")
 
 
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
 def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str) -> str | None:
+    # os.path and open, not pathlib: this runs for every distribution on sys.path
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as file:
+            return file.read()
     except OSError:
         return None
 
@@ -205,8 +209,8 @@ def _scan(group: str) -> list[EntryPoint] | None:
             if normalized in seen:
                 continue
             seen.add(normalized)
-            info = Path(root, child)
-            text = _read(info / "entry_points.txt")
+            info = os.path.join(root, child)
+            text = _read(os.path.join(info, "entry_points.txt"))
             if not text or f"[{group}]" not in text:
                 continue
             pairs = _section(text, group)
@@ -232,9 +236,9 @@ def _section(text: str, group: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _name_version(info: Path) -> tuple[str, str]:
+def _name_version(info: str) -> tuple[str, str]:
     """The Name and Version headers of a distribution's METADATA (PKG-INFO for eggs)."""
-    text = _read(info / "METADATA") or _read(info / "PKG-INFO") or ""
+    text = _read(os.path.join(info, "METADATA")) or _read(os.path.join(info, "PKG-INFO")) or ""
     headers: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
