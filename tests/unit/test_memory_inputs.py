@@ -197,6 +197,37 @@ def test_grad_reduce_in_bf16_halves_the_gradients(compiler: Compiler, tmp_path: 
     assert bf16.total == fp32.total - 2 * fp32.params_total
 
 
+def test_fp16_gradients_take_two_bytes_unless_accumulated_in_fp32(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-LM turns on fp32 gradient accumulation and all-reduce for bf16 only
+    (validate_args); megatron-core's buffer otherwise holds the parameter's dtype."""
+    model = {**LLAMA3_70B, "dtype": "fp16"}
+    fp16 = estimate_of(compiler, tmp_path, spec("megatron", model=model))
+    assert fp16.gradients == 2 * fp16.params_total
+    for table in (
+        {"accumulate_allreduce_grads_in_fp32": True},
+        {"extra_args": ["--accumulate-allreduce-grads-in-fp32"]},
+    ):
+        fp32 = estimate_of(compiler, tmp_path, spec("megatron", table, model=model))
+        assert fp32.gradients == 4 * fp32.params_total
+    fp32_model = {**LLAMA3_70B, "dtype": "fp32"}
+    plain = estimate_of(compiler, tmp_path, spec("megatron", model=fp32_model))
+    assert plain.gradients == 4 * plain.params_total
+
+
+def test_fp32_accumulation_with_bf16_main_gradients_is_refused(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    table = {
+        "accumulate_allreduce_grads_in_fp32": True,
+        "use_precision_aware_optimizer": True,
+        "main_grads_dtype": "bf16",
+    }
+    (error,) = refusal(compiler, tmp_path, spec("megatron", table))
+    assert "MDC356" in error and "can only be fp32" in error
+
+
 def test_fp8_parameters_keep_the_layers_in_one_byte(compiler: Compiler, tmp_path: Path) -> None:
     model = {**LLAMA3_70B, "dtype": "fp8"}
     table = {"fp8_param_gather": True, "fp8_recipe": "tensorwise"}

@@ -784,7 +784,7 @@ def stage_estimates(
     none = (_LayerParams(dense=0, expert=0), Fraction(0))
     w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
     layer_w = Fraction(training.layer_weight_bytes or w)
-    g = training.grad_bytes or w
+    g = training.gradient_bytes(shape.dtype) or w
     o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
     on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
     stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None

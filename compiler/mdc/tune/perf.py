@@ -507,7 +507,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=t.recompute_num_layers
         if t.recompute == "full" and t.recompute_method == "block" else None,
-        zero_stage=t.zero_stage, grad_bytes=t.grad_bytes or 4,
+        zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
         stage_layers=memory.stage_layers, order=plan.layout.order,
