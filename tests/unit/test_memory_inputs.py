@@ -216,6 +216,25 @@ def test_fp16_gradients_take_two_bytes_unless_accumulated_in_fp32(
     assert plain.gradients == 4 * plain.params_total
 
 
+def test_the_optimizer_step_copies_16_bit_gradients_to_fp32(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-Core's mixed-precision optimizers step on ``main_grad.float()``: a 2-byte
+    buffer is copied (4 bytes per parameter of the optimizer's shard), while the step runs,
+    when the activations are gone: the peak is the larger of the two."""
+    model = {**LLAMA3_70B, "dtype": "fp16"}
+    dp = 64  # spec(): 16 nodes x 4 GPUs, tp = pp = 1
+    for table, shard in (({}, dp), ({"use_distributed_optimizer": False}, 1)):
+        m = estimate_of(compiler, tmp_path, spec("megatron", table, model=model))
+        assert abs(m.step_gradients - 4 * m.params_per_gpu / shard) <= 1
+        state = m.weights + m.gradients + m.optimizer
+        assert m.total == state + max(m.activations, m.step_gradients)
+    reduced = estimate_of(compiler, tmp_path, spec("megatron", {"grad_reduce_in_bf16": True}))
+    assert reduced.step_gradients > 0
+    for table in ({}, {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"}):
+        assert estimate_of(compiler, tmp_path, spec("megatron", table)).step_gradients == 0
+
+
 def test_fp32_accumulation_with_bf16_main_gradients_is_refused(
     compiler: Compiler, tmp_path: Path
 ) -> None:

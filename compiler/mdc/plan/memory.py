@@ -465,6 +465,9 @@ class MemoryEstimate:
     total: int
     #: accelerator_memory_gib in bytes; None: no fit check
     capacity: int | None = None
+    #: the optimizer step's wider copy of the gradients (TrainingSetup.step_grad_bytes),
+    #: held while the step runs, when the activations are freed: the total counts the larger
+    step_gradients: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -849,6 +852,8 @@ def stage_estimates(
         optimizer = _ceil(
             sharded(o * on_gpu, 1) + (o_ends - o) * on_gpu * sharded(Fraction(1), 1, ends, 0)
         )
+        step_copy = training.step_grad_bytes if g < training.step_grad_bytes else 0
+        step_gradients = _ceil(sharded(step_copy * on_gpu, 1))
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
@@ -871,8 +876,9 @@ def stage_estimates(
                 gradients=gradients,
                 optimizer=optimizer,
                 activations=activations,
-                total=weights + gradients + optimizer + activations,
+                total=weights + gradients + optimizer + max(activations, step_gradients),
                 capacity=capacity,
+                step_gradients=step_gradients,
             )
         )
     return found

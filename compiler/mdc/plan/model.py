@@ -122,6 +122,11 @@ class TrainingSetup:
     #: it differs from grad_bytes (Megatron-LM keeps an fp16 model's gradients in fp16
     #: unless --accumulate-allreduce-grads-in-fp32); see :meth:`gradient_bytes`
     dtype_grad_bytes: tuple[tuple[str, int], ...] = ()
+    #: bytes per parameter of the copy the optimizer step makes of a narrower gradient
+    #: buffer, sharded as the optimizer state and alive only while the step runs (Megatron's
+    #: mixed-precision optimizers: ``main_grad.float()``, 4); the peak holds it or the
+    #: activations, whichever is larger. 0: no copy
+    step_grad_bytes: int = 0
     #: activations split over tp along the sequence (Megatron --sequence-parallel)
     sequence_parallel: bool = False
     #: activation recomputation: "none", "selective" (attention core) or "full"

@@ -133,6 +133,9 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         replicas=opts.num_distributed_optimizer_instances or 1,
         grad_bytes=_grad_bytes(opts),
         dtype_grad_bytes=_dtype_grad_bytes(opts),
+        # Megatron's optimizers step on fp32 gradients: a 16-bit buffer is copied
+        # (`main_grad.float()`), unless the precision-aware optimizer steps on it directly
+        step_grad_bytes=0 if opts.use_precision_aware_optimizer else 4,
         sequence_parallel=opts.sequence_parallel is not False,
         recompute=opts.recompute_granularity or "none",
         pipeline=pipeline_split(opts),
