@@ -91,6 +91,13 @@ def _sizes(L: Any) -> dict[str, int]:
             "mbs": L.micro_batch_size}  # fmt: skip
 
 
+def _class_sizes(group: Any) -> dict[str, int]:
+    """:func:`_sizes` of every candidate of a layout class (without predicting them)."""
+    s = group.sizes
+    return {"tp": s.tp, "pp": s.pp, "cp": s.cp, "ep": s.ep, "vpp": s.vpp or 1,
+            "mbs": group.batch.micro_batch_size}  # fmt: skip
+
+
 def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[dict[str, Any]]:
     """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
     published layout fits the plan's estimate, and the best layout mdc found."""
@@ -129,8 +136,7 @@ def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[d
         gap = None
         own = [
             c.prediction.tokens_per_s_per_gpu
-            for c in tuner.candidates()
-            if _sizes(c.layout) == want
+            for c in tuner.candidates(lambda group, want=want: _class_sizes(group) == want)
         ]
         if own and result.rows:
             top = result.rows[0].candidate.prediction.tokens_per_s_per_gpu

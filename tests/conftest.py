@@ -84,6 +84,20 @@ def shared_crds() -> Path:
     return found
 
 
+#: the xdist_group of the tests that start real multi-process runs on loopback ports
+LOOPBACK = "loopback"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test in the xdist_group "loopback" also carries the marker ``loopback``: scripts/test
+    runs ``-m "not loopback"`` with a worker per core, then ``-m loopback`` in one process."""
+    for item in items:
+        groups = {m.kwargs.get("name", *m.args[:1]) for m in item.iter_markers("xdist_group")}
+        if LOOPBACK in groups:
+            item.add_marker(LOOPBACK)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI every tier runs: scripts/test installs what each needs, so a skip is a failure."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

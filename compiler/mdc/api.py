@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from json.encoder import encode_basestring as _json_string
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
@@ -283,6 +285,31 @@ class BackendSpec:
     reads: tuple[str, ...] = ()
 
 
+#: False while a backend's emit runs for a command that writes no tree (see files_written)
+_FILES_WRITTEN: ContextVar[bool] = ContextVar("mdc_files_written", default=True)
+
+
+def files_written() -> bool:
+    """Whether the files a backend's ``emit`` returns are written (``mdc compile``).
+
+    False while ``mdc validate`` and ``mdc explain`` run it: they check the files' paths
+    and drop the files, so a backend may leave out what only the bytes need (e.g. the
+    YAML text of ``Artifact(path=..., data=b"")``), as long as it still raises every
+    error that producing them would raise.
+    """
+    return _FILES_WRITTEN.get()
+
+
+@contextmanager
+def _writing_files(written: bool) -> Iterator[None]:
+    """Run a backend's emit with :func:`files_written` answering ``written``."""
+    token = _FILES_WRITTEN.set(written)
+    try:
+        yield
+    finally:
+        _FILES_WRITTEN.reset(token)
+
+
 def read_schema(package: str, resource: str) -> dict[str, Any]:
     """Load a JSON Schema fragment shipped as package data of ``package``."""
     loaded: dict[str, Any] = json.loads(package_text(package, resource))
@@ -341,6 +368,7 @@ __all__ = [
     "command_pointer",
     "around_launch",
     "drop_flags",
+    "files_written",
     "flag_names",
     "out_file",
     "parse_layout",

@@ -25,6 +25,7 @@ from mdc.api import (
     Role,
     Severity,
     TrainingSetup,
+    _writing_files,
 )
 from mdc.convert import structure_spec
 from mdc.describe import plan_json
@@ -251,11 +252,12 @@ class Compiler:
         own = [*launched.files]
         if tree:
             own.append(Artifact.json(PLAN, plan_json(plan, launch)))
-        scheduler = _call(
-            backend_reg,
-            "emit",
-            lambda: list(backend.emit(plan, launched, plan.options.get(backend.name))),
-        )
+        with _writing_files(tree):  # without a tree the backend's files are dropped
+            scheduler = _call(
+                backend_reg,
+                "emit",
+                lambda: list(backend.emit(plan, launched, plan.options.get(backend.name))),
+            )
         # without the tree, plan.json's path is still taken
         reserved = (emit.MANIFEST,) if tree else (emit.MANIFEST, PLAN)
         _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler], reserved=reserved))

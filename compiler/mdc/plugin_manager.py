@@ -9,9 +9,10 @@ mdc's own entry points are imported only when a command needs one of their
 records: each registers exactly one record named like its entry point, of the
 kind its module path says (``mdc_builtin.launchers.NAME``; a test checks this
 against loading them all), so their names are known without importing them. The
-entry points in mdc's own metadata are the one list of built-ins. Third-party plugins are always imported up front, so a broken one fails
-every command as before; a third-party record whose name clashes with a
-built-in makes every plugin load up front, for the same errors as before.
+entry points in mdc's own metadata are the one list of built-ins. Third-party
+plugins are always imported up front, so a broken one fails every command as before;
+a third-party record whose name clashes with a built-in makes every plugin load up
+front, for the same errors as before.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import importlib
 import os
 import re
 import sys
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -158,13 +159,18 @@ _OBJECT_REFERENCE = re.compile(
 _INFO_SUFFIXES = (".dist-info", ".egg-info")
 
 
+_SEPARATORS = re.compile(r"[-_.]+")
+
+
 def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower().replace("-", "_")
+    return _SEPARATORS.sub("-", name).lower().replace("-", "_")
 
 
-def _read(path: Path) -> str | None:
+def _read(path: str) -> str | None:
+    # os.path and open, not pathlib: this runs for every distribution on sys.path
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as file:
+            return file.read()
     except OSError:
         return None
 
@@ -203,8 +209,8 @@ def _scan(group: str) -> list[EntryPoint] | None:
             if normalized in seen:
                 continue
             seen.add(normalized)
-            info = Path(root, child)
-            text = _read(info / "entry_points.txt")
+            info = os.path.join(root, child)
+            text = _read(os.path.join(info, "entry_points.txt"))
             if not text or f"[{group}]" not in text:
                 continue
             pairs = _section(text, group)
@@ -230,9 +236,9 @@ def _section(text: str, group: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _name_version(info: Path) -> tuple[str, str]:
+def _name_version(info: str) -> tuple[str, str]:
     """The Name and Version headers of a distribution's METADATA (PKG-INFO for eggs)."""
-    text = _read(info / "METADATA") or _read(info / "PKG-INFO") or ""
+    text = _read(os.path.join(info, "METADATA")) or _read(os.path.join(info, "PKG-INFO")) or ""
     headers: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -383,13 +389,32 @@ def _load_builtin(
     return found[ep.name]
 
 
+#: what pluggy can take a hook implementation from (see pluggy's ``_static_hook_attr``)
+_HOOKABLE = (types.FunctionType, types.MethodType, staticmethod, classmethod)
+
+
+class _PluginManager(pluggy.PluginManager):
+    """pluggy's manager, told at once that a module's other names are no hooks.
+
+    ``register`` asks :meth:`parse_hookimpl_opts` about every name of a plugin, and pluggy
+    looks each up with ``inspect.getattr_static``, which was a tenth of loading a built-in
+    plugin. A module's names are its ``__dict__``, so a value there that no hook can be
+    (a class, a constant, an imported module) is answered here; pluggy judges the rest.
+    """
+
+    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
+        if isinstance(plugin, ModuleType) and not isinstance(vars(plugin).get(name), _HOOKABLE):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
+
+
 def _manager(
     eps: Sequence[EntryPoint],
     extra: Sequence[tuple[str, object, PluginOrigin]],
     trace: Callable[[str], Any] | None,
 ) -> tuple[pluggy.PluginManager, dict[str, PluginOrigin]]:
     """A plugin manager with ``eps`` imported and ``extra`` registered."""
-    manager = pluggy.PluginManager(GROUP)
+    manager = _PluginManager(GROUP)
     manager.add_hookspecs(hookspecs)
     if trace is not None:
         manager.trace.root.setwriter(trace)

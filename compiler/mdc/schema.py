@@ -68,23 +68,41 @@ def _core_schema_text() -> str:
     return package_text("mdc_schemas", CORE_SCHEMA)
 
 
+@functools.cache
+def _shared_core_schema() -> dict[str, Any]:
+    """The core schema, read once (validate composes it again as each plugin's table arrives)."""
+    return core_schema()
+
+
 def compose(
     tables: Mapping[str, Mapping[str, Any] | None],
     launchers: Iterable[str],
     backends: Iterable[str],
 ) -> dict[str, Any]:
-    """The core schema plus each plugin's table fragment, with the plugin names as enums."""
-    schema = core_schema()
-    dist = schema["properties"]["distributed"]["properties"]
-    dist["launcher"]["enum"] = sorted(launchers)
-    dist["backend"]["enum"] = sorted(backends)
+    """The core schema plus each plugin's table fragment, with the plugin names as enums.
+
+    The core schema and the fragments are shared, not copied (nothing changes a schema once
+    built): only the members this sets are new, in the places a copy would hold them.
+    """
+    core = _shared_core_schema()
+    distributed = core["properties"]["distributed"]
+    named = distributed["properties"]
+    properties = {
+        **core["properties"],
+        "distributed": {
+            **distributed,
+            "properties": {
+                **named,
+                "launcher": {**named["launcher"], "enum": sorted(launchers)},
+                "backend": {**named["backend"], "enum": sorted(backends)},
+            },
+        },
+    }
     for name in sorted(tables):
         fragment = tables[name]
-        if fragment is not None:  # shared, not copied: nothing changes a schema once built
-            schema["properties"][name] = {
-                k: v for k, v in fragment.items() if k not in ("$schema", "$id")
-            }
-    return schema
+        if fragment is not None:
+            properties[name] = {k: v for k, v in fragment.items() if k not in ("$schema", "$id")}
+    return {**core, "properties": properties}
 
 
 def _python_type(value: object) -> str:
@@ -350,7 +368,7 @@ class ComposedChecker:
         self.tables = tuple(sorted(tables))
         self._fragment = fragment
         self._launchers, self._backends = tuple(launchers), tuple(backends)
-        self._core = frozenset(core_schema()["properties"])
+        self._core = frozenset(_shared_core_schema()["properties"])
         self._fetched: dict[str, Mapping[str, Any] | None] = {}
         self._checker: SchemaChecker | None = None
 

@@ -673,7 +673,7 @@ def test_deepspeed_trains_one_step_on_every_rank(
     assert argv[0] == runner == want["runner"]
 
     code, output, seconds = LOCAL_RUN.run_job(out, reports, token, timeout=DS_RUN_TIMEOUT)
-    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{output[-6000:]}"
+    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{LOCAL_RUN.excerpt(output)}"
     assert not LOCAL_RUN.leftovers(token), "processes left behind after a successful run"
 
     world, nproc, nnodes = want["world"], want["nproc"], want["nnodes"]

@@ -25,6 +25,7 @@ from tests.integration.test_local_run import (
     REPO,
     TOKEN_VARIABLE,
     VENV_BIN,
+    excerpt,
     leftovers,
     run_job,
     token,
@@ -79,7 +80,7 @@ def test_example_runs_every_rank_once(
     plan = compile_spec(f"examples/{example}", out)
     assert (plan["launcher"], plan["nnodes"], plan["nproc_per_node"]) == ("basic", nnodes, nproc)
     code, output, seconds = run_job(out, reports, token)
-    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{output[-6000:]}"
+    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{excerpt(output)}"
     assert not leftovers(token), "processes left behind after a successful run"
     check_reports(plan, reports)
 
@@ -117,7 +118,7 @@ def test_a_shared_rendezvous_file_is_passed_as_init_method(
     reports.mkdir()
     plan = compile_spec(spec, out)
     code, output, seconds = run_job(out, reports, token)
-    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{output[-6000:]}"
+    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{excerpt(output)}"
     assert not leftovers(token)
     check_reports(plan, reports, init_method=f"file://{rendezvous}")
 

@@ -69,6 +69,14 @@ def leftovers(token: str, grace: float = 5.0) -> list[str]:
     return lines
 
 
+def excerpt(output: str, head: int = 3000, tail: int = 6000) -> str:
+    """A failed run's output for the assertion message: its start (where the first failure
+    of a node or rank is) and its end (how the others were stopped)."""
+    if len(output) <= head + tail:
+        return output
+    return f"{output[:head]}\n[... {len(output) - head - tail} characters ...]\n{output[-tail:]}"
+
+
 def run_job(
     out: Path, reports: Path, token: str, timeout: float = RUN_TIMEOUT
 ) -> tuple[int, str, float]:
@@ -151,7 +159,7 @@ def test_example_runs_every_rank_once(
     assert flag in worker, worker
 
     code, output, seconds = run_job(out, reports, token)
-    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{output[-6000:]}"
+    assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{excerpt(output)}"
     assert not leftovers(token), "processes left behind after a successful run"
 
     files = sorted(p.name for p in reports.iterdir())

@@ -398,3 +398,93 @@ def test_importing_the_backends_loads_no_yaml_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------- commands that write no files
+
+
+@pytest.mark.parametrize(
+    ("docs", "plain"),
+    [
+        ([{"a": [1, True, None, "x\n", ("t",)], 2: {"b": {}}}], True),
+        ([{"a": 1.5}], False),  # the writer refuses it
+        ([{"a": [{"b": 1.5}]}], False),
+        ([{"a": b"bytes"}], False),  # another type: only the writer knows
+        ([{"a": "é"}], False),
+        ([{"é": 1}], False),
+        ([{"a": True.__class__.__mro__}], False),  # a tuple holding types
+    ],
+    ids=repr,
+)
+def test_plainly_writable(docs: list[dict[Any, Any]], plain: bool) -> None:
+    assert k8s.plainly_writable(docs) is plain
+    if plain:
+        k8s.dump_yaml(docs)  # writes (tuples and int keys read back as lists and strings)
+
+
+def test_a_structure_inside_itself_is_left_to_the_writer() -> None:
+    inner: list[Any] = []
+    inner.append(inner)
+    assert not k8s.plainly_writable([{"a": inner}])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(docs=documents(_STRINGS))
+def test_what_is_called_plainly_writable_is_written(docs: list[dict[str, Any]]) -> None:
+    if k8s.plainly_writable(docs):
+        check(docs)
+
+
+def test_validate_writes_no_yaml_and_refuses_what_the_writer_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """validate (``tree=False``) skips writing plain documents; a value the writer refuses
+    is refused by validate and compile alike, in the same words."""
+    from mdc.errors import PluginError
+    from mdc_builtin.backends import kubernetes
+
+    writes: list[int] = []
+    real = k8s.dump_yaml
+
+    def counted(docs: Sequence[Mapping[str, Any]]) -> str:
+        writes.append(len(docs))
+        return real(docs)
+
+    monkeypatch.setattr(k8s, "dump_yaml", counted)
+    compiler = Compiler(load_plugins(autoload=False))
+    spec = REPO / "examples" / "k8s-torchrun-2x8.toml"
+    compiler.compile(spec, tree=False)
+    assert writes == []
+    tree = compiler.compile(spec).tree
+    assert writes == [3] and any(a.path == "kubernetes/job.yaml" and a.data for a in tree)
+
+    documents = kubernetes.documents
+
+    def with_a_float(*args: Any) -> list[dict[str, Any]]:
+        return [*documents(*args), {"ratio": 0.5}]
+
+    monkeypatch.setattr(kubernetes, "documents", with_a_float)
+    refusals = []
+    for tree_wanted in (False, True):
+        with pytest.raises(PluginError) as caught:
+            compiler.compile(spec, tree=tree_wanted)
+        refusals.append(caught.value.render())
+    assert refusals[0] == refusals[1] and "cannot write float 0.5 as YAML" in refusals[0]
+
+
+@pytest.mark.slow
+def test_validating_a_toml_kubernetes_spec_loads_no_yaml_library() -> None:
+    code = (
+        "import sys\nfrom mdc.cli import main\n"
+        "assert main(['validate', 'examples/k8s-torchrun-2x8.toml']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ruamel', 'yaml')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -181,33 +181,39 @@ def test_each_layout_key_changes_the_count_by_its_own_term() -> None:
 # ------------------------------------------------------------------ megatron-core, per rank
 
 MEGATRON_WORKER = r"""
+# torch and megatron-core are imported once, here; the ranks are forked from this process
+# (each spawned rank would import them again: about 5 CPU seconds a rank)
 import json, os, sys, warnings
 
+warnings.simplefilter("ignore")
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from megatron.core import parallel_state as ps
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_decoder_block_spec, get_gpt_mtp_block_spec)
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.transformer.transformer_config import (
+    MLATransformerConfig, TransformerConfig)
+# With tied embeddings and pp > 1, megatron moves the last stage's copy to CUDA
+# before its all-reduce; on CPU, leave it where it is. Learned softmax offsets
+# (attention sinks) are allocated on the current CUDA device: use the CPU.
+torch.Tensor.cuda = lambda self, *args, **kwargs: self
+torch.cuda.current_device = lambda: "cpu"
+from megatron.core.transformer import multi_latent_attention
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+# megatron-core's MLA reads HAVE_TE from an import that succeeds without Transformer
+# Engine installed (leaving TELinear None); this environment has none
+multi_latent_attention.HAVE_TE = False
+
+
+class LatentCoreAttention(DotProductAttention):
+    def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
 def worker(rank, world, port, cases, out):
-    warnings.simplefilter("ignore")
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_decoder_block_spec, get_gpt_mtp_block_spec)
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import (
-        MLATransformerConfig, TransformerConfig)
-    # With tied embeddings and pp > 1, megatron moves the last stage's copy to CUDA
-    # before its all-reduce; on CPU, leave it where it is. Learned softmax offsets
-    # (attention sinks) are allocated on the current CUDA device: use the CPU.
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    torch.cuda.current_device = lambda: "cpu"
-    from megatron.core.transformer import multi_latent_attention
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    # megatron-core's MLA reads HAVE_TE from an import that succeeds without Transformer
-    # Engine installed (leaving TELinear None); this environment has none
-    multi_latent_attention.HAVE_TE = False
-
-    class LatentCoreAttention(DotProductAttention):
-        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
-            super().__init__(*args, **kwargs)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = []
@@ -266,12 +272,11 @@ def worker(rank, world, port, cases, out):
 
 if __name__ == "__main__":
     import socket
-    import torch.multiprocessing as mp
     cases, out, world = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(world, port, cases, out), nprocs=world)
+    mp.start_processes(worker, args=(world, port, cases, out), nprocs=world, start_method="fork")
 """
 
 SMALL_GQA = {

@@ -106,3 +106,24 @@ def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
     with pytest.raises(search.BoundMissed):
         list(tuner.ranked()[1])
     assert _shown(tuner.run(top=4)) == _shown(exhaustive)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_state_floor_rules_out_only_what_the_full_estimate_does(
+    name: str, tmp_path: Path
+) -> None:
+    full = _tuner(name, tmp_path)
+    full.state_floor = False
+    reference = full.run(top=8)
+    tuner = _tuner(name, tmp_path)
+    result = tuner.run(top=8)
+    assert _shown(result) == _shown(reference)
+    # the walk skipped the full estimate of some candidates (their state alone is too big) ...
+    skipped = [c for c in tuner.walked if c.memory_bytes is None]
+    assert 0 < len(skipped) < len(tuner.walked)
+    # ... which the full estimate rules out too; the picture estimates them as before
+    estimated = tuner.sample(limit=10**6)
+    assert _seen(estimated) == _seen(full.walked)
+    ruled_out = [e for c, e in zip(tuner.walked, estimated, strict=True) if c.memory_bytes is None]
+    assert len(ruled_out) == len(skipped)
+    assert all(e.memory_bytes is not None and e.memory_bytes > tuner.capacity for e in ruled_out)

@@ -114,6 +114,17 @@ def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
 
 def _too_deep(data: object) -> str | None:
     """The pointer of the first value nested deeper than :data:`MAX_DEPTH`, if any."""
+    level, depth = [data], 0  # first whether any is, level by level, building no pointers
+    while level and depth <= MAX_DEPTH:
+        below: list[object] = []
+        for value in level:
+            if isinstance(value, dict):
+                below.extend(value.values())
+            elif isinstance(value, list):
+                below.extend(value)
+        level, depth = below, depth + 1
+    if not level:
+        return None
     stack = [(data, "", 0)]
     while stack:
         value, here, depth = stack.pop()

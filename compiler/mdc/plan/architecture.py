@@ -185,14 +185,17 @@ def pattern_of(model: ModelTable) -> LayerPattern:
     pattern = model.hybrid_override_pattern
     if pattern is not None and len(pattern) == layers:
         return LayerPattern(layers=layers, hybrid=pattern)
-    compress = model.csa_compress_ratios if dsv4_of(model) else None
+    # tuples, also from a [model] table built with lists: the pattern is hashed (it keys the
+    # estimate's cached pieces)
+    ratios = model.csa_compress_ratios
+    compress = tuple(ratios) if ratios is not None and dsv4_of(model) else None
     if not model.num_experts:
         return LayerPattern(layers=layers, compress=compress)
     freq = model.moe_layer_freq if model.moe_layer_freq is not None else 1
     if isinstance(freq, int):
         return LayerPattern(layers=layers, moe_every=freq, compress=compress)
     if len(freq) == layers:
-        return LayerPattern(layers=layers, moe_list=freq, compress=compress)
+        return LayerPattern(layers=layers, moe_list=tuple(freq), compress=compress)
     # refused by rules(); count every layer
     return LayerPattern(layers=layers, moe_every=1, compress=compress)
 

@@ -101,6 +101,7 @@ activations, vocabulary padding.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from fractions import Fraction
@@ -124,7 +125,7 @@ from mdc.plan.architecture import (
 )
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
-from mdc.plan.stages import Model, StageLayers, split_layers
+from mdc.plan.stages import Model, PipelineSplit, StageLayers, split_layers
 from mdc.spec import ModelTable
 
 GIB = 1 << 30
@@ -140,10 +141,19 @@ HEADROOM = Fraction(9, 10)
 #: levers shown in the hint of a memory error
 MAX_LEVERS = 4
 
+#: The estimate's pieces are pure functions of hashable arguments, and a layout search
+#: estimates thousands of layouts of one model that share most of them (the same stage's
+#: parameters under every micro batch and recompute setting, the same activations under
+#: every optimizer setting): those pieces are cached, bounded so a long-lived process does
+#: not grow without end. A cached piece takes only the values it reads, so its key is
+#: complete by construction.
+_cached = functools.lru_cache(maxsize=1 << 14)
 
-@attrs.frozen(kw_only=True)
+
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Shape:
-    """The model's shape with every default resolved."""
+    """The model's shape with every default resolved (hashed once: it keys the cached
+    pieces of the estimate)."""
 
     layers: int
     hidden: int
@@ -374,6 +384,7 @@ def _mamba(shape: Shape, tp: int) -> int:
     return shape.norm + in_proj + conv + 3 * heads + inner + inner * h
 
 
+@_cached
 def _parts(shape: Shape, parts: Parts, tp: int, ep: int, etp: int) -> _LayerParams:
     dense = (
         parts.attention * _attention(shape, tp)
@@ -391,6 +402,7 @@ def _layers(shape: Shape, start: int, stop: int, tp: int, ep: int, etp: int) -> 
     return _parts(shape, shape.pattern.parts(start, stop), tp, ep, etp)
 
 
+@_cached
 def _mtp(shape: Shape, tp: int, ep: int, etp: int) -> _LayerParams:
     """The multi-token prediction layers: each a copy of the last layer's kind (with its
     own compress ratio), two input norms, the 2h -> h projection (split over tp), its own
@@ -410,6 +422,7 @@ def _embedding(shape: Shape, tp: int) -> int:
     )
 
 
+@_cached
 def parameter_count(shape: Shape) -> int:
     """Parameters of the whole model (tied embeddings counted once; no final norm)."""
     layers = _layers(shape, 0, shape.layers, 1, 1, 1) + _mtp(shape, 1, 1, 1)
@@ -499,27 +512,65 @@ class _PartActivations:
         return kept
 
 
+@attrs.frozen
+class _ActivationSwitches:
+    """What the activations read from the launcher's TrainingSetup (so the cached pieces
+    that take it are keyed by these and nothing else)."""
+
+    sequence_parallel: bool
+    recompute: str
+    recompute_method: str | None
+    recompute_num_layers: int | None
+    recompute_every: int | None
+    recompute_modules: tuple[str, ...] | None
+    offload_layers: int
+    gemm_input_bytes: float | None
+    moe_capacity_factor: float | None
+
+    @classmethod
+    def of(cls, training: TrainingSetup) -> _ActivationSwitches:
+        return cls(
+            sequence_parallel=training.sequence_parallel,
+            recompute=training.recompute,
+            recompute_method=training.recompute_method,
+            recompute_num_layers=training.recompute_num_layers,
+            recompute_every=training.recompute_every,
+            recompute_modules=training.recompute_modules,
+            offload_layers=training.offload_layers,
+            gemm_input_bytes=training.gemm_input_bytes,
+            moe_capacity_factor=training.moe_capacity_factor,
+        )
+
+
+@_cached
 def _part_activations(
-    shape: Shape, sizes: Sizes, micro: int, training: TrainingSetup
+    shape: Shape,
+    t: int,
+    cp: int,
+    etp: int,
+    micro: int,
+    gemm_input_bytes: float | None,
+    moe_capacity_factor: float | None,
 ) -> dict[str, _PartActivations]:
-    """Each part's activations (Korthikanti et al.'s terms, split by part)."""
-    t, act = sizes.tp, 4 if shape.dtype == "fp32" else 2
-    tokens = Fraction(shape.seq, sizes.cp) * micro
+    """Each part's activations (Korthikanti et al.'s terms, split by part) on a tp rank
+    (shared by the cache: read only)."""
+    act = 4 if shape.dtype == "fp32" else 2
+    tokens = Fraction(shape.seq, cp) * micro
     h = shape.hidden
     # fp8 training: Transformer Engine keeps a linear layer's input for its backward pass
     # in fp8 (1 byte); the norms, attention and activation functions keep 16 bits
     gemm_in: Fraction | int = 1 if shape.dtype == "fp8" else act
-    if training.gemm_input_bytes is not None:  # e.g. NVFP4: the launcher's quantized copy
-        gemm_in = Fraction(training.gemm_input_bytes)
+    if gemm_input_bytes is not None:  # e.g. NVFP4: the launcher's quantized copy
+        gemm_in = Fraction(gemm_input_bytes)
     norm_output = ("layernorm", gemm_in * tokens * h)
     # per ffn column: the first matrix's outputs (gate and up, or one) and the second
     # matrix's input
     ffn_bytes = act * (intermediates_of(shape) - 1) + gemm_in
     # experts padded to their capacity hold capacity-factor times the even share of tokens
-    capacity = Fraction(training.moe_capacity_factor or 1).limit_denominator(1000)
+    capacity = Fraction(moe_capacity_factor or 1).limit_denominator(1000)
     routed = tokens * shape.topk * capacity
     experts = routed * (
-        ffn_bytes * Fraction(shape.moe_ffn, sizes.etp) + gemm_in * (shape.moe_latent or h)
+        ffn_bytes * Fraction(shape.moe_ffn, etp) + gemm_in * (shape.moe_latent or h)
     )
     shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
     # every part keeps its norm's input, its first matrix's input and a dropout mask
@@ -575,7 +626,7 @@ def _part_activations(
             modules=(
                 norm_output,
                 ("moe", experts + shared),
-                ("moe_act", routed * gemm_in * Fraction(shape.moe_ffn, sizes.etp)),
+                ("moe_act", routed * gemm_in * Fraction(shape.moe_ffn, etp)),
                 ("shared_experts", shared),
             ),
         ),
@@ -608,30 +659,50 @@ def _activations(
 ) -> tuple[Fraction, Fraction]:
     """(bytes these layers keep per micro batch, bytes of the heaviest layer's full
     activations, which full recompute holds while it recomputes one layer)."""
-    t = sizes.tp
+    switches = _ActivationSwitches.of(training)
+    chunks = sizes.vpp or 1
+    return _layer_activations(shape, parts, layers, sizes.tp, sizes.cp, sizes.etp, chunks, micro,
+                              switches)  # fmt: skip
+
+
+@_cached
+def _layer_activations(
+    shape: Shape,
+    parts: Parts,
+    layers: int,
+    t: int,
+    cp: int,
+    etp: int,
+    chunks: int,
+    micro: int,
+    training: _ActivationSwitches,
+) -> tuple[Fraction, Fraction]:
+    """:func:`_activations` of ``layers`` layers in ``chunks`` model chunks on a tp rank."""
     sp = t if training.sequence_parallel and t > 1 else 1
-    each = _part_activations(shape, sizes, micro, training)
+    each = _part_activations(
+        shape, t, cp, etp, micro, training.gemm_input_bytes, training.moe_capacity_factor
+    )
     counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
     counts["mamba"] = parts.mamba
-    full = sum((counts[kind] * each[kind].full(sp) for kind in counts if counts[kind]), Fraction(0))
-    modules = training.recompute_modules or ("core_attn",)
-    selective = sum(
-        (counts[kind] * each[kind].selective(sp, modules) for kind in counts if counts[kind]),
-        Fraction(0),
-    )
     present = [kind for kind in counts if counts[kind]]
+    fulls = {kind: each[kind].full(sp) for kind in present}
+    full = sum((counts[kind] * fulls[kind] for kind in present), Fraction(0))
     if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
-        mlps = [each[k].full(sp) for k in ("mlp", "moe") if counts[k]]
+        mlps = [fulls[k] for k in ("mlp", "moe") if counts[k]]
         heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
     else:
-        heaviest = max((each[k].full(sp) for k in present), default=Fraction(0))
+        heaviest = max(fulls.values(), default=Fraction(0))
     # layers whose activations are offloaded keep nothing here (an even share of each kind)
     on_gpu = Fraction(max(layers - training.offload_layers, 0), layers) if layers else Fraction(0)
     if training.recompute == "full":
         act = 4 if shape.dtype == "fp32" else 2
-        layer_input = act * Fraction(shape.seq, sizes.cp) * micro * shape.hidden / sp
-        return _full_recompute(full, layer_input, heaviest, layers, sizes.vpp or 1, training)
+        layer_input = act * Fraction(shape.seq, cp) * micro * shape.hidden / sp
+        return _full_recompute(full, layer_input, heaviest, layers, chunks, training)
     if training.recompute == "selective":
+        modules = training.recompute_modules or ("core_attn",)
+        selective = sum(
+            (counts[kind] * each[kind].selective(sp, modules) for kind in present), Fraction(0)
+        )
         return selective * on_gpu, heaviest
     return full * on_gpu, heaviest
 
@@ -642,7 +713,7 @@ def _full_recompute(
     heaviest: Fraction,
     layers: int,
     chunks: int,
-    training: TrainingSetup,
+    training: _ActivationSwitches,
 ) -> tuple[Fraction, Fraction]:
     """Full recompute of ``layers`` layers in ``chunks`` model chunks (Megatron-Core):
     uniform keeps the input of each run of recompute_num_layers layers and holds one run's
@@ -685,20 +756,35 @@ def _stage_split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLa
     return stages
 
 
+Spans = tuple[tuple[int, int], ...]
+
+
 def _spans(
     shape: Shape, sizes: Sizes, training: TrainingSetup, stages: StageLayers | None
-) -> dict[int, list[tuple[int, int]]]:
+) -> dict[int, Spans]:
     """The layer index ranges of each pipeline rank that can be the heaviest; a split the
     framework refuses falls back to ceil(layers / pp) on the first and the last rank."""
-    pp = sizes.pp
-    stages = stages or _stage_split(shape, sizes, training)
+    return dict(_rank_spans(shape, stages, training.pipeline, sizes.pp, sizes.vpp))
+
+
+@_cached
+def _rank_spans(
+    shape: Shape, stages: StageLayers | None, pipeline: PipelineSplit, pp: int, vpp: int | None
+) -> tuple[tuple[int, Spans], ...]:
+    """:func:`_spans` as (rank, spans) pairs."""
+    if stages is None:
+        model = Model(layers=shape.layers, mtp_layers=shape.mtp_layers or None)
+        stages, _ = split_layers(pipeline, model, pp, vpp)
     if stages is None:
         even = _ceil(Fraction(shape.layers, pp))
-        return {0: [(0, even)], pp - 1: [(max(shape.layers - even, 0), shape.layers)]}
-    return {rank: stages.layer_spans(rank) for rank in stages.candidate_ranks()}
+        return tuple(
+            {0: ((0, even),), pp - 1: ((max(shape.layers - even, 0), shape.layers),)}.items()
+        )
+    return tuple((rank, tuple(stages.layer_spans(rank))) for rank in stages.candidate_ranks())
 
 
-def _parts_of(shape: Shape, spans: list[tuple[int, int]]) -> Parts:
+@_cached
+def _parts_of(shape: Shape, spans: Spans) -> Parts:
     each = [shape.pattern.parts(start, stop) for start, stop in spans]
     return Parts(
         attention=sum(p.attention for p in each),
@@ -715,14 +801,12 @@ def quantized(shape: Shape, training: TrainingSetup) -> bool:
     return shape.dtype == "fp8" or training.gemm_precision in ("fp8", "fp4")
 
 
-def bf16_spans(
-    shape: Shape, training: TrainingSetup, spans: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
+def bf16_spans(shape: Shape, training: TrainingSetup, spans: Spans) -> Spans:
     """The parts of ``spans`` (layer index ranges) that the launcher keeps in bf16 when the
     rest is quantized: the model's first and last layers (TrainingSetup.bf16_layers)."""
     first, last = training.bf16_layers
     if not quantized(shape, training) or not (first or last):
-        return []
+        return ()
     ends = [(0, min(first, shape.layers)), (max(shape.layers - last, 0), shape.layers)]
     if ends[0][1] >= ends[1][0]:  # the two ends meet: every layer
         ends = [(0, shape.layers)]
@@ -731,7 +815,7 @@ def bf16_spans(
         for low, high in ends:
             if max(start, low) < min(stop, high):
                 found.append((max(start, low), min(stop, high)))
-    return found
+    return tuple(found)
 
 
 def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[int, Fraction]:
@@ -745,6 +829,126 @@ def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[
         return held, Fraction(1)
     chunks = min((pp - rank - 1) * 2 + (vpp - 1) * pp + 1, microbatches * vpp)
     return held, Fraction(chunks, vpp * held)
+
+
+@attrs.frozen
+class _StateBytes:
+    """Bytes per parameter of the model state and the sharding that divides them: what the
+    state reads from the launcher's TrainingSetup and the sizes (the key of its cache)."""
+
+    #: the dtype's weights (the ends'), the layers' (NVFP4: a fraction), gradients, optimizer
+    weights: int
+    layer_weights: Fraction
+    gradients: int
+    optimizer: int
+    #: the embeddings' and output layer's optimizer state (Muon: Adam's)
+    end_optimizer: int
+    #: the optimizer step's wider copy of the gradients (TrainingSetup.step_grad_bytes)
+    step_gradients: int
+    #: the share of the optimizer state kept on the GPU
+    on_gpu: Fraction
+    param_offload: bool
+    zero: int
+    shard: int
+    expert_shard: int
+
+    @classmethod
+    def of(cls, shape: Shape, sizes: Sizes, training: TrainingSetup) -> _StateBytes:
+        w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
+        g = training.gradient_bytes(shape.dtype) or w
+        o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
+        pp = sizes.pp
+        stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
+        # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
+        replicas = training.replicas if sizes.dp * sizes.cp % max(training.replicas, 1) == 0 else 1
+        return cls(
+            weights=w,
+            layer_weights=Fraction(training.layer_weight_bytes or w),
+            gradients=g,
+            optimizer=o,
+            end_optimizer=training.end_optimizer_bytes or o,
+            step_gradients=training.step_grad_bytes if g < training.step_grad_bytes else 0,
+            on_gpu=1 - Fraction(training.optimizer_offload).limit_denominator(1000),
+            param_offload=training.param_offload,
+            zero=max(0, min(3, training.zero_stage if stage is None else stage)),
+            shard=sizes.dp * sizes.cp // replicas,
+            expert_shard=max(sizes.edp // replicas, 1),
+        )
+
+
+def _role(rank: int, pp: int) -> str:
+    if pp == 1:
+        return "only"
+    return "first" if rank == 0 else "last" if rank == pp - 1 else "middle"
+
+
+@_cached
+def _ends(shape: Shape, role: str, tp: int, ep: int, etp: int) -> tuple[int, _LayerParams]:
+    """(the embedding and output parameters a stage holds, its multi-token prediction
+    layers'): those sit on the last stage, which with pp > 1 also holds a copy of the input
+    embedding for them."""
+    embedding = _embedding(shape, tp)
+    output = _split(shape.vocab, tp) * shape.hidden
+    if role == "only":
+        return embedding + (0 if shape.tied else output), _mtp(shape, tp, ep, etp)
+    if role == "last":
+        return output + (embedding if shape.mtp_layers else 0), _mtp(shape, tp, ep, etp)
+    return (embedding if role == "first" else 0), _LayerParams(dense=0, expert=0)
+
+
+@_cached
+def _stage_state(
+    shape: Shape, spans: Spans, wide: Spans, role: str, tp: int, ep: int, etp: int, b: _StateBytes
+) -> tuple[int, int, int, int, int]:
+    """(parameters on one GPU of a stage, before ZeRO-3 sharding; its weights, gradients and
+    optimizer state in bytes; the optimizer step's copy of the gradients, which the
+    activations' memory holds once they are freed). ``wide``: its layers kept in bf16
+    (:func:`bf16_spans`)."""
+    ends, extra_params = _ends(shape, role, tp, ep, etp)
+    params = _parts(shape, _parts_of(shape, spans), tp, ep, etp) + extra_params
+    dense, expert = params.dense + ends, params.expert
+
+    def sharded(
+        per_param: Fraction, stage: int, dense: int = dense, expert: int = expert
+    ) -> Fraction:
+        on = b.zero >= stage
+        return per_param * (
+            Fraction(dense, b.shard if on else 1) + Fraction(expert, b.expert_shard if on else 1)
+        )
+
+    w, layer_w, o = b.weights, b.layer_weights, b.optimizer
+    # layers kept in bf16 under fp8 / fp4 training: 16-bit weights
+    wide_params = _parts(shape, _parts_of(shape, wide), tp, ep, etp)
+    # fp8/fp4 parameters: the layers' weights in 1 (1.125) bytes, the embeddings in the
+    # dtype's
+    wide_w = (w - layer_w) * sharded(Fraction(1), 3, wide_params.dense, wide_params.expert)
+    weights = _ceil(sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0) + wide_w)
+    gradients = _ceil(sharded(Fraction(b.gradients), 2))
+    if b.param_offload:
+        weights = gradients = 0
+    # Muon: Adam's state for the embeddings and the output layer
+    optimizer = _ceil(
+        sharded(o * b.on_gpu, 1)
+        + (b.end_optimizer - o) * b.on_gpu * sharded(Fraction(1), 1, ends, 0)
+    )
+    step_gradients = _ceil(sharded(b.step_gradients * b.on_gpu, 1))
+    return dense + expert, weights, gradients, optimizer, step_gradients
+
+
+def state_floor(
+    shape: Shape, sizes: Sizes, training: TrainingSetup, stages: StageLayers | None = None
+) -> int:
+    """The largest model state (weights, gradients and optimizer, and the optimizer step's
+    copy of the gradients) of the pipeline ranks that can be the heaviest: a lower bound on
+    :func:`estimate`'s total under every batch and recompute setting, as that total is one
+    of those ranks' state plus the larger of its activations and that copy (sizes, never
+    negative). Cheap: the state is cached per stage."""
+    b = _StateBytes.of(shape, sizes, training)
+    return max(
+        sum(_stage_state(shape, spans, bf16_spans(shape, training, spans),
+                         _role(rank, sizes.pp), sizes.tp, sizes.ep, sizes.etp, b)[1:])
+        for rank, spans in _spans(shape, sizes, training, stages).items()
+    )  # fmt: skip
 
 
 def stage_estimates(
@@ -767,70 +971,35 @@ def stage_estimates(
     if pp > 1 and split and micro % split == 0:
         # the schedule runs (and keeps activations of) pipeline micro batches of this size
         micro, microbatches = split, microbatches * (micro // split)
-    embedding = _embedding(shape, tp)
-    output = _split(shape.vocab, tp) * shape.hidden
     logits = (
         (training.logit_bytes or 4)
         * Fraction(shape.seq, sizes.cp)
         * micro
         * Fraction(shape.vocab, tp)
     )
-    # multi-token prediction layers sit on the last stage, each with its own logits;
-    # with pp > 1 that stage also holds a copy of the input embedding for them
-    mtp = _mtp(shape, tp, ep, etp)
-    mtp_embedding = embedding if shape.mtp_layers and pp > 1 else 0
+    # multi-token prediction layers sit on the last stage, each with its own logits
     mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
     mtp_parts = Parts(attention=1, **{mtp_kind: 1})
     mtp_kept, _ = _activations(shape, mtp_parts, 1, sizes, micro, training)
     heads = logits * (1 + shape.mtp_layers)
-    last_extra = (mtp, mtp_kept * shape.mtp_layers)
-    none = (_LayerParams(dense=0, expert=0), Fraction(0))
-    w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
-    layer_w = Fraction(training.layer_weight_bytes or w)
-    g = training.gradient_bytes(shape.dtype) or w
-    o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
-    on_gpu = 1 - Fraction(training.optimizer_offload).limit_denominator(1000)
-    stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
-    zero = max(0, min(3, training.zero_stage if stage is None else stage))
-    # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
-    replicas = training.replicas if sizes.dp * sizes.cp % max(training.replicas, 1) == 0 else 1
-    shard, expert_shard = sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1)
+    b = _StateBytes.of(shape, sizes, training)
     found = []
     for rank, spans in _spans(shape, sizes, training, stages).items():
-        # (name, ends' parameters, logits, MTP)
-        if pp == 1:
-            name, ends, head, extra = (
-                "only",
-                embedding + (0 if shape.tied else output),
-                heads,
-                last_extra,
-            )
-        elif rank == 0:
-            name, ends, head, extra = "first", embedding, Fraction(0), none
-        elif rank == pp - 1:
-            name, ends, head, extra = "last", output + mtp_embedding, heads, last_extra
-        else:
-            name, ends, head, extra = "middle", 0, Fraction(0), none
-        extra_params, extra_kept = extra
+        name = _role(rank, pp)
+        # the logits and the MTP layers' activations sit on the last stage
+        head, extra_kept = (
+            (heads, mtp_kept * shape.mtp_layers) if name in ("only", "last") else (0, 0)
+        )
         in_flight, factor = _in_flight(rank, pp, sizes.vpp, microbatches)
         per_stage = sum(stop - start for start, stop in spans)
         parts = _parts_of(shape, spans)
-        params = _parts(shape, parts, tp, ep, etp) + extra_params
-        dense, expert = params.dense + ends, params.expert
-
-        def sharded(
-            per_param: Fraction, stage: int, dense: int = dense, expert: int = expert
-        ) -> Fraction:
-            on = zero >= stage
-            return per_param * (
-                Fraction(dense, shard if on else 1) + Fraction(expert, expert_shard if on else 1)
-            )
-
-        kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
-        # layers kept in bf16 under fp8 / fp4 training: 16-bit weights and GEMM inputs
         wide = bf16_spans(shape, training, spans)
-        wide_parts, wide_layers = _parts_of(shape, wide), sum(b - a for a, b in wide)
-        wide_params = _parts(shape, wide_parts, tp, ep, etp)
+        params, weights, gradients, optimizer, step_gradients = _stage_state(
+            shape, spans, wide, name, tp, ep, etp, b
+        )
+        kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
+        # layers kept in bf16 under fp8 / fp4 training: 16-bit GEMM inputs
+        wide_parts, wide_layers = _parts_of(shape, wide), sum(stop - start for start, stop in wide)
         if wide_layers and training.recompute != "full":  # full keeps 16-bit inputs anyway
             act16 = attrs.evolve(training, gemm_input_bytes=4 if shape.dtype == "fp32" else 2)
             kept += _activations(shape, wide_parts, wide_layers, sizes, micro, act16)[0]
@@ -838,36 +1007,21 @@ def stage_estimates(
         recomputing = heaviest if training.recompute == "full" else 0
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
-        # fp8/fp4 parameters: the layers' weights in 1 (1.125) bytes, the embeddings in the
-        # dtype's
-        wide_w = (w - layer_w) * sharded(Fraction(1), 3, wide_params.dense, wide_params.expert)
-        weights = _ceil(
-            sharded(layer_w, 3) + (w - layer_w) * sharded(Fraction(1), 3, ends, 0) + wide_w
-        )
-        gradients = _ceil(sharded(Fraction(g), 2))
-        if training.param_offload:
-            weights = gradients = 0
-        # Muon: Adam's state for the embeddings and the output layer
-        o_ends = training.end_optimizer_bytes or o
-        optimizer = _ceil(
-            sharded(o * on_gpu, 1) + (o_ends - o) * on_gpu * sharded(Fraction(1), 1, ends, 0)
-        )
-        step_copy = training.step_grad_bytes if g < training.step_grad_bytes else 0
-        step_gradients = _ceil(sharded(step_copy * on_gpu, 1))
+        layer_w = b.layer_weights
         found.append(
             MemoryEstimate(
                 params_total=parameter_count(shape),
-                params_per_gpu=dense + expert,
+                params_per_gpu=params,
                 stage=name,
                 stage_rank=rank,
                 stage_layers=per_stage,
                 dtype=shape.dtype,
                 weight_bytes=int(layer_w) if layer_w.denominator == 1 else float(layer_w),
-                grad_bytes=g,
-                optimizer_bytes=o,
-                zero_stage=zero,
-                shard=shard,
-                expert_shard=expert_shard,
+                grad_bytes=b.gradients,
+                optimizer_bytes=b.optimizer,
+                zero_stage=b.zero,
+                shard=b.shard,
+                expert_shard=b.expert_shard,
                 micro_batch_size=micro,
                 in_flight=in_flight,
                 sequence_parallel=training.sequence_parallel and tp > 1,

@@ -14,7 +14,7 @@ import copy
 import heapq
 import itertools
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from math import inf
 from typing import Any
 
@@ -25,7 +25,7 @@ from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiled, Compiler
-from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape
+from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape, state_floor
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, layout_vpp, split_layers
@@ -292,9 +292,12 @@ class Tuner:
                         )
                         yield LayoutClass(sizes, batch, heaviest, variants, subgroups)
 
-    def candidates(self) -> Iterator[Candidate]:
-        """Every candidate, each predicted, in generation order (the exhaustive search)."""
+    def candidates(self, keep: Callable[[LayoutClass], bool] | None = None) -> Iterator[Candidate]:
+        """Every candidate, each predicted, in generation order (the exhaustive search);
+        with ``keep``, only those of the layout classes it keeps (the others unpredicted)."""
         for group in self.classes():
+            if keep is not None and not keep(group):
+                continue
             for switches, training in group.variants:
                 yield self._candidate(group, switches, training)
 
@@ -604,10 +607,17 @@ class Tuner:
         return data
 
     def sample(self, limit: int = 1500) -> list[Candidate]:
-        """Up to ``limit`` of the candidates whose memory was estimated (for the picture)."""
+        """Up to ``limit`` of the candidates whose memory was checked (for the picture), each
+        with its estimate (made here for those the walk ruled out by their state alone)."""
         walked = getattr(self, "walked", [])
         step = max(1, len(walked) // limit)
-        return walked[::step][:limit]
+        return [
+            c if c.memory_bytes is not None else self._with_memory(c)
+            for c in walked[::step][:limit]
+        ]
+
+    def _state_floor(self, candidate: Candidate) -> int:
+        return state_floor(self.shape, candidate.sizes, candidate.training)
 
     def _with_memory(self, candidate: Candidate) -> Candidate:
         memory = estimate(self.shape, candidate.sizes, candidate.batch, candidate.training)
@@ -632,6 +642,11 @@ class Tuner:
         everything = sorted(self.candidates(), key=lambda c: c.key)
         return self._walk(len(everything), iter(everything), top)
 
+    #: skip the estimate of a candidate whose model state alone exceeds the capacity
+    #: (:func:`mdc.plan.memory.state_floor`, a lower bound on the estimate); off, every
+    #: candidate down the ranking is estimated in full, with the same result
+    state_floor = True
+
     def _walk(self, generated: int, ranked: Iterator[Candidate], top: int) -> Result:
         rows: list[Verified] = []
         refused: Counter[str] = Counter()
@@ -646,6 +661,12 @@ class Tuner:
             L = candidate.layout
             family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
             if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
+                continue
+            if self.state_floor and self._state_floor(candidate) > self.capacity:
+                walked.append(candidate)  # it cannot fit: its estimate is at least that
+                too_big[family] = min(
+                    too_big.get(family, 1 << 30), candidate.batch.micro_batch_size
+                )
                 continue
             candidate = self._with_memory(candidate)
             walked.append(candidate)

@@ -6,7 +6,7 @@ in one ConfigMap mounted read-only at :data:`MOUNT` (``/mdc``), so
 their own path), and starts ``bash /mdc/k8s/node.sh``: a small dispatcher that
 takes ``NODE_RANK`` from the backend's index variable and runs the node's role.
 YAML is written by :func:`dump_yaml`: fixed key order, block style, strings
-that would read back as another type quoted.
+that would read back as another type quoted; backends return it as :func:`yaml_file`.
 
 This module is what the backends import; the pieces live by concern in
 :mod:`.k8s_options` (the shared table keys), :mod:`.k8s_names` (object names and
@@ -29,6 +29,11 @@ Shared diagnostics (MDC460-469):
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mdc.api import Artifact, files_written
 
 from .k8s_checks import QUANTITY, configmap_findings, pod_findings, whole_quantity
 from .k8s_names import (
@@ -79,7 +84,20 @@ from .k8s_pod import (
     tolerations,
     volumes,
 )
-from .k8s_yaml import dump_yaml, load_yaml
+from .k8s_yaml import dump_yaml, load_yaml, plainly_writable
+
+
+def yaml_file(path: str, docs: Sequence[Mapping[str, Any]]) -> Artifact:
+    """The file ``path`` holding ``docs`` as YAML.
+
+    A command that writes no files gets it without its text (``data`` empty) when the
+    documents are :func:`plainly_writable`; any others are written, so that what the
+    writer refuses is refused by every command.
+    """
+    if files_written() or not plainly_writable(docs):
+        return Artifact.text(path, dump_yaml(docs))
+    return Artifact(path=path, data=b"")
+
 
 __all__ = [
     "CONFIGMAP_KEY",
@@ -123,6 +141,7 @@ __all__ = [
     "pod_dns",
     "pod_findings",
     "pod_options_schema",
+    "plainly_writable",
     "pod_spec",
     "resources",
     "service_name_findings",
@@ -130,4 +149,5 @@ __all__ = [
     "ttl",
     "volumes",
     "whole_quantity",
+    "yaml_file",
 ]

@@ -8,8 +8,9 @@ something other than a string, so libyaml quotes those too.
 
 libyaml is used rather than a writer of mdc's own: on the goldens a hand-written writer was
 about 0.4 ms a file faster (0.61 against 1.00 ms of CPU), too little to keep one. PyYAML is
-imported on the first write (validate writes too: it runs every backend's emit, whose
-refusals, such as a float value, are checks).
+imported on the first write. validate and explain write no files (``mdc.api.files_written``
+is False): documents :func:`plainly_writable` holds writable are not written then, and any
+others are, so the writer's refusals (a float value) stay checks of every command.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ if TYPE_CHECKING:
 #: a plain scalar that a YAML 1.1 reader (PyYAML; kubectl's go-yaml) or a YAML 1.2 reader
 #: resolves to something other than a string: the 1.1 type repository's implicit bool, null,
 #: int, float, timestamp, merge and value forms and the 1.2 core schema's (both allow "_"
-#: in numbers here, as PyYAML and ruamel read them); matched from the start, as PyYAML does
-_NOT_A_STRING = re.compile(
-    r"""(?:
+#: in numbers here, as PyYAML and ruamel read them); matched from the start, as PyYAML does;
+#: compiled with the writer, which validate does not build
+_NOT_A_STRING = r"""(?:
     ~ | null | Null | NULL
   | y | Y | yes | Yes | YES | n | N | no | No | NO | on | On | ON | off | Off | OFF  # 1.1
   | true | True | TRUE | false | False | FALSE
@@ -42,9 +43,7 @@ _NOT_A_STRING = re.compile(
   | [0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?
     (?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?               # ... or a date and time
   | << | =                                                       # merge, value
-)\Z""",
-    re.VERBOSE,
-)
+)\Z"""
 
 
 #: the line breaks besides line feed (NEL, LS, PS): readers fold them unless escaped
@@ -90,7 +89,8 @@ def _dumper() -> type[Any]:
             return True  # a value used twice is written twice, never as an &anchor/*alias
 
     # A plain scalar _NOT_A_STRING matches is taken for a non-string, so libyaml quotes it.
-    Dumper.add_implicit_resolver("tag:mdc,2026:not-a-string", _NOT_A_STRING, None)
+    not_a_string = re.compile(_NOT_A_STRING, re.VERBOSE)
+    Dumper.add_implicit_resolver("tag:mdc,2026:not-a-string", not_a_string, None)
     Dumper.add_representer(str, _string)
     Dumper.add_representer(dict, _mapping)
     Dumper.add_multi_representer(dict, _mapping)  # OrderedDict and other dict types
@@ -116,6 +116,32 @@ def dump_yaml(docs: Sequence[Mapping[str, Any]]) -> str:
         allow_unicode=True,
         width=-1,  # never fold a long line
     )
+
+
+#: values the writer writes as they are (exact types: a subclass may be refused)
+_SCALARS = (str, int, bool, type(None))
+#: more values than any manifest holds: a structure that contains itself
+_TOO_MANY = 1_000_000
+
+
+def plainly_writable(docs: Sequence[Mapping[str, Any]]) -> bool:
+    """True only if :func:`dump_yaml` surely writes ``docs``: dicts, lists and tuples of
+    ASCII strings, ints, booleans and None. False for anything else (a float, another
+    type, other characters, a structure inside itself): only the writer judges those."""
+    stack: list[Any] = list(docs)
+    for _ in range(_TOO_MANY):
+        if not stack:
+            return True
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            stack.extend(value)
+            stack.extend(value.values())
+        elif kind is list or kind is tuple:
+            stack.extend(value)
+        elif kind not in _SCALARS or (kind is str and not value.isascii()):
+            return False
+    return False
 
 
 def load_yaml(text: str) -> list[Any]:

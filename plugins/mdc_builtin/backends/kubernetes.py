@@ -119,8 +119,7 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
 
 
 def emit(plan: Plan, launch: Launch, options: KubernetesOptions | None) -> list[Artifact]:
-    text = documents(plan, launch, _opts(options))
-    return [Artifact.text("kubernetes/job.yaml", k8s.dump_yaml(text))]
+    return [k8s.yaml_file("kubernetes/job.yaml", documents(plan, launch, _opts(options)))]
 
 
 def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:

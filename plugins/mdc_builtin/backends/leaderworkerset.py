@@ -155,11 +155,7 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
 
 
 def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> list[Artifact]:
-    return [
-        Artifact.text(
-            "leaderworkerset/lws.yaml", k8s.dump_yaml(documents(plan, launch, _opts(options)))
-        )
-    ]
+    return [k8s.yaml_file("leaderworkerset/lws.yaml", documents(plan, launch, _opts(options)))]
 
 
 def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Finding]:

@@ -167,7 +167,7 @@ def documents(
 
 
 def emit(plan: Plan, launch: Launch, options: PyTorchJobOptions | None) -> list[Artifact]:
-    return [Artifact.text("pytorchjob/job.yaml", k8s.dump_yaml(documents(plan, launch, options)))]
+    return [k8s.yaml_file("pytorchjob/job.yaml", documents(plan, launch, options))]
 
 
 def check(plan: Plan, options: PyTorchJobOptions | None) -> Iterator[Finding]:

@@ -143,7 +143,7 @@ def documents(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> li
 
 
 def emit(plan: Plan, launch: Launch, options: TrainJobOptions | None) -> list[Artifact]:
-    return [Artifact.text("trainjob/job.yaml", k8s.dump_yaml(documents(plan, launch, options)))]
+    return [k8s.yaml_file("trainjob/job.yaml", documents(plan, launch, options))]
 
 
 def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:

@@ -19,8 +19,8 @@ from tests.tools import shellcheck
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
 
-# bash -n and shellcheck run as processes; the SLURM cluster is shared
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
+# bash -n and shellcheck only: no cluster, no port, so not in the xdist_group "loopback"
+pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
