@@ -434,13 +434,40 @@ def surely_valid(instance: object, schema: object) -> bool:
         return True
     if not isinstance(schema, dict):
         return False
-    for keyword, value in schema.items():
-        if keyword in _ANNOTATIONS:
-            continue
-        check = _KEYWORDS.get(keyword)
-        if check is None or not check(instance, value, schema):
+    checks = _checks(schema)
+    if checks is None:
+        return False
+    for check, value in checks:  # noqa: SIM110 - a loop: no generator for every node
+        if not check(instance, value, schema):
             return False
     return True
+
+
+#: id of a schema (held, so the id stays its own) -> the schema and its keywords' checks
+_CHECKS: dict[int, tuple[dict[str, Any], list[tuple[Keyword, Any]] | None]] = {}
+
+
+def _checks(schema: dict[str, Any]) -> list[tuple[Keyword, Any]] | None:
+    """The checks of the schema's keywords, in its order; None if one is not known here.
+
+    Looked up once per schema object: a spec meets the same few hundred schemas again and
+    again. Schemas are not changed once built (see :func:`compose`).
+    """
+    held = _CHECKS.get(id(schema))
+    if held is not None and held[0] is schema:
+        return held[1]
+    checks: list[tuple[Keyword, Any]] | None = []
+    for keyword, value in schema.items():
+        check = _KEYWORDS.get(keyword)
+        if check is not None:
+            checks.append((check, value))  # type: ignore[union-attr]
+        elif keyword not in _ANNOTATIONS:
+            checks = None
+            break
+    if len(_CHECKS) >= 100_000:  # schemas made on the fly (tests): start again
+        _CHECKS.clear()
+    _CHECKS[id(schema)] = (schema, checks)
+    return checks
 
 
 def _number(value: object) -> bool:
@@ -458,6 +485,8 @@ Keyword = Callable[[object, Any, Mapping[str, Any]], bool]
 
 
 def _type(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+    if type(value) is str and value in _TYPES:
+        return _TYPES[value](instance)
     names = value if isinstance(value, list) else [value]
     return any(name in _TYPES and _TYPES[name](instance) for name in names)
 
@@ -495,9 +524,12 @@ def _required(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
 
 
 def _properties(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    return not isinstance(instance, dict) or all(
-        surely_valid(item, value[key]) for key, item in instance.items() if key in value
-    )
+    if not isinstance(instance, dict):
+        return True
+    for key, item in instance.items():
+        if key in value and not surely_valid(item, value[key]):
+            return False
+    return True
 
 
 def _additional(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:

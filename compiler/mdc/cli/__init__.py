@@ -8,6 +8,7 @@ script and raises ``SystemExit``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shlex
@@ -476,4 +477,7 @@ def _quiet_stdout() -> None:
 
 
 def run() -> None:
+    # A command's process ends when it is done: what the imports built (modules, classes,
+    # schemas) lives until then, so the cyclic collector is told not to walk it again.
+    gc.freeze()
     raise SystemExit(main())
