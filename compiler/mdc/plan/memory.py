@@ -662,6 +662,39 @@ def _activations(
                               switches)  # fmt: skip
 
 
+def _counts(parts: Parts) -> dict[str, int]:
+    """The parts' kinds that ``parts`` holds, with their counts."""
+    counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
+    counts["mamba"] = parts.mamba
+    return {kind: count for kind, count in counts.items() if count}
+
+
+@_cached
+def _without_recompute(
+    shape: Shape,
+    parts: Parts,
+    t: int,
+    cp: int,
+    etp: int,
+    micro: int,
+    sp: int,
+    gemm_input_bytes: float | None,
+    moe_capacity_factor: float | None,
+) -> tuple[Fraction, Fraction]:
+    """(the full activations of ``parts`` per micro batch, the heaviest layer's): what every
+    recompute setting starts from."""
+    each = _part_activations(shape, t, cp, etp, micro, gemm_input_bytes, moe_capacity_factor)
+    counts = _counts(parts)
+    fulls = {kind: each[kind].full(sp) for kind in counts}
+    full = sum((count * fulls[kind] for kind, count in counts.items()), Fraction(0))
+    if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
+        mlps = [fulls[k] for k in ("mlp", "moe") if k in counts]
+        heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
+    else:
+        heaviest = max(fulls.values(), default=Fraction(0))
+    return full, heaviest
+
+
 @_cached
 def _layer_activations(
     shape: Shape,
@@ -676,19 +709,8 @@ def _layer_activations(
 ) -> tuple[Fraction, Fraction]:
     """:func:`_activations` of ``layers`` layers in ``chunks`` model chunks on a tp rank."""
     sp = t if training.sequence_parallel and t > 1 else 1
-    each = _part_activations(
-        shape, t, cp, etp, micro, training.gemm_input_bytes, training.moe_capacity_factor
-    )
-    counts = {"attention": parts.attention, "mlp": parts.mlp, "moe": parts.moe}
-    counts["mamba"] = parts.mamba
-    present = [kind for kind in counts if counts[kind]]
-    fulls = {kind: each[kind].full(sp) for kind in present}
-    full = sum((counts[kind] * fulls[kind] for kind in present), Fraction(0))
-    if shape.pattern.hybrid is None:  # a layer is attention and an MLP or MoE part
-        mlps = [fulls[k] for k in ("mlp", "moe") if counts[k]]
-        heaviest = each["attention"].full(sp) + max(mlps, default=Fraction(0))
-    else:
-        heaviest = max(fulls.values(), default=Fraction(0))
+    gemm_in, capacity = training.gemm_input_bytes, training.moe_capacity_factor
+    full, heaviest = _without_recompute(shape, parts, t, cp, etp, micro, sp, gemm_in, capacity)
     # layers whose activations are offloaded keep nothing here (an even share of each kind)
     on_gpu = Fraction(max(layers - training.offload_layers, 0), layers) if layers else Fraction(0)
     if training.recompute == "full":
@@ -697,8 +719,10 @@ def _layer_activations(
         return _full_recompute(full, layer_input, heaviest, layers, chunks, training)
     if training.recompute == "selective":
         modules = training.recompute_modules or ("core_attn",)
+        each = _part_activations(shape, t, cp, etp, micro, gemm_in, capacity)
         selective = sum(
-            (counts[kind] * each[kind].selective(sp, modules) for kind in present), Fraction(0)
+            (count * each[kind].selective(sp, modules) for kind, count in _counts(parts).items()),
+            Fraction(0),
         )
         return selective * on_gpu, heaviest
     return full * on_gpu, heaviest
@@ -741,9 +765,9 @@ def _dispatch_buffer(
     if not parts.moe or training.moe_dispatcher != "allgather" or sizes.tp * sizes.ep == 1:
         return Fraction(0)
     act = 4 if shape.dtype == "fp32" else 2
-    tokens = Fraction(shape.seq, sizes.cp) * micro
-    local = tokens / sizes.tp if training.sequence_parallel and sizes.tp > 1 else tokens
-    return act * local * sizes.tp * sizes.ep * shape.hidden
+    # each of the tp * ep ranks' tokens (seq / cp * micro, over tp with sequence parallel)
+    gathered = sizes.ep if training.sequence_parallel and sizes.tp > 1 else sizes.tp * sizes.ep
+    return Fraction(act * shape.seq * micro * gathered * shape.hidden, sizes.cp)
 
 
 def _stage_split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
@@ -828,10 +852,11 @@ def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[
     return held, Fraction(chunks, vpp * held)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class _StateBytes:
     """Bytes per parameter of the model state and the sharding that divides them: what the
-    state reads from the launcher's TrainingSetup and the sizes (the key of its cache)."""
+    state reads from the launcher's TrainingSetup and the sizes (the key of its cache; made
+    once per distinct value, :func:`_state_bytes`, and hashed once)."""
 
     #: the dtype's weights (the ends'), the layers' (NVFP4: a fraction), gradients, optimizer
     weights: int
@@ -849,24 +874,46 @@ class _StateBytes:
 
     @classmethod
     def of(cls, shape: Shape, sizes: Sizes, training: TrainingSetup) -> _StateBytes:
-        w = training.weight_bytes or WEIGHT_BYTES.get(shape.dtype, 2)
-        o = training.optimizer_bytes or (8 if WEIGHT_BYTES.get(shape.dtype, 2) >= 4 else 12)
-        pp = sizes.pp
-        stage = training.pp_zero_stage if pp > 1 and training.pp_zero_stage is not None else None
+        pp, t = sizes.pp, training
+        stage = t.pp_zero_stage if pp > 1 and t.pp_zero_stage is not None else None
         # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
-        replicas = training.replicas if sizes.dp * sizes.cp % max(training.replicas, 1) == 0 else 1
-        return cls(
-            weights=w,
-            layer_weights=Fraction(training.layer_weight_bytes or w),
-            gradients=training.grad_bytes or w,
-            optimizer=o,
-            end_optimizer=training.end_optimizer_bytes or o,
-            on_gpu=1 - Fraction(training.optimizer_offload).limit_denominator(1000),
-            param_offload=training.param_offload,
-            zero=max(0, min(3, training.zero_stage if stage is None else stage)),
-            shard=sizes.dp * sizes.cp // replicas,
-            expert_shard=max(sizes.edp // replicas, 1),
-        )
+        replicas = t.replicas if sizes.dp * sizes.cp % max(t.replicas, 1) == 0 else 1
+        return _state_bytes(
+            shape.dtype, t.weight_bytes, t.layer_weight_bytes, t.grad_bytes, t.optimizer_bytes,
+            t.end_optimizer_bytes, t.optimizer_offload, t.param_offload,
+            max(0, min(3, t.zero_stage if stage is None else stage)),
+            sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1),
+        )  # fmt: skip
+
+
+@_cached
+def _state_bytes(
+    dtype: str,
+    weight_bytes: int | None,
+    layer_weight_bytes: float | None,
+    grad_bytes: int | None,
+    optimizer_bytes: int | None,
+    end_optimizer_bytes: int | None,
+    optimizer_offload: float,
+    param_offload: bool,
+    zero: int,
+    shard: int,
+    expert_shard: int,
+) -> _StateBytes:
+    w = weight_bytes or WEIGHT_BYTES.get(dtype, 2)
+    o = optimizer_bytes or (8 if WEIGHT_BYTES.get(dtype, 2) >= 4 else 12)
+    return _StateBytes(
+        weights=w,
+        layer_weights=Fraction(layer_weight_bytes or w),
+        gradients=grad_bytes or w,
+        optimizer=o,
+        end_optimizer=end_optimizer_bytes or o,
+        on_gpu=1 - Fraction(optimizer_offload).limit_denominator(1000),
+        param_offload=param_offload,
+        zero=zero,
+        shard=shard,
+        expert_shard=expert_shard,
+    )
 
 
 def _role(rank: int, pp: int) -> str:
@@ -967,9 +1014,11 @@ def stage_estimates(
         * Fraction(shape.vocab, tp)
     )
     # multi-token prediction layers sit on the last stage, each with its own logits
-    mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
-    mtp_parts = Parts(attention=1, **{mtp_kind: 1})
-    mtp_kept, _ = _activations(shape, mtp_parts, 1, sizes, micro, training)
+    mtp_kept: Fraction | int = 0
+    if shape.mtp_layers:
+        mtp_kind = "moe" if shape.pattern.last_is_moe() else "mlp"
+        mtp_parts = Parts(attention=1, **{mtp_kind: 1})
+        mtp_kept = _activations(shape, mtp_parts, 1, sizes, micro, training)[0]
     heads = logits * (1 + shape.mtp_layers)
     b = _StateBytes.of(shape, sizes, training)
     found = []

@@ -651,6 +651,8 @@ class Tuner:
         refused: Counter[str] = Counter()
         walked: list[Candidate] = []
         too_big: dict[tuple[Any, ...], int] = {}
+        #: the model state of each family: the sizes and training setup fix it
+        floors: dict[tuple[Any, ...], int] = {}
         shown: set[tuple[float, int | None]] = set()
         shown_sizes: set[tuple[int, ...]] = set()
         fitting = 0
@@ -661,16 +663,16 @@ class Tuner:
             family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
             if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
                 continue
-            if self.state_floor and self._state_floor(candidate) > self.capacity:
-                walked.append(candidate)  # it cannot fit: its estimate is at least that
-                too_big[family] = min(
-                    too_big.get(family, 1 << 30), candidate.batch.micro_batch_size
-                )
-                continue
-            candidate = self._with_memory(candidate)
+            floor = 0
+            if self.state_floor:
+                if family not in floors:
+                    floors[family] = self._state_floor(candidate)
+                floor = floors[family]
+            # a candidate whose state alone exceeds the capacity cannot fit: not estimated
+            if floor <= self.capacity:
+                candidate = self._with_memory(candidate)
             walked.append(candidate)
-            assert candidate.memory_bytes is not None
-            if candidate.memory_bytes > self.capacity:
+            if candidate.memory_bytes is None or candidate.memory_bytes > self.capacity:
                 too_big[family] = min(
                     too_big.get(family, 1 << 30), candidate.batch.micro_batch_size
                 )
