@@ -238,7 +238,16 @@ def token() -> Iterator[str]:
             os.kill(pid, signal.SIGKILL)
 
 
-FORWARDED = ["PATH", "PROBE_DIR", "TMPDIR", "PYTHONUNBUFFERED", TOKEN_VARIABLE]
+#: what the "remote" nodes get from the test's environment; TORCH_EXTENSIONS_DIR (set by
+#: scripts/test) so DeepSpeed's ranks over ssh load the CPU kernel the local runs built
+FORWARDED = [
+    "PATH",
+    "PROBE_DIR",
+    "TMPDIR",
+    "PYTHONUNBUFFERED",
+    "TORCH_EXTENSIONS_DIR",
+    TOKEN_VARIABLE,
+]
 
 
 def ssh_job(sshd: Sshd, name: str, command: list[str], port: int, **tables: Any) -> dict[str, Any]:
