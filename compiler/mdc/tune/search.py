@@ -266,30 +266,31 @@ class Tuner:
             "cp",
             [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS] or [1],
         )
+        micro_batches = self._choices("batch", "micro_batch_size", list(MICRO_BATCHES))
         for tp, pp, cp in itertools.product(tps, pps, cps):
             if world % (tp * pp * cp):
                 continue
             dp = world // (tp * pp * cp)
             if gbs % dp:
                 continue
+            # the micro batches that divide the global batch (immutable: shared by classes)
+            batches = [
+                BatchPlan(global_batch_size=gbs, micro_batch_size=mbs,
+                          grad_accum_steps=gbs // (mbs * dp))
+                for mbs in micro_batches
+                if gbs % (mbs * dp) == 0
+            ]  # fmt: skip
             for ep, etp in self._experts(tp, pp, world, moe):
                 for split, vpp, heaviest in self._splits(pp):
                     variants = self._variants(tp, -(-heaviest // vpp), split)
                     subgroups = self._subgroup_cache.get(id(variants))
                     if subgroups is None:
                         subgroups = self._subgroup_cache[id(variants)] = _subgroups(variants)
-                    for mbs in self._choices("batch", "micro_batch_size", list(MICRO_BATCHES)):
-                        if gbs % (mbs * dp):
-                            continue
-                        sizes = Sizes(
-                            tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp,
-                            edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
-                        )  # fmt: skip
-                        batch = BatchPlan(
-                            global_batch_size=gbs,
-                            micro_batch_size=mbs,
-                            grad_accum_steps=gbs // (mbs * dp),
-                        )
+                    sizes = Sizes(
+                        tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp,
+                        edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
+                    )  # fmt: skip
+                    for batch in batches:
                         yield LayoutClass(sizes, batch, heaviest, variants, subgroups)
 
     def candidates(self, keep: Callable[[LayoutClass], bool] | None = None) -> Iterator[Candidate]:
