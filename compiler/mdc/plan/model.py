@@ -109,9 +109,10 @@ class Rendezvous:
     port_origin: str
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class TrainingSetup:
-    """How a launcher trains, as far as memory goes (its record's ``training`` says)."""
+    """How a launcher trains, as far as memory goes (its record's ``training`` says). Hashed
+    once: mdc tune keys each layout family by it."""
 
     #: ZeRO-style sharding over the dp-cp group: 0 none, 1 optimizer state,
     #: 2 also gradients, 3 also weights (Megatron's distributed optimizer is 1)

@@ -35,9 +35,10 @@ LAYOUT_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 MAX_LAYOUT = 1 << 20
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class PipelineSplit:
-    """A launcher's rule for placing layers on pipeline stages (``TrainingSetup.pipeline``)."""
+    """A launcher's rule for placing layers on pipeline stages (``TrainingSetup.pipeline``).
+    Hashed once: it keys the memory estimate's cached split."""
 
     rule: str = "even"
     #: Megatron-LM: --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers
