@@ -1,4 +1,5 @@
-"""The memory estimate's cached pieces and the model-state floor mdc tune prunes with.
+"""The memory estimate's cached pieces and the bounds mdc tune prunes with (the model-state
+floor, a stage over the capacity).
 
 The estimate caches the pieces many layouts share (a stage's parameters, a layer's
 activations); a piece keyed without a value it reads would hand one layout another's
@@ -16,7 +17,14 @@ import attrs
 import pytest
 
 from mdc.plan import memory
-from mdc.plan.memory import Shape, estimate, resolve_shape, stage_estimates, state_floor
+from mdc.plan.memory import (
+    Shape,
+    estimate,
+    exceeds,
+    resolve_shape,
+    stage_estimates,
+    state_floor,
+)
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.stages import PipelineSplit
 from mdc.spec import ModelTable
@@ -162,3 +170,14 @@ def test_equal_model_tables_resolve_to_one_shape_object() -> None:
     first = _shape("deepseek-v3", dtype="fp8")
     assert _shape("deepseek-v3", dtype="fp8") is first
     assert _shape("deepseek-v3") is not first
+
+
+@pytest.mark.parametrize("model", sorted(SHAPES))
+def test_exceeds_is_the_estimate_over_the_capacity(model: str) -> None:
+    for _, case in _changed((SHAPES[model], SIZES, BATCH, BASES["full"])):
+        shape, sizes, batch, training = case
+        stages = stage_estimates(shape, sizes, batch, training)
+        total = estimate(shape, sizes, batch, training).total
+        # at each stage's total and either side of it: the first stage found over stops it
+        for capacity in {e.total + d for e in stages for d in (-1, 0, 1)}:
+            assert exceeds(shape, sizes, batch, training, capacity) == (total > capacity)

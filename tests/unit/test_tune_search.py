@@ -11,6 +11,7 @@ import pytest
 
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
+from mdc.plan.memory import state_floor
 from mdc.plugin_manager import load_plugins
 from mdc.tune import search
 from mdc.tune.search import Candidate, Result, Tuner
@@ -109,19 +110,24 @@ def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_state_floor_rules_out_only_what_the_full_estimate_does(
+def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
     name: str, tmp_path: Path
 ) -> None:
     # 16 rows: deep enough that every spec's walk meets layouts whose state alone is too big
     full = _tuner(name, tmp_path)
-    full.state_floor = False
+    full.prune_memory = False
     reference = full.run(top=16)
     tuner = _tuner(name, tmp_path)
     result = tuner.run(top=16)
     assert _shown(result) == _shown(reference)
-    # the walk skipped the full estimate of some candidates (their state alone is too big) ...
+    # the walk skipped the full estimate of the candidates that do not fit: some by their
+    # state alone, the others by the first stage found too big
     skipped = [c for c in tuner.walked if c.memory_bytes is None]
     assert 0 < len(skipped) < len(tuner.walked)
+    by_state = [
+        c for c in skipped if state_floor(tuner.shape, c.sizes, c.training) > tuner.capacity
+    ]
+    assert 0 < len(by_state) < len(skipped)
     # ... which the full estimate rules out too; the picture estimates them as before
     estimated = tuner.sample(limit=10**6)
     assert _seen(estimated) == _seen(full.walked)

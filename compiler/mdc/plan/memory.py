@@ -1021,6 +1021,31 @@ def stage_estimates(
     ``stages``: the layers of every stage (default: the launcher's rule applied to
     ``shape``).
     """
+    return list(_each_stage(shape, sizes, batch, training, capacity, stages))
+
+
+def exceeds(
+    shape: Shape,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    capacity: int,
+    stages: StageLayers | None = None,
+) -> bool:
+    """Whether :func:`estimate`'s total exceeds ``capacity``: whether one stage's does (the
+    estimate is the largest), found without estimating the stages after that one."""
+    return any(e.total > capacity for e in _each_stage(shape, sizes, batch, training, None, stages))
+
+
+def _each_stage(
+    shape: Shape,
+    sizes: Sizes,
+    batch: BatchPlan | None,
+    training: TrainingSetup,
+    capacity: int | None,
+    stages: StageLayers | None,
+) -> Iterator[MemoryEstimate]:
+    """:func:`stage_estimates`, one stage at a time."""
     tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro = batch.micro_batch_size if batch else 1
     microbatches = batch.grad_accum_steps if batch else 1
@@ -1042,7 +1067,6 @@ def stage_estimates(
         mtp_kept = _activations(shape, mtp_parts, 1, sizes, micro, training)[0]
     heads = logits * (1 + shape.mtp_layers)
     b = _StateBytes.of(shape, sizes, training)
-    found = []
     for rank, spans in _spans(shape, sizes, training, stages).items():
         name = _role(rank, pp)
         # the logits and the MTP layers' activations sit on the last stage
@@ -1067,34 +1091,31 @@ def stage_estimates(
         recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
         layer_w = b.layer_weights
-        found.append(
-            MemoryEstimate(
-                params_total=parameter_count(shape),
-                params_per_gpu=params,
-                stage=name,
-                stage_rank=rank,
-                stage_layers=per_stage,
-                dtype=shape.dtype,
-                weight_bytes=int(layer_w) if layer_w.denominator == 1 else float(layer_w),
-                grad_bytes=b.gradients,
-                optimizer_bytes=b.optimizer,
-                zero_stage=b.zero,
-                shard=b.shard,
-                expert_shard=b.expert_shard,
-                micro_batch_size=micro,
-                in_flight=in_flight,
-                sequence_parallel=training.sequence_parallel and tp > 1,
-                recompute=training.recompute,
-                weights=weights,
-                gradients=gradients,
-                optimizer=optimizer,
-                activations=activations,
-                total=weights + gradients + optimizer + max(activations, step_gradients),
-                capacity=capacity,
-                step_gradients=step_gradients,
-            )
+        yield MemoryEstimate(
+            params_total=parameter_count(shape),
+            params_per_gpu=params,
+            stage=name,
+            stage_rank=rank,
+            stage_layers=per_stage,
+            dtype=shape.dtype,
+            weight_bytes=int(layer_w) if layer_w.denominator == 1 else float(layer_w),
+            grad_bytes=b.gradients,
+            optimizer_bytes=b.optimizer,
+            zero_stage=b.zero,
+            shard=b.shard,
+            expert_shard=b.expert_shard,
+            micro_batch_size=micro,
+            in_flight=in_flight,
+            sequence_parallel=training.sequence_parallel and tp > 1,
+            recompute=training.recompute,
+            weights=weights,
+            gradients=gradients,
+            optimizer=optimizer,
+            activations=activations,
+            total=weights + gradients + optimizer + max(activations, step_gradients),
+            capacity=capacity,
+            step_gradients=step_gradients,
         )
-    return found
 
 
 def estimate(

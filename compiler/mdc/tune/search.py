@@ -25,7 +25,15 @@ from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiled, Compiler
-from mdc.plan.memory import GIB, MemoryEstimate, Shape, estimate, resolve_shape, state_floor
+from mdc.plan.memory import (
+    GIB,
+    MemoryEstimate,
+    Shape,
+    estimate,
+    exceeds,
+    resolve_shape,
+    state_floor,
+)
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, layout_vpp, split_layers
@@ -609,7 +617,7 @@ class Tuner:
 
     def sample(self, limit: int = 1500) -> list[Candidate]:
         """Up to ``limit`` of the candidates whose memory was checked (for the picture), each
-        with its estimate (made here for those the walk ruled out by their state alone)."""
+        with its estimate (made here for those the walk ruled out without it)."""
         walked = getattr(self, "walked", [])
         step = max(1, len(walked) // limit)
         return [
@@ -619,6 +627,10 @@ class Tuner:
 
     def _state_floor(self, candidate: Candidate) -> int:
         return state_floor(self.shape, candidate.sizes, candidate.training)
+
+    def _exceeds(self, candidate: Candidate) -> bool:
+        c = candidate
+        return exceeds(self.shape, c.sizes, c.batch, c.training, self.capacity)
 
     def _with_memory(self, candidate: Candidate) -> Candidate:
         memory = estimate(self.shape, candidate.sizes, candidate.batch, candidate.training)
@@ -643,10 +655,11 @@ class Tuner:
         everything = sorted(self.candidates(), key=lambda c: c.key)
         return self._walk(len(everything), iter(everything), top)
 
-    #: skip the estimate of a candidate whose model state alone exceeds the capacity
-    #: (:func:`mdc.plan.memory.state_floor`, a lower bound on the estimate); off, every
-    #: candidate down the ranking is estimated in full, with the same result
-    state_floor = True
+    #: estimate in full only the candidates that fit: rule out one whose model state alone
+    #: exceeds the capacity (:func:`mdc.plan.memory.state_floor`, a lower bound on the
+    #: estimate) or one of whose stages does (:func:`mdc.plan.memory.exceeds`) without it.
+    #: False: every candidate down the ranking is estimated in full, with the same result
+    prune_memory = True
 
     def _walk(self, generated: int, ranked: Iterator[Candidate], top: int) -> Result:
         rows: list[Verified] = []
@@ -665,14 +678,13 @@ class Tuner:
             family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
             if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
                 continue
-            floor = 0
-            if self.state_floor:
+            if not self.prune_memory:
+                candidate = self._with_memory(candidate)
+            else:
                 if family not in floors:
                     floors[family] = self._state_floor(candidate)
-                floor = floors[family]
-            # a candidate whose state alone exceeds the capacity cannot fit: not estimated
-            if floor <= self.capacity:
-                candidate = self._with_memory(candidate)
+                if floors[family] <= self.capacity and not self._exceeds(candidate):
+                    candidate = self._with_memory(candidate)  # it fits
             walked.append(candidate)
             if candidate.memory_bytes is None or candidate.memory_bytes > self.capacity:
                 too_big[family] = min(
