@@ -116,7 +116,9 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
         recompute_layers=run.get("recompute_num_layers")
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,
-        grad_bytes=4,
+        # Megatron-LM keeps fp16 gradients in fp16 (--accumulate-allreduce-grads-in-fp32
+        # asks for fp32; the rows do not), bf16 ones in fp32
+        grad_bytes=2 if run["precision"] == "fp16" else 4,
     )  # fmt: skip
 
 

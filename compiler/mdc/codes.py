@@ -386,7 +386,8 @@ CODES: dict[str, Code] = {
         "follow the hint: enable use_megatron_fsdp, or remove the option",
     ),
     "MDC355": Code(
-        "fp8 and bf16-reduce options that need another precision or the distributed optimizer",
+        "fp8 and gradient-precision options that need another precision or the distributed"
+        " optimizer",
         'set [model] dtype = "fp8" (or the optimizer), or remove the option',
     ),
     "MDC356": Code(

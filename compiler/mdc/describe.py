@@ -206,6 +206,7 @@ def memory_json(memory: MemoryEstimate | None) -> dict[str, object] | None:
             "gradients": m.gradients,
             "optimizer": m.optimizer,
             "activations": m.activations,
+            **({"optimizer_step_gradients": m.step_gradients} if m.step_gradients else {}),
             "total": m.total,
         },
         "capacity_bytes": m.capacity,
@@ -253,6 +254,14 @@ def memory_lines(memory: MemoryEstimate | None) -> list[str]:
         (
             f"  activations {_gib(m.activations)}   micro batch {m.micro_batch_size}, "
             f"{m.in_flight} in flight, recompute {m.recompute}, {parallel}"
+        ),
+        *(
+            [
+                f"  step grads  {_gib(m.step_gradients)}   fp32 copy during the optimizer "
+                "step, when the activations are freed (the larger one counts)"
+            ]
+            if m.step_gradients
+            else []
         ),
         f"  total       {_gib(m.total)}   {verdict}",
     ]

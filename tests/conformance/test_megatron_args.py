@@ -198,6 +198,9 @@ FLAGS: dict[str, Flag] = {
     ),
     # Megatron-LM: grad_reduce_in_fp32 = accumulate_allreduce_grads_in_fp32, off with it
     "--grad-reduce-in-bf16": Flag(bool, DistributedDataParallelConfig, "grad_reduce_in_fp32"),
+    "--accumulate-allreduce-grads-in-fp32": Flag(
+        bool, DistributedDataParallelConfig, "grad_reduce_in_fp32"
+    ),
     "--fp8-recipe": Flag(str, TransformerConfig, "fp8_recipe"),
     "--fp8-param-gather": Flag(bool, TransformerConfig, "fp8_param"),
     "--fp4-format": Flag(str, TransformerConfig, "fp4"),
@@ -567,14 +570,24 @@ def check_job(
     assert bias_refused == ("MDC324" in codes)
     ep_without_sp = [w for w in caught if "sequence parallelism must be used" in str(w.message)]
     assert bool(ep_without_sp) == ("MDC325" in codes)
-    DistributedDataParallelConfig(
+    # Megatron-LM's validate_args: bf16 accumulates and all-reduces in fp32 unless
+    # --grad-reduce-in-bf16 or bf16 main gradients; other dtypes only when asked to
+    fp32_reduce = bool(ns.accumulate_allreduce_grads_in_fp32)
+    if ns.bf16:
+        fp32_reduce = not ns.grad_reduce_in_bf16 and (ns.main_grads_dtype or "fp32") == "fp32"
+    ddp = DistributedDataParallelConfig(
         use_distributed_optimizer=ns.use_distributed_optimizer,
         overlap_grad_reduce=ns.overlap_grad_reduce,
         overlap_param_gather=ns.overlap_param_gather,
         use_megatron_fsdp=ns.use_megatron_fsdp,
         data_parallel_sharding_strategy=ns.data_parallel_sharding_strategy or "no_shard",
-        grad_reduce_in_fp32=not ns.grad_reduce_in_bf16,
+        grad_reduce_in_fp32=fp32_reduce,
     )
+    if plan.get("memory") is not None and not getattr(ns, "use_torch_fsdp2", False):
+        # megatron-core's DistributedDataParallel: the gradient buffer holds
+        # `torch.float if ddp_config.grad_reduce_in_fp32 else param.dtype`
+        grad_dtype = torch.float32 if ddp.grad_reduce_in_fp32 else dtype_of(ns)
+        assert plan["memory"]["bytes_per_param"]["gradients"] == grad_dtype.itemsize
     if ns.use_megatron_fsdp:  # Megatron-LM's validate_args
         assert ns.ckpt_format == "fsdp_dtensor"
     if not ns.use_precision_aware_optimizer:  # (which needs Transformer Engine to check)
@@ -797,6 +810,12 @@ SPECS: dict[str, dict[str, Any]] = {
     "moe-tp-pp-dp-order": spec(2, 2, ep=2, etp=1, order=TP_PP_DP_ORDER, model=MOE),
     "fp16-gqa-ffn": spec(
         4, 1, model={**DENSE, "num_query_groups": 8, "ffn_hidden_size": 1024, "dtype": "fp16"}
+    ),
+    "fp16-fp32-grads": spec(
+        2,
+        1,
+        model={**DENSE, "dtype": "fp16"},
+        megatron={"extra_args": ["--accumulate-allreduce-grads-in-fp32"]},
     ),
     "fp8": spec(8, 1, model={**DENSE, "dtype": "fp8"}, megatron={"fp8_format": "e4m3"}),
     "no-dist-opt-no-sp": spec(

@@ -57,6 +57,8 @@ BASES = {
 CHANGES: dict[str, Any] = {
     "zero_stage": 2,
     "grad_bytes": 2,
+    "dtype_grad_bytes": (("bf16", 2), ("fp8", 2)),
+    "step_grad_bytes": 8,
     "sequence_parallel": False,
     "recompute": "none",
     "pp_zero_stage": 0,
@@ -143,7 +145,9 @@ def test_state_floor_is_the_largest_stage_state_and_never_above_the_total(
     for _, (shape, sizes, batch, training) in _changed((SHAPES[model], SIZES, BATCH, BASES[base])):
         stages = stage_estimates(shape, sizes, batch, training)
         floor = state_floor(shape, sizes, training)
-        assert floor == max(e.weights + e.gradients + e.optimizer for e in stages)
+        assert floor == max(
+            e.weights + e.gradients + e.optimizer + e.step_gradients for e in stages
+        )
         assert floor <= estimate(shape, sizes, batch, training).total
         # and the same for any micro batch: the floor does not depend on it
         for micro in (1, 4, 8):

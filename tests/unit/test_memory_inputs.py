@@ -197,6 +197,56 @@ def test_grad_reduce_in_bf16_halves_the_gradients(compiler: Compiler, tmp_path: 
     assert bf16.total == fp32.total - 2 * fp32.params_total
 
 
+def test_fp16_gradients_take_two_bytes_unless_accumulated_in_fp32(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-LM turns on fp32 gradient accumulation and all-reduce for bf16 only
+    (validate_args); megatron-core's buffer otherwise holds the parameter's dtype."""
+    model = {**LLAMA3_70B, "dtype": "fp16"}
+    fp16 = estimate_of(compiler, tmp_path, spec("megatron", model=model))
+    assert fp16.gradients == 2 * fp16.params_total
+    for table in (
+        {"accumulate_allreduce_grads_in_fp32": True},
+        {"extra_args": ["--accumulate-allreduce-grads-in-fp32"]},
+    ):
+        fp32 = estimate_of(compiler, tmp_path, spec("megatron", table, model=model))
+        assert fp32.gradients == 4 * fp32.params_total
+    fp32_model = {**LLAMA3_70B, "dtype": "fp32"}
+    plain = estimate_of(compiler, tmp_path, spec("megatron", model=fp32_model))
+    assert plain.gradients == 4 * plain.params_total
+
+
+def test_the_optimizer_step_copies_16_bit_gradients_to_fp32(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-Core's mixed-precision optimizers step on ``main_grad.float()``: a 2-byte
+    buffer is copied (4 bytes per parameter of the optimizer's shard), while the step runs,
+    when the activations are gone: the peak is the larger of the two."""
+    model = {**LLAMA3_70B, "dtype": "fp16"}
+    dp = 64  # spec(): 16 nodes x 4 GPUs, tp = pp = 1
+    for table, shard in (({}, dp), ({"use_distributed_optimizer": False}, 1)):
+        m = estimate_of(compiler, tmp_path, spec("megatron", table, model=model))
+        assert abs(m.step_gradients - 4 * m.params_per_gpu / shard) <= 1
+        state = m.weights + m.gradients + m.optimizer
+        assert m.total == state + max(m.activations, m.step_gradients)
+    reduced = estimate_of(compiler, tmp_path, spec("megatron", {"grad_reduce_in_bf16": True}))
+    assert reduced.step_gradients > 0
+    for table in ({}, {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"}):
+        assert estimate_of(compiler, tmp_path, spec("megatron", table)).step_gradients == 0
+
+
+def test_fp32_accumulation_with_bf16_main_gradients_is_refused(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    table = {
+        "accumulate_allreduce_grads_in_fp32": True,
+        "use_precision_aware_optimizer": True,
+        "main_grads_dtype": "bf16",
+    }
+    (error,) = refusal(compiler, tmp_path, spec("megatron", table))
+    assert "MDC356" in error and "can only be fp32" in error
+
+
 def test_fp8_parameters_keep_the_layers_in_one_byte(compiler: Compiler, tmp_path: Path) -> None:
     model = {**LLAMA3_70B, "dtype": "fp8"}
     table = {"fp8_param_gather": True, "fp8_recipe": "tensorwise"}

@@ -187,8 +187,28 @@ def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
     inside = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=8)
     across = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=4)
     # H100: 450 GB/s NVLink inside a node; across nodes of 4, a tp group of 8 has 4 members
-    # per node, so its traffic leaves over 4 NICs of 50 GB/s: 200 GB/s
-    assert across.breakdown["tp"] == pytest.approx(inside.breakdown["tp"] * 450 / 200)
+    # per node, so its traffic leaves over 4 NICs of 50 GB/s: 200 GB/s (and the slower
+    # backward collectives may outlast the weight-gradient GEMM they hide behind)
+    assert across.breakdown["tp"] >= inside.breakdown["tp"] * 450 / 200 * (1 - 1e-9)
+
+
+def test_backward_tp_collectives_hide_behind_the_weight_gradient_gemm() -> None:
+    """Of a layer's 4 tp collectives (no recompute), the 2 forward ones wait (x tp_exposed),
+    the 2 backward ones run beside the weight-gradient GEMM: on NVLink a 70B layer's GEMM
+    outlasts them, so only overlap_tax of their time is lost."""
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
+                   seq_length=4096)
+    )  # fmt: skip
+    assert shape is not None
+    hw = builtin()["h100-sxm"]
+    layout = _layout(tp=8, dp=2)
+    hidden = predict(shape, layout, hw, nproc_per_node=8).breakdown["tp"]
+    charged = predict(
+        shape, layout, hw, nproc_per_node=8, constants=attrs.evolve(DEFAULT, overlap_tax=1.0)
+    ).breakdown["tp"]
+    e, tax = DEFAULT.tp_exposed, DEFAULT.overlap_tax
+    assert hidden / charged == pytest.approx((2 * e + 2 * tax) / (2 * e + 2))
 
 
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:

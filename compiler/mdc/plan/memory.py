@@ -478,6 +478,9 @@ class MemoryEstimate:
     total: int
     #: accelerator_memory_gib in bytes; None: no fit check
     capacity: int | None = None
+    #: the optimizer step's wider copy of the gradients (TrainingSetup.step_grad_bytes),
+    #: held while the step runs, when the activations are freed: the total counts the larger
+    step_gradients: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -865,6 +868,8 @@ class _StateBytes:
     optimizer: int
     #: the embeddings' and output layer's optimizer state (Muon: Adam's)
     end_optimizer: int
+    #: the optimizer step's wider copy of the gradients (TrainingSetup.step_grad_bytes)
+    step_gradients: int
     #: the share of the optimizer state kept on the GPU
     on_gpu: Fraction
     param_offload: bool
@@ -879,8 +884,9 @@ class _StateBytes:
         # HSDP / distributed-optimizer instances: state sharded within each replica's ranks
         replicas = t.replicas if sizes.dp * sizes.cp % max(t.replicas, 1) == 0 else 1
         return _state_bytes(
-            shape.dtype, t.weight_bytes, t.layer_weight_bytes, t.grad_bytes, t.optimizer_bytes,
-            t.end_optimizer_bytes, t.optimizer_offload, t.param_offload,
+            shape.dtype, t.weight_bytes, t.layer_weight_bytes, t.gradient_bytes(shape.dtype),
+            t.step_grad_bytes, t.optimizer_bytes, t.end_optimizer_bytes, t.optimizer_offload,
+            t.param_offload,
             max(0, min(3, t.zero_stage if stage is None else stage)),
             sizes.dp * sizes.cp // replicas, max(sizes.edp // replicas, 1),
         )  # fmt: skip
@@ -892,6 +898,7 @@ def _state_bytes(
     weight_bytes: int | None,
     layer_weight_bytes: float | None,
     grad_bytes: int | None,
+    step_grad_bytes: int,
     optimizer_bytes: int | None,
     end_optimizer_bytes: int | None,
     optimizer_offload: float,
@@ -902,12 +909,14 @@ def _state_bytes(
 ) -> _StateBytes:
     w = weight_bytes or WEIGHT_BYTES.get(dtype, 2)
     o = optimizer_bytes or (8 if WEIGHT_BYTES.get(dtype, 2) >= 4 else 12)
+    g = grad_bytes or w
     return _StateBytes(
         weights=w,
         layer_weights=Fraction(layer_weight_bytes or w),
-        gradients=grad_bytes or w,
+        gradients=g,
         optimizer=o,
         end_optimizer=end_optimizer_bytes or o,
+        step_gradients=step_grad_bytes if g < step_grad_bytes else 0,
         on_gpu=1 - Fraction(optimizer_offload).limit_denominator(1000),
         param_offload=param_offload,
         zero=zero,
@@ -939,9 +948,11 @@ def _ends(shape: Shape, role: str, tp: int, ep: int, etp: int) -> tuple[int, _La
 @_cached
 def _stage_state(
     shape: Shape, spans: Spans, wide: Spans, role: str, tp: int, ep: int, etp: int, b: _StateBytes
-) -> tuple[int, int, int, int]:
+) -> tuple[int, int, int, int, int]:
     """(parameters on one GPU of a stage, before ZeRO-3 sharding; its weights, gradients and
-    optimizer state in bytes). ``wide``: its layers kept in bf16 (:func:`bf16_spans`)."""
+    optimizer state in bytes; the optimizer step's copy of the gradients, which the
+    activations' memory holds once they are freed). ``wide``: its layers kept in bf16
+    (:func:`bf16_spans`)."""
     ends, extra_params = _ends(shape, role, tp, ep, etp)
     params = _parts(shape, _parts_of(shape, spans), tp, ep, etp) + extra_params
     dense, expert = params.dense + ends, params.expert
@@ -969,16 +980,18 @@ def _stage_state(
         sharded(o * b.on_gpu, 1)
         + (b.end_optimizer - o) * b.on_gpu * sharded(Fraction(1), 1, ends, 0)
     )
-    return dense + expert, weights, gradients, optimizer
+    step_gradients = _ceil(sharded(b.step_gradients * b.on_gpu, 1))
+    return dense + expert, weights, gradients, optimizer, step_gradients
 
 
 def state_floor(
     shape: Shape, sizes: Sizes, training: TrainingSetup, stages: StageLayers | None = None
 ) -> int:
-    """The largest model state (weights, gradients and optimizer) of the pipeline ranks that
-    can be the heaviest: a lower bound on :func:`estimate`'s total under every batch and
-    recompute setting, as that total is one of those ranks' state plus its activations (a
-    sum of sizes, never negative). Cheap: the state is cached per stage."""
+    """The largest model state (weights, gradients and optimizer, and the optimizer step's
+    copy of the gradients) of the pipeline ranks that can be the heaviest: a lower bound on
+    :func:`estimate`'s total under every batch and recompute setting, as that total is one
+    of those ranks' state plus the larger of its activations and that copy (sizes, never
+    negative). Cheap: the state is cached per stage."""
     b = _StateBytes.of(shape, sizes, training)
     return max(
         sum(_stage_state(shape, spans, bf16_spans(shape, training, spans),
@@ -1032,7 +1045,7 @@ def stage_estimates(
         per_stage = sum(stop - start for start, stop in spans)
         parts = _parts_of(shape, spans)
         wide = bf16_spans(shape, training, spans)
-        params, weights, gradients, optimizer = _stage_state(
+        params, weights, gradients, optimizer, step_gradients = _stage_state(
             shape, spans, wide, name, tp, ep, etp, b
         )
         kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
@@ -1068,8 +1081,9 @@ def stage_estimates(
                 gradients=gradients,
                 optimizer=optimizer,
                 activations=activations,
-                total=weights + gradients + optimizer + activations,
+                total=weights + gradients + optimizer + max(activations, step_gradients),
                 capacity=capacity,
+                step_gradients=step_gradients,
             )
         )
     return found

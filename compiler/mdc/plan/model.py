@@ -118,6 +118,15 @@ class TrainingSetup:
     zero_stage: int = 0
     #: bytes per gradient element (Megatron keeps fp32 main grads: 4; ZeRO: the weight dtype)
     grad_bytes: int | None = None
+    #: (dtype, bytes) pairs: the bytes per gradient element under that [model] dtype where
+    #: it differs from grad_bytes (Megatron-LM keeps an fp16 model's gradients in fp16
+    #: unless --accumulate-allreduce-grads-in-fp32); see :meth:`gradient_bytes`
+    dtype_grad_bytes: tuple[tuple[str, int], ...] = ()
+    #: bytes per parameter of the copy the optimizer step makes of a narrower gradient
+    #: buffer, sharded as the optimizer state and alive only while the step runs (Megatron's
+    #: mixed-precision optimizers: ``main_grad.float()``, 4); the peak holds it or the
+    #: activations, whichever is larger. 0: no copy
+    step_grad_bytes: int = 0
     #: activations split over tp along the sequence (Megatron --sequence-parallel)
     sequence_parallel: bool = False
     #: activation recomputation: "none", "selective" (attention core) or "full"
@@ -190,6 +199,10 @@ class TrainingSetup:
     #: for the levers "zero 1".."zero 3", "sequence parallel", "recompute selective",
     #: "recompute full", "optimizer offload"; a lever not listed is not proposed
     levers: tuple[tuple[str, str], ...] = ()
+
+    def gradient_bytes(self, dtype: str | None) -> int | None:
+        """Bytes per gradient element under [model] ``dtype`` (None: the weight bytes)."""
+        return dict(self.dtype_grad_bytes).get(dtype or "", self.grad_bytes)
 
 
 @attrs.frozen(kw_only=True)

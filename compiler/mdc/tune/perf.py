@@ -35,28 +35,29 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.7061
+    gemm_peak: float = 0.7392
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 228.0
+    shape_knee: float = 261.6
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.6358
+    attention_peak: float = 0.6656
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 3.843
+    elementwise: float = 4.091
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.7148
-    #: share of tensor-parallel communication not hidden behind GEMMs
-    tp_exposed: float = 0.5682
+    link_share: float = 0.6715
+    #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
+    #: backward ones overlap the weight-gradient GEMM: see predict)
+    tp_exposed: float = 0.8459
     #: share of an overlapped data-parallel collective's time the compute still loses
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.2778
+    ep_exposed: float = 0.2654
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 43.3
+    moe_passes: float = 41.1
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 574.0
+    mamba_passes: float = 564.5
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -282,8 +283,17 @@ def predict(
     t_tp = 0.0
     if L.tp > 1:
         bw = _bandwidth(span(dense, "tp"), 1, domain, hw, c.link_share)
-        per_layer = (4 + 2 * recomputed) * 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
-        t_tp = c.tp_exposed * per_layer * stage_layers
+        one = 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
+        # forward (and recomputed forward): the row-parallel outputs' collectives wait
+        forward = (2 + 2 * recomputed) * one * c.tp_exposed
+        # backward: Megatron-Core launches each column-parallel layer's input-gradient
+        # collective asynchronously and computes the weight gradient meanwhile
+        # (LinearWithGradAccumulationAndAsyncCommunication): hidden behind that GEMM, a
+        # third of the layer's dense GEMM time, but for the overlap tax
+        backward = 2 * one
+        wgrad = t_dense / gemm_factor / 3 / max(stage_layers, 1)
+        hidden = min(backward, wgrad)
+        t_tp = (forward + backward - hidden + c.overlap_tax * hidden) * stage_layers
 
     # ---- context parallel: ring attention passes K and V (cp-1) times forward, K, V and
     # their gradients backward, hidden behind the attention it feeds
@@ -507,7 +517,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=t.recompute_num_layers
         if t.recompute == "full" and t.recompute_method == "block" else None,
-        zero_stage=t.zero_stage, grad_bytes=t.grad_bytes or 4,
+        zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
         stage_layers=memory.stage_layers, order=plan.layout.order,

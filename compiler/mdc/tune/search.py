@@ -168,6 +168,7 @@ class Tuner:
         self.options_type: Any = self.launcher.options_type
         model = self.spec.model
         dtype = model.dtype if model is not None else None
+        self.dtype = dtype
         self.precision = gemm_precision(dtype, self._training(self._options({})))
         self.window = model.window_size if model is not None else None
         self.window_skip = model.window_attn_skip_freq if model is not None else None
@@ -528,7 +529,7 @@ class Tuner:
             recompute_layers=training.recompute_num_layers
             if recompute == "full" and training.recompute_method == "block" else None,
             zero_stage=training.zero_stage,
-            grad_bytes=training.grad_bytes or 4,
+            grad_bytes=training.gradient_bytes(self.dtype) or 4,
             order=order,
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_param_gather=training.zero_stage >= 1

@@ -230,6 +230,7 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     for key in (
         "use_torch_fsdp2",
         "grad_reduce_in_bf16",
+        "accumulate_allreduce_grads_in_fp32",
         "fp8_param_gather",
         "use_precision_aware_optimizer",
         "optimizer_cpu_offload",

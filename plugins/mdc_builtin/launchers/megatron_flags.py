@@ -112,6 +112,7 @@ OPTION_FLAGS = (
     _option_flag("use_torch_fsdp2"),
     _option_flag("data_parallel_sharding_strategy", 1, choices=SHARDING_STRATEGIES),
     _option_flag("grad_reduce_in_bf16"),
+    _option_flag("accumulate_allreduce_grads_in_fp32"),
     _option_flag("fp8_recipe", 1, choices=FP8_RECIPES),
     _option_flag("fp8_param_gather"),
     _option_flag("use_precision_aware_optimizer"),

@@ -187,6 +187,25 @@ def _precision_rules(opts: MegatronOptions, dtype: str | None) -> Iterator[Findi
             "reads it only for bf16 training",
             hint="remove grad_reduce_in_bf16",
         )
+    if opts.accumulate_allreduce_grads_in_fp32 and dtype == "fp32":
+        yield Finding(
+            code="MDC355",
+            pointer=pointer_of(opts, "accumulate_allreduce_grads_in_fp32"),
+            severity=Severity.WARNING,
+            message="accumulate_allreduce_grads_in_fp32 has no effect with dtype = 'fp32': "
+            "the gradients are fp32 already",
+            hint="remove accumulate_allreduce_grads_in_fp32",
+        )
+    bf16 = dtype in ("bf16", "fp8")  # both run Megatron-LM with --bf16
+    if bf16 and opts.accumulate_allreduce_grads_in_fp32 and opts.main_grads_dtype == "bf16":
+        yield Finding(
+            code="MDC356",
+            pointer=pointer_of(opts, "accumulate_allreduce_grads_in_fp32"),
+            message="accumulate_allreduce_grads_in_fp32 with main_grads_dtype = 'bf16' "
+            "(Megatron-LM: '--main-grads-dtype can only be fp32 when "
+            "--accumulate-allreduce-grads-in-fp32 is set')",
+            hint="remove accumulate_allreduce_grads_in_fp32, or main_grads_dtype",
+        )
 
 
 def _optimizer_rules(opts: MegatronOptions) -> Iterator[Finding]:

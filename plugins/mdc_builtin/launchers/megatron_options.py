@@ -35,6 +35,7 @@ class MegatronOptions:
     use_torch_fsdp2: bool | None = None
     data_parallel_sharding_strategy: str | None = None
     grad_reduce_in_bf16: bool | None = None
+    accumulate_allreduce_grads_in_fp32: bool | None = None
     use_precision_aware_optimizer: bool | None = None
     main_grads_dtype: str | None = None
     main_params_dtype: str | None = None

@@ -84,11 +84,19 @@ def _optimizer_bytes(opts: MegatronOptions) -> int | None:
 
 
 def _grad_bytes(opts: MegatronOptions) -> int:
-    """fp32 main gradients, unless reduced in bf16 (--grad-reduce-in-bf16, or bf16 main
-    gradients of the precision-aware optimizer)."""
+    """bf16 training: fp32 main gradients, unless reduced in bf16 (--grad-reduce-in-bf16, or
+    bf16 main gradients of the precision-aware optimizer)."""
     if opts.grad_reduce_in_bf16 or opts.main_grads_dtype == "bf16":
         return 2
     return 4
+
+
+def _dtype_grad_bytes(opts: MegatronOptions) -> tuple[tuple[str, int], ...]:
+    """Megatron-LM's gradient buffer holds the parameter's dtype unless it accumulates and
+    all-reduces in fp32 (DistributedDataParallel: ``torch.float if grad_reduce_in_fp32 else
+    param.dtype``, set from --accumulate-allreduce-grads-in-fp32), which validate_args turns
+    on for bf16 only: fp16 gradients take 2 bytes unless the flag asks for fp32; fp32 ones 4."""
+    return (("fp16", 4 if opts.accumulate_allreduce_grads_in_fp32 else 2), ("fp32", 4))
 
 
 def pipeline_split(opts: MegatronOptions) -> PipelineSplit:
@@ -124,6 +132,10 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         zero_stage=zero_stage(opts),
         replicas=opts.num_distributed_optimizer_instances or 1,
         grad_bytes=_grad_bytes(opts),
+        dtype_grad_bytes=_dtype_grad_bytes(opts),
+        # Megatron's optimizers step on fp32 gradients: a 16-bit buffer is copied
+        # (`main_grad.float()`), unless the precision-aware optimizer steps on it directly
+        step_grad_bytes=0 if opts.use_precision_aware_optimizer else 4,
         sequence_parallel=opts.sequence_parallel is not False,
         recompute=opts.recompute_granularity or "none",
         pipeline=pipeline_split(opts),
