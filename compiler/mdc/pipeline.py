@@ -28,7 +28,6 @@ from mdc.api import (
     _writing_files,
 )
 from mdc.convert import structure_spec
-from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
 from mdc.hardware import Accelerator
 from mdc.importers import translate
@@ -161,7 +160,8 @@ class Compiler:
                             code="MDC104",
                             pointer="/distributed",
                             message=f"the default backend {backend_name!r} is not available",
-                            hint=f"set backend to one of: {', '.join(self.plugins.backends) or '(none)'}",
+                            hint="set backend to one of: "
+                            f"{', '.join(self.plugins.backends) or '(none)'}",
                         ),
                     )
                 ]
@@ -251,6 +251,8 @@ class Compiler:
         _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
         own = [*launched.files]
         if tree:
+            from mdc.describe import plan_json  # only a command that writes the tree
+
             own.append(Artifact.json(PLAN, plan_json(plan, launch)))
         with _writing_files(tree):  # without a tree the backend's files are dropped
             scheduler = _call(
@@ -358,8 +360,8 @@ class Compiler:
                         Finding(
                             code="MDC240",
                             pointer=f"/job/env/{name}",
-                            message=f"{name} is set by the {plan.launcher} launcher or the {plan.backend} "
-                            "backend; [job] env cannot override it",
+                            message=f"{name} is set by the {plan.launcher} launcher or the "
+                            f"{plan.backend} backend; [job] env cannot override it",
                             hint="remove it from [job] env; the plan sets it",
                         ),
                     )

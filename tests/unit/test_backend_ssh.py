@@ -27,12 +27,15 @@ from mdc.plugin_manager import load_plugins
 
 
 def roles_launch(plan: Plan, options: object) -> Launch:
-    """Each role records where it ran: role, node rank, rendezvous, host and directory."""
+    """Each role records where it ran: role, node rank, rendezvous, host and directory.
+
+    One file per node: bash's stdout is line buffered, so a value with a line break is
+    written in two parts, and nodes sharing a file could interleave between them."""
 
     def line(role: str) -> str:
         return (
             f'echo "{role} $NODE_RANK $MASTER_ADDR:$MASTER_PORT $FAKE_HOST $PWD '
-            '${FORWARDED-unset}" >> "$ROLE_LOG"; exit "${EXIT_STATUS:-0}"'
+            '${FORWARDED-unset}" >> "$ROLE_LOG.$NODE_RANK"; exit "${EXIT_STATUS:-0}"'
         )
 
     return Launch(
@@ -255,6 +258,12 @@ def roles_spec(hosts: list[str], **ssh: Any) -> dict[str, Any]:
     return data
 
 
+def role_log(tmp_path: Path) -> str:
+    """What the roles recorded, in node-rank order."""
+    files = (tmp_path / "fake-log").glob("roles.*")
+    return "".join(f.read_text() for f in sorted(files, key=lambda f: int(f.suffix[1:])))
+
+
 def run_launch(
     out: Path, env: dict[str, str], timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
@@ -277,10 +286,7 @@ def test_every_host_runs_its_role_with_its_rank(
     emit.write_tree(out, compiled_of(compiler, tmp_path, roles_spec(hosts)).tree)
     done = run_launch(out, {**fake_ssh, "FORWARDED": "not forwarded"})
     assert done.returncode == 0, done.stderr
-    lines = sorted(
-        (tmp_path / "fake-log" / "roles").read_text().splitlines(),
-        key=lambda line: int(line.split()[1]),
-    )
+    lines = role_log(tmp_path).splitlines()
     # 4 nodes: proxy, then max(1, 3 * 2 // 5) = 1 prefill node, then 2 decode nodes
     assert lines == [
         f"{role} {node} h0:29400 h{node} {out} unset"
@@ -321,7 +327,7 @@ def test_hostile_paths_and_values_survive_two_shells(
     done = run_launch(out, {**fake_ssh, "FORWARDED": hostile})
     assert done.returncode == 0, done.stderr
     assert os.listdir(canary) == []
-    text = (tmp_path / "fake-log" / "roles").read_text()
+    text = role_log(tmp_path)
     for node in range(3):
         assert f" {node} h0:29400 h{node} {out} {hostile}\n" in text
 

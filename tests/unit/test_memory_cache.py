@@ -154,3 +154,11 @@ def test_state_floor_is_the_largest_stage_state_and_never_above_the_total(
             rebatched = BatchPlan(global_batch_size=64, micro_batch_size=micro,
                                   grad_accum_steps=64 // (micro * sizes.dp))  # fmt: skip
             assert floor <= estimate(shape, sizes, rebatched, training).total
+
+
+def test_equal_model_tables_resolve_to_one_shape_object() -> None:
+    # the cached pieces (and the throughput model's) then match a new search's shape by
+    # identity, without comparing each field on every lookup
+    first = _shape("deepseek-v3", dtype="fp8")
+    assert _shape("deepseek-v3", dtype="fp8") is first
+    assert _shape("deepseek-v3") is not first

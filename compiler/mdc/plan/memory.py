@@ -213,7 +213,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         return None
     h, a = model.hidden_size or 0, model.num_attention_heads or 0
     ffn = model.ffn_hidden_size or 4 * h
-    return Shape(
+    shape = Shape(
         layers=model.num_layers or 0,
         hidden=h,
         heads=a,
@@ -244,6 +244,14 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         dsv4=dsv4_of(model),
         streams=residual_streams_of(model),
     )
+    return _canonical(shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical(shape: Shape) -> Shape:
+    """The first object made for an equal shape: the caches keyed by shapes (here and in the
+    throughput model) then find each other's by identity, without comparing every field."""
+    return shape
 
 
 # ----------------------------------------------------------------------------- parameters
