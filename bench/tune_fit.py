@@ -43,7 +43,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 #: fitted constants, and the factor range each may move in
 FITTED = (
     "gemm_peak", "shape_knee", "attention_peak",
-    "elementwise", "link_share", "tp_exposed", "ep_exposed",
+    "elementwise", "link_share", "ep_exposed",
     "moe_passes", "mamba_passes",
 )  # fmt: skip
 
