@@ -102,7 +102,8 @@ class Compiler:
 
         A foreign config (madengine's) is translated first; what the translation dropped
         or reinterpreted comes back with the result's diagnostics. ``tree=False`` runs every
-        check and every plugin hook but renders neither plan.json nor the manifest.
+        check and every plugin hook but renders neither plan.json nor the manifest, and the
+        backend's emit runs with :func:`mdc.api.files_written` False.
         """
         doc, notes = translate(load_file(path))
         try:
