@@ -43,7 +43,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 #: fitted constants, and the factor range each may move in
 FITTED = (
     "gemm_peak", "shape_knee", "attention_peak",
-    "elementwise", "link_share", "tp_exposed", "ep_exposed",
+    "elementwise", "link_share", "ep_exposed",
     "moe_passes", "mamba_passes",
 )  # fmt: skip
 
@@ -103,7 +103,7 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
     mbs = run.get("micro_batch_size", 1)  # not stated: Megatron-LM's default, 1
     table = run.get("launcher_table", {})
     fsdp = bool(table.get("use_megatron_fsdp")) or bool(run.get("fsdp"))
-    paper = run["source"] == NARAYANAN  # 2021: no sequence parallel, no overlap, plain DDP
+    paper = run["source"] == NARAYANAN  # 2021: no sequence parallel, plain DDP
     # Megatron-FSDP's sharding strategy (default optim_grads_params) as ZeRO stage
     strategy = table.get("data_parallel_sharding_strategy", "optim_grads_params")
     zero = {"optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (0 if paper else 1)
@@ -112,7 +112,8 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
         vpp=run.get("vpp") or 1,
         micro_batch_size=mbs, microbatches=max(1, run["global_batch_size"] // (mbs * dp)),
         sequence_parallel=tp > 1 and not paper, recompute=run.get("recompute", "none"),
-        overlap_grad_reduce=not paper, overlap_param_gather=not paper,
+        overlap_grad_reduce=table.get("overlap_grad_reduce", not paper),
+        overlap_param_gather=not paper,
         recompute_layers=run.get("recompute_num_layers")
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,

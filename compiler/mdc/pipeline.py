@@ -28,7 +28,6 @@ from mdc.api import (
     _writing_files,
 )
 from mdc.convert import structure_spec
-from mdc.describe import plan_json
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
 from mdc.hardware import Accelerator
 from mdc.importers import translate
@@ -103,7 +102,8 @@ class Compiler:
 
         A foreign config (madengine's) is translated first; what the translation dropped
         or reinterpreted comes back with the result's diagnostics. ``tree=False`` runs every
-        check and every plugin hook but renders neither plan.json nor the manifest.
+        check and every plugin hook but renders neither plan.json nor the manifest, and the
+        backend's emit runs with :func:`mdc.api.files_written` False.
         """
         doc, notes = translate(load_file(path))
         try:
@@ -161,7 +161,8 @@ class Compiler:
                             code="MDC104",
                             pointer="/distributed",
                             message=f"the default backend {backend_name!r} is not available",
-                            hint=f"set backend to one of: {', '.join(self.plugins.backends) or '(none)'}",
+                            hint="set backend to one of: "
+                            f"{', '.join(self.plugins.backends) or '(none)'}",
                         ),
                     )
                 ]
@@ -251,6 +252,8 @@ class Compiler:
         _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
         own = [*launched.files]
         if tree:
+            from mdc.describe import plan_json  # only a command that writes the tree
+
             own.append(Artifact.json(PLAN, plan_json(plan, launch)))
         with _writing_files(tree):  # without a tree the backend's files are dropped
             scheduler = _call(
@@ -358,8 +361,8 @@ class Compiler:
                         Finding(
                             code="MDC240",
                             pointer=f"/job/env/{name}",
-                            message=f"{name} is set by the {plan.launcher} launcher or the {plan.backend} "
-                            "backend; [job] env cannot override it",
+                            message=f"{name} is set by the {plan.launcher} launcher or the "
+                            f"{plan.backend} backend; [job] env cannot override it",
                             hint="remove it from [job] env; the plan sets it",
                         ),
                     )

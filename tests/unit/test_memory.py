@@ -739,6 +739,20 @@ def with_capacity(data: dict[str, Any], gib: float) -> dict[str, Any]:
     return {**data, "distributed": {**data["distributed"], "accelerator_memory_gib": gib}}
 
 
+def test_a_larger_optimizer_step_copy_than_the_activations_is_what_the_warning_names() -> None:
+    """Megatron's optimizer step copies a 2-byte gradient buffer to fp32 after the
+    activations are freed: the total counts the larger, and MDC262 says which it was."""
+    training = TrainingSetup(grad_bytes=2, step_grad_bytes=4, recompute="full",
+                             recompute_method="uniform", recompute_num_layers=1)  # fmt: skip
+    memory = planned(LLAMA_JOB, training).memory
+    assert memory is not None and memory.step_gradients > memory.activations
+    state = memory.weights + memory.gradients + memory.optimizer
+    assert memory.total == state + memory.step_gradients
+    plan, found = plan_of(with_capacity(LLAMA_JOB, (state + memory.total) / 2 / GIB), training)
+    assert plan is not None and codes(found) == ["MDC262"]
+    assert "the optimizer step's fp32 gradients" in found[0].message
+
+
 def test_estimate_is_shown_without_a_check() -> None:
     plan, found = plan_of(LLAMA_JOB)
     assert plan is not None and plan.memory is not None and found == ()

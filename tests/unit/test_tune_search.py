@@ -113,12 +113,12 @@ def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
 def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
     name: str, tmp_path: Path
 ) -> None:
-    # 16 rows: deep enough that every spec's walk meets layouts whose state alone is too big
+    # 32 rows: deep enough that every spec's walk meets layouts whose state alone is too big
     full = _tuner(name, tmp_path)
     full.prune_memory = False
-    reference = full.run(top=16)
+    reference = full.run(top=32)
     tuner = _tuner(name, tmp_path)
-    result = tuner.run(top=16)
+    result = tuner.run(top=32)
     assert _shown(result) == _shown(reference)
     # the walk skipped the full estimate of the candidates that do not fit: some by their
     # state alone, the others by the first stage found too big

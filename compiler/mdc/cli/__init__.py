@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -453,6 +452,8 @@ def main(
                 file=stderr,
             )
         if args.traceback:
+            import traceback  # only for --traceback
+
             traceback.print_exception(exc, file=stderr)
         return ExitCode.PLUGIN_ERROR
     except Exception as exc:  # noqa: BLE001 - an mdc bug: say so; traceback behind a flag
@@ -463,6 +464,8 @@ def main(
             file=stderr,
         )
         if args.traceback:
+            import traceback  # only for --traceback
+
             traceback.print_exception(exc, file=stderr)
         return ExitCode.INTERNAL_ERROR
 

@@ -103,8 +103,13 @@ def _read_thoroughly(text: str, path: str) -> object:
         raise _translate(exc, text, path) from None
 
 
+_SCALARS = frozenset({bool, int, float, str})
+
+
 def _plain(value: object) -> object:
     """Built-in types only; dates and times become ISO strings."""
+    if type(value) in _SCALARS:  # what tomllib gives: already the type itself
+        return value
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -1354,9 +1354,15 @@ def plan_memory(
     found = estimate(shape, sizes, batch, training, capacity, stages)
     if capacity is None:
         return found, []
+    peak = (
+        f"activations {gib(found.activations)}"
+        if found.activations >= found.step_gradients
+        else f"the optimizer step's fp32 gradients {gib(found.step_gradients)} (more than "
+        f"the activations, {gib(found.activations)})"
+    )
     parts = (
         f"weights {gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
-        f"{gib(found.optimizer)} + activations {gib(found.activations)}"
+        f"{gib(found.optimizer)} + {peak}"
     )
     where = (
         "per GPU"

@@ -37,24 +37,25 @@ class Constants:
     #: share of the dense peak a large GEMM reaches
     gemm_peak: float = 0.7392
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 261.6
+    shape_knee: float = 284.3
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.6656
+    attention_peak: float = 0.6796
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 4.091
+    elementwise: float = 4.177
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6715
+    link_share: float = 0.6308
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
-    #: backward ones overlap the weight-gradient GEMM: see predict)
-    tp_exposed: float = 0.8459
+    #: backward ones overlap the weight-gradient GEMM: see predict); set, not fitted: the
+    #: measured rows leave it open (docs/tune.md), the recipes' own layouts pin it
+    tp_exposed: float = 0.3
     #: share of an overlapped data-parallel collective's time the compute still loses
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.2654
+    ep_exposed: float = 0.2599
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 41.1
+    moe_passes: float = 36.27
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
     mamba_passes: float = 564.5
