@@ -24,9 +24,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# one worker computes the fixtures (minutes of tune searches) once, under pytest-xdist; they are
-# session-scoped because a worker may run other modules' tests between this module's, which
-# would tear a module-scoped fixture down and search again
+# one worker computes the fixtures (a tune search per published recipe) once, under
+# pytest-xdist; they are session-scoped because a worker may run other modules' tests between
+# this module's, which would tear a module-scoped fixture down and search again
 pytestmark = pytest.mark.xdist_group("tune-targets")
 
 
