@@ -181,3 +181,14 @@ def test_exceeds_is_the_estimate_over_the_capacity(model: str) -> None:
         # at each stage's total and either side of it: the first stage found over stops it
         for capacity in {e.total + d for e in stages for d in (-1, 0, 1)}:
             assert exceeds(shape, sizes, batch, training, capacity) == (total > capacity)
+
+
+def test_a_launcher_giving_lists_is_estimated_as_with_tuples() -> None:
+    # the cached pieces hash what they take: a list from a launcher is read as its tuple
+    modules = ["core_attn", "mlp"]
+    listed = attrs.evolve(BASES["selective"], recompute_modules=modules)
+    tupled = attrs.evolve(BASES["selective"], recompute_modules=tuple(modules))
+    for shape in SHAPES.values():
+        assert stage_estimates(shape, SIZES, BATCH, listed) == stage_estimates(
+            shape, SIZES, BATCH, tupled
+        )

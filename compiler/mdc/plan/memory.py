@@ -537,13 +537,15 @@ class _ActivationSwitches:
 
     @classmethod
     def of(cls, training: TrainingSetup) -> _ActivationSwitches:
+        modules = training.recompute_modules
         return cls(
             sequence_parallel=training.sequence_parallel,
             recompute=training.recompute,
             recompute_method=training.recompute_method,
             recompute_num_layers=training.recompute_num_layers,
             recompute_every=training.recompute_every,
-            recompute_modules=training.recompute_modules,
+            # a tuple also from a launcher that gave a list: it is hashed
+            recompute_modules=None if modules is None else tuple(modules),
             offload_layers=training.offload_layers,
             gemm_input_bytes=training.gemm_input_bytes,
             moe_capacity_factor=training.moe_capacity_factor,
