@@ -669,10 +669,9 @@ def _activations(
 ) -> tuple[Fraction, Fraction]:
     """(bytes these layers keep per micro batch, bytes of the heaviest layer's full
     activations, which full recompute holds while it recomputes one layer)."""
+    t, cp, etp, chunks = sizes.tp, sizes.cp, sizes.etp, sizes.vpp or 1
     switches = _ActivationSwitches.of(training)
-    chunks = sizes.vpp or 1
-    return _layer_activations(shape, parts, layers, sizes.tp, sizes.cp, sizes.etp, chunks, micro,
-                              switches)  # fmt: skip
+    return _layer_activations(shape, parts, layers, t, cp, etp, chunks, micro, switches)
 
 
 def _counts(parts: Parts) -> dict[str, int]:
@@ -917,6 +916,8 @@ def _state_bytes(
     shard: int,
     expert_shard: int,
 ) -> _StateBytes:
+    """The :class:`_StateBytes` of these values, the [model] dtype's where unset (one object
+    per distinct value)."""
     w = weight_bytes or WEIGHT_BYTES.get(dtype, 2)
     o = optimizer_bytes or (8 if WEIGHT_BYTES.get(dtype, 2) >= 4 else 12)
     g = grad_bytes or w
