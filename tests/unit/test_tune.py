@@ -159,12 +159,18 @@ def _layout(**kw: object) -> Layout:
     return Layout(**base)
 
 
-def test_bubble_is_p_minus_1_over_v_m() -> None:
+def _dense_70b() -> Any:
+    """An 80-layer, 8192-wide dense model with a 128k vocabulary."""
     shape = resolve_shape(
         ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
                    seq_length=4096)
     )  # fmt: skip
     assert shape is not None
+    return shape
+
+
+def test_bubble_is_p_minus_1_over_v_m() -> None:
+    shape = _dense_70b()
     hw = builtin()["h100-sxm"]
     for vpp, m in ((1, 8), (5, 8), (1, 64)):
         p = predict(shape, _layout(vpp=vpp, microbatches=m), hw, nproc_per_node=8)
@@ -175,11 +181,7 @@ def test_bubble_is_p_minus_1_over_v_m() -> None:
 
 
 def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
-    shape = resolve_shape(
-        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
-                   seq_length=4096)
-    )  # fmt: skip
-    assert shape is not None
+    shape = _dense_70b()
     hw = builtin()["h100-sxm"]
     none = predict(shape, _layout(), hw, nproc_per_node=8)
     full = predict(shape, _layout(recompute="full"), hw, nproc_per_node=8)
@@ -196,11 +198,7 @@ def test_backward_tp_collectives_hide_behind_the_weight_gradient_gemm() -> None:
     """Of a layer's 4 tp collectives (no recompute), the 2 forward ones wait (x tp_exposed),
     the 2 backward ones run beside the weight-gradient GEMM: on NVLink a 70B layer's GEMM
     outlasts them, so only overlap_tax of their time is lost."""
-    shape = resolve_shape(
-        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
-                   seq_length=4096)
-    )  # fmt: skip
-    assert shape is not None
+    shape = _dense_70b()
     hw = builtin()["h100-sxm"]
     layout = _layout(tp=8, dp=2)
     hidden = predict(shape, layout, hw, nproc_per_node=8).breakdown["tp"]
