@@ -142,6 +142,18 @@ SIZES = textwrap.dedent("""
 """)
 
 
+def snippet(code: str, *argv: str) -> str:
+    """What ``python -c code argv...`` prints, in a fresh process of the project's venv."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=bench_env(),
+    ).stdout
+
+
 def bench_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(VENV / "pycache")
@@ -340,19 +352,7 @@ def whole_process(tmp: Path, runs: int, peers: Path) -> list[str]:
 
 def in_process(tmp: Path, runs: int) -> list[str]:
     files = [str(p) for p in sorted((tmp / "specs").iterdir())]
-    samples = [
-        json.loads(
-            subprocess.run(
-                [sys.executable, "-c", IN_PROCESS, *files],
-                check=True,
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-                env=bench_env(),
-            ).stdout
-        )
-        for _ in range(runs)
-    ]
+    samples = [json.loads(snippet(IN_PROCESS, *files)) for _ in range(runs)]
 
     def m(key: str) -> float:
         return statistics.median(s[key] for s in samples) * 1000
@@ -396,18 +396,8 @@ t = cpu(); getattr(pm, sys.argv[1])("mdc"); print(cpu() - t)
 def hand_written_vs_library(runs: int) -> list[str]:
     """The hand-written entry-point scanner against importlib.metadata, which it stands in for."""
 
-    def fresh(code: str, *argv: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-c", code, *argv],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env=bench_env(),
-        ).stdout
-
-    scan = statistics.median(float(fresh(ENTRY_POINTS, "_scan")) for _ in range(runs))
-    meta = statistics.median(float(fresh(ENTRY_POINTS, "_from_metadata")) for _ in range(runs))
+    scan = statistics.median(float(snippet(ENTRY_POINTS, "_scan")) for _ in range(runs))
+    meta = statistics.median(float(snippet(ENTRY_POINTS, "_from_metadata")) for _ in range(runs))
     return [
         "| hand-written piece vs the library, CPU time | mdc | library | ratio |",
         "|---|---|---|---|",
@@ -419,17 +409,7 @@ def hand_written_vs_library(runs: int) -> list[str]:
 
 
 def big_plan(runs: int) -> list[str]:
-    plans = [
-        subprocess.run(
-            [sys.executable, "-c", BIG_PLAN],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env=bench_env(),
-        ).stdout.split()
-        for _ in range(runs)
-    ]
+    plans = [snippet(BIG_PLAN).split() for _ in range(runs)]
     plan_s = statistics.median(float(p[0]) for p in plans)
     peak = statistics.median(float(p[2]) for p in plans)
     return [
@@ -475,17 +455,7 @@ def tune_search(tmp: Path, runs: int) -> list[str]:
     for name, text in (("Llama-3-70B", spec), ("Qwen3-235B-A22B (MoE)", moe)):
         path = tmp / "tune-16384.toml"
         path.write_text(text, encoding="utf-8")
-        samples = [
-            subprocess.run(
-                [sys.executable, "-c", TUNE, str(path)],
-                check=True,
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-                env=bench_env(),
-            ).stdout.split()
-            for _ in range(runs)
-        ]
+        samples = [snippet(TUNE, str(path)).split() for _ in range(runs)]
         cpu_s = statistics.median(float(p[0]) for p in samples)
         peak = statistics.median(float(p[3]) for p in samples)
         lines.append(
@@ -503,14 +473,7 @@ def artifact_sizes(tmp: Path) -> list[str]:
             path = tmp / f"{backend}-{nnodes}.toml"
             path.write_text(SIZED_SPEC.format(backend=backend, nnodes=nnodes))
             paths.append(str(path))
-    out = subprocess.run(
-        [sys.executable, "-c", SIZES, *paths],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=bench_env(),
-    ).stdout.split("\n")
+    out = snippet(SIZES, *paths).split("\n")
     sizes = {
         Path(line.split()[0]).stem: (int(line.split()[1]), int(line.split()[2]))
         for line in out
