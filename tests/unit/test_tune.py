@@ -209,6 +209,25 @@ def test_backward_tp_collectives_hide_behind_the_weight_gradient_gemm() -> None:
     assert hidden / charged == pytest.approx((2 * e + 2 * tax) / (2 * e + 2))
 
 
+def test_the_last_stage_runs_its_layers_and_the_output_layer() -> None:
+    """The pipeline runs at the pace of the slower of the heaviest stage and the last one,
+    which adds the output layer to its layers. The 70B's 128k-vocabulary output layer
+    (2*h*V FLOPs per token) costs a little more than one of its layers (2*12*h^2 and the
+    attention scores): one layer fewer on the last stage (the loss counted as a layer)
+    leaves it the slowest by a little; with two fewer a middle stage sets the pace, and
+    more fewer change nothing."""
+    shape = _dense_70b()
+    hw = builtin()["h100-sxm"]
+
+    def step(**kw: object) -> float:
+        return predict(shape, _layout(stage_layers=20, **kw), hw, nproc_per_node=8).step_time_s
+
+    even = step()
+    assert step(last_stage_layers=20) == even
+    assert step(last_stage_layers=18) < step(last_stage_layers=19) < even
+    assert step(last_stage_layers=17) == step(last_stage_layers=18)
+
+
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
     """`mdc explain` of the written best spec shows the same predicted block as its row."""
     out_spec = tmp_path / "best.toml"

@@ -35,13 +35,13 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.7392
+    gemm_peak: float = 0.709
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 284.3
+    shape_knee: float = 315.5
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.6796
+    attention_peak: float = 0.7863
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 4.177
+    elementwise: float = 3.932
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
     link_share: float = 0.6308
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
@@ -52,13 +52,13 @@ class Constants:
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.2599
+    ep_exposed: float = 0.2698
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 36.27
+    moe_passes: float = 40
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 564.5
+    mamba_passes: float = 547.1
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -93,6 +93,9 @@ class Layout:
     overlap_param_gather: bool = True
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
+    #: layers on the last pipeline stage, which also runs the output layer and the loss
+    #: (None: stage_layers; fewer where the loss counts as a layer in the split)
+    last_stage_layers: int | None = None
     order: str = "tp-cp-ep-dp-pp"
 
 
@@ -246,9 +249,9 @@ def predict(
         / L.tp
         / attention_peak
     )
-    # the output layer runs on the last stage (the heaviest one when layers divide evenly)
+    # the output layer runs on the last stage (see the slowest stage below)
     t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
-    compute = t_dense + t_expert + t_attention + t_logits
+    compute = t_dense + t_expert + t_attention
 
     # elementwise kernels inside attention and the MLP (activation, softmax, rotary,
     # bias): Korthikanti's 24*s*b*h activation bytes per layer (16-bit), split over tp,
@@ -365,6 +368,17 @@ def predict(
     t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
 
     elementwise += t_moe + t_mamba + t_weights
+    # a stage's time is its layers' (every term above but the output layer scales with
+    # them); the last stage adds the output layer and the loss, and the schedule runs at the
+    # pace of the slower of it and the heaviest stage. A split that counts the loss as a
+    # layer (--account-for-loss-in-pipeline-split) gives the last stage fewer layers.
+    layers_time = compute + elementwise + t_tp + t_cp + t_ep
+    last_layers = L.last_stage_layers if L.last_stage_layers is not None else stage_layers
+    scale = last_layers / stage_layers
+    if layers_time * scale + t_logits < layers_time:
+        scale, t_logits = 1.0, 0.0  # a middle stage is the slowest
+    compute, elementwise = compute * scale + t_logits, elementwise * scale
+    t_tp, t_cp, t_ep = t_tp * scale, t_cp * scale, t_ep * scale
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -522,6 +536,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
         stage_layers=memory.stage_layers, order=plan.layout.order,
+        last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
     )  # fmt: skip
     return predict(
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,
