@@ -16,7 +16,7 @@ from mdc.hardware import builtin
 from mdc.plan.memory import resolve_shape
 from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
-from mdc.tune.perf import DEFAULT, Layout, predict
+from mdc.tune.perf import DEFAULT, Layout, predict, stage_params
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
@@ -226,6 +226,21 @@ def test_the_last_stage_runs_its_layers_and_the_output_layer() -> None:
     assert step(last_stage_layers=20) == even
     assert step(last_stage_layers=18) < step(last_stage_layers=19) < even
     assert step(last_stage_layers=17) == step(last_stage_layers=18)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "qwen3-235b-a22b"])
+def test_one_gpu_holds_the_published_parameter_count(name: str) -> None:
+    """The weights the data-parallel and optimizer terms move: on one GPU (tp, pp, ep 1),
+    with the untied output layer's vocabulary matrix beside the embedding, the model's
+    published parameter count (the norms are under 0.1 % of it)."""
+    models = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
+    model = ModelTable(**models[name]["model"])
+    shape = resolve_shape(model)
+    assert shape is not None
+    one = _layout(tp=1, pp=1, etp=1, dp=1)
+    dense, expert = stage_params(shape, one, shape.layers)
+    output = shape.vocab * shape.hidden
+    assert dense + expert + output == pytest.approx(models[name]["published_params"], rel=0.01)
 
 
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:

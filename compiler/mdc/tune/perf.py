@@ -27,7 +27,7 @@ from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape, quantized, resolve_shape
 from mdc.plan.model import Plan, TrainingSetup
-from mdc.tune.flops import TokenFlops, token_flops
+from mdc.tune.flops import TokenFlops, layer_weights, token_flops
 
 
 @attrs.frozen(kw_only=True)
@@ -363,8 +363,7 @@ def predict(
     # weight-gradient GEMM (Megatron's gradient accumulation fusion): 12 bytes per local
     # expert parameter (2 more per recomputed forward), which few tokens per expert do not
     # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
-    stage_params = _stage_params(shape, L, stage_layers)
-    dense_params, expert_params = stage_params
+    dense_params, expert_params = stage_params(shape, L, stage_layers)
     t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
 
     elementwise += t_moe + t_mamba + t_weights
@@ -489,14 +488,15 @@ def _attention_width(shape: Shape) -> float:
     return (shape.heads + 2 * shape.groups) * shape.kv_channels
 
 
-def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
+def stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
     """(dense, expert) parameters one GPU of the heaviest stage holds."""
     h = shape.hidden
     width = 3 if shape.gated else 2
     parts = _parts(shape)
     layers = max(shape.layers, 1)
-    attention = _attention_width(shape) * h * 2 / 3  # projections in and out
-    dense = (attention * parts.attention + width * h * shape.ffn * parts.mlp) / layers
+    attention, mamba = layer_weights(shape)
+    mlp = width * h * shape.ffn
+    dense = (attention * parts.attention + mamba * parts.mamba + mlp * parts.mlp) / layers
     routed_width = shape.moe_latent or h
     expert = shape.experts * shape.moe_ffn * width * routed_width * parts.moe / layers
     # the shared expert and the latent projections are replicated over ep like dense weights
