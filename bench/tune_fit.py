@@ -33,6 +33,8 @@ from mdc.convert import structure  # noqa: E402
 from mdc.hardware import builtin  # noqa: E402
 from mdc.plan.memory import Shape, resolve_shape  # noqa: E402
 from mdc.plan.model import TrainingSetup  # noqa: E402
+from mdc.plan.stages import Model as StageModel  # noqa: E402
+from mdc.plan.stages import PipelineSplit, split_layers  # noqa: E402
 from mdc.spec import ModelTable  # noqa: E402
 from mdc.tune.perf import DEFAULT, Constants, Layout, bf16_share, predict  # noqa: E402
 
@@ -94,9 +96,30 @@ class Case:
         return prediction.tokens_per_s_per_gpu * self.source_flops / 1e12
 
 
-def layout_of(run: dict[str, Any], moe: bool) -> Layout:
+def stage_layers(run: dict[str, Any], shape: Shape) -> tuple[int | None, int | None]:
+    """(the heaviest stage's layers, the last stage's) as the plan's own split places them
+    under the row's uneven split keys ((None, None): the even split)."""
+    table = run.get("launcher_table", {})
+    split = PipelineSplit(
+        rule="megatron",
+        first=table.get("decoder_first_pipeline_num_layers"),
+        last=table.get("decoder_last_pipeline_num_layers"),
+        embedding=bool(table.get("account_for_embedding_in_pipeline_split")),
+        loss=bool(table.get("account_for_loss_in_pipeline_split")),
+    )
+    pp = run.get("pp", 1)
+    if pp == 1 or split == PipelineSplit(rule="megatron"):
+        return None, None
+    stages, _ = split_layers(split, StageModel(layers=shape.layers), pp, run.get("vpp"))
+    if stages is None:
+        return None, None
+    return max(stages.layers_of(r) for r in range(pp)), stages.layers_of(pp - 1)
+
+
+def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
     """The row's layout as the throughput model reads it (an MoE row's unstated etp is 1,
     as NVIDIA's MoE recipes set it)."""
+    moe = shape.experts > 0
     tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
     ep = run.get("ep") or 1
     dp = run["gpus"] // (tp * pp * cp)
@@ -107,8 +130,10 @@ def layout_of(run: dict[str, Any], moe: bool) -> Layout:
     # Megatron-FSDP's sharding strategy (default optim_grads_params) as ZeRO stage
     strategy = table.get("data_parallel_sharding_strategy", "optim_grads_params")
     zero = {"optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (0 if paper else 1)
+    heaviest, last = stage_layers(run, shape)
     return Layout(
         tp=tp, pp=pp, cp=cp, ep=ep, etp=run.get("etp") or (1 if moe else tp), dp=dp,
+        stage_layers=heaviest, last_stage_layers=last,
         vpp=run.get("vpp") or 1,
         micro_batch_size=mbs, microbatches=max(1, run["global_batch_size"] // (mbs * dp)),
         sequence_parallel=tp > 1 and not paper, recompute=run.get("recompute", "none"),
@@ -176,7 +201,7 @@ def cases() -> list[Case]:
             # DeepSeek-V4's compressed sparse attention, its indexer and the hyper-connections
             # are counted in parameters and memory, not yet in the FLOP count (mdc.tune.flops)
             continue
-        layout = layout_of(run, shape.experts > 0)
+        layout = layout_of(run, shape)
         found.append(
             Case(
                 id=run["id"],

@@ -66,11 +66,12 @@ def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # before the expert gradients crossed the NIC of their expert-data-parallel group, the
     # local expert weights were streamed every micro batch and Nemotron 3 ran its MTP layers;
     # 76 % before the backward tp collectives hid behind the weight-gradient GEMM and
-    # tp_exposed was set where the recipes' own tp ranks best
-    assert accuracy >= 0.78  # 95 of 121
+    # tp_exposed was set where the recipes' own tp ranks best; 78 % before the last pipeline
+    # stage was charged its own layers (one fewer where the loss counts as a layer)
+    assert accuracy >= 0.79  # 96 of 121
 
 
-@pytest.mark.xfail(reason="the model reaches 78 % of the rows, not 80 % yet", strict=True)
+@pytest.mark.xfail(reason="the model reaches 79 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
@@ -107,11 +108,13 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # charged per model chunk; 55 of 103 with the expert weights streamed every micro batch
     # and the expert gradients over their own group's NICs; 56 with the backward tensor-
     # parallel collectives hidden behind the weight-gradient GEMM; 58 with tp_exposed set
-    # at 0.3
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.56
+    # at 0.3; 57 since the last pipeline stage is charged its own layers and the output layer
+    # (one layer fewer where the loss counts as a layer): 4 Llama 3.1 405B rows on B200 and
+    # H100 and a DeepSeek-V3 drop out, 3 on GB200 and a Qwen3-235B come in
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.55
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 56 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 55 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70

@@ -16,7 +16,7 @@ from mdc.hardware import builtin
 from mdc.plan.memory import resolve_shape
 from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
-from mdc.tune.perf import DEFAULT, Layout, predict
+from mdc.tune.perf import DEFAULT, Layout, predict, stage_params
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
@@ -207,6 +207,40 @@ def test_backward_tp_collectives_hide_behind_the_weight_gradient_gemm() -> None:
     ).breakdown["tp"]
     e, tax = DEFAULT.tp_exposed, DEFAULT.overlap_tax
     assert hidden / charged == pytest.approx((2 * e + 2 * tax) / (2 * e + 2))
+
+
+def test_the_last_stage_runs_its_layers_and_the_output_layer() -> None:
+    """The pipeline runs at the pace of the slower of the heaviest stage and the last one,
+    which adds the output layer to its layers. The 70B's 128k-vocabulary output layer
+    (2*h*V FLOPs per token) costs a little more than one of its layers (2*12*h^2 and the
+    attention scores): one layer fewer on the last stage (the loss counted as a layer)
+    leaves it the slowest by a little; with two fewer a middle stage sets the pace, and
+    more fewer change nothing."""
+    shape = _dense_70b()
+    hw = builtin()["h100-sxm"]
+
+    def step(**kw: object) -> float:
+        return predict(shape, _layout(stage_layers=20, **kw), hw, nproc_per_node=8).step_time_s
+
+    even = step()
+    assert step(last_stage_layers=20) == even
+    assert step(last_stage_layers=18) < step(last_stage_layers=19) < even
+    assert step(last_stage_layers=17) == step(last_stage_layers=18)
+
+
+@pytest.mark.parametrize("name", ["llama3-70b", "qwen3-235b-a22b"])
+def test_one_gpu_holds_the_published_parameter_count(name: str) -> None:
+    """The weights the data-parallel and optimizer terms move: on one GPU (tp, pp, ep 1),
+    with the untied output layer's vocabulary matrix beside the embedding, the model's
+    published parameter count (the norms are under 0.1 % of it)."""
+    models = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
+    model = ModelTable(**models[name]["model"])
+    shape = resolve_shape(model)
+    assert shape is not None
+    one = _layout(tp=1, pp=1, etp=1, dp=1)
+    dense, expert = stage_params(shape, one, shape.layers)
+    output = shape.vocab * shape.hidden
+    assert dense + expert + output == pytest.approx(models[name]["published_params"], rel=0.01)
 
 
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:

@@ -86,6 +86,13 @@ def _mamba(shape: Shape) -> tuple[float, float]:
     return float(projections), float(7 * inner * m.state)
 
 
+def layer_weights(shape: Shape) -> tuple[float, float]:
+    """(one attention layer's projection weights, one Mamba layer's): a GEMM does one
+    multiply-add per weight and token, so its forward FLOPs per token over 2."""
+    mamba = _mamba(shape)[0] / 2 if shape.mamba is not None else 0.0
+    return _attention(shape, True, None)[0] / 2, mamba
+
+
 def token_flops(
     shape: Shape,
     *,

@@ -27,7 +27,7 @@ from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape, quantized, resolve_shape
 from mdc.plan.model import Plan, TrainingSetup
-from mdc.tune.flops import TokenFlops, token_flops
+from mdc.tune.flops import TokenFlops, layer_weights, token_flops
 
 
 @attrs.frozen(kw_only=True)
@@ -35,13 +35,13 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.7392
+    gemm_peak: float = 0.709
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 284.3
+    shape_knee: float = 315.5
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.6796
+    attention_peak: float = 0.7863
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 4.177
+    elementwise: float = 3.932
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
     link_share: float = 0.6308
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
@@ -52,13 +52,13 @@ class Constants:
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.2599
+    ep_exposed: float = 0.2698
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 36.27
+    moe_passes: float = 40
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 564.5
+    mamba_passes: float = 547.1
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -93,6 +93,9 @@ class Layout:
     overlap_param_gather: bool = True
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
+    #: layers on the last pipeline stage, which also runs the output layer and the loss
+    #: (None: stage_layers; fewer where the loss counts as a layer in the split)
+    last_stage_layers: int | None = None
     order: str = "tp-cp-ep-dp-pp"
 
 
@@ -246,9 +249,9 @@ def predict(
         / L.tp
         / attention_peak
     )
-    # the output layer runs on the last stage (the heaviest one when layers divide evenly)
+    # the output layer runs on the last stage (see the slowest stage below)
     t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
-    compute = t_dense + t_expert + t_attention + t_logits
+    compute = t_dense + t_expert + t_attention
 
     # elementwise kernels inside attention and the MLP (activation, softmax, rotary,
     # bias): Korthikanti's 24*s*b*h activation bytes per layer (16-bit), split over tp,
@@ -360,11 +363,21 @@ def predict(
     # weight-gradient GEMM (Megatron's gradient accumulation fusion): 12 bytes per local
     # expert parameter (2 more per recomputed forward), which few tokens per expert do not
     # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
-    stage_params = _stage_params(shape, L, stage_layers)
-    dense_params, expert_params = stage_params
+    dense_params, expert_params = stage_params(shape, L, stage_layers)
     t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
 
     elementwise += t_moe + t_mamba + t_weights
+    # a stage's time is its layers' (every term above but the output layer scales with
+    # them); the last stage adds the output layer and the loss, and the schedule runs at the
+    # pace of the slower of it and the heaviest stage. A split that counts the loss as a
+    # layer (--account-for-loss-in-pipeline-split) gives the last stage fewer layers.
+    layers_time = compute + elementwise + t_tp + t_cp + t_ep
+    last_layers = L.last_stage_layers if L.last_stage_layers is not None else stage_layers
+    scale = last_layers / stage_layers
+    if layers_time * scale + t_logits < layers_time:
+        scale, t_logits = 1.0, 0.0  # a middle stage is the slowest
+    compute, elementwise = compute * scale + t_logits, elementwise * scale
+    t_tp, t_cp, t_ep = t_tp * scale, t_cp * scale, t_ep * scale
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
     slots = L.microbatches + (L.pp - 1) / L.vpp
     pipeline = slots * micro
@@ -475,14 +488,15 @@ def _attention_width(shape: Shape) -> float:
     return (shape.heads + 2 * shape.groups) * shape.kv_channels
 
 
-def _stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
+def stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
     """(dense, expert) parameters one GPU of the heaviest stage holds."""
     h = shape.hidden
     width = 3 if shape.gated else 2
     parts = _parts(shape)
     layers = max(shape.layers, 1)
-    attention = _attention_width(shape) * h * 2 / 3  # projections in and out
-    dense = (attention * parts.attention + width * h * shape.ffn * parts.mlp) / layers
+    attention, mamba = layer_weights(shape)
+    mlp = width * h * shape.ffn
+    dense = (attention * parts.attention + mamba * parts.mamba + mlp * parts.mlp) / layers
     routed_width = shape.moe_latent or h
     expert = shape.experts * shape.moe_ffn * width * routed_width * parts.moe / layers
     # the shared expert and the latent projections are replicated over ep like dense weights
@@ -522,6 +536,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
         stage_layers=memory.stage_layers, order=plan.layout.order,
+        last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
     )  # fmt: skip
     return predict(
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,

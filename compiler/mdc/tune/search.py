@@ -184,7 +184,7 @@ class Tuner:
             tuple[bool, int, tuple[tuple[str, Any], ...]],
             list[tuple[dict[str, Any], TrainingSetup]],
         ] = {}
-        self._split_cache: dict[int, list[tuple[dict[str, Any], int, int]]] = {}
+        self._split_cache: dict[int, list[tuple[dict[str, Any], int, int, int]]] = {}
         #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
@@ -289,7 +289,7 @@ class Tuner:
                 if gbs % (mbs * dp) == 0
             ]  # fmt: skip
             for ep, etp in self._experts(tp, pp, world, moe):
-                for split, vpp, heaviest in self._splits(pp):
+                for split, vpp, heaviest, last in self._splits(pp):
                     variants = self._variants(tp, -(-heaviest // vpp), split)
                     subgroups = self._subgroup_cache.get(id(variants))
                     if subgroups is None:
@@ -299,7 +299,7 @@ class Tuner:
                         edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
                     )  # fmt: skip
                     for batch in batches:
-                        yield LayoutClass(sizes, batch, heaviest, variants, subgroups)
+                        yield LayoutClass(sizes, batch, heaviest, last, variants, subgroups)
 
     def candidates(self, keep: Callable[[LayoutClass], bool] | None = None) -> Iterator[Candidate]:
         """Every candidate, each predicted, in generation order (the exhaustive search);
@@ -386,9 +386,9 @@ class Tuner:
             ]
         return self._variant_cache[key]
 
-    def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int]]:
+    def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int, int]]:
         """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
-        vpp, the layers of the heaviest stage), each checked by the plan's own split
+        vpp, the layers of the heaviest stage, those of the last), each checked by the plan's own split
         (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers that
         divide by pp go evenly; a spec that writes a split keeps it (a layout string
         fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
@@ -400,7 +400,7 @@ class Tuner:
         options = [{}] if written or pp == 1 or layers % pp == 0 else self._uneven(pp)
         model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
         fixed_vpp = self._fixed("parallelism", "vpp")
-        found: list[tuple[dict[str, Any], int, int]] = []
+        found: list[tuple[dict[str, Any], int, int, int]] = []
         for split in options:
             pipeline = self._training(self._options(split)).pipeline
             if pipeline.layout is not None:
@@ -416,7 +416,7 @@ class Tuner:
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
                     heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
-                    found.append((split, vpp, heaviest))
+                    found.append((split, vpp, heaviest, stages.layers_of(pp - 1)))
         self._split_cache[pp] = found
         return found
 
@@ -543,7 +543,7 @@ class Tuner:
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_param_gather=training.zero_stage >= 1
             and written.get("overlap_param_gather") is not False,
-            stage_layers=heaviest,
+            stage_layers=heaviest, last_stage_layers=group.last,
         )  # fmt: skip
         share = bf16_share(self.shape, training, _slowest(sizes, training), heaviest)
         # layer splits with the same heaviest stage are the same layout to the model
@@ -735,6 +735,8 @@ class LayoutClass:
     batch: BatchPlan
     #: layers of the heaviest pipeline stage
     heaviest: int
+    #: layers of the last pipeline stage (which also runs the output layer)
+    last: int
     #: (launcher switches, training setup) the class may run, in generation order
     variants: list[tuple[dict[str, Any], TrainingSetup]]
     #: the variants' indices by optimizer setting, each with its head (:func:`_subgroups`)
