@@ -9,6 +9,7 @@ files that start ``launch/<role>.sh`` on every node of that role, with the
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -316,6 +317,7 @@ def read_schema(package: str, resource: str) -> dict[str, Any]:
     return loaded
 
 
+@functools.cache  # asked for each role by the launcher's scripts and again by the backend
 def script_path(role: str) -> str:
     """Where mdc writes the launch script of ``role``, relative to ``out/``."""
     return str(PurePosixPath("launch") / f"{role}.sh")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import types
 import typing
 from collections import abc
@@ -138,7 +139,7 @@ def _attrs_class(cls: type) -> Structurer:
 
     def build(value: Any) -> Any:
         if not fields:
-            hints = typing.get_type_hints(cls)
+            hints = _field_types(cls)
             fields.extend(
                 (f.name, f.alias or f.name, structurer(hints[f.name]))
                 for f in attrs.fields(cls)
@@ -159,6 +160,18 @@ def _attrs_class(cls: type) -> Structurer:
         return cls(**kwargs)
 
     return build
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """The evaluated annotations of ``cls`` and its bases (a subclass's win).
+
+    What ``typing.get_type_hints`` gives for these classes, for less: it also wraps each
+    annotation in a ForwardRef and checks it again, about 1% of validating the examples.
+    """
+    hints: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        hints.update(inspect.get_annotations(base, eval_str=True))
+    return hints
 
 
 def _by_cattrs(tp: Any) -> Structurer:

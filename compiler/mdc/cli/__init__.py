@@ -126,15 +126,15 @@ def cmd_compile(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_validate(args: argparse.Namespace, out: Output) -> int:
-    from mdc.cli.specs import find_specs, no_specs
-
     files: list[str] = []
     found: list[Diagnostic] = []
     invalid = 0
     for given in args.files:
-        if not Path(given).is_dir():
+        if not os.path.isdir(given):
             files.append(given)
             continue
+        from mdc.cli.specs import find_specs, no_specs  # only for a folder: its walk and patterns
+
         in_folder = find_specs(Path(given))
         files += [str(p) for p in in_folder]
         if not in_folder:

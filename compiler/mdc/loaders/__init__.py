@@ -139,19 +139,19 @@ def _too_deep(data: object) -> str | None:
 
 def load_file(path: str | Path) -> LoadedDocument:
     """Read and parse a spec file, choosing the format by its suffix."""
-    shown = str(path)
-    fmt = FORMATS.get(Path(path).suffix.lower())
+    shown, file = str(path), Path(path)
+    fmt = FORMATS.get(file.suffix.lower())
     if fmt is None:
         raise syntax_error(
             shown,
-            f"cannot tell the format of {Path(path).name!r}",
+            f"cannot tell the format of {file.name!r}",
             None,
             None,
             code="MDC003",
             hint="name the file *.toml, *.yaml, *.yml or *.json",
         )
     try:
-        raw = Path(path).read_bytes()
+        raw = file.read_bytes()
     except OSError as exc:
         raise syntax_error(
             shown, f"cannot read the file: {exc.strerror}", None, None, code="MDC003"
