@@ -258,13 +258,17 @@ def test_interleaved_sends_are_hidden_only_with_megatrons_overlap() -> None:
     assert p2p(vpp=1) == p2p(vpp=1, overlap_p2p=False)
 
 
-def test_without_send_overlap_the_interleaved_layouts_keep_pp_above_2(tmp_path: Path) -> None:
-    """With overlap_p2p_comm = false held fixed, no layout Megatron-LM refuses (virtual
-    stages with pp 2) is generated, and the sends are charged in full."""
+@pytest.mark.parametrize(
+    "written", ["overlap_p2p_comm = false", 'extra_args = ["--no-overlap-p2p-communication"]']
+)
+def test_without_send_overlap_the_interleaved_layouts_keep_pp_above_2(
+    written: str, tmp_path: Path
+) -> None:
+    """Without the send overlap (the key, or Megatron-LM's flag in extra_args), no layout
+    Megatron-LM refuses (virtual stages with pp 2) is generated."""
     spec = tmp_path / "no-overlap.toml"
     spec.write_text(
-        EXAMPLE.read_text(encoding="utf-8")
-        + "\n[parallelism]\npp = 2\n\n[megatron]\noverlap_p2p_comm = false\n",
+        EXAMPLE.read_text(encoding="utf-8") + f"\n[parallelism]\npp = 2\n\n[megatron]\n{written}\n",
         encoding="utf-8",
     )
     code, out, err = _run("tune", str(spec), "--format", "json", "--top", "3")

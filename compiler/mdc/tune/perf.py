@@ -537,7 +537,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
-        overlap_p2p=getattr(options, "overlap_p2p_comm", None) is not False,
+        overlap_p2p=t.overlap_p2p,
         stage_layers=memory.stage_layers, order=plan.layout.order,
         last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
     )  # fmt: skip

@@ -400,10 +400,10 @@ class Tuner:
         options = [{}] if written or pp == 1 or layers % pp == 0 else self._uneven(pp)
         model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
         fixed_vpp = self._fixed("parallelism", "vpp")
-        no_overlap = self._fixed("megatron", "overlap_p2p_comm") is False
         found: list[tuple[dict[str, Any], int, int, int]] = []
         for split in options:
-            pipeline = self._training(self._options(split)).pipeline
+            training = self._training(self._options(split))
+            pipeline = training.pipeline
             if pipeline.layout is not None:
                 implied, problems = layout_vpp(pipeline, pp)
                 vpps = [] if problems else [implied or 1]
@@ -414,7 +414,7 @@ class Tuner:
             for vpp in vpps:
                 if vpp > 1 and pp == 1:
                     continue  # the interleaved schedule needs pp > 1 (MDC206)
-                if vpp > 1 and pp == 2 and no_overlap:
+                if vpp > 1 and pp == 2 and not training.overlap_p2p:
                     continue  # and pp > 2 without the send overlap (Megatron-LM, MDC321)
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
@@ -544,7 +544,7 @@ class Tuner:
             grad_bytes=training.gradient_bytes(self.dtype) or 4,
             order=order,
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
-            overlap_p2p=written.get("overlap_p2p_comm") is not False,
+            overlap_p2p=training.overlap_p2p,
             overlap_param_gather=training.zero_stage >= 1
             and written.get("overlap_param_gather") is not False,
             stage_layers=heaviest, last_stage_layers=group.last,
