@@ -388,9 +388,9 @@ class Tuner:
 
     def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int, int]]:
         """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
-        vpp, the layers of the heaviest stage, those of the last), each checked by the plan's own split
-        (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers that
-        divide by pp go evenly; a spec that writes a split keeps it (a layout string
+        vpp, the layers of the heaviest stage, those of the last), each checked by the plan's
+        own split (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers
+        that divide by pp go evenly; a spec that writes a split keeps it (a layout string
         fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
         (:meth:`_uneven`)."""
         if pp in self._split_cache:
