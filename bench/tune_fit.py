@@ -139,6 +139,7 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         sequence_parallel=tp > 1 and not paper, recompute=run.get("recompute", "none"),
         overlap_grad_reduce=table.get("overlap_grad_reduce", not paper),
         overlap_param_gather=not paper,
+        overlap_p2p=table.get("overlap_p2p_comm") is not False,
         recompute_layers=run.get("recompute_num_layers")
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,

@@ -105,7 +105,8 @@ class Flag(NamedTuple):
 
 
 #: Every flag the megatron launcher may emit, as Megatron-LM core_v0.16.1 declares it
-#: (type int, store_true, or a string choice), and where megatron-core 0.16.1 takes it.
+#: (type int, store_true or store_false, or a string choice), and where megatron-core 0.16.1
+#: takes it.
 FLAGS: dict[str, Flag] = {
     "--tensor-model-parallel-size": Flag(int, ModelParallelConfig, "tensor_model_parallel_size"),
     "--pipeline-model-parallel-size": Flag(
@@ -139,6 +140,8 @@ FLAGS: dict[str, Flag] = {
     ),
     "--overlap-grad-reduce": Flag(bool, DistributedDataParallelConfig, "overlap_grad_reduce"),
     "--overlap-param-gather": Flag(bool, DistributedDataParallelConfig, "overlap_param_gather"),
+    # store_false (kind False): Megatron-LM's dest overlap_p2p_comm, on unless this is passed
+    "--no-overlap-p2p-communication": Flag(False, ModelParallelConfig, "overlap_p2p_comm"),
     "--micro-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "micro_batch_size"),
     "--global-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "global_batch_size"),
     "--num-layers": Flag(int, TransformerConfig, "num_layers"),
@@ -250,6 +253,8 @@ def megatron_parser(*, user_flags: bool = True) -> argparse.ArgumentParser:
     for flag, spec in FLAGS.items():
         if spec.kind is bool:
             parser.add_argument(flag, action="store_true")
+        elif spec.kind is False:
+            parser.add_argument(flag, action="store_false", dest=spec.name)
         elif spec.kind is list:
             parser.add_argument(flag, nargs="+", default=None)
         else:
@@ -423,6 +428,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
             }
         )
         architecture.setdefault("q_lora_rank", None)  # Megatron-LM's default: no q compression
+    overlap_p2p = ns.overlap_p2p_comm and ns.num_virtual_stages_per_pipeline_rank is not None
     return config_class(
         **architecture,
         tensor_model_parallel_size=ns.tensor_model_parallel_size,
@@ -432,6 +438,10 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         expert_model_parallel_size=ns.expert_model_parallel_size,
         expert_tensor_parallel_size=ns.expert_tensor_parallel_size,
         sequence_parallel=ns.sequence_parallel,
+        # Megatron-LM's validate_args turns the send overlap off without virtual stages,
+        # and batches the sends exactly when they are not overlapped
+        overlap_p2p_comm=overlap_p2p,
+        batch_p2p_comm=not overlap_p2p,
         pipeline_dtype=dtype_of(ns),
         params_dtype=dtype_of(ns),
         bf16=ns.bf16,
@@ -794,6 +804,9 @@ SPECS: dict[str, dict[str, Any]] = {
         batch={"global_batch_size": 8, "micro_batch_size": 1},
     ),
     "tp2-pp2-vpp4": spec(2, 2, vpp=4, model={**DENSE, "num_query_groups": 2}),
+    "no-p2p-overlap": spec(
+        2, 4, vpp=2, nnodes=4, model=DENSE, megatron={"overlap_p2p_comm": False}
+    ),
     "tp-pp-dp-order": spec(2, 2, order=TP_PP_DP_ORDER, model=DENSE),
     "latent-moe-mtp": spec(1, 2, ep=8, model=LATENT_MOE),
     "wide-heads": spec(2, 1, model=WIDE_HEADS),
@@ -1094,6 +1107,10 @@ def test_written_spec_is_what_megatron_core_accepts(
         assert ns.optimizer == "muon" and not ns.use_distributed_optimizer
     if case.startswith("nvfp4"):
         assert (ns.fp4_format, ns.fp4_param_gather, ns.bf16) == ("e2m1", True, True)
+    if case == "no-p2p-overlap":  # transformer_config gave it to megatron-core
+        assert ns.overlap_p2p_comm is False
+    else:
+        assert ns.overlap_p2p_comm is True  # Megatron-LM's default
     if case == "overlap-recompute-full":
         assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == (
             "full",
@@ -1371,6 +1388,26 @@ def test_megatron_lm_rules_are_errors(
         tmp_path / "out",
     )
     assert code == 1 and f"error[{code_wanted}]" in stderr, stderr
+
+
+@pytest.mark.parametrize(
+    "written", [{"overlap_p2p_comm": False}, {"extra_args": ["--no-overlap-p2p-communication"]}]
+)
+@pytest.mark.parametrize(("pp", "vpp"), [(2, 2), (4, 2), (2, None)])
+def test_interleaving_without_send_overlap_needs_pp_above_2(
+    written: dict[str, Any], pp: int, vpp: int | None, tmp_path: Path
+) -> None:
+    """Megatron-LM's validate_args refuses --no-overlap-p2p-communication with virtual
+    stages unless pp > 2; written as the key or passed in extra_args, mdc refuses it there."""
+    code, stderr, _ = compile_spec(
+        write_spec(tmp_path, spec(2, pp, vpp=vpp, nnodes=pp, model=DENSE, megatron=written)),
+        tmp_path / "out",
+    )
+    refused = vpp is not None and pp <= 2
+    assert (code == 1 and "error[MDC321]" in stderr) == refused, stderr
+    if refused:
+        where = "extra_args/0" if "extra_args" in written else "overlap_p2p_comm"
+        assert f"(at /megatron/{where})" in stderr
 
 
 def test_a_flag_in_the_command_is_an_error_but_other_flags_pass(tmp_path: Path) -> None:

@@ -84,11 +84,12 @@ def test_table1_floor(targets: dict[str, Any]) -> None:
     # parallelism runs unsplit are charged by their bytes; 2 since an fp16 model's gradients
     # take 2 bytes as Megatron-LM keeps them (1T then fits on 32 stages, which the model
     # predicts 5 % faster than the paper's 64; 76.1B keeps tp 8 once the optimizer step's
-    # fp32 copy of them is counted)
-    assert sum(1 for _, paper, mine in rows if paper == mine) >= 2
+    # fp32 copy of them is counted); 3 since the rows' pipeline sends are not overlapped with
+    # compute, as Megatron-LM did not before 2023 (145.6B then goes to the paper's tp 8, pp 8)
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 3
 
 
-@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 2 of 10 rows", strict=True)
+@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 3 of 10 rows", strict=True)
 def test_table1_target(targets: dict[str, Any]) -> None:
     assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
 

@@ -87,6 +87,7 @@ CHANGES: dict[str, Any] = {
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,
+    "overlap_p2p": False,
     "pipeline_micro_batch": 2,
     "gemm_input_bytes": 1,
     "gemm_precision": None,

@@ -243,6 +243,42 @@ def test_one_gpu_holds_the_published_parameter_count(name: str) -> None:
     assert dense + expert + output == pytest.approx(models[name]["published_params"], rel=0.01)
 
 
+def test_interleaved_sends_are_hidden_only_with_megatrons_overlap() -> None:
+    """Megatron-LM overlaps the interleaved schedule's sends with the next chunk's compute
+    (overlap_p2p_comm): only overlap_tax of their time stays; --no-overlap-p2p-communication
+    exposes all of it, as the plain 1F1B schedule does."""
+    shape = _dense_70b()
+    hw = builtin()["h100-sxm"]
+
+    def p2p(**kw: object) -> float:
+        layout = _layout(tp=8, dp=2, stage_layers=20, **kw)
+        return predict(shape, layout, hw, nproc_per_node=8).breakdown["pp-p2p"]
+
+    assert p2p(vpp=5) == pytest.approx(p2p(vpp=5, overlap_p2p=False) * DEFAULT.overlap_tax)
+    assert p2p(vpp=1) == p2p(vpp=1, overlap_p2p=False)
+
+
+@pytest.mark.parametrize(
+    "written", ["overlap_p2p_comm = false", 'extra_args = ["--no-overlap-p2p-communication"]']
+)
+def test_without_send_overlap_the_interleaved_layouts_keep_pp_above_2(
+    written: str, tmp_path: Path
+) -> None:
+    """Without the send overlap (the key, or Megatron-LM's flag in extra_args), no layout
+    Megatron-LM refuses (virtual stages with pp 2) is generated."""
+    spec = tmp_path / "no-overlap.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8") + f"\n[parallelism]\npp = 2\n\n[megatron]\n{written}\n",
+        encoding="utf-8",
+    )
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "3")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["candidates"]
+    assert all(c["parallelism"]["vpp"] in (None, 1) for c in result["candidates"])
+    assert result["searched"]["refused_by_compile"] == {}
+
+
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
     """`mdc explain` of the written best spec shows the same predicted block as its row."""
     out_spec = tmp_path / "best.toml"

@@ -175,6 +175,9 @@ class TrainingSetup:
     moe_dispatcher: str | None = None
     #: MoE: each expert's input padded to this capacity factor (None: dropless)
     moe_capacity_factor: float | None = None
+    #: the interleaved pipeline schedule overlaps its sends with compute (Megatron-LM's
+    #: overlap_p2p_comm, its default): the throughput model hides them then
+    overlap_p2p: bool = True
     #: with pp > 1, the micro batch the pipeline schedule runs when the launcher splits each
     #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
     #: 1); None: the [batch] micro batch

@@ -91,6 +91,8 @@ class Layout:
     grad_bytes: int = 4
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    #: the interleaved schedule overlaps its sends with compute (Megatron-LM's overlap_p2p_comm)
+    overlap_p2p: bool = True
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss
@@ -351,10 +353,10 @@ def predict(
     if L.pp > 1:
         bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
-        if L.vpp > 1:
+        if L.vpp > 1 and L.overlap_p2p:
             # the interleaved schedule overlaps its sends and receives with the next chunk's
-            # forward or backward (Megatron-LM's overlap_p2p_comm, on by default there and
-            # forced off without interleaving): what is hidden costs only the overlap tax
+            # forward or backward (Megatron-LM's overlap_p2p_comm, on by default there since
+            # 2023 and forced off without interleaving): what is hidden costs only the tax
             hidden = min(t_p2p, compute)
             t_p2p = t_p2p - hidden + c.overlap_tax * hidden
 
@@ -535,6 +537,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
+        overlap_p2p=t.overlap_p2p,
         stage_layers=memory.stage_layers, order=plan.layout.order,
         last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
     )  # fmt: skip

@@ -388,9 +388,9 @@ class Tuner:
 
     def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int, int]]:
         """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
-        vpp, the layers of the heaviest stage, those of the last), each checked by the plan's own split
-        (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers that
-        divide by pp go evenly; a spec that writes a split keeps it (a layout string
+        vpp, the layers of the heaviest stage, those of the last), each checked by the plan's
+        own split (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers
+        that divide by pp go evenly; a spec that writes a split keeps it (a layout string
         fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
         (:meth:`_uneven`)."""
         if pp in self._split_cache:
@@ -402,7 +402,8 @@ class Tuner:
         fixed_vpp = self._fixed("parallelism", "vpp")
         found: list[tuple[dict[str, Any], int, int, int]] = []
         for split in options:
-            pipeline = self._training(self._options(split)).pipeline
+            training = self._training(self._options(split))
+            pipeline = training.pipeline
             if pipeline.layout is not None:
                 implied, problems = layout_vpp(pipeline, pp)
                 vpps = [] if problems else [implied or 1]
@@ -413,6 +414,8 @@ class Tuner:
             for vpp in vpps:
                 if vpp > 1 and pp == 1:
                     continue  # the interleaved schedule needs pp > 1 (MDC206)
+                if vpp > 1 and pp == 2 and not training.overlap_p2p:
+                    continue  # and pp > 2 without the send overlap (Megatron-LM, MDC321)
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
                     heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
@@ -541,6 +544,7 @@ class Tuner:
             grad_bytes=training.gradient_bytes(self.dtype) or 4,
             order=order,
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
+            overlap_p2p=training.overlap_p2p,
             overlap_param_gather=training.zero_stage >= 1
             and written.get("overlap_param_gather") is not False,
             stage_layers=heaviest, last_stage_layers=group.last,

@@ -22,6 +22,7 @@ from mdc_builtin.launchers.megatron_bf16_layers import bf16_layer_args
 from mdc_builtin.launchers.megatron_flags import (
     ARCHITECTURE_SWITCHES,
     ARCHITECTURE_VALUES,
+    NO_P2P_OVERLAP,
     NORMALIZATIONS,
     PIPELINE_KEYS,
     POSITION_EMBEDDINGS,
@@ -182,6 +183,8 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         args.append("--overlap-grad-reduce")
     if opts.overlap_param_gather:
         args.append("--overlap-param-gather")
+    if opts.overlap_p2p_comm is False:
+        args.append(NO_P2P_OVERLAP)
     if plan.batch is not None:
         args += [
             "--micro-batch-size",

@@ -24,12 +24,18 @@ ALIASES: Mapping[str, tuple[str, ...]] = {
 }
 
 
+#: Megatron-LM's switch that turns the interleaved schedule's send/compute overlap off
+#: (dest overlap_p2p_comm, on by default since 2023; forced off without interleaving)
+NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
+
+
 #: Switches mdc owns whether or not it emits them (each has a [megatron] option or a spec key).
 SWITCHES: Mapping[str, str] = {
     "--sequence-parallel": "[megatron] sequence_parallel",
     "--use-distributed-optimizer": "[megatron] use_distributed_optimizer",
     "--overlap-grad-reduce": "[megatron] overlap_grad_reduce",
     "--overlap-param-gather": "[megatron] overlap_param_gather",
+    NO_P2P_OVERLAP: "[megatron] overlap_p2p_comm",
     "--use-tp-pp-dp-mapping": "[parallelism] order",
     "--recompute-granularity": "[megatron] recompute_granularity",
     "--recompute-method": "[megatron] recompute_method",
@@ -223,6 +229,7 @@ FLAGS = FlagTable(
         _readable("use_distributed_optimizer"),
         _readable("overlap_grad_reduce"),
         _readable("overlap_param_gather"),
+        _readable("overlap_p2p_comm", name=NO_P2P_OVERLAP, switch_value=False),
         _readable("recompute_granularity", 1, choices=("full", "selective")),
         KnownFlag(
             name="--recompute-activations",
@@ -254,6 +261,7 @@ FLAGS = FlagTable(
                 "--use-distributed-optimizer",
                 "--overlap-grad-reduce",
                 "--overlap-param-gather",
+                NO_P2P_OVERLAP,
                 "--max-position-embeddings",
                 "--fp8-format",
             )

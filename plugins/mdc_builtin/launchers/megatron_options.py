@@ -18,6 +18,7 @@ class MegatronOptions:
     use_distributed_optimizer: bool | None = None
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
+    overlap_p2p_comm: bool | None = None
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None

@@ -109,6 +109,21 @@ def _order(plan: Plan) -> Iterator[Finding]:
         )
 
 
+def _pipeline(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """validate_args: without the send/compute overlap, the interleaved schedule would send
+    and receive twice between the same two ranks in one batch when pp is 2."""
+    sizes = plan.sizes
+    if opts.overlap_p2p_comm is False and sizes.vpp is not None and sizes.pp <= 2:
+        yield Finding(
+            code="MDC321",
+            pointer=pointer_of(opts, "overlap_p2p_comm"),
+            message=f"overlap_p2p_comm = false with vpp = {sizes.vpp} and pp = {sizes.pp} "
+            "(Megatron-LM: 'When interleaved schedule is used and p2p communication overlap "
+            "is disabled, pipeline-model-parallel size should be greater than 2')",
+            hint="remove overlap_p2p_comm, or use pp > 2 (or no vpp)",
+        )
+
+
 def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     if opts.overlap_param_gather:
         if not (distributed_optimizer(opts) or megatron_fsdp(opts)):
@@ -331,6 +346,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from torchrun_findings(plan, torchrun_options(plan))
     yield from _attention_backend_rule(plan, opts)
     yield from _order(plan)
+    yield from _pipeline(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)
