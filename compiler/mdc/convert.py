@@ -87,6 +87,8 @@ def _command(value: Any) -> Any:
 def structurer(tp: Any) -> Structurer:
     """The function that structures values into ``tp``, built once per type."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:  # its metadata says nothing about the value's structure
+        return structurer(args[0])
     if tp is Any or tp is object or tp in (type(None), None) or origin is typing.Literal:
         return _same
     if tp in (str, int, float, bool):

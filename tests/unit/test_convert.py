@@ -130,6 +130,7 @@ class Everything:
     inners: tuple[Inner, ...] = ()
     tree: Tree | None = None
     point: Point | None = None
+    noted: typing.Annotated[int, "a note"] = 0
     _private: int = 0
 
 
@@ -151,8 +152,16 @@ EVERYTHING = {
     "inners": [{"size": 1, "ratio": 0.5}],
     "tree": {"label": "r", "children": [{"label": "c"}]},
     "point": {"x": 1, "y": 2},
+    "noted": 4,
     "_private": 7,
 }
+
+
+@attrs.frozen
+class Derived(Inner):
+    """Fields of a base class too (as the Kubernetes backends' options extend PodOptions)."""
+
+    note: str = ""
 
 
 def test_every_kind_of_field_as_cattrs_does() -> None:
@@ -161,6 +170,8 @@ def test_every_kind_of_field_as_cattrs_does() -> None:
     assert got == expected
     assert type(got.ratio) is float and type(got.numbers) is list and type(got.words) is tuple
     assert got.colour is Colour.RED and got.tree == Tree("r", (Tree("c"),))
+    derived = {"size": 2, "ratio": 0.5, "note": "n"}
+    assert structure(derived, Derived) == reference_converter().structure(derived, Derived)
 
 
 @pytest.mark.parametrize(
