@@ -398,13 +398,19 @@ class _PluginManager(pluggy.PluginManager):
 
     ``register`` asks :meth:`parse_hookimpl_opts` about every name of a plugin, and pluggy
     looks each up with ``inspect.getattr_static``, which was a tenth of loading a built-in
-    plugin. A module's names are its ``__dict__``, so a value there that no hook can be
-    (a class, a constant, an imported module) is answered here; pluggy judges the rest.
+    plugin. A module's names are its ``__dict__``, so a value there that no hook can be (a
+    class, a constant, an imported module), or a plain function without the marker
+    ``@mdc.hookimpl`` sets on it, is answered here; pluggy judges the rest.
     """
 
     def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
-        if isinstance(plugin, ModuleType) and not isinstance(vars(plugin).get(name), _HOOKABLE):
-            return None
+        if isinstance(plugin, ModuleType):
+            value = vars(plugin).get(name)
+            if not isinstance(value, _HOOKABLE):
+                return None
+            marker = self.project_name + "_impl"  # the attribute pluggy reads the options from
+            if type(value) is types.FunctionType and not hasattr(value, marker):
+                return None
         return super().parse_hookimpl_opts(plugin, name)
 
 

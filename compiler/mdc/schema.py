@@ -494,6 +494,8 @@ def _type(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
 def _enum(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
     if isinstance(instance, (dict, list)) or not isinstance(value, list):
         return False
+    if type(instance) is str:  # equal only to the same string: Python's == says the same
+        return instance in value
     return any(_same(instance, choice) for choice in value)
 
 

@@ -676,6 +676,16 @@ def test_the_manager_finds_the_hooks_pluggy_finds() -> None:
     odd.mdc_register_backends = Holder.__dict__["mdc_register_backends"]  # type: ignore[attr-defined]
     odd.Holder = Holder  # type: ignore[attr-defined]
     odd.mdc_register_hardware = 3  # type: ignore[attr-defined]
+
+    def mdc_unmarked() -> None:  # the project's prefix, but no marker
+        return None
+
+    def marked_oddly() -> None:
+        return None
+
+    marked_oddly.mdc_impl = "not options"  # type: ignore[attr-defined]
+    odd.mdc_unmarked = mdc_unmarked  # type: ignore[attr-defined]
+    odd.marked_oddly = marked_oddly  # type: ignore[attr-defined]
     modules = [importlib.import_module(ep.value) for ep in discover(autoload=True)]
     assert len(modules) >= 17
     for module in [*modules, odd]:

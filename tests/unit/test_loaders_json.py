@@ -131,9 +131,10 @@ def test_nan_and_infinity_are_rejected(text: str, pointer: str, line: int, col: 
     assert exc.value.diagnostics[0].location.pointer == pointer
 
 
-def test_unpaired_surrogate_is_rejected() -> None:
+@pytest.mark.parametrize("surrogate", ["\\ud800", "\ud800"])  # escaped, or the character
+def test_unpaired_surrogate_is_rejected(surrogate: str) -> None:
     with pytest.raises(SpecError) as exc:
-        parse('{"k": ["ok", "\\ud800"]}', "s.json")
+        parse('{"k": ["ok", "' + surrogate + '"]}', "s.json")
     assert single(exc)[:3] == ("MDC001", 1, 14)
 
 

@@ -10,7 +10,7 @@ with positions.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -28,6 +28,22 @@ MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 64
 #: Half of a UTF-16 surrogate pair: escapes can make one, no file or terminal can encode it.
 SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class ScannedPositions(Mapping[str, Position]):
+    """A table of positions, scanned when first looked up (most specs never need one)."""
+
+    def __init__(self, table: Callable[[], dict[str, Position]]) -> None:
+        self._table = table
+
+    def __getitem__(self, pointer: str) -> Position:
+        return self._table()[pointer]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
 
 
 @attrs.frozen(kw_only=True)

@@ -2,18 +2,27 @@
 
 ``json.loads`` reports syntax errors with positions but accepts duplicate keys
 and NaN/Infinity silently. We make both stop the parse, then let the scanner,
-which knows where every token is, raise the located error.
+which knows where every token is, raise the located error. A text with nothing
+for the scanner to refuse is scanned only when a position is asked for.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import json
 import re
 
 from mdc.errors import join_pointer
-from mdc.loaders import SURROGATE, LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import (
+    SURROGATE,
+    LoadedDocument,
+    Position,
+    ScannedPositions,
+    duplicate_key,
+    syntax_error,
+)
 
 Path = tuple[str | int, ...]
 
@@ -34,12 +43,29 @@ def parse(text: str, path: str) -> LoadedDocument:
         rejected = exc  # the scanner below raises it again, with a position
     except RecursionError:
         raise syntax_error(path, "document is nested too deeply", None, None) from None
-    scanner = _Scanner(text, path)
-    with contextlib.suppress(_ScanError, RecursionError):  # positions are a convenience
-        scanner.value(())
+    if rejected is None and "\\u" not in text and not SURROGATE.search(text):
+        # json.loads refused duplicates and NaN, and no string can hold a surrogate (only a
+        # \u escape or the character itself makes one): the scanner has nothing left to
+        # refuse, so it runs only when a finding asks for a position (most specs have none)
+        scanned = functools.cache(functools.partial(_positions, text, path))
+        return LoadedDocument(
+            path=path,
+            data=data,
+            values=ScannedPositions(lambda: scanned().values),
+            keys=ScannedPositions(lambda: scanned().keys),
+        )
+    scanner = _positions(text, path)  # raises what json.loads refused, located
     if rejected is not None:  # the scanner gave up before reaching it (deep nesting)
         raise syntax_error(path, str(rejected), None, None, code=rejected.code)
     return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
+
+
+def _positions(text: str, path: str) -> _Scanner:
+    """The scanned positions; raises a located SpecError for what the scanner refuses."""
+    scanner = _Scanner(text, path)
+    with contextlib.suppress(_ScanError, RecursionError):  # positions are a convenience
+        scanner.value(())
+    return scanner
 
 
 class _Rejected(Exception):

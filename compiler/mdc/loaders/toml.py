@@ -17,10 +17,16 @@ import datetime
 import functools
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 from mdc.errors import SpecError, join_pointer
-from mdc.loaders import LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import (
+    LoadedDocument,
+    Position,
+    ScannedPositions,
+    duplicate_key,
+    syntax_error,
+)
 
 Path = tuple[str | int, ...]
 
@@ -64,8 +70,8 @@ def parse(text: str, path: str) -> LoadedDocument:
     return LoadedDocument(
         path=path,
         data=_plain(raw),
-        values=_Scanned(lambda: scanned().values),
-        keys=_Scanned(lambda: scanned().keys),
+        values=ScannedPositions(lambda: scanned().values),
+        keys=ScannedPositions(lambda: scanned().keys),
     )
 
 
@@ -74,22 +80,6 @@ def _positions(text: str) -> _Scanner:
     with contextlib.suppress(_ScanError, _Duplicate):  # neither in a text tomllib read
         scanner.run()
     return scanner
-
-
-class _Scanned(Mapping[str, Position]):
-    """A table of positions, scanned when first looked up."""
-
-    def __init__(self, table: Callable[[], dict[str, Position]]) -> None:
-        self._table = table
-
-    def __getitem__(self, pointer: str) -> Position:
-        return self._table()[pointer]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
 
 
 def _read_thoroughly(text: str, path: str) -> object:
