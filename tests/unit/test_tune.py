@@ -279,6 +279,26 @@ def test_without_send_overlap_the_interleaved_layouts_keep_pp_above_2(
     assert result["searched"]["refused_by_compile"] == {}
 
 
+def test_torch_fsdp2_layouts_are_not_given_megatrons_param_gather_overlap(
+    tmp_path: Path,
+) -> None:
+    """With PyTorch FSDP2 the search leaves overlap_param_gather unset: Megatron-LM refuses
+    it without the distributed optimizer or Megatron-FSDP (MDC321)."""
+    spec = tmp_path / "fsdp2.toml"
+    spec.write_text(
+        EXAMPLE.read_text(encoding="utf-8")
+        + "\n[parallelism]\npp = 1\n\n[megatron]\nuse_torch_fsdp2 = true\n"
+        'use_distributed_optimizer = false\nextra_args = ["--no-gradient-accumulation-fusion"]\n',
+        encoding="utf-8",
+    )
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "3")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["candidates"]
+    assert result["searched"]["refused_by_compile"] == {}
+    assert all("overlap_param_gather" not in c["spec"]["megatron"] for c in result["candidates"])
+
+
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
     """`mdc explain` of the written best spec shows the same predicted block as its row."""
     out_spec = tmp_path / "best.toml"

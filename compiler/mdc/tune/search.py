@@ -545,7 +545,7 @@ class Tuner:
             order=order,
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_p2p=training.overlap_p2p,
-            overlap_param_gather=training.zero_stage >= 1
+            overlap_param_gather=_gathers_params(training.zero_stage, written)
             and written.get("overlap_param_gather") is not False,
             stage_layers=heaviest, last_stage_layers=group.last,
         )  # fmt: skip
@@ -603,7 +603,7 @@ class Tuner:
             edits[("megatron", key)] = value
         # the overlap Megatron offers for free (off by default in Megatron-LM)
         edits[("megatron", "overlap_grad_reduce")] = True
-        if L.zero_stage >= 1:
+        if _gathers_params(L.zero_stage, {**self._megatron, **switches}):
             edits[("megatron", "overlap_param_gather")] = True
         return edits
 
@@ -775,6 +775,15 @@ def _subgroups(
             head = indices[0]
         found.append((indices, head))
     return found
+
+
+def _gathers_params(zero_stage: int, megatron: Mapping[str, Any]) -> bool:
+    """Whether Megatron gathers sharded parameters itself, which --overlap-param-gather
+    overlaps: the distributed optimizer and Megatron-FSDP do; PyTorch's FSDP2 gathers in its
+    own hooks, and Megatron-LM refuses the flag beside it (MDC321)."""
+    return bool(megatron.get("use_megatron_fsdp")) or (
+        zero_stage >= 1 and not megatron.get("use_torch_fsdp2")
+    )
 
 
 def _bound_key(candidate: Candidate, tokens_per_s: float) -> tuple[Any, ...]:
