@@ -262,9 +262,8 @@ def test_a_raising_emit_is_a_plugin_error(write_spec: Callable[..., Path]) -> No
 
 
 def test_an_emit_returning_the_wrong_type(write_spec: Callable[..., Path]) -> None:
-    compiler = Compiler(
-        load(("fake", launcher_plugin(launcher(emit=lambda plan, options: ["torchrun"]))))
-    )  # type: ignore[arg-type,return-value]
+    wrong = launcher(emit=lambda plan, options: ["torchrun"])  # type: ignore[arg-type,return-value]
+    compiler = Compiler(load(("fake", launcher_plugin(wrong))))
     with pytest.raises(PluginError, match="expected mdc.api.Launch"):
         compiler.compile(write_spec())
 

@@ -39,7 +39,7 @@ def reference_converter() -> cattrs.Converter:
     )
     converter.register_structure_hook_func(
         lambda tp: (
-            typing.get_origin(tp) in (types.UnionType, typing.Union)
+            typing.get_origin(tp) in (types.UnionType, typing.Union)  # type: ignore[comparison-overlap]
             and tp != (str | None)
             and all(a in SCALARS for a in typing.get_args(tp))
         ),
