@@ -399,6 +399,32 @@ def test_megatron_fp4_on_a_bf16_model_is_predicted_at_the_fp4_peak(tmp_path: Pat
     assert predicted["fp4"] > predicted["bf16"]
 
 
+def test_explain_runs_torchtitans_pipeline_micro_batches(tmp_path: Path) -> None:
+    """TorchTitan splits each local batch into pipeline micro batches
+    (pipeline_microbatch_size): a local batch of 32 in micro batches of 4 is 8 micro batches
+    a step, so 1F1B over 8 stages idles (8 - 1) / (8 + 8 - 1) of it, as the memory estimate
+    counts them too; read as one micro batch of 32 it would idle 7/8."""
+    spec = {
+        "job": {"name": "titan", "command": ["python", "-m", "torchtitan.train"]},
+        "distributed": {"launcher": "torchtitan", "nnodes": 8, "nproc_per_node": 8,
+                        "accelerator_model": "h100-sxm"},
+        "parallelism": {"tp": 8, "pp": 8},
+        "batch": {"global_batch_size": 32, "micro_batch_size": 32},
+        "model": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                  "num_query_groups": 8, "ffn_hidden_size": 14336, "vocab_size": 128256,
+                  "seq_length": 8192, "gated_mlp": True, "tied_embeddings": False,
+                  "position_embedding": "rope", "bias": False, "normalization": "rmsnorm",
+                  "dtype": "bf16"},
+        "torchtitan": {"model": "llama3", "flavor": "8B", "pipeline_microbatch_size": 4,
+                       "pipeline_schedule": "1F1B"},
+    }  # fmt: skip
+    path = tmp_path / "titan.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    code, out, err = _run("explain", str(path), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["predicted"]["bubble"] == pytest.approx(7 / 15, rel=1e-3)
+
+
 def _moe_shape() -> Any:
     """A small MoE stack: 8 layers, 64 experts of width 1024, top 4, on h = 2048."""
     shape = resolve_shape(

@@ -829,6 +829,20 @@ def _parts_of(shape: Shape, spans: Spans) -> Parts:
     )
 
 
+def scheduled_micro_batches(
+    batch: BatchPlan | None, training: TrainingSetup, pp: int
+) -> tuple[int, int]:
+    """(micro batch size, micro batches per step) as the pipeline schedule runs them: a
+    launcher that splits each [batch] micro batch further for its pipeline (TorchTitan's
+    pipeline_parallel_microbatch_size) runs, and keeps activations of, the smaller ones."""
+    micro = batch.micro_batch_size if batch else 1
+    microbatches = batch.grad_accum_steps if batch else 1
+    split = training.pipeline_micro_batch
+    if pp > 1 and split and micro % split == 0:
+        return split, microbatches * (micro // split)
+    return micro, microbatches
+
+
 def quantized(shape: Shape, training: TrainingSetup) -> bool:
     """Whether the transformer layers' GEMMs run below 16 bits (fp8 or fp4)."""
     return shape.dtype == "fp8" or training.gemm_precision in ("fp8", "fp4")
@@ -1050,12 +1064,7 @@ def _each_stage(
 ) -> Iterator[MemoryEstimate]:
     """:func:`stage_estimates`, one stage at a time."""
     tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
-    micro = batch.micro_batch_size if batch else 1
-    microbatches = batch.grad_accum_steps if batch else 1
-    split = training.pipeline_micro_batch
-    if pp > 1 and split and micro % split == 0:
-        # the schedule runs (and keeps activations of) pipeline micro batches of this size
-        micro, microbatches = split, microbatches * (micro // split)
+    micro, microbatches = scheduled_micro_batches(batch, training, pp)
     logits = (
         (training.logit_bytes or 4)
         * Fraction(shape.seq, sizes.cp)

@@ -25,7 +25,7 @@ import attrs
 
 from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
-from mdc.plan.memory import Shape, quantized, resolve_shape
+from mdc.plan.memory import Shape, quantized, resolve_shape, scheduled_micro_batches
 from mdc.plan.model import Plan, TrainingSetup
 from mdc.tune.flops import TokenFlops, layer_weights, token_flops
 
@@ -528,9 +528,10 @@ def predict_plan(plan: Plan) -> Prediction | None:
         return None
     s, t = plan.sizes, plan.training
     options = plan.options.get(plan.launcher)
+    micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
     layout = Layout(
         tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
-        micro_batch_size=batch.micro_batch_size, microbatches=batch.grad_accum_steps,
+        micro_batch_size=micro, microbatches=microbatches,
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=t.recompute_num_layers
         if t.recompute == "full" and t.recompute_method == "block" else None,
