@@ -243,6 +243,20 @@ def test_one_gpu_holds_the_published_parameter_count(name: str) -> None:
     assert dense + expert + output == pytest.approx(models[name]["published_params"], rel=0.01)
 
 
+def test_the_multi_token_prediction_layer_runs_on_the_last_stage() -> None:
+    """Megatron-Core runs the MTP layers on the last stage, beside its decoder layers: with
+    one MTP layer, a last stage of 20 decoder layers runs 21 layers' kernels, and one of 19
+    runs as many as a middle stage of 20 (then the last stage adds only its output layers)."""
+    shape = attrs.evolve(_dense_70b(), mtp_layers=1)
+    hw = builtin()["h100-sxm"]
+
+    def elementwise(last: int) -> float:
+        layout = _layout(stage_layers=20, last_stage_layers=last)
+        return predict(shape, layout, hw, nproc_per_node=8).breakdown["elementwise"]
+
+    assert elementwise(20) == pytest.approx(elementwise(19) * 21 / 20)
+
+
 def test_interleaved_sends_are_hidden_only_with_megatrons_overlap() -> None:
     """Megatron-LM overlaps the interleaved schedule's sends with the next chunk's compute
     (overlap_p2p_comm): only overlap_tax of their time stays; --no-overlap-p2p-communication

@@ -370,11 +370,13 @@ def predict(
 
     elementwise += t_moe + t_mamba + t_weights
     # a stage's time is its layers' (every term above but the output layer scales with
-    # them); the last stage adds the output layer and the loss, and the schedule runs at the
-    # pace of the slower of it and the heaviest stage. A split that counts the loss as a
-    # layer (--account-for-loss-in-pipeline-split) gives the last stage fewer layers.
+    # them); the last stage adds the multi-token-prediction layers, the output layer and the
+    # loss, and the schedule runs at the pace of the slower of it and the heaviest stage. A
+    # split that counts the loss as a layer (--account-for-loss-in-pipeline-split) or a
+    # layout string gives the last stage fewer decoder layers.
     layers_time = compute + elementwise + t_tp + t_cp + t_ep
     last_layers = L.last_stage_layers if L.last_stage_layers is not None else stage_layers
+    last_layers += shape.mtp_layers  # Megatron-Core runs the MTP layers on the last stage
     scale = last_layers / stage_layers
     if layers_time * scale + t_logits < layers_time:
         scale, t_logits = 1.0, 0.0  # a middle stage is the slowest
