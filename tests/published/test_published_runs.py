@@ -72,6 +72,12 @@ _MEMORY = (
     "than the run held"
 )
 
+_META_SCHEDULE = (
+    _MEMORY + ": Meta's own pipeline schedule, not Megatron-LM's; the estimate holds Megatron-LM's "
+    "interleaved warm-up, (pp - rank - 1) * 2 + (vp - 1) * pp one-layer chunks in flight "
+    "(141 on pipeline rank 1), 81.0 GiB of 79.6"
+)
+
 #: row id -> the feature it waits for. Each of these is still refused today; when the feature
 #: lands the row compiles, its expected failure turns into an error, and it leaves this list.
 AWAITING: dict[str, str] = {
@@ -79,6 +85,7 @@ AWAITING: dict[str, str] = {
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-bf16": _LAYOUT,
     "mbridge-25.11-gb300-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
     "mbridge-25.11-gb200-deepseek-v3-no-mtp-mxfp8": _LAYOUT,
+    "llama3-paper-405b-8192gpu-cp1": _META_SCHEDULE,
 }
 
 
@@ -170,7 +177,9 @@ def compiled(compiler: Compiler, tmp_path: Path, run: dict[str, Any]) -> Compile
 def _param(run: dict[str, Any]) -> Any:
     waits = AWAITING.get(run["id"])
     # a memory row is no longer refused: it fails the estimate's own assertion
-    raises = (AssertionError,) if waits == _MEMORY else (SpecError, ModelNotListed)
+    raises = (
+        (AssertionError,) if waits and waits.startswith(_MEMORY) else (SpecError, ModelNotListed)
+    )
     marks = [pytest.mark.xfail(reason=waits, raises=raises, strict=True)] if waits else []
     return pytest.param(run, id=run["id"], marks=marks)
 
@@ -232,6 +241,7 @@ MEASURED = {
     "step_time_s",
     "memory_gib",
     "flops_include_recompute",
+    "attention_flops",
 }
 
 

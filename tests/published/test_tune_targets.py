@@ -68,11 +68,12 @@ def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 76 % before the backward tp collectives hid behind the weight-gradient GEMM and
     # tp_exposed was set where the recipes' own tp ranks best; 78 % before the last pipeline
     # stage was charged its own layers (one fewer where the loss counts as a layer); 79.8 %
-    # (99 of 124) with AMD's three MI325X rows, compared by their tokens/s
-    assert accuracy >= 0.79
+    # (99 of 124) with AMD's three MI325X rows, compared by their tokens/s; 81.5 % (101 of
+    # 124) once the Llama 3 paper's rows ran its interleaved one-layer model chunks and were
+    # compared by its own count of attention (every key)
+    assert accuracy >= 0.81
 
 
-@pytest.mark.xfail(reason="the model reaches 79.8 % of the rows, not 80 % yet", strict=True)
 def test_throughput_within_20_percent_target(accuracy: float) -> None:
     assert accuracy >= 0.80
 
