@@ -12,6 +12,18 @@ import torch
 import torch.distributed as dist
 
 
+def ddp_step(rank: int) -> None:
+    """One DDP forward and backward; the gradients DDP averaged are the same on every rank.
+    The DDP module (its reducer holds the process group) is freed on return, before the
+    group is destroyed, so no gloo work outlives it into interpreter shutdown."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    model(torch.full((2, 4), float(rank))).sum().backward()
+    for param in model.parameters():
+        reference = param.grad.clone()
+        dist.broadcast(reference, src=0)
+        assert torch.equal(param.grad, reference)
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -19,13 +31,7 @@ def main() -> None:
     dist.all_reduce(total)
     assert total.item() == world * (world - 1) / 2, total
 
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    model(torch.full((2, 4), float(rank))).sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    for grad in grads:  # DDP averaged them: every rank holds the same values
-        reference = grad.clone()
-        dist.broadcast(reference, src=0)
-        assert torch.equal(grad, reference)
+    ddp_step(rank)
 
     report = {
         name: int(os.environ[name])
