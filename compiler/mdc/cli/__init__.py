@@ -14,7 +14,6 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TextIO
 
 from mdc import __version__
@@ -66,6 +65,8 @@ def _compiler(args: argparse.Namespace) -> Compiler:
 
 
 def cmd_compile(args: argparse.Namespace, out: Output) -> int:
+    from pathlib import Path  # here and below: validate does not need pathlib
+
     from mdc import emit
 
     compiler = _compiler(args)
@@ -133,6 +134,8 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
         if not os.path.isdir(given):
             files.append(given)
             continue
+        from pathlib import Path
+
         from mdc.cli.specs import find_specs, no_specs  # only for a folder: its walk and patterns
 
         in_folder = find_specs(Path(given))
@@ -172,6 +175,8 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     compiled = _compiler(args).compile(args.spec, tree=False)
     out.diagnostics(compiled.notes)
     if args.svg:
+        from pathlib import Path
+
         from mdc.rankmap import rank_map_svg
 
         svg = rank_map_svg(compiled.plan, compiled.launch.servers)
@@ -264,6 +269,8 @@ def cmd_init(args: argparse.Namespace, out: Output) -> int:
     if args.output == "-":
         out.stdout.write(text)
         return ExitCode.OK
+    from pathlib import Path
+
     target = Path(args.output)
     if target.exists() and not args.force:
         print(f"mdc: {target} exists; pass --force to replace it", file=out.stderr)
