@@ -142,6 +142,7 @@ FLAGS: dict[str, Flag] = {
     "--overlap-param-gather": Flag(bool, DistributedDataParallelConfig, "overlap_param_gather"),
     # store_false (kind False): Megatron-LM's dest overlap_p2p_comm, on unless this is passed
     "--no-overlap-p2p-communication": Flag(False, ModelParallelConfig, "overlap_p2p_comm"),
+    "--tp-comm-overlap": Flag(bool, ModelParallelConfig, "tp_comm_overlap"),
     "--micro-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "micro_batch_size"),
     "--global-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "global_batch_size"),
     "--num-layers": Flag(int, TransformerConfig, "num_layers"),
@@ -442,6 +443,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         # and batches the sends exactly when they are not overlapped
         overlap_p2p_comm=overlap_p2p,
         batch_p2p_comm=not overlap_p2p,
+        tp_comm_overlap=ns.tp_comm_overlap,
         pipeline_dtype=dtype_of(ns),
         params_dtype=dtype_of(ns),
         bf16=ns.bf16,
@@ -807,6 +809,8 @@ SPECS: dict[str, dict[str, Any]] = {
     "no-p2p-overlap": spec(
         2, 4, vpp=2, nnodes=4, model=DENSE, megatron={"overlap_p2p_comm": False}
     ),
+    "tp-comm-overlap": spec(4, 2, model=DENSE, megatron={"tp_comm_overlap": True}),
+    "tp-comm-overlap-flag": spec(2, 2, model=DENSE, megatron={"extra_args": ["--tp-comm-overlap"]}),
     "tp-pp-dp-order": spec(2, 2, order=TP_PP_DP_ORDER, model=DENSE),
     "latent-moe-mtp": spec(1, 2, ep=8, model=LATENT_MOE),
     "wide-heads": spec(2, 1, model=WIDE_HEADS),
@@ -1111,6 +1115,10 @@ def test_written_spec_is_what_megatron_core_accepts(
         assert ns.overlap_p2p_comm is False
     else:
         assert ns.overlap_p2p_comm is True  # Megatron-LM's default
+    # mdc's rule is validate_args' (sequence parallelism on), so megatron-core gets both
+    assert ns.tp_comm_overlap == case.startswith("tp-comm-overlap")
+    if ns.tp_comm_overlap:
+        assert ns.sequence_parallel and ns.tensor_model_parallel_size > 1
     if case == "overlap-recompute-full":
         assert (ns.recompute_granularity, ns.recompute_method, ns.recompute_num_layers) == (
             "full",
@@ -1408,6 +1416,52 @@ def test_interleaving_without_send_overlap_needs_pp_above_2(
     if refused:
         where = "extra_args/0" if "extra_args" in written else "overlap_p2p_comm"
         assert f"(at /megatron/{where})" in stderr
+
+
+def validate_args_refuses_tp_comm_overlap(tp: int, sequence_parallel: bool) -> bool:
+    """Megatron-LM core_v0.16.1's validate_args (megatron/training/arguments.py, not in the
+    wheel): sequence parallelism off when tp is 1, then `assert args.sequence_parallel` for
+    --tp-comm-overlap. megatron-core's ModelParallelConfig adds no rule of its own."""
+    if tp == 1:
+        sequence_parallel = False
+    config = ModelParallelConfig(
+        tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel, tp_comm_overlap=True
+    )
+    return not config.sequence_parallel
+
+
+@pytest.mark.parametrize("how", ["key", "extra_args"])
+@pytest.mark.parametrize(("tp", "sequence_parallel"), [(1, None), (2, None), (2, False)])
+def test_tp_comm_overlap_needs_sequence_parallelism(
+    how: str,
+    tp: int,
+    sequence_parallel: bool | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--tp-comm-overlap, written as the key or passed in extra_args, is refused exactly
+    where Megatron-LM's validate_args refuses it, at the key or the extra_args word."""
+    written: dict[str, Any] = (
+        {"tp_comm_overlap": True} if how == "key" else {"extra_args": ["--tp-comm-overlap"]}
+    )
+    if sequence_parallel is not None:
+        written["sequence_parallel"] = sequence_parallel
+    code, stderr, plan = compile_spec(
+        write_spec(tmp_path, spec(tp, 2, model=DENSE, megatron=written)), tmp_path / "out"
+    )
+    # mdc passes --sequence-parallel unless sequence_parallel = false
+    refused = validate_args_refuses_tp_comm_overlap(tp, sequence_parallel is not False)
+    assert (code == 1 and "error[MDC321]" in stderr) == refused, stderr
+    if refused:
+        where = "extra_args/0" if how == "extra_args" else "tp_comm_overlap"
+        assert f"(at /megatron/{where})" in stderr
+        assert "sequence parallelism is enabled" in stderr
+    else:
+        assert plan is not None
+        ns = check_job(tmp_path / "out", plan, monkeypatch)
+        assert ns.tp_comm_overlap and ns.sequence_parallel
+        script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
+        assert script.count("--tp-comm-overlap") == 1
 
 
 def test_a_flag_in_the_command_is_an_error_but_other_flags_pass(tmp_path: Path) -> None:

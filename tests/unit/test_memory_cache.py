@@ -88,6 +88,7 @@ CHANGES: dict[str, Any] = {
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,
     "overlap_p2p": False,
+    "tp_comm_overlap": True,
     "pipeline_micro_batch": 2,
     "gemm_input_bytes": 1,
     "gemm_precision": None,

@@ -178,6 +178,9 @@ class TrainingSetup:
     #: the interleaved pipeline schedule overlaps its sends with compute (Megatron-LM's
     #: overlap_p2p_comm, its default): the throughput model hides them then
     overlap_p2p: bool = True
+    #: tensor parallelism's collectives overlapped with the GEMMs next to them (Megatron-LM's
+    #: --tp-comm-overlap: Transformer Engine's userbuffers, with sequence parallelism)
+    tp_comm_overlap: bool = False
     #: with pp > 1, the micro batch the pipeline schedule runs when the launcher splits each
     #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
     #: 1); None: the [batch] micro batch

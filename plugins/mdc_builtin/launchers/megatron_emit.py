@@ -67,7 +67,9 @@ def megatron_order(plan: Plan) -> str | None:
     return None
 
 
-def _sequence_parallel(plan: Plan, opts: MegatronOptions) -> bool:
+def sequence_parallel(plan: Plan, opts: MegatronOptions) -> bool:
+    """Whether Megatron-LM runs sequence parallelism: on by default, and turned off by its
+    validate_args when tp is 1."""
     return plan.sizes.tp > 1 and opts.sequence_parallel is not False
 
 
@@ -175,7 +177,7 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
             args.append(PIPELINE_KEYS[key])
     if megatron_order(plan) == TP_PP_DP_ORDER:
         args.append("--use-tp-pp-dp-mapping")
-    if _sequence_parallel(plan, opts):
+    if sequence_parallel(plan, opts):
         args.append("--sequence-parallel")
     if distributed_optimizer(opts):
         args.append("--use-distributed-optimizer")
@@ -185,6 +187,8 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         args.append("--overlap-param-gather")
     if opts.overlap_p2p_comm is False:
         args.append(NO_P2P_OVERLAP)
+    if opts.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
     if plan.batch is not None:
         args += [
             "--micro-batch-size",

@@ -36,6 +36,7 @@ SWITCHES: Mapping[str, str] = {
     "--overlap-grad-reduce": "[megatron] overlap_grad_reduce",
     "--overlap-param-gather": "[megatron] overlap_param_gather",
     NO_P2P_OVERLAP: "[megatron] overlap_p2p_comm",
+    "--tp-comm-overlap": "[megatron] tp_comm_overlap",
     "--use-tp-pp-dp-mapping": "[parallelism] order",
     "--recompute-granularity": "[megatron] recompute_granularity",
     "--recompute-method": "[megatron] recompute_method",
@@ -230,6 +231,7 @@ FLAGS = FlagTable(
         _readable("overlap_grad_reduce"),
         _readable("overlap_param_gather"),
         _readable("overlap_p2p_comm", name=NO_P2P_OVERLAP, switch_value=False),
+        _readable("tp_comm_overlap"),
         _readable("recompute_granularity", 1, choices=("full", "selective")),
         KnownFlag(
             name="--recompute-activations",
@@ -262,6 +264,7 @@ FLAGS = FlagTable(
                 "--overlap-grad-reduce",
                 "--overlap-param-gather",
                 NO_P2P_OVERLAP,
+                "--tp-comm-overlap",
                 "--max-position-embeddings",
                 "--fp8-format",
             )

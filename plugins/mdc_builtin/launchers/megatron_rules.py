@@ -15,6 +15,7 @@ from mdc_builtin.launchers.megatron_emit import (
     eager_attention,
     megatron_args,
     megatron_order,
+    sequence_parallel,
     torchrun_options,
 )
 from mdc_builtin.launchers.megatron_flags import FLAGS, SWITCHES
@@ -122,6 +123,30 @@ def _pipeline(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
             "is disabled, pipeline-model-parallel size should be greater than 2')",
             hint="remove overlap_p2p_comm, or use pp > 2 (or no vpp)",
         )
+
+
+def _tp_comm_overlap(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """validate_args turns sequence parallelism off when tp is 1, then asserts it for
+    --tp-comm-overlap: Transformer Engine's userbuffers overlap its all-gathers and
+    reduce-scatters with the GEMMs."""
+    if not opts.tp_comm_overlap or sequence_parallel(plan, opts):
+        return
+    where = pointer_of(opts, "tp_comm_overlap")
+    flag = "extra_args" in where
+    given = "--tp-comm-overlap in extra_args" if flag else "tp_comm_overlap"
+    drop = "--tp-comm-overlap from extra_args" if flag else "tp_comm_overlap"
+    why = (
+        f"tp = {plan.sizes.tp}, with which Megatron-LM turns sequence parallelism off"
+        if plan.sizes.tp == 1
+        else "sequence_parallel = false"
+    )
+    yield Finding(
+        code="MDC321",
+        pointer=where,
+        message=f"{given} with {why} (Megatron-LM: 'Tensor parallel communication/GEMM "
+        "overlap can happen only when sequence parallelism is enabled')",
+        hint=f"remove {drop}, or run tp > 1 with sequence parallelism",
+    )
 
 
 def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
@@ -347,6 +372,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _attention_backend_rule(plan, opts)
     yield from _order(plan)
     yield from _pipeline(plan, opts)
+    yield from _tp_comm_overlap(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)

@@ -152,6 +152,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         offload_layers=opts.cpu_offloading_num_layers or 0,
         moe_dispatcher=opts.moe_token_dispatcher_type or "allgather",
         overlap_p2p=opts.overlap_p2p_comm is not False,
+        tp_comm_overlap=bool(opts.tp_comm_overlap),
         moe_capacity_factor=opts.moe_expert_capacity_factor
         if opts.moe_pad_expert_input_to_capacity
         else None,
