@@ -46,7 +46,8 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9_]*$")
 Record = TypeVar("Record", LauncherSpec, BackendSpec)
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class Registered:
     """A launcher or backend record and the plugin it came from."""
 

@@ -261,7 +261,8 @@ def _ceil(value: Fraction | int) -> int:
     return math.ceil(value)
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class _LayerParams:
     """Parameters on one GPU: dense (tp-sharded or replicated) and expert."""
 
@@ -491,7 +492,8 @@ class MemoryEstimate:
     step_gradients: int = 0
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class _PartActivations:
     """One part's activations for one micro batch, in bytes: the replicated share
     (which sequence parallelism splits over tp), the tp-split share and the s x s scores
@@ -1154,7 +1156,8 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class Context:
     """What the hint's alternatives must respect besides the shape."""
 

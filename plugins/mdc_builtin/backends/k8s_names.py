@@ -112,7 +112,8 @@ def job_labels(plan: Plan, opts: PodOptions) -> dict[str, str]:
     )
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class NodeNames:
     """The pods' host names in node-rank order, as a rule rather than a list, so that no
     artifact grows with nnodes: the ``fixed`` names first, then ``<prefix><i><suffix>`` for

@@ -287,7 +287,8 @@ def torchrun_options(plan: Plan) -> TorchrunOptions:
     return attrs.evolve(table, rdzv_backend=table.rdzv_backend or "static")
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class _Runner:
     """What one runner contributes to the launch."""
 

@@ -135,7 +135,8 @@ def tp_size(plan: Plan, options: SglangDisaggOptions) -> int:
     return 1 if plan.nnodes == 1 else plan.nproc_per_node
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class Server:
     """What every server of one role is: its SGLang sizes and the nodes it spans."""
 
@@ -354,7 +355,8 @@ def router_words(options: SglangDisaggOptions) -> list[str]:
     return words + list(options.router_args)
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class Placed:
     """A server of a job whose servers share the nodes: its shape, its node, its first GPU
     there, its HTTP port and (prefill) KV bootstrap port."""
