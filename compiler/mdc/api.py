@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from json.encoder import encode_basestring as _json_string
-from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -320,6 +319,10 @@ def read_schema(package: str, resource: str) -> dict[str, Any]:
 @functools.cache  # asked for each role by the launcher's scripts and again by the backend
 def script_path(role: str) -> str:
     """Where mdc writes the launch script of ``role``, relative to ``out/``."""
+    if "/" not in role:  # a plain name, pathlib's answer without importing it
+        return f"launch/{role}.sh"
+    from pathlib import PurePosixPath
+
     return str(PurePosixPath("launch") / f"{role}.sh")
 
 

@@ -9,9 +9,12 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mdc.api import Artifact
+
+if TYPE_CHECKING:  # pathlib only where a tree is written or compared
+    from pathlib import Path
 
 MANIFEST = "manifest.json"
 
@@ -93,6 +96,7 @@ def write_tree(out: Path, tree: Iterable[Artifact]) -> None:
     """
     import shutil
     import tempfile
+    from pathlib import Path
 
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)

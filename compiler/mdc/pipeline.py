@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -38,6 +37,9 @@ from mdc.plan.build import DEFAULT_BACKEND, auto_split, disagg_roles
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import EnvValue, JobSpec
+
+if TYPE_CHECKING:
+    from os import PathLike
 
 T = TypeVar("T")
 
@@ -97,7 +99,7 @@ class Compiler:
         """The composed JSON Schema: every plugin's table (imports every plugin)."""
         return self.checker.schema
 
-    def compile(self, path: str | Path, *, tree: bool = True) -> Compiled:
+    def compile(self, path: str | PathLike[str], *, tree: bool = True) -> Compiled:
         """Compile one spec file in memory; raises SpecError or PluginError.
 
         A foreign config (madengine's) is translated first; what the translation dropped

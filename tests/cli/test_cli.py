@@ -17,6 +17,7 @@ import mdc
 from mdc.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
+SPEC_SUFFIXES = (".toml", ".yaml", ".json")
 QUICKSTART = "examples/quickstart.toml"
 DIAGNOSTIC_SPECS = sorted((REPO / "golden" / "diagnostics").glob("*/spec.*"))
 
@@ -406,6 +407,34 @@ def test_python_m_mdc_usage_error(clean_env: Callable[..., dict[str, str]]) -> N
         check=False,
     )
     assert done.returncode == 2 and "usage: mdc" in done.stderr and done.stdout == ""
+
+
+@pytest.mark.slow
+def test_validate_imports_only_what_it_uses(clean_env: Callable[..., dict[str, str]]) -> None:
+    """validate reads paths with os.path (pathlib is the writer's) and builds the parser of
+    its own subcommand only (tune's arguments live in mdc.tune.cli)."""
+    specs = [str(p) for p in sorted((REPO / "examples").iterdir()) if p.suffix in SPEC_SUFFIXES]
+    code = (
+        "import sys; from mdc.cli import main\n"
+        "assert main(['validate', '-q', *sys.argv[1:]]) == 0\n"
+        "print(sorted(m for m in ('pathlib', 'mdc.tune.cli') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *specs],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert len(specs) > 30 and done.stdout == "[]\n"
+
+
+def test_a_path_with_a_trailing_slash_is_named(tmp_path: Path) -> None:
+    stderr = io.StringIO()
+    assert main(["compile", f"{tmp_path}/", "-o", str(tmp_path / "out")], stderr=stderr) == 1
+    assert f"cannot tell the format of {tmp_path.name!r}" in stderr.getvalue()
 
 
 # ---------------------------------------------------------------- no tracebacks, ever

@@ -14,7 +14,6 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TextIO
 
 from mdc import __version__
@@ -66,6 +65,8 @@ def _compiler(args: argparse.Namespace) -> Compiler:
 
 
 def cmd_compile(args: argparse.Namespace, out: Output) -> int:
+    from pathlib import Path  # here and below: validate does not need pathlib
+
     from mdc import emit
 
     compiler = _compiler(args)
@@ -133,6 +134,8 @@ def cmd_validate(args: argparse.Namespace, out: Output) -> int:
         if not os.path.isdir(given):
             files.append(given)
             continue
+        from pathlib import Path
+
         from mdc.cli.specs import find_specs, no_specs  # only for a folder: its walk and patterns
 
         in_folder = find_specs(Path(given))
@@ -172,6 +175,8 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     compiled = _compiler(args).compile(args.spec, tree=False)
     out.diagnostics(compiled.notes)
     if args.svg:
+        from pathlib import Path
+
         from mdc.rankmap import rank_map_svg
 
         svg = rank_map_svg(compiled.plan, compiled.launch.servers)
@@ -264,6 +269,8 @@ def cmd_init(args: argparse.Namespace, out: Output) -> int:
     if args.output == "-":
         out.stdout.write(text)
         return ExitCode.OK
+    from pathlib import Path
+
     target = Path(args.output)
     if target.exists() and not args.force:
         print(f"mdc: {target} exists; pass --force to replace it", file=out.stderr)
@@ -294,7 +301,127 @@ def _blocked_name(value: str) -> str:
     return value[3:]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _compile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="the job spec (.toml, .yaml, .yml or .json)")
+    p.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
+    p.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the output directory differs"
+    )
+
+
+def _validate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="specs, or folders searched for .toml/.yaml/.yml/.json specs",
+    )
+
+
+def _explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec")
+    p.add_argument("--svg", metavar="FILE", help="also draw the rank map (nodes x GPUs) as SVG")
+
+
+def _no_arguments(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _init_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--launcher", required=True, help="the launcher (see `mdc plugins`)")
+    p.add_argument("--backend", default="local", help="the backend (default local)")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="job.toml",
+        metavar="SPEC",
+        help="where (default job.toml; - for stdout)",
+    )
+    p.add_argument("--force", action="store_true", help="replace SPEC if it exists")
+
+
+def _completion_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "shell",
+        choices=("bash", "zsh", "fish"),
+        help='e.g. eval "$(mdc completion bash)" in ~/.bashrc',
+    )
+
+
+def _import_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("tool", choices=("madengine",), help="the tool that wrote CONFIG")
+    p.add_argument("config", metavar="CONFIG", help="its config file")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="SPEC",
+        help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)",
+    )
+
+
+def _rehearse_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec")
+    p.add_argument(
+        "--max-ranks",
+        type=int,
+        default=64,
+        metavar="N",
+        help="refuse a world of more than N ranks (default 64)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="stop every process after SECONDS (default 180)",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
+        "DIR and keep them (default: a temporary directory, removed)",
+    )
+
+
+def _tune_arguments(p: argparse.ArgumentParser) -> None:
+    from mdc.tune.cli import add_arguments
+
+    add_arguments(p)
+
+
+#: Each subcommand: what runs it, its one-line help, and what adds its arguments.
+COMMANDS: dict[str, tuple[Command, str, Callable[[argparse.ArgumentParser], None]]] = {
+    "compile": (cmd_compile, "check a spec and write its artifacts", _compile_arguments),
+    "validate": (cmd_validate, "check specs without writing anything", _validate_arguments),
+    "explain": (
+        cmd_explain,
+        "describe the plan: sizes, batch, nodes, groups",
+        _explain_arguments,
+    ),
+    "schema": (cmd_schema, "print the composed JSON Schema", _no_arguments),
+    "plugins": (cmd_plugins, "list the launchers and backends installed", _no_arguments),
+    "init": (cmd_init, "write an annotated starter spec that compiles", _init_arguments),
+    "completion": (cmd_completion, "print the shell completion script", _completion_arguments),
+    "import": (
+        cmd_import,
+        "translate another tool's config into an mdc spec",
+        _import_arguments,
+    ),
+    "rehearse": (
+        cmd_rehearse,
+        "compile a spec and run the job on this CPU with a probe "
+        "program that checks ranks and groups (needs torch)",
+        _rehearse_arguments,
+    ),
+    "tune": (
+        cmd_tune,
+        "search the layouts the spec leaves open and rank them by predicted throughput",
+        _tune_arguments,
+    ),
+}
+
+
+def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default text)"
@@ -324,106 +451,44 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the full traceback of plugin and internal errors",
     )
+    return common
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``mdc`` parser. With ``only``, just that subcommand gets its options and
+    arguments: the others keep only their name and help, which is all ``mdc --help`` and a
+    wrong command's error show, and a command line runs one subcommand."""
+    common = _common_options()
     parser = argparse.ArgumentParser(
         prog="mdc", description="Compile a distributed ML job spec into launch artifacts."
     )
     parser.add_argument("--version", action="version", version=f"mdc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+    for name, (func, help_text, add_arguments) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
         p = sub.add_parser(name, parents=[common], help=help_text, description=help_text)
         p.set_defaults(func=func)
-        return p
-
-    p = add("compile", cmd_compile, "check a spec and write its artifacts")
-    p.add_argument("spec", help="the job spec (.toml, .yaml, .yml or .json)")
-    p.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
-    p.add_argument(
-        "--check", action="store_true", help="write nothing; exit 1 if the output directory differs"
-    )
-    p = add("validate", cmd_validate, "check specs without writing anything")
-    p.add_argument(
-        "files",
-        nargs="+",
-        metavar="FILE",
-        help="specs, or folders searched for .toml/.yaml/.yml/.json specs",
-    )
-    p = add("explain", cmd_explain, "describe the plan: sizes, batch, nodes, groups")
-    p.add_argument("spec")
-    p.add_argument("--svg", metavar="FILE", help="also draw the rank map (nodes x GPUs) as SVG")
-    add("schema", cmd_schema, "print the composed JSON Schema")
-    add("plugins", cmd_plugins, "list the launchers and backends installed")
-    p = add("init", cmd_init, "write an annotated starter spec that compiles")
-    p.add_argument("--launcher", required=True, help="the launcher (see `mdc plugins`)")
-    p.add_argument("--backend", default="local", help="the backend (default local)")
-    p.add_argument(
-        "-o",
-        "--output",
-        default="job.toml",
-        metavar="SPEC",
-        help="where (default job.toml; - for stdout)",
-    )
-    p.add_argument("--force", action="store_true", help="replace SPEC if it exists")
-    p = add("completion", cmd_completion, "print the shell completion script")
-    p.add_argument(
-        "shell",
-        choices=("bash", "zsh", "fish"),
-        help='e.g. eval "$(mdc completion bash)" in ~/.bashrc',
-    )
-    p = add("import", cmd_import, "translate another tool's config into an mdc spec")
-    p.add_argument("tool", choices=("madengine",), help="the tool that wrote CONFIG")
-    p.add_argument("config", metavar="CONFIG", help="its config file")
-    p.add_argument(
-        "-o",
-        "--output",
-        metavar="SPEC",
-        help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)",
-    )
-    p = add(
-        "rehearse",
-        cmd_rehearse,
-        "compile a spec and run the job on this CPU with a probe "
-        "program that checks ranks and groups (needs torch)",
-    )
-    p.add_argument("spec")
-    p.add_argument(
-        "--max-ranks",
-        type=int,
-        default=64,
-        metavar="N",
-        help="refuse a world of more than N ranks (default 64)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=180.0,
-        metavar="SECONDS",
-        help="stop every process after SECONDS (default 180)",
-    )
-    p.add_argument(
-        "--keep",
-        metavar="DIR",
-        help="write the rehearsed tree, the ranks' reports and the nodes' logs to "
-        "DIR and keep them (default: a temporary directory, removed)",
-    )
-    from mdc.tune.cli import add_arguments as tune_arguments
-
-    tune_arguments(
-        add(
-            "tune",
-            cmd_tune,
-            "search the layouts the spec leaves open and rank them by predicted throughput",
-        )
-    )
+        add_arguments(p)
     return parser
+
+
+def _subcommand(argv: Sequence[str]) -> str | None:
+    """The subcommand a command line runs: its first word that is not an option (``mdc``'s
+    own options take no value). None when that is not a subcommand's name."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def main(
     argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    parser = build_parser()
-    if "_ARGCOMPLETE" in os.environ:  # a shell asks for completions (`mdc completion`)
+    argv = sys.argv[1:] if argv is None else argv
+    completing = "_ARGCOMPLETE" in os.environ
+    parser = build_parser(None if completing else _subcommand(argv))
+    if completing:  # a shell asks for completions (`mdc completion`)
         import argcomplete
 
         argcomplete.autocomplete(parser)

@@ -9,13 +9,17 @@ with positions.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from mdc.errors import Diagnostic, Severity, SourceLocation, SpecError, escape_pointer_token
+
+if TYPE_CHECKING:
+    from os import PathLike
 
 Position = tuple[int, int]
 
@@ -153,21 +157,24 @@ def _too_deep(data: object) -> str | None:
     return None
 
 
-def load_file(path: str | Path) -> LoadedDocument:
+def load_file(path: str | PathLike[str]) -> LoadedDocument:
     """Read and parse a spec file, choosing the format by its suffix."""
-    shown, file = str(path), Path(path)
-    fmt = FORMATS.get(file.suffix.lower())
+    shown = os.fspath(path)
+    # os.path, not pathlib: validate would import pathlib for this alone
+    name = os.path.basename(shown.rstrip(os.sep))
+    fmt = FORMATS.get(os.path.splitext(name)[1].lower())
     if fmt is None:
         raise syntax_error(
             shown,
-            f"cannot tell the format of {file.name!r}",
+            f"cannot tell the format of {name!r}",
             None,
             None,
             code="MDC003",
             hint="name the file *.toml, *.yaml, *.yml or *.json",
         )
     try:
-        raw = file.read_bytes()
+        with open(shown, "rb") as file:
+            raw = file.read()
     except OSError as exc:
         raise syntax_error(
             shown, f"cannot read the file: {exc.strerror}", None, None, code="MDC003"
