@@ -146,6 +146,7 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         overlap_grad_reduce=table.get("overlap_grad_reduce", not paper),
         overlap_param_gather=not paper,
         overlap_p2p=table.get("overlap_p2p_comm") is not False,
+        tp_comm_overlap=bool(table.get("tp_comm_overlap")),
         recompute_layers=run.get("recompute_num_layers")
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,

@@ -313,6 +313,68 @@ def test_torch_fsdp2_layouts_are_not_given_megatrons_param_gather_overlap(
     assert all("overlap_param_gather" not in c["spec"]["megatron"] for c in result["candidates"])
 
 
+def _tp_term(shape: Any, layout: Layout, hw_id: str, **constants: float) -> float:
+    hw = builtin()[hw_id]
+    c = attrs.evolve(DEFAULT, **constants)
+    return predict(shape, layout, hw, nproc_per_node=8, constants=c).breakdown["tp"]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_tp_comm_overlap_hides_the_forward_collectives_but_for_the_tax(recompute: str) -> None:
+    """Without --tp-comm-overlap tp_exposed of the forward collectives stays; with it they
+    hide behind the forward GEMMs (and the recomputed ones) but for overlap_tax, where those
+    GEMMs are the longer (a dense 70B layer on tp 8: its GEMMs outlast the collectives)."""
+    shape = _dense_70b()
+    plain = _layout(recompute=recompute)
+    backward = _tp_term(shape, plain, "h100-sxm", tp_exposed=0.0)
+    forward = (_tp_term(shape, plain, "h100-sxm") - backward) / DEFAULT.tp_exposed
+    assert forward > 0
+    overlapped = _tp_term(shape, attrs.evolve(plain, tp_comm_overlap=True), "h100-sxm")
+    assert overlapped == pytest.approx(backward + DEFAULT.overlap_tax * forward, rel=1e-9)
+
+
+def test_tp_comm_overlap_leaves_the_expert_layers_collectives() -> None:
+    """Megatron-Core runs the experts' linear layers without userbuffers: in an MoE layer
+    only the attention's forward collective (one of the two) is overlapped."""
+    shape = _moe_shape()
+    plain = _layout(tp=2, pp=1, etp=1, ep=4, dp=4, microbatches=8)
+    backward = _tp_term(shape, plain, "h100-sxm", tp_exposed=0.0)
+    forward = (_tp_term(shape, plain, "h100-sxm") - backward) / DEFAULT.tp_exposed
+    overlapped = _tp_term(shape, attrs.evolve(plain, tp_comm_overlap=True), "h100-sxm")
+    half = forward / 2
+    expected = backward + DEFAULT.overlap_tax * half + DEFAULT.tp_exposed * half
+    assert overlapped == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "written", ["tp_comm_overlap = true", 'extra_args = ["--tp-comm-overlap"]']
+)
+def test_tune_holds_the_tp_overlap_where_megatron_takes_it(written: str, tmp_path: Path) -> None:
+    """--tp-comm-overlap, written as the key or passed in extra_args, is held: every
+    candidate runs it, none with tp 1 (which Megatron-LM refuses, MDC321), and each is
+    predicted with it (faster than the same layout without)."""
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "40")
+    assert code == 0, err
+    plain = {c["layout"]: c for c in json.loads(out)["candidates"]}
+    spec = tmp_path / "overlap.toml"
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{written}\n",
+                    encoding="utf-8")  # fmt: skip
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "40")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
+    assert all(c["parallelism"]["tp"] > 1 for c in result["candidates"])
+    assert all(" tp-overlap " in c["layout"] for c in result["candidates"])
+    faster = 0
+    for c in result["candidates"]:
+        same = plain.get(c["layout"].replace(" tp-overlap", ""))
+        if same is not None:
+            speed = c["predicted"]["tokens_per_s_per_gpu"]
+            assert speed > same["predicted"]["tokens_per_s_per_gpu"]
+            faster += 1
+    assert faster
+
+
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
     """`mdc explain` of the written best spec shows the same predicted block as its row."""
     out_spec = tmp_path / "best.toml"
@@ -324,6 +386,34 @@ def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Pat
     assert predicted == tuned["candidates"][0]["predicted"]
     code, text, _ = _run("explain", str(out_spec))
     assert "predicted on NVIDIA H100 SXM5 80GB" in text
+
+
+def test_explain_predicts_the_tp_overlap_as_tune_does(tmp_path: Path) -> None:
+    """With --tp-comm-overlap in extra_args, the written best spec's `mdc explain` predicts
+    what its tune row did (the plan's training setup carries the flag), and explain of the
+    spec without it predicts a longer tensor-parallel term."""
+    spec = tmp_path / "overlap.toml"
+    flag = '\n[megatron]\nextra_args = ["--tp-comm-overlap"]\n'
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + flag, encoding="utf-8")
+    out_spec = tmp_path / "best.toml"
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "1")
+    assert code == 0, err
+    row = json.loads(out)["candidates"][0]
+    assert _run("tune", str(spec), "--write", str(out_spec))[0] == 0
+    code, out, err = _run("explain", str(out_spec), "--format", "json")
+    assert code == 0, err
+    predicted = json.loads(out)["predicted"]
+    predicted.pop("accelerator_model")
+    assert predicted == row["predicted"]
+    plain = tmp_path / "plain.toml"
+    plain.write_text(
+        out_spec.read_text(encoding="utf-8").replace('"--tp-comm-overlap"', ""),
+        encoding="utf-8",
+    )
+    code, out, err = _run("explain", str(plain), "--format", "json")
+    assert code == 0, err
+    tp = json.loads(out)["predicted"]["breakdown_s"]["tp"]
+    assert tp > predicted["breakdown_s"]["tp"] > 0
 
 
 def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(

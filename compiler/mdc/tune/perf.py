@@ -93,6 +93,9 @@ class Layout:
     overlap_param_gather: bool = True
     #: the interleaved schedule overlaps its sends with compute (Megatron-LM's overlap_p2p_comm)
     overlap_p2p: bool = True
+    #: the forward tensor-parallel collectives pipelined with the GEMMs next to them
+    #: (Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffers)
+    tp_comm_overlap: bool = False
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss
@@ -290,15 +293,28 @@ def predict(
     if L.tp > 1:
         bw = _bandwidth(span(dense, "tp"), 1, domain, hw, c.link_share)
         one = 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
+        # a third of the layer's dense GEMM time: its forward, or its weight gradient
+        third = t_dense / gemm_factor / 3 / max(stage_layers, 1)
         # forward (and recomputed forward): the row-parallel outputs' collectives wait
-        forward = (2 + 2 * recomputed) * one * c.tp_exposed
+        forward = (2 + 2 * recomputed) * one
+        if L.tp_comm_overlap:
+            # Transformer Engine's userbuffers split the all-gather before each column-
+            # parallel GEMM and the reduce-scatter after each row-parallel one into chunks
+            # and run them beside the GEMM's own chunks: hidden behind the forward GEMMs
+            # (recomputed ones too), but for the overlap tax. Megatron-Core turns them off
+            # for the experts' layers: an MoE layer's MLP collective (half of its forward
+            # ones, in the token dispatcher) stays as without the overlap
+            plain = forward / 2 * _parts(shape).moe / max(layers, 1)
+            covered = min(forward - plain, third * (1 + recomputed))
+            forward = forward - plain - covered + c.overlap_tax * covered + plain * c.tp_exposed
+        else:
+            forward *= c.tp_exposed
         # backward: Megatron-Core launches each column-parallel layer's input-gradient
         # collective asynchronously and computes the weight gradient meanwhile
-        # (LinearWithGradAccumulationAndAsyncCommunication): hidden behind that GEMM, a
-        # third of the layer's dense GEMM time, but for the overlap tax
+        # (LinearWithGradAccumulationAndAsyncCommunication): hidden behind that GEMM, but
+        # for the overlap tax
         backward = 2 * one
-        wgrad = t_dense / gemm_factor / 3 / max(stage_layers, 1)
-        hidden = min(backward, wgrad)
+        hidden = min(backward, third)
         t_tp = (forward + backward - hidden + c.overlap_tax * hidden) * stage_layers
 
     # ---- context parallel: ring attention passes K and V (cp-1) times forward, K, V and
@@ -541,6 +557,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
         overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
         overlap_p2p=t.overlap_p2p,
+        tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
         stage_layers=memory.stage_layers, order=plan.layout.order,
         last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
     )  # fmt: skip

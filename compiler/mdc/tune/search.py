@@ -99,6 +99,7 @@ class Candidate:
             ("none", "selective", "full").index(L.recompute),
             L.recompute_layers or 0,
             not L.sequence_parallel,
+            not L.tp_comm_overlap,
             L.zero_stage,
         )
 
@@ -126,6 +127,8 @@ class Candidate:
         parts.append(f"rc:{recompute}")
         if L.tp > 1:
             parts.append("sp" if L.sequence_parallel else "no-sp")
+        if L.tp_comm_overlap:
+            parts.append("tp-overlap")
         parts.append({0: "ddp", 1: "distopt", 3: "fsdp"}.get(L.zero_stage, f"zero{L.zero_stage}"))
         return " ".join(parts)
 
@@ -268,6 +271,9 @@ class Tuner:
         assert gbs is not None
         moe = shape.experts > 0
         tps = self._choices("parallelism", "tp", [t for t in divisors(world) if domain % t == 0])
+        if self._training(self._options({})).tp_comm_overlap:
+            # --tp-comm-overlap, held as written: Megatron-LM refuses it with tp 1 (MDC321)
+            tps = [t for t in tps if t > 1]
         pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
         cps = self._choices(
             "parallelism",
@@ -380,9 +386,15 @@ class Tuner:
         """The switch settings to try with the launcher's training setup for each (cached)."""
         key = (tp > 1, chunk_layers, tuple(sorted(split.items())))
         if key not in self._variant_cache:
-            self._variant_cache[key] = [
+            variants = [
                 (switches, self._training(self._options(switches)))
                 for switches in ({**split, **rest} for rest in self._switches(tp, chunk_layers))
+            ]
+            # Megatron-LM refuses --tp-comm-overlap beside sequence_parallel = false (MDC321)
+            self._variant_cache[key] = [
+                (switches, training)
+                for switches, training in variants
+                if not training.tp_comm_overlap or (tp > 1 and training.sequence_parallel)
             ]
         return self._variant_cache[key]
 
@@ -545,6 +557,8 @@ class Tuner:
             order=order,
             overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
             overlap_p2p=training.overlap_p2p,
+            tp_comm_overlap=training.tp_comm_overlap and training.sequence_parallel
+            and sizes.tp > 1,
             overlap_param_gather=_gathers_params(training.zero_stage, written)
             and written.get("overlap_param_gather") is not False,
             stage_layers=heaviest, last_stage_layers=group.last,
