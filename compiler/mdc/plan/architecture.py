@@ -35,7 +35,8 @@ DEFAULT_O_GROUPS, DEFAULT_O_LORA_RANK, DEFAULT_RESIDUAL_STREAMS = 8, 1024, 4
 CSA_RATIO, HCA_RATIO = 4, 128
 
 
-@attrs.frozen(kw_only=True)
+# in the memory estimate's cache keys: compared and hashed, never printed (no repr)
+@attrs.frozen(kw_only=True, repr=False)
 class Latent:
     """Multi-latent attention's widths (0 q_lora: queries are not compressed)."""
 
@@ -46,7 +47,8 @@ class Latent:
     v_head: int
 
 
-@attrs.frozen(kw_only=True)
+# in the memory estimate's cache keys: compared and hashed, never printed (no repr)
+@attrs.frozen(kw_only=True, repr=False)
 class Mamba:
     """A Mamba-2 layer's sizes; its inner width is heads * head_dim."""
 
@@ -61,7 +63,8 @@ class Mamba:
         return self.heads * self.head_dim
 
 
-@attrs.frozen(kw_only=True)
+# in the memory estimate's cache keys: compared and hashed, never printed (no repr)
+@attrs.frozen(kw_only=True, repr=False)
 class Dsv4:
     """DeepSeek-V4's hybrid attention: the grouped output projection and the indexer of its
     compressed sparse layers."""
@@ -72,7 +75,8 @@ class Dsv4:
     indexer_dim: int
 
 
-@attrs.frozen(kw_only=True)
+# in the memory estimate's cache keys: compared and hashed, never printed (no repr)
+@attrs.frozen(kw_only=True, repr=False)
 class Parts:
     """How many of each part a range of layers holds (csa, hca: how many of the attention
     parts have a compressed sparse or heavily compressed branch)."""
@@ -85,7 +89,8 @@ class Parts:
     hca: int = 0
 
 
-@attrs.frozen(kw_only=True)
+# in the memory estimate's cache keys: compared and hashed, never printed (no repr)
+@attrs.frozen(kw_only=True, repr=False)
 class LayerPattern:
     """Which part each layer is: a GPT stack with MoE layers, or a hybrid pattern."""
 

@@ -150,7 +150,8 @@ MAX_LEVERS = 4
 _cached = functools.lru_cache(maxsize=1 << 14)
 
 
-@attrs.frozen(kw_only=True, cache_hash=True)
+# a cache key: compared and hashed, never printed (no generated repr: start-up time)
+@attrs.frozen(kw_only=True, cache_hash=True, repr=False)
 class Shape:
     """The model's shape with every default resolved (hashed once: it keys the cached
     pieces of the estimate)."""
@@ -522,7 +523,8 @@ class _PartActivations:
         return kept
 
 
-@attrs.frozen
+# a cache key: compared and hashed, never printed (no generated repr: start-up time)
+@attrs.frozen(repr=False)
 class _ActivationSwitches:
     """What the activations read from the launcher's TrainingSetup (so the cached pieces
     that take it are keyed by these and nothing else)."""
@@ -880,7 +882,8 @@ def _in_flight(rank: int, pp: int, vpp: int | None, microbatches: int) -> tuple[
     return held, Fraction(chunks, vpp * held)
 
 
-@attrs.frozen(cache_hash=True)
+# a cache key: compared and hashed, never printed (no generated repr: start-up time)
+@attrs.frozen(cache_hash=True, repr=False)
 class _StateBytes:
     """Bytes per parameter of the model state and the sharding that divides them: what the
     state reads from the launcher's TrainingSetup and the sizes (the key of its cache; made

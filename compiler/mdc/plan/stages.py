@@ -145,7 +145,8 @@ def _runs(
     return StageLayers(pp=pp, vpp=vpp, runs=tuple(runs))
 
 
-@attrs.frozen(kw_only=True)
+# only read, never compared or printed: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class Model:
     """What the split needs from [model]."""
 
