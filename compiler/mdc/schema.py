@@ -430,44 +430,75 @@ def surely_valid(instance: object, schema: object) -> bool:
     """True only if ``instance`` is valid against ``schema`` as :func:`validator_class`
     validates it. False if it is not, or if the schema uses a keyword or a value this
     quick check does not know: the verdict (and every diagnostic) is then jsonschema's."""
-    if schema is True:
-        return True
-    if not isinstance(schema, dict):
-        return False
-    checks = _checks(schema)
-    if checks is None:
-        return False
-    for check, value in checks:  # noqa: SIM110 - a loop: no generator for every node
-        if not check(instance, value, schema):
-            return False
+    return _proof(schema)(instance)
+
+
+#: Proves an instance valid against one schema (or says it cannot).
+Proof = Callable[[object], bool]
+
+#: id of a schema (held, so the id stays its own) -> the schema and its proof
+_PROOFS: dict[int, tuple[object, Proof]] = {}
+
+
+def _proof(schema: object) -> Proof:
+    """The proof for ``schema``: its keywords' checks, each bound to the keyword's value.
+
+    Made once per schema object: a spec meets the same few hundred schemas again and again.
+    Schemas are not changed once built (see :func:`compose`).
+    """
+    held = _PROOFS.get(id(schema))
+    if held is not None and held[0] is schema:
+        return held[1]
+    proof = _make_proof(schema)
+    if len(_PROOFS) >= 100_000:  # schemas made on the fly (tests): start again
+        _PROOFS.clear()
+    _PROOFS[id(schema)] = (schema, proof)
+    return proof
+
+
+def _later(schema: object) -> Proof:
+    """The proof of ``schema``, made when first used: a spec reaches few of the branches of
+    the composed schema, and making the others' would cost more than it saves."""
+    made: list[Proof] = []
+
+    def prove(instance: object) -> bool:
+        if not made:
+            made.append(_proof(schema))
+        return made[0](instance)
+
+    return prove
+
+
+def _yes(instance: object) -> bool:
     return True
 
 
-#: id of a schema (held, so the id stays its own) -> the schema and its keywords' checks
-_CHECKS: dict[int, tuple[dict[str, Any], list[tuple[Keyword, Any]] | None]] = {}
+def _no(instance: object) -> bool:
+    return False
 
 
-def _checks(schema: dict[str, Any]) -> list[tuple[Keyword, Any]] | None:
-    """The checks of the schema's keywords, in its order; None if one is not known here.
-
-    Looked up once per schema object: a spec meets the same few hundred schemas again and
-    again. Schemas are not changed once built (see :func:`compose`).
-    """
-    held = _CHECKS.get(id(schema))
-    if held is not None and held[0] is schema:
-        return held[1]
-    checks: list[tuple[Keyword, Any]] | None = []
+def _make_proof(schema: object) -> Proof:
+    if schema is True:
+        return _yes
+    if not isinstance(schema, dict):
+        return _no
+    checks: list[Proof] = []
     for keyword, value in schema.items():
-        check = _KEYWORDS.get(keyword)
-        if check is not None:
-            checks.append((check, value))  # type: ignore[union-attr]
+        make = _KEYWORDS.get(keyword)
+        if make is not None:
+            checks.append(make(value, schema))
         elif keyword not in _ANNOTATIONS:
-            checks = None
-            break
-    if len(_CHECKS) >= 100_000:  # schemas made on the fly (tests): start again
-        _CHECKS.clear()
-    _CHECKS[id(schema)] = (schema, checks)
-    return checks
+            return _no
+    if len(checks) == 1:
+        return checks[0]
+
+    def proof(instance: object) -> bool:
+        for check in checks:  # noqa: SIM110 - a loop: no generator for every node
+            if not check(instance):
+                return False
+        return True
+
+    return proof
 
 
 def _number(value: object) -> bool:
@@ -481,105 +512,141 @@ def _same(one: object, two: object) -> bool:
     return type(one) is type(two) and one == two
 
 
-Keyword = Callable[[object, Any, Mapping[str, Any]], bool]
+#: Makes a keyword's check from its value and the schema holding it.
+Keyword = Callable[[Any, Mapping[str, Any]], Proof]
 
 
-def _type(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
+def _type(value: Any, schema: Mapping[str, Any]) -> Proof:
     if type(value) is str and value in _TYPES:
-        return _TYPES[value](instance)
+        return _TYPES[value]
     names = value if isinstance(value, list) else [value]
-    return any(name in _TYPES and _TYPES[name](instance) for name in names)
+    known = [_TYPES[name] for name in names if name in _TYPES]
+    return lambda instance: any(test(instance) for test in known)
 
 
-def _enum(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if isinstance(instance, (dict, list)) or not isinstance(value, list):
-        return False
-    if type(instance) is str:  # equal only to the same string: Python's == says the same
-        return instance in value
-    return any(_same(instance, choice) for choice in value)
+def _enum(value: Any, schema: Mapping[str, Any]) -> Proof:
+    if not isinstance(value, list):
+        return _no
+
+    def check(instance: object) -> bool:
+        if isinstance(instance, (dict, list)):
+            return False
+        if type(instance) is str:  # equal only to the same string: Python's == says the same
+            return instance in value
+        return any(_same(instance, choice) for choice in value)
+
+    return check
 
 
 def _bound(test: Callable[[Any, Any], bool]) -> Keyword:
-    def check(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-        return not _number(instance) or (_number(value) and test(instance, value))
+    def make(value: Any, schema: Mapping[str, Any]) -> Proof:
+        if not _number(value):
+            return lambda instance: not _number(instance)
+        return lambda instance: not _number(instance) or test(instance, value)
 
-    return check
+    return make
 
 
 def _length(test: Callable[[int, Any], bool]) -> Keyword:
-    def check(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-        if not isinstance(instance, str):
+    def make(value: Any, schema: Mapping[str, Any]) -> Proof:
+        known = isinstance(value, int)
+        return lambda instance: (
+            not isinstance(instance, str) or (known and test(len(instance), value))
+        )
+
+    return make
+
+
+def _pattern(value: Any, schema: Mapping[str, Any]) -> Proof:
+    if not isinstance(value, str):
+        return lambda instance: not isinstance(instance, str)
+    return lambda instance: not isinstance(instance, str) or re.search(value, instance) is not None
+
+
+def _required(value: Any, schema: Mapping[str, Any]) -> Proof:
+    return lambda instance: not isinstance(instance, dict) or all(key in instance for key in value)
+
+
+def _properties(value: Any, schema: Mapping[str, Any]) -> Proof:
+    if not isinstance(value, dict):
+        return _no
+    proofs: dict[str, Proof] = {}  # made as a spec first reaches each property
+
+    def check(instance: object) -> bool:
+        if not isinstance(instance, dict):
             return True
-        return isinstance(value, int) and test(len(instance), value)
+        for key, item in instance.items():
+            prove = proofs.get(key)
+            if prove is None:
+                if key not in value:
+                    continue
+                prove = proofs[key] = _proof(value[key])
+            if not prove(item):
+                return False
+        return True
 
     return check
 
 
-def _pattern(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(instance, str):
-        return True
-    return isinstance(value, str) and re.search(value, instance) is not None
-
-
-def _required(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    return not isinstance(instance, dict) or all(key in instance for key in value)
-
-
-def _properties(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(instance, dict):
-        return True
-    for key, item in instance.items():
-        if key in value and not surely_valid(item, value[key]):
-            return False
-    return True
-
-
-def _additional(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(instance, dict):
-        return True
+def _additional(value: Any, schema: Mapping[str, Any]) -> Proof:
     if "patternProperties" in schema:
-        return False
+        return lambda instance: not isinstance(instance, dict)
     named = schema.get("properties", {})
-    return all(surely_valid(item, value) for key, item in instance.items() if key not in named)
-
-
-def _items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(instance, list):
-        return True
-    return "prefixItems" not in schema and all(surely_valid(item, value) for item in instance)
-
-
-def _property_names(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    return not isinstance(instance, dict) or all(surely_valid(key, value) for key in instance)
-
-
-def _one_of(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    # Sure only when one branch is proven valid and every other is ruled out by its type.
-    if not isinstance(value, list):
-        return False
-    proven = [surely_valid(instance, branch) for branch in value]
-    return proven.count(True) == 1 and all(
-        ok
-        or (
-            isinstance(branch, dict)
-            and "type" in branch
-            and not _type(instance, branch["type"], branch)
-        )
-        for ok, branch in zip(proven, value, strict=True)
+    prove = _later(value)
+    return lambda instance: (
+        not isinstance(instance, dict)
+        or all(prove(item) for key, item in instance.items() if key not in named)
     )
 
 
-def _min_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    return not isinstance(instance, list) or (isinstance(value, int) and len(instance) >= value)
+def _items(value: Any, schema: Mapping[str, Any]) -> Proof:
+    if "prefixItems" in schema:
+        return lambda instance: not isinstance(instance, list)
+    prove = _later(value)
+    return lambda instance: not isinstance(instance, list) or all(map(prove, instance))
 
 
-def _unique_items(instance: object, value: Any, schema: Mapping[str, Any]) -> bool:
-    if not isinstance(instance, list) or value is False:
-        return True
-    return (
-        value is True
-        and all(isinstance(i, str) for i in instance)
-        and len(set(instance)) == len(instance)
+def _property_names(value: Any, schema: Mapping[str, Any]) -> Proof:
+    prove = _later(value)
+    return lambda instance: not isinstance(instance, dict) or all(map(prove, instance))
+
+
+def _one_of(value: Any, schema: Mapping[str, Any]) -> Proof:
+    # Sure only when one branch is proven valid and every other is ruled out by its type.
+    if not isinstance(value, list):
+        return _no
+    branches = [
+        (_later(branch), _type(branch["type"], branch) if _typed(branch) else None)
+        for branch in value
+    ]
+
+    def check(instance: object) -> bool:
+        proven = [prove(instance) for prove, _ in branches]
+        return proven.count(True) == 1 and all(
+            ok or (typed is not None and not typed(instance))
+            for ok, (_, typed) in zip(proven, branches, strict=True)
+        )
+
+    return check
+
+
+def _typed(branch: object) -> bool:
+    return isinstance(branch, dict) and "type" in branch
+
+
+def _min_items(value: Any, schema: Mapping[str, Any]) -> Proof:
+    known = isinstance(value, int)
+    return lambda instance: not isinstance(instance, list) or (known and len(instance) >= value)
+
+
+def _unique_items(value: Any, schema: Mapping[str, Any]) -> Proof:
+    if value is False:
+        return _yes
+    if value is not True:
+        return lambda instance: not isinstance(instance, list)
+    return lambda instance: (
+        not isinstance(instance, list)
+        or (all(isinstance(i, str) for i in instance) and len(set(instance)) == len(instance))
     )
 
 
