@@ -138,6 +138,7 @@ def _union(tp: Any, args: tuple[Any, ...]) -> Structurer:
 
 def _attrs_class(cls: type) -> Structurer:
     fields: list[tuple[str, str, Structurer]] = []  # filled on first use: classes may recurse
+    names: set[str] = set()
 
     def build(value: Any) -> Any:
         if not fields:
@@ -147,9 +148,10 @@ def _attrs_class(cls: type) -> Structurer:
                 for f in attrs.fields(cls)
                 if f.init
             )
+            names.update(name for name, _, _ in fields)
         if not isinstance(value, Mapping):
             raise Misfit(f"{cls.__name__} needs a table, not {type(value).__name__}")
-        extra = set(value) - {name for name, _, _ in fields}
+        extra = value.keys() - names
         if extra:
             raise Misfit(f"{cls.__name__} has no field {min(extra)!r}")
         kwargs = {}
