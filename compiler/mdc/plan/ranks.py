@@ -12,6 +12,7 @@ a few integers.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from math import prod
@@ -57,20 +58,27 @@ class RankGrid:
 
     def groups(self, kind: str) -> GroupSet:
         """The groups that vary the axes named in ``kind`` (e.g. ``"tp"``, ``"dp-cp"``)."""
-        varied = set(kind.split("-"))
-        unknown = varied - set(self.axes)
-        if unknown:
-            raise ValueError(f"unknown axis {min(unknown)!r} in {kind!r}")
-        inner = tuple(i for i, a in enumerate(self.axes) if a in varied)
-        outer = tuple(i for i, a in enumerate(self.axes) if a not in varied)
-        strides = self.strides
-        return GroupSet(
-            kind=kind,
-            inner_sizes=tuple(self.sizes[i] for i in inner),
-            inner_strides=tuple(strides[i] for i in inner),
-            outer_sizes=tuple(self.sizes[i] for i in outer),
-            outer_strides=tuple(strides[i] for i in outer),
-        )
+        return _groups(self, kind)
+
+
+# A plan's checks and its plugins ask a grid for the same kinds again and again, and specs
+# (or a tune's layouts) share grids: a GroupSet is immutable, so one is made per question.
+@functools.lru_cache(maxsize=4096)
+def _groups(grid: RankGrid, kind: str) -> GroupSet:
+    varied = set(kind.split("-"))
+    unknown = varied - set(grid.axes)
+    if unknown:
+        raise ValueError(f"unknown axis {min(unknown)!r} in {kind!r}")
+    inner = tuple(i for i, a in enumerate(grid.axes) if a in varied)
+    outer = tuple(i for i, a in enumerate(grid.axes) if a not in varied)
+    strides = grid.strides
+    return GroupSet(
+        kind=kind,
+        inner_sizes=tuple(grid.sizes[i] for i in inner),
+        inner_strides=tuple(strides[i] for i in inner),
+        outer_sizes=tuple(grid.sizes[i] for i in outer),
+        outer_strides=tuple(strides[i] for i in outer),
+    )
 
 
 def _compose(index: int, sizes: tuple[int, ...], strides: tuple[int, ...]) -> int:
