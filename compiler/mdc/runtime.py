@@ -5,6 +5,7 @@ Part of the plugin surface (re-exported by :mod:`mdc.api`).
 
 from __future__ import annotations
 
+import functools
 import shlex
 from collections.abc import Iterable, Sequence
 
@@ -57,10 +58,15 @@ def _in_double_quotes(text: str) -> str:
 def shell_word(word: Word) -> str:
     """One shell word: literals quoted, runtime variables expanded (inside double quotes)."""
     if isinstance(word, str):
-        return shlex.quote(word)
+        return _quoted(word)
     parts = word.parts if isinstance(word, Concat) else (word,)
     inner = "".join(f"${{{p.name}}}" if isinstance(p, Ref) else _in_double_quotes(p) for p in parts)
     return f'"{inner}"'
+
+
+# Launchers and backends quote the same few words (flags, numbers, paths) for every role
+# and every spec.
+_quoted = functools.lru_cache(maxsize=4096)(shlex.quote)
 
 
 def refs_in(words: Iterable[Word]) -> list[str]:
