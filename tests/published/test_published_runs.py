@@ -253,6 +253,8 @@ def test_rows_are_complete_and_unique() -> None:
         assert [k for k in REQUIRED if k not in run] == [], run["id"]
         assert run["source"].startswith("https://"), run["id"]
         assert run["launcher"] in ("megatron", "torchtitan"), run["id"]
+        # the only other count is the causal half, which a row says by leaving the key out
+        assert run.get("measured", {}).get("attention_flops", "full") == "full", run["id"]
         if "gpu_memory_source" not in run:  # a variant of the accelerator says where its size is
             assert run["gpu_memory_gib"] == accelerators[run["accelerator_model"]]["memory_gib"]
         assert run["gpus"] % run["nproc_per_node"] == 0, run["id"]

@@ -59,8 +59,8 @@ def targets() -> dict[str, Any]:
     }
 
 
-def test_throughput_within_20_percent_floor(accuracy: float) -> None:
-    # 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
+def test_throughput_within_20_percent_target(accuracy: float) -> None:
+    # The target is 80 %; the bound holds what the model reaches today. 67 % before latent MoE was counted, Mamba's kernels charged and the overlapped
     # collectives taxed (and each source's TFLOP/s converted by its own FLOP count); 69 %
     # while the norms and residual adds were charged as a share of the fitted passes; 73 %
     # before the expert gradients crossed the NIC of their expert-data-parallel group, the
@@ -72,10 +72,6 @@ def test_throughput_within_20_percent_floor(accuracy: float) -> None:
     # 124) once the Llama 3 paper's rows ran its interleaved one-layer model chunks and were
     # compared by its own count of attention (every key)
     assert accuracy >= 0.81
-
-
-def test_throughput_within_20_percent_target(accuracy: float) -> None:
-    assert accuracy >= 0.80
 
 
 def test_table1_floor(targets: dict[str, Any]) -> None:
