@@ -349,6 +349,7 @@ Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(json.dumps(report)
 print(f"probe rank {rank} done", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+os._exit(0)  # torch 2.13's gloo can abort in interpreter finalization (see examples/ddp_check.py)
 """
 
 

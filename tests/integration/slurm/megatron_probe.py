@@ -97,7 +97,11 @@ def main() -> None:
     dist.destroy_process_group()
     if problems:
         print(f"megatron_probe rank {rank}: " + "; ".join(problems), file=sys.stderr)
-        sys.exit(1)
+    # torch 2.13's gloo can abort in interpreter finalization ("terminate called without an
+    # active exception", seen under load, with no Python frame left): skip it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1 if problems else 0)
 
 
 if __name__ == "__main__":

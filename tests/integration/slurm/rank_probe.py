@@ -5,6 +5,7 @@ Writes PROBE_DIR/rank-<RANK>.json. Run by the slurm backend's real-job tests.
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -42,6 +43,10 @@ def main() -> None:
     # down when another's sockets close aborts ("terminate called without an active exception")
     dist.barrier()
     dist.destroy_process_group()
+    # torch 2.13's gloo can still abort the same way in interpreter finalization, after
+    # everything is written (seen under load, with no Python frame left): skip it
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
