@@ -7,7 +7,8 @@
   the micro batch left open; does the searched best (tp, pp) equal the paper's?
 * NVIDIA Megatron-Bridge recipes (the rows of tests/published/runs.toml that compile today):
   tp, pp, cp, ep, etp, vpp and the micro batch left open, precision and the rest as the
-  recipe sets them; does the published layout rank in mdc tune's top 5, and does it fit?
+  recipe sets them; does the published layout rank in mdc tune's top 5 (the whole layout,
+  and its parallel sizes tp, pp, cp, ep alone), and does it fit?
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from mdc.tune.search import Tuner  # noqa: E402
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 OPEN = ("tp", "pp", "cp", "ep", "etp", "vpp")
+#: the parallel sizes of a layout, without its schedule (virtual stages, micro batch)
+PARALLEL = ("tp", "pp", "cp", "ep")
 
 
 def _module(path: Path, name: str) -> ModuleType:
@@ -94,6 +97,15 @@ def _class_sizes(group: Any) -> dict[str, int]:
             "mbs": group.batch.micro_batch_size}  # fmt: skip
 
 
+def _rank(result: Any, want: dict[str, int], keys: tuple[str, ...]) -> int | None:
+    """The 1-based row of ``result`` whose sizes equal ``want`` in ``keys``, or None."""
+    for i, row in enumerate(result.rows, 1):
+        sizes = _sizes(row.candidate.layout)
+        if all(sizes[k] == want[k] for k in keys):
+            return i
+    return None
+
+
 def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[dict[str, Any]]:
     """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
     published layout fits the plan's estimate, and the best layout mdc found."""
@@ -121,11 +133,9 @@ def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[d
         spec["batch"].pop("micro_batch_size", None)
         tuner = _tuner(compiler, run, spec)
         result = tuner.run(top=5)
-        rank = None
-        for i, row in enumerate(result.rows, 1):
-            if _sizes(row.candidate.layout) == want:
-                rank = i
-                break
+        # the whole layout (sizes, virtual stages, micro batch), and its parallel sizes alone
+        rank = _rank(result, want, tuple(want))
+        parallel_rank = _rank(result, want, PARALLEL)
         best = result.rows[0].candidate.label() if result.rows else None
         # how much slower the model predicts the published layout than its own best
         # (the published sizes with the switches mdc would pick for them)
@@ -138,7 +148,15 @@ def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[d
             top = result.rows[0].candidate.prediction.tokens_per_s_per_gpu
             gap = 1 - max(own) / top
         found.append(
-            {"id": run["id"], "rank": rank, "fits": fits, "want": want, "best": best, "gap": gap}
+            {
+                "id": run["id"],
+                "rank": rank,
+                "parallel_rank": parallel_rank,
+                "fits": fits,
+                "want": want,
+                "best": best,
+                "gap": gap,
+            }
         )
     return found
 
@@ -164,8 +182,12 @@ def main() -> None:
         return
     found = recipes(compiler, published, args.rows)
     top = sum(1 for r in found if r["rank"] is not None)
+    parallel = sum(1 for r in found if r["parallel_rank"] is not None)
     fit = sum(1 for r in found if r["fits"])
-    print(f"recipes: published layout in the top 5 for {top} of {len(found)}; fits: {fit}")
+    print(
+        f"recipes: published layout in the top 5 for {top} of {len(found)}, its parallel "
+        f"sizes (tp, pp, cp, ep) for {parallel}; fits: {fit}"
+    )
     gaps = sorted(r["gap"] for r in found if r["gap"] is not None)
     if gaps:
         within = sum(1 for g in gaps if g <= 0.05)
@@ -175,7 +197,7 @@ def main() -> None:
         )
     for r in found:
         gap = "-" if r["gap"] is None else f"{r['gap']:.1%}"
-        print(f"  {r['id']}: rank {r['rank']}, fits {r['fits']}, {gap} slower, "
+        print(f"  {r['id']}: rank {r['rank']} (sizes {r['parallel_rank']}), fits {r['fits']}, {gap} slower, "
               f"published {r['want']}, best {r['best']}")  # fmt: skip
 
 

@@ -713,9 +713,12 @@ class Tuner:
             # a layout that trades cp, dp and the micro batch for one another at the same
             # predicted speed and memory is the same choice: the first (simplest) one stands
             same = (round(candidate.prediction.tokens_per_s_per_gpu, 3), candidate.memory_bytes)
-            # and each layout (sizes and micro batch) once, with its best training switches
-            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, L.micro_batch_size)
+            # and each layout (sizes and micro batch) once, with its best virtual stages and
+            # training switches: the interleaving depth is a schedule setting of the layout,
+            # as recompute is, and its variants lie within a few percent of one another
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.micro_batch_size)
             if same in shown or sizes in shown_sizes:
+                shown.add(same)  # its equivalents are that layout's variants too
                 continue
             data = self.spec_data(candidate)
             doc = attrs.evolve(self.doc, data=data)
