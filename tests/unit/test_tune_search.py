@@ -134,3 +134,27 @@ def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
     ruled_out = [e for c, e in zip(tuner.walked, estimated, strict=True) if c.memory_bytes is None]
     assert len(ruled_out) == len(skipped)
     assert all(e.memory_bytes is not None and e.memory_bytes > tuner.capacity for e in ruled_out)
+
+
+def _layout(candidate: Candidate) -> tuple[int, ...]:
+    L = candidate.layout
+    return (L.tp, L.pp, L.cp, L.ep, L.etp, L.micro_batch_size)
+
+
+@pytest.mark.parametrize("name", ["dense-uneven", "dense-fp8"])
+def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_path: Path) -> None:
+    tuner = _tuner(name, tmp_path)
+    result = tuner.run(top=8)
+    shown = [_layout(r.candidate) for r in result.rows]
+    assert len(set(shown)) == len(shown) == 8
+    # the walk met the first layout at other virtual-stage counts that fit, and showed the
+    # fastest of them (the walk is in ranking order)
+    variants = [
+        c
+        for c in tuner.walked
+        if _layout(c) == shown[0]
+        and c.memory_bytes is not None
+        and c.memory_bytes <= tuner.capacity
+    ]
+    assert len({c.layout.vpp for c in variants}) > 1
+    assert result.rows[0].candidate.key == variants[0].key
