@@ -3,7 +3,8 @@
 * throughput: predicted model TFLOP/s per GPU within +-20 % of the measured value
   (bench/tune_fit.py builds each measured row's case; target: 80 % of the rows);
 * Narayanan et al. 2021, Table 1: the searched best (tp, pp) equals the paper's
-  (bench/tune_targets.py; target: 8 of 10 rows);
+  (bench/tune_targets.py; target: 8 of 10 rows), also read with each row's data-parallel
+  size held;
 * NVIDIA's recipes that compile: the published layout ranks in the top 5 (target: 70 %),
   and no published layout is discarded as not fitting (target: all).
 
@@ -55,6 +56,7 @@ def targets() -> dict[str, Any]:
     compiler = Compiler(load_plugins(autoload=False))
     return {
         "table1": module.table1(compiler, published),
+        "table1_dp_held": module.table1(compiler, published, hold_dp=True),
         "recipes": module.recipes(compiler, published),
     }
 
@@ -90,6 +92,16 @@ def test_table1_floor(targets: dict[str, Any]) -> None:
 @pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 3 of 10 rows", strict=True)
 def test_table1_target(targets: dict[str, Any]) -> None:
     assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
+
+
+def test_table1_with_the_papers_data_parallel_size_held(targets: dict[str, Any]) -> None:
+    # The table grows the GPUs with the model at 32 data-parallel replicas from 1.7B to
+    # 76.1B: with that size held, GPUs / dp fixes tp x pp and the search splits it as the
+    # paper did (tp up to the node first) in all but 18.4B and 39.1B, which it still runs
+    # at tp 2 and tp 4 with more stages. Left open, dp is what the search trades (3 of 10).
+    rows = targets["table1_dp_held"]
+    assert len(rows) == 10
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 8
 
 
 def test_no_published_recipe_layout_is_discarded_as_not_fitting(targets: dict[str, Any]) -> None:
