@@ -254,6 +254,10 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
+    #: options -> the same options with the keys its pass-through arguments set read in,
+    #: as if written (Megatron flags in ``extra_args``); mdc tune holds those keys as it
+    #: holds the table's own. None: the arguments set no key
+    read_args: Callable[[Any], Any] | None = None
     #: (plan, options) -> one server's sizes and its engine's memory settings, for the
     #: serving memory check; None: no serving estimate
     serving: Callable[[Plan, Any], ServingSetup | None] | None = None

@@ -375,6 +375,61 @@ def test_tune_holds_the_tp_overlap_where_megatron_takes_it(written: str, tmp_pat
     assert faster
 
 
+SWITCH_FLAGS = (
+    '"--recompute-granularity", "full", "--recompute-method", "uniform", '
+    '"--recompute-num-layers", "1", "--sequence-parallel", "--overlap-grad-reduce"'
+)
+SWITCH_KEYS = (
+    'recompute_granularity = "full"\nrecompute_method = "uniform"\nrecompute_num_layers = 1\n'
+    "sequence_parallel = true\noverlap_grad_reduce = true"
+)
+
+
+@pytest.mark.parametrize("written", [f"extra_args = [{SWITCH_FLAGS}]", SWITCH_KEYS])
+def test_switches_in_extra_args_are_held_as_the_keys_are(written: str, tmp_path: Path) -> None:
+    """Megatron flags in extra_args that the launcher reads into its keys are held as
+    those keys written in the table: the same layouts, predicted alike, none refused for
+    repeating a flag (MDC323), and none written again into the spec."""
+    spec = tmp_path / "held.toml"
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{written}\n",
+                    encoding="utf-8")  # fmt: skip
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "4")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
+    for c in result["candidates"]:
+        assert c["recompute"] == "full"
+        assert c["sequence_parallel"] is (c["parallelism"]["tp"] > 1)  # off at tp 1, as in Megatron
+    seen = [(c["layout"], c["predicted"]) for c in result["candidates"]]
+    if written == SWITCH_KEYS:
+        return
+    for c in result["candidates"]:  # the spec's table holds what it wrote, no key more
+        assert c["spec"]["megatron"].keys().isdisjoint(
+            {"recompute_granularity", "recompute_method", "recompute_num_layers",
+             "sequence_parallel", "overlap_grad_reduce"}
+        )  # fmt: skip
+    keys = tmp_path / "keys.toml"
+    keys.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{SWITCH_KEYS}\n",
+                    encoding="utf-8")  # fmt: skip
+    code, out, err = _run("tune", str(keys), "--format", "json", "--top", "4")
+    assert code == 0, err
+    assert seen == [(c["layout"], c["predicted"]) for c in json.loads(out)["candidates"]]
+
+
+def test_a_flag_no_layout_may_repeat_is_named_when_nothing_compiles(tmp_path: Path) -> None:
+    """Every layout repeats the tp that extra_args passes (MDC323): tune reports that, at
+    its word in extra_args, not what the spec's defaults would get wrong (6 nodes: pp 6
+    does not divide 80 layers)."""
+    text = EXAMPLE.read_text(encoding="utf-8").replace("nnodes = 8", "nnodes = 6")
+    text += '\n[megatron]\nextra_args = ["--tensor-model-parallel-size", "4"]\n'
+    spec = tmp_path / "tp-in-args.toml"
+    spec.write_text(text, encoding="utf-8")
+    line = text.count("\n", 0, text.index("extra_args")) + 1
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    assert f"tp-in-args.toml:{line}:15: error[MDC323]" in err and "MDC222" not in err
+
+
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:
     """`mdc explain` of the written best spec shows the same predicted block as its row."""
     out_spec = tmp_path / "best.toml"

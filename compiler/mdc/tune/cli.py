@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mdc.errors import ExitCode
 from mdc.importers import translate
 from mdc.loaders import load_file
@@ -22,9 +24,13 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     tuner = Tuner(compiler, doc)
     result = tuner.run(top=args.top)
     if not result.rows:
-        # the spec as written says why, in the compiler's own words (held-fixed sizes that
-        # do not divide the world, a model the layout cannot split, ...)
-        compiler.compile_document(doc, tree=False)
+        # the compiler says why, in its own words: of the fastest layout that fit memory
+        # (a flag in extra_args that no layout may repeat, ...), else of the spec as
+        # written (held-fixed sizes that do not divide the world, a model the layout
+        # cannot split, ...)
+        refused = result.first_refused
+        shown = doc if refused is None else attrs.evolve(doc, data=refused)
+        compiler.compile_document(shown, tree=False)
         print(
             f"mdc tune: no layout fits and compiles ({result.generated} searched, "
             f"{result.fitting} fit memory; refused: {dict(result.refused)})",

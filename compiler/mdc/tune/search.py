@@ -156,6 +156,8 @@ class Result:
     #: diagnostic code -> candidates the compiler refused for it
     refused: Mapping[str, int]
     precision: str
+    #: the spec of the fastest fitting candidate the compiler refused (None: none was)
+    first_refused: Mapping[str, Any] | None = None
 
 
 def _finding(code: str, pointer: str, message: str, hint: str) -> Finding:
@@ -191,7 +193,7 @@ class Tuner:
         #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
-        self._megatron = self._written("megatron")
+        self._megatron = self._held_options()
         self.order: str = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
 
     # ---- what the spec must give
@@ -254,6 +256,8 @@ class Tuner:
 
     # ---- held-fixed values
     def _fixed(self, table: str, key: str) -> Any:
+        if table == "megatron":
+            return self._megatron.get(key)
         value = self.data.get(table, {})
         return value.get(key) if isinstance(value, dict) else None
 
@@ -586,6 +590,22 @@ class Tuner:
         value = self.data.get(table, {})
         return dict(value) if isinstance(value, dict) else {}
 
+    def _held_options(self) -> dict[str, Any]:
+        """The launcher's table as written, with the keys its pass-through arguments set
+        (``--recompute-granularity full`` in extra_args is recompute_granularity, read as
+        the launcher reads it): every one held, none written again (MDC323)."""
+        written = self._written(self.spec.distributed.launcher)
+        base, read_args = self._options({}), self.launcher.read_args
+        if read_args is None or base is None:
+            return written
+        read = read_args(base)
+        from_args = {
+            f.name: getattr(read, f.name)
+            for f in attrs.fields(type(read))
+            if f.name not in written and getattr(read, f.name) != getattr(base, f.name)
+        }
+        return {**from_args, **written}
+
     def _options(self, switches: dict[str, Any]) -> Any:
         """The launcher's options with ``switches`` set, as its own type."""
         base: Any = self.spec.plugin_tables.get(self.spec.distributed.launcher)
@@ -682,6 +702,7 @@ class Tuner:
     def _walk(self, generated: int, ranked: Iterator[Candidate], top: int) -> Result:
         rows: list[Verified] = []
         refused: Counter[str] = Counter()
+        first_refused: dict[str, Any] | None = None
         walked: list[Candidate] = []
         too_big: dict[tuple[Any, ...], int] = {}
         #: the model state of each family: the sizes and training setup fix it
@@ -727,6 +748,7 @@ class Tuner:
             except SpecError as exc:
                 codes = sorted({d.code for d in exc.diagnostics if d.is_error})
                 refused.update(codes or ["?"])
+                first_refused = data if first_refused is None else first_refused
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
             shown.add(same)
@@ -741,6 +763,7 @@ class Tuner:
             estimated=len(walked),
             refused=dict(sorted(refused.items())),
             precision=self.precision,
+            first_refused=first_refused,
         )
 
 

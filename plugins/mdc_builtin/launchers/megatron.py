@@ -22,7 +22,7 @@ from __future__ import annotations
 import mdc
 from mdc.api import LauncherSpec, read_schema
 from mdc_builtin.launchers.megatron_emit import emit
-from mdc_builtin.launchers.megatron_options import MegatronOptions
+from mdc_builtin.launchers.megatron_options import MegatronOptions, resolved_options
 from mdc_builtin.launchers.megatron_rules import check
 from mdc_builtin.launchers.megatron_training import training
 
@@ -41,6 +41,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             emit=emit,
             check=check,
             training=training,
+            read_args=resolved_options,
             schema=read_schema("mdc_schemas", "plugins/megatron.v1.schema.json"),
             options_type=MegatronOptions,
         )
