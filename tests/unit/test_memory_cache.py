@@ -89,6 +89,8 @@ CHANGES: dict[str, Any] = {
     "moe_capacity_factor": 1.25,
     "overlap_p2p": False,
     "tp_comm_overlap": True,
+    "overlap_grad_reduce": True,
+    "overlap_param_gather": True,
     "pipeline_micro_batch": 2,
     "gemm_input_bytes": 1,
     "gemm_precision": None,

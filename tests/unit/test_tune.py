@@ -471,6 +471,37 @@ def test_explain_predicts_the_tp_overlap_as_tune_does(tmp_path: Path) -> None:
     assert tp > predicted["breakdown_s"]["tp"] > 0
 
 
+def test_explain_reads_the_grad_reduce_overlap_from_extra_args(tmp_path: Path) -> None:
+    """--overlap-grad-reduce in extra_args, held by tune (not written again as the key):
+    the written best spec's `mdc explain` predicts what its tune row did, and without the
+    flag (and the parameter-gather overlap, which Megatron-LM refuses without it) a longer
+    data-parallel term."""
+    spec = tmp_path / "overlap.toml"
+    flag = '\n[megatron]\nextra_args = ["--overlap-grad-reduce"]\n'
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + flag, encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "1")
+    assert code == 0, err
+    row = json.loads(out)["candidates"][0]
+    assert "overlap_grad_reduce" not in row["spec"]["megatron"]
+    out_spec = tmp_path / "best.toml"
+    assert _run("tune", str(spec), "--write", str(out_spec))[0] == 0
+    code, out, err = _run("explain", str(out_spec), "--format", "json")
+    assert code == 0, err
+    predicted = json.loads(out)["predicted"]
+    predicted.pop("accelerator_model")
+    assert predicted == row["predicted"]
+    plain = tmp_path / "plain.toml"
+    plain.write_text(
+        out_spec.read_text(encoding="utf-8")
+        .replace('"--overlap-grad-reduce"', "")
+        .replace("overlap_param_gather = true", "overlap_param_gather = false"),
+        encoding="utf-8",
+    )
+    code, out, err = _run("explain", str(plain), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["predicted"]["breakdown_s"]["dp"] > predicted["breakdown_s"]["dp"]
+
+
 def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(
     tmp_path: Path,
 ) -> None:

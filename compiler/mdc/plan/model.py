@@ -181,6 +181,11 @@ class TrainingSetup:
     #: tensor parallelism's collectives overlapped with the GEMMs next to them (Megatron-LM's
     #: --tp-comm-overlap: Transformer Engine's userbuffers, with sequence parallelism)
     tp_comm_overlap: bool = False
+    #: the data-parallel gradient reduce overlapped with the backward pass, and the
+    #: parameter all-gather with the forward (Megatron-LM's --overlap-grad-reduce and
+    #: --overlap-param-gather, off by default there): the throughput model hides them then
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
     #: with pp > 1, the micro batch the pipeline schedule runs when the launcher splits each
     #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
     #: 1); None: the [batch] micro batch

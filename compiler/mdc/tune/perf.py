@@ -546,7 +546,6 @@ def predict_plan(plan: Plan) -> Prediction | None:
     if shape is None:
         return None
     s, t = plan.sizes, plan.training
-    options = plan.options.get(plan.launcher)
     micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
     layout = Layout(
         tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
@@ -555,8 +554,7 @@ def predict_plan(plan: Plan) -> Prediction | None:
         recompute_layers=t.recompute_num_layers
         if t.recompute == "full" and t.recompute_method == "block" else None,
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
-        overlap_grad_reduce=bool(getattr(options, "overlap_grad_reduce", False)),
-        overlap_param_gather=bool(getattr(options, "overlap_param_gather", False)),
+        overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
         stage_layers=memory.stage_layers, order=plan.layout.order,
