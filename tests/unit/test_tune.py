@@ -46,6 +46,19 @@ def _spec_with(tmp_path: Path, candidate: dict[str, Any], name: str) -> Path:
     return path
 
 
+def _tuned_with(megatron: str, tmp_path: Path, top: int) -> dict[str, Any]:
+    """tune's JSON for the example with ``megatron`` as its [megatron] table; every row
+    shown compiled (none refused on the way)."""
+    spec = tmp_path / "with-table.toml"
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{megatron}\n",
+                    encoding="utf-8")  # fmt: skip
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", str(top))
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
+    return result
+
+
 def test_every_printed_candidate_compiles(tuned: dict[str, Any], tmp_path: Path) -> None:
     candidates = tuned["candidates"]
     assert isinstance(candidates, list) and len(candidates) == 6
@@ -356,13 +369,7 @@ def test_tune_holds_the_tp_overlap_where_megatron_takes_it(written: str, tmp_pat
     code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "40")
     assert code == 0, err
     plain = {c["layout"]: c for c in json.loads(out)["candidates"]}
-    spec = tmp_path / "overlap.toml"
-    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{written}\n",
-                    encoding="utf-8")  # fmt: skip
-    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "40")
-    assert code == 0, err
-    result = json.loads(out)
-    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
+    result = _tuned_with(written, tmp_path, top=40)
     assert all(c["parallelism"]["tp"] > 1 for c in result["candidates"])
     assert all(" tp-overlap " in c["layout"] for c in result["candidates"])
     faster = 0
@@ -385,35 +392,22 @@ SWITCH_KEYS = (
 )
 
 
-@pytest.mark.parametrize("written", [f"extra_args = [{SWITCH_FLAGS}]", SWITCH_KEYS])
-def test_switches_in_extra_args_are_held_as_the_keys_are(written: str, tmp_path: Path) -> None:
+def test_switches_in_extra_args_are_held_as_the_keys_are(tmp_path: Path) -> None:
     """Megatron flags in extra_args that the launcher reads into its keys are held as
     those keys written in the table: the same layouts, predicted alike, none refused for
     repeating a flag (MDC323), and none written again into the spec."""
-    spec = tmp_path / "held.toml"
-    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{written}\n",
-                    encoding="utf-8")  # fmt: skip
-    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "4")
-    assert code == 0, err
-    result = json.loads(out)
-    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
-    for c in result["candidates"]:
+    as_flags = _tuned_with(f"extra_args = [{SWITCH_FLAGS}]", tmp_path, top=4)["candidates"]
+    as_keys = _tuned_with(SWITCH_KEYS, tmp_path, top=4)["candidates"]
+    assert [(c["layout"], c["predicted"]) for c in as_flags] == [
+        (c["layout"], c["predicted"]) for c in as_keys
+    ]
+    for c in as_flags:
         assert c["recompute"] == "full"
         assert c["sequence_parallel"] is (c["parallelism"]["tp"] > 1)  # off at tp 1, as in Megatron
-    seen = [(c["layout"], c["predicted"]) for c in result["candidates"]]
-    if written == SWITCH_KEYS:
-        return
-    for c in result["candidates"]:  # the spec's table holds what it wrote, no key more
         assert c["spec"]["megatron"].keys().isdisjoint(
             {"recompute_granularity", "recompute_method", "recompute_num_layers",
              "sequence_parallel", "overlap_grad_reduce"}
         )  # fmt: skip
-    keys = tmp_path / "keys.toml"
-    keys.write_text(EXAMPLE.read_text(encoding="utf-8") + f"\n[megatron]\n{SWITCH_KEYS}\n",
-                    encoding="utf-8")  # fmt: skip
-    code, out, err = _run("tune", str(keys), "--format", "json", "--top", "4")
-    assert code == 0, err
-    assert seen == [(c["layout"], c["predicted"]) for c in json.loads(out)["candidates"]]
 
 
 def test_a_flag_no_layout_may_repeat_is_named_when_nothing_compiles(tmp_path: Path) -> None:
@@ -443,63 +437,44 @@ def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Pat
     assert "predicted on NVIDIA H100 SXM5 80GB" in text
 
 
-def test_explain_predicts_the_tp_overlap_as_tune_does(tmp_path: Path) -> None:
-    """With --tp-comm-overlap in extra_args, the written best spec's `mdc explain` predicts
-    what its tune row did (the plan's training setup carries the flag), and explain of the
-    spec without it predicts a longer tensor-parallel term."""
+@pytest.mark.parametrize(
+    ("flag", "key", "term", "without"),
+    [
+        ("--tp-comm-overlap", "tp_comm_overlap", "tp", {}),
+        # Megatron-LM refuses the parameter-gather overlap without the gradient one
+        ("--overlap-grad-reduce", "overlap_grad_reduce", "dp",
+         {"overlap_param_gather = true": "overlap_param_gather = false"}),
+    ],
+)  # fmt: skip
+def test_explain_predicts_an_overlap_in_extra_args_as_tune_does(
+    flag: str, key: str, term: str, without: dict[str, str], tmp_path: Path
+) -> None:
+    """With an overlap flag in extra_args (held by tune, not written again as its key),
+    the written best spec's `mdc explain` predicts what its tune row did (the plan's
+    training setup carries the flag), and explain of the spec without it predicts a
+    longer term for the communication it hides."""
     spec = tmp_path / "overlap.toml"
-    flag = '\n[megatron]\nextra_args = ["--tp-comm-overlap"]\n'
-    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + flag, encoding="utf-8")
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + f'\n[megatron]\nextra_args = ["{flag}"]\n',
+                    encoding="utf-8")  # fmt: skip
     out_spec = tmp_path / "best.toml"
     code, out, err = _run("tune", str(spec), "--format", "json", "--top", "1")
     assert code == 0, err
     row = json.loads(out)["candidates"][0]
+    assert key not in row["spec"]["megatron"]
     assert _run("tune", str(spec), "--write", str(out_spec))[0] == 0
     code, out, err = _run("explain", str(out_spec), "--format", "json")
     assert code == 0, err
     predicted = json.loads(out)["predicted"]
     predicted.pop("accelerator_model")
     assert predicted == row["predicted"]
+    text = out_spec.read_text(encoding="utf-8").replace(f'"{flag}"', "")
+    for old, new in without.items():
+        text = text.replace(old, new)
     plain = tmp_path / "plain.toml"
-    plain.write_text(
-        out_spec.read_text(encoding="utf-8").replace('"--tp-comm-overlap"', ""),
-        encoding="utf-8",
-    )
+    plain.write_text(text, encoding="utf-8")
     code, out, err = _run("explain", str(plain), "--format", "json")
     assert code == 0, err
-    tp = json.loads(out)["predicted"]["breakdown_s"]["tp"]
-    assert tp > predicted["breakdown_s"]["tp"] > 0
-
-
-def test_explain_reads_the_grad_reduce_overlap_from_extra_args(tmp_path: Path) -> None:
-    """--overlap-grad-reduce in extra_args, held by tune (not written again as the key):
-    the written best spec's `mdc explain` predicts what its tune row did, and without the
-    flag (and the parameter-gather overlap, which Megatron-LM refuses without it) a longer
-    data-parallel term."""
-    spec = tmp_path / "overlap.toml"
-    flag = '\n[megatron]\nextra_args = ["--overlap-grad-reduce"]\n'
-    spec.write_text(EXAMPLE.read_text(encoding="utf-8") + flag, encoding="utf-8")
-    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "1")
-    assert code == 0, err
-    row = json.loads(out)["candidates"][0]
-    assert "overlap_grad_reduce" not in row["spec"]["megatron"]
-    out_spec = tmp_path / "best.toml"
-    assert _run("tune", str(spec), "--write", str(out_spec))[0] == 0
-    code, out, err = _run("explain", str(out_spec), "--format", "json")
-    assert code == 0, err
-    predicted = json.loads(out)["predicted"]
-    predicted.pop("accelerator_model")
-    assert predicted == row["predicted"]
-    plain = tmp_path / "plain.toml"
-    plain.write_text(
-        out_spec.read_text(encoding="utf-8")
-        .replace('"--overlap-grad-reduce"', "")
-        .replace("overlap_param_gather = true", "overlap_param_gather = false"),
-        encoding="utf-8",
-    )
-    code, out, err = _run("explain", str(plain), "--format", "json")
-    assert code == 0, err
-    assert json.loads(out)["predicted"]["breakdown_s"]["dp"] > predicted["breakdown_s"]["dp"]
+    assert json.loads(out)["predicted"]["breakdown_s"][term] > predicted["breakdown_s"][term] > 0
 
 
 def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(
