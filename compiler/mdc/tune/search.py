@@ -748,7 +748,8 @@ class Tuner:
             except SpecError as exc:
                 codes = sorted({d.code for d in exc.diagnostics if d.is_error})
                 refused.update(codes or ["?"])
-                first_refused = data if first_refused is None else first_refused
+                if first_refused is None:
+                    first_refused = data
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
             shown.add(same)
