@@ -469,6 +469,7 @@ def test_explain_predicts_an_overlap_in_extra_args_as_tune_does(
     assert predicted == row["predicted"]
     text = out_spec.read_text(encoding="utf-8").replace(f'"{flag}"', "")
     for old, new in without.items():
+        assert old in text
         text = text.replace(old, new)
     plain = tmp_path / "plain.toml"
     plain.write_text(text, encoding="utf-8")
