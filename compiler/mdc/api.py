@@ -228,6 +228,26 @@ class Launch:
 
 
 @attrs.frozen(kw_only=True)
+class SearchSpace:
+    """The training switches ``mdc tune`` may set in a launcher's table (``LauncherSpec.search``).
+
+    mdc searches the parallel sizes, the micro batch and the virtual stages itself; the
+    launcher names the rest. mdc leaves out every key the spec holds (written in the table
+    or read from its pass-through arguments), reads each setting through the launcher's
+    ``training`` hook, and compiles the best as ``mdc compile`` does."""
+
+    #: (tp, layers of one model chunk, the keys the spec holds) -> the switch settings to
+    #: try, each a mapping of option names to values
+    switches: Callable[[int, int, Mapping[str, Any]], Iterable[Mapping[str, Any]]]
+    #: option names that place layers on pipeline stages: a spec holding one keeps its split
+    split_keys: tuple[str, ...] = ()
+    #: (layers, pp) -> the splits to try where the layers do not divide by pp, each a
+    #: mapping of option names to values; the plan's own split rules check each. None: only
+    #: even splits
+    uneven_splits: Callable[[int, int], Iterable[Mapping[str, Any]]] | None = None
+
+
+@attrs.frozen(kw_only=True)
 class LauncherSpec:
     """A launcher, as a plugin registers it."""
 
@@ -258,6 +278,9 @@ class LauncherSpec:
     #: as if written (Megatron flags in ``extra_args``); mdc tune holds those keys as it
     #: holds the table's own. None: the arguments set no key
     read_args: Callable[[Any], Any] | None = None
+    #: what mdc tune may set in the table besides the sizes (:class:`SearchSpace`); None:
+    #: mdc tune does not search this launcher's layouts
+    search: SearchSpace | None = None
     #: (plan, options) -> one server's sizes and its engine's memory settings, for the
     #: serving memory check; None: no serving estimate
     serving: Callable[[Plan, Any], ServingSetup | None] | None = None
@@ -366,6 +389,7 @@ __all__ = [
     "Ref",
     "Rendezvous",
     "Role",
+    "SearchSpace",
     "Severity",
     "Sizes",
     "StageLayers",

@@ -619,7 +619,10 @@ CODES: dict[str, Code] = {
         "remove accelerator (the model sets it) or make the two agree",
     ),
     # mdc tune
-    "MDC610": Code("mdc tune does not search this launcher's layouts", 'use launcher = "megatron"'),
+    "MDC610": Code(
+        "mdc tune does not search this launcher's layouts: its plugin declares no search space",
+        "use a launcher whose plugin declares one (megatron does)",
+    ),
     "MDC611": Code(
         "mdc tune needs a known accelerator_model to predict throughput",
         "set [distributed] accelerator_model",

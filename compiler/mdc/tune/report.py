@@ -54,7 +54,7 @@ def candidate_json(rank: int, row: Verified) -> dict[str, Any]:
         "predicted": row.candidate.prediction.to_json(),
         "spec": {
             table: dict(row.data[table])
-            for table in ("parallelism", "batch", "megatron")
+            for table in ("parallelism", "batch", row.data["distributed"]["launcher"])
             if isinstance(row.data.get(table), dict)
         },
     }

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from mdc.api import SearchSpace
 from mdc.convert import structure_spec
 from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator
@@ -49,8 +50,6 @@ from mdc.tune.perf import (
     scale_up_domain,
 )
 
-#: launchers whose layout mdc tune searches, and the table holding their training switches
-TUNABLE = ("megatron",)
 MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CP = 16
 #: shortest sequence slice a context-parallel rank keeps
@@ -58,14 +57,6 @@ MIN_CP_TOKENS = 1024
 MAX_VPP = 32
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 400
-#: the [megatron] keys that place layers on pipeline stages unevenly
-SPLIT_KEYS = (
-    "decoder_first_pipeline_num_layers",
-    "decoder_last_pipeline_num_layers",
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split",
-    "pipeline_model_parallel_layout",
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -176,8 +167,10 @@ class Tuner:
         assert isinstance(data, dict)
         self.data: dict[str, Any] = data
         self.spec: JobSpec = structure_spec(data, compiler.option_types)
-        self._requirements()
         self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
+        self._requirements()
+        assert self.launcher.search is not None
+        self.space: SearchSpace = self.launcher.search
         self.options_type: Any = self.launcher.options_type
         model = self.spec.model
         dtype = model.dtype if model is not None else None
@@ -186,27 +179,33 @@ class Tuner:
         self.window = model.window_size if model is not None else None
         self.window_skip = model.window_attn_skip_freq if model is not None else None
         self._variant_cache: dict[
-            tuple[bool, int, tuple[tuple[str, Any], ...]],
+            tuple[int, int, tuple[tuple[str, Any], ...]],
             list[tuple[dict[str, Any], TrainingSetup]],
         ] = {}
         self._split_cache: dict[int, list[tuple[dict[str, Any], int, int, int]]] = {}
         #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
-        self._megatron = self._held_options()
+        #: the launcher-table keys the spec holds (written, or read from its pass-through args)
+        self._held = self._held_options()
         self.order: str = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
 
     # ---- what the spec must give
     def _requirements(self) -> None:
         spec, problems = self.spec, []
         dist = spec.distributed
-        if dist.launcher not in TUNABLE:
+        if self.launcher.search is None:
+            plugins = self.compiler.plugins
+            tunable = [n for n in sorted(plugins.launchers) if plugins.launcher(n).search]
             problems.append(
                 _finding(
                     "MDC610",
                     "/distributed/launcher",
-                    f"mdc tune searches layouts for {', '.join(TUNABLE)}, not {dist.launcher!r}",
-                    f'set launcher = "{TUNABLE[0]}"',
+                    f"the {dist.launcher!r} launcher declares no search space: mdc tune "
+                    f"searches the layouts of {', '.join(tunable) or 'no installed launcher'}",
+                    f"set launcher to one of: {', '.join(tunable)}"
+                    if tunable
+                    else "install a launcher plugin whose LauncherSpec has a search space",
                 )
             )
         known = self.compiler.plugins.accelerators()
@@ -256,8 +255,8 @@ class Tuner:
 
     # ---- held-fixed values
     def _fixed(self, table: str, key: str) -> Any:
-        if table == "megatron":
-            return self._megatron.get(key)
+        if table == self.spec.distributed.launcher:
+            return self._held.get(key)
         value = self.data.get(table, {})
         return value.get(key) if isinstance(value, dict) else None
 
@@ -301,6 +300,8 @@ class Tuner:
             for ep, etp in self._experts(tp, pp, world, moe):
                 for split, vpp, heaviest, last in self._splits(pp):
                     variants = self._variants(tp, -(-heaviest // vpp), split)
+                    if not variants:
+                        continue
                     subgroups = self._subgroup_cache.get(id(variants))
                     if subgroups is None:
                         subgroups = self._subgroup_cache[id(variants)] = _subgroups(variants)
@@ -388,7 +389,7 @@ class Tuner:
         self, tp: int, chunk_layers: int, split: Mapping[str, Any]
     ) -> list[tuple[dict[str, Any], TrainingSetup]]:
         """The switch settings to try with the launcher's training setup for each (cached)."""
-        key = (tp > 1, chunk_layers, tuple(sorted(split.items())))
+        key = (tp, chunk_layers, tuple(sorted(split.items())))
         if key not in self._variant_cache:
             variants = [
                 (switches, self._training(self._options(switches)))
@@ -403,17 +404,21 @@ class Tuner:
         return self._variant_cache[key]
 
     def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int, int]]:
-        """How the layers may go on ``pp`` stages: (the [megatron] keys that place them, a
+        """How the layers may go on ``pp`` stages: (the launcher's keys that place them, a
         vpp, the layers of the heaviest stage, those of the last), each checked by the plan's
         own split (:func:`mdc.plan.stages.split_layers`, the rules compile applies). Layers
         that divide by pp go evenly; a spec that writes a split keeps it (a layout string
-        fixes pp and vpp). Otherwise Megatron-LM's uneven splits are tried
-        (:meth:`_uneven`)."""
+        fixes pp and vpp). Otherwise the launcher's uneven splits are tried (its search
+        space's ``uneven_splits``)."""
         if pp in self._split_cache:
             return self._split_cache[pp]
         layers = self.shape.layers
-        written = any(self._fixed("megatron", k) is not None for k in SPLIT_KEYS)
-        options = [{}] if written or pp == 1 or layers % pp == 0 else self._uneven(pp)
+        launcher, space = self.spec.distributed.launcher, self.space
+        written = any(self._fixed(launcher, k) is not None for k in space.split_keys)
+        uneven = space.uneven_splits
+        options: list[dict[str, Any]] = [{}]
+        if uneven is not None and not written and pp > 1 and layers % pp:
+            options = [dict(o) for o in uneven(layers, pp)]
         model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
         fixed_vpp = self._fixed("parallelism", "vpp")
         found: list[tuple[dict[str, Any], int, int, int]] = []
@@ -439,95 +444,10 @@ class Tuner:
         self._split_cache[pp] = found
         return found
 
-    def _uneven(self, pp: int) -> list[dict[str, Any]]:
-        """Megatron-LM's splits for layers that do not divide by pp: the embedding and/or
-        the loss counted as a layer (--account-for-embedding/loss-in-pipeline-split) where
-        that divides, and the middle stages at ceil(layers / pp) each with the rest on the
-        first and last (--decoder-first/last-pipeline-num-layers)."""
-        layers = self.shape.layers
-        found: list[dict[str, Any]] = []
-        for embedding, loss in ((True, True), (True, False), (False, True)):
-            if (layers + embedding + loss) % pp == 0:
-                found.append(
-                    {
-                        k: True
-                        for k, on in (
-                            ("account_for_embedding_in_pipeline_split", embedding),
-                            ("account_for_loss_in_pipeline_split", loss),
-                        )
-                        if on
-                    }
-                )
-                break
-        middle = -(-layers // pp)
-        if pp == 2:
-            first, last = middle, layers - middle
-        else:
-            rest = layers - middle * (pp - 2)
-            first, last = rest // 2, rest - rest // 2
-        if first >= 1 and last >= 1 and max(first, last) <= middle:
-            found.append(
-                {
-                    "decoder_first_pipeline_num_layers": first,
-                    "decoder_last_pipeline_num_layers": last,
-                }
-            )
-        return found
-
     def _switches(self, tp: int, chunk_layers: int) -> Iterator[dict[str, Any]]:
-        """The [megatron] training switches to try: sequence parallel, the optimizer's
-        sharding (distributed optimizer or Megatron-FSDP) and recompute (none, selective,
-        full over every layer, or full over the first N layers of each model chunk).
-
-        Dominated settings are not generated: without sequence parallel a layout moves the
-        same tensor-parallel bytes and keeps more activations; without the distributed
-        optimizer it moves the same gradient bytes (an all-reduce is a reduce-scatter and an
-        all-gather) and keeps the whole optimizer state. A spec that writes them keeps them.
-        """
-        table = "megatron"
-        fields = attrs.fields_dict(self.options_type) if self.options_type else {}
-        sps = self._choices(table, "sequence_parallel", [True] if tp > 1 else [None])
-        optimizers: list[dict[str, Any]] = [{"use_distributed_optimizer": True}]
-        if "use_megatron_fsdp" in fields:
-            optimizers.append(
-                {
-                    "use_distributed_optimizer": True,
-                    "use_megatron_fsdp": True,
-                    "data_parallel_sharding_strategy": "optim_grads_params",
-                }
-            )
-        fixed = {
-            k: self._fixed(table, k)
-            for k in ("use_distributed_optimizer", "use_megatron_fsdp")
-            if self._fixed(table, k) is not None
-        }
-        if fixed:
-            optimizers = [
-                o for o in optimizers if all(o.get(k, False) == v for k, v in fixed.items())
-            ] or [fixed]
-        full = {"recompute_granularity": "full", "recompute_method": "uniform"}
-        recomputes: list[dict[str, Any]] = [
-            {},
-            {"recompute_granularity": "selective"},
-            {**full, "recompute_num_layers": 1},
-        ]
-        if "recompute_method" in fields:
-            for part in sorted({chunk_layers // 4, chunk_layers // 2, 3 * chunk_layers // 4}):
-                if 0 < part < chunk_layers:
-                    recomputes.append(
-                        {
-                            "recompute_granularity": "full",
-                            "recompute_method": "block",
-                            "recompute_num_layers": part,
-                        }
-                    )
-        if self._fixed(table, "recompute_granularity") is not None:
-            recomputes = [{}]  # held as written
-        for sp, optimizer, recompute in itertools.product(sps, optimizers, recomputes):
-            switches = {**optimizer, **recompute}
-            if sp is not None:
-                switches["sequence_parallel"] = sp
-            yield {k: v for k, v in switches.items() if self._fixed(table, k) is None}
+        """The launcher's switch settings (its search space), less the keys the spec holds."""
+        for setting in self.space.switches(tp, chunk_layers, self._held):
+            yield {k: v for k, v in setting.items() if self._held.get(k) is None}
 
     def _experts(self, tp: int, pp: int, world: int, moe: bool) -> list[tuple[int, int]]:
         if not moe:
@@ -546,7 +466,6 @@ class Tuner:
     ) -> Candidate:
         sizes, batch, heaviest = group.sizes, group.batch, group.heaviest
         order = self.order
-        written = {**self._megatron, **switches}
         recompute = training.recompute
         layout = Layout(
             tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
@@ -559,12 +478,11 @@ class Tuner:
             zero_stage=training.zero_stage,
             grad_bytes=training.gradient_bytes(self.dtype) or 4,
             order=order,
-            overlap_grad_reduce=written.get("overlap_grad_reduce") is not False,
+            overlap_grad_reduce=training.overlap_grad_reduce,
             overlap_p2p=training.overlap_p2p,
             tp_comm_overlap=training.tp_comm_overlap and training.sequence_parallel
             and sizes.tp > 1,
-            overlap_param_gather=_gathers_params(training.zero_stage, written)
-            and written.get("overlap_param_gather") is not False,
+            overlap_param_gather=training.overlap_param_gather,
             stage_layers=heaviest, last_stage_layers=group.last,
         )  # fmt: skip
         share = bf16_share(self.shape, training, _slowest(sizes, training), heaviest)
@@ -634,11 +552,7 @@ class Tuner:
         if L.vpp > 1 or self._fixed("parallelism", "vpp") is not None:
             edits[("parallelism", "vpp")] = L.vpp
         for key, value in switches.items():
-            edits[("megatron", key)] = value
-        # the overlap Megatron offers for free (off by default in Megatron-LM)
-        edits[("megatron", "overlap_grad_reduce")] = True
-        if _gathers_params(L.zero_stage, {**self._megatron, **switches}):
-            edits[("megatron", "overlap_param_gather")] = True
+            edits[(self.spec.distributed.launcher, key)] = value
         return edits
 
     def spec_data(self, candidate: Candidate) -> dict[str, Any]:
@@ -792,19 +706,16 @@ class LayoutClass:
 #: (None: itself; else the class and its optimizer settings, or one setting's index)
 _Entry = tuple[tuple[Any, ...], tuple[int, ...], Candidate, Any]
 
-RECOMPUTE_KEYS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
-
 
 def _subgroups(
     variants: list[tuple[dict[str, Any], TrainingSetup]],
 ) -> list[tuple[list[int], int | None]]:
-    """The variants by their switches other than recompute (the optimizer's sharding), each
+    """The variants by how they train other than recompute (the optimizer's sharding), each
     with the one whose step bounds the rest: the first without recompute, or the first when
     all recompute alike; None when neither (each is then predicted)."""
-    members: dict[tuple[tuple[str, Any], ...], list[int]] = {}
-    for i, (switches, _) in enumerate(variants):
-        rest = tuple(sorted((k, v) for k, v in switches.items() if k not in RECOMPUTE_KEYS))
-        members.setdefault(rest, []).append(i)
+    members: dict[TrainingSetup, list[int]] = {}
+    for i, (_, training) in enumerate(variants):
+        members.setdefault(_without_recompute(training), []).append(i)
     found: list[tuple[list[int], int | None]] = []
     for indices in members.values():
         trainings = [variants[i][1] for i in indices]
@@ -818,13 +729,11 @@ def _subgroups(
     return found
 
 
-def _gathers_params(zero_stage: int, megatron: Mapping[str, Any]) -> bool:
-    """Whether Megatron gathers sharded parameters itself, which --overlap-param-gather
-    overlaps: the distributed optimizer and Megatron-FSDP do; PyTorch's FSDP2 gathers in its
-    own hooks, and Megatron-LM refuses the flag beside it (MDC321)."""
-    return bool(megatron.get("use_megatron_fsdp")) or (
-        zero_stage >= 1 and not megatron.get("use_torch_fsdp2")
-    )
+def _without_recompute(training: TrainingSetup) -> TrainingSetup:
+    return attrs.evolve(
+        training, recompute="none", recompute_method=None, recompute_num_layers=None,
+        recompute_every=None, recompute_modules=None,
+    )  # fmt: skip
 
 
 def _bound_key(candidate: Candidate, tokens_per_s: float) -> tuple[Any, ...]:

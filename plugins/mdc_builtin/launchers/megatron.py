@@ -13,8 +13,8 @@ arguments.py``) and megatron-core 0.16's config classes.
 The launcher's parts: megatron_flags (the flags it knows), megatron_options (the
 [megatron] table, extra_args read in), megatron_emit (the command line and environment),
 megatron_rules and megatron_memory_rules (Megatron-LM's refusals), megatron_training (what
-the memory estimate reads); megatron_precision, megatron_bf16_layers and megatron_optimizer
-hold the FP4, bf16-layer and optimizer keys.
+the memory estimate reads), megatron_search (what mdc tune may set); megatron_precision,
+megatron_bf16_layers and megatron_optimizer hold the FP4, bf16-layer and optimizer keys.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from mdc.api import LauncherSpec, read_schema
 from mdc_builtin.launchers.megatron_emit import emit
 from mdc_builtin.launchers.megatron_options import MegatronOptions, resolved_options
 from mdc_builtin.launchers.megatron_rules import check
+from mdc_builtin.launchers.megatron_search import SEARCH
 from mdc_builtin.launchers.megatron_training import training
 
 __all__ = ["MegatronOptions", "check", "emit", "mdc_register_launchers", "training"]
@@ -42,6 +43,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             check=check,
             training=training,
             read_args=resolved_options,
+            search=SEARCH,
             schema=read_schema("mdc_schemas", "plugins/megatron.v1.schema.json"),
             options_type=MegatronOptions,
         )
