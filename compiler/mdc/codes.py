@@ -618,6 +618,10 @@ CODES: dict[str, Code] = {
         "accelerator names another vendor than accelerator_model's",
         "remove accelerator (the model sets it) or make the two agree",
     ),
+    "MDC602": Code(
+        "the GEMMs run in fp8 or fp4, which accelerator_model has no tensor cores for",
+        "train in bf16, or name an accelerator that has them",
+    ),
     # mdc tune
     "MDC610": Code(
         "mdc tune does not search this launcher's layouts: its plugin declares no search space",

@@ -209,6 +209,10 @@ class Compiler:
             plan = _whole_servers(plan, launcher, launcher_reg)
         if plan is not None and hardware is not None:
             plan = attrs.evolve(plan, hardware=hardware)
+            if launcher.workload == "training":
+                known = self.plugins.accelerators()
+                refused = _tensor_cores(spec, training, hardware, known)
+                findings += [self._diag(doc, f) for f in refused]
         if plan is not None and launcher.workload == "serving":
             plan, serving_found = _serving_memory(plan, launcher, spec, launcher_reg)
             findings += [self._diag(doc, f) for f in serving_found]
@@ -497,6 +501,32 @@ def env_findings(env: Mapping[str, object]) -> Iterator[Finding]:
                 "the node's environment when the launch script runs (empty if unset)",
                 hint=f"mdc sets {', '.join(SET_BY_MDC)}",
             )
+
+
+#: GEMM precisions that need the chip's own tensor cores: without them the frameworks'
+#: kernels refuse to start (Transformer Engine needs compute capability 8.9 for FP8 and 10.0
+#: for FP4, torch._scaled_mm likewise)
+QUANTIZED = ("fp8", "fp4")
+
+
+def _tensor_cores(
+    spec: JobSpec, training: TrainingSetup, hardware: Accelerator, known: Mapping[str, Accelerator]
+) -> Iterator[Finding]:
+    """A training job whose GEMMs run in a precision its accelerator has no peak for."""
+    dtype = spec.model.dtype if spec.model is not None else None
+    precision = training.gemms_in(dtype)
+    if precision not in QUANTIZED or precision in hardware.dense_tflops:
+        return
+    having = ", ".join(k for k, a in known.items() if precision in a.dense_tflops)
+    written = dtype == precision
+    source = f'[model] dtype = "{dtype}"' if written else "the launcher's quantization"
+    yield Finding(
+        code="MDC602",
+        pointer="/model/dtype" if written else "/distributed/accelerator_model",
+        message=f"the GEMMs run in {precision} ({source}), and {hardware.name} has no "
+        f"{precision} tensor cores: the {precision} kernels refuse to run on it",
+        hint=f"train in bf16, or use an accelerator_model with {precision}: {having}",
+    )
 
 
 def _whole_servers(plan: Plan, launcher: LauncherSpec, reg: Registered) -> Plan:

@@ -124,3 +124,30 @@ def test_a_contradicting_vendor_is_refused(tmp_path: Path) -> None:
 def test_the_schema_refuses_a_malformed_id(tmp_path: Path) -> None:
     code, _, err = _run(_spec(tmp_path, 'accelerator_model = "H100 SXM"\n'), "validate")
     assert code == 1 and "/distributed/accelerator_model" in err
+
+
+@pytest.mark.parametrize(
+    ("model", "dtype", "megatron", "refused"),
+    [
+        # Ampere has no FP8 tensor cores (Transformer Engine: compute capability 8.9 or higher)
+        ("a100-80gb", "fp8", "", True),
+        ("h100-sxm", "fp8", "", False),
+        ("mi300x", "fp8", "", False),
+        # FP4 GEMMs need Blackwell or CDNA 4 (Transformer Engine: compute capability 10.0)
+        ("h100-sxm", "bf16", 'fp4_format = "e2m1"\n', True),
+        ("mi325x", "bf16", 'fp4_format = "e2m1"\n', True),
+        ("b200", "bf16", 'fp4_format = "e2m1"\n', False),
+        ("a100-80gb", "bf16", "", False),
+    ],
+)
+def test_quantized_gemms_need_the_chips_tensor_cores(
+    tmp_path: Path, model: str, dtype: str, megatron: str, refused: bool
+) -> None:
+    spec = _spec(tmp_path, f'accelerator_model = "{model}"\n')
+    text = Path(spec).read_text(encoding="utf-8").replace('dtype = "bf16"', f'dtype = "{dtype}"')
+    Path(spec).write_text(text + (f"\n[megatron]\n{megatron}" if megatron else ""), "utf-8")
+    code, _, err = _run(spec, "validate")
+    assert ("error[MDC602]" in err) == refused, err
+    if refused:
+        pointer = "/model/dtype" if dtype != "bf16" else "/distributed/accelerator_model"
+        assert code == 1 and f"(at {pointer})" in err

@@ -216,6 +216,14 @@ class TrainingSetup:
         """Bytes per gradient element under [model] ``dtype`` (None: the weight bytes)."""
         return dict(self.dtype_grad_bytes).get(dtype or "", self.grad_bytes)
 
+    def gemms_in(self, dtype: str | None) -> str:
+        """The precision the GEMMs run in under [model] ``dtype``: the launcher's
+        quantization (Megatron's --fp4-format on a bf16 model), else the dtype's fp8, fp4
+        or fp16, else bf16."""
+        if self.gemm_precision is not None:
+            return self.gemm_precision
+        return dtype if dtype in ("fp8", "fp4", "fp16") else "bf16"
+
 
 @attrs.frozen(kw_only=True)
 class Plan:

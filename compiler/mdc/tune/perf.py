@@ -527,12 +527,9 @@ def stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float
 
 
 def gemm_precision(dtype: str | None, training: TrainingSetup) -> str:
-    """The precision whose peak runs the GEMMs: the launcher's quantization (Megatron's
-    --fp4-format on a bf16 model), else [model] dtype's fp8, fp4 or fp16 (which runs at
-    bf16's peak: :meth:`Accelerator.peak_tflops`), else bf16."""
-    if training.gemm_precision is not None:
-        return training.gemm_precision
-    return dtype if dtype in ("fp8", "fp4", "fp16") else "bf16"
+    """The precision whose peak runs the GEMMs (:meth:`TrainingSetup.gemms_in`; fp16 runs
+    at bf16's peak: :meth:`Accelerator.peak_tflops`)."""
+    return training.gemms_in(dtype)
 
 
 def predict_plan(plan: Plan) -> Prediction | None:
