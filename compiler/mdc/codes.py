@@ -619,7 +619,8 @@ CODES: dict[str, Code] = {
         "remove accelerator (the model sets it) or make the two agree",
     ),
     "MDC602": Code(
-        "the GEMMs run in fp8 or fp4, which accelerator_model has no tensor cores for",
+        "the GEMMs run in fp8 or fp4 (or MXFP8's block scaling), which accelerator_model has "
+        "no tensor cores for",
         "train in bf16, or name an accelerator that has them",
     ),
     # mdc tune

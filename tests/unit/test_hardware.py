@@ -151,3 +151,16 @@ def test_quantized_gemms_need_the_chips_tensor_cores(
     if refused:
         pointer = "/model/dtype" if dtype != "bf16" else "/distributed/accelerator_model"
         assert code == 1 and f"(at {pointer})" in err
+
+
+@pytest.mark.parametrize(
+    ("model", "refused"), [("h100-sxm", True), ("mi300x", True), ("b200", False), ("mi355x", False)]
+)
+def test_mxfp8_needs_block_scaled_tensor_cores(tmp_path: Path, model: str, refused: bool) -> None:
+    spec = _spec(tmp_path, f'accelerator_model = "{model}"\n')
+    text = Path(spec).read_text(encoding="utf-8").replace('dtype = "bf16"', 'dtype = "fp8"')
+    Path(spec).write_text(text + '\n[megatron]\nfp8_recipe = "mxfp8"\n', "utf-8")
+    code, _, err = _run(spec, "validate")
+    assert ("error[MDC602]" in err) == refused, err
+    if refused:
+        assert code == 1 and "(at /megatron/fp8_recipe)" in err

@@ -29,6 +29,7 @@ def memory_option_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     yield from _fsdp_rules(opts, words)
     yield from _torch_fsdp2_rules(plan, opts, words, dtype)
     yield from _precision_rules(opts, dtype)
+    yield from _mxfp8_hardware(plan, opts, dtype)
     yield from fp4_rules(opts, dtype, at)
     yield from _optimizer_rules(opts)
     yield from _offload_rules(plan, opts)
@@ -206,6 +207,22 @@ def _precision_rules(opts: MegatronOptions, dtype: str | None) -> Iterator[Findi
             "--accumulate-allreduce-grads-in-fp32 is set')",
             hint="remove accumulate_allreduce_grads_in_fp32, or main_grads_dtype",
         )
+
+
+def _mxfp8_hardware(plan: Plan, opts: MegatronOptions, dtype: str | None) -> Iterator[Finding]:
+    """MXFP8 scales blocks of 32 values in the tensor cores, which came with the FP4 ones
+    (Blackwell, CDNA 4): the catalogue's fp4 peak marks them."""
+    hw = plan.hardware
+    if dtype != "fp8" or opts.fp8_recipe != "mxfp8" or hw is None or "fp4" in hw.dense_tflops:
+        return
+    yield Finding(
+        code="MDC602",
+        pointer=pointer_of(opts, "fp8_recipe"),
+        message=f'fp8_recipe = "mxfp8" needs block-scaled tensor cores, which {hw.name} lacks: '
+        "Transformer Engine runs MXFP8 from compute capability 10.0 (Blackwell) and, on AMD, "
+        "from gfx950 (CDNA 4)",
+        hint='use fp8_recipe = "tensorwise" or "delayed" on this accelerator',
+    )
 
 
 def _optimizer_rules(opts: MegatronOptions) -> Iterator[Finding]:
