@@ -422,6 +422,10 @@ def test_a_flag_no_layout_may_repeat_is_named_when_nothing_compiles(tmp_path: Pa
     code, _, err = _run("tune", str(spec))
     assert code == 1
     assert f"tp-in-args.toml:{line}:15: error[MDC323]" in err and "MDC222" not in err
+    # a lead line says whose findings follow: a layout tune made, not the spec as written
+    lead = err.splitlines()[0]
+    assert lead.startswith("mdc tune: no layout fits and compiles")
+    assert lead.endswith("the compiler on the fastest layout that fits memory:")
 
 
 def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from mdc.errors import ExitCode
+from mdc.errors import ExitCode, SpecError
 from mdc.importers import translate
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
@@ -30,12 +30,19 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
         # cannot split, ...)
         refused = result.first_refused
         shown = doc if refused is None else attrs.evolve(doc, data=refused)
-        compiler.compile_document(shown, tree=False)
-        print(
+        summary = (
             f"mdc tune: no layout fits and compiles ({result.generated} searched, "
-            f"{result.fitting} fit memory; refused: {dict(result.refused)})",
-            file=out.stderr,
+            f"{result.fitting} fit memory; refused: {dict(result.refused)})"
         )
+        try:
+            compiler.compile_document(shown, tree=False)
+        except SpecError:
+            which = (
+                "the spec as written" if refused is None else "the fastest layout that fits memory"
+            )
+            print(f"{summary}; the compiler on {which}:", file=out.stderr)
+            raise
+        print(summary, file=out.stderr)
         return ExitCode.SPEC_INVALID
     if args.write:
         write_spec(args.write, result.rows[0].data, args.spec)
