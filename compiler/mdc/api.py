@@ -237,7 +237,8 @@ class SearchSpace:
     ``training`` hook, and compiles the best as ``mdc compile`` does."""
 
     #: (tp, layers of one model chunk, the keys the spec holds) -> the switch settings to
-    #: try, each a mapping of option names to values
+    #: try, each a mapping of option names to values (a dotted name, "config.a.b", sets a
+    #: key of a nested table)
     switches: Callable[[int, int, Mapping[str, Any]], Iterable[Mapping[str, Any]]]
     #: option names that place layers on pipeline stages: a spec holding one keeps its split
     split_keys: tuple[str, ...] = ()
@@ -245,6 +246,11 @@ class SearchSpace:
     #: mapping of option names to values; the plan's own split rules check each. None: only
     #: even splits
     uneven_splits: Callable[[int, int], Iterable[Mapping[str, Any]]] | None = None
+    #: (pp, vpp, the keys held and the split's) -> whether the launcher's framework runs
+    #: pp stages vpp deep (the rest are not compiled). None: every one the split allows
+    interleaves: Callable[[int, int, Mapping[str, Any]], bool] | None = None
+    #: the [batch] micro_batch_size values to try (those dividing the batch per replica)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
 
 
 @attrs.frozen(kw_only=True)

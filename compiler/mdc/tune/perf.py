@@ -26,7 +26,7 @@ import attrs
 from mdc.hardware import Accelerator
 from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape, quantized, resolve_shape, scheduled_micro_batches
-from mdc.plan.model import Plan, TrainingSetup
+from mdc.plan.model import BatchPlan, Plan, Sizes, TrainingSetup
 from mdc.tune.flops import TokenFlops, layer_weights, token_flops
 
 
@@ -543,25 +543,40 @@ def predict_plan(plan: Plan) -> Prediction | None:
     if shape is None:
         return None
     s, t = plan.sizes, plan.training
-    micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
-    layout = Layout(
-        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
-        micro_batch_size=micro, microbatches=microbatches,
-        sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
-        recompute_layers=t.recompute_num_layers
-        if t.recompute == "full" and t.recompute_method == "block" else None,
-        zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(model.dtype) or 4,
-        overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
-        overlap_p2p=t.overlap_p2p,
-        tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
-        stage_layers=memory.stage_layers, order=plan.layout.order,
-        last_stage_layers=plan.stages.layers_of(s.pp - 1) if plan.stages else None,
-    )  # fmt: skip
+    last = plan.stages.layers_of(s.pp - 1) if plan.stages else None
+    layout = layout_of(s, batch, t, model.dtype, plan.layout.order, memory.stage_layers, last)
     return predict(
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,
         precision=gemm_precision(model.dtype, t),
         window=model.window_size, window_skip=model.window_attn_skip_freq,
         bf16_share=bf16_share(shape, t, memory.stage, memory.stage_layers),
+    )  # fmt: skip
+
+
+def layout_of(
+    sizes: Sizes,
+    batch: BatchPlan,
+    training: TrainingSetup,
+    dtype: str | None,
+    order: str,
+    stage_layers: int,
+    last_stage_layers: int | None,
+) -> Layout:
+    """What the model needs of a layout: its sizes, the micro batches as the pipeline
+    schedule runs them, and how the launcher trains it."""
+    s, t = sizes, training
+    micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
+    return Layout(
+        tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
+        micro_batch_size=micro, microbatches=microbatches,
+        sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
+        recompute_layers=t.recompute_num_layers
+        if t.recompute == "full" and t.recompute_method == "block" else None,
+        zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
+        overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
+        overlap_p2p=t.overlap_p2p,
+        tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
+        stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
     )  # fmt: skip
 
 

@@ -46,11 +46,11 @@ from mdc.tune.perf import (
     Prediction,
     bf16_share,
     gemm_precision,
+    layout_of,
     predict,
     scale_up_domain,
 )
 
-MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CP = 16
 #: shortest sequence slice a context-parallel rank keeps
 MIN_CP_TOKENS = 1024
@@ -86,7 +86,7 @@ class Candidate:
             L.ep,
             L.etp,
             L.vpp,
-            L.micro_batch_size,
+            self.batch.micro_batch_size,
             ("none", "selective", "full").index(L.recompute),
             L.recompute_layers or 0,
             not L.sequence_parallel,
@@ -111,7 +111,7 @@ class Candidate:
         if L.ep > 1 or L.etp != L.tp:
             parts += [f"ep{L.ep}", f"etp{L.etp}"]
         parts.append(f"dp{L.dp}")
-        parts.append(f"mbs{L.micro_batch_size}")
+        parts.append(f"mbs{self.batch.micro_batch_size}")
         recompute = L.recompute
         if recompute == "full" and L.recompute_layers is not None:
             recompute = f"full{L.recompute_layers}"
@@ -283,7 +283,7 @@ class Tuner:
             "cp",
             [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS] or [1],
         )
-        micro_batches = self._choices("batch", "micro_batch_size", list(MICRO_BATCHES))
+        micro_batches = self._choices("batch", "micro_batch_size", list(self.space.micro_batches))
         for tp, pp, cp in itertools.product(tps, pps, cps):
             if world % (tp * pp * cp):
                 continue
@@ -422,6 +422,7 @@ class Tuner:
         model = Model(layers=layers, mtp_layers=self.shape.mtp_layers or None)
         fixed_vpp = self._fixed("parallelism", "vpp")
         found: list[tuple[dict[str, Any], int, int, int]] = []
+        interleaves = space.interleaves
         for split in options:
             training = self._training(self._options(split))
             pipeline = training.pipeline
@@ -435,8 +436,8 @@ class Tuner:
             for vpp in vpps:
                 if vpp > 1 and pp == 1:
                     continue  # the interleaved schedule needs pp > 1 (MDC206)
-                if vpp > 1 and pp == 2 and not training.overlap_p2p:
-                    continue  # and pp > 2 without the send overlap (Megatron-LM, MDC321)
+                if interleaves is not None and not interleaves(pp, vpp, {**self._held, **split}):
+                    continue  # a schedule the launcher's framework refuses
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
                     heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
@@ -466,25 +467,7 @@ class Tuner:
     ) -> Candidate:
         sizes, batch, heaviest = group.sizes, group.batch, group.heaviest
         order = self.order
-        recompute = training.recompute
-        layout = Layout(
-            tp=sizes.tp, pp=sizes.pp, cp=sizes.cp, ep=sizes.ep, etp=sizes.etp, dp=sizes.dp,
-            vpp=sizes.vpp or 1, micro_batch_size=batch.micro_batch_size,
-            microbatches=batch.grad_accum_steps,
-            sequence_parallel=training.sequence_parallel and sizes.tp > 1,
-            recompute=recompute,
-            recompute_layers=training.recompute_num_layers
-            if recompute == "full" and training.recompute_method == "block" else None,
-            zero_stage=training.zero_stage,
-            grad_bytes=training.gradient_bytes(self.dtype) or 4,
-            order=order,
-            overlap_grad_reduce=training.overlap_grad_reduce,
-            overlap_p2p=training.overlap_p2p,
-            tp_comm_overlap=training.tp_comm_overlap and training.sequence_parallel
-            and sizes.tp > 1,
-            overlap_param_gather=training.overlap_param_gather,
-            stage_layers=heaviest, last_stage_layers=group.last,
-        )  # fmt: skip
+        layout = layout_of(sizes, batch, training, self.dtype, order, heaviest, group.last)
         share = bf16_share(self.shape, training, _slowest(sizes, training), heaviest)
         # layer splits with the same heaviest stage are the same layout to the model
         prediction = self._predictions.get((layout, share))
@@ -515,14 +498,14 @@ class Tuner:
         written = self._written(self.spec.distributed.launcher)
         base, read_args = self._options({}), self.launcher.read_args
         if read_args is None or base is None:
-            return written
+            return _dotted(written)
         read = read_args(base)
         from_args = {
             f.name: getattr(read, f.name)
             for f in attrs.fields(type(read))
             if f.name not in written and getattr(read, f.name) != getattr(base, f.name)
         }
-        return {**from_args, **written}
+        return _dotted({**from_args, **written})
 
     def _options(self, switches: dict[str, Any]) -> Any:
         """The launcher's options with ``switches`` set, as its own type."""
@@ -531,19 +514,27 @@ class Tuner:
             base = self.options_type() if self.options_type else None
         if base is None:
             return None
-        return attrs.evolve(base, **switches)
+        values: dict[str, Any] = {}
+        for key, value in switches.items():
+            name, _, path = key.partition(".")
+            if path:  # a key of a nested table: merged into the option's mapping
+                merged = values.get(name, getattr(base, name))
+                value = _nested_set(merged, path, value)
+            values[name] = value
+        return attrs.evolve(base, **values)
 
     def _training(self, options: Any) -> TrainingSetup:
         """How the launcher trains with ``options``: its own ``training`` hook, as compile."""
         hook = self.launcher.training
         return hook(options) if hook is not None else TrainingSetup()
 
-    def _edits(self, L: Layout, switches: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    def _edits(self, candidate: Candidate) -> dict[tuple[str, str], Any]:
+        L, batch = candidate.layout, candidate.batch
         edits: dict[tuple[str, str], Any] = {
             ("parallelism", "tp"): L.tp,
             ("parallelism", "pp"): L.pp,
             ("parallelism", "cp"): L.cp,
-            ("batch", "micro_batch_size"): L.micro_batch_size,
+            ("batch", "micro_batch_size"): batch.micro_batch_size,
         }
         if self.shape.experts or self._fixed("parallelism", "ep") is not None:
             edits[("parallelism", "ep")] = L.ep
@@ -551,17 +542,16 @@ class Tuner:
             edits[("parallelism", "etp")] = L.etp
         if L.vpp > 1 or self._fixed("parallelism", "vpp") is not None:
             edits[("parallelism", "vpp")] = L.vpp
-        for key, value in switches.items():
+        for key, value in candidate.switches.items():
             edits[(self.spec.distributed.launcher, key)] = value
         return edits
 
     def spec_data(self, candidate: Candidate) -> dict[str, Any]:
         """The spec with the candidate's values written in (a deep copy)."""
         data = copy.deepcopy(self.data)
-        for (table, key), value in self._edits(candidate.layout, dict(candidate.switches)).items():
-            section = data.setdefault(table, {})
+        for (table, key), value in self._edits(candidate).items():
             if self._fixed(table, key) is None:
-                section[key] = value
+                data[table] = _nested_set(data.get(table, {}), key, value)
         par = data.get("parallelism", {})
         if "dp" in par and self._fixed("parallelism", "dp") is None:
             del par["dp"]
@@ -651,7 +641,7 @@ class Tuner:
             # and each layout (sizes and micro batch) once, with its best virtual stages and
             # training switches: the interleaving depth is a schedule setting of the layout,
             # as recompute is, and its variants lie within a few percent of one another
-            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, L.micro_batch_size)
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, candidate.batch.micro_batch_size)
             if same in shown or sizes in shown_sizes:
                 shown.add(same)  # its equivalents are that layout's variants too
                 continue
@@ -729,6 +719,29 @@ def _subgroups(
     return found
 
 
+def _dotted(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``table`` with the keys of its nested tables added as dotted keys ("a.b"): a
+    search space names a nested switch that way, and the spec holds it when written."""
+    found: dict[str, Any] = {}
+    for key, value in table.items():
+        found[prefix + key] = value
+        if isinstance(value, Mapping):
+            found.update(_dotted(value, f"{prefix}{key}."))
+    return found
+
+
+def _nested_set(table: Mapping[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """A copy of ``table`` with the dotted ``path`` set to ``value`` (tables made as needed)."""
+    head, _, rest = path.partition(".")
+    copied = dict(table)
+    if rest:
+        inner = copied.get(head)
+        copied[head] = _nested_set(inner if isinstance(inner, Mapping) else {}, rest, value)
+    else:
+        copied[head] = value
+    return copied
+
+
 def _without_recompute(training: TrainingSetup) -> TrainingSetup:
     return attrs.evolve(
         training, recompute="none", recompute_method=None, recompute_num_layers=None,
@@ -741,7 +754,7 @@ def _bound_key(candidate: Candidate, tokens_per_s: float) -> tuple[Any, ...]:
     runs at most ``tokens_per_s``."""
     L = candidate.layout
     return (-round(tokens_per_s, 6), 0, L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp,
-            L.micro_batch_size, -1)  # fmt: skip
+            candidate.batch.micro_batch_size, -1)  # fmt: skip
 
 
 def _slowest(sizes: Sizes, training: TrainingSetup) -> str:

@@ -125,4 +125,15 @@ def uneven_splits(layers: int, pp: int) -> list[dict[str, Any]]:
     return found
 
 
-SEARCH = SearchSpace(switches=switches, split_keys=SPLIT_KEYS, uneven_splits=uneven_splits)
+def interleaves(pp: int, vpp: int, held: Mapping[str, Any]) -> bool:
+    """Megatron-LM runs the interleaved schedule on 2 stages only with the send overlap
+    (MDC321), which is on unless overlap_p2p_comm = false."""
+    return vpp == 1 or pp > 2 or held.get("overlap_p2p_comm") is not False
+
+
+SEARCH = SearchSpace(
+    switches=switches,
+    split_keys=SPLIT_KEYS,
+    uneven_splits=uneven_splits,
+    interleaves=interleaves,
+)
