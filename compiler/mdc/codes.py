@@ -626,7 +626,7 @@ CODES: dict[str, Code] = {
     # mdc tune
     "MDC610": Code(
         "mdc tune does not search this launcher's layouts: its plugin declares no search space",
-        "use a launcher whose plugin declares one (megatron does)",
+        "use a launcher whose plugin declares one (megatron and torchtitan do)",
     ),
     "MDC611": Code(
         "mdc tune needs a known accelerator_model to predict throughput",

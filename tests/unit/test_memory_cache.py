@@ -92,6 +92,7 @@ CHANGES: dict[str, Any] = {
     "overlap_grad_reduce": True,
     "overlap_param_gather": True,
     "pipeline_micro_batch": 2,
+    "schedule_per_accumulation": True,
     "gemm_input_bytes": 1,
     "gemm_precision": None,
     "bf16_layers": (2, 0),

@@ -351,11 +351,11 @@ def test_torchtitan_pipelining_keeps_the_gathered_weights(
     assert m.weights == ceil_div(4 * m.params_per_gpu, m.shard)
 
 
-def test_torchtitan_pipeline_microbatches_hold_what_accumulation_would(
-    compiler: Compiler, tmp_path: Path
-) -> None:
-    """A local batch of 4 run as pipeline microbatches of 1 keeps, in flight, what 4
-    accumulated micro batches of 1 keep: TorchTitan's schedule sees 4 microbatches."""
+def test_torchtitan_runs_a_schedule_per_local_batch(compiler: Compiler, tmp_path: Path) -> None:
+    """A local batch of 4 run as pipeline microbatches of 1 is one schedule of 4: the first
+    of 2 stages holds 2 in flight. 4 accumulated local batches of 1 are 4 schedules of one
+    microbatch each (TorchTitan's train_step calls pp_schedule.step per local batch): every
+    stage holds 1, and the last one, with the logits, is the heaviest."""
     pp = {"tp": 1, "pp": 2}
     split = spec(
         "torchtitan",
@@ -370,8 +370,10 @@ def test_torchtitan_pipeline_microbatches_hold_what_accumulation_would(
         batch={"global_batch_size": 4 * 32, "micro_batch_size": 1},
     )
     found = estimate_of(compiler, tmp_path, split)
-    assert found.activations == estimate_of(compiler, tmp_path, accumulated).activations
-    assert found.micro_batch_size == 1
+    assert (found.stage, found.in_flight, found.micro_batch_size) == ("first", 2, 1)
+    one = estimate_of(compiler, tmp_path, accumulated)
+    assert (one.stage, one.in_flight, one.micro_batch_size) == ("last", 1, 1)
+    assert one.activations < found.activations
 
 
 @pytest.mark.parametrize("replicate", [1, 2, 4])

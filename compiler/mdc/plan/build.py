@@ -495,21 +495,27 @@ def _roles(
     return disagg_roles(split, nnodes), split
 
 
+def framework_model(model: ModelTable | None, training: TrainingSetup) -> ModelTable | None:
+    """[model] with what the launcher's framework fixes (TorchTitan's flavor) filled in
+    where it is not written."""
+    if not training.model_shape:
+        return model
+    model = model or ModelTable()
+    fields = attrs.fields_dict(ModelTable)
+    filled: dict[str, Any] = {
+        k: v for k, v in training.model_shape if k in fields and getattr(model, k) is None
+    }
+    return attrs.evolve(model, **filled)
+
+
 def _framework_model(
     model: ModelTable | None, training: TrainingSetup, found: _Findings
 ) -> ModelTable | None:
-    """[model] with what the launcher's framework fixes (TorchTitan's flavor) filled in;
-    a written value that differs is refused (MDC393): the framework builds its own."""
-    shape = training.model_shape
-    if not shape:
-        return model
-    model = model or ModelTable()
-    filled: dict[str, object] = {}
-    for key, value in shape:
+    """:func:`framework_model`; a written value that differs is refused (MDC393): the
+    framework builds its own."""
+    for key, value in training.model_shape:
         written = getattr(model, key, None)
-        if written is None:
-            filled[key] = value
-        elif written != value:
+        if written is not None and written != value:
             found.add(
                 "MDC393",
                 f"[model] {key} = {written!r}, but {training.model_source} has {key} = "
@@ -517,8 +523,7 @@ def _framework_model(
                 f"/model/{key}",
                 f"remove {key} (it is taken from {training.model_source}) or write {value!r}",
             )
-    known: dict[str, Any] = {k: v for k, v in filled.items() if k in attrs.fields_dict(ModelTable)}
-    return attrs.evolve(model, **known)
+    return framework_model(model, training)
 
 
 def _layout_vpp(sizes: Sizes, training: TrainingSetup, found: _Findings) -> Sizes:

@@ -1070,6 +1070,9 @@ def _each_stage(
     """:func:`stage_estimates`, one stage at a time."""
     tp, pp, ep, etp = sizes.tp, sizes.pp, sizes.ep, sizes.etp
     micro, microbatches = scheduled_micro_batches(batch, training, pp)
+    # a schedule holds only its own micro batches in flight
+    runs = batch.grad_accum_steps if batch and training.schedule_per_accumulation else 1
+    per_schedule = max(1, microbatches // runs)
     logits = (
         (training.logit_bytes or 4)
         * Fraction(shape.seq, sizes.cp)
@@ -1090,7 +1093,7 @@ def _each_stage(
         head, extra_kept = (
             (heads, mtp_kept * shape.mtp_layers) if name in ("only", "last") else (0, 0)
         )
-        in_flight, factor = _in_flight(rank, pp, sizes.vpp, microbatches)
+        in_flight, factor = _in_flight(rank, pp, sizes.vpp, per_schedule)
         per_stage = sum(stop - start for start, stop in spans)
         parts = _parts_of(shape, spans)
         wide = bf16_spans(shape, training, spans)

@@ -190,6 +190,10 @@ class TrainingSetup:
     #: [batch] micro batch further (TorchTitan's pipeline_parallel_microbatch_size, default
     #: 1); None: the [batch] micro batch
     pipeline_micro_batch: int | None = None
+    #: each gradient-accumulation step runs the pipeline schedule anew, with its own fill
+    #: and drain (TorchTitan's train_step: one pp_schedule.step per local batch); False: one
+    #: schedule runs every micro batch of the step (Megatron-Core)
+    schedule_per_accumulation: bool = False
     #: bytes per element of the linear layers' inputs kept for the backward pass when the
     #: launcher quantizes them (NVFP4: 4 bits and an E4M3 scale per 16 values, 0.5625);
     #: None: the dtype's (fp8: 1)

@@ -91,6 +91,9 @@ class Layout:
     grad_bytes: int = 4
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    #: pipeline schedule runs per step, each filling and draining the pipeline (TorchTitan
+    #: runs one per gradient-accumulation step; Megatron-Core one per step)
+    schedules: int = 1
     #: the interleaved schedule overlaps its sends with compute (Megatron-LM's overlap_p2p_comm)
     overlap_p2p: bool = True
     #: the forward tensor-parallel collectives pipelined with the GEMMs next to them
@@ -399,9 +402,11 @@ def predict(
     compute, elementwise = compute * scale + t_logits, elementwise * scale
     t_tp, t_cp, t_ep = t_tp * scale, t_cp * scale, t_ep * scale
     micro = compute + elementwise + t_tp + t_cp + t_ep + t_p2p
-    slots = L.microbatches + (L.pp - 1) / L.vpp
+    # each schedule run fills and drains the pipeline once
+    fill = L.schedules * (L.pp - 1) / L.vpp
+    slots = L.microbatches + fill
     pipeline = slots * micro
-    bubble = (L.pp - 1) / L.vpp / slots
+    bubble = fill / slots
 
     # ---- data parallel: gradient reduce-scatter and parameter all-gather (distributed
     # optimizer) or all-reduce, once per step; overlapped with the last micro batch's
@@ -463,7 +468,7 @@ def predict(
         "cp": slots * t_cp,
         "ep": slots * t_ep,
         "pp-p2p": slots * t_p2p,
-        "pp-bubble": (L.pp - 1) / L.vpp * micro,
+        "pp-bubble": fill * micro,
         "dp": t_dp,
         "optimizer": t_opt,
     }
@@ -566,9 +571,10 @@ def layout_of(
     schedule runs them, and how the launcher trains it."""
     s, t = sizes, training
     micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
+    runs = batch.grad_accum_steps if t.schedule_per_accumulation and s.pp > 1 else 1
     return Layout(
         tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
-        micro_batch_size=micro, microbatches=microbatches,
+        micro_batch_size=micro, microbatches=microbatches, schedules=runs,
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=t.recompute_num_layers
         if t.recompute == "full" and t.recompute_method == "block" else None,

@@ -26,6 +26,7 @@ from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiled, Compiler
+from mdc.plan.build import framework_model
 from mdc.plan.memory import (
     GIB,
     MemoryEstimate,
@@ -168,11 +169,13 @@ class Tuner:
         self.data: dict[str, Any] = data
         self.spec: JobSpec = structure_spec(data, compiler.option_types)
         self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
+        self.options_type: Any = self.launcher.options_type
+        #: [model] with what the launcher's framework fixes filled in (TorchTitan's flavor)
+        self.model = framework_model(self.spec.model, self._training(self._options({})))
         self._requirements()
         assert self.launcher.search is not None
         self.space: SearchSpace = self.launcher.search
-        self.options_type: Any = self.launcher.options_type
-        model = self.spec.model
+        model = self.model
         dtype = model.dtype if model is not None else None
         self.dtype = dtype
         self.precision = gemm_precision(dtype, self._training(self._options({})))
@@ -223,7 +226,7 @@ class Tuner:
                     f"set accelerator_model to one of: {', '.join(known)}",
                 )
             )
-        shape = resolve_shape(spec.model) if spec.model is not None else None
+        shape = resolve_shape(self.model) if self.model is not None else None
         if shape is None:
             problems.append(
                 _finding(

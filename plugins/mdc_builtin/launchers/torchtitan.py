@@ -48,6 +48,8 @@ from mdc.api import (
     torchrun_worker_env,
     torchtitan_shares,
 )
+from mdc_builtin.launchers.torchtitan_schedules import MULTI_STAGE, SINGLE_STAGE, V_SHAPED
+from mdc_builtin.launchers.torchtitan_search import SEARCH
 
 CONFIG_PATH = "launch/torchtitan.toml"
 #: TorchTitan's mesh is built in one fixed layout, Megatron-Core's default order.
@@ -55,17 +57,6 @@ TORCHTITAN_ORDER = "tp-cp-ep-dp-pp"
 #: TorchTitan's defaults where mdc needs them.
 DEFAULT_MODEL, DEFAULT_FLAVOR, DEFAULT_DUMP_FOLDER = "llama3", "debugmodel", "./outputs"
 DEFAULT_SEQ_LEN = 2048
-#: torch.distributed.pipelining schedules: one stage per rank, or several ("looped").
-SINGLE_STAGE = ("1F1B", "GPipe")
-MULTI_STAGE = (
-    "Interleaved1F1B",
-    "LoopedBFS",
-    "InterleavedZeroBubble",
-    "ZBVZeroBubble",
-    "DualPipeV",
-)
-#: these need exactly two stages per rank ("ZBV requires exactly 2 stages per rank")
-V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 #: [model] dtype -> training.mixed_precision_param (TorchTitan has no fp16 training)
 PRECISION = {"bf16": "bfloat16", "fp32": "float32", "fp8": "bfloat16"}
 FLOAT8_CONVERTER = "quantize.linear.float8"
@@ -795,6 +786,8 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         optimizer_offload=1.0 if offload else 0.0,
         # each local batch runs as pipeline microbatches (TorchTitan's default size: 1)
         pipeline_micro_batch=opts.pipeline_microbatch_size or 1,
+        # train_step runs one pipeline schedule per local batch of the accumulation
+        schedule_per_accumulation=True,
         # cross_entropy(pred.float()): bf16 pred, the saved fp32 log-softmax, and in its
         # backward the fp32 gradients of the loss and of the log-softmax
         logit_bytes=12,
@@ -865,6 +858,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             emit=emit,
             check=check,
             training=training,
+            search=SEARCH,
             schema=read_schema("mdc_schemas", "plugins/torchtitan.v1.schema.json"),
             options_type=TorchtitanOptions,
         )

@@ -1,0 +1,107 @@
+"""mdc tune on TorchTitan: its search space (activation checkpointing, the local batch) is
+searched and written into [torchtitan.config], held keys are kept, and each gradient-
+accumulation step runs its own pipeline schedule, in tune's prediction as in explain's."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.cli import main
+from mdc.hardware import builtin
+from mdc.plan.memory import resolve_shape
+from mdc.spec import ModelTable
+from mdc.tune.perf import Layout, predict
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "torchtitan-llama3-8b-4x8.toml"
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _open_spec(tmp_path: Path, torchtitan: str = "") -> Path:
+    """The TorchTitan example on H100s with its sizes, local batch and checkpointing left
+    open (``torchtitan``: lines added to its [torchtitan] table)."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    text = re.sub(r"\[parallelism\]\ntp = 2\npp = 2\n\n", "", text)
+    text = re.sub(r"micro_batch_size = 8 .*\n", "", text)
+    text = text.replace('activation_checkpoint = { mode = "full" }\n', "")
+    text = text.replace('accelerator = "nvidia"', 'accelerator_model = "h100-sxm"')
+    text = text.replace("steps = 1000\n", f"steps = 1000\n{torchtitan}")
+    path = tmp_path / "titan.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _tuned(spec: Path, top: int = 12) -> dict[str, Any]:
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", str(top))
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    assert result["candidates"]
+    return result
+
+
+def test_checkpointing_is_searched_and_the_best_compiles_as_predicted(tmp_path: Path) -> None:
+    spec = _open_spec(tmp_path)
+    result = _tuned(spec)
+    modes = set()
+    for row in result["candidates"]:
+        mode = row["spec"]["torchtitan"]["config"]["activation_checkpoint"]["mode"]
+        modes.add(mode)
+        # the user's other config tables are kept beside the one tune writes
+        assert row["spec"]["torchtitan"]["config"]["metrics"]["log_freq"] == 10
+    assert modes <= {"none", "selective", "full"} and modes
+    best = tmp_path / "best.toml"
+    assert _run("tune", str(spec), "--write", str(best))[0] == 0
+    code, out, err = _run("explain", str(best), "--format", "json")
+    assert code == 0, err
+    predicted = json.loads(out)["predicted"]
+    assert predicted.pop("accelerator_model") == "h100-sxm"
+    assert predicted == result["candidates"][0]["predicted"]
+
+
+def test_a_held_schedule_and_checkpointing_mode_are_kept(tmp_path: Path) -> None:
+    held = 'pipeline_schedule = "1F1B"\n'
+    spec = _open_spec(tmp_path, held)
+    text = spec.read_text(encoding="utf-8")
+    text = text.replace(
+        "[torchtitan.config]\n", '[torchtitan.config]\nactivation_checkpoint = { mode = "full" }\n'
+    )
+    spec.write_text(text, encoding="utf-8")
+    result = _tuned(spec, top=20)
+    # 1F1B runs one stage per rank: no interleaved layout is tried, so none is refused
+    assert "MDC336" not in result["searched"]["refused_by_compile"]
+    assert any(row["parallelism"]["pp"] > 1 for row in result["candidates"])
+    for row in result["candidates"]:
+        assert row["parallelism"]["vpp"] == 1 and row["recompute"] == "full"
+        assert "activation_checkpoint" not in row["spec"]["torchtitan"]["config"] or (
+            row["spec"]["torchtitan"]["config"]["activation_checkpoint"] == {"mode": "full"}
+        )
+
+
+@pytest.mark.parametrize(("schedules", "microbatches"), [(1, 8), (8, 8), (4, 16)])
+def test_each_schedule_run_fills_and_drains_the_pipeline(schedules: int, microbatches: int) -> None:
+    """The bubble of ``schedules`` runs of ``microbatches / schedules`` micro batches on pp
+    stages: each run idles (pp - 1) micro-batch slots, so the share is
+    schedules * (pp - 1) / (microbatches + schedules * (pp - 1))."""
+    model = ModelTable(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256,
+                       seq_length=8192, gated_mlp=True, dtype="bf16")  # fmt: skip
+    shape = resolve_shape(model)
+    assert shape is not None
+    pp = 4
+    layout = Layout(tp=1, pp=pp, cp=1, ep=1, etp=1, dp=8, vpp=1, micro_batch_size=1,
+                    microbatches=microbatches, schedules=schedules, sequence_parallel=False,
+                    recompute="none", zero_stage=3)  # fmt: skip
+    found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8)
+    idle = schedules * (pp - 1)
+    assert found.bubble == pytest.approx(idle / (microbatches + idle))
