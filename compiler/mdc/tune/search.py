@@ -26,7 +26,7 @@ from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiled, Compiler
-from mdc.plan.build import framework_model
+from mdc.plan.build import DEFAULT_ORDER, framework_model
 from mdc.plan.memory import (
     GIB,
     MemoryEstimate,
@@ -191,7 +191,7 @@ class Tuner:
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
         #: the launcher-table keys the spec holds (written, or read from its pass-through args)
         self._held = self._held_options()
-        self.order: str = self._fixed("parallelism", "order") or "tp-cp-ep-dp-pp"
+        self.order: str = self._fixed("parallelism", "order") or DEFAULT_ORDER
 
     # ---- what the spec must give
     def _requirements(self) -> None:
