@@ -90,7 +90,8 @@ bf16 logits beside its fp32 copy: 6; a float() cross entropy as TorchTitan's has
 bf16 logits, the saved log-softmax and two fp32 gradients: 12 at its backward).
 
 Pipeline (1F1B): stage i holds min(pp - i, microbatches) micro batches of its
-layers: the first stage the most, the last one; the interleaved schedule
+layers (the microbatches of one schedule run: TorchTitan runs one per accumulation
+step): the first stage the most, the last one; the interleaved schedule
 multiplies the first stage's by 1 + (pp - 1)/(pp * vpp). The estimate is for
 the heavier of the first and the last stage.
 
