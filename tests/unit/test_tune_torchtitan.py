@@ -15,8 +15,9 @@ import pytest
 from mdc.cli import main
 from mdc.hardware import builtin
 from mdc.plan.memory import resolve_shape
+from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.spec import ModelTable
-from mdc.tune.perf import Layout, predict
+from mdc.tune.perf import Layout, layout_of, predict
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "torchtitan-llama3-8b-4x8.toml"
@@ -105,3 +106,25 @@ def test_each_schedule_run_fills_and_drains_the_pipeline(schedules: int, microba
     found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8)
     idle = schedules * (pp - 1)
     assert found.bubble == pytest.approx(idle / (microbatches + idle))
+
+
+def test_every_nth_layer_checkpointing_recomputes_that_share() -> None:
+    """TorchTitan's selective_ac_option = "2" checkpoints every second layer whole: the
+    model recomputes half the layers, so the extra compute is half of full recompute's."""
+    model = ModelTable(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256,
+                       seq_length=8192, gated_mlp=True, dtype="bf16")  # fmt: skip
+    shape = resolve_shape(model)
+    assert shape is not None
+    sizes = Sizes(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8, edp=8)
+    batch = BatchPlan(global_batch_size=16, micro_batch_size=2, grad_accum_steps=1)
+
+    def compute(**recompute: Any) -> float:
+        training = TrainingSetup(zero_stage=3, sequence_parallel=True, **recompute)
+        layout = layout_of(sizes, batch, training, "bf16", "tp-cp-ep-dp-pp", 32, None)
+        found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8)
+        return found.breakdown["compute"]
+
+    every_other = compute(recompute="full", recompute_every=2)
+    none, full = compute(recompute="none"), compute(recompute="full")
+    assert every_other - none == pytest.approx((full - none) / 2)

@@ -84,7 +84,7 @@ class Layout:
     sequence_parallel: bool
     #: "none", "selective" or "full"
     recompute: str
-    #: layers per pipeline stage recomputed with full recompute (None: all)
+    #: layers of each model chunk recomputed with full recompute (None: all)
     recompute_layers: int | None = None
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
@@ -572,12 +572,18 @@ def layout_of(
     s, t = sizes, training
     micro, microbatches = scheduled_micro_batches(batch, t, s.pp)
     runs = batch.grad_accum_steps if t.schedule_per_accumulation and s.pp > 1 else 1
+    # layers of each model chunk recomputed whole: block's first n, or every n-th
+    # (TorchTitan's selective_ac_option = n); None: all of them
+    recomputed = None
+    if t.recompute == "full" and t.recompute_method == "block":
+        recomputed = t.recompute_num_layers
+    elif t.recompute == "full" and t.recompute_every:
+        recomputed = math.ceil(stage_layers / (s.vpp or 1)) // t.recompute_every
     return Layout(
         tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, etp=s.etp, dp=s.dp, vpp=s.vpp or 1,
         micro_batch_size=micro, microbatches=microbatches, schedules=runs,
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
-        recompute_layers=t.recompute_num_layers
-        if t.recompute == "full" and t.recompute_method == "block" else None,
+        recompute_layers=recomputed,
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
