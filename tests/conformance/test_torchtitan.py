@@ -532,6 +532,82 @@ def test_written_spec_loads_in_torchtitan(
         assert config.parallelism.pipeline_parallel_layers_per_stage is not None
 
 
+def _per_op_decisions(model: Any, tokens: Any) -> list[tuple[str, str, list[tuple[int, ...]]]]:
+    """(op, TorchTitan's policy decision, argument shapes) of every op the blocks run
+    forward under TorchTitan's per-op selective checkpointing."""
+    import torch.utils.checkpoint as checkpoint
+    from torchtitan.config.job_config import ActivationCheckpoint
+    from torchtitan.distributed.activation_checkpoint import apply_ac
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    decisions = []
+    contexts = checkpoint.create_selective_checkpoint_contexts
+
+    def recording(policy: Any, *args: Any, **kwargs: Any) -> Any:
+        def decide(ctx: Any, func: Any, *op_args: Any, **op_kwargs: Any) -> Any:
+            decision = policy(ctx, func, *op_args, **op_kwargs)
+            if not ctx.is_recompute:
+                shapes = [tuple(a.shape) for a in op_args if isinstance(a, torch.Tensor)]
+                decisions.append((str(func), decision.name, shapes))
+            return decision
+
+        return contexts(decide, *args, **kwargs)
+
+    config = ActivationCheckpoint(mode="selective", selective_ac_option="op")
+    with mock.patch.object(checkpoint, "create_selective_checkpoint_contexts", recording):
+        apply_ac(model, config, op_sac_save_list=_op_sac_save_list)
+        model(tokens)
+    return decisions
+
+
+def test_per_op_recompute_keeps_what_torchtitans_policy_saves() -> None:
+    """The per-op estimate (mdc.plan.per_op) of a grouped-query Llama block against the
+    decisions TorchTitan's own policy makes while the block runs: the kept matmul outputs,
+    and the recomputed share of the matmul FLOPs."""
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    from mdc.convert import structure
+    from mdc.plan import per_op
+    from mdc.plan.architecture import Parts
+    from mdc.plan.memory import resolve_shape
+    from mdc.spec import ModelTable
+
+    layers, dim, heads, kv_heads, batch, seq = 2, 256, 8, 2, 2, 32
+    args = TransformerModelArgs(
+        dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads, vocab_size=512
+    )
+    torch.manual_seed(0)
+    model = Transformer(args)
+    ffn = model.layers["0"].feed_forward.w1.weight.shape[0]
+    decisions = _per_op_decisions(model, torch.randint(0, 512, (batch, seq)))
+    mms = [(choice, shapes) for op, choice, shapes in decisions if op == "aten.mm.default"]
+    assert len(mms) == 7 * layers  # wq, wk, wv, wo, w1, w3, w2 in each block
+    kept = sum(a[0] * w[1] for choice, (a, w) in mms if choice == "MUST_SAVE")
+    again = sum(a[1] * w[1] for choice, (a, w) in mms if choice != "MUST_SAVE")
+    flops = sum(a[1] * w[1] for _, (a, w) in mms)
+    # the attention kernel: the CPU one runs here, the GPU ones are on the policy's list
+    kernels = [op for op, _, _ in decisions if "scaled_dot_product" in op]
+    assert kernels == ["aten._scaled_dot_product_flash_attention_for_cpu.default"] * layers
+    assert torch.ops.aten._scaled_dot_product_flash_attention.default in _op_sac_save_list
+    assert torch.ops.aten._scaled_dot_product_efficient_attention.default in _op_sac_save_list
+    tokens = batch * seq
+    kernel_output = tokens * dim
+    block_input = tokens * dim  # the checkpoint keeps its input
+
+    table = {
+        "num_layers": layers, "hidden_size": dim, "num_attention_heads": heads,
+        "num_query_groups": kv_heads, "ffn_hidden_size": ffn, "gated_mlp": True,
+        "vocab_size": 512, "seq_length": seq, "normalization": "rmsnorm",
+    }  # fmt: skip
+    shape = resolve_shape(structure(table, ModelTable))
+    assert shape is not None
+    each = sum(per_op.kept_per_token(shape, kind, 1, 1, 1) for kind in ("attention", "mlp"))
+    assert each * tokens * layers == kept + layers * (kernel_output + block_input)
+    parts = Parts(attention=layers, mlp=layers)
+    assert per_op.recomputed_gemm_share(shape, parts) == pytest.approx(again / flops)
+
+
 def test_an_unknown_config_key_compiles_but_torchtitan_refuses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -185,10 +185,11 @@ def test_training_setup() -> None:
     op = training(
         TorchtitanOptions(config={"activation_checkpoint": {"selective_ac_option": "op"}})
     )
-    assert (op.recompute, op.recompute_every) == ("selective", None)
+    assert (op.recompute, op.recompute_every, op.recompute_per_op) == ("selective", None, True)
     full = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "full"}}))
     none = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "none"}}))
     assert (full.recompute, none.recompute) == ("full", "none")
+    assert not (default.recompute_per_op or full.recompute_per_op or none.recompute_per_op)
 
 
 def validate(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:

@@ -84,6 +84,7 @@ CHANGES: dict[str, Any] = {
     "recompute_num_layers": 2,
     "recompute_every": 2,
     "recompute_modules": ("core_attn", "mlp", "layernorm"),
+    "recompute_per_op": True,
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,

@@ -110,6 +110,7 @@ from fractions import Fraction
 import attrs
 
 from mdc.errors import Finding, Severity
+from mdc.plan import per_op
 from mdc.plan.architecture import (
     CSA_RATIO,
     HCA_RATIO,
@@ -536,6 +537,7 @@ class _ActivationSwitches:
     recompute_num_layers: int | None
     recompute_every: int | None
     recompute_modules: tuple[str, ...] | None
+    recompute_per_op: bool
     offload_layers: int
     gemm_input_bytes: float | None
     moe_capacity_factor: float | None
@@ -551,6 +553,7 @@ class _ActivationSwitches:
             recompute_every=training.recompute_every,
             # a tuple also from a launcher that gave a list: it is hashed
             recompute_modules=None if modules is None else tuple(modules),
+            recompute_per_op=training.recompute_per_op,
             offload_layers=training.offload_layers,
             gemm_input_bytes=training.gemm_input_bytes,
             moe_capacity_factor=training.moe_capacity_factor,
@@ -672,11 +675,14 @@ def _activations(
     micro: int,
     training: TrainingSetup,
 ) -> tuple[Fraction, Fraction]:
-    """(bytes these layers keep per micro batch, bytes of the heaviest layer's full
-    activations, which full recompute holds while it recomputes one layer)."""
+    """(bytes these layers keep per micro batch, bytes the backward pass holds while it
+    recomputes a layer: the heaviest layer's full activations, or none)."""
     t, cp, etp, chunks = sizes.tp, sizes.cp, sizes.etp, sizes.vpp or 1
+    # only the per-op policy keeps what ep changes (the all-to-alls' outputs): the other
+    # settings share their cached pieces across ep
+    ep = sizes.ep if training.recompute_per_op else 1
     switches = _ActivationSwitches.of(training)
-    return _layer_activations(shape, parts, layers, t, cp, etp, chunks, micro, switches)
+    return _layer_activations(shape, parts, layers, t, cp, ep, etp, chunks, micro, switches)
 
 
 def _counts(parts: Parts) -> dict[str, int]:
@@ -719,6 +725,7 @@ def _layer_activations(
     layers: int,
     t: int,
     cp: int,
+    ep: int,
     etp: int,
     chunks: int,
     micro: int,
@@ -734,6 +741,18 @@ def _layer_activations(
         act = 4 if shape.dtype == "fp32" else 2
         layer_input = act * Fraction(shape.seq, cp) * micro * shape.hidden / sp
         return _full_recompute(full, layer_input, heaviest, layers, chunks, training)
+    if training.recompute == "selective" and training.recompute_per_op and per_op.describes(shape):
+        act = 4 if shape.dtype == "fp32" else 2
+        tokens = Fraction(shape.seq, cp) * micro
+        kept = sum(
+            (
+                count * per_op.kept_per_token(shape, kind, t, sp, ep)
+                for kind, count in _counts(parts).items()
+            ),
+            Fraction(0),
+        )
+        # the backward pass recomputes one layer at a time: its activations meanwhile
+        return act * tokens * kept * on_gpu, heaviest
     if training.recompute == "selective":
         modules = training.recompute_modules or ("core_attn",)
         each = _part_activations(shape, t, cp, etp, micro, gemm_in, capacity)
@@ -741,8 +760,8 @@ def _layer_activations(
             (count * each[kind].selective(sp, modules) for kind, count in _counts(parts).items()),
             Fraction(0),
         )
-        return selective * on_gpu, heaviest
-    return full * on_gpu, heaviest
+        return selective * on_gpu, Fraction(0)
+    return full * on_gpu, Fraction(0)
 
 
 def _full_recompute(
@@ -1101,15 +1120,14 @@ def _each_stage(
         params, weights, gradients, optimizer, step_gradients = _stage_state(
             shape, spans, wide, name, tp, ep, etp, b
         )
-        kept, heaviest = _activations(shape, parts, per_stage, sizes, micro, training)
+        kept, recomputed = _activations(shape, parts, per_stage, sizes, micro, training)
         # layers kept in bf16 under fp8 / fp4 training: 16-bit GEMM inputs
         wide_parts, wide_layers = _parts_of(shape, wide), sum(stop - start for start, stop in wide)
         if wide_layers and training.recompute != "full":  # full keeps 16-bit inputs anyway
             act16 = attrs.evolve(training, gemm_input_bytes=4 if shape.dtype == "fp32" else 2)
             kept += _activations(shape, wide_parts, wide_layers, sizes, micro, act16)[0]
             kept -= _activations(shape, wide_parts, wide_layers, sizes, micro, training)[0]
-        recomputing = heaviest if training.recompute == "full" else 0
-        recomputing += _dispatch_buffer(shape, parts, sizes, micro, training)
+        recomputing = recomputed + _dispatch_buffer(shape, parts, sizes, micro, training)
         activations = _ceil((kept + extra_kept) * in_flight * factor + recomputing + head)
         layer_w = b.layer_weights
         yield MemoryEstimate(

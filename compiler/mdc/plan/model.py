@@ -169,6 +169,11 @@ class TrainingSetup:
     recompute_every: int | None = None
     #: selective recompute: the modules, in Megatron-Core's names (None: the attention core)
     recompute_modules: tuple[str, ...] | None = None
+    #: selective recompute by operator instead of by module (TorchTitan's
+    #: selective_ac_option = "op"): each layer keeps its input, every other matmul's output,
+    #: its attention kernel's output and its collectives' outputs, and recomputes the rest
+    #: (see mdc.plan.per_op); read only when recompute is "selective"
+    recompute_per_op: bool = False
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
     #: MoE token dispatcher: "allgather" gathers the tp * ep group's tokens in every layer

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import attrs
 
 from mdc.hardware import Accelerator
+from mdc.plan import per_op
 from mdc.plan.architecture import Parts
 from mdc.plan.memory import Shape, quantized, resolve_shape, scheduled_micro_batches
 from mdc.plan.model import BatchPlan, Plan, Sizes, TrainingSetup
@@ -86,6 +87,8 @@ class Layout:
     recompute: str
     #: layers of each model chunk recomputed with full recompute (None: all)
     recompute_layers: int | None = None
+    #: selective recompute by operator (TrainingSetup.recompute_per_op)
+    recompute_per_op: bool = False
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
     grad_bytes: int = 4
@@ -211,15 +214,8 @@ def predict(
     tokens = L.micro_batch_size * s / L.cp  # tokens one rank of a tp group computes
     dense_share, expert_share = executed.dense_gemm / layers, executed.expert_gemm / layers
     attention_share = executed.attention / layers
-    recomputed = 0.0
-    if L.recompute == "full":
-        # block recomputes the first recompute_num_layers layers of each model chunk
-        # (Megatron-Core's TransformerBlock is one chunk), as the memory estimate counts them
-        chunk = math.ceil(stage_layers / L.vpp)
-        count = chunk if L.recompute_layers is None else min(L.recompute_layers, chunk)
-        recomputed = min(count * L.vpp, stage_layers) / stage_layers
-    attention_extra = 1 / 3 if L.recompute == "selective" else 0.0
-    gemm_factor = 1 + recomputed / 3
+    again = _recomputed(shape, L, stage_layers)
+    gemm_factor = 1 + again.dense / 3
     q_width = _attention_width(shape) / L.tp
     ffn_width = shape.ffn * (3 if shape.gated else 2) / 2 / L.tp
     peak = hw.peak_tflops(precision) * 1e12
@@ -243,19 +239,17 @@ def predict(
             [per_expert_tokens, shape.moe_ffn / L.etp, routed_width], c.shape_knee
         )
         # the expert group computes the routed tokens of its tp group: spread over tp ranks
-        t_expert = tokens * stage_layers * expert_share * gemm_factor / L.tp / (peak * expert_eff)
+        t_expert = (
+            tokens * stage_layers * expert_share * (1 + again.experts / 3) / L.tp
+            / (peak * expert_eff)
+        )  # fmt: skip
     # FlashAttention's tiles are head_dim wide: narrow heads run further from the peak
     head_dim = shape.latent.qk_head + shape.latent.rope_head if shape.latent else shape.kv_channels
     attention_peak = (
         hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
     )
     t_attention = (
-        tokens
-        * stage_layers
-        * attention_share
-        * (1 + recomputed / 3 + attention_extra)
-        / L.tp
-        / attention_peak
+        tokens * stage_layers * attention_share * (1 + again.attention / 3) / L.tp / attention_peak
     )
     # the output layer runs on the last stage (see the slowest stage below)
     t_logits = tokens * executed.logits / L.tp / (peak * dense_eff)
@@ -275,9 +269,9 @@ def predict(
     # per hidden element forward (norm: read and write 2 bytes each; bias-dropout-add: read
     # input and residual, write output and a 1-byte mask), 22 backward
     around = _AROUND_BYTES / split
-    # full recompute runs the forward once more: a third of inner's passes, half of around's
+    # recompute runs the forward once more: a third of inner's passes, half of around's
     elementwise = (
-        (inner * (1 + recomputed / 3) + around * (1 + recomputed / 2))
+        (inner * (1 + again.elementwise / 3) + around * (1 + again.elementwise / 2))
         * tokens
         * h
         * stage_layers
@@ -299,7 +293,7 @@ def predict(
         # a third of the layer's dense GEMM time: its forward, or its weight gradient
         third = t_dense / gemm_factor / 3 / max(stage_layers, 1)
         # forward (and recomputed forward): the row-parallel outputs' collectives wait
-        forward = (2 + 2 * recomputed) * one
+        forward = (2 + 2 * again.tp) * one
         if L.tp_comm_overlap:
             # Transformer Engine's userbuffers split the all-gather before each column-
             # parallel GEMM and the reduce-scatter after each row-parallel one into chunks
@@ -308,7 +302,7 @@ def predict(
             # for the experts' layers: an MoE layer's MLP collective (half of its forward
             # ones, in the token dispatcher) stays as without the overlap
             plain = forward / 2 * _parts(shape).moe / max(layers, 1)
-            covered = min(forward - plain, third * (1 + recomputed))
+            covered = min(forward - plain, third * (1 + again.dense))
             forward = forward - plain - covered + c.overlap_tax * covered + plain * c.tp_exposed
         else:
             forward *= c.tp_exposed
@@ -365,7 +359,7 @@ def predict(
         out = hw.scale_out_gb_s * 1e9 * c.link_share
         routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
         per_a2a = routed * (inside / up + (1 - inside) / out)
-        t_ep = c.ep_exposed * (4 + 2 * recomputed) * per_a2a * moe_layers
+        t_ep = c.ep_exposed * (4 + 2 * again.ep) * per_a2a * moe_layers
 
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
@@ -385,7 +379,7 @@ def predict(
     # expert parameter (2 more per recomputed forward), which few tokens per expert do not
     # amortise. A dense GEMM sees thousands of tokens per weight: its share is negligible.
     dense_params, expert_params = stage_params(shape, L, stage_layers)
-    t_weights = expert_params * (12 + 2 * recomputed) / (hw.memory_bandwidth_gb_s * 1e9)
+    t_weights = expert_params * (12 + 2 * again.experts) / (hw.memory_bandwidth_gb_s * 1e9)
 
     elementwise += t_moe + t_mamba + t_weights
     # a stage's time is its layers' (every term above but the output layer scales with
@@ -558,6 +552,39 @@ def predict_plan(plan: Plan) -> Prediction | None:
     )  # fmt: skip
 
 
+# only read: no generated ==, hash or repr (start-up time)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
+class _Recomputed:
+    """The share of each term's forward work the backward pass runs again."""
+
+    dense: float = 0.0  # the dense GEMMs
+    experts: float = 0.0  # the routed experts' GEMMs (and their weights' reads)
+    attention: float = 0.0
+    elementwise: float = 0.0
+    tp: float = 0.0  # tensor parallelism's forward collectives
+    ep: float = 0.0  # the all-to-alls
+
+
+def _recomputed(shape: Shape, L: Layout, stage_layers: int) -> _Recomputed:
+    if L.recompute == "full":
+        # block recomputes the first recompute_num_layers layers of each model chunk
+        # (Megatron-Core's TransformerBlock is one chunk), as the memory estimate counts them
+        chunk = math.ceil(stage_layers / L.vpp)
+        count = chunk if L.recompute_layers is None else min(L.recompute_layers, chunk)
+        share = min(count * L.vpp, stage_layers) / stage_layers
+        return _Recomputed(
+            dense=share, experts=share, attention=share, elementwise=share, tp=share, ep=share
+        )
+    if L.recompute == "selective" and L.recompute_per_op and per_op.describes(shape):
+        # the kept outputs (mdc.plan.per_op) are not run again; the column-parallel layers'
+        # all-gathers are, their reduce-scatters not
+        dense = per_op.recomputed_gemm_share(shape, _parts(shape))
+        return _Recomputed(dense=dense, experts=1.0, elementwise=1.0, tp=0.5)
+    if L.recompute == "selective":  # Megatron-Core's: the attention core
+        return _Recomputed(attention=1.0)
+    return _Recomputed()
+
+
 def layout_of(
     sizes: Sizes,
     batch: BatchPlan,
@@ -584,6 +611,7 @@ def layout_of(
         micro_batch_size=micro, microbatches=microbatches, schedules=runs,
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=recomputed,
+        recompute_per_op=t.recompute == "selective" and t.recompute_per_op,
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,

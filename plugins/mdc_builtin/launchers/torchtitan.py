@@ -703,7 +703,7 @@ def memory_config(opts: TorchtitanOptions) -> dict[str, Any]:
 
 def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     """(mode, n): TorchTitan's selective checkpointing with an integer option recomputes
-    every n-th layer whole (its default: "2"); "op" saves per-op, like Megatron's selective."""
+    every n-th layer whole (its default: "2"); "op" saves per operator (mdc.plan.per_op)."""
     mode = str(values.get("activation_checkpoint.mode", "selective"))
     if mode in ("full", "none"):
         return mode, None
@@ -778,6 +778,8 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         sequence_parallel=True,
         recompute=mode,
         recompute_every=every,
+        # "selective" stays only for the per-op policy ("op"); "2" is full of every 2nd layer
+        recompute_per_op=mode == "selective",
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
