@@ -187,6 +187,16 @@ def test_expert_sizes_must_divide_the_world() -> None:
     assert d.hint is not None and listing(divisors_of(8 // 2)) in d.hint
 
 
+def test_expert_sizes_hint_names_the_defaults_they_took() -> None:
+    """ep = 8 on one node of 8 under a model-parallel launcher: tp took nproc_per_node and
+    etp took tp, which the spec wrote neither of."""
+    d = only("MDC203", job(nnodes=1, nproc=8, parallelism={"ep": 8}), parallelism="model")
+    assert d.hint is not None
+    assert "etp = 8 follows tp, tp = 8 is this launcher's default (nproc_per_node)" in d.hint
+    written = only("MDC203", job(nproc=8, parallelism={"tp": 8, "etp": 8, "ep": 8}))
+    assert written.hint is not None and "default" not in written.hint
+
+
 def test_expert_tp_alone_not_dividing_points_at_etp() -> None:
     d = only("MDC203", job(nproc=8, parallelism={"etp": 3}))
     assert d.location.pointer == "/parallelism/etp"

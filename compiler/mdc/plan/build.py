@@ -239,16 +239,25 @@ def _parallel(
             f"remove dp (it is derived) or write dp = {dp}",
         )
     expert_size = etp * ep * pp
+    etp_from = "tp / ep" if serving and ep > 1 else "tp"
     if world % expert_size:
         options = list(divisors(world // (etp * pp))) if world % (etp * pp) == 0 else []
+        hint = (
+            f"with etp = {etp} and pp = {pp}, ep can be one of {_listing(options)}"
+            if options
+            else "choose etp * ep * pp dividing the world size"
+        )
+        taken = [f"etp = {etp} follows {etp_from}"] if par.etp is None else []
+        if par.tp is None and model_parallel:
+            taken.append(f"tp = {tp} is this launcher's default (nproc_per_node)")
+        if taken:
+            hint += f"; {', '.join(taken)}: set {'them' if len(taken) > 1 else 'it'} to override"
         found.add(
             "MDC203",
             f"world size ({world}) is not divisible by etp * ep * pp = "
             f"{etp} * {ep} * {pp} = {expert_size}",
             "/parallelism/ep" if par.ep else "/parallelism/etp",
-            f"with etp = {etp} and pp = {pp}, ep can be one of {_listing(options)}"
-            if options
-            else "choose etp * ep * pp dividing the world size",
+            hint,
         )
         return None, None
     edp = world // expert_size
@@ -266,7 +275,7 @@ def _parallel(
     if par.pp is None and model_parallel and par.dp is None:
         defaults["pp"] = "nnodes"
     if par.etp is None:
-        defaults["etp"] = "tp / ep" if serving and ep > 1 else "tp"
+        defaults["etp"] = etp_from
     sizes = Sizes(tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, dp=dp, edp=edp, vpp=vpp, defaults=defaults)
     return sizes, _layout(par.order or DEFAULT_ORDER, sizes, found)
 
