@@ -143,14 +143,17 @@ def _round(value: float) -> float:
     return float(f"{value:.4g}")
 
 
-def _stride(order: str, sizes: Mapping[str, int], axis: str) -> int:
-    """Rank distance between neighbours of ``axis`` in a grid laid out in ``order``."""
-    stride = 1
+@functools.lru_cache(maxsize=1 << 12)
+def _strides(order: str, sizes: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """Rank distance between neighbours of each axis in a grid laid out in ``order`` (an
+    axis the order leaves out: the whole grid's size). Cached: a search asks it of the same
+    few grids thousands of times (read only)."""
+    size = dict(sizes)
+    strides, stride = {}, 1
     for name in order.split("-"):
-        if name == axis:
-            return stride
-        stride *= sizes.get(name, 1)
-    return stride
+        strides[name] = stride
+        stride *= size.get(name, 1)
+    return {axis: strides.get(axis, stride) for axis in size}
 
 
 def _bandwidth(span: int, stride: int, domain: int, hw: Accelerator, share: float) -> float:
@@ -281,14 +284,19 @@ def predict(
     dense = {"tp": L.tp, "cp": L.cp, "ep": 1, "dp": L.dp, "pp": L.pp}
     expert = {"tp": L.etp, "cp": 1, "ep": L.ep, "dp": world // (L.etp * L.ep * L.pp), "pp": L.pp}
 
-    def span(grid: Mapping[str, int], axis: str) -> int:
-        return _stride(L.order, grid, axis) * grid[axis]
+    stride = {
+        "dense": _strides(L.order, tuple(dense.items())),
+        "expert": _strides(L.order, tuple(expert.items())),
+    }
+
+    def span(grid: str, axis: str) -> int:
+        return stride[grid][axis] * (dense if grid == "dense" else expert)[axis]
 
     # ---- tensor parallel: 2 all-reduces forward, 2 backward per layer (all-gather plus
     # reduce-scatter with sequence parallel: the same bytes), ring: 2(t-1)/t of the tensor
     t_tp = 0.0
     if L.tp > 1:
-        bw = _bandwidth(span(dense, "tp"), 1, domain, hw, c.link_share)
+        bw = _bandwidth(span("dense", "tp"), 1, domain, hw, c.link_share)
         one = 2 * (L.tp - 1) / L.tp * tokens * h * act / bw
         # a third of the layer's dense GEMM time: its forward, or its weight gradient
         third = t_dense / gemm_factor / 3 / max(stage_layers, 1)
@@ -318,7 +326,7 @@ def predict(
     # their gradients backward, hidden behind the attention it feeds
     t_cp = 0.0
     if L.cp > 1:
-        bw = _bandwidth(span(dense, "cp"), _stride(L.order, dense, "cp"), domain, hw, c.link_share)
+        bw = _bandwidth(span("dense", "cp"), stride["dense"]["cp"], domain, hw, c.link_share)
         kv_bytes = tokens * 2 * shape.groups * shape.kv_channels / min(L.tp, shape.groups) * act
         ring = 3 * (L.cp - 1) * kv_bytes / bw * stage_layers
         t_cp = max(0.0, ring - t_attention)
@@ -353,7 +361,7 @@ def predict(
         )
     t_ep = 0.0
     if shape.experts and L.ep > 1:
-        ep_span = span(expert, "ep")
+        ep_span = span("expert", "ep")
         inside = min(1.0, domain / ep_span)
         up = hw.scale_up_gb_s * 1e9 * c.link_share
         out = hw.scale_out_gb_s * 1e9 * c.link_share
@@ -364,7 +372,7 @@ def predict(
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
     if L.pp > 1:
-        bw = _bandwidth(span(dense, "pp"), _stride(L.order, dense, "pp"), domain, hw, c.link_share)
+        bw = _bandwidth(span("dense", "pp"), stride["dense"]["pp"], domain, hw, c.link_share)
         t_p2p = 2 * L.vpp * tokens * h * act / split / bw
         if L.vpp > 1 and L.overlap_p2p:
             # the interleaved schedule overlaps its sends and receives with the next chunk's
@@ -409,8 +417,8 @@ def predict(
     group = L.dp * L.cp
     if group > 1 or L.ep * L.etp < world // L.pp:
         # the gradient group is dp x cp: its closest members are cp's (or dp's) neighbours
-        inner = _stride(L.order, dense, "cp" if L.cp > 1 else "dp")
-        outer = max(span(dense, "dp"), span(dense, "cp"))
+        inner = stride["dense"]["cp" if L.cp > 1 else "dp"]
+        outer = max(span("dense", "dp"), span("dense", "cp"))
         bw = _bandwidth(outer, inner, domain, hw, c.link_share)
         # the expert weights reduce over the expert-data-parallel group, whose members lie
         # ep * etp ranks apart: one per scale-up domain once ep fills it, so each GPU's own
@@ -418,7 +426,7 @@ def predict(
         edp = expert["dp"]
         ebw = bw
         if edp > 1:
-            ebw = _bandwidth(span(expert, "dp"), _stride(L.order, expert, "dp"), domain, hw,
+            ebw = _bandwidth(span("expert", "dp"), stride["expert"]["dp"], domain, hw,
                              c.link_share)  # fmt: skip
         ring = (group - 1) / group
         ering = (edp - 1) / edp if edp > 1 else 0.0
