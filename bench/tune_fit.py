@@ -6,7 +6,9 @@ Every megatron-launcher row of ``tests/published/runs.toml`` with a measured TFL
 tokens/s per GPU becomes a case: its model (``tests/published/models.toml``, through the
 same spec the published-runs test compiles), its layout, accelerator and precision. A row
 that states only tokens/s is compared in TFLOP/s by mdc's own FLOP count (its error is the
-tokens/s error). TorchTitan's rows are left out: the model is of Megatron-Core's schedules
+tokens/s error). A row whose source leaves its micro batch or virtual stages open (its
+``unstated`` keys) is predicted at the best of the values that compile and fit. TorchTitan's
+rows are left out: the model is of Megatron-Core's schedules
 and kernels (docs/tune.md reports them apart). The constants of
 :class:`mdc.tune.perf.Constants` are fitted by coordinate descent on the squared log error,
 clipped at log(1.5),
@@ -33,11 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "tests" / "published"
 
 from mdc.convert import structure  # noqa: E402
+from mdc.errors import SpecError  # noqa: E402
 from mdc.hardware import builtin  # noqa: E402
+from mdc.loaders import LoadedDocument  # noqa: E402
+from mdc.pipeline import Compiler  # noqa: E402
 from mdc.plan.memory import Shape, resolve_shape  # noqa: E402
 from mdc.plan.model import TrainingSetup  # noqa: E402
+from mdc.plan.ranks import divisors  # noqa: E402
 from mdc.plan.stages import Model as StageModel  # noqa: E402
 from mdc.plan.stages import PipelineSplit, split_layers  # noqa: E402
+from mdc.plugin_manager import load_plugins  # noqa: E402
 from mdc.spec import ModelTable  # noqa: E402
 from mdc.tune.flops import token_flops  # noqa: E402
 from mdc.tune.perf import DEFAULT, Constants, Layout, bf16_share, predict  # noqa: E402
@@ -80,11 +87,17 @@ class Case:
     source_flops: float | None = None
     #: share of the heaviest stage's layers the recipe keeps in bf16 under fp8 / fp4
     bf16_share: float = 0.0
+    #: the other layouts the row's sizes allow where the source leaves settings unstated
+    #: (its ``unstated`` keys): the row is predicted at the best of them and ``layout``
+    variants: tuple[Layout, ...] = ()
 
     def predicted(self, constants: Constants = DEFAULT) -> float:
+        return max(self._predicted(layout, constants) for layout in (self.layout, *self.variants))
+
+    def _predicted(self, layout: Layout, constants: Constants) -> float:
         prediction = predict(
             self.shape,
-            self.layout,
+            layout,
             builtin()[self.hardware],
             nproc_per_node=self.nproc,
             precision=self.precision,
@@ -188,9 +201,45 @@ def source_flops(run: dict[str, Any]) -> float | None:
     return None
 
 
+#: the settings a row may leave unstated, and the values each variant tries
+UNSTATED = ("micro_batch_size", "vpp")
+
+
+def variants(run: dict[str, Any], shape: Shape, compiler: Compiler, published: Any) -> list[Layout]:
+    """The layouts of the row's sizes with its ``unstated`` settings (micro batch, virtual
+    stages) set otherwise, as the source's authors could have set them: each value that
+    divides (micro batches: the sequences of a data-parallel replica; virtual stages: a
+    stage's layers), kept where the compiler accepts the spec and its memory estimate fits,
+    as mdc tune keeps a candidate."""
+    unstated = set(run.get("unstated", ()))
+    assert unstated <= set(UNSTATED), run["id"]
+    tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
+    per_replica = run["global_batch_size"] // (run["gpus"] // (tp * pp * cp))
+    micros = divisors(per_replica) if "micro_batch_size" in unstated else [None]
+    depths = divisors(shape.layers // pp) if "vpp" in unstated and pp > 1 else [None]
+    found = []
+    for micro in micros:
+        for vpp in depths:
+            variant = dict(run)
+            if micro is not None:
+                variant["micro_batch_size"] = micro
+            if vpp is not None and vpp > 1:
+                variant["vpp"] = vpp
+            spec = published.spec_of(variant)
+            document = LoadedDocument(path="variant.json", data=spec, values={}, keys={})
+            try:
+                memory = compiler.compile_document(document, tree=False).plan.memory
+            except SpecError:
+                continue
+            if memory is None or memory.capacity is None or memory.total <= memory.capacity:
+                found.append(layout_of(variant, shape))
+    return found
+
+
 def cases() -> list[Case]:
     """Every measured row whose model the published models table describes."""
     published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
+    compiler = Compiler(load_plugins(autoload=False))
     runs = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))["run"]
     found = []
     for run in sorted(runs, key=lambda r: r["id"]):
@@ -237,6 +286,9 @@ def cases() -> list[Case]:
                 measured=float(measured),
                 source_flops=flops_of_source,
                 bf16_share=bf16_share_of(run, shape, layout),
+                variants=tuple(variants(run, shape, compiler, published))
+                if run.get("unstated")
+                else (),
             )
         )
     return found

@@ -72,8 +72,10 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # stage was charged its own layers (one fewer where the loss counts as a layer); 79.8 %
     # (99 of 124) with AMD's three MI325X rows, compared by their tokens/s; 81.5 % (101 of
     # 124) once the Llama 3 paper's rows ran its interleaved one-layer model chunks and were
-    # compared by its own count of attention (every key)
-    assert accuracy >= 0.81
+    # compared by its own count of attention (every key); 82.6 % (109 of 132) with
+    # Megatron-LM's README weak-scaling rows, their unstated micro batch and virtual stages
+    # read at the model's best that compiles and fits (81.1 % at Megatron-LM's defaults)
+    assert accuracy >= 0.82
 
 
 def test_table1_floor(targets: dict[str, Any]) -> None:
