@@ -108,9 +108,9 @@ def test_each_schedule_run_fills_and_drains_the_pipeline(schedules: int, microba
     assert found.bubble == pytest.approx(idle / (microbatches + idle))
 
 
-def test_every_nth_layer_checkpointing_recomputes_that_share() -> None:
-    """TorchTitan's selective_ac_option = "2" checkpoints every second layer whole: the
-    model recomputes half the layers, so the extra compute is half of full recompute's."""
+def _llama3_8b_compute(**recompute: Any) -> float:
+    """The predicted compute time of Llama 3 8B under FSDP on 8 H100s, local batch 2, with
+    the given recompute settings."""
     model = ModelTable(num_layers=32, hidden_size=4096, num_attention_heads=32,
                        num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256,
                        seq_length=8192, gated_mlp=True, dtype="bf16")  # fmt: skip
@@ -118,13 +118,15 @@ def test_every_nth_layer_checkpointing_recomputes_that_share() -> None:
     assert shape is not None
     sizes = Sizes(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8, edp=8)
     batch = BatchPlan(global_batch_size=16, micro_batch_size=2, grad_accum_steps=1)
+    training = TrainingSetup(zero_stage=3, sequence_parallel=True, **recompute)
+    layout = layout_of(sizes, batch, training, "bf16", "tp-cp-ep-dp-pp", 32, None)
+    return predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8).breakdown["compute"]
 
-    def compute(**recompute: Any) -> float:
-        training = TrainingSetup(zero_stage=3, sequence_parallel=True, **recompute)
-        layout = layout_of(sizes, batch, training, "bf16", "tp-cp-ep-dp-pp", 32, None)
-        found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8)
-        return found.breakdown["compute"]
 
+def test_every_nth_layer_checkpointing_recomputes_that_share() -> None:
+    """TorchTitan's selective_ac_option = "2" checkpoints every second layer whole: the
+    model recomputes half the layers, so the extra compute is half of full recompute's."""
+    compute = _llama3_8b_compute
     every_other = compute(recompute="full", recompute_every=2)
     none, full = compute(recompute="none"), compute(recompute="full")
     assert every_other - none == pytest.approx((full - none) / 2)
@@ -136,20 +138,7 @@ def test_per_op_checkpointing_recomputes_the_matmuls_it_does_not_keep() -> None:
     is their share of the dense GEMMs' extra under full recompute (which also recomputes
     attention, as Megatron's selective recompute does alone)."""
     h, q, g, f = 4096, 4096, 1024, 14336  # Llama 3 8B: 32 heads of 128, 8 groups
-    model = ModelTable(num_layers=32, hidden_size=h, num_attention_heads=32,
-                       num_query_groups=8, ffn_hidden_size=f, vocab_size=128256,
-                       seq_length=8192, gated_mlp=True, dtype="bf16")  # fmt: skip
-    shape = resolve_shape(model)
-    assert shape is not None
-    sizes = Sizes(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8, edp=8)
-    batch = BatchPlan(global_batch_size=16, micro_batch_size=2, grad_accum_steps=1)
-
-    def compute(**recompute: Any) -> float:
-        training = TrainingSetup(zero_stage=3, sequence_parallel=True, **recompute)
-        layout = layout_of(sizes, batch, training, "bf16", "tp-cp-ep-dp-pp", 32, None)
-        found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8)
-        return found.breakdown["compute"]
-
+    compute = _llama3_8b_compute
     none, full = compute(recompute="none"), compute(recompute="full")
     attention_core = compute(recompute="selective")
     per_op = compute(recompute="selective", recompute_per_op=True)
