@@ -134,13 +134,16 @@ def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[d
         fits = memory is None or memory.capacity is None or memory.total <= memory.capacity
         want = {k: run.get(k) or 1 for k in ("tp", "pp", "cp", "ep", "vpp")}
         want["mbs"] = run.get("micro_batch_size", 1)
+        # what the source leaves unstated is not part of the published layout
+        unstated = {"micro_batch_size": "mbs", "vpp": "vpp"}
+        whole = tuple(k for k in want if k not in {unstated[u] for u in run.get("unstated", ())})
         for key in OPEN:
             spec["parallelism"].pop(key, None)
         spec["batch"].pop("micro_batch_size", None)
         tuner = _tuner(compiler, run, spec)
         result = tuner.run(top=5)
         # the whole layout (sizes, virtual stages, micro batch), and its parallel sizes alone
-        rank = _rank(result, want, tuple(want))
+        rank = _rank(result, want, whole)
         parallel_rank = _rank(result, want, PARALLEL)
         best = result.rows[0].candidate.label() if result.rows else None
         # how much slower the model predicts the published layout than its own best

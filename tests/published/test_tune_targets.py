@@ -74,8 +74,9 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # 124) once the Llama 3 paper's rows ran its interleaved one-layer model chunks and were
     # compared by its own count of attention (every key); 82.6 % (109 of 132) with
     # Megatron-LM's README weak-scaling rows, their unstated micro batch and virtual stages
-    # read at the model's best that compiles and fits (81.1 % at Megatron-LM's defaults)
-    assert accuracy >= 0.82
+    # read at the model's best that compiles and fits (81.1 % at Megatron-LM's defaults);
+    # 83.7 % (118 of 141) with NeMo's long-sequence Llama 2 7B rows (4k to 1M tokens)
+    assert accuracy >= 0.83
 
 
 def test_table1_floor(targets: dict[str, Any]) -> None:
@@ -124,11 +125,12 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # at 0.3; 57 since the last pipeline stage is charged its own layers and the output layer
     # (one layer fewer where the loss counts as a layer): 4 Llama 3.1 405B rows on B200 and
     # H100 and a DeepSeek-V3 drop out, 3 on GB200 and a Qwen3-235B come in; 59 since the
-    # top rows show each layout once with its best virtual stages
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.57
+    # top rows show each layout once with its best virtual stages; 65 of 112 with NeMo's
+    # long-sequence rows (their unstated micro batch and virtual stages not compared)
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.58
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 57 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 58 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
@@ -136,6 +138,7 @@ def test_recipes_top5_target(targets: dict[str, Any]) -> None:
 
 def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # The published parallel sizes (tp, pp, cp, ep), whatever its virtual stages and micro
-    # batch: 75 of 103 (67 while the top rows listed one layout's virtual stages apart)
+    # batch: 75 of 103 (67 while the top rows listed one layout's virtual stages apart); 81
+    # of 112 with NeMo's long-sequence rows
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
