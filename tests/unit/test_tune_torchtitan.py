@@ -56,11 +56,16 @@ def test_checkpointing_is_searched_and_the_best_compiles_as_predicted(tmp_path: 
     result = _tuned(spec)
     modes = set()
     for row in result["candidates"]:
-        mode = row["spec"]["torchtitan"]["config"]["activation_checkpoint"]["mode"]
+        checkpoint = row["spec"]["torchtitan"]["config"]["activation_checkpoint"]
+        mode = checkpoint["mode"]
         modes.add(mode)
+        # TorchTitan's selective checkpointing per op, named as the estimate counts it
+        if mode == "selective":
+            assert checkpoint["selective_ac_option"] == "op"
+            assert "rc:selective-op" in row["layout"]
         # the user's other config tables are kept beside the one tune writes
         assert row["spec"]["torchtitan"]["config"]["metrics"]["log_freq"] == 10
-    assert modes <= {"none", "selective", "full"} and modes
+    assert modes <= {"none", "selective", "full"} and "selective" in modes
     best = tmp_path / "best.toml"
     assert _run("tune", str(spec), "--write", str(best))[0] == 0
     code, out, err = _run("explain", str(best), "--format", "json")
@@ -144,3 +149,16 @@ def test_per_op_checkpointing_recomputes_the_matmuls_it_does_not_keep() -> None:
     per_op = compute(recompute="selective", recompute_per_op=True)
     again = (h * g + q * h + h * f) / (h * q + 2 * h * g + q * h + 3 * h * f)
     assert per_op - none == pytest.approx(again * (full - attention_core))
+
+
+def test_explain_names_per_op_checkpointing(tmp_path: Path) -> None:
+    spec = _open_spec(tmp_path)
+    text = spec.read_text(encoding="utf-8").replace(
+        "[torchtitan.config]\n",
+        "[torchtitan.config]\n"
+        'activation_checkpoint = { mode = "selective", selective_ac_option = "op" }\n',
+    )
+    spec.write_text(text, encoding="utf-8")
+    code, out, err = _run("explain", str(spec), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["memory"]["activations"]["recompute"] == "selective per op"

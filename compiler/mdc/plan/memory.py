@@ -764,6 +764,13 @@ def _layer_activations(
     return full * on_gpu, Fraction(0)
 
 
+def _recompute_name(shape: Shape, training: TrainingSetup) -> str:
+    """The recompute setting as the estimate counts it ("selective per op": mdc.plan.per_op)."""
+    if training.recompute == "selective" and training.recompute_per_op and per_op.describes(shape):
+        return "selective per op"
+    return training.recompute
+
+
 def _full_recompute(
     full: Fraction,
     layer_input: Fraction,
@@ -1146,7 +1153,7 @@ def _each_stage(
             micro_batch_size=micro,
             in_flight=in_flight,
             sequence_parallel=training.sequence_parallel and tp > 1,
-            recompute=training.recompute,
+            recompute=_recompute_name(shape, training),
             weights=weights,
             gradients=gradients,
             optimizer=optimizer,

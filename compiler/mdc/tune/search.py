@@ -116,6 +116,8 @@ class Candidate:
         recompute = L.recompute
         if recompute == "full" and L.recompute_layers is not None:
             recompute = f"full{L.recompute_layers}"
+        elif L.recompute_per_op:
+            recompute = "selective-op"
         parts.append(f"rc:{recompute}")
         if L.tp > 1:
             parts.append("sp" if L.sequence_parallel else "no-sp")
