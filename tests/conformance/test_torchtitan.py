@@ -532,7 +532,9 @@ def test_written_spec_loads_in_torchtitan(
         assert config.parallelism.pipeline_parallel_layers_per_stage is not None
 
 
-def _per_op_decisions(model: Any, tokens: Any) -> list[tuple[str, str, list[tuple[int, ...]]]]:
+def _per_op_decisions(
+    model: Any, tokens: Any, forced: list[str]
+) -> list[tuple[str, str, list[tuple[int, ...]]]]:
     """(op, TorchTitan's policy decision, argument shapes) of every op the blocks run
     forward under TorchTitan's per-op selective checkpointing."""
     import torch.utils.checkpoint as checkpoint
@@ -553,17 +555,29 @@ def _per_op_decisions(model: Any, tokens: Any) -> list[tuple[str, str, list[tupl
 
         return contexts(decide, *args, **kwargs)
 
-    config = ActivationCheckpoint(mode="selective", selective_ac_option="op")
+    config = ActivationCheckpoint(
+        mode="selective",
+        selective_ac_option="op",
+        per_op_sac_force_recompute_mm_shapes_by_fqns=forced,
+    )
     with mock.patch.object(checkpoint, "create_selective_checkpoint_contexts", recording):
         apply_ac(model, config, op_sac_save_list=_op_sac_save_list)
         model(tokens)
     return decisions
 
 
-def test_per_op_recompute_keeps_what_torchtitans_policy_saves() -> None:
+@pytest.mark.parametrize(
+    "forced",
+    [
+        ["moe.router.gate"],  # TorchTitan's default: no Llama matmul
+        ["feed_forward.w1"],
+        ["attention.wk"],  # wv has wk's shape: TorchTitan forces both
+    ],
+)
+def test_per_op_recompute_keeps_what_torchtitans_policy_saves(forced: list[str]) -> None:
     """The per-op estimate (mdc.plan.per_op) of a grouped-query Llama block against the
     decisions TorchTitan's own policy makes while the block runs: the kept matmul outputs,
-    and the recomputed share of the matmul FLOPs."""
+    and the recomputed share of the matmul FLOPs, with the matmuls the config forces."""
     from torchtitan.models.llama3 import Transformer, TransformerModelArgs
     from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
 
@@ -580,7 +594,7 @@ def test_per_op_recompute_keeps_what_torchtitans_policy_saves() -> None:
     torch.manual_seed(0)
     model = Transformer(args)
     ffn = model.layers["0"].feed_forward.w1.weight.shape[0]
-    decisions = _per_op_decisions(model, torch.randint(0, 512, (batch, seq)))
+    decisions = _per_op_decisions(model, torch.randint(0, 512, (batch, seq)), forced)
     mms = [(choice, shapes) for op, choice, shapes in decisions if op == "aten.mm.default"]
     assert len(mms) == 7 * layers  # wq, wk, wv, wo, w1, w3, w2 in each block
     kept = sum(a[0] * w[1] for choice, (a, w) in mms if choice == "MUST_SAVE")
@@ -602,10 +616,12 @@ def test_per_op_recompute_keeps_what_torchtitans_policy_saves() -> None:
     }  # fmt: skip
     shape = resolve_shape(structure(table, ModelTable))
     assert shape is not None
-    each = sum(per_op.kept_per_token(shape, kind, 1, 1, 1) for kind in ("attention", "mlp"))
+    each = sum(
+        per_op.kept_per_token(shape, kind, 1, 1, 1, tuple(forced)) for kind in ("attention", "mlp")
+    )
     assert each * tokens * layers == kept + layers * (kernel_output + block_input)
     parts = Parts(attention=layers, mlp=layers)
-    assert per_op.recomputed_gemm_share(shape, parts) == pytest.approx(again / flops)
+    assert per_op.recomputed_gemm_share(shape, parts, tuple(forced)) == pytest.approx(again / flops)
 
 
 def test_an_unknown_config_key_compiles_but_torchtitan_refuses_it(

@@ -190,6 +190,12 @@ def test_training_setup() -> None:
     none = training(TorchtitanOptions(config={"activation_checkpoint": {"mode": "none"}}))
     assert (full.recompute, none.recompute) == ("full", "none")
     assert not (default.recompute_per_op or full.recompute_per_op or none.recompute_per_op)
+    # the matmuls per-op recompute always recomputes: TorchTitan's default, or the config's
+    assert op.recompute_per_op_forced == ("moe.router.gate",)
+    checkpoint = {"selective_ac_option": "op",
+                  "per_op_sac_force_recompute_mm_shapes_by_fqns": ["feed_forward.w1"]}  # fmt: skip
+    forced = training(TorchtitanOptions(config={"activation_checkpoint": checkpoint}))
+    assert forced.recompute_per_op_forced == ("feed_forward.w1",)
 
 
 def validate(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:

@@ -85,6 +85,7 @@ CHANGES: dict[str, Any] = {
     "recompute_every": 2,
     "recompute_modules": ("core_attn", "mlp", "layernorm"),
     "recompute_per_op": True,
+    "recompute_per_op_forced": ("attention.wk",),
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,

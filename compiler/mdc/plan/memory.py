@@ -538,6 +538,7 @@ class _ActivationSwitches:
     recompute_every: int | None
     recompute_modules: tuple[str, ...] | None
     recompute_per_op: bool
+    recompute_per_op_forced: tuple[str, ...]
     offload_layers: int
     gemm_input_bytes: float | None
     moe_capacity_factor: float | None
@@ -554,6 +555,7 @@ class _ActivationSwitches:
             # a tuple also from a launcher that gave a list: it is hashed
             recompute_modules=None if modules is None else tuple(modules),
             recompute_per_op=training.recompute_per_op,
+            recompute_per_op_forced=tuple(training.recompute_per_op_forced),
             offload_layers=training.offload_layers,
             gemm_input_bytes=training.gemm_input_bytes,
             moe_capacity_factor=training.moe_capacity_factor,
@@ -743,10 +745,11 @@ def _layer_activations(
         return _full_recompute(full, layer_input, heaviest, layers, chunks, training)
     if training.recompute == "selective" and training.recompute_per_op and per_op.describes(shape):
         act = 4 if shape.dtype == "fp32" else 2
+        forced = training.recompute_per_op_forced
         tokens = Fraction(shape.seq, cp) * micro
         kept = sum(
             (
-                count * per_op.kept_per_token(shape, kind, t, sp, ep)
+                count * per_op.kept_per_token(shape, kind, t, sp, ep, forced)
                 for kind, count in _counts(parts).items()
             ),
             Fraction(0),

@@ -174,6 +174,10 @@ class TrainingSetup:
     #: its attention kernel's output and its collectives' outputs, and recomputes the rest
     #: (see mdc.plan.per_op); read only when recompute is "selective"
     recompute_per_op: bool = False
+    #: per-op recompute: module paths within a block (matched as substrings) whose matmuls
+    #: are always recomputed and not counted, with every matmul of the same weight shape
+    #: (TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns)
+    recompute_per_op_forced: tuple[str, ...] = ()
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
     #: MoE token dispatcher: "allgather" gathers the tp * ep group's tokens in every layer

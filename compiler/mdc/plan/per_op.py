@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from mdc.plan.architecture import Parts
     from mdc.plan.memory import Shape
 
-#: how tensor parallelism splits a matmul: "column" its output, "row" its input (the
-#: output is whole-width partial sums until reduced), "none" not at all
-Matmul = tuple[int, int, str]
+#: a matmul of a block: (its module path in TorchTitan's block, input width, output width,
+#: how tensor parallelism splits it: "column" its output, "row" its input (the output is
+#: whole-width partial sums until reduced), "none" not at all)
+Matmul = tuple[str, int, int, str]
 
 
 def describes(shape: Shape) -> bool:
@@ -35,72 +36,97 @@ def describes(shape: Shape) -> bool:
 
 
 def _attention(shape: Shape) -> list[Matmul]:
-    """(input width, output width, split) of the attention's matmuls, in running order."""
+    """The attention's matmuls, in running order."""
     h, a = shape.hidden, shape.heads
     latent = shape.latent
     if latent is None:
         q, kv = a * shape.kv_channels, shape.groups * shape.kv_channels
-        return [(h, q, "column"), (h, kv, "column"), (h, kv, "column"), (q, h, "row")]
+        return [
+            ("attention.wq", h, q, "column"),
+            ("attention.wk", h, kv, "column"),
+            ("attention.wv", h, kv, "column"),
+            ("attention.wo", q, h, "row"),
+        ]
     q_head = latent.qk_head + latent.rope_head
     if latent.q_lora:
-        query = [(h, latent.q_lora, "none"), (latent.q_lora, a * q_head, "column")]
+        query = [
+            ("attention.wq_a", h, latent.q_lora, "none"),
+            ("attention.wq_b", latent.q_lora, a * q_head, "column"),
+        ]
     else:
-        query = [(h, a * q_head, "column")]
+        query = [("attention.wq", h, a * q_head, "column")]
     keys_values = [
-        (h, latent.kv_lora + latent.rope_head, "none"),
-        (latent.kv_lora, a * (latent.qk_head + latent.v_head), "column"),
+        ("attention.wkv_a", h, latent.kv_lora + latent.rope_head, "none"),
+        ("attention.wkv_b", latent.kv_lora, a * (latent.qk_head + latent.v_head), "column"),
     ]
-    return [*query, *keys_values, (a * latent.v_head, h, "row")]
+    return [*query, *keys_values, ("attention.wo", a * latent.v_head, h, "row")]
 
 
-def _mlp(shape: Shape, width: int) -> list[Matmul]:
+def _mlp(shape: Shape, module: str, width: int) -> list[Matmul]:
     """An MLP's matmuls: w1 (and w3 when gated), then w2."""
     h = shape.hidden
     if not width:
         return []
-    ups = [(h, width, "column")] * (2 if shape.gated else 1)
-    return [*ups, (width, h, "row")]
+    ups = [(f"{module}.w1", h, width, "column")]
+    if shape.gated:
+        ups.append((f"{module}.w3", h, width, "column"))
+    return [*ups, (f"{module}.w2", width, h, "row")]
 
 
-def _block(shape: Shape, kind: str) -> tuple[list[Matmul], list[Matmul]]:
-    """(the attention's matmuls, the MLP's) of a layer whose MLP part is ``kind``; an MoE
-    part counts only its shared expert's (the router's gate is not counted)."""
-    width = shape.ffn if kind == "mlp" else shape.shared_ffn
-    return _attention(shape), _mlp(shape, width)
+def _kept(shape: Shape, kind: str, forced: tuple[str, ...]) -> list[tuple[Matmul, bool]]:
+    """The matmuls of a layer whose MLP part is ``kind`` (an MoE part: its shared expert's),
+    each with whether the policy keeps its output. A matmul whose module path contains one
+    of ``forced`` (TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns) is recomputed
+    and not counted, and so is every matmul of the same weight shape, as TorchTitan matches
+    them by shape."""
+    if kind == "mlp":
+        matmuls = [*_attention(shape), *_mlp(shape, "feed_forward", shape.ffn)]
+    else:
+        matmuls = [*_attention(shape), *_mlp(shape, "moe.shared_experts", shape.shared_ffn)]
+    shapes = {(k, n) for name, k, n, _ in matmuls if any(f in name for f in forced)}
+    found, count = [], 0
+    for matmul in matmuls:
+        if matmul[1:3] in shapes:
+            found.append((matmul, False))
+            continue
+        count += 1
+        found.append((matmul, count % 2 == 1))
+    return found
 
 
-def _kept_outputs(matmuls: list[Matmul], before: int, tp: int) -> Fraction:
-    """Elements per token of the kept matmul outputs (the odd ones of the block's count)."""
-    kept = Fraction(0)
-    for index, (_, out, split) in enumerate(matmuls, start=before + 1):
-        if index % 2:
-            kept += Fraction(out, tp) if split == "column" else out
-    return kept
-
-
-def kept_per_token(shape: Shape, kind: str, tp: int, sp: int, ep: int) -> Fraction:
+def kept_per_token(
+    shape: Shape, kind: str, tp: int, sp: int, ep: int, forced: tuple[str, ...] = ()
+) -> Fraction:
     """Elements each token keeps of one ``kind`` part ("attention", "mlp" or "moe") on a
     tp rank (``sp``: the sequence split of the replicated tensors)."""
-    attention, mlp = _block(shape, kind)
-    reduced = Fraction(shape.hidden, sp) if sp > 1 else 0  # a reduce-scatter's output
+    block = _kept(shape, "moe" if kind == "moe" else "mlp", forced)
+    part = [
+        (m, keep) for m, keep in block if m[0].startswith("attention.") == (kind == "attention")
+    ]
+    kept = sum(
+        (
+            Fraction(out, tp) if split == "column" else Fraction(out)
+            for (_, _, out, split), keep in part
+            if keep
+        ),
+        Fraction(0),
+    )
+    reduced = Fraction(shape.hidden, sp) if sp > 1 and part else 0  # a reduce-scatter's output
     if kind == "attention":
         v_head = shape.latent.v_head if shape.latent else shape.kv_channels
         kernel_output = Fraction(shape.heads * v_head, tp)
-        block_input = Fraction(shape.hidden, sp)
-        return block_input + _kept_outputs(attention, 0, tp) + kernel_output + reduced
-    kept = _kept_outputs(mlp, len(attention), tp) + (reduced if mlp else 0)
+        return Fraction(shape.hidden, sp) + kept + kernel_output + reduced
     if kind == "moe" and ep > 1:  # the dispatch and combine all-to-alls' outputs
         kept += 2 * shape.topk * (shape.moe_latent or shape.hidden)
-    return kept
+    return kept + reduced
 
 
-def recomputed_gemm_share(shape: Shape, parts: Parts) -> float:
+def recomputed_gemm_share(shape: Shape, parts: Parts, forced: tuple[str, ...] = ()) -> float:
     """The share of the layers' dense GEMM FLOPs (attention projections, MLPs, shared
     experts) the backward pass runs again."""
     total = again = 0
     for kind, count in (("mlp", parts.mlp), ("moe", parts.moe)):
-        attention, mlp = _block(shape, kind)
-        for index, (k, n, _) in enumerate([*attention, *mlp], start=1):
+        for (_, k, n, _), keep in _kept(shape, kind, forced):
             total += count * k * n
-            again += count * k * n * (index % 2 == 0)
+            again += count * k * n * (not keep)
     return again / total if total else 0.0

@@ -87,8 +87,10 @@ class Layout:
     recompute: str
     #: layers of each model chunk recomputed with full recompute (None: all)
     recompute_layers: int | None = None
-    #: selective recompute by operator (TrainingSetup.recompute_per_op)
+    #: selective recompute by operator (TrainingSetup.recompute_per_op), and its forced
+    #: matmuls (TrainingSetup.recompute_per_op_forced)
     recompute_per_op: bool = False
+    recompute_per_op_forced: tuple[str, ...] = ()
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
     grad_bytes: int = 4
@@ -586,7 +588,7 @@ def _recomputed(shape: Shape, L: Layout, stage_layers: int) -> _Recomputed:
     if L.recompute == "selective" and L.recompute_per_op and per_op.describes(shape):
         # the kept outputs (mdc.plan.per_op) are not run again; the column-parallel layers'
         # all-gathers are, their reduce-scatters not
-        dense = per_op.recomputed_gemm_share(shape, _parts(shape))
+        dense = per_op.recomputed_gemm_share(shape, _parts(shape), L.recompute_per_op_forced)
         return _Recomputed(dense=dense, experts=1.0, elementwise=1.0, tp=0.5)
     if L.recompute == "selective":  # Megatron-Core's: the attention core
         return _Recomputed(attention=1.0)
@@ -620,6 +622,7 @@ def layout_of(
         sequence_parallel=t.sequence_parallel and s.tp > 1, recompute=t.recompute,
         recompute_layers=recomputed,
         recompute_per_op=t.recompute == "selective" and t.recompute_per_op,
+        recompute_per_op_forced=tuple(t.recompute_per_op_forced),
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,

@@ -690,6 +690,7 @@ LEVERS = (
 MEMORY_KEYS = (
     ("activation_checkpoint", "mode"),
     ("activation_checkpoint", "selective_ac_option"),
+    ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"),
     ("training", "enable_cpu_offload"),
     ("parallelism", "fsdp_reshard_after_forward"),
 )
@@ -713,6 +714,21 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     if option.isdigit() and int(option) > 0:
         return "full", int(option)
     return "selective", None
+
+
+#: TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns default
+FORCED_DEFAULT = ("moe.router.gate",)
+
+
+def _forced(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The module paths per-op recompute always recomputes (a list of strings in TorchTitan's
+    config; anything else is TorchTitan's to refuse, and the estimate keeps the default)."""
+    forced = values.get(
+        "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns", FORCED_DEFAULT
+    )
+    if isinstance(forced, list | tuple) and all(isinstance(f, str) for f in forced):
+        return tuple(forced)
+    return FORCED_DEFAULT
 
 
 #: TorchTitan's model registry at the pinned version (scripts/torchtitan_flavors.py)
@@ -780,6 +796,7 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         recompute_every=every,
         # "selective" stays only for the per-op policy ("op"); "2" is full of every 2nd layer
         recompute_per_op=mode == "selective",
+        recompute_per_op_forced=_forced(values),
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
