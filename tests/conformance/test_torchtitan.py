@@ -624,6 +624,46 @@ def test_per_op_recompute_keeps_what_torchtitans_policy_saves(forced: list[str])
     assert per_op.recomputed_gemm_share(shape, parts, tuple(forced)) == pytest.approx(again / flops)
 
 
+def test_eager_mlp_keeps_what_torchtitans_autograd_saves() -> None:
+    """Without checkpointing, TorchTitan's uncompiled FeedForward, w2(silu(w1(x)) * w3(x)),
+    keeps its input and four MLP-wide tensors per token (w1's and w3's outputs, silu's
+    output, the product), and no dropout mask: the estimate's MLP part for TorchTitan
+    (eager_gated_mlp, no dropout_masks) past the norm's own input."""
+    from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+
+    from mdc.convert import structure
+    from mdc.plan.memory import _part_activations, resolve_shape
+    from mdc.spec import ModelTable
+
+    dim, batch, seq = 256, 2, 32
+    args = TransformerModelArgs(dim=dim, n_layers=1, n_heads=8, n_kv_heads=2, vocab_size=512)
+    torch.manual_seed(0)
+    feed_forward = Transformer(args).layers["0"].feed_forward.to(torch.bfloat16)
+    ffn = feed_forward.w1.weight.shape[0]
+    saved: dict[int, int] = {}
+
+    def keep(tensor: Any) -> Any:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    weights = {p.untyped_storage().data_ptr() for p in feed_forward.parameters()}
+    x = torch.randn(batch, seq, dim, dtype=torch.bfloat16, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        feed_forward(x)
+    kept = sum(n for ptr, n in saved.items() if ptr not in weights)
+
+    table = {
+        "num_layers": 1, "hidden_size": dim, "num_attention_heads": 8, "num_query_groups": 2,
+        "ffn_hidden_size": ffn, "gated_mlp": True, "vocab_size": 512, "seq_length": seq,
+    }  # fmt: skip
+    shape = resolve_shape(structure(table, ModelTable))
+    assert shape is not None
+    mlp = _part_activations(shape, 1, 1, 1, batch, None, None, masks=False, eager_mlp=True)["mlp"]
+    norm_input = 2 * batch * seq * dim  # the norm keeps it; the FeedForward starts after
+    assert mlp.full(1) - norm_input == kept == batch * seq * 2 * (dim + 4 * ffn)
+
+
 def test_an_unknown_config_key_compiles_but_torchtitan_refuses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -196,6 +196,14 @@ def test_training_setup() -> None:
                   "per_op_sac_force_recompute_mm_shapes_by_fqns": ["feed_forward.w1"]}  # fmt: skip
     forced = training(TorchtitanOptions(config={"activation_checkpoint": checkpoint}))
     assert forced.recompute_per_op_forced == ("feed_forward.w1",)
+    # no dropout; the MLP runs eagerly unless [compile] compiles the model
+    assert not default.dropout_masks and default.eager_gated_mlp
+
+    def eager(compile_table: dict[str, Any]) -> bool:
+        return training(TorchtitanOptions(config={"compile": compile_table})).eager_gated_mlp
+
+    assert not eager({"enable": True})
+    assert eager({"enable": True, "components": ["loss"]}) and eager({"enable": False})
 
 
 def validate(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:

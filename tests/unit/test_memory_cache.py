@@ -86,6 +86,8 @@ CHANGES: dict[str, Any] = {
     "recompute_modules": ("core_attn", "mlp", "layernorm"),
     "recompute_per_op": True,
     "recompute_per_op_forced": ("attention.wk",),
+    "dropout_masks": False,
+    "eager_gated_mlp": True,
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,

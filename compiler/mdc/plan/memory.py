@@ -539,6 +539,8 @@ class _ActivationSwitches:
     recompute_modules: tuple[str, ...] | None
     recompute_per_op: bool
     recompute_per_op_forced: tuple[str, ...]
+    dropout_masks: bool
+    eager_gated_mlp: bool
     offload_layers: int
     gemm_input_bytes: float | None
     moe_capacity_factor: float | None
@@ -556,6 +558,8 @@ class _ActivationSwitches:
             recompute_modules=None if modules is None else tuple(modules),
             recompute_per_op=training.recompute_per_op,
             recompute_per_op_forced=tuple(training.recompute_per_op_forced),
+            dropout_masks=training.dropout_masks,
+            eager_gated_mlp=training.eager_gated_mlp,
             offload_layers=training.offload_layers,
             gemm_input_bytes=training.gemm_input_bytes,
             moe_capacity_factor=training.moe_capacity_factor,
@@ -571,9 +575,12 @@ def _part_activations(
     micro: int,
     gemm_input_bytes: float | None,
     moe_capacity_factor: float | None,
+    masks: bool = True,
+    eager_mlp: bool = False,
 ) -> dict[str, _PartActivations]:
     """Each part's activations (Korthikanti et al.'s terms, split by part) on a tp rank
-    (shared by the cache: read only)."""
+    (shared by the cache: read only). ``masks``: the 1-byte dropout masks;
+    ``eager_mlp``: a gated MLP also keeps its activation function's output."""
     act = 4 if shape.dtype == "fp32" else 2
     tokens = Fraction(shape.seq, cp) * micro
     h = shape.hidden
@@ -586,6 +593,8 @@ def _part_activations(
     # per ffn column: the first matrix's outputs (gate and up, or one) and the second
     # matrix's input
     ffn_bytes = act * (intermediates_of(shape) - 1) + gemm_in
+    if eager_mlp and shape.gated:
+        ffn_bytes += act
     # experts padded to their capacity hold capacity-factor times the even share of tokens
     capacity = Fraction(moe_capacity_factor or 1).limit_denominator(1000)
     routed = tokens * shape.topk * capacity
@@ -594,7 +603,8 @@ def _part_activations(
     )
     shared = tokens * ffn_bytes * Fraction(shape.shared_ffn, t)
     # every part keeps its norm's input, its first matrix's input and a dropout mask
-    inputs = (act + gemm_in + 1) * tokens * h
+    kept_in = act + gemm_in + (1 if masks else 0)
+    inputs = kept_in * tokens * h
     latent = shape.latent
     attention_modules: tuple[tuple[str, Fraction], ...] = (norm_output,)
     dsv4 = shape.dsv4
@@ -636,12 +646,12 @@ def _part_activations(
             replicated=inputs, split=split, scores=Fraction(scores), modules=attention_modules
         ),
         "mlp": _PartActivations(
-            replicated=(act + gemm_in + 1) * tokens * h + streams,
+            replicated=kept_in * tokens * h + streams,
             split=mlp,
             modules=(norm_output, ("mlp", mlp)),
         ),
         "moe": _PartActivations(
-            replicated=(act + gemm_in + 1) * tokens * h + streams,
+            replicated=kept_in * tokens * h + streams,
             split=experts + shared,
             modules=(
                 norm_output,
@@ -657,7 +667,7 @@ def _part_activations(
         # C, dt), the scan's output, and the gated norm's output that out_proj keeps
         width = 4 * m.inner + 2 * m.groups * m.state + m.heads
         parts["mamba"] = _PartActivations(
-            replicated=(act + gemm_in + 1) * tokens * h,
+            replicated=kept_in * tokens * h,
             split=act * tokens * Fraction(width, t),
             modules=(norm_output,),
         )
@@ -705,10 +715,14 @@ def _without_recompute(
     sp: int,
     gemm_input_bytes: float | None,
     moe_capacity_factor: float | None,
+    masks: bool = True,
+    eager_mlp: bool = False,
 ) -> tuple[Fraction, Fraction]:
     """(the full activations of ``parts`` per micro batch, the heaviest layer's): what every
     recompute setting starts from."""
-    each = _part_activations(shape, t, cp, etp, micro, gemm_input_bytes, moe_capacity_factor)
+    each = _part_activations(
+        shape, t, cp, etp, micro, gemm_input_bytes, moe_capacity_factor, masks, eager_mlp
+    )
     counts = _counts(parts)
     fulls = {kind: each[kind].full(sp) for kind in counts}
     full = sum((count * fulls[kind] for kind, count in counts.items()), Fraction(0))
@@ -736,7 +750,10 @@ def _layer_activations(
     """:func:`_activations` of ``layers`` layers in ``chunks`` model chunks on a tp rank."""
     sp = t if training.sequence_parallel and t > 1 else 1
     gemm_in, capacity = training.gemm_input_bytes, training.moe_capacity_factor
-    full, heaviest = _without_recompute(shape, parts, t, cp, etp, micro, sp, gemm_in, capacity)
+    saved = (training.dropout_masks, training.eager_gated_mlp)
+    full, heaviest = _without_recompute(
+        shape, parts, t, cp, etp, micro, sp, gemm_in, capacity, *saved
+    )
     # layers whose activations are offloaded keep nothing here (an even share of each kind)
     on_gpu = Fraction(max(layers - training.offload_layers, 0), layers) if layers else Fraction(0)
     if training.recompute == "full":
@@ -758,7 +775,7 @@ def _layer_activations(
         return act * tokens * kept * on_gpu, heaviest
     if training.recompute == "selective":
         modules = training.recompute_modules or ("core_attn",)
-        each = _part_activations(shape, t, cp, etp, micro, gemm_in, capacity)
+        each = _part_activations(shape, t, cp, etp, micro, gemm_in, capacity, *saved)
         selective = sum(
             (count * each[kind].selective(sp, modules) for kind, count in _counts(parts).items()),
             Fraction(0),

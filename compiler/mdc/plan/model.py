@@ -178,6 +178,13 @@ class TrainingSetup:
     #: are always recomputed and not counted, with every matmul of the same weight shape
     #: (TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns)
     recompute_per_op_forced: tuple[str, ...] = ()
+    #: the layers keep 1-byte dropout masks beside their residual adds (Megatron-Core's
+    #: bias-dropout-add); False: the model has no dropout (TorchTitan's models)
+    dropout_masks: bool = True
+    #: the gated MLP keeps its activation function's output apart from its inputs and the
+    #: product (an eager ``w2(silu(w1 x) * w3 x)``, as TorchTitan runs an uncompiled
+    #: model): four MLP-wide tensors per token where a fused SwiGLU keeps three
+    eager_gated_mlp: bool = False
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
     #: MoE token dispatcher: "allgather" gathers the tp * ep group's tokens in every layer

@@ -691,6 +691,8 @@ MEMORY_KEYS = (
     ("activation_checkpoint", "mode"),
     ("activation_checkpoint", "selective_ac_option"),
     ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"),
+    ("compile", "enable"),
+    ("compile", "components"),
     ("training", "enable_cpu_offload"),
     ("parallelism", "fsdp_reshard_after_forward"),
 )
@@ -714,6 +716,14 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     if option.isdigit() and int(option) > 0:
         return "full", int(option)
     return "selective", None
+
+
+def _compiled_model(values: Mapping[str, Any]) -> bool:
+    """[compile] enable with "model" among its components (TorchTitan's default list has
+    it): inductor then fuses the activation function into what the MLP keeps."""
+    components = values.get("compile.components", ["model", "loss"])
+    enabled = values.get("compile.enable") in (True, "true", "True")
+    return enabled and isinstance(components, list | tuple) and "model" in components
 
 
 #: TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns default
@@ -797,6 +807,9 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         # "selective" stays only for the per-op policy ("op"); "2" is full of every 2nd layer
         recompute_per_op=mode == "selective",
         recompute_per_op_forced=_forced(values),
+        # TorchTitan's models have no dropout; uncompiled, the MLP runs eagerly
+        dropout_masks=False,
+        eager_gated_mlp=not _compiled_model(values),
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
