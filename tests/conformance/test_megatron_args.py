@@ -143,6 +143,9 @@ FLAGS: dict[str, Flag] = {
     # store_false (kind False): Megatron-LM's dest overlap_p2p_comm, on unless this is passed
     "--no-overlap-p2p-communication": Flag(False, ModelParallelConfig, "overlap_p2p_comm"),
     "--tp-comm-overlap": Flag(bool, ModelParallelConfig, "tp_comm_overlap"),
+    "--overlap-moe-expert-parallel-comm": Flag(
+        bool, ModelParallelConfig, "overlap_moe_expert_parallel_comm"
+    ),
     "--micro-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "micro_batch_size"),
     "--global-batch-size": Flag(int, ConstantNumMicroBatchesCalculator, "global_batch_size"),
     "--num-layers": Flag(int, TransformerConfig, "num_layers"),
@@ -444,6 +447,7 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         overlap_p2p_comm=overlap_p2p,
         batch_p2p_comm=not overlap_p2p,
         tp_comm_overlap=ns.tp_comm_overlap,
+        overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
         pipeline_dtype=dtype_of(ns),
         params_dtype=dtype_of(ns),
         bf16=ns.bf16,
@@ -1462,6 +1466,90 @@ def test_tp_comm_overlap_needs_sequence_parallelism(
         assert ns.tp_comm_overlap and ns.sequence_parallel
         script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
         assert script.count("--tp-comm-overlap") == 1
+
+
+ALLTOALL = {"moe_token_dispatcher_type": "alltoall"}
+MOE_BF16 = {**MOE, "dtype": "bf16"}
+LATENT_BF16 = {**LATENT_MOE, "dtype": "bf16"}
+
+#: (parallelism, [model], [megatron] without the overlap) for --overlap-moe-expert-parallel-comm
+EP_OVERLAP: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "ep2": ({"ep": 2}, MOE_BF16, ALLTOALL),
+    "ep2-flex": ({"ep": 2}, MOE_BF16, {"moe_token_dispatcher_type": "flex"}),
+    "ep2-pp2-vpp2": ({"ep": 2, "pp": 2, "vpp": 2}, MOE_BF16, ALLTOALL),
+    "ep2-pp2": ({"ep": 2, "pp": 2}, MOE_BF16, ALLTOALL),
+    "ep1": ({}, MOE_BF16, ALLTOALL),
+    "allgather": ({"ep": 2}, MOE_BF16, {}),
+    "full-recompute": (
+        {"ep": 2},
+        MOE_BF16,
+        {
+            **ALLTOALL,
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        },
+    ),  # fmt: skip
+    "selective-recompute": (
+        {"ep": 2},
+        MOE_BF16,
+        {**ALLTOALL, "recompute_granularity": "selective"},
+    ),
+    "fp32": ({"ep": 2}, {**MOE, "dtype": "fp32"}, ALLTOALL),
+    "no-dtype": ({"ep": 2}, MOE, ALLTOALL),
+    "mtp1-pp1": ({"ep": 2}, LATENT_BF16, ALLTOALL),
+    "mtp1-pp2-vpp2": ({"ep": 2, "pp": 2, "vpp": 2}, LATENT_BF16, ALLTOALL),
+    "mtp2-pp2-vpp2": (
+        {"ep": 2, "pp": 2, "vpp": 2},
+        {**LATENT_BF16, "mtp_num_layers": 2},
+        ALLTOALL,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("how", ["key", "extra_args"])
+@pytest.mark.parametrize("case", sorted(EP_OVERLAP))
+def test_ep_overlap_refused_exactly_when_megatron_core_refuses(
+    case: str, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec compiles without the overlap; megatron-core's TransformerConfig of that very
+    job, with the overlap turned on, raises exactly where mdc refuses the overlap (MDC321 at
+    the key or the extra_args word); where it does not, the job with it passes check_job."""
+    sizes, model, options = EP_OVERLAP[case]
+    layout = {"tp": 2, "pp": 1, "etp": 1, **sizes}
+    base = spec(nnodes=layout["pp"], model=model, megatron=options, **layout)
+    code, stderr, plan = compile_spec(write_spec(tmp_path, base), tmp_path / "base")
+    assert code == 0 and plan is not None, stderr
+    ns = check_job(tmp_path / "base", plan, monkeypatch)
+    ns.overlap_moe_expert_parallel_comm = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            transformer_config(ns)
+        refused = False
+    except AssertionError:
+        refused = True
+    before = list(options.get("extra_args", []))
+    written = (
+        {**options, "overlap_moe_expert_parallel_comm": True}
+        if how == "key"
+        else {**options, "extra_args": [*before, "--overlap-moe-expert-parallel-comm"]}
+    )
+    code, stderr, plan = compile_spec(
+        write_spec(tmp_path, {**base, "megatron": written}), tmp_path / "out"
+    )
+    mine = re.findall(r"error\[MDC321\].*\(at (/megatron/[^)]*)\)", stderr)
+    assert bool(mine) == refused, stderr
+    if refused:
+        where = (
+            f"extra_args/{len(before)}"
+            if how == "extra_args"
+            else "overlap_moe_expert_parallel_comm"
+        )
+        assert set(mine) == {f"/megatron/{where}"}, stderr
+    else:
+        assert code == 0 and plan is not None, stderr
+        assert check_job(tmp_path / "out", plan, monkeypatch).overlap_moe_expert_parallel_comm
 
 
 def test_a_flag_in_the_command_is_an_error_but_other_flags_pass(tmp_path: Path) -> None:

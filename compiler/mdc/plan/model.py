@@ -197,6 +197,9 @@ class TrainingSetup:
     #: tensor parallelism's collectives overlapped with the GEMMs next to them (Megatron-LM's
     #: --tp-comm-overlap: Transformer Engine's userbuffers, with sequence parallelism)
     tp_comm_overlap: bool = False
+    #: the expert all-to-alls of one micro batch run beside another micro batch's compute
+    #: (Megatron-Core's overlap_moe_expert_parallel_comm, its combined 1F1B schedule)
+    ep_comm_overlap: bool = False
     #: the data-parallel gradient reduce overlapped with the backward pass, and the
     #: parameter all-gather with the forward (Megatron-LM's --overlap-grad-reduce and
     #: --overlap-param-gather, off by default there): the throughput model hides them then

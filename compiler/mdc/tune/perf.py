@@ -104,6 +104,9 @@ class Layout:
     #: the forward tensor-parallel collectives pipelined with the GEMMs next to them
     #: (Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffers)
     tp_comm_overlap: bool = False
+    #: the expert all-to-alls run beside another micro batch's compute (Megatron-Core's
+    #: overlap_moe_expert_parallel_comm)
+    ep_comm_overlap: bool = False
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss
@@ -369,7 +372,15 @@ def predict(
         out = hw.scale_out_gb_s * 1e9 * c.link_share
         routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
         per_a2a = routed * (inside / up + (1 - inside) / out)
-        t_ep = c.ep_exposed * (4 + 2 * again.ep) * per_a2a * moe_layers
+        t_ep = (4 + 2 * again.ep) * per_a2a * moe_layers
+        if L.ep_comm_overlap:
+            # Megatron-Core's combined 1F1B schedule pairs one micro batch's forward with
+            # another's backward, each one's all-to-alls beside the other's compute: hidden
+            # behind it, but for the overlap tax
+            hidden = min(t_ep, compute)
+            t_ep = t_ep - hidden + c.overlap_tax * hidden
+        else:
+            t_ep *= c.ep_exposed
 
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
@@ -627,6 +638,7 @@ def layout_of(
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
+        ep_comm_overlap=t.ep_comm_overlap and s.ep > 1,
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
     )  # fmt: skip
 

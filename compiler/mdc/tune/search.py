@@ -123,6 +123,8 @@ class Candidate:
             parts.append("sp" if L.sequence_parallel else "no-sp")
         if L.tp_comm_overlap:
             parts.append("tp-overlap")
+        if L.ep_comm_overlap:
+            parts.append("ep-overlap")
         parts.append({0: "ddp", 1: "distopt", 3: "fsdp"}.get(L.zero_stage, f"zero{L.zero_stage}"))
         return " ".join(parts)
 
@@ -282,6 +284,9 @@ class Tuner:
         if self._training(self._options({})).tp_comm_overlap:
             # --tp-comm-overlap, held as written: Megatron-LM refuses it with tp 1 (MDC321)
             tps = [t for t in tps if t > 1]
+        # --overlap-moe-expert-parallel-comm, held as written: Megatron-Core refuses it with
+        # ep 1, and with pp > 1 without virtual stages (MDC321)
+        ep_overlap = self._training(self._options({})).ep_comm_overlap
         pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
         cps = self._choices(
             "parallelism",
@@ -303,7 +308,11 @@ class Tuner:
                 if gbs % (mbs * dp) == 0
             ]  # fmt: skip
             for ep, etp in self._experts(tp, pp, world, moe):
+                if ep_overlap and ep == 1:
+                    continue
                 for split, vpp, heaviest, last in self._splits(pp):
+                    if ep_overlap and pp > 1 and vpp == 1:
+                        continue
                     variants = self._variants(tp, -(-heaviest // vpp), split)
                     if not variants:
                         continue

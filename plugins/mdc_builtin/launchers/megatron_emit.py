@@ -189,6 +189,8 @@ def megatron_args(plan: Plan, options: MegatronOptions | None) -> list[str]:
         args.append(NO_P2P_OVERLAP)
     if opts.tp_comm_overlap:
         args.append("--tp-comm-overlap")
+    if opts.overlap_moe_expert_parallel_comm:
+        args.append("--overlap-moe-expert-parallel-comm")
     if plan.batch is not None:
         args += [
             "--micro-batch-size",

@@ -20,6 +20,7 @@ class MegatronOptions:
     overlap_param_gather: bool | None = None
     overlap_p2p_comm: bool | None = None
     tp_comm_overlap: bool | None = None
+    overlap_moe_expert_parallel_comm: bool | None = None
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None

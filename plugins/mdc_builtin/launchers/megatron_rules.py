@@ -18,6 +18,7 @@ from mdc_builtin.launchers.megatron_emit import (
     sequence_parallel,
     torchrun_options,
 )
+from mdc_builtin.launchers.megatron_ep_overlap import ep_overlap_rules
 from mdc_builtin.launchers.megatron_flags import FLAGS, SWITCHES
 from mdc_builtin.launchers.megatron_memory_rules import memory_option_rules
 from mdc_builtin.launchers.megatron_options import (
@@ -373,6 +374,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _order(plan)
     yield from _pipeline(plan, opts)
     yield from _tp_comm_overlap(plan, opts)
+    yield from ep_overlap_rules(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)

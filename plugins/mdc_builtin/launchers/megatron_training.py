@@ -153,6 +153,7 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         moe_dispatcher=opts.moe_token_dispatcher_type or "allgather",
         overlap_p2p=opts.overlap_p2p_comm is not False,
         tp_comm_overlap=bool(opts.tp_comm_overlap),
+        ep_comm_overlap=bool(opts.overlap_moe_expert_parallel_comm),
         overlap_grad_reduce=bool(opts.overlap_grad_reduce),
         overlap_param_gather=bool(opts.overlap_param_gather),
         moe_capacity_factor=opts.moe_expert_capacity_factor
