@@ -656,3 +656,52 @@ def test_hybrid_mtp_layers_are_attention_and_the_last_layers_mlp() -> None:
     assert with_mtp.attention - without.attention == pytest.approx(2 * core)
     assert with_mtp.expert_gemm == pytest.approx(3 * one_moe)
     assert with_mtp.logits == pytest.approx(3 * without.logits)
+
+
+def test_ep_comm_overlap_hides_the_all_to_alls_but_for_the_tax() -> None:
+    """Without --overlap-moe-expert-parallel-comm ep_exposed of the all-to-alls stays; with
+    it they run beside another micro batch's compute, which outlasts them here (ep 8 over
+    NVLink), and cost only overlap_tax of their time."""
+    shape, hw = _moe_shape(), builtin()["h100-sxm"]
+    plain = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=8, sequence_parallel=False)
+    whole = predict(shape, plain, hw, nproc_per_node=8,
+                    constants=attrs.evolve(DEFAULT, ep_exposed=1.0)).breakdown  # fmt: skip
+    assert 0 < whole["ep"] < whole["compute"]
+    exposed = predict(shape, plain, hw, nproc_per_node=8).breakdown["ep"]
+    assert exposed == pytest.approx(DEFAULT.ep_exposed * whole["ep"], rel=1e-9)
+    overlapped = predict(shape, attrs.evolve(plain, ep_comm_overlap=True), hw, nproc_per_node=8)
+    assert overlapped.breakdown["ep"] == pytest.approx(DEFAULT.overlap_tax * whole["ep"], rel=1e-9)
+
+
+MOE_TUNE = """
+[parallelism]
+ep = 8
+
+[megatron]
+moe_token_dispatcher_type = "alltoall"
+{overlap}
+"""
+
+
+@pytest.mark.parametrize(
+    "written", ["overlap_moe_expert_parallel_comm = true",
+                'extra_args = ["--overlap-moe-expert-parallel-comm"]'],
+)  # fmt: skip
+def test_tune_holds_the_ep_overlap_where_megatron_core_takes_it(
+    written: str, tmp_path: Path
+) -> None:
+    """--overlap-moe-expert-parallel-comm is held: no candidate runs pp > 1 without virtual
+    stages (Megatron-Core refuses it, MDC321), none is refused by compile, and each is
+    predicted with the all-to-alls hidden."""
+    spec = tmp_path / "moe.toml"
+    moe = "[model]\nnum_experts = 16\nmoe_router_topk = 2\nmoe_ffn_hidden_size = 2048\n"
+    text = EXAMPLE.read_text(encoding="utf-8").replace("[model]\n", moe)
+    spec.write_text(text + MOE_TUNE.format(overlap=written), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "10")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["candidates"] and result["searched"]["refused_by_compile"] == {}
+    for c in result["candidates"]:
+        p = c["parallelism"]
+        assert p["ep"] == 8 and (p["pp"] == 1 or (p["vpp"] or 1) > 1), c["layout"]
+        assert " ep-overlap" in c["layout"]
