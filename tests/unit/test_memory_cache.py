@@ -93,6 +93,7 @@ CHANGES: dict[str, Any] = {
     "moe_capacity_factor": 1.25,
     "overlap_p2p": False,
     "tp_comm_overlap": True,
+    "ep_comm_overlap": True,
     "overlap_grad_reduce": True,
     "overlap_param_gather": True,
     "pipeline_micro_batch": 2,

@@ -659,9 +659,10 @@ def test_hybrid_mtp_layers_are_attention_and_the_last_layers_mlp() -> None:
 
 
 def test_ep_comm_overlap_hides_the_all_to_alls_but_for_the_tax() -> None:
-    """Without --overlap-moe-expert-parallel-comm ep_exposed of the all-to-alls stays; with
-    it they run beside another micro batch's compute, which outlasts them here (ep 8 over
-    NVLink), and cost only overlap_tax of their time."""
+    """Without --overlap-moe-expert-parallel-comm ep_exposed of the all-to-alls' time stays;
+    with it they run beside another micro batch's compute, which outlasts them here (ep 8
+    over NVLink), and cost only overlap_tax of their time; where they outlast the compute,
+    ep_exposed of the rest stays."""
     shape, hw = _moe_shape(), builtin()["h100-sxm"]
     plain = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=8, sequence_parallel=False)
     whole = predict(shape, plain, hw, nproc_per_node=8,
@@ -669,8 +670,20 @@ def test_ep_comm_overlap_hides_the_all_to_alls_but_for_the_tax() -> None:
     assert 0 < whole["ep"] < whole["compute"]
     exposed = predict(shape, plain, hw, nproc_per_node=8).breakdown["ep"]
     assert exposed == pytest.approx(DEFAULT.ep_exposed * whole["ep"], rel=1e-9)
-    overlapped = predict(shape, attrs.evolve(plain, ep_comm_overlap=True), hw, nproc_per_node=8)
-    assert overlapped.breakdown["ep"] == pytest.approx(DEFAULT.overlap_tax * whole["ep"], rel=1e-9)
+    overlap = attrs.evolve(plain, ep_comm_overlap=True)
+    overlapped = predict(shape, overlap, hw, nproc_per_node=8).breakdown
+    assert overlapped["ep"] == pytest.approx(DEFAULT.overlap_tax * whole["ep"], rel=1e-9)
+    # over the NIC (ep 64 across 8 nodes) the all-to-alls outlast the compute
+    wide = attrs.evolve(overlap, ep=64, dp=64)
+    raw = predict(shape, attrs.evolve(wide, ep_comm_overlap=False), hw, nproc_per_node=8,
+                  constants=attrs.evolve(DEFAULT, ep_exposed=1.0)).breakdown  # fmt: skip
+    assert raw["ep"] > raw["compute"]
+    got = predict(shape, wide, hw, nproc_per_node=8).breakdown["ep"]
+    hidden = raw["ep"] - (got - DEFAULT.overlap_tax * raw["ep"]) / (
+        DEFAULT.ep_exposed - DEFAULT.overlap_tax
+    )  # what the compute covered, solved from the formula: the layers' compute
+    assert 0 < hidden < raw["compute"]
+    assert DEFAULT.overlap_tax * raw["ep"] < got < DEFAULT.ep_exposed * raw["ep"]
 
 
 MOE_TUNE = """

@@ -147,14 +147,17 @@ def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_p
     result = tuner.run(top=8)
     shown = [_layout(r.candidate) for r in result.rows]
     assert len(set(shown)) == len(shown) == 8
-    # the walk met the first layout at other virtual-stage counts that fit, and showed the
-    # fastest of them (the walk is in ranking order)
-    variants = [
-        c
-        for c in tuner.walked
-        if _layout(c) == shown[0]
-        and c.memory_bytes is not None
-        and c.memory_bytes <= tuner.capacity
-    ]
-    assert len({c.layout.vpp for c in variants}) > 1
-    assert result.rows[0].candidate.key == variants[0].key
+    # where the walk met a shown layout at other virtual-stage counts that fit, it showed
+    # the fastest of them (the walk is in ranking order); some layout was met so
+    interleaved = 0
+    for row, layout in zip(result.rows, shown, strict=True):
+        variants = [
+            c
+            for c in tuner.walked
+            if _layout(c) == layout
+            and c.memory_bytes is not None
+            and c.memory_bytes <= tuner.capacity
+        ]
+        assert row.candidate.key == variants[0].key
+        interleaved += len({c.layout.vpp for c in variants}) > 1
+    assert interleaved

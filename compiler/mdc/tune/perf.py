@@ -36,15 +36,15 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.709
+    gemm_peak: float = 0.6829
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 315.5
+    shape_knee: float = 285.5
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
     attention_peak: float = 0.7863
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 3.932
+    elementwise: float = 4.032
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6308
+    link_share: float = 0.6885
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
     #: backward ones overlap the weight-gradient GEMM: see predict); set, not fitted: the
     #: measured rows leave it open (docs/tune.md), the recipes' own layouts pin it
@@ -52,14 +52,15 @@ class Constants:
     #: share of an overlapped data-parallel collective's time the compute still loses
     #: (NCCL's channels occupy SMs and HBM bandwidth while the GEMMs run)
     overlap_tax: float = 0.2
-    #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch)
-    ep_exposed: float = 0.2698
+    #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
+    #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
+    ep_exposed: float = 0.5676
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 40
+    moe_passes: float = 19.58
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 547.1
+    mamba_passes: float = 514.0
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -373,14 +374,11 @@ def predict(
         routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
         per_a2a = routed * (inside / up + (1 - inside) / out)
         t_ep = (4 + 2 * again.ep) * per_a2a * moe_layers
-        if L.ep_comm_overlap:
-            # Megatron-Core's combined 1F1B schedule pairs one micro batch's forward with
-            # another's backward, each one's all-to-alls beside the other's compute: hidden
-            # behind it, but for the overlap tax
-            hidden = min(t_ep, compute)
-            t_ep = t_ep - hidden + c.overlap_tax * hidden
-        else:
-            t_ep *= c.ep_exposed
+        # Megatron-Core's combined 1F1B schedule (overlap_moe_expert_parallel_comm) pairs one
+        # micro batch's forward with another's backward, each one's all-to-alls beside the
+        # other's compute: what the compute covers costs only the overlap tax
+        hidden = min(t_ep, compute) if L.ep_comm_overlap else 0.0
+        t_ep = c.ep_exposed * (t_ep - hidden) + c.overlap_tax * hidden
 
     # ---- pipeline p2p: one activation each way per virtual stage and micro batch
     t_p2p = 0.0
