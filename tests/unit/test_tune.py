@@ -697,17 +697,19 @@ moe_token_dispatcher_type = "alltoall"
 
 
 @pytest.mark.parametrize(
-    "written", ["overlap_moe_expert_parallel_comm = true",
-                'extra_args = ["--overlap-moe-expert-parallel-comm"]'],
+    ("written", "mtp"), [("overlap_moe_expert_parallel_comm = true", 0),
+                         ('extra_args = ["--overlap-moe-expert-parallel-comm"]', 0),
+                         ("overlap_moe_expert_parallel_comm = true", 1)],
 )  # fmt: skip
 def test_tune_holds_the_ep_overlap_where_megatron_core_takes_it(
-    written: str, tmp_path: Path
+    written: str, mtp: int, tmp_path: Path
 ) -> None:
     """--overlap-moe-expert-parallel-comm is held: no candidate runs pp > 1 without virtual
-    stages (Megatron-Core refuses it, MDC321), none is refused by compile, and each is
-    predicted with the all-to-alls hidden."""
+    stages, nor (with an MTP layer) pp 1 (Megatron-Core refuses both, MDC321), none is
+    refused by compile, and each is predicted with the all-to-alls hidden."""
     spec = tmp_path / "moe.toml"
     moe = "[model]\nnum_experts = 16\nmoe_router_topk = 2\nmoe_ffn_hidden_size = 2048\n"
+    moe += f"mtp_num_layers = {mtp}\n" if mtp else ""
     text = EXAMPLE.read_text(encoding="utf-8").replace("[model]\n", moe)
     spec.write_text(text + MOE_TUNE.format(overlap=written), encoding="utf-8")
     code, out, err = _run("tune", str(spec), "--format", "json", "--top", "10")
@@ -717,4 +719,5 @@ def test_tune_holds_the_ep_overlap_where_megatron_core_takes_it(
     for c in result["candidates"]:
         p = c["parallelism"]
         assert p["ep"] == 8 and (p["pp"] == 1 or (p["vpp"] or 1) > 1), c["layout"]
+        assert p["pp"] > 1 or not mtp, c["layout"]
         assert " ep-overlap" in c["layout"]

@@ -285,9 +285,11 @@ class Tuner:
             # --tp-comm-overlap, held as written: Megatron-LM refuses it with tp 1 (MDC321)
             tps = [t for t in tps if t > 1]
         # --overlap-moe-expert-parallel-comm, held as written: Megatron-Core refuses it with
-        # ep 1, and with pp > 1 without virtual stages (MDC321)
+        # ep 1, with pp > 1 without virtual stages, and with an MTP layer on pp 1 (MDC321)
         ep_overlap = self._training(self._options({})).ep_comm_overlap
         pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
+        if ep_overlap and shape.mtp_layers:
+            pps = [p for p in pps if p > 1]
         cps = self._choices(
             "parallelism",
             "cp",
@@ -409,11 +411,13 @@ class Tuner:
                 (switches, self._training(self._options(switches)))
                 for switches in ({**split, **rest} for rest in self._switches(tp, chunk_layers))
             ]
-            # Megatron-LM refuses --tp-comm-overlap beside sequence_parallel = false (MDC321)
+            # Megatron-LM refuses --tp-comm-overlap beside sequence_parallel = false, and
+            # --overlap-moe-expert-parallel-comm beside full recompute (MDC321)
             self._variant_cache[key] = [
                 (switches, training)
                 for switches, training in variants
-                if not training.tp_comm_overlap or (tp > 1 and training.sequence_parallel)
+                if (not training.tp_comm_overlap or (tp > 1 and training.sequence_parallel))
+                and not (training.ep_comm_overlap and training.recompute == "full")
             ]
         return self._variant_cache[key]
 
