@@ -161,6 +161,8 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         overlap_p2p=table.get("overlap_p2p_comm") is not False,
         tp_comm_overlap=bool(table.get("tp_comm_overlap")),
         ep_comm_overlap=bool(table.get("overlap_moe_expert_parallel_comm")),
+        recompute_modules=tuple(table["recompute_modules"])
+        if "recompute_modules" in table else None,
         recompute_layers=run.get("recompute_num_layers")
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,

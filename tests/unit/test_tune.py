@@ -13,6 +13,7 @@ import pytest
 
 from mdc.cli import main
 from mdc.hardware import builtin
+from mdc.plan import per_op
 from mdc.plan.memory import resolve_shape
 from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
@@ -721,3 +722,27 @@ def test_tune_holds_the_ep_overlap_where_megatron_core_takes_it(
         assert p["ep"] == 8 and (p["pp"] == 1 or (p["vpp"] or 1) > 1), c["layout"]
         assert p["pp"] > 1 or not mtp, c["layout"]
         assert " ep-overlap" in c["layout"]
+
+
+def test_recompute_modules_rerun_their_share_of_the_dense_gemms() -> None:
+    """Megatron-Core's recompute_modules rerun what they name: "mlp" the MLP's GEMMs, 2/3
+    of a square layer's dense GEMM FLOPs (MLP 2 x h x 4h, projections 4 x h x h); "moe"
+    the whole MoE layer, its two forward all-to-alls too (6 of them per layer, not 4)."""
+    dense = _dense_70b()
+    parts = dense.pattern.parts(0, dense.layers)
+    assert per_op.gemm_share(dense, parts, ("feed_forward.",)) == pytest.approx(2 / 3)
+    hw = builtin()["h100-sxm"]
+    times = [
+        predict(dense, _layout(recompute="selective", recompute_modules=modules), hw,
+                nproc_per_node=8).breakdown["compute"]
+        for modules in (("layernorm",), ("core_attn",), ("core_attn", "mlp"))
+    ]  # fmt: skip
+    assert times[0] < times[1] < times[2]
+    moe = _moe_shape()
+    plain = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=8, sequence_parallel=False)
+    ep = [
+        predict(moe, attrs.evolve(plain, recompute=rc, recompute_modules=modules), hw,
+                nproc_per_node=8).breakdown["ep"]
+        for rc, modules in (("none", None), ("selective", ("moe",)))
+    ]  # fmt: skip
+    assert ep[1] == pytest.approx(ep[0] * 6 / 4, rel=1e-9)

@@ -17,6 +17,7 @@ estimate counts them as selective recompute of the attention core.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
@@ -121,12 +122,26 @@ def kept_per_token(
     return kept + reduced
 
 
-def recomputed_gemm_share(shape: Shape, parts: Parts, forced: tuple[str, ...] = ()) -> float:
+def _gemm_share(
+    shape: Shape, parts: Parts, pick: Callable[[str, bool], bool], forced: tuple[str, ...]
+) -> float:
     """The share of the layers' dense GEMM FLOPs (attention projections, MLPs, shared
-    experts) the backward pass runs again."""
-    total = again = 0
+    experts) in the matmuls ``pick`` takes, by module path and whether the policy keeps
+    the output."""
+    total = picked = 0
     for kind, count in (("mlp", parts.mlp), ("moe", parts.moe)):
-        for (_, k, n, _), keep in _kept(shape, kind, forced):
+        for (name, k, n, _), keep in _kept(shape, kind, forced):
             total += count * k * n
-            again += count * k * n * (not keep)
-    return again / total if total else 0.0
+            picked += count * k * n * pick(name, keep)
+    return picked / total if total else 0.0
+
+
+def recomputed_gemm_share(shape: Shape, parts: Parts, forced: tuple[str, ...] = ()) -> float:
+    """The share of the layers' dense GEMM FLOPs the backward pass runs again."""
+    return _gemm_share(shape, parts, lambda _, keep: not keep, forced)
+
+
+def gemm_share(shape: Shape, parts: Parts, modules: tuple[str, ...]) -> float:
+    """The share of the layers' dense GEMM FLOPs in the matmuls whose module path starts
+    with one of ``modules`` (e.g. "feed_forward.", "attention.wkv_b")."""
+    return _gemm_share(shape, parts, lambda name, _: name.startswith(modules), ())

@@ -57,7 +57,7 @@ class Constants:
     ep_exposed: float = 0.5676
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 19.58
+    moe_passes: float = 20.29
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
     mamba_passes: float = 514.0
@@ -92,6 +92,8 @@ class Layout:
     #: matmuls (TrainingSetup.recompute_per_op_forced)
     recompute_per_op: bool = False
     recompute_per_op_forced: tuple[str, ...] = ()
+    #: selective recompute's modules in Megatron-Core's names (None: the attention core)
+    recompute_modules: tuple[str, ...] | None = None
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
     grad_bytes: int = 4
@@ -599,9 +601,30 @@ def _recomputed(shape: Shape, L: Layout, stage_layers: int) -> _Recomputed:
         # all-gathers are, their reduce-scatters not
         dense = per_op.recomputed_gemm_share(shape, _parts(shape), L.recompute_per_op_forced)
         return _Recomputed(dense=dense, experts=1.0, elementwise=1.0, tp=0.5)
-    if L.recompute == "selective":  # Megatron-Core's: the attention core
-        return _Recomputed(attention=1.0)
+    if L.recompute == "selective":  # Megatron-Core's recompute_modules (default: core_attn)
+        modules = L.recompute_modules or ("core_attn",)
+        rerun = tuple(name for module in modules for name in _MODULE_GEMMS.get(module, ()))
+        described = rerun and per_op.describes(shape)
+        dense = per_op.gemm_share(shape, _parts(shape), rerun) if described else 0.0
+        moe = float("moe" in modules)  # the whole MoE layer: its experts and all-to-alls
+        return _Recomputed(
+            attention=float("core_attn" in modules), dense=dense, experts=moe, ep=moe
+        )
     return _Recomputed()
+
+
+#: the dense GEMMs each of Megatron-Core's recompute_modules runs again, by the matmuls'
+#: module paths in mdc.plan.per_op (mla_up_proj: the query and key-value up projections;
+#: moe: the whole MoE layer, with its shared experts). Its recomputed elementwise kernels
+#: (moe_act, layernorm: the activation and the norms) are a few percent of a layer's HBM
+#: traffic and not charged; in a shape per_op does not describe (Mamba, DeepSeek-V4's
+#: attention) their GEMMs are not found.
+_MODULE_GEMMS: dict[str, tuple[str, ...]] = {
+    "mla_up_proj": ("attention.wq_b", "attention.wkv_b"),
+    "mlp": ("feed_forward.",),
+    "shared_experts": ("moe.shared_experts.",),
+    "moe": ("moe.shared_experts.",),
+}
 
 
 def layout_of(
@@ -632,6 +655,7 @@ def layout_of(
         recompute_layers=recomputed,
         recompute_per_op=t.recompute == "selective" and t.recompute_per_op,
         recompute_per_op_forced=tuple(t.recompute_per_op_forced),
+        recompute_modules=None if t.recompute_modules is None else tuple(t.recompute_modules),
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
