@@ -150,12 +150,13 @@ def test_recipes_parallel_sizes_top5_floor(targets: dict[str, Any]) -> None:
     # The published parallel sizes (tp, pp, cp, ep), whatever its virtual stages and micro
     # batch: 75 of 103 (67 while the top rows listed one layout's virtual stages apart); 81
     # of 112 with NeMo's long-sequence rows; 99 of 157 with Megatron-Bridge's 26.06 and
-    # 26.06.01 rows (18 of their 45)
+    # 26.06.01 rows (18 of their 45); 101 once selective recompute charged what the
+    # recompute modules rerun
     recipes = targets["recipes"]
-    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.63
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.64
 
 
-@pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 63 % of recipes",
+@pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 64 % of recipes",
                    strict=True)  # fmt: skip
 def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
