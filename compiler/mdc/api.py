@@ -284,6 +284,11 @@ class LauncherSpec:
     #: as if written (Megatron flags in ``extra_args``); mdc tune holds those keys as it
     #: holds the table's own. None: the arguments set no key
     read_args: Callable[[Any], Any] | None = None
+    #: (options, the job command's words) -> the options with the keys the command's
+    #: overrides set read in, as the launcher's framework applies them (TorchTitan's
+    #: command-line overrides win over its config file): the ``training`` hook gets these,
+    #: and mdc tune holds those keys. None: the command sets no key
+    read_command: Callable[[Any, Sequence[str]], Any] | None = None
     #: what mdc tune may set in the table besides the sizes (:class:`SearchSpace`); None:
     #: mdc tune does not search this launcher's layouts
     search: SearchSpace | None = None

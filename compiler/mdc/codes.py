@@ -405,7 +405,7 @@ CODES: dict[str, Code] = {
     ),
     "MDC359": Code(
         "a memory flag in the arguments: a value Megatron-LM refuses in extra_args, a "
-        "TorchTitan override of a memory key (the estimate reads the config table), or "
+        "TorchTitan override of a memory key with a value TorchTitan refuses, or "
         "(warning) a Megatron-LM flag the estimate does not model",
         "set the spec key the hint names instead, or compare the estimate with a measured run",
     ),

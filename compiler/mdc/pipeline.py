@@ -193,8 +193,13 @@ class Compiler:
         backend_options = spec.plugin_tables.get(backend.name)
         training = TrainingSetup()
         if launcher.training is not None:
-            training_of = launcher.training
-            training = _call(launcher_reg, "training", lambda: training_of(launcher_options))
+            training_of, read_command = launcher.training, launcher.read_command
+            trained = launcher_options
+            if read_command is not None:  # the command's overrides, as the framework reads them
+                argv = spec.job.argv
+                trained = _call(launcher_reg, "read_command",
+                                lambda: read_command(launcher_options, argv))  # fmt: skip
+            training = _call(launcher_reg, "training", lambda: training_of(trained))
         plan, planned = build_plan(
             spec,
             parallelism=launcher.parallelism,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import attrs
 import pytest
 
 if importlib.util.find_spec("triton") is None:
@@ -280,13 +281,18 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     command = plan["job"]["command"]
     if command[:2] == ["python", "-m"]:
         assert args.module and args.training_script == command[2]
+    # the command's own arguments (its overrides), then mdc's: the config file and the
+    # overrides of the keys mdc owns
     script_args = list(args.training_script_args)
+    own = command[3:] if command[:2] == ["python", "-m"] else command[2:]
+    assert script_args[: len(own)] == own
+    mdc_args = script_args[len(own) :]
     toml = out / "launch" / "torchtitan.toml"
-    assert script_args[:2] == ["--job.config_file", str(toml)]
+    assert mdc_args[:2] == ["--job.config_file", str(toml)]
 
     config = parse(script_args)
-    from_file = parse(script_args[:2])
-    from_overrides = parse(script_args[2:])
+    from_file = parse(mdc_args[:2])
+    from_overrides = parse(mdc_args[2:])
     options = plan["options"].get("torchtitan") or {}
     p, world = plan["parallelism"], plan["world_size"]
     replicate = options.get("dp_replicate") or 1
@@ -306,7 +312,7 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     if p["ep"] > 1:
         assert from_overrides.parallelism.expert_tensor_parallel_degree == p["etp"]
     assert config.parallelism.expert_tensor_parallel_degree == p["etp"]
-    overrides = [w[2:] for w in script_args[2:] if w.startswith("--")]
+    overrides = [w[2:] for w in mdc_args[2:] if w.startswith("--")]
     assert set(overrides) <= KEYS_IN_0_3 | {"parallelism.expert_tensor_parallel_degree"}
     if p["ep"] == 1:
         assert "parallelism.expert_tensor_parallel_degree" not in overrides
@@ -320,8 +326,8 @@ def check_job(out: Path, plan: dict[str, Any], monkeypatch: pytest.MonkeyPatch) 
     assert config.training.seq_len == seq
     if options.get("steps"):
         assert config.training.steps == options["steps"]
-    for section, values in (options.get("config") or {}).items():
-        loaded_section = getattr(config, section)
+    for section, values in (options.get("config") or {}).items():  # the command's own win
+        loaded_section = getattr(from_file, section)
         for key, value in values.items():
             got = getattr(loaded_section, key)
             if isinstance(value, dict):
@@ -662,6 +668,70 @@ def test_eager_mlp_keeps_what_torchtitans_autograd_saves() -> None:
     mlp = _part_activations(shape, 1, 1, 1, batch, None, None, masks=False, eager_mlp=True)["mlp"]
     norm_input = 2 * batch * seq * dim  # the norm keeps it; the FeedForward starts after
     assert mlp.full(1) - norm_input == kept == batch * seq * 2 * (dim + 4 * ffn)
+
+
+#: (the config table's memory keys, the job command's overrides of them)
+OVERRIDES: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "full-over-none": (
+        {"activation_checkpoint": {"mode": "none"}}, ["--activation-checkpoint.mode", "full"]
+    ),
+    "every-3rd": ({}, ["--activation_checkpoint.selective_ac_option", "3"]),
+    "per-op-forced": (
+        {"activation_checkpoint": {"mode": "selective", "selective_ac_option": "op"}},
+        ["--activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+         "moe.router.gate,feed_forward.w1"],
+    ),
+    "compile-on": ({}, ["--compile.enable"]),
+    "compile-off-over-table": ({"compile": {"enable": True}}, ["--compile.no-enable"]),
+    "compile-loss-only": ({"compile": {"enable": True}}, ["--compile.components", "loss"]),
+    "offload-and-reshard": (
+        {}, ["--training.enable-cpu-offload", "--parallelism.fsdp_reshard_after_forward", "never"]
+    ),
+    "last-wins": ({}, ["--activation_checkpoint.mode", "none",
+                       "--activation_checkpoint.mode", "full"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(OVERRIDES))
+def test_memory_overrides_in_the_command_are_read_as_torchtitan_reads_them(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The estimate's training setup from the table and the command's overrides equals the
+    one from the values TorchTitan's own ConfigManager ends up with (the compiled job's
+    config file, then the command)."""
+    from mdc.plugin_manager import load_plugins
+    from mdc_builtin.launchers.torchtitan import MEMORY_KEYS, TorchtitanOptions, training
+
+    table, overrides = OVERRIDES[case]
+    written = spec(2, 1, torchtitan={"config": table})
+    written["job"]["command"] = [*written["job"]["command"], *overrides]
+    code, stderr, plan = compile_spec(write_spec(tmp_path, written), tmp_path / "out")
+    assert code == 0 and plan is not None, stderr
+    config = check_job(tmp_path / "out", plan, monkeypatch)
+    titan: dict[str, dict[str, Any]] = {}
+    for section, key in MEMORY_KEYS:
+        titan.setdefault(section, {})[key] = getattr(getattr(config, section), key)
+    options = TorchtitanOptions(**{k: v for k, v in written["torchtitan"].items() if k != "config"})
+    theirs = training(attrs.evolve(options, config=titan))
+    spec_options = attrs.evolve(options, config=table)
+    launcher = load_plugins(autoload=False).launcher("torchtitan")
+    assert launcher.read_command is not None
+    mine = training(launcher.read_command(spec_options, written["job"]["command"]))
+    assert mine == theirs
+    assert mine != training(spec_options)  # the overrides changed what the estimate reads
+
+
+@pytest.mark.parametrize(
+    "words",
+    [["--activation_checkpoint.mode", "bogus"], ["--parallelism.fsdp-reshard-after-forward", "x"]],
+)
+def test_a_memory_override_torchtitan_refuses_is_refused(words: list[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse(words)
+    written = spec(2, 1)
+    written["job"]["command"] = [*written["job"]["command"], *words]
+    code, stderr, _ = compile_spec(write_spec(tmp_path, written), tmp_path / "out")
+    assert code == 1 and "error[MDC359]" in stderr and "(at /job/command/3)" in stderr, stderr
 
 
 def test_an_unknown_config_key_compiles_but_torchtitan_refuses_it(

@@ -94,6 +94,29 @@ def test_a_held_schedule_and_checkpointing_mode_are_kept(tmp_path: Path) -> None
         )
 
 
+def test_checkpointing_overridden_in_the_command_is_held(tmp_path: Path) -> None:
+    """``--activation_checkpoint.mode full`` in the job's command wins over the config file
+    in TorchTitan: every candidate runs it, is estimated with it, and the written spec
+    leaves the command's override alone (no activation_checkpoint written beside it)."""
+    spec = _open_spec(tmp_path)
+    text = spec.read_text(encoding="utf-8").replace(
+        '"torchtitan.train"]', '"torchtitan.train", "--activation_checkpoint.mode", "full"]'
+    )
+    spec.write_text(text, encoding="utf-8")
+    result = _tuned(spec)
+    for row in result["candidates"]:
+        assert row["recompute"] == "full"
+        assert "activation_checkpoint" not in row["spec"]["torchtitan"]["config"]
+    best = tmp_path / "best.toml"
+    assert _run("tune", str(spec), "--write", str(best))[0] == 0
+    assert '"--activation_checkpoint.mode", "full"]' in best.read_text(encoding="utf-8")
+    code, out, err = _run("explain", str(best), "--format", "json")
+    assert code == 0, err
+    predicted = json.loads(out)["predicted"]
+    predicted.pop("accelerator_model")
+    assert predicted == result["candidates"][0]["predicted"]
+
+
 @pytest.mark.parametrize(("schedules", "microbatches"), [(1, 8), (8, 8), (4, 16)])
 def test_each_schedule_run_fills_and_drains_the_pipeline(schedules: int, microbatches: int) -> None:
     """The bubble of ``schedules`` runs of ``microbatches / schedules`` micro batches on pp

@@ -512,18 +512,31 @@ class Tuner:
     def _held_options(self) -> dict[str, Any]:
         """The launcher's table as written, with the keys its pass-through arguments set
         (``--recompute-granularity full`` in extra_args is recompute_granularity, read as
-        the launcher reads it): every one held, none written again (MDC323)."""
-        written = self._written(self.spec.distributed.launcher)
-        base, read_args = self._options({}), self.launcher.read_args
-        if read_args is None or base is None:
-            return _dotted(written)
-        read = read_args(base)
-        from_args = {
-            f.name: getattr(read, f.name)
-            for f in attrs.fields(type(read))
-            if f.name not in written and getattr(read, f.name) != getattr(base, f.name)
+        the launcher reads it) and those the job's command overrides (TorchTitan's
+        ``--activation_checkpoint.mode full``): every one held, none written again."""
+        held = _dotted(self._written(self.spec.distributed.launcher))
+        base = self._options({})
+        if base is None:
+            return held
+        read = self._read_command(base)
+        if self.launcher.read_args is not None:
+            read = self.launcher.read_args(read)
+        if read is base:
+            return held
+        changed = {
+            key: value
+            for key, value in _dotted(attrs.asdict(read, recurse=False)).items()
+            if value != _dotted(attrs.asdict(base, recurse=False)).get(key)
         }
-        return _dotted({**from_args, **written})
+        return {**changed, **held}
+
+    def _read_command(self, options: Any) -> Any:
+        """``options`` with what the job's command overrides read in (the launcher's
+        ``read_command``, as compile reads them for the training setup)."""
+        read_command = self.launcher.read_command
+        if read_command is None or options is None:
+            return options
+        return read_command(options, self.spec.job.argv)
 
     def _options(self, switches: dict[str, Any]) -> Any:
         """The launcher's options with ``switches`` set, as its own type."""
@@ -544,7 +557,7 @@ class Tuner:
     def _training(self, options: Any) -> TrainingSetup:
         """How the launcher trains with ``options``: its own ``training`` hook, as compile."""
         hook = self.launcher.training
-        return hook(options) if hook is not None else TrainingSetup()
+        return hook(self._read_command(options)) if hook is not None else TrainingSetup()
 
     def _edits(self, candidate: Candidate) -> dict[tuple[str, str], Any]:
         L, batch = candidate.layout, candidate.batch

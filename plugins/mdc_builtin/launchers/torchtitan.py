@@ -48,6 +48,11 @@ from mdc.api import (
     torchrun_worker_env,
     torchtitan_shares,
 )
+from mdc_builtin.launchers.torchtitan_overrides import (
+    override_findings,
+    override_name,
+    read_command,
+)
 from mdc_builtin.launchers.torchtitan_schedules import MULTI_STAGE, SINGLE_STAGE, V_SHAPED
 from mdc_builtin.launchers.torchtitan_search import SEARCH
 
@@ -652,11 +657,6 @@ def _passthrough(plan: Plan, opts: TorchtitanOptions) -> Iterator[Finding]:
             )
 
 
-def _override_name(word: str) -> str:
-    """TorchTitan's overrides as one name: --section.key, with - and _ alike (tyro)."""
-    return "--" + word[2:].replace("-", "_") if word.startswith("--") else word
-
-
 #: the command-line overrides of the config keys the launcher sets or reads
 OVERRIDES = FlagTable(
     [
@@ -665,7 +665,7 @@ OVERRIDES = FlagTable(
             for (section, key), source in [*OPTION_KEYS.items(), *DERIVED_KEYS.items()]
         ),
     ],
-    normalize=_override_name,
+    normalize=override_name,
 )
 
 
@@ -677,7 +677,7 @@ def check(plan: Plan, options: TorchtitanOptions | None) -> Iterator[Finding]:
     yield from _pipeline(plan, opts)
     yield from _dtype(plan)
     yield from _passthrough(plan, opts)
-    yield from _memory_overrides(plan)
+    yield from override_findings(plan)
 
 
 #: what the memory hint proposes, in the [torchtitan] table's words
@@ -778,6 +778,11 @@ def pipeline_split(opts: TorchtitanOptions) -> PipelineSplit:
     )
 
 
+def _read_command(options: TorchtitanOptions | None, words: Sequence[str]) -> TorchtitanOptions:
+    read: TorchtitanOptions = read_command(_options(options), words)
+    return read
+
+
 def training(options: TorchtitanOptions | None) -> TrainingSetup:
     """FSDP2 shards weights, gradients and optimizer state (ZeRO-3 style) over its fsdp
     dimension (dp_shard * cp; dp_replicate copies under HSDP). TorchTitan keeps the sharded
@@ -827,57 +832,6 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
     )
 
 
-def _memory_overrides(plan: Plan) -> Iterator[Finding]:
-    """A memory key overridden on the command line: the estimate reads the config table."""
-    for use in MEMORY_OVERRIDES.find(plan.job.argv):
-        yield Finding(
-            code="MDC359",
-            pointer=command_pointer(plan.job.command, use.index),
-            message=f"the job's command passes {use.spelled}, which changes what each GPU "
-            "holds; mdc's memory estimate reads it from the config table",
-            hint=f"remove it from the command and set {use.flag.source}",
-        )
-
-
-#: the memory keys' overrides (tyro: --training.enable-cpu-offload alone means true)
-MEMORY_OVERRIDES = FlagTable(
-    [
-        KnownFlag(
-            name="--activation_checkpoint.mode",
-            source="[torchtitan.config.activation_checkpoint] mode",
-            key="activation_checkpoint.mode",
-            nargs=1,
-            choices=("selective", "full", "memory_budget", "none"),
-        ),
-        KnownFlag(
-            name="--activation_checkpoint.selective_ac_option",
-            source="[torchtitan.config.activation_checkpoint] selective_ac_option",
-            key="activation_checkpoint.selective_ac_option",
-            nargs=1,
-        ),
-        KnownFlag(
-            name="--training.enable_cpu_offload",
-            source="[torchtitan.config.training] enable_cpu_offload",
-            key="training.enable_cpu_offload",
-        ),
-        KnownFlag(
-            name="--training.no_enable_cpu_offload",
-            source="[torchtitan.config.training] enable_cpu_offload",
-            key="training.enable_cpu_offload",
-            switch_value=False,
-        ),
-        KnownFlag(
-            name="--parallelism.fsdp_reshard_after_forward",
-            source="[torchtitan.config.parallelism] fsdp_reshard_after_forward",
-            key="parallelism.fsdp_reshard_after_forward",
-            nargs=1,
-            choices=("default", "always", "never"),
-        ),
-    ],
-    normalize=_override_name,
-)
-
-
 @mdc.hookimpl
 def mdc_register_launchers() -> list[LauncherSpec]:
     return [
@@ -890,6 +844,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             emit=emit,
             check=check,
             training=training,
+            read_command=_read_command,
             search=SEARCH,
             schema=read_schema("mdc_schemas", "plugins/torchtitan.v1.schema.json"),
             options_type=TorchtitanOptions,
