@@ -523,10 +523,11 @@ class Tuner:
             read = self.launcher.read_args(read)
         if read is base:
             return held
+        before = _dotted(attrs.asdict(base, recurse=False))
         changed = {
             key: value
             for key, value in _dotted(attrs.asdict(read, recurse=False)).items()
-            if value != _dotted(attrs.asdict(base, recurse=False)).get(key)
+            if value != before.get(key)
         }
         return {**changed, **held}
 
