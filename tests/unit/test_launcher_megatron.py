@@ -219,6 +219,22 @@ def test_cuda_device_max_connections(
     assert ("CUDA_DEVICE_MAX_CONNECTIONS" in plan["worker_env"]) == wanted
 
 
+def test_no_single_connection_with_the_ep_overlap(tmp_path: Path) -> None:
+    """--overlap-moe-expert-parallel-comm runs the all-to-alls on their own streams: mdc
+    leaves CUDA_DEVICE_MAX_CONNECTIONS to the user (Megatron-LM does not assert it then)."""
+    data: dict[str, Any] = {
+        "parallelism": {"tp": 2, "pp": 1, "ep": 2, "etp": 1},
+        "model": {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8,
+                  "seq_length": 512, "num_experts": 4, "dtype": "bf16"},
+        "megatron": {"overlap_moe_expert_parallel_comm": True,
+                     "moe_token_dispatcher_type": "alltoall"},
+    }  # fmt: skip
+    words, exports, plan = compiled(tmp_path, **data)
+    assert "--overlap-moe-expert-parallel-comm" in words
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in exports
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in plan["worker_env"]
+
+
 def test_torchrun_table_applies(tmp_path: Path) -> None:
     words, _, _ = compiled(tmp_path, torchrun={"rdzv_backend": "static", "max_restarts": 2})
     assert words[words.index("--rdzv-backend") + 1] == "static"

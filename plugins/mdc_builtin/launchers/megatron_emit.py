@@ -286,9 +286,10 @@ def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
     }
     opts = resolved_options(options)
     torch_fsdp2 = bool(opts.use_torch_fsdp2)
-    if not (megatron_fsdp(opts) or torch_fsdp2) and _needs_max_connections(
-        plan, [*plan.job.argv, *opts.extra_args]
-    ):
+    # the EP overlap runs its all-to-alls on streams of their own: one connection would
+    # serialize them with the compute (Megatron-LM only warns then, and asks for more)
+    spared = megatron_fsdp(opts) or torch_fsdp2 or opts.overlap_moe_expert_parallel_comm
+    if not spared and _needs_max_connections(plan, [*plan.job.argv, *opts.extra_args]):
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return env
 
