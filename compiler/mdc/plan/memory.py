@@ -760,7 +760,7 @@ def _layer_activations(
         act = 4 if shape.dtype == "fp32" else 2
         layer_input = act * Fraction(shape.seq, cp) * micro * shape.hidden / sp
         return _full_recompute(full, layer_input, heaviest, layers, chunks, training)
-    if training.recompute == "selective" and training.recompute_per_op and per_op.describes(shape):
+    if per_op.counts(shape, training.recompute, training.recompute_per_op):
         act = 4 if shape.dtype == "fp32" else 2
         forced = training.recompute_per_op_forced
         tokens = Fraction(shape.seq, cp) * micro
@@ -786,7 +786,7 @@ def _layer_activations(
 
 def _recompute_name(shape: Shape, training: TrainingSetup) -> str:
     """The recompute setting as the estimate counts it ("selective per op": mdc.plan.per_op)."""
-    if training.recompute == "selective" and training.recompute_per_op and per_op.describes(shape):
+    if per_op.counts(shape, training.recompute, training.recompute_per_op):
         return "selective per op"
     return training.recompute
 

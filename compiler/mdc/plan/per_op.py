@@ -36,6 +36,12 @@ def describes(shape: Shape) -> bool:
     return shape.mamba is None and shape.dsv4 is None and not shape.streams
 
 
+def counts(shape: Shape, recompute: str, by_op: bool) -> bool:
+    """Whether the estimates count this policy: selective recompute by operator (``by_op``)
+    of a shape described here; the rest is selective recompute by module."""
+    return recompute == "selective" and by_op and describes(shape)
+
+
 def _attention(shape: Shape) -> list[Matmul]:
     """The attention's matmuls, in running order."""
     h, a = shape.hidden, shape.heads

@@ -596,7 +596,7 @@ def _recomputed(shape: Shape, L: Layout, stage_layers: int) -> _Recomputed:
         return _Recomputed(
             dense=share, experts=share, attention=share, elementwise=share, tp=share, ep=share
         )
-    if L.recompute == "selective" and L.recompute_per_op and per_op.describes(shape):
+    if per_op.counts(shape, L.recompute, L.recompute_per_op):
         # the kept outputs (mdc.plan.per_op) are not run again; the column-parallel layers'
         # all-gathers are, their reduce-scatters not
         dense = per_op.recomputed_gemm_share(shape, _parts(shape), L.recompute_per_op_forced)
