@@ -49,6 +49,7 @@ from mdc.api import (
     torchtitan_shares,
 )
 from mdc_builtin.launchers.torchtitan_overrides import (
+    MEMORY_OVERRIDES,
     override_findings,
     override_name,
     read_command,
@@ -685,16 +686,14 @@ LEVERS = (
     ("recompute full", '[torchtitan.config.activation_checkpoint] mode = "full"'),
     ("optimizer offload", "[torchtitan.config.training] enable_cpu_offload = true"),
 )
-#: config keys that change what each GPU holds, as command-line overrides (read like the
-#: config table; the command's value wins, as in TorchTitan)
-MEMORY_KEYS = (
-    ("activation_checkpoint", "mode"),
-    ("activation_checkpoint", "selective_ac_option"),
-    ("activation_checkpoint", "per_op_sac_force_recompute_mm_shapes_by_fqns"),
-    ("compile", "enable"),
-    ("compile", "components"),
-    ("training", "enable_cpu_offload"),
-    ("parallelism", "fsdp_reshard_after_forward"),
+#: config keys that change what each GPU holds, as (section, key): those whose command-line
+#: overrides the launcher reads (the command's value wins, as in TorchTitan)
+MEMORY_KEYS = tuple(
+    dict.fromkeys(
+        (section, key)
+        for flag in MEMORY_OVERRIDES.flags
+        for section, _, key in [str(flag.key).partition(".")]
+    )
 )
 
 

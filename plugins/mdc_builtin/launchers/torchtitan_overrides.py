@@ -42,7 +42,8 @@ def _switch(section: str, key: str) -> tuple[KnownFlag, KnownFlag]:
     return on, attrs.evolve(on, name=f"--{section}.no_{key}", switch_value=False)
 
 
-#: the memory keys' overrides (mdc_builtin.launchers.torchtitan's MEMORY_KEYS)
+#: the overrides of the config keys that change what each GPU holds (the launcher's
+#: MEMORY_KEYS are theirs)
 MEMORY_OVERRIDES = FlagTable(
     [
         _value(
