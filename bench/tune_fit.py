@@ -57,7 +57,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 FITTED = (
     "gemm_peak", "shape_knee", "attention_peak",
     "elementwise", "link_share", "ep_exposed",
-    "moe_passes", "mamba_passes",
+    "moe_passes", "mamba_passes", "fp4_peak",
 )  # fmt: skip
 
 
@@ -320,7 +320,7 @@ def fit(train: list[Case], start: Constants = DEFAULT, rounds: int = 6) -> Const
         for name in FITTED:
             for step in range(-4, 5):
                 value = getattr(best, name) * math.exp(span * step / 4)
-                if name in ("gemm_peak", "attention_peak",
+                if name in ("gemm_peak", "attention_peak", "fp4_peak",
                             "link_share", "tp_exposed", "ep_exposed"):  # fmt: skip
                     value = min(value, 1.0)
                 trial = attrs.evolve(best, **{name: value})

@@ -36,13 +36,13 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.6829
+    gemm_peak: float = 0.7269
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 285.5
+    shape_knee: float = 337.3
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.7863
+    attention_peak: float = 0.8818
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 4.032
+    elementwise: float = 4.793
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
     link_share: float = 0.6885
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
@@ -54,13 +54,17 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.5676
+    ep_exposed: float = 0.5917
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 20.29
+    moe_passes: float = 28.73
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 514.0
+    mamba_passes: float = 426.1
+    #: share of its dense peak an FP4 GEMM reaches, relative to a bf16 or fp8 GEMM's: the
+    #: NVFP4 recipe quantizes around every GEMM (16-element blocks under two scales, random
+    #: Hadamard transforms of the weight-gradient inputs, stochastically rounded gradients)
+    fp4_peak: float = 0.6323
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -229,13 +233,13 @@ def predict(
     gemm_factor = 1 + again.dense / 3
     q_width = _attention_width(shape) / L.tp
     ffn_width = shape.ffn * (3 if shape.gated else 2) / 2 / L.tp
-    peak = hw.peak_tflops(precision) * 1e12
+    peak = hw.peak_tflops(precision) * 1e12 * (c.fp4_peak if precision == "fp4" else 1.0)
     if bf16_share:  # the layers' GEMM time: each share at its own peak
         slow = hw.peak_tflops("bf16") * 1e12
         peak = 1 / ((1 - bf16_share) / peak + bf16_share / slow)
-    # fp8 and fp4 GEMMs reach the same share of their (2x, 4x) peak in the fit; the step
-    # gains less than that, as the attention, elementwise, MoE and communication terms do
-    # not speed up with the GEMM precision
+    # fp8 GEMMs reach the same share of their 2x peak as bf16 in the fit, fp4 ones fp4_peak
+    # of that; the step gains less, as the attention, elementwise, MoE and communication
+    # terms do not speed up with the GEMM precision
     gemm_peak = c.gemm_peak
     dense_eff = gemm_peak * _efficiency([tokens, q_width, h], c.shape_knee)
     if not shape.experts:
