@@ -57,7 +57,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 FITTED = (
     "gemm_peak", "shape_knee", "attention_peak",
     "elementwise", "link_share", "ep_exposed",
-    "moe_passes", "mamba_passes", "fp4_peak",
+    "moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us",
 )  # fmt: skip
 
 

@@ -631,12 +631,34 @@ def test_few_tokens_per_expert_stream_the_expert_weights() -> None:
     shape, hw = _moe_shape(), builtin()["b300"]
     one = _layout(tp=1, pp=1, ep=1, etp=1, dp=8, microbatches=1, sequence_parallel=False)
     eight = attrs.evolve(one, ep=8)
-    a = predict(shape, one, hw, nproc_per_node=8).breakdown["elementwise"]
-    b = predict(shape, eight, hw, nproc_per_node=8).breakdown["elementwise"]
+    # without the local experts' fixed time (the next test), which ep changes too
+    constants = attrs.evolve(DEFAULT, expert_overhead_us=0.0)
+    a = predict(shape, one, hw, nproc_per_node=8, constants=constants).breakdown["elementwise"]
+    b = predict(shape, eight, hw, nproc_per_node=8, constants=constants).breakdown["elementwise"]
     experts = 64 * 8 * 3 * 1024 * 2048
     expected = 12 * experts * (1 - 1 / 8) / (hw.memory_bandwidth_gb_s * 1e9)
     # one micro batch: the step holds one slot of elementwise time
     assert a - b == pytest.approx(expected, rel=1e-9)
+
+
+def test_every_local_expert_costs_a_fixed_time_per_layer_and_pass() -> None:
+    """ep 1 runs all 64 experts of each MoE layer on every GPU, ep 8 eight of them: each
+    local expert costs expert_overhead_us in the forward and the two backward GEMMs, and
+    once more in a recomputed forward."""
+    shape, hw = _moe_shape(), builtin()["b300"]
+    one = _layout(tp=1, pp=1, ep=1, etp=1, dp=8, microbatches=1, sequence_parallel=False)
+    with_it = attrs.evolve(DEFAULT, expert_overhead_us=10.0)
+    without = attrs.evolve(DEFAULT, expert_overhead_us=0.0)
+    for layout, local, passes in ((one, 64, 3), (attrs.evolve(one, ep=8), 8, 3),
+                                  (attrs.evolve(one, recompute="full"), 64, 4)):  # fmt: skip
+        a = predict(shape, layout, hw, nproc_per_node=8, constants=with_it).breakdown
+        b = predict(shape, layout, hw, nproc_per_node=8, constants=without).breakdown
+        # memory-bound work beside the kernels, timed with the elementwise ones: one micro
+        # batch of 8 MoE layers
+        assert a["compute"] == b["compute"]
+        assert a["elementwise"] - b["elementwise"] == pytest.approx(
+            10e-6 * local * 8 * passes, rel=1e-9
+        )
 
 
 def test_hybrid_mtp_layers_are_attention_and_the_last_layers_mlp() -> None:

@@ -54,10 +54,10 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.5917
+    ep_exposed: float = 0.5771
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 28.73
+    moe_passes: float = 24.94
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
     mamba_passes: float = 426.1
@@ -65,6 +65,9 @@ class Constants:
     #: NVFP4 recipe quantizes around every GEMM (16-element blocks under two scales, random
     #: Hadamard transforms of the weight-gradient inputs, stochastically rounded gradients)
     fp4_peak: float = 0.6323
+    #: microseconds each local expert costs per MoE layer and pass whatever its tokens
+    #: (its grouped-GEMM group, its own quantization and scaling kernels)
+    expert_overhead_us: float = 8.29
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -371,6 +374,13 @@ def predict(
             * mamba_layers
             / (hw.memory_bandwidth_gb_s * 1e9)
         )
+    if shape.experts:
+        # every local expert adds fixed work per pass: forward, the two backward GEMMs and
+        # each recomputed forward; ep 1 on 8 GPUs runs 8x the groups of ep 8
+        t_moe += (
+            c.expert_overhead_us * 1e-6 * shape.experts / L.ep * moe_layers
+            * (3 + again.experts)
+        )  # fmt: skip
     t_ep = 0.0
     if shape.experts and L.ep > 1:
         ep_span = span("expert", "ep")
