@@ -38,10 +38,21 @@ def test_every_required_accelerator_is_there_with_sources() -> None:
     assert set(REQUIRED) <= set(known)
     for ident in REQUIRED:
         entry = known[ident]
-        required = {"compute", "memory", "scale_up", "scale_out"}
+        required = {"compute", "memory", "scale_up", "scale_out", "arch"}
+        assert entry.compute_capability is not None
         assert required <= set(entry.sources) <= required | {"memory_exposed"}
         assert all(url.startswith("https://") for url in entry.sources.values())
         assert entry.dense_tflops["bf16"] > 0
+
+
+def test_the_architecture_is_what_megatron_reads() -> None:
+    """get_device_arch_version's major: Blackwell is 10; Ampere, Hopper and ROCm's CDNA 3 and
+    4 (torch reports gfx942 as 9.4, gfx950 as 9.5) are below it."""
+    majors = {ident: entry.arch_major for ident, entry in builtin().items()}
+    assert {ident for ident, major in majors.items() if major is not None and major >= 10} == {
+        "b200", "gb200", "b300", "gb300"
+    }  # fmt: skip
+    assert majors["h100-sxm"] == 9 and majors["a100-40gb"] == 8 and majors["mi355x"] == 9
 
 
 def test_memory_is_what_the_device_exposes_not_the_datasheet_gb() -> None:

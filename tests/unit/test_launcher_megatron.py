@@ -235,6 +235,80 @@ def test_no_single_connection_with_the_ep_overlap(tmp_path: Path) -> None:
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in plan["worker_env"]
 
 
+def _refusal(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:
+    """Compile ``data`` over the unit spec: (exit code, stderr)."""
+    spec = tmp_path / "refused.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    err = io.StringIO()
+    code = main(
+        ["compile", str(spec), "-o", str(tmp_path / "refused"), "--no-plugin-autoload"],
+        stdout=io.StringIO(),
+        stderr=err,
+    )
+    return code, err.getvalue()
+
+
+def _connections(gpu: str | None, value: str | None, **megatron: Any) -> dict[str, Any]:
+    job: dict[str, Any] = {"name": "unit", "command": ["python", "pretrain_gpt.py"]}
+    if value is not None:
+        job["env"] = {"CUDA_DEVICE_MAX_CONNECTIONS": value}
+    distributed: dict[str, Any] = {"launcher": "megatron", "nnodes": 2, "nproc_per_node": 4,
+                                   "accelerator": "nvidia"}  # fmt: skip
+    if gpu is not None:
+        distributed["accelerator_model"] = gpu
+    return {"job": job, "distributed": distributed, "parallelism": {"tp": 2, "pp": 1},
+            "megatron": megatron}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpu", "value", "exported"),
+    [
+        # Megatron-LM asserts 1 for tp > 1 only before Blackwell (get_device_arch_version
+        # < 10): on Blackwell mdc exports nothing, and the user's value (NVIDIA's recipes
+        # set 32 there) is the job's
+        ("b200", None, None),
+        ("gb300", "32", "32"),
+        ("h100-sxm", None, "1"),
+        ("h100-sxm", "1", "1"),
+        # no accelerator_model: 1, so that a Hopper job runs, unless the user sets it
+        (None, None, "1"),
+        (None, "8", "8"),
+    ],
+)
+def test_cuda_device_max_connections_by_gpu(
+    gpu: str | None, value: str | None, exported: str | None, tmp_path: Path
+) -> None:
+    code, err = _refusal(tmp_path, _connections(gpu, value))
+    assert code == 0, err
+    assert ("MDC328" in err) == (gpu is None and value == "8")  # the warning, where unknown
+    script = (tmp_path / "refused" / "launch" / "worker.sh").read_text(encoding="utf-8")
+    assert (f"export CUDA_DEVICE_MAX_CONNECTIONS={exported}" in script) == (exported is not None)
+    assert ("CUDA_DEVICE_MAX_CONNECTIONS=" in script) == (exported is not None)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "value", "megatron", "text"),
+    [
+        ("h100-sxm", "8", {}, "require setting the environment variable "
+         "CUDA_DEVICE_MAX_CONNECTIONS to 1"),
+        ("a100-80gb", "32", {}, "require setting the environment variable "
+         "CUDA_DEVICE_MAX_CONNECTIONS to 1"),
+        ("b200", "1", {"use_megatron_fsdp": True, "data_parallel_sharding_strategy":
+                       "optim_grads_params"},
+         "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"),
+    ],
+)  # fmt: skip
+def test_cuda_device_max_connections_megatron_asserts_against_is_refused(
+    gpu: str, value: str, megatron: dict[str, Any], text: str, tmp_path: Path
+) -> None:
+    """Megatron-LM core_v0.16.1's validate_args: 1 for tp or cp > 1 before Blackwell, not 1
+    with FSDP; the user's [job] env value is refused exactly there, with its text."""
+    code, err = _refusal(tmp_path, _connections(gpu, value, **megatron))
+    assert code != 0
+    assert "error[MDC328]" in err and text in err and "/job/env/CUDA_DEVICE_MAX_CONNECTIONS" in err
+    assert not (tmp_path / "refused").exists()
+
+
 def test_torchrun_table_applies(tmp_path: Path) -> None:
     words, _, _ = compiled(tmp_path, torchrun={"rdzv_backend": "static", "max_restarts": 2})
     assert words[words.index("--rdzv-backend") + 1] == "static"

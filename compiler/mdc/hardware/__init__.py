@@ -33,8 +33,16 @@ class Accelerator:
     scale_up_domain: int
     scale_up_gb_s: float
     scale_out_gb_s: float
-    #: field group ("compute", "memory", "scale_up", "scale_out") -> public source URL
+    #: "major.minor" as torch.cuda.get_device_properties reports it (9.0 for Hopper, 10.0
+    #: for Blackwell); None where the entry does not say
+    compute_capability: str | None = None
+    #: field group ("compute", "memory", "scale_up", "scale_out", "arch") -> public source URL
     sources: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def arch_major(self) -> int | None:
+        """The compute capability's major number (Megatron-LM's get_device_arch_version)."""
+        return int(self.compute_capability.split(".")[0]) if self.compute_capability else None
 
     def peak_tflops(self, precision: str) -> float:
         """The dense peak for ``precision``; bf16's when the chip has no faster path for it."""
@@ -50,6 +58,7 @@ class Accelerator:
             "scale_up_domain": self.scale_up_domain,
             "scale_up_gb_s": self.scale_up_gb_s,
             "scale_out_gb_s": self.scale_out_gb_s,
+            **({"compute_capability": self.compute_capability} if self.compute_capability else {}),
             "sources": dict(self.sources),
         }
 

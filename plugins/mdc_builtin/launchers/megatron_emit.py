@@ -19,6 +19,7 @@ from mdc.api import (
     torchrun_worker_env,
 )
 from mdc_builtin.launchers.megatron_bf16_layers import bf16_layer_args
+from mdc_builtin.launchers.megatron_connections import connections_env
 from mdc_builtin.launchers.megatron_flags import (
     ARCHITECTURE_SWITCHES,
     ARCHITECTURE_VALUES,
@@ -32,7 +33,6 @@ from mdc_builtin.launchers.megatron_optimizer import optimizer_args
 from mdc_builtin.launchers.megatron_options import (
     MegatronOptions,
     distributed_optimizer,
-    megatron_fsdp,
     resolved_options,
     user_extra_args,
 )
@@ -265,18 +265,6 @@ def attention_backend(plan: Plan, opts: MegatronOptions) -> str | None:
     return value_after([*plan.job.argv, *opts.extra_args], "--attention-backend")
 
 
-#: Megatron-FSDP / torch FSDP2 flags: they need CUDA_DEVICE_MAX_CONNECTIONS unset.
-FSDP_FLAGS = ("--use-torch-fsdp2", "--use-megatron-fsdp")
-
-
-def _needs_max_connections(plan: Plan, user_args: Sequence[str]) -> bool:
-    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for tp > 1 or cp > 1 on GPUs
-    before Blackwell, unless FSDP is on (which asserts the opposite)."""
-    if plan.accelerator == "cpu" or (plan.sizes.tp == 1 and plan.sizes.cp == 1):
-        return False
-    return not any(passes(user_args, flag) for flag in FSDP_FLAGS)
-
-
 def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
     s = plan.sizes
     env = {
@@ -284,14 +272,7 @@ def megatron_env(plan: Plan, options: MegatronOptions | None) -> dict[str, str]:
         "PIPELINE_MODEL_PARALLEL_SIZE": str(s.pp),
         "CONTEXT_PARALLEL_SIZE": str(s.cp),
     }
-    opts = resolved_options(options)
-    torch_fsdp2 = bool(opts.use_torch_fsdp2)
-    # the EP overlap runs its all-to-alls on streams of their own: one connection would
-    # serialize them with the compute (Megatron-LM only warns then, and asks for more)
-    spared = megatron_fsdp(opts) or torch_fsdp2 or opts.overlap_moe_expert_parallel_comm
-    if not spared and _needs_max_connections(plan, [*plan.job.argv, *opts.extra_args]):
-        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
-    return env
+    return {**env, **connections_env(plan, resolved_options(options))}
 
 
 def torchrun_options(plan: Plan) -> TorchrunOptions | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mdc.api import Finding, Plan, Severity, already_set, command_pointer, torchrun_findings
+from mdc_builtin.launchers.megatron_connections import connection_rules
 from mdc_builtin.launchers.megatron_emit import (
     DEFAULT_ORDER,
     EAGER_BACKENDS,
@@ -375,6 +376,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _pipeline(plan, opts)
     yield from _tp_comm_overlap(plan, opts)
     yield from ep_overlap_rules(plan, opts)
+    yield from connection_rules(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)
