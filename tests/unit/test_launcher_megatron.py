@@ -18,6 +18,19 @@ from mdc.cli import main
 from mdc_builtin.launchers.megatron import MegatronOptions, training
 
 
+def _compile(tmp_path: Path, data: dict[str, Any], out: str = "out") -> tuple[int, str]:
+    """Compile ``data`` into ``tmp_path / out``: (exit code, stderr)."""
+    spec = tmp_path / f"{out}.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    err = io.StringIO()
+    code = main(
+        ["compile", str(spec), "-o", str(tmp_path / out), "--no-plugin-autoload"],
+        stdout=io.StringIO(),
+        stderr=err,
+    )
+    return code, err.getvalue()
+
+
 def compiled(tmp_path: Path, **tables: Any) -> tuple[list[str], dict[str, str], dict[str, Any]]:
     """Compile a megatron spec; (the exec line's words, the exports, plan.json)."""
     data: dict[str, Any] = {
@@ -30,15 +43,8 @@ def compiled(tmp_path: Path, **tables: Any) -> tuple[list[str], dict[str, str], 
         },
         **tables,
     }
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(data), encoding="utf-8")
-    err = io.StringIO()
-    code = main(
-        ["compile", str(spec), "-o", str(tmp_path / "out"), "--no-plugin-autoload"],
-        stdout=io.StringIO(),
-        stderr=err,
-    )
-    assert code == 0, err.getvalue()
+    code, err = _compile(tmp_path, data)
+    assert code == 0, err
     script = (tmp_path / "out" / "launch" / "worker.sh").read_text(encoding="utf-8")
     exports = dict(
         line[len("export ") :].split("=", 1)
@@ -235,19 +241,6 @@ def test_no_single_connection_with_the_ep_overlap(tmp_path: Path) -> None:
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in plan["worker_env"]
 
 
-def _refusal(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:
-    """Compile ``data`` over the unit spec: (exit code, stderr)."""
-    spec = tmp_path / "refused.json"
-    spec.write_text(json.dumps(data), encoding="utf-8")
-    err = io.StringIO()
-    code = main(
-        ["compile", str(spec), "-o", str(tmp_path / "refused"), "--no-plugin-autoload"],
-        stdout=io.StringIO(),
-        stderr=err,
-    )
-    return code, err.getvalue()
-
-
 def _connections(gpu: str | None, value: str | None, **megatron: Any) -> dict[str, Any]:
     job: dict[str, Any] = {"name": "unit", "command": ["python", "pretrain_gpt.py"]}
     if value is not None:
@@ -278,7 +271,7 @@ def _connections(gpu: str | None, value: str | None, **megatron: Any) -> dict[st
 def test_cuda_device_max_connections_by_gpu(
     gpu: str | None, value: str | None, exported: str | None, tmp_path: Path
 ) -> None:
-    code, err = _refusal(tmp_path, _connections(gpu, value))
+    code, err = _compile(tmp_path, _connections(gpu, value), "refused")
     assert code == 0, err
     assert ("MDC328" in err) == (gpu is None and value == "8")  # the warning, where unknown
     script = (tmp_path / "refused" / "launch" / "worker.sh").read_text(encoding="utf-8")
@@ -303,7 +296,7 @@ def test_cuda_device_max_connections_megatron_asserts_against_is_refused(
 ) -> None:
     """Megatron-LM core_v0.16.1's validate_args: 1 for tp or cp > 1 before Blackwell, not 1
     with FSDP; the user's [job] env value is refused exactly there, with its text."""
-    code, err = _refusal(tmp_path, _connections(gpu, value, **megatron))
+    code, err = _compile(tmp_path, _connections(gpu, value, **megatron), "refused")
     assert code != 0
     assert "error[MDC328]" in err and text in err and "/job/env/CUDA_DEVICE_MAX_CONNECTIONS" in err
     assert not (tmp_path / "refused").exists()
