@@ -325,12 +325,12 @@ CODES: dict[str, Code] = {
         "no micro batch size: no [batch] table and none in the command",
         "add a [batch] table",
     ),
-    # torchtitan
     "MDC328": Code(
         "[job] env sets CUDA_DEVICE_MAX_CONNECTIONS against Megatron-LM's assertion for the"
         " GPU (1 for tp or cp > 1 before Blackwell; not 1 with FSDP)",
         "remove it from [job] env: mdc sets it where Megatron-LM needs it",
     ),
+    # torchtitan
     "MDC330": Code("an order TorchTitan cannot run", "use TorchTitan's order"),
     "MDC331": Code("dp_replicate does not divide dp", "pick dp_replicate dividing dp"),
     "MDC332": Code("etp is neither tp nor 1 with ep > 1", "set etp = tp or etp = 1"),
