@@ -14,11 +14,8 @@ from collections.abc import Iterator
 
 from mdc.api import Finding, Plan, Severity
 from mdc_builtin.launchers.megatron_options import MegatronOptions, megatron_fsdp
-from mdc_builtin.launchers.megatron_words import passes
 
 NAME = "CUDA_DEVICE_MAX_CONNECTIONS"
-#: Megatron-FSDP / torch FSDP2 flags in the command or extra_args
-FSDP_FLAGS = ("--use-torch-fsdp2", "--use-megatron-fsdp")
 _ONE = (
     "Using tensor model parallelism or context parallelism require setting the environment "
     "variable CUDA_DEVICE_MAX_CONNECTIONS to 1"
@@ -26,13 +23,10 @@ _ONE = (
 _NOT_ONE = "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"
 
 
-def _fsdp(plan: Plan, opts: MegatronOptions) -> bool:
-    words = [*plan.job.argv, *opts.extra_args]
-    return (
-        megatron_fsdp(opts)
-        or bool(opts.use_torch_fsdp2)
-        or any(passes(words, flag) for flag in FSDP_FLAGS)
-    )
+def _fsdp(opts: MegatronOptions) -> bool:
+    """Megatron-FSDP or torch FSDP2 (their flags in extra_args are read into the keys; in
+    the job's command they are MDC323)."""
+    return megatron_fsdp(opts) or bool(opts.use_torch_fsdp2)
 
 
 def needs_one(plan: Plan, opts: MegatronOptions) -> bool | None:
@@ -42,7 +36,7 @@ def needs_one(plan: Plan, opts: MegatronOptions) -> bool | None:
     if plan.accelerator == "cpu" or (s.tp == 1 and s.cp == 1):
         return False
     # the EP overlap runs its all-to-alls on streams of their own: Megatron-LM only warns
-    if _fsdp(plan, opts) or opts.overlap_moe_expert_parallel_comm:
+    if _fsdp(opts) or opts.overlap_moe_expert_parallel_comm:
         return False
     major = plan.hardware.arch_major if plan.hardware else None
     return None if major is None else major < 10
@@ -63,7 +57,7 @@ def connection_rules(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
         return
     pointer = f"/job/env/{NAME}"
     if value == "1":
-        if _fsdp(plan, opts):
+        if _fsdp(opts):
             yield Finding(
                 code="MDC328",
                 pointer=pointer,
