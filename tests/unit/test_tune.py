@@ -641,6 +641,24 @@ def test_few_tokens_per_expert_stream_the_expert_weights() -> None:
     assert a - b == pytest.approx(expected, rel=1e-9)
 
 
+def test_fp4_gemms_reach_fp4_peak_of_the_share_the_others_reach() -> None:
+    """B200's fp4 peak is 4x its bf16 one: the GEMM time G at fp4 is a quarter of bf16's,
+    and fp4_peak 0.5 doubles it. The attention stays at the bf16 peak, so compute(bf16) -
+    compute(fp4) = 3 G and compute(fp4, 0.5) - compute(fp4, 1) = G."""
+    shape, hw = _moe_shape(), builtin()["b200"]
+    layout = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=1, sequence_parallel=False)
+
+    def compute(precision: str, share: float) -> float:
+        constants = attrs.evolve(DEFAULT, fp4_peak=share)
+        return predict(
+            shape, layout, hw, nproc_per_node=8, precision=precision, constants=constants
+        ).breakdown["compute"]
+
+    assert compute("bf16", 0.5) == compute("bf16", 1.0)  # only fp4 GEMMs take it
+    three_g = compute("bf16", 1.0) - compute("fp4", 1.0)
+    assert compute("fp4", 0.5) - compute("fp4", 1.0) == pytest.approx(three_g / 3, rel=1e-9)
+
+
 def test_every_local_expert_costs_a_fixed_time_per_layer_and_pass() -> None:
     """ep 1 runs all 64 experts of each MoE layer on every GPU, ep 8 eight of them: each
     local expert costs expert_overhead_us in the forward and the two backward GEMMs, and
