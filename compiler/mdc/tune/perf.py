@@ -117,6 +117,9 @@ class Layout:
     #: the expert all-to-alls run beside another micro batch's compute (Megatron-Core's
     #: overlap_moe_expert_parallel_comm)
     ep_comm_overlap: bool = False
+    #: the token dispatcher sends a token once to each scale-up domain that holds one of
+    #: its experts and fans it out there (Megatron-Core's flex dispatcher: DeepEP, HybridEP)
+    ep_dedup: bool = False
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss
@@ -169,6 +172,16 @@ def _strides(order: str, sizes: tuple[tuple[str, int], ...]) -> dict[str, int]:
         strides[name] = stride
         stride *= size.get(name, 1)
     return {axis: strides.get(axis, stride) for axis in size}
+
+
+def _domain_hit(experts: int, topk: int, domains: float) -> float:
+    """The chance that one of ``domains`` equal domains holds at least one of a token's
+    ``topk`` distinct experts, the experts drawn uniformly (no node-limited routing)."""
+    elsewhere = experts - experts / domains
+    miss = 1.0
+    for i in range(topk):
+        miss *= max(0.0, elsewhere - i) / (experts - i)
+    return 1.0 - miss
 
 
 def _bandwidth(span: int, stride: int, domain: int, hw: Accelerator, share: float) -> float:
@@ -389,6 +402,12 @@ def predict(
         out = hw.scale_out_gb_s * 1e9 * c.link_share
         routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
         per_a2a = routed * (inside / up + (1 - inside) / out)
+        if L.ep_dedup and inside < 1:
+            # the flex dispatcher (DeepEP, HybridEP) sends a token once to each other
+            # domain holding one of its experts, then fans it out over the scale-up links
+            token = tokens / split * routed_width * act
+            remote = (1 / inside - 1) * _domain_hit(shape.experts, shape.topk, 1 / inside)
+            per_a2a = routed * inside / up + token * remote / out
         t_ep = (4 + 2 * again.ep) * per_a2a * moe_layers
         # Megatron-Core's combined 1F1B schedule (overlap_moe_expert_parallel_comm) pairs one
         # micro batch's forward with another's backward, each one's all-to-alls beside the
@@ -675,6 +694,7 @@ def layout_of(
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
         ep_comm_overlap=t.ep_comm_overlap and s.ep > 1,
+        ep_dedup=t.moe_dispatcher == "flex",
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
     )  # fmt: skip
 
