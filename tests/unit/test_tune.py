@@ -732,8 +732,8 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     """ep 32 over 4 nodes of 8 H100s, 64 experts, top 4: the all-to-all sends every routed
     copy, 3/4 of them over the NIC; DeepEP and HybridEP (moe_token_dispatcher_type = "flex")
     send a token once to each other node that holds one of its experts (a node holds 16 of
-    the 64: it misses a token with probability C(48, 4) / C(64, 4)), and the copies inside the
-    node as before."""
+    the 64: it misses a token with probability C(48, 4) / C(64, 4)) and fan it out over
+    NVLink there, so every routed copy crosses NVLink and only those the NIC."""
     shape, hw = _moe_shape(), builtin()["h100-sxm"]
     wide = _layout(tp=1, pp=1, ep=32, etp=1, dp=32, microbatches=4, sequence_parallel=False)
     once = attrs.evolve(DEFAULT, ep_exposed=1.0)
@@ -743,7 +743,7 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     up, out = hw.scale_up_gb_s, hw.scale_out_gb_s
     copies = 4 * 31 / 32  # routed copies of a token that leave its GPU
     hit = 1 - math.comb(48, 4) / math.comb(64, 4)
-    expected = (copies / 4 / up + 3 * hit / out) / (copies * (1 / 4 / up + 3 / 4 / out))
+    expected = (copies / up + 3 * hit / out) / (copies * (1 / 4 / up + 3 / 4 / out))
     assert dedup / plain == pytest.approx(expected, rel=1e-9)
     assert dedup < plain
     # inside one node there is nothing to deduplicate

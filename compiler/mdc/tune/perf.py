@@ -54,10 +54,10 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.5771
+    ep_exposed: float = 0.9515
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 24.94
+    moe_passes: float = 10.73
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
     mamba_passes: float = 426.1
@@ -67,7 +67,7 @@ class Constants:
     fp4_peak: float = 0.6323
     #: microseconds each local expert costs per MoE layer and pass whatever its tokens
     #: (its grouped-GEMM group, its own quantization and scaling kernels)
-    expert_overhead_us: float = 8.29
+    expert_overhead_us: float = 9.692
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -404,10 +404,11 @@ def predict(
         per_a2a = routed * (inside / up + (1 - inside) / out)
         if L.ep_dedup and inside < 1:
             # the flex dispatcher (DeepEP, HybridEP) sends a token once to each other
-            # domain holding one of its experts, then fans it out over the scale-up links
+            # domain holding one of its experts, then fans it out over the scale-up links:
+            # every routed copy crosses them, the deduplicated ones the NIC too
             token = tokens / split * routed_width * act
             remote = (1 / inside - 1) * _domain_hit(shape.experts, shape.topk, 1 / inside)
-            per_a2a = routed * inside / up + token * remote / out
+            per_a2a = routed / up + token * remote / out
         t_ep = (4 + 2 * again.ep) * per_a2a * moe_layers
         # Megatron-Core's combined 1F1B schedule (overlap_moe_expert_parallel_comm) pairs one
         # micro batch's forward with another's backward, each one's all-to-alls beside the
