@@ -450,6 +450,8 @@ def tune_search(tmp: Path, runs: int) -> list[str]:
         spec.split("[model]")[0]
         + "[model]\n"
         + "".join(f"{k} = {json.dumps(v)}\n" for k, v in {**qwen, "dtype": "bf16"}.items())
+        # as its recipes run it (Megatron-LM's default allgather gathers every token)
+        + '\n[megatron]\nmoe_token_dispatcher_type = "alltoall"\n'
     )
     lines = []
     for name, text in (("Llama-3-70B", spec), ("Qwen3-235B-A22B (MoE)", moe)):

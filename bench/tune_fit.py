@@ -162,6 +162,7 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         tp_comm_overlap=bool(table.get("tp_comm_overlap")),
         ep_comm_overlap=bool(table.get("overlap_moe_expert_parallel_comm")),
         ep_dedup=table.get("moe_token_dispatcher_type") == "flex",
+        ep_gather=table.get("moe_token_dispatcher_type", "allgather") == "allgather",
         recompute_modules=tuple(table["recompute_modules"])
         if "recompute_modules" in table else None,
         recompute_layers=run.get("recompute_num_layers")

@@ -753,6 +753,24 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     ] == pytest.approx(predict(shape, node, hw, nproc_per_node=8).breakdown["ep"], rel=1e-12)
 
 
+def test_the_allgather_dispatcher_gathers_every_token_of_the_group() -> None:
+    """Megatron-LM's default dispatcher gathers all the tokens of the etp x ep group on
+    each rank (and reduce-scatters the outputs): 7 other ranks' tokens with ep 8, where the
+    all-to-all sends a token's routed copies, top 4 of 64 experts, 7/8 of them away."""
+    shape, hw = _moe_shape(), builtin()["h100-sxm"]
+    node = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=4, sequence_parallel=False)
+    alltoall = predict(shape, node, hw, nproc_per_node=8).breakdown["ep"]
+    gathered = predict(shape, attrs.evolve(node, ep_gather=True), hw, nproc_per_node=8)
+    assert gathered.breakdown["ep"] / alltoall == pytest.approx(7 / (4 * 7 / 8), rel=1e-9)
+    # past the top k the gather grows with the group: ep 64 gathers 63 ranks' tokens
+    wide = attrs.evolve(node, ep=64, dp=64)
+    ratio = (
+        predict(shape, attrs.evolve(wide, ep_gather=True), hw, nproc_per_node=8).breakdown["ep"]
+        / predict(shape, wide, hw, nproc_per_node=8).breakdown["ep"]
+    )
+    assert ratio == pytest.approx(63 / (4 * 63 / 64), rel=1e-9)
+
+
 MOE_TUNE = """
 [parallelism]
 ep = 8
