@@ -542,6 +542,34 @@ def test_allgather_dispatcher_holds_the_ep_groups_tokens(
     assert allgather.activations - alltoall.activations == 2 * S * 4 * H
 
 
+def test_allgather_dispatcher_gathers_over_the_expert_tensor_and_ep_group(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    """Megatron-Core gathers over its tp_ep group, etp x ep ranks: with tp 2 and sequence
+    parallel each rank holds half the sequence, and etp 1 gathers the 4 ep ranks' halves
+    where etp 2 gathers all 8 (the whole sequence 4 times)."""
+
+    def buffer(etp: int) -> int:
+        base = spec(
+            "megatron",
+            {"sequence_parallel": True},
+            model=MOE,
+            nnodes=1,
+            nproc=8,
+            parallelism={"tp": 2, "pp": 1, "ep": 4, "etp": etp},
+            batch={"global_batch_size": 4, "micro_batch_size": 1},
+        )
+        alltoall = json.loads(json.dumps(base))
+        alltoall["megatron"]["moe_token_dispatcher_type"] = "alltoall"
+        return (
+            estimate_of(compiler, tmp_path, base).activations
+            - estimate_of(compiler, tmp_path, alltoall).activations
+        )
+
+    assert buffer(1) == 2 * 4 * (S // 2) * H
+    assert buffer(2) == 2 * 8 * (S // 2) * H
+
+
 def test_padding_to_capacity_scales_the_routed_tokens(compiler: Compiler, tmp_path: Path) -> None:
     base = {"moe_token_dispatcher_type": "alltoall"}
     dropless = estimate_of(compiler, tmp_path, moe_spec(base))

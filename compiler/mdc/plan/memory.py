@@ -823,14 +823,16 @@ def _full_recompute(
 def _dispatch_buffer(
     shape: Shape, parts: Parts, sizes: Sizes, micro: int, training: TrainingSetup
 ) -> Fraction:
-    """The allgather dispatcher's gathered tokens of the tp * ep group, held while one MoE
-    layer runs (the alltoall and flex dispatchers keep only the routed copies)."""
-    if not parts.moe or training.moe_dispatcher != "allgather" or sizes.tp * sizes.ep == 1:
+    """The allgather dispatcher's gathered tokens of the etp * ep group (Megatron-Core's
+    tp_ep group), held while one MoE layer runs (the alltoall and flex dispatchers keep only
+    the routed copies)."""
+    if not parts.moe or training.moe_dispatcher != "allgather" or sizes.etp * sizes.ep == 1:
         return Fraction(0)
     act = 4 if shape.dtype == "fp32" else 2
-    # each of the tp * ep ranks' tokens (seq / cp * micro, over tp with sequence parallel)
-    gathered = sizes.ep if training.sequence_parallel and sizes.tp > 1 else sizes.tp * sizes.ep
-    return Fraction(act * shape.seq * micro * gathered * shape.hidden, sizes.cp)
+    # each of the etp * ep ranks' tokens (seq / cp * micro, over tp with sequence parallel)
+    split = sizes.tp if training.sequence_parallel and sizes.tp > 1 else 1
+    gathered = sizes.etp * sizes.ep
+    return Fraction(act * shape.seq * micro * gathered * shape.hidden, sizes.cp * split)
 
 
 def _stage_split(shape: Shape, sizes: Sizes, training: TrainingSetup) -> StageLayers | None:
