@@ -187,7 +187,7 @@ class TrainingSetup:
     eager_gated_mlp: bool = False
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
-    #: MoE token dispatcher: "allgather" gathers the tp * ep group's tokens in every layer
+    #: MoE token dispatcher: "allgather" gathers the etp * ep group's tokens in every layer
     moe_dispatcher: str | None = None
     #: MoE: each expert's input padded to this capacity factor (None: dropless)
     moe_capacity_factor: float | None = None
