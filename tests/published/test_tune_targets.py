@@ -152,7 +152,7 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # 142 of 268 once the rows carry the token dispatcher their recipes ran and the flex
     # dispatcher's one copy per other domain is counted: the refitted ep_exposed (0.58 to
     # 0.95) puts Qwen3-30B-A3B and Nemotron 3 Nano on 8 GPUs back on ep 1 at micro batch 8,
-    # a few percent ahead of the recipes' ep 8 at micro batch 1 (whose sizes stay in the top 5)
+    # a few percent ahead of the recipes' ep 8 (whose sizes stay in the top 5)
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.52
 
 
