@@ -161,8 +161,8 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         overlap_p2p=table.get("overlap_p2p_comm") is not False,
         tp_comm_overlap=bool(table.get("tp_comm_overlap")),
         ep_comm_overlap=bool(table.get("overlap_moe_expert_parallel_comm")),
-        ep_dedup=table.get("moe_token_dispatcher_type") == "flex",
-        ep_gather=table.get("moe_token_dispatcher_type", "allgather") == "allgather",
+        # Megatron-LM's default where the row does not say
+        dispatcher=table.get("moe_token_dispatcher_type", "allgather"),
         recompute_modules=tuple(table["recompute_modules"])
         if "recompute_modules" in table else None,
         recompute_layers=run.get("recompute_num_layers")

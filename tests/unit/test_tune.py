@@ -738,7 +738,7 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     wide = _layout(tp=1, pp=1, ep=32, etp=1, dp=32, microbatches=4, sequence_parallel=False)
     once = attrs.evolve(DEFAULT, ep_exposed=1.0)
     plain = predict(shape, wide, hw, nproc_per_node=8, constants=once).breakdown["ep"]
-    flex = attrs.evolve(wide, ep_dedup=True)
+    flex = attrs.evolve(wide, dispatcher="flex")
     dedup = predict(shape, flex, hw, nproc_per_node=8, constants=once).breakdown["ep"]
     up, out = hw.scale_up_gb_s, hw.scale_out_gb_s
     copies = 4 * 31 / 32  # routed copies of a token that leave its GPU
@@ -748,7 +748,7 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     assert dedup < plain
     # inside one node there is nothing to deduplicate
     node = attrs.evolve(wide, ep=8, dp=8)
-    assert predict(shape, attrs.evolve(node, ep_dedup=True), hw, nproc_per_node=8).breakdown[
+    assert predict(shape, attrs.evolve(node, dispatcher="flex"), hw, nproc_per_node=8).breakdown[
         "ep"
     ] == pytest.approx(predict(shape, node, hw, nproc_per_node=8).breakdown["ep"], rel=1e-12)
 
@@ -760,12 +760,14 @@ def test_the_allgather_dispatcher_gathers_every_token_of_the_group() -> None:
     shape, hw = _moe_shape(), builtin()["h100-sxm"]
     node = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=4, sequence_parallel=False)
     alltoall = predict(shape, node, hw, nproc_per_node=8).breakdown["ep"]
-    gathered = predict(shape, attrs.evolve(node, ep_gather=True), hw, nproc_per_node=8)
+    gathered = predict(shape, attrs.evolve(node, dispatcher="allgather"), hw, nproc_per_node=8)
     assert gathered.breakdown["ep"] / alltoall == pytest.approx(7 / (4 * 7 / 8), rel=1e-9)
     # past the top k the gather grows with the group: ep 64 gathers 63 ranks' tokens
     wide = attrs.evolve(node, ep=64, dp=64)
     ratio = (
-        predict(shape, attrs.evolve(wide, ep_gather=True), hw, nproc_per_node=8).breakdown["ep"]
+        predict(shape, attrs.evolve(wide, dispatcher="allgather"), hw, nproc_per_node=8).breakdown[
+            "ep"
+        ]
         / predict(shape, wide, hw, nproc_per_node=8).breakdown["ep"]
     )
     assert ratio == pytest.approx(63 / (4 * 63 / 64), rel=1e-9)

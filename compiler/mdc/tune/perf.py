@@ -117,13 +117,11 @@ class Layout:
     #: the expert all-to-alls run beside another micro batch's compute (Megatron-Core's
     #: overlap_moe_expert_parallel_comm)
     ep_comm_overlap: bool = False
-    #: the token dispatcher sends a token once to each scale-up domain that holds one of
-    #: its experts and fans it out there (Megatron-Core's flex dispatcher: DeepEP, HybridEP)
-    ep_dedup: bool = False
-    #: the token dispatcher gathers every token of the etp x ep group on each rank (and
-    #: reduce-scatters back) instead of sending each its routed copies (Megatron-Core's
-    #: allgather dispatcher, Megatron-LM's default)
-    ep_gather: bool = False
+    #: the MoE token dispatcher, in Megatron-Core's names: "alltoall" (or None) sends each
+    #: token's routed copies; "flex" (DeepEP, HybridEP) sends a token once to each scale-up
+    #: domain holding one of its experts and fans it out there; "allgather" (Megatron-LM's
+    #: default) gathers every token of the etp x ep group on each rank and reduce-scatters back
+    dispatcher: str | None = None
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss
@@ -405,13 +403,13 @@ def predict(
         up = hw.scale_up_gb_s * 1e9 * c.link_share
         out = hw.scale_out_gb_s * 1e9 * c.link_share
         routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
-        if L.ep_gather:
+        if L.dispatcher == "allgather":
             # the allgather dispatcher (Megatron-LM's default) gathers every token of the
             # etp x ep group on each rank and reduce-scatters the outputs back, whatever
             # the experts each token picked
             routed = tokens / split * routed_width * act * (L.etp * L.ep - 1)
         per_a2a = routed * (inside / up + (1 - inside) / out)
-        if L.ep_dedup and inside < 1:
+        if L.dispatcher == "flex" and inside < 1:
             # the flex dispatcher (DeepEP, HybridEP) sends a token once to each other
             # domain holding one of its experts, then fans it out over the scale-up links:
             # every routed copy crosses them, the deduplicated ones the NIC too
@@ -704,8 +702,7 @@ def layout_of(
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
         ep_comm_overlap=t.ep_comm_overlap and s.ep > 1,
-        ep_dedup=t.moe_dispatcher == "flex",
-        ep_gather=t.moe_dispatcher == "allgather",
+        dispatcher=t.moe_dispatcher,
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
     )  # fmt: skip
 
