@@ -169,8 +169,9 @@ def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
         if run.get("recompute_method") == "block" else None,
         zero_stage=zero,
         # Megatron-LM keeps fp16 gradients in fp16 (--accumulate-allreduce-grads-in-fp32
-        # asks for fp32; the rows do not), bf16 ones in fp32
-        grad_bytes=2 if run["precision"] == "fp16" else 4,
+        # asks for fp32; the rows do not), bf16 ones in fp32 unless the recipe reduces them
+        # in bf16 (--grad-reduce-in-bf16)
+        grad_bytes=2 if run["precision"] == "fp16" or table.get("grad_reduce_in_bf16") else 4,
     )  # fmt: skip
 
 
