@@ -195,6 +195,29 @@ def test_bubble_is_p_minus_1_over_v_m() -> None:
         ) == pytest.approx(p.bubble)
 
 
+def test_interleaved_chunks_sync_their_data_parallel_buffers_in_warm_up_and_cool_down() -> None:
+    """Megatron-Core syncs each model chunk's gradient and parameter buffer on its own
+    (Megatron Bridge: the DP communication's granularity is a virtual stage's layers). With
+    v chunks, all but the 1/v of the traffic of the chunk that ends the step hide in the first
+    stage's warm-up and cool-down, 2(p-1) + (v-1)p chunk steps each (at most m*v), t_micro/v
+    per forward-and-backward chunk step; that last chunk's share hides behind one micro batch,
+    as the whole stage's does without interleaving. Hidden time still pays the overlap tax."""
+    shape, hw = _dense_70b(), builtin()["h100-sxm"]
+    for m in (8, 2):  # micro batches: 8 fill the warm-up, 2 leave it short
+        layout = _layout(dp=8, vpp=5, microbatches=m)  # dp members on 8 nodes: over the NIC
+        traffic = predict(shape, attrs.evolve(layout, overlap_grad_reduce=False), hw,
+                          nproc_per_node=8).breakdown["dp"]  # fmt: skip
+        b = predict(shape, layout, hw, nproc_per_node=8).breakdown
+        slots = m + 3 / 5
+        micro = sum(b[k] for k in ("compute", "elementwise", "tp", "cp", "ep", "pp-p2p")) / slots
+        steps = min(2 * 3 + 4 * 4, m * 5)
+        exposed = max(0.0, traffic / 5 - micro) + max(0.0, traffic * 4 / 5 - steps * micro / 5)
+        assert b["dp"] == pytest.approx(exposed + DEFAULT.overlap_tax * (traffic - exposed))
+        flat = predict(shape, attrs.evolve(layout, vpp=1), hw, nproc_per_node=8).breakdown["dp"]
+        assert b["dp"] < flat
+    assert exposed > 0  # two micro batches' warm-up does not cover four chunks' traffic
+
+
 def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
     shape = _dense_70b()
     hw = builtin()["h100-sxm"]

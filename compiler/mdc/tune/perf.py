@@ -36,7 +36,7 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.7269
+    gemm_peak: float = 0.69
     #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
     shape_knee: float = 337.3
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
@@ -504,6 +504,16 @@ def predict(
             # each micro batch's first all-gather and last reduce-scatter have no layer to
             # hide behind: one layer's share of the traffic per micro batch stays exposed
             exposed = t_dp / stage_layers
+        if L.zero_stage < 2 and L.pp > 1 and L.vpp > 1 and hidden_behind:
+            # Megatron-Core syncs each model chunk's buffers on its own (the DP communication's
+            # granularity is a virtual stage's layers): a chunk's gradients reduce once its last
+            # backward ends and its parameters gather before its first forward, so all but the
+            # chunk that ends the step hide in the first stage's warm-up and cool-down, each
+            # Megatron's warm-up count of chunk steps (forward, or backward)
+            warm = min(2 * (L.pp - 1) + (L.vpp - 1) * L.pp, L.microbatches * L.vpp)
+            last = t_dp / L.vpp  # the chunk whose last backward ends the step
+            exposed = max(0.0, last - micro) + max(0.0, t_dp - last - warm * micro / L.vpp)
+            hidden_behind = t_dp - exposed
         # what is hidden is not free: NCCL's kernels take SMs and HBM bandwidth from the
         # GEMMs they overlap, a share of the hidden time the compute still loses
         t_dp = max(exposed, t_dp - hidden_behind) + c.overlap_tax * min(t_dp, hidden_behind)
