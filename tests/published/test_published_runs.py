@@ -270,34 +270,8 @@ MEASURED_MEMORY = [
     r for r in RUNS if "memory_gib" in r.get("measured", {}) and r["id"] not in AWAITING
 ]
 
-_COMPILED_FLOAT8 = (
-    "the estimate (60.0 and 58.1 GiB, 56 of them per-op checkpointed activations) is 25 % "
-    "above the 48.0 and 47.0 GiB measured. The same layout and checkpointing measured 61.8 "
-    "GiB in December 2024 (torchtitan-2024-12-t3-8b-128gpu-fsdp-compile-float8, estimated "
-    "57.2); this run sets force_recompute_fp8_weight_in_bwd, which keeps no float8 weights "
-    "for the backward pass (the earlier run's, up to 1 byte per parameter, are not in the "
-    "estimate either), and ran a newer torch.compile: the estimate counts the eager layer's "
-    "saved tensors"
-)
-#: row id -> why the estimate misses its measured peak. Strict expected failures: a row
-#: leaves the list when the estimate comes within the bounds.
-MEMORY_GAPS: dict[str, str] = {
-    "torchtitan-2025-06-h200-8b-32gpu-fsdp-compile-float8": _COMPILED_FLOAT8,
-    "torchtitan-2025-06-h200-8b-64gpu-fsdp-compile-float8": _COMPILED_FLOAT8,
-}
 
-
-def _memory_param(run: dict[str, Any]) -> Any:
-    gap = MEMORY_GAPS.get(run["id"])
-    marks = [pytest.mark.xfail(reason=gap, raises=AssertionError, strict=True)] if gap else []
-    return pytest.param(run, id=run["id"], marks=marks)
-
-
-def test_memory_gaps_name_only_rows_with_a_measured_peak() -> None:
-    assert set(MEMORY_GAPS) <= {r["id"] for r in MEASURED_MEMORY}
-
-
-@pytest.mark.parametrize("run", [_memory_param(r) for r in MEASURED_MEMORY])
+@pytest.mark.parametrize("run", MEASURED_MEMORY, ids=[r["id"] for r in MEASURED_MEMORY])
 def test_estimate_is_near_the_measured_peak(
     compiler: Compiler, tmp_path: Path, run: dict[str, Any]
 ) -> None:

@@ -205,6 +205,16 @@ def test_training_setup() -> None:
     assert not eager({"enable": True})
     assert eager({"enable": True, "components": ["loss"]}) and eager({"enable": False})
 
+    # the loss's working set per logit: run eagerly, cross_entropy(pred.float()) keeps the
+    # bf16 logits, the fp32 log-softmax and the fp32 gradients of its backward (12 bytes);
+    # compiled ("loss" among the components), the bf16 logits and their bf16 gradient
+    def logit_bytes(compile_table: dict[str, Any]) -> int | None:
+        return training(TorchtitanOptions(config={"compile": compile_table})).logit_bytes
+
+    assert default.logit_bytes == 12 and logit_bytes({"enable": False}) == 12
+    assert logit_bytes({"enable": True}) == 2 + 2
+    assert logit_bytes({"enable": True, "components": ["model"]}) == 12
+
 
 def validate(tmp_path: Path, data: dict[str, Any]) -> tuple[int, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)

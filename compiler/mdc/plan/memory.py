@@ -87,7 +87,7 @@ and MLP intermediates (the latter over etp). The last stage adds what its loss h
 at the end of the forward pass, per logit (s*b*V/t of them): the fp32 logits, 4 bytes,
 unless the launcher says more (Megatron-Core's vocab-parallel cross entropy keeps the
 bf16 logits beside its fp32 copy: 6; a float() cross entropy as TorchTitan's has the
-bf16 logits, the saved log-softmax and two fp32 gradients: 12 at its backward).
+bf16 logits, the saved log-softmax and two fp32 gradients: 12 at its backward, 4 compiled).
 
 Pipeline (1F1B): stage i holds min(pp - i, microbatches) micro batches of its
 layers (the microbatches of one schedule run: TorchTitan runs one per accumulation

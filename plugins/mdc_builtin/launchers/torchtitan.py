@@ -717,12 +717,19 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     return "selective", None
 
 
-def _compiled_model(values: Mapping[str, Any]) -> bool:
-    """[compile] enable with "model" among its components (TorchTitan's default list has
-    it): inductor then fuses the activation function into what the MLP keeps."""
+def _compiled(values: Mapping[str, Any], component: str) -> bool:
+    """[compile] enable with ``component`` among its components (TorchTitan's default list:
+    "model" and "loss")."""
     components = values.get("compile.components", ["model", "loss"])
     enabled = values.get("compile.enable") in (True, "true", "True")
-    return enabled and isinstance(components, list | tuple) and "model" in components
+    return enabled and isinstance(components, list | tuple) and component in components
+
+
+#: bytes per logit at the loss's backward: cross_entropy(pred.float()) run eagerly keeps the
+#: bf16 logits, the saved fp32 log-softmax and the fp32 gradients of the loss and of the
+#: log-softmax; compiled (inductor fuses the upcast, the log-softmax and its gradient), the
+#: bf16 logits and their bf16 gradient
+LOGIT_BYTES = {False: 12, True: 4}
 
 
 #: TorchTitan's per_op_sac_force_recompute_mm_shapes_by_fqns default
@@ -813,7 +820,7 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         recompute_per_op_forced=_forced(values),
         # TorchTitan's models have no dropout; uncompiled, the MLP runs eagerly
         dropout_masks=False,
-        eager_gated_mlp=not _compiled_model(values),
+        eager_gated_mlp=not _compiled(values, "model"),
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
@@ -824,9 +831,7 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         pipeline_micro_batch=opts.pipeline_microbatch_size or 1,
         # train_step runs one pipeline schedule per local batch of the accumulation
         schedule_per_accumulation=True,
-        # cross_entropy(pred.float()): bf16 pred, the saved fp32 log-softmax, and in its
-        # backward the fp32 gradients of the loss and of the log-softmax
-        logit_bytes=12,
+        logit_bytes=LOGIT_BYTES[_compiled(values, "loss")],
         levers=LEVERS,
     )
 
