@@ -508,8 +508,8 @@ def predict(
             # Megatron-Core syncs each model chunk's buffers on its own (the DP communication's
             # granularity is a virtual stage's layers): a chunk's gradients reduce once its last
             # backward ends and its parameters gather before its first forward, so all but the
-            # chunk that ends the step hide in the first stage's warm-up and cool-down, each
-            # Megatron's warm-up count of chunk steps (forward, or backward)
+            # chunk that ends the step hide in the first stage's warm-up and cool-down, each as
+            # many chunk steps (forwards, or backwards) as Megatron's warm-up count
             warm = min(2 * (L.pp - 1) + (L.vpp - 1) * L.pp, L.microbatches * L.vpp)
             last = t_dp / L.vpp  # the chunk whose last backward ends the step
             exposed = max(0.0, last - micro) + max(0.0, t_dp - last - warm * micro / L.vpp)
