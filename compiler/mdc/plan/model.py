@@ -228,7 +228,7 @@ class TrainingSetup:
     bf16_layers: tuple[int, int] = (0, 0)
     #: bytes per logit the loss holds at its peak on the last stage; None: 4 (the fp32
     #: logits alone). Megatron's vocab-parallel cross entropy: the bf16 logits and their fp32
-    #: copy, 6; an unfused float() cross entropy (TorchTitan): 12 in its backward
+    #: copy, 6; a float() cross entropy (TorchTitan): 12 in its backward run eagerly, 4 compiled
     logit_bytes: int | None = None
     #: what the memory hint may propose, as the launcher spells it: (lever, setting) pairs
     #: for the levers "zero 1".."zero 3", "sequence parallel", "recompute selective",
