@@ -55,7 +55,7 @@ PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 #: fitted constants, and the factor range each may move in
 FITTED = (
-    "gemm_peak", "shape_knee", "attention_peak",
+    "gemm_peak", "shape_knee", "width_knee", "attention_peak",
     "elementwise", "link_share", "ep_exposed",
     "moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us",
 )  # fmt: skip

@@ -12,7 +12,7 @@ Compute runs the executed FLOPs (the model's, plus recompute's extra forward) at
 dense peak of the GEMM precision times an efficiency that falls with the per-rank GEMM
 shape. Collectives are bandwidth terms over the scale-up network when the group lies in
 one scale-up domain, over each GPU's NIC otherwise. The calibrated constants are the
-fields of :class:`Constants`; bench/fit_tune.py fits them on published measured runs.
+fields of :class:`Constants`; bench/tune_fit.py fits them on published measured runs.
 """
 
 from __future__ import annotations
@@ -36,15 +36,19 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.69
-    #: GEMM dimension at which efficiency halves, per dimension (d / (d + knee))
-    shape_knee: float = 337.3
+    gemm_peak: float = 0.6089
+    #: token dimension (M) at which a GEMM's efficiency halves: d / (d + knee); also every
+    #: dimension of the routed experts' grouped GEMMs, and FlashAttention's head dimension
+    shape_knee: float = 373.5
+    #: weight dimension (N, K) of a dense GEMM at which its efficiency halves, sharper:
+    #: d^2 / (d^2 + knee^2), so a weight a few tiles wide runs near the peak
+    width_knee: float = 513.2
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 0.8818
+    attention_peak: float = 0.9524
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 4.793
+    elementwise: float = 3.596
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6885
+    link_share: float = 0.6673
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
     #: backward ones overlap the weight-gradient GEMM: see predict); set, not fitted: the
     #: measured rows leave it open (docs/tune.md), the recipes' own layouts pin it
@@ -54,20 +58,20 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.9515
+    ep_exposed: float = 0.9126
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 10.73
+    moe_passes: float = 4.995
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 426.1
+    mamba_passes: float = 435.1
     #: share of its dense peak an FP4 GEMM reaches, relative to a bf16 or fp8 GEMM's: the
     #: NVFP4 recipe quantizes around every GEMM (16-element blocks under two scales, random
     #: Hadamard transforms of the weight-gradient inputs, stochastically rounded gradients)
-    fp4_peak: float = 0.6323
+    fp4_peak: float = 0.6565
     #: microseconds each local expert costs per MoE layer and pass whatever its tokens
     #: (its grouped-GEMM group, its own quantization and scaling kernels)
-    expert_overhead_us: float = 9.692
+    expert_overhead_us: float = 11.23
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -209,6 +213,14 @@ def _efficiency(dims: list[float], knee: float) -> float:
     return result
 
 
+def _wide(dims: list[float], knee: float) -> float:
+    """Efficiency over a dense GEMM's weight dimensions (see ``width_knee``)."""
+    result = 1.0
+    for d in dims:
+        result *= d * d / (d * d + knee * knee)
+    return result
+
+
 def predict(
     shape: Shape,
     layout: Layout,
@@ -259,9 +271,11 @@ def predict(
     # of that; the step gains less, as the attention, elementwise, MoE and communication
     # terms do not speed up with the GEMM precision
     gemm_peak = c.gemm_peak
-    dense_eff = gemm_peak * _efficiency([tokens, q_width, h], c.shape_knee)
+    # the tokens set M; the weight's widths, split by tp, set N and K: they lose little until
+    # narrow, where a tp 8 split of a wide model's weights costs them next to nothing
+    dense_eff = gemm_peak * _efficiency([tokens], c.shape_knee) * _wide([q_width, h], c.width_knee)
     if not shape.experts:
-        dense_eff *= _efficiency([ffn_width], c.shape_knee) ** 0.5
+        dense_eff *= _wide([ffn_width], c.width_knee) ** 0.5
     t_dense = tokens * stage_layers * dense_share * gemm_factor / L.tp / (peak * dense_eff)
     t_expert = 0.0
     # latent MoE: the routed experts, and the tokens sent to them, are latent wide
