@@ -95,7 +95,9 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # of 317) with NeMo Framework's 25.02, 25.04 and 25.07 rows and each row's gradients
     # reduced in bf16 where its recipe says so; 82.0 % (260 of 317; held out 81.9 %,
     # cross-validated 81.7 %) once each model chunk of the interleaved schedule syncs its
-    # data-parallel buffers on its own (gemm_peak fitted again)
+    # data-parallel buffers on its own (gemm_peak fitted again); 82.0 % still (held out
+    # 81.9 %, cross-validated 83.0 %) once a dense GEMM's weight widths saturate sharply
+    # (width_knee) and all eleven constants were fitted again
     assert accuracy >= 0.80
 
 
@@ -110,12 +112,13 @@ def test_table1_floor(targets: dict[str, Any]) -> None:
     # fp32 copy of them is counted); 3 since the rows' pipeline sends are not overlapped with
     # compute, as Megatron-LM did not before 2023 (145.6B then goes to the paper's tp 8, pp 8);
     # 2 since the interleaved schedule's chunks sync their data-parallel buffers on their own
-    # and gemm_peak was fitted again: 145.6B is a dead heat (tp 8 x pp 8 and tp 4 x pp 16
-    # within 0.13 %; tp 8 had won by 0.004 %), which any refit of the dense constants tips
-    assert sum(1 for _, paper, mine in rows if paper == mine) >= 2
+    # and gemm_peak was fitted again (145.6B then a dead heat, tp 4 x pp 16 0.13 % ahead);
+    # 4 since a dense GEMM's weight widths saturate sharply (width_knee): tp 8 no longer
+    # narrows wide layers' GEMMs, and 145.6B and 18.4B go to the paper's tp 8 by about 3 %
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 4
 
 
-@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 2 of 10 rows", strict=True)
+@pytest.mark.xfail(reason="the searched (tp, pp) is the paper's in 4 of 10 rows", strict=True)
 def test_table1_target(targets: dict[str, Any]) -> None:
     assert sum(1 for _, paper, mine in targets["table1"] if paper == mine) >= 8
 
@@ -123,14 +126,13 @@ def test_table1_target(targets: dict[str, Any]) -> None:
 def test_table1_with_the_papers_data_parallel_size_held(targets: dict[str, Any]) -> None:
     # The table grows the GPUs with the model at 32 data-parallel replicas from 1.7B to
     # 76.1B: with that size held, GPUs / dp fixes tp x pp and the search splits it as the
-    # paper did (tp up to the node first) in all but 18.4B and 39.1B, which it still runs
-    # at tp 2 and tp 4 with more stages, and 145.6B, a dead heat between the paper's tp 8 x
-    # pp 8 and tp 4 x pp 16 (within 0.13 %): 8 of 10 until the interleaved schedule's chunks
-    # synced their data-parallel buffers on their own and gemm_peak was fitted again, when
-    # tp 8 won it by 0.004 %. Left open, dp is what the search trades (2 of 10).
+    # paper did (tp up to the node first) in all but 39.1B, which it runs at tp 4 x pp 4
+    # (4.3 % ahead of the paper's tp 8 x pp 2): 9 of 10, the issue's 8 met, since a dense
+    # GEMM's weight widths saturate sharply (width_knee; 7 before, 18.4B then on tp 2 with
+    # more stages and 145.6B a dead heat). Left open, dp is what the search trades (4 of 10).
     rows = targets["table1_dp_held"]
     assert len(rows) == 10
-    assert sum(1 for _, paper, mine in rows if paper == mine) >= 7
+    assert sum(1 for _, paper, mine in rows if paper == mine) >= 9
 
 
 def test_no_published_recipe_layout_is_discarded_as_not_fitting(targets: dict[str, Any]) -> None:
@@ -164,8 +166,8 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # 0.95) puts Qwen3-30B-A3B and Nemotron 3 Nano on 8 GPUs back on ep 1 at micro batch 8,
     # a few percent ahead of the recipes' ep 8 (whose sizes stay in the top 5); 154 of 288
     # with NeMo Framework's 20 rows (12 of them), 155 once the interleaved schedule's chunks
-    # sync their data-parallel buffers on their own
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.52
+    # sync their data-parallel buffers on their own, 156 with the dense GEMMs' width_knee
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.54
 
 
 @pytest.mark.xfail(reason="the published layout is in the top 5 for 54 % of recipes", strict=True)
@@ -187,6 +189,7 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # deduplication is counted (without the copies a remote domain fans out over its own
     # links, 198: the search then crossed nodes on B300 and NVL72 racks where recipes do not);
     # 221 of 288 with NeMo Framework's 20 rows (16 of them), 222 once the interleaved
-    # schedule's chunks sync their data-parallel buffers on their own
+    # schedule's chunks sync their data-parallel buffers on their own; 228 with the dense
+    # GEMMs' width_knee
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
