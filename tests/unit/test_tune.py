@@ -572,6 +572,12 @@ def test_layers_that_do_not_divide_by_pp_get_megatrons_uneven_splits(
         assert len(counts) == 8 and sum(counts) == layers
         # the heaviest stage, the one the throughput model charges
         assert max(counts) == 10
+        # explain charges the same stage, whichever one the memory estimate is of
+        code, out, err = _run("explain", str(path), "--format", "json")
+        assert code == 0, err
+        predicted = json.loads(out)["predicted"]
+        predicted.pop("accelerator_model")
+        assert predicted == candidate["predicted"], candidate["layout"]
 
 
 def test_megatron_fp4_on_a_bf16_model_is_predicted_at_the_fp4_peak(tmp_path: Path) -> None:

@@ -111,6 +111,10 @@ class StageLayers:
             base += sum(run.chunks[k] * run.count for run in self.runs)
         return spans
 
+    def heaviest_layers(self) -> int:
+        """The most decoder layers any stage holds (each run's ranks hold alike)."""
+        return max(run.layers for run in self.runs)
+
     def candidate_ranks(self) -> list[int]:
         """The ranks whose memory can be the largest: the first of each run and the last
         rank (within a run, a lower rank keeps more micro batches in flight)."""

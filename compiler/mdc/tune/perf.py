@@ -628,13 +628,15 @@ def predict_plan(plan: Plan) -> Prediction | None:
     if shape is None:
         return None
     s, t = plan.sizes, plan.training
+    # the heaviest stage sets the pace, which need not be the one memory is estimated for
+    heaviest = plan.stages.heaviest_layers() if plan.stages else memory.stage_layers
     last = plan.stages.layers_of(s.pp - 1) if plan.stages else None
-    layout = layout_of(s, batch, t, model.dtype, plan.layout.order, memory.stage_layers, last)
+    layout = layout_of(s, batch, t, model.dtype, plan.layout.order, heaviest, last)
     return predict(
         shape, layout, hw, nproc_per_node=plan.nproc_per_node,
         precision=gemm_precision(model.dtype, t),
         window=model.window_size, window_skip=model.window_attn_skip_freq,
-        bf16_share=bf16_share(shape, t, memory.stage, memory.stage_layers),
+        bf16_share=bf16_share(shape, t, bf16_stage(s, t), heaviest),
     )  # fmt: skip
 
 
@@ -741,3 +743,12 @@ def bf16_share(shape: Shape, training: TrainingSetup, stage: str, stage_layers: 
         return min(first + last, stage_layers) / stage_layers
     held = {"first": first, "last": last}.get(stage, 0)
     return min(held, stage_layers) / stage_layers
+
+
+def bf16_stage(sizes: Sizes, training: TrainingSetup) -> str:
+    """The stage whose bf16 layers (Megatron's --first-last-layers-bf16) slow it most: the
+    only one, or the end of the model that keeps more of them in bf16."""
+    first, last = training.bf16_layers
+    if sizes.pp == 1:
+        return "only"
+    return "first" if first >= last else "last"

@@ -46,6 +46,7 @@ from mdc.tune.perf import (
     Layout,
     Prediction,
     bf16_share,
+    bf16_stage,
     gemm_precision,
     layout_of,
     predict,
@@ -458,8 +459,7 @@ class Tuner:
                     continue  # a schedule the launcher's framework refuses
                 stages, _ = split_layers(pipeline, model, pp, vpp if vpp > 1 else None)
                 if stages is not None:
-                    heaviest = max(stages.layers_of(r) for r in stages.candidate_ranks())
-                    found.append((split, vpp, heaviest, stages.layers_of(pp - 1)))
+                    found.append((split, vpp, stages.heaviest_layers(), stages.layers_of(pp - 1)))
         self._split_cache[pp] = found
         return found
 
@@ -486,7 +486,7 @@ class Tuner:
         sizes, batch, heaviest = group.sizes, group.batch, group.heaviest
         order = self.order
         layout = layout_of(sizes, batch, training, self.dtype, order, heaviest, group.last)
-        share = bf16_share(self.shape, training, _slowest(sizes, training), heaviest)
+        share = bf16_share(self.shape, training, bf16_stage(sizes, training), heaviest)
         # layer splits with the same heaviest stage are the same layout to the model
         prediction = self._predictions.get((layout, share))
         if prediction is None:
@@ -787,12 +787,3 @@ def _bound_key(candidate: Candidate, tokens_per_s: float) -> tuple[Any, ...]:
     L = candidate.layout
     return (-round(tokens_per_s, 6), 0, L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp,
             candidate.batch.micro_batch_size, -1)  # fmt: skip
-
-
-def _slowest(sizes: Sizes, training: TrainingSetup) -> str:
-    """The stage whose bf16 layers (Megatron's --first-last-layers-bf16) slow it most: the
-    only one, or the end of the model that keeps more of them in bf16."""
-    first, last = training.bf16_layers
-    if sizes.pp == 1:
-        return "only"
-    return "first" if first >= last else "last"
