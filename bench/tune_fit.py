@@ -1,10 +1,11 @@
 """Fit mdc tune's throughput constants on published measured runs, and report the error.
 
-    .venv/bin/python bench/tune_fit.py [--write]
+    .venv/bin/python bench/tune_fit.py [--refit]
 
 Every megatron-launcher row of ``tests/published/runs.toml`` with a measured TFLOP/s or
-tokens/s per GPU becomes a case: its model (``tests/published/models.toml``, through the
-same spec the published-runs test compiles), its layout, accelerator and precision. A row
+tokens/s per GPU becomes a case: the spec the published-runs test compiles for it, compiled,
+and predicted from its plan as ``mdc explain`` predicts it (a row mdc refuses is left out),
+with the data-parallel overlaps NVIDIA's recipes turn on where the row does not say. A row
 that states only tokens/s is compared in TFLOP/s by mdc's own FLOP count (its error is the
 tokens/s error). A row whose source leaves its micro batch or virtual stages open (its
 ``unstated`` keys) is predicted at the best of the values that compile and fit. TorchTitan's
@@ -13,8 +14,8 @@ and kernels (docs/tune.md reports them apart). The constants of
 :class:`mdc.tune.perf.Constants` are fitted by coordinate descent on the squared log error,
 clipped at log(1.5),
 of the rows whose index (sorted by id) is not a multiple of 3 plus 2; those rows are held
-out and their error is reported apart. ``--write`` prints the fitted constants as Python.
-The report (Markdown) goes to stdout.
+out and their error is reported apart. The report (Markdown) goes to stdout: with the
+shipped constants, or with ``--refit`` those fitted again from them.
 """
 
 from __future__ import annotations
@@ -34,23 +35,16 @@ import attrs
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "tests" / "published"
 
-from mdc.convert import structure  # noqa: E402
 from mdc.errors import SpecError  # noqa: E402
 from mdc.hardware import builtin  # noqa: E402
 from mdc.loaders import LoadedDocument  # noqa: E402
 from mdc.pipeline import Compiler  # noqa: E402
-from mdc.plan.memory import Shape, resolve_shape  # noqa: E402
-from mdc.plan.model import TrainingSetup  # noqa: E402
+from mdc.plan.memory import Shape  # noqa: E402
 from mdc.plan.ranks import divisors  # noqa: E402
-from mdc.plan.stages import Model as StageModel  # noqa: E402
-from mdc.plan.stages import PipelineSplit, split_layers  # noqa: E402
 from mdc.plugin_manager import load_plugins  # noqa: E402
-from mdc.spec import ModelTable  # noqa: E402
 from mdc.tune.flops import token_flops  # noqa: E402
-from mdc.tune.perf import DEFAULT, Constants, Layout, bf16_share, predict  # noqa: E402
+from mdc.tune.perf import DEFAULT, Constants, Layout, PlanInputs, plan_inputs  # noqa: E402
 
-#: the row's precision -> the GEMM precision whose peak runs it
-PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
 #: the paper whose TFLOP/s count all keys of the attention (and the recomputed pass)
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 #: fitted constants, and the factor range each may move in
@@ -73,122 +67,70 @@ def _module(path: Path, name: str) -> ModuleType:
 @attrs.frozen(kw_only=True)
 class Case:
     id: str
-    shape: Shape
-    model: ModelTable
-    layout: Layout
-    hardware: str
-    precision: str
+    #: what mdc explain predicts the row's spec from, with the row's overlaps (see overlaps)
+    inputs: PlanInputs
     causal: bool
     count_recompute: bool
-    nproc: int
     measured: float
     #: the source's own model FLOPs per token, where it states a throughput beside its
     #: TFLOP/s (None: mdc's count, :func:`mdc.tune.flops.token_flops`, is the source's)
     source_flops: float | None = None
-    #: share of the heaviest stage's layers the recipe keeps in bf16 under fp8 / fp4
-    bf16_share: float = 0.0
-    #: the other layouts the row's sizes allow where the source leaves settings unstated
-    #: (its ``unstated`` keys): the row is predicted at the best of them and ``layout``
-    variants: tuple[Layout, ...] = ()
+    #: the row with its ``unstated`` settings set otherwise, where the source leaves them
+    #: open: the row is predicted at the best of them and ``inputs``
+    variants: tuple[PlanInputs, ...] = ()
+
+    @property
+    def layout(self) -> Layout:
+        return self.inputs.layout
 
     def predicted(self, constants: Constants = DEFAULT) -> float:
-        return max(self._predicted(layout, constants) for layout in (self.layout, *self.variants))
+        return max(self._predicted(inputs, constants) for inputs in (self.inputs, *self.variants))
 
-    def _predicted(self, layout: Layout, constants: Constants) -> float:
-        prediction = predict(
-            self.shape,
-            layout,
-            builtin()[self.hardware],
-            nproc_per_node=self.nproc,
-            precision=self.precision,
-            constants=constants,
-            causal=self.causal,
-            count_recompute=self.count_recompute,
-            window=self.model.window_size,
-            window_skip=self.model.window_attn_skip_freq,
-            bf16_share=self.bf16_share,
+    def _predicted(self, inputs: PlanInputs, constants: Constants) -> float:
+        prediction = inputs.predict(
+            constants, causal=self.causal, count_recompute=self.count_recompute
         )
         if self.source_flops is None:
             return prediction.model_tflops_per_gpu
         return prediction.tokens_per_s_per_gpu * self.source_flops / 1e12
 
 
-def stage_layers(run: dict[str, Any], shape: Shape) -> tuple[int | None, int | None]:
-    """(the heaviest stage's layers, the last stage's) as the plan's own split places them
-    under the row's uneven split keys ((None, None): the even split)."""
+def overlaps(run: dict[str, Any], inputs: PlanInputs) -> PlanInputs:
+    """The row's inputs with the data-parallel overlaps its recipe turns on: NVIDIA's
+    recipes set overlap_grad_reduce and overlap_param_gather (Megatron-LM's defaults are
+    off), which few rows state; the 2021 paper's rows state what ran."""
     table = run.get("launcher_table", {})
-    split = PipelineSplit(
-        rule="megatron",
-        first=table.get("decoder_first_pipeline_num_layers"),
-        last=table.get("decoder_last_pipeline_num_layers"),
-        embedding=bool(table.get("account_for_embedding_in_pipeline_split")),
-        loss=bool(table.get("account_for_loss_in_pipeline_split")),
-    )
-    pp = run.get("pp", 1)
-    if pp == 1 or split == PipelineSplit(rule="megatron"):
-        return None, None
-    stages, _ = split_layers(split, StageModel(layers=shape.layers), pp, run.get("vpp"))
-    if stages is None:
-        return None, None
-    return max(stages.layers_of(r) for r in range(pp)), stages.layers_of(pp - 1)
-
-
-def layout_of(run: dict[str, Any], shape: Shape) -> Layout:
-    """The row's layout as the throughput model reads it (an MoE row's unstated etp is 1,
-    as NVIDIA's MoE recipes set it)."""
-    moe = shape.experts > 0
-    tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
-    ep = run.get("ep") or 1
-    dp = run["gpus"] // (tp * pp * cp)
-    mbs = run.get("micro_batch_size", 1)  # not stated: Megatron-LM's default, 1
-    table = run.get("launcher_table", {})
-    # Megatron-FSDP, or PyTorch's FSDP2 (which shards parameters, gradients and optimizer)
-    fsdp = any(bool(x) for x in (table.get("use_megatron_fsdp"), table.get("use_torch_fsdp2"),
-                                 run.get("fsdp")))  # fmt: skip
-    paper = run["source"] == NARAYANAN  # 2021: no sequence parallel, plain DDP
-    # Megatron-FSDP's sharding strategy (default optim_grads_params) as ZeRO stage
-    strategy = table.get("data_parallel_sharding_strategy", "optim_grads_params")
-    zero = {"optim": 1, "optim_grads": 2}.get(strategy, 3) if fsdp else (0 if paper else 1)
-    heaviest, last = stage_layers(run, shape)
-    return Layout(
-        tp=tp, pp=pp, cp=cp, ep=ep, etp=run.get("etp") or (1 if moe else tp), dp=dp,
-        stage_layers=heaviest, last_stage_layers=last,
-        vpp=run.get("vpp") or 1,
-        micro_batch_size=mbs, microbatches=max(1, run["global_batch_size"] // (mbs * dp)),
-        sequence_parallel=tp > 1 and not paper, recompute=run.get("recompute", "none"),
+    paper = run["source"] == NARAYANAN
+    layout = attrs.evolve(
+        inputs.layout,
         overlap_grad_reduce=table.get("overlap_grad_reduce", not paper),
-        overlap_param_gather=not paper,
-        overlap_p2p=table.get("overlap_p2p_comm") is not False,
-        tp_comm_overlap=bool(table.get("tp_comm_overlap")),
-        ep_comm_overlap=bool(table.get("overlap_moe_expert_parallel_comm")),
-        # Megatron-LM's default where the row does not say
-        dispatcher=table.get("moe_token_dispatcher_type", "allgather"),
-        recompute_modules=tuple(table["recompute_modules"])
-        if "recompute_modules" in table else None,
-        recompute_layers=run.get("recompute_num_layers")
-        if run.get("recompute_method") == "block" else None,
-        zero_stage=zero,
-        # Megatron-LM keeps fp16 gradients in fp16 (--accumulate-allreduce-grads-in-fp32
-        # asks for fp32; the rows do not), bf16 ones in fp32 unless the recipe reduces them
-        # in bf16 (--grad-reduce-in-bf16)
-        grad_bytes=2 if run["precision"] == "fp16" or table.get("grad_reduce_in_bf16") else 4,
-    )  # fmt: skip
-
-
-def bf16_share_of(run: dict[str, Any], shape: Shape, layout: Layout) -> float:
-    """Megatron's --first-last-layers-bf16 as the row's recipe sets it: the share of the
-    heaviest stage's layers whose GEMMs stay in bf16 (TransformerConfig's default count 1)."""
-    table = run.get("launcher_table", {})
-    if not table.get("first_last_layers_bf16"):
-        return 0.0
-    counts = (
-        table.get("num_layers_at_start_in_bf16", 1),
-        table.get("num_layers_at_end_in_bf16", 1),
+        overlap_param_gather=table.get("overlap_param_gather", not paper),
     )
-    training = TrainingSetup(bf16_layers=counts, gemm_precision=PRECISION[run["precision"]])
-    stage_layers = -(-shape.layers // layout.pp)
-    stages = ("only",) if layout.pp == 1 else ("first", "last")
-    return max(bf16_share(shape, training, stage, stage_layers) for stage in stages)
+    return attrs.evolve(inputs, layout=layout)
+
+
+def compiled(
+    run: dict[str, Any], compiler: Compiler, published: Any, *, fits: bool = False
+) -> PlanInputs | None:
+    """The row's spec compiled as mdc compile does, and the model's inputs from its plan
+    (None where it does not compile, or with ``fits``, where its memory estimate does not
+    fit)."""
+    document = LoadedDocument(path=f"{run['id']}.json", data=published.spec_of(run), values={},
+                              keys={})  # fmt: skip
+    try:
+        plan = compiler.compile_document(document, tree=False).plan
+    except SpecError:
+        return None
+    memory = plan.memory
+    if (
+        fits
+        and memory is not None
+        and memory.capacity is not None
+        and memory.total > memory.capacity
+    ):
+        return None
+    inputs = plan_inputs(plan)
+    return None if inputs is None else overlaps(run, inputs)
 
 
 def source_flops(run: dict[str, Any]) -> float | None:
@@ -211,12 +153,13 @@ def source_flops(run: dict[str, Any]) -> float | None:
 UNSTATED = ("micro_batch_size", "vpp")
 
 
-def variants(run: dict[str, Any], shape: Shape, compiler: Compiler, published: Any) -> list[Layout]:
-    """The layouts of the row's sizes with its ``unstated`` settings (micro batch, virtual
-    stages) set otherwise, as the source's authors could have set them: each value that
-    divides (micro batches: the sequences of a data-parallel replica; virtual stages: a
-    stage's layers), kept where the compiler accepts the spec and its memory estimate fits,
-    as mdc tune keeps a candidate."""
+def variants(
+    run: dict[str, Any], shape: Shape, compiler: Compiler, published: Any
+) -> list[PlanInputs]:
+    """The row with its ``unstated`` settings (micro batch, virtual stages) set otherwise, as
+    the source's authors could have set them: each value that divides (micro batches: the
+    sequences of a data-parallel replica; virtual stages: a stage's layers), kept where the
+    compiler accepts the spec and its memory estimate fits, as mdc tune keeps a candidate."""
     unstated = set(run.get("unstated", ()))
     assert unstated <= set(UNSTATED), run["id"]
     tp, pp, cp = run.get("tp", 1), run.get("pp", 1), run.get("cp", 1)
@@ -231,14 +174,9 @@ def variants(run: dict[str, Any], shape: Shape, compiler: Compiler, published: A
                 variant["micro_batch_size"] = micro
             if vpp is not None and vpp > 1:
                 variant["vpp"] = vpp
-            spec = published.spec_of(variant)
-            document = LoadedDocument(path="variant.json", data=spec, values={}, keys={})
-            try:
-                memory = compiler.compile_document(document, tree=False).plan.memory
-            except SpecError:
-                continue
-            if memory is None or memory.capacity is None or memory.total <= memory.capacity:
-                found.append(layout_of(variant, shape))
+            inputs = compiled(variant, compiler, published, fits=True)
+            if inputs is not None:
+                found.append(inputs)
     return found
 
 
@@ -255,22 +193,19 @@ def cases() -> list[Case]:
             continue
         if run["accelerator_model"] not in builtin() or run["launcher"] != "megatron":
             continue  # the model is of Megatron-Core's schedules and kernels
-        try:
-            spec = published.spec_of(run)
-        except published.ModelNotListed:
+        if run["model"] not in published.MODELS:
             continue
-        model = structure(spec["model"], ModelTable)
-        shape = resolve_shape(model)
-        if shape is None:
-            continue
+        inputs = compiled(run, compiler, published)
+        if inputs is None:
+            continue  # a row mdc refuses (published.AWAITING): mdc predicts nothing for it
+        shape = inputs.shape
         if shape.dsv4 is not None:
             # DeepSeek-V4's compressed sparse attention, its indexer and the hyper-connections
             # are counted in parameters and memory, not yet in the FLOP count (mdc.tune.flops)
             continue
-        layout = layout_of(run, shape)
         if tokens_only:  # TFLOP/s by mdc's own count: the error is the tokens/s error
             per_token = token_flops(
-                shape, window=model.window_size, window_skip=model.window_attn_skip_freq
+                shape, window=inputs.window, window_skip=inputs.window_skip
             ).total
             measured = stated["tokens_per_s_per_gpu"] * per_token / 1e12
             flops_of_source = per_token
@@ -280,18 +215,12 @@ def cases() -> list[Case]:
         found.append(
             Case(
                 id=run["id"],
-                shape=shape,
-                model=model,
-                layout=layout,
-                hardware=run["accelerator_model"],
-                precision=PRECISION[run["precision"]],
+                inputs=inputs,
                 # the source counts attention over every key, not the causal half
                 causal=stated.get("attention_flops") != "full",
                 count_recompute=bool(run["measured"].get("flops_include_recompute")),
-                nproc=run["nproc_per_node"],
                 measured=float(measured),
                 source_flops=flops_of_source,
-                bf16_share=bf16_share_of(run, shape, layout),
                 variants=tuple(variants(run, shape, compiler, published))
                 if run.get("unstated")
                 else (),

@@ -58,10 +58,10 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.9126
+    ep_exposed: float = 0.8465
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 4.995
+    moe_passes: float = 4.801
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
     mamba_passes: float = 435.1
@@ -71,7 +71,7 @@ class Constants:
     fp4_peak: float = 0.6565
     #: microseconds each local expert costs per MoE layer and pass whatever its tokens
     #: (its grouped-GEMM group, its own quantization and scaling kernels)
-    expert_overhead_us: float = 11.23
+    expert_overhead_us: float = 32.56
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}
@@ -617,10 +617,33 @@ def gemm_precision(dtype: str | None, training: TrainingSetup) -> str:
     return training.gemms_in(dtype)
 
 
-def predict_plan(plan: Plan) -> Prediction | None:
-    """The prediction for a compiled training plan whose accelerator model is known (the
-    ``predicted`` block of ``mdc explain``); None for serving plans, or without
-    ``accelerator_model`` or a complete ``[model]``."""
+@attrs.frozen(kw_only=True)
+class PlanInputs:
+    """What the model reads of a compiled training plan: :func:`predict`'s arguments."""
+
+    shape: Shape
+    layout: Layout
+    hardware: Accelerator
+    nproc_per_node: int
+    precision: str
+    window: tuple[int, int] | None
+    window_skip: int | tuple[int, ...] | None
+    bf16_share: float
+
+    def predict(
+        self, constants: Constants = DEFAULT, *, causal: bool = True, count_recompute: bool = False
+    ) -> Prediction:
+        return predict(
+            self.shape, self.layout, self.hardware, nproc_per_node=self.nproc_per_node,
+            precision=self.precision, constants=constants, causal=causal,
+            count_recompute=count_recompute, window=self.window, window_skip=self.window_skip,
+            bf16_share=self.bf16_share,
+        )  # fmt: skip
+
+
+def plan_inputs(plan: Plan) -> PlanInputs | None:
+    """The model's inputs for a compiled training plan whose accelerator model is known;
+    None for serving plans, or without ``accelerator_model`` or a complete ``[model]``."""
     hw, model, batch, memory = plan.hardware, plan.model, plan.batch, plan.memory
     if hw is None or model is None or batch is None or memory is None:
         return None
@@ -631,13 +654,23 @@ def predict_plan(plan: Plan) -> Prediction | None:
     # the heaviest stage sets the pace, which need not be the one memory is estimated for
     heaviest = plan.stages.heaviest_layers() if plan.stages else memory.stage_layers
     last = plan.stages.layers_of(s.pp - 1) if plan.stages else None
-    layout = layout_of(s, batch, t, model.dtype, plan.layout.order, heaviest, last)
-    return predict(
-        shape, layout, hw, nproc_per_node=plan.nproc_per_node,
+    return PlanInputs(
+        shape=shape,
+        layout=layout_of(s, batch, t, model.dtype, plan.layout.order, heaviest, last),
+        hardware=hw,
+        nproc_per_node=plan.nproc_per_node,
         precision=gemm_precision(model.dtype, t),
-        window=model.window_size, window_skip=model.window_attn_skip_freq,
+        window=model.window_size,
+        window_skip=model.window_attn_skip_freq,
         bf16_share=bf16_share(shape, t, bf16_stage(s, t), heaviest),
-    )  # fmt: skip
+    )
+
+
+def predict_plan(plan: Plan) -> Prediction | None:
+    """The prediction for a compiled training plan (the ``predicted`` block of ``mdc
+    explain``); None where :func:`plan_inputs` is."""
+    inputs = plan_inputs(plan)
+    return None if inputs is None else inputs.predict()
 
 
 # only read: no generated ==, hash or repr (start-up time)
