@@ -43,7 +43,7 @@ from mdc.plan.memory import Shape  # noqa: E402
 from mdc.plan.ranks import divisors  # noqa: E402
 from mdc.plugin_manager import load_plugins  # noqa: E402
 from mdc.tune.flops import token_flops  # noqa: E402
-from mdc.tune.perf import DEFAULT, Constants, Layout, PlanInputs, plan_inputs  # noqa: E402
+from mdc.tune.perf import DEFAULT, Constants, PlanInputs, plan_inputs  # noqa: E402
 
 #: the paper whose TFLOP/s count all keys of the attention (and the recomputed pass)
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
@@ -78,10 +78,6 @@ class Case:
     #: the row with its ``unstated`` settings set otherwise, where the source leaves them
     #: open: the row is predicted at the best of them and ``inputs``
     variants: tuple[PlanInputs, ...] = ()
-
-    @property
-    def layout(self) -> Layout:
-        return self.inputs.layout
 
     def predicted(self, constants: Constants = DEFAULT) -> float:
         return max(self._predicted(inputs, constants) for inputs in (self.inputs, *self.variants))
