@@ -314,6 +314,7 @@ class Tuner:
                 if ep_overlap and ep == 1:
                     continue
                 for split, vpp, heaviest, last in self._splits(pp):
+                    placed = tuple(sorted(split.items()))
                     if ep_overlap and pp > 1 and vpp == 1:
                         continue
                     variants = self._variants(tp, -(-heaviest // vpp), split)
@@ -327,7 +328,7 @@ class Tuner:
                         edp=world // (etp * ep * pp), vpp=vpp if vpp > 1 else None,
                     )  # fmt: skip
                     for batch in batches:
-                        yield LayoutClass(sizes, batch, heaviest, last, variants, subgroups)
+                        yield LayoutClass(sizes, batch, heaviest, last, variants, subgroups, placed)
 
     def candidates(self, keep: Callable[[LayoutClass], bool] | None = None) -> Iterator[Candidate]:
         """Every candidate, each predicted, in generation order (the exhaustive search);
@@ -348,29 +349,61 @@ class Tuner:
         class runs faster than one setting's step less that term. So each class is predicted
         once and waits in a heap under that bound, ahead of every candidate it holds; when
         it reaches the top, each optimizer setting is predicted without recompute and waits
-        under that; then its recompute settings are predicted. Ties keep generation order,
-        as the stable sort does. A candidate that beats its parent's bound raises
+        under that; then its recompute settings are predicted. Before that, the classes
+        that differ only in their virtual stages (a family) wait together under one bound:
+        each depth runs the same work per micro batch but for the sends, over the micro
+        batches and a fill that is shortest at the deepest interleaving. Ties keep generation
+        order, as the stable sort does. A candidate that beats its parent's bound raises
         :class:`BoundMissed` (then :meth:`run` ranks exhaustively).
         """
         heap: list[_Entry] = []
         count = 0
+        families: dict[tuple[Any, ...], list[tuple[int, LayoutClass]]] = {}
         for index, group in enumerate(self.classes()):
             count += len(group.variants)
-            head = group.subgroups[0][1]
-            if head is None:
+            if group.subgroups[0][1] is None:
                 for i, (switches, training) in enumerate(group.variants):
                     c = self._candidate(group, switches, training)
                     heap.append((c.key, (index, i), c, None))
                 continue
-            c = self._candidate(group, *group.variants[head])
-            p = c.prediction
-            # the fastest any optimizer setting can run: this step without its data-parallel
-            # term (a hair wider, against float rounding)
-            floor = p.step_time_s - p.breakdown.get("dp", 0.0)
+            families.setdefault(group.family, []).append((index, group))
+        for members in families.values():
+            index, group = members[0]
+            if len(members) == 1:
+                heap.append(self._class_entry(index, group))
+                continue
+            c = self._head(group)
+            p, L = c.prediction, c.layout
+            # the fastest any virtual-stage depth of the family can run: each depth runs the
+            # same work per micro batch but for the sends, over its micro batches and the
+            # fill, which is the shortest at the deepest interleaving; and the optimizer step
+            slots = L.microbatches + L.schedules * (L.pp - 1) / L.vpp
+            deepest = max(g.sizes.vpp or 1 for _, g in members)
+            least = L.microbatches + L.schedules * (L.pp - 1) / deepest
+            work = sum(p.breakdown[k] for k in ("compute", "elementwise", "tp", "cp", "ep"))
+            floor = least * work / slots + p.breakdown["optimizer"]
             bound = p.tokens_per_s_per_gpu * p.step_time_s / floor if floor > 0 else inf
-            heap.append((_bound_key(c, bound * (1 + 1e-9)), (index, -2), c, (group, None)))
+            heap.append((_bound_key(c, bound * (1 + 1e-9)), (index, -3), c, members))
         heapq.heapify(heap)
         return count, self._pop(heap)
+
+    def _head(self, group: LayoutClass) -> Candidate:
+        """The class's first optimizer setting without recompute, predicted."""
+        head = group.subgroups[0][1]
+        assert head is not None
+        return self._candidate(group, *group.variants[head])
+
+    def _class_entry(
+        self, index: int, group: LayoutClass, candidate: Candidate | None = None
+    ) -> _Entry:
+        """A class's heap entry: its head predicted (``candidate``, where it already is), the
+        class under the fastest any optimizer setting can run, that step less its data-
+        parallel term (a hair wider, against float rounding)."""
+        c = candidate or self._head(group)
+        p = c.prediction
+        floor = p.step_time_s - p.breakdown.get("dp", 0.0)
+        bound = p.tokens_per_s_per_gpu * p.step_time_s / floor if floor > 0 else inf
+        return (_bound_key(c, bound * (1 + 1e-9)), (index, -2), c, (group, None))
 
     def _pop(self, heap: list[_Entry]) -> Iterator[Candidate]:
         """Pop ``heap`` in order, predicting a class's settings when its bound comes up."""
@@ -380,9 +413,19 @@ class Tuner:
             if pending is None:
                 yield candidate
                 continue
+            children: list[_Entry] = []
+            if isinstance(pending, list):  # a family: each class under its own bound
+                children = [
+                    self._class_entry(index, group, candidate if i == 0 else None)
+                    for i, (index, group) in enumerate(pending)
+                ]
+                for child in children:
+                    if child[:2] < entry[:2]:
+                        raise BoundMissed(child[2].label())
+                    heapq.heappush(heap, child)
+                continue
             group, subgroup = pending
             index = order[0]
-            children: list[_Entry] = []
             if subgroup is not None:  # one optimizer setting: its recompute settings
                 for i in group.subgroups[subgroup][0]:
                     c = candidate if i == order[2] else self._candidate(group, *group.variants[i])
@@ -722,6 +765,15 @@ class LayoutClass:
     variants: list[tuple[dict[str, Any], TrainingSetup]]
     #: the variants' indices by optimizer setting, each with its head (:func:`_subgroups`)
     subgroups: list[tuple[list[int], int | None]]
+    #: the launcher's keys that place the layers (sorted items; empty: the even split)
+    split: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def family(self) -> tuple[Any, ...]:
+        """The classes that differ only in their virtual stages share it."""
+        s = self.sizes
+        return (s.tp, s.pp, s.cp, s.ep, s.etp, self.batch.micro_batch_size, self.heaviest,
+                self.last, self.split)  # fmt: skip
 
 
 #: a heap entry: sort key, generation order (ties), the candidate, and what it stands for
