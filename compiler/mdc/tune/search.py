@@ -777,7 +777,8 @@ class LayoutClass:
 
 
 #: a heap entry: sort key, generation order (ties), the candidate, and what it stands for
-#: (None: itself; else the class and its optimizer settings, or one setting's index)
+#: (None: itself; a list: a family's classes; else the class and its optimizer settings, or
+#: one setting's index)
 _Entry = tuple[tuple[Any, ...], tuple[int, ...], Candidate, Any]
 
 
