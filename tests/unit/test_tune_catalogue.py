@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +15,10 @@ import pytest
 from mdc.cli import main
 from mdc.hardware import builtin
 
-#: Llama-3-8B's shape, written out for Megatron-LM; TorchTitan builds it from its flavor
-LLAMA3_8B = {
-    "num_layers": 32,
-    "hidden_size": 4096,
-    "num_attention_heads": 32,
-    "num_query_groups": 8,
-    "ffn_hidden_size": 14336,
-    "vocab_size": 128256,
-    "gated_mlp": True,
-    "position_embedding": "rope",
-    "bias": False,
-    "normalization": "rmsnorm",
-}
+REPO = Path(__file__).resolve().parents[2]
+#: Llama-3-8B's shape (with its source) from the published runs' models, for Megatron-LM;
+#: TorchTitan builds the model from its flavor
+MODELS = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
 
 
 def _spec(launcher: str, accelerator: str, gpus_per_node: int) -> dict[str, Any]:
@@ -45,7 +37,7 @@ def _spec(launcher: str, accelerator: str, gpus_per_node: int) -> dict[str, Any]
     if launcher == "torchtitan":
         spec["torchtitan"] = {"model": "llama3", "flavor": "8B"}
     else:
-        spec["model"].update(LLAMA3_8B)
+        spec["model"].update(MODELS["llama3-8b"]["model"])
     return spec
 
 
