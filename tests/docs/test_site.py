@@ -90,3 +90,20 @@ def test_readme_compile_sessions_are_real(tmp_path: Path, monkeypatch: pytest.Mo
         files = [line.split()[0] for line in listing.splitlines()]
         written = sorted(p.as_posix() for p in Path("out").rglob("*") if p.is_file())
         assert files == written, command
+
+
+def test_tune_worked_example_is_real() -> None:
+    """docs/tune.md's worked example prints what `mdc tune` prints for its spec today."""
+    import io
+    import re
+
+    from mdc.cli import main
+
+    text = (REPO / "docs" / "tune.md").read_text(encoding="utf-8")
+    session = re.search(r"```\n(\$ mdc tune examples/\S+)\n(.*?)```", text, re.DOTALL)
+    assert session, "docs/tune.md shows an `mdc tune` session"
+    argv = session.group(1).removeprefix("$ mdc ").split()
+    argv = [str(REPO / a) if a.startswith("examples/") else a for a in argv]
+    out = io.StringIO()
+    assert main(argv, stdout=out, stderr=io.StringIO()) == 0
+    assert out.getvalue() == session.group(2)
