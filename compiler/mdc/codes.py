@@ -48,6 +48,7 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (500, 599, "mdc import madengine"),
     (600, 609, "Accelerator models"),
     (610, 629, "mdc tune"),
+    (700, 719, "trtllm"),
 )
 
 CODES: dict[str, Code] = {
@@ -639,6 +640,32 @@ CODES: dict[str, Code] = {
     ),
     "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
     "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
+    # trtllm, trtllm_disagg
+    "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
+    "MDC701": Code(
+        "a server's tp x pp GPUs neither divide a node's GPUs nor are whole nodes, or do not "
+        "divide the job's",
+        "set tp and pp so that tp x pp divides nproc_per_node or is whole nodes",
+    ),
+    "MDC702": Code(
+        "ep does not divide tp, or etp is not tp / ep (TensorRT-LLM's Mapping)",
+        "set ep to a divisor of tp; remove etp",
+    ),
+    "MDC703": Code(
+        "a flag in args contradicts the key (or plan size) it stands for, or has no usable value",
+        "keep one of the two, or make them agree",
+    ),
+    "MDC704": Code("context parallelism with the trtllm launchers", "remove cp"),
+    "MDC705": Code(
+        "a server over several nodes on a backend with no MPI launcher across its nodes",
+        "use the slurm backend, or servers inside one node",
+    ),
+    "MDC706": Code("warning: the command does not end in trtllm-serve", 'use ["trtllm-serve"]'),
+    "MDC707": Code("a TensorRT-LLM server cannot run an elastic job", "remove min_nnodes"),
+    "MDC708": Code(
+        "args pass --extra_llm_api_options while mdc writes that file",
+        "move its options into extra_llm_api_options",
+    ),
 }
 
 

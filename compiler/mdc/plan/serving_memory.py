@@ -23,6 +23,7 @@ engine's own profiling out.
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Literal
 
 import attrs
 
@@ -64,6 +65,9 @@ class ServingSetup:
     kv_dtype: str = "auto"
     #: the longest sequence (None: [model] seq_length)
     max_len: int | None = None
+    #: what ``share`` is a share of: the whole GPU ("capacity": vLLM, SGLang), or what the
+    #: weights leave ("free": TensorRT-LLM's free_gpu_memory_fraction, KvCacheConfig)
+    share_of: Literal["capacity", "free"] = "capacity"
 
 
 @attrs.frozen(kw_only=True)
@@ -78,6 +82,7 @@ class ServingMemory:
     kv_per_token: int
     kv_dtype: str
     cache: int
+    share_of: str
     tokens: int
     max_len: int
     sequences: int
@@ -102,7 +107,11 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         parts: Parts = shape.pattern.parts(start, stop)
         kv = max(kv, parts.attention * _kv_per_layer(shape, tp) * kv_bytes)
     capacity = int(capacity_gib * GIB)
-    cache = max(0, int(Fraction(setup.share).limit_denominator(1000) * capacity) - weights)
+    share = Fraction(setup.share).limit_denominator(1000)
+    if setup.share_of == "free":
+        cache = int(share * max(0, capacity - weights))
+    else:
+        cache = max(0, int(share * capacity) - weights)
     tokens = cache // kv if kv else 0
     max_len = setup.max_len or shape.seq
     return ServingMemory(
@@ -114,6 +123,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         kv_per_token=kv,
         kv_dtype=kv_dtype,
         cache=cache,
+        share_of=setup.share_of,
         tokens=tokens,
         max_len=max_len,
         sequences=tokens // max_len if max_len else 0,
@@ -148,14 +158,20 @@ def findings(memory: ServingMemory) -> list[Finding]:
                 code="MDC281",
                 severity=Severity.WARNING,
                 message=f"{m.engine}'s KV cache holds about {m.tokens} tokens per GPU "
-                f"({gib(m.cache)} = {m.share:g} x {gib(m.capacity)} - {gib(m.weights)} of "
-                f"weights), less than one sequence of {m.max_len}",
+                f"({gib(m.cache)} = {_cache_sum(m)}), less than one sequence of {m.max_len}",
                 pointer="/distributed/accelerator_memory_gib",
                 hint="raise the memory share, shard the weights over more GPUs, use an fp8 KV "
                 "cache, or lower the maximum sequence length",
             )
         )
     return found
+
+
+def _cache_sum(m: ServingMemory) -> str:
+    """How the cache was found, in words."""
+    if m.share_of == "free":
+        return f"{m.share:g} x ({gib(m.capacity)} - {gib(m.weights)} of weights)"
+    return f"{m.share:g} x {gib(m.capacity)} - {gib(m.weights)} of weights"
 
 
 def lines(memory: ServingMemory | None) -> list[str]:
@@ -165,7 +181,10 @@ def lines(memory: ServingMemory | None) -> list[str]:
     m = memory
     return [
         f"serving memory per GPU (estimate, {m.engine}): {gib(m.capacity)} x {m.share:g} "
-        f"({m.share_source})",
+        f"({m.share_source})"
+        if m.share_of == "capacity"
+        else f"serving memory per GPU (estimate, {m.engine}): {gib(m.capacity)}; the KV cache "
+        f"takes {m.share:g} of what the weights leave ({m.share_source})",
         f"  weights {gib(m.weights)}, KV cache up to {gib(m.cache)}: "
         f"{m.kv_per_token} bytes per token ({m.kv_dtype}), about {m.tokens} tokens",
         f"  {m.sequences} full-length sequences of {m.max_len} tokens",
@@ -173,4 +192,9 @@ def lines(memory: ServingMemory | None) -> list[str]:
 
 
 def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
-    return None if memory is None else attrs.asdict(memory)
+    if memory is None:
+        return None
+    # share_of is written only when it is not the share of the whole GPU
+    return attrs.asdict(
+        memory, filter=lambda field, value: field.name != "share_of" or value != "capacity"
+    )
