@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tests.tools import shellcheck
 
 from mdc.api import Concat, Ref
@@ -31,6 +32,7 @@ from mdc.importers.madengine import tables as madengine_tables
 from mdc.loaders import load_file
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
+from mdc.spec import EnvValue
 from mdc.testing import Golden
 
 REPO = Path(__file__).resolve().parents[2]
@@ -714,7 +716,94 @@ def test_what_is_reproduced_is_in_the_spec() -> None:
     assert spec("k8s-sglang-disagg-2")["sglang_disagg"]["server_args"] == ["--trust-remote-code"]
     assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "7"
     assert spec("slurm-multi-3x8")["slurm"]["sbatch_args"] == ["--reservation=mad-bench"]
-    assert spec("k8s-torchrun-1x2")["job"]["env"]["POD_INDEX"] == {"ref": "NODE_RANK"}
+    # madengine's Job template exports POD_INDEX for the PyTorch-native launchers and
+    # primus only when nnodes > 1 (job.yaml.j2: `{% if nnodes > 1 %}`)
+    assert "POD_INDEX" not in spec("k8s-torchrun-1x2")["job"]["env"]  # one node
+    assert spec("k8s-primus-2x8")["job"]["env"]["POD_INDEX"] == {"ref": "NODE_RANK"}
+    assert spec("k8s-megatron-4x8")["job"]["env"]["POD_INDEX"] == {"ref": "NODE_RANK"}
+
+
+def test_single_node_pod_index_line_says_what_madengine_does() -> None:
+    _, notes = madengine.translate(load_file(fixture("k8s-torchrun-1x2")))
+    said = [n.message for n in notes if "POD_INDEX" in n.message]
+    assert len(said) == 1 and "only when nnodes > 1" in said[0] and "not set" in said[0]
+
+
+def test_pod_index_reaches_primus_pods_on_several_nodes(compiler: Compiler) -> None:
+    result = compiled(compiler, "k8s-primus-2x8")
+    assert result.plan.nnodes == 2
+    assert env_of(result)["POD_INDEX"] == EnvValue(ref="NODE_RANK")
+
+
+# --- null values and the Job TTL --------------------------------------------------------------
+
+
+def test_null_values_read_as_absent_and_reported(tmp_path: Path, compiler: Compiler) -> None:
+    """A JSON null in env_vars, docker_env_vars, slurm or k8s is reported at its key."""
+    contexts = {
+        "slurm.json": {
+            "slurm": {"nodes": 2, "partition": None, "exclusive": None, "qos": None},
+            "env_vars": {"KEEP": "1", "GONE": None},
+            "docker_env_vars": {"ALSO_GONE": None},
+        },
+        "k8s.json": {
+            "k8s": {"gpu_count": 2, "namespace": None, "memory": None, "tolerations": None},
+            "env_vars": {"GONE": None},
+            "MAD_CONTAINER_IMAGE": "rocm/pytorch:latest",
+        },
+    }
+    for name, context in contexts.items():
+        path = tmp_path / name
+        text = json.dumps(context, indent=2)
+        path.write_text(text, encoding="utf-8")
+        target = tmp_path / f"{name}.toml"
+        code, _, err = run_cli(
+            "import", "madengine", str(path), "-o", str(target), "--no-plugin-autoload"
+        )
+        assert code == 0, err
+        data = load_file(target).data
+        assert isinstance(data, dict)
+        assert {"GONE", "ALSO_GONE"}.isdisjoint(data["job"]["env"])
+        nulls = [
+            (block, key)
+            for block, v in context.items()
+            if isinstance(v, dict)
+            for key, value in v.items()
+            if value is None
+        ]
+        for block, key in nulls:
+            line, column = position(text, rf'"{block}": \{{.*?("{key}"): null')
+            assert f"{path}:{line}:{column}: warning[MDC50" in err, (block, key, err)
+            assert f"{key} is null" in err
+        assert compiler.compile(target).plan is not None
+    slurm = load_file(tmp_path / "slurm.json.toml").data
+    assert isinstance(slurm, dict) and slurm["job"]["env"]["KEEP"] == "1"
+    assert "qos" not in slurm["slurm"]
+    k8s = load_file(tmp_path / "k8s.json.toml").data
+    assert isinstance(k8s, dict) and k8s["kubernetes"]["namespace"] == "default"  # the preset
+
+
+def test_the_job_ttl_difference_is_reported(tmp_path: Path, compiler: Compiler) -> None:
+    """madengine writes no ttlSecondsAfterFinished; the import says what mdc's Job does."""
+    result = compiled(compiler, "k8s-torchrun-1x2")
+    job = next(
+        doc
+        for artifact in result.tree
+        if artifact.path.endswith(".yaml")
+        for doc in yaml.safe_load_all(artifact.data)
+        if doc and doc.get("kind") == "Job"
+    )
+    ttl = job["spec"]["ttlSecondsAfterFinished"]
+    said = [n for n in result.notes if "ttlSecondsAfterFinished" in n.message]
+    assert len(said) == 1 and f"{ttl} s" in said[0].message
+    assert said[0].location.pointer == "/k8s"
+    path = tmp_path / "ttl.json"
+    path.write_text(
+        json.dumps({"k8s": {"gpu_count": 1, "ttl_seconds_after_finished": 60}}), encoding="utf-8"
+    )
+    doc, notes = madengine.translate(load_file(path))
+    assert doc.data["kubernetes"]["ttl_seconds_after_finished"] == 60  # type: ignore[index]
+    assert not [n for n in notes if "ttlSecondsAfterFinished" in n.message]
 
 
 def test_multi_node_sglang_on_slurm_is_not_said_to_get_nccl_init_addr() -> None:

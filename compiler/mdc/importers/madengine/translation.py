@@ -29,8 +29,11 @@ from .tables import (
     LAUNCHER_KEYS,
     LAUNCHERS,
     MANAGED_ENV,
+    MDC_DEFAULT_TTL_SECONDS,
     MODEL_KEYS,
     NATIVE_LAUNCHERS,
+    NULL_DEFAULTS,
+    NULLABLE_BLOCKS,
     OBJECT_KEYS,
     OWN_DISTRIBUTED,
     OWN_K8S,
@@ -119,13 +122,49 @@ class _Translation:
         self.env: dict[str, tuple[object, str | None]] = {}
 
     def block(self, key: str) -> dict[str, Any]:
+        """The block ``key`` (empty unless an object); in env and deployment blocks a
+        null value reads as an absent key (see :meth:`nulls`)."""
         value = self.ctx.get(key)
-        return value if isinstance(value, dict) else {}
+        if not isinstance(value, dict):
+            return {}
+        if key in NULLABLE_BLOCKS:
+            return {k: v for k, v in value.items() if v is not None}
+        return value
+
+    def nulls(self) -> None:
+        """Report each null value in the env and deployment blocks: mdc reads it as absent."""
+        for block in NULLABLE_BLOCKS:
+            values = self.ctx.get(block)
+            if not isinstance(values, dict):
+                continue
+            for key, value in values.items():
+                pointer = f"/{block}/{escape_token(key)}"
+                if value is not None or (block in ("k8s", "kubernetes") and key in NULL_DEFAULTS):
+                    continue
+                self.b.handled.add(pointer)
+                if block.endswith("env_vars"):
+                    self.b.note(
+                        "MDC505",
+                        pointer,
+                        f"{key} is null: madengine exports it as the text 'None' (its "
+                        "templates render Python's None); mdc does not set it",
+                        hint=f'write the value as a string, e.g. "{key}": ""',
+                    )
+                else:
+                    self.b.note(
+                        "MDC504",
+                        pointer,
+                        f"{key} is null: mdc reads it as absent, so madengine's preset or "
+                        "mdc's default applies (madengine replaces its preset with null, "
+                        "which its templates render as no option or as the text 'None')",
+                        hint="give the key a value, or remove it",
+                    )
 
     # the whole translation, in madengine's order of resolution
     def run(self) -> None:
         b = self.b
         self.target, self.k8s_key = self.resolve_target()
+        self.nulls()
         self.dist = self.block("distributed")
         self.k8s = self.block(self.k8s_key) if self.k8s_key else {}
         self.slurm = self.block("slurm")
@@ -761,22 +800,8 @@ class _Translation:
                 hint="remove host_ipc if your processes do not share memory across pods",
             )
         if self.launcher in NATIVE_LAUNCHERS:
-            b.put(("job", "env", "POD_INDEX"), {"ref": "NODE_RANK"}, None)
-            b.note(
-                "MDC503",
-                src,
-                "madengine's pods export POD_INDEX (= JOB_COMPLETION_INDEX) for the "
-                f"{self.launcher} launcher; mdc's NODE_RANK is the same index, so [job] env "
-                'has POD_INDEX = { ref = "NODE_RANK" }',
-            )
-        if "ttl_seconds_after_finished" in k8s and k8s["ttl_seconds_after_finished"] is not None:
-            b.put(
-                (*table, "ttl_seconds_after_finished"),
-                k8s["ttl_seconds_after_finished"],
-                f"{src}/ttl_seconds_after_finished",
-            )
-        elif "ttl_seconds_after_finished" in k8s:
-            b.handled.add(f"{src}/ttl_seconds_after_finished")
+            self.pod_index(src, multi_node)
+        self.ttl(src)
         if "node_selector" in k8s:
             selector = k8s["node_selector"]
             if isinstance(selector, dict):
@@ -841,6 +866,42 @@ class _Translation:
                 )
 
     # [slurm] (§5, §2.3)
+    def pod_index(self, src: str, multi_node: bool) -> None:
+        """madengine's Job exports POD_INDEX (= JOB_COMPLETION_INDEX) only on several nodes."""
+        if multi_node:
+            self.b.put(("job", "env", "POD_INDEX"), {"ref": "NODE_RANK"}, None)
+            self.b.note(
+                "MDC503",
+                src,
+                "madengine's pods export POD_INDEX (= JOB_COMPLETION_INDEX) for the "
+                f"{self.launcher} launcher on several nodes; mdc's NODE_RANK is the same "
+                'index, so [job] env has POD_INDEX = { ref = "NODE_RANK" }',
+            )
+        else:
+            self.b.note(
+                "MDC503",
+                src,
+                f"madengine exports POD_INDEX for the {self.launcher} launcher only when "
+                "nnodes > 1; this job has one node, so POD_INDEX is not set (as in madengine)",
+            )
+
+    def ttl(self, src: str) -> None:
+        """ttlSecondsAfterFinished: madengine's preset is null (none written); mdc's is a week."""
+        key = "ttl_seconds_after_finished"
+        value = self.k8s.get(key)
+        if value is not None:
+            self.b.put(("kubernetes", key), value, f"{src}/{key}")
+            return
+        self.b.handled.add(f"{src}/{key}")
+        self.b.note(
+            "MDC504",
+            f"{src}/{key}" if key in self.ctx[src[1:]] else src,  # a null is madengine's
+            "madengine writes no ttlSecondsAfterFinished, so its finished Jobs and pods "
+            "stay until deleted; mdc's Kubernetes backend deletes them "
+            f"{MDC_DEFAULT_TTL_SECONDS} s (a week) after the job finishes",
+            hint=f"set {key} = -1 in [kubernetes] to keep them, as madengine does",
+        )
+
     def slurm_table(self) -> None:
         b, slurm = self.b, self.slurm
         table = ("slurm",)
@@ -950,9 +1011,9 @@ class _Translation:
             names.append(name)
         given: dict[str, tuple[object, str | None]] = dict(self.env)
         for block in ("env_vars", "docker_env_vars"):
-            values = self.ctx.get(block)
-            if not isinstance(values, dict):
+            if not isinstance(self.ctx.get(block), dict):
                 continue
+            values = self.block(block)
             b.table(("job", "env"), f"/{block}")
             for key, value in values.items():
                 origin = f"/{block}/{escape_token(key)}"
