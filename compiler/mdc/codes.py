@@ -48,6 +48,7 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (500, 599, "mdc import madengine"),
     (600, 609, "Accelerator models"),
     (610, 629, "mdc tune"),
+    (720, 739, "vllm_disagg"),
     (700, 719, "trtllm"),
 )
 
@@ -665,6 +666,35 @@ CODES: dict[str, Code] = {
     "MDC708": Code(
         "args pass --extra_llm_api_options while mdc writes that file",
         "move its options into extra_llm_api_options",
+    ),
+    # vllm_disagg
+    "MDC720": Code("no [vllm_disagg] table with model", "add [vllm_disagg] model"),
+    "MDC721": Code(
+        "a role's engine spans nodes (tensor_parallel_size above nproc_per_node), a server "
+        "over nodes is not whole nodes of whole engines, or a server crosses a node's edge",
+        "tensor_parallel_size at most nproc_per_node; tp x dp a multiple of it, or inside a node",
+    ),
+    "MDC722": Code(
+        "a role's nodes (GPUs) do not hold whole servers of that role",
+        "set prefill_/decode_ nodes (gpus) to multiples of one server's",
+    ),
+    "MDC723": Code("vllm_disagg servers take no pp or cp", "remove pp and cp from [parallelism]"),
+    "MDC724": Code("disaggregated serving cannot run elastic", "remove min_nnodes"),
+    "MDC725": Code(
+        "warning: the command does not look like a vLLM server", 'use command = ["vllm", "serve"]'
+    ),
+    "MDC726": Code("a server, proxy or NIXL port exceeds 65535", "lower the port keys"),
+    "MDC727": Code(
+        "the proxy's, the servers' HTTP and the NIXL side-channel ports overlap",
+        "keep router_port, port and side_channel_port apart",
+    ),
+    "MDC728": Code(
+        "the command or an args list has a flag the vllm_disagg launcher sets",
+        "remove it; set the [vllm_disagg] key the message names",
+    ),
+    "MDC729": Code(
+        "a size flag in args has a value vLLM refuses",
+        "give it a whole number of at least 1",
     ),
 }
 

@@ -13,7 +13,7 @@ In each pod ``k8s/node.sh`` takes ``NODE_RANK`` from the pod's
 group is ``<job>-<group>-<i>`` under the same headless Service, which LWS
 creates (subdomainPolicy Shared).
 
-Only serving launchers run here (vllm, sglang, sglang_disagg): LWS pods are
+Only serving launchers run here (vllm, vllm_disagg, sglang, sglang_disagg): LWS pods are
 StatefulSet pods (restartPolicy Always), so a training job that finishes would
 be started again; run training on the kubernetes backend. Codes MDC450-459 are
 reserved: every check so far is shared (MDC460-469). Pod names
@@ -36,7 +36,7 @@ from . import k8s_common as k8s
 API = "leaderworkerset.x-k8s.io/v1"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-SERVING = ("sglang", "sglang_disagg", "vllm")
+SERVING = ("sglang", "sglang_disagg", "trtllm", "vllm", "vllm_disagg")
 
 
 @attrs.frozen(kw_only=True)

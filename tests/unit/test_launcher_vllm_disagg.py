@@ -1,0 +1,341 @@
+"""The vllm_disagg launcher: the split, the commands, the run-time wiring, its findings.
+
+Specs are compiled in-process through mdc's own pipeline (only mdc's own plugins, the
+others blocked so their work in progress cannot change these results). Expected values
+come from vLLM's documentation and source (vLLM v0.11.0, cited per constant below) and
+from running the generated scripts with stand-ins for ``vllm`` and the proxy that record
+their arguments and environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.tools import shellcheck
+
+from mdc.errors import Diagnostic, SpecError
+from mdc.pipeline import Compiled, Compiler
+from mdc.plugin_manager import load_plugins
+
+OTHERS = ("deepspeed", "megatron", "torchtitan", "primus", "trtllm")
+COMPILER = Compiler(load_plugins(autoload=False, blocked=OTHERS))
+
+#: KVTransferConfig's fields, vllm/config/kv_transfer.py (vllm-project/vllm at
+#: 007c643b4abb7a79e69ef2b343b3dc80eb643c0d): kv_role is one of these
+KV_ROLES = {"kv_producer", "kv_consumer", "kv_both"}
+KV_FIELDS = {
+    "kv_connector",
+    "engine_id",
+    "kv_buffer_device",
+    "kv_buffer_size",
+    "kv_role",
+    "kv_rank",
+    "kv_parallel_size",
+    "kv_ip",
+    "kv_port",
+    "kv_connector_extra_config",
+    "kv_connector_module_path",
+}
+#: the toy proxy's parser (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py)
+PROXY_FLAGS = {
+    "--port",
+    "--host",
+    "--prefiller-hosts",
+    "--prefiller-ports",
+    "--decoder-hosts",
+    "--decoder-ports",
+}
+
+
+def spec(
+    nnodes: int = 5, nproc: int = 8, options: dict[str, Any] | None = None, **distributed: Any
+) -> dict[str, Any]:
+    return {
+        "job": {"name": "vd-unit", "command": ["vllm", "serve"]},
+        "distributed": {
+            "launcher": "vllm_disagg",
+            "backend": "local",
+            "nnodes": nnodes,
+            "nproc_per_node": nproc,
+            "accelerator": "cpu",
+            **distributed,
+        },
+        "vllm_disagg": {"model": "org/model", "router_command": ["toy-proxy"], **(options or {})},
+    }
+
+
+def compile_(tmp_path: Path, data: dict[str, Any]) -> Compiled:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return COMPILER.compile(path)
+
+
+def errors(tmp_path: Path, data: dict[str, Any]) -> list[Diagnostic]:
+    with pytest.raises(SpecError) as caught:
+        compile_(tmp_path, data)
+    return [d for d in caught.value.diagnostics if d.is_error]
+
+
+def write_tree(compiled: Compiled, root: Path) -> Path:
+    for artifact in compiled.tree:
+        target = root / artifact.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(artifact.data)
+        if artifact.executable:
+            target.chmod(0o755)
+    return root
+
+
+def argv_of(compiled: Compiled, role: str) -> list[str]:
+    return [str(w) for w in compiled.launch.role(role).argv]
+
+
+def value(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+@pytest.mark.parametrize("nnodes", [1, 2, 3, 5, 7, 11])
+def test_the_split_is_sglang_disaggs_rule(tmp_path: Path, nnodes: int) -> None:
+    """The same sizes give the same split as sglang_disagg: the core's one rule."""
+    ours = compile_(tmp_path, spec(nnodes, 8, {"tensor_parallel_size": 2 if nnodes < 3 else 8}))
+    sglang = {
+        "job": {"name": "sgd", "command": "python3"},
+        "distributed": {**spec(nnodes)["distributed"], "launcher": "sglang_disagg"},
+        "sglang_disagg": {"model_path": "m", "tp_size": 2 if nnodes < 3 else 8},
+    }
+    theirs = compile_(tmp_path, sglang)
+    assert ours.plan.disagg == theirs.plan.disagg
+
+
+def test_server_commands(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(5, 8, {"kv_connector_extra_config": {"backends": ["UCX"]}}))
+    for role in ("prefill", "decode"):
+        argv = argv_of(compiled, role)
+        at = argv.index("vllm")
+        assert argv[at : at + 3] == ["vllm", "serve", "org/model"]
+        assert value(argv, "--tensor-parallel-size") == "8"
+        assert value(argv, "--host") == "0.0.0.0"
+        config = json.loads(value(argv, "--kv-transfer-config"))
+        assert set(config) <= KV_FIELDS
+        assert config["kv_connector"] == "NixlConnector" and config["kv_role"] in KV_ROLES
+        assert config["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    proxy = argv_of(compiled, "proxy")
+    at = proxy.index("toy-proxy")
+    assert {w for w in proxy[at:] if w.startswith("--")} <= PROXY_FLAGS
+
+
+def test_role_sizes_and_args_read_as_vllm_reads_them(tmp_path: Path) -> None:
+    """A size flag in args is the role's key: written once, the last one winning."""
+    options = {
+        "tensor_parallel_size": 4,
+        "args": ["--max-model-len", "8192", "-tp", "2"],
+        "decode": {"data_parallel_size": 2, "args": ["--tensor-parallel-size=1", "-ep"]},
+    }
+    compiled = compile_(tmp_path, spec(1, 8, options))
+    servers = {s.role: s for s in compiled.launch.servers}
+    assert (servers["prefill"].tp, servers["prefill"].dp) == (2, 1)
+    assert (servers["decode"].tp, servers["decode"].dp, servers["decode"].ep) == (1, 2, 2)
+    script = next(f.data.decode() for f in compiled.tree if f.path == "launch/vllm_disagg.sh")
+    for line in script.splitlines():
+        if "VLLM_DISAGG_ROLE=decode" in line:
+            assert line.count("--tensor-parallel-size") == 1 and "-tp " not in line
+            assert "--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel" in line
+            assert "--max-model-len 8192" in line
+
+
+def test_missing_table(tmp_path: Path) -> None:
+    data = spec()
+    del data["vllm_disagg"]
+    assert [d.code for d in errors(tmp_path, data)] == ["MDC720"]
+
+
+def test_flags_mdc_sets_are_refused(tmp_path: Path) -> None:
+    found = errors(tmp_path, spec(3, 8, {"decode": {"args": ["--port", "9000", "-kvtc", "{}"]}}))
+    assert [(d.code, d.location.pointer) for d in found] == [
+        ("MDC728", "/vllm_disagg/decode/args/0"),
+        ("MDC728", "/vllm_disagg/decode/args/2"),
+    ]
+    (bad,) = errors(tmp_path, spec(3, 8, {"args": ["--data-parallel-size", "two"]}))
+    assert bad.code == "MDC729" and bad.location.pointer == "/vllm_disagg/args/0"
+
+
+def test_an_engine_wider_than_a_node(tmp_path: Path) -> None:
+    found = errors(tmp_path, spec(3, 8, {"tensor_parallel_size": 16}))
+    assert [d.code for d in found] == ["MDC721", "MDC721"]  # a prefill and a decode server
+    assert "16" in found[0].message and "8 GPUs" in found[0].message
+
+
+def test_roles_hold_whole_servers(tmp_path: Path) -> None:
+    """tp 8 x dp 2 on 8-GPU nodes: a server spans 2 nodes, so 3 prefill nodes are refused."""
+    options = {"data_parallel_size": 2}
+    (error,) = errors(tmp_path, spec(6, 8, options, prefill_nodes=3, decode_nodes=2))
+    assert error.code == "MDC722" and error.location.pointer == "/distributed/prefill_nodes"
+    compiled = compile_(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    assert [(s.role, s.nodes, s.gpus) for s in compiled.launch.servers] == [
+        ("router", (0,), 0),
+        ("prefill", (1, 2), 16),
+        ("decode", (3, 4), 16),
+    ]
+
+
+def test_the_proxy_takes_no_gpu(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(7, 8))
+    (router,) = [s for s in compiled.launch.servers if s.role == "router"]
+    assert router.gpus == 0 and router.nodes == (0,)
+    served = sum(s.gpus for s in compiled.launch.servers)
+    assert served == (7 - 1) * 8
+
+
+def test_ports(tmp_path: Path) -> None:
+    (high,) = errors(tmp_path, spec(3, 8, {"side_channel_port": 65530}))
+    assert high.code == "MDC726" and high.location.pointer == "/vllm_disagg/side_channel_port"
+    (clash,) = errors(tmp_path, spec(3, 8, {"router_port": 8101}))
+    assert clash.code == "MDC727" and "8101" in clash.message
+    (side,) = errors(tmp_path, spec(1, 8, {"side_channel_port": 8095}))
+    assert side.code == "MDC727"
+
+
+def test_memory_setup_is_the_tighter_role(tmp_path: Path) -> None:
+    from mdc_builtin.launchers import vllm_disagg
+
+    options = {
+        "args": ["--gpu-memory-utilization", "0.8"],
+        "prefill": {"tensor_parallel_size": 4},
+        "decode": {"tensor_parallel_size": 2, "args": ["--max-model-len", "4096"]},
+    }
+    compiled = compile_(tmp_path, spec(1, 8, options))
+    setup = vllm_disagg.serving(compiled.plan, compiled.plan.options["vllm_disagg"])
+    assert setup is not None
+    assert (setup.engine, setup.tp, setup.share, setup.max_len) == ("vLLM (decode)", 2, 0.8, 4096)
+
+
+def test_a_command_that_is_not_vllm_warns(tmp_path: Path) -> None:
+    data = spec(3, 8)
+    data["job"]["command"] = ["python3"]
+    compiled = compile_(tmp_path, data)
+    assert "MDC725" in [d.code for d in compiled.diagnostics]
+
+
+@pytest.mark.parametrize(("nnodes", "nproc"), [(1, 4), (2, 4), (5, 4)])
+def test_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, nnodes: int, nproc: int) -> None:
+    root = write_tree(compile_(tmp_path, spec(nnodes, nproc)), tmp_path / "out")
+    scripts = sorted(str(p) for p in root.rglob("*.sh"))
+    for script in scripts:
+        subprocess.run(["bash", "-n", script], check=True)
+    subprocess.run([shellcheck(), *scripts], check=True)
+
+
+STAND_IN = """#!/usr/bin/env bash
+{{
+  printf 'ENV CUDA_VISIBLE_DEVICES=%s\\n' "${{CUDA_VISIBLE_DEVICES:-}}"
+  printf 'ENV VLLM_NIXL_SIDE_CHANNEL_PORT=%s\\n' "${{VLLM_NIXL_SIDE_CHANNEL_PORT:-}}"
+  printf 'ENV VLLM_NIXL_SIDE_CHANNEL_HOST=%s\\n' "${{VLLM_NIXL_SIDE_CHANNEL_HOST:-}}"
+  printf '%s\\n' "$@"
+}} > "$RECORD_DIR/$VLLM_DISAGG_ROLE-${{NODE_RANK:-0}}-{name}-$$"
+"""
+
+
+def stand_ins(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("vllm", "toy-proxy"):
+        program = bin_dir / name
+        program.write_text(STAND_IN.format(name=name), encoding="utf-8")
+        program.chmod(program.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "record"
+    record.mkdir()
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_DIR": str(record)}
+
+
+def recorded(env: dict[str, str]) -> list[list[str]]:
+    return [
+        p.read_text(encoding="utf-8").splitlines()
+        for p in sorted(Path(env["RECORD_DIR"]).iterdir())
+    ]
+
+
+def words_after(lines: list[str], flag: str) -> list[str]:
+    """The values after a flag of nargs "+", up to the next flag."""
+    start = lines.index(flag) + 1
+    end = start
+    while end < len(lines) and not lines[end].startswith("--"):
+        end += 1
+    return lines[start:end]
+
+
+@pytest.mark.slow
+def test_one_node_runs_every_server_and_the_proxy(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, spec(1, 4, {"decode": {"tensor_parallel_size": 2}}))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_ins(tmp_path)
+    subprocess.run(["bash", str(root / "local" / "run.sh")], env=env, check=True, timeout=60)
+    runs = recorded(env)
+    servers = sorted((r for r in runs if "serve" in r), key=lambda r: value(r, "--port"))
+    # the automatic split of 4 GPUs with 2-GPU decode servers: 2 prefill, 1 decode
+    assert [(r[0], r[1], value(r, "--port")) for r in servers] == [
+        ("ENV CUDA_VISIBLE_DEVICES=0", "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5600", "8100"),
+        ("ENV CUDA_VISIBLE_DEVICES=1", "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5601", "8101"),
+        ("ENV CUDA_VISIBLE_DEVICES=2,3", "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5602", "8102"),
+    ]
+    (proxy,) = [r for r in runs if "serve" not in r]
+    assert words_after(proxy, "--prefiller-hosts") == ["127.0.0.1", "127.0.0.1"]
+    assert words_after(proxy, "--prefiller-ports") == ["8100", "8101"]
+    assert words_after(proxy, "--decoder-hosts") == ["127.0.0.1"]
+    assert words_after(proxy, "--decoder-ports") == ["8102"]
+
+
+def run_role(root: Path, env: dict[str, str], role: str, rank: int, hosts: list[str]) -> None:
+    run_env = {
+        **env,
+        "NODE_RANK": str(rank),
+        "MASTER_ADDR": hosts[0],
+        "MASTER_PORT": "29500",
+        "NODE_HOSTS": " ".join(hosts),
+        "MDC_RESOLVE_SECONDS": "0",
+    }
+    script = root / "launch" / f"{role}.sh"
+    subprocess.run(["bash", str(script)], env=run_env, check=True, timeout=30, cwd=root)
+
+
+@pytest.mark.slow
+def test_nodes_get_their_place_from_node_hosts(tmp_path: Path) -> None:
+    """5 nodes of 4 GPUs, prefill tp 4 (a node each), decode tp 2 x dp 4 (two nodes)."""
+    options = {"prefill": {"tensor_parallel_size": 4}, "decode": {"tensor_parallel_size": 2}}
+    options["decode"]["data_parallel_size"] = 4
+    compiled = compile_(tmp_path, spec(5, 4, options, prefill_nodes=2, decode_nodes=2))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_ins(tmp_path)
+    hosts = ["10.0.0.1", "10.0.0.2", "fd00::3", "10.0.0.4", "10.0.0.5"]
+    run_role(root, env, "proxy", 0, hosts)
+    (proxy,) = recorded(env)
+    assert words_after(proxy, "--prefiller-hosts") == ["10.0.0.2", "[fd00::3]"]
+    assert words_after(proxy, "--prefiller-ports") == ["8101", "8102"]
+    assert words_after(proxy, "--decoder-hosts") == ["10.0.0.4"]
+    assert words_after(proxy, "--decoder-ports") == ["8103"]
+    run_role(root, env, "prefill", 2, hosts)
+    run_role(root, env, "decode", 3, hosts)
+    run_role(root, env, "decode", 4, hosts)
+    runs = {value(r, "--port"): r for r in recorded(env) if "--headless" not in r}
+    prefill = runs["8102"]
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_HOST=fd00::3" in prefill
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5608" in prefill  # 5600 + node 2 x 4 GPUs
+    assert "--data-parallel-address" not in prefill
+    head, tail = runs["8103"], [r for r in recorded(env) if "--headless" in r]
+    assert "serve" in head
+    assert value(head, "--data-parallel-size") == "4"
+    assert value(head, "--data-parallel-size-local") == "2"
+    assert value(head, "--data-parallel-address") == "10.0.0.4"
+    assert value(head, "--data-parallel-rpc-port") == "29503"
+    assert "--headless" not in head
+    (later,) = tail
+    assert value(later, "--data-parallel-start-rank") == "2"
+    assert value(later, "--data-parallel-address") == "10.0.0.4"
+    # both nodes of the decode server count NIXL ports from its first GPU: 5600 + 3 x 4
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in head
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in later
