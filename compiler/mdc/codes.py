@@ -73,6 +73,15 @@ CODES: dict[str, Code] = {
         "give the spec files, or the folder that holds them",
     ),
     # schema
+    "MDC040": Code(
+        "[model] name is not in mdc's catalogue of published models",
+        "name a catalogue model (docs/model.md), point hf_config at its config.json, or"
+        " write its keys",
+    ),
+    "MDC041": Code(
+        "[model] hf_config names a config.json mdc cannot read as [model] keys",
+        "write the model's keys under [model] (docs/model.md maps config.json keys to them)",
+    ),
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
     "MDC102": Code("a value of the wrong type", "give the type the message names"),

@@ -167,6 +167,24 @@ model_path = "Qwen/Qwen3-32B"       # EDIT
 """,
         "the Python interpreter every node runs the servers with",
     ),
+    "trtllm": LauncherStart(
+        ["trtllm-serve"],
+        "nvcr.io/nvidia/tensorrt-llm/release:1.0.0",
+        1,
+        8,
+        """\
+[parallelism]                       # one server of tp x pp GPUs; more GPUs: replicas
+tp = 8
+pp = 1
+
+[trtllm]
+model = "meta-llama/Llama-3.3-70B-Instruct"   # EDIT
+max_batch_size = 256
+max_num_tokens = 8192
+kv_cache_free_gpu_memory_fraction = 0.9
+""",
+        "TensorRT-LLM's server; mdc appends the model and its options",
+    ),
 }
 
 #: on the local backend, the serving launchers run one node (nodes there share its GPUs)

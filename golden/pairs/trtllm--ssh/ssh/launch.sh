@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs job 'pair-trtllm' over ssh: 2 node(s) x 8 process(es), launcher trtllm.
+# Node i runs on line i+1 of ssh/hostfile. Needs password-less ssh from here to every
+# host, and the compiled tree at this same path on every host (a shared filesystem).
+# The first node to fail stops the others; its status is the job's.
+set -euo pipefail
+dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+hosts=(gpu-00 gpu-01)
+ssh_command=(ssh -o BatchMode=yes -o LogLevel=ERROR -tt)
+forward=()
+export MASTER_ADDR=gpu-00
+export MASTER_PORT=24370
+export NODE_HOSTS="${hosts[*]}"
+
+# One word for the remote shell, in POSIX single quotes.
+quote() {
+  local text="$1" tick="'"
+  printf "'%s'" "${text//$tick/$tick\\$tick$tick}"
+}
+
+# The command the remote login shell runs for node $1 with role script $2.
+remote_command() {
+  local command name
+  # a terminal would turn each line end into CR LF: keep the output as it is
+  command="stty -onlcr 2>/dev/null; cd $(quote "$dir") && exec env"
+  for name in "${forward[@]}"; do
+    if [[ -n "${!name+set}" ]]; then
+      command+=" $(quote "$name=${!name}")"
+    fi
+  done
+  command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"
+  command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"
+  command+=" bash $(quote "$2")"
+  printf "%s" "$command"
+}
+
+pids=()
+stop() { kill "${pids[@]}" 2>/dev/null || true; }
+# On Ctrl-C or TERM, stop every node and wait for it before exiting.
+trap 'stop; wait || true; exit 130' INT
+trap 'stop; wait || true; exit 143' TERM
+for ((node = 0; node < 2; node++)); do
+  "${ssh_command[@]}" "${hosts[node]}" "$(remote_command "$node" launch/worker.sh)" </dev/null &
+  pids+=("$!")
+done
+# The first node to fail stops the others; its status is the job's.
+for _ in "${pids[@]}"; do
+  if wait -n; then
+    continue
+  else
+    status=$?
+    echo "mdc: a node exited with status $status; stopping the others" >&2
+    stop
+    wait || true
+    exit "$status"
+  fi
+done
