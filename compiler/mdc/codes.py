@@ -48,8 +48,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (500, 599, "mdc import madengine"),
     (600, 609, "Accelerator models"),
     (610, 629, "mdc tune"),
-    (720, 739, "vllm_disagg"),
     (700, 719, "trtllm"),
+    (720, 739, "vllm_disagg"),
 )
 
 CODES: dict[str, Code] = {
