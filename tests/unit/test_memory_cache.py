@@ -26,10 +26,11 @@ from mdc.plan.memory import (
     state_floor,
 )
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.plan.stages import PipelineSplit
 from mdc.spec import ModelTable
 
-MODELS = Path(__file__).resolve().parents[2] / "tests" / "published" / "models.toml"
+MODELS = Path(CATALOGUE_FILE)
 
 
 def _shape(name: str, **edits: Any) -> Shape:

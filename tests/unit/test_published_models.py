@@ -17,10 +17,11 @@ import pytest
 
 from mdc.convert import structure
 from mdc.plan.memory import active_parameter_count, parameter_count, resolve_shape
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.schema import core_schema, validator_class
 from mdc.spec import ModelTable
 
-MODELS_FILE = Path(__file__).resolve().parents[1] / "published" / "models.toml"
+MODELS_FILE = Path(CATALOGUE_FILE)
 MODELS: dict[str, dict[str, Any]] = tomllib.loads(MODELS_FILE.read_text())
 TOLERANCE = 0.01
 

@@ -12,12 +12,13 @@ import pytest
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plan.memory import GIB, resolve_shape
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.plan.serving_memory import ServingSetup, estimate
 from mdc.plugin_manager import load_plugins
 from mdc.spec import ModelTable
 
 REPO = Path(__file__).resolve().parents[2]
-MODELS = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
+MODELS = tomllib.loads(Path(CATALOGUE_FILE).read_text("utf-8"))
 COMPILER = Compiler(load_plugins(autoload=False))
 
 

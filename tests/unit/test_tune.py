@@ -16,6 +16,7 @@ from mdc.cli import main
 from mdc.hardware import builtin
 from mdc.plan import per_op
 from mdc.plan.memory import resolve_shape
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
 from mdc.tune.perf import DEFAULT, Layout, predict, stage_params
@@ -271,7 +272,7 @@ def test_one_gpu_holds_the_published_parameter_count(name: str) -> None:
     """The weights the data-parallel and optimizer terms move: on one GPU (tp, pp, ep 1),
     with the untied output layer's vocabulary matrix beside the embedding, the model's
     published parameter count (the norms are under 0.1 % of it)."""
-    models = tomllib.loads((REPO / "tests" / "published" / "models.toml").read_text("utf-8"))
+    models = tomllib.loads(Path(CATALOGUE_FILE).read_text("utf-8"))
     model = ModelTable(**models[name]["model"])
     shape = resolve_shape(model)
     assert shape is not None

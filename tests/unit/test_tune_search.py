@@ -12,13 +12,14 @@ import pytest
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plan.memory import state_floor
+from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.plugin_manager import load_plugins
 from mdc.tune import search
 from mdc.tune.search import Candidate, Result, Tuner
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
-MODELS = REPO / "tests" / "published" / "models.toml"
+MODELS = Path(CATALOGUE_FILE)
 
 
 def _spec(**edits: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     from mdc.tune.report import result_json, svg, text, write_spec
     from mdc.tune.search import Tuner
 
+    if any(n.is_error for n in notes):  # a model name or config it could not read
+        raise SpecError(notes)
     doc, notes = translate(load_file(args.spec))
     out.diagnostics(notes)
     tuner = Tuner(compiler, doc)
