@@ -145,7 +145,9 @@ def test_role_sizes_and_args_read_as_vllm_reads_them(tmp_path: Path) -> None:
     for line in script.splitlines():
         if "VLLM_DISAGG_ROLE=decode" in line:
             assert line.count("--tensor-parallel-size") == 1 and "-tp " not in line
-            assert "--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel" in line
+            assert (
+                "--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel" in line
+            )
             assert "--max-model-len 8192" in line
 
 
@@ -156,7 +158,9 @@ def test_missing_table(tmp_path: Path) -> None:
 
 
 def test_flags_mdc_sets_are_refused(tmp_path: Path) -> None:
-    found = errors(tmp_path, spec(3, 8, {"decode": {"args": ["--port", "9000", "-kvtc", "{}"]}}))
+    found = errors(
+        tmp_path, spec(3, 8, {"decode": {"args": ["--port", "9000", "--kv-transfer-config", "{}"]}})
+    )
     assert [(d.code, d.location.pointer) for d in found] == [
         ("MDC728", "/vllm_disagg/decode/args/0"),
         ("MDC728", "/vllm_disagg/decode/args/2"),

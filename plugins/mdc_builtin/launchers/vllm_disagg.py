@@ -106,10 +106,7 @@ OWNED_FLAGS = FlagTable(
         KnownFlag(name="--host", source="mdc (0.0.0.0)", nargs=1),
         KnownFlag(name="--port", source="[vllm_disagg] port (port + the server's place)", nargs=1),
         KnownFlag(
-            name="--kv-transfer-config",
-            source="[vllm_disagg] kv_connector_extra_config",
-            nargs=1,
-            aliases=("-kvtc",),
+            name="--kv-transfer-config", source="[vllm_disagg] kv_connector_extra_config", nargs=1
         ),
         KnownFlag(name=vllm.PP_FLAG, source="1 (no pipeline parallel)", nargs=1, aliases=("-pp",)),
         *(

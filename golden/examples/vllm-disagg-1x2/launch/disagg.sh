@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Role 'disagg' of job 'vllm-disagg-1x2' (node 0), launcher vllm_disagg.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+export VLLM_DISAGG_PREFILL=1
+export VLLM_DISAGG_DECODE=1
+export VLLM_DISAGG_UNIT=gpus
+export MODEL=Qwen/Qwen3-0.6B
+export NODE_RANK="${NODE_RANK}"
+exec bash "${MDC_OUT}/launch/vllm_disagg.sh" vllm serve
