@@ -676,6 +676,24 @@ CODES: dict[str, Code] = {
         "args pass --extra_llm_api_options while mdc writes that file",
         "move its options into extra_llm_api_options",
     ),
+    "MDC710": Code(
+        "a disaggregated trtllm job lacks [trtllm.context] or [trtllm.generation]",
+        "give both role tables",
+    ),
+    "MDC711": Code(
+        "a context or generation server would cross a node's edge",
+        "give each role's tp_size x pp_size a divisor of nproc_per_node, or whole nodes",
+    ),
+    "MDC712": Code(
+        "the context and generation servers do not use exactly the job's GPUs",
+        "set each role's servers and sizes to use every GPU",
+    ),
+    "MDC713": Code("a role's ep_size does not divide its tp_size", "set ep_size to a divisor"),
+    "MDC715": Code("a server port exceeds 65535 or is router_port", "move port or router_port"),
+    "MDC717": Code(
+        "a context or generation server over several nodes on a backend with no MPI launcher",
+        "use the slurm backend, or servers inside one node",
+    ),
     # vllm_disagg
     "MDC720": Code("no [vllm_disagg] table with model", "add [vllm_disagg] model"),
     "MDC721": Code(

@@ -299,3 +299,120 @@ def test_the_memory_estimate_takes_the_fraction_of_what_the_weights_leave(
     # 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes per token
     assert memory.kv_per_token == 32 * 8 * 128 * 2 * 2
     assert memory.max_len == 8192
+
+
+def disagg(context: dict[str, Any], generation: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {"context": context, "generation": generation, **more}
+
+
+CONFIG_STUB = """#!/usr/bin/env bash
+if [[ "$1" == disaggregated ]]; then cp "$3" "$RECORD.config"; fi
+printf '%s\\n' "$(basename "$0") CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $*" >> "$RECORD"
+"""
+
+
+def test_disaggregated_servers_and_the_proxy_config_on_one_node(tmp_path: Path) -> None:
+    import yaml
+
+    compiled = compile_(
+        tmp_path,
+        spec(
+            disagg(
+                {"servers": 2, "tp_size": 2, "max_num_tokens": 8192},
+                {"servers": 1, "tp_size": 4, "args": ["--ep_size", "4"]},
+                cache_transceiver_backend="UCX",
+            )
+        ),
+    )
+    roles = [(s.role, s.nodes, s.first_gpu, s.gpus, s.port) for s in compiled.launch.servers]
+    assert roles == [
+        ("proxy", (0,), 0, 0, 8000),  # trtllm-serve disaggregated needs no GPU
+        ("context", (0,), 0, 2, 8001),
+        ("context", (0,), 2, 2, 8002),
+        ("generation", (0,), 4, 4, 8003),
+    ]
+    assert sum(s.gpus for s in compiled.launch.servers) == compiled.plan.world_size
+    (bin_dir := tmp_path / "bin").mkdir()
+    (bin_dir / "trtllm-serve").write_text(CONFIG_STUB, encoding="utf-8")
+    (bin_dir / "trtllm-serve").chmod(0o755)
+    out = tmp_path / "out"
+    write_tree(out, compiled.tree)
+    record = tmp_path / "record"
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "box",
+        "MASTER_PORT": "29650",
+        "NODE_HOSTS": "box",
+    }
+    subprocess.run(["bash", str(out / "launch" / "worker.sh")], env=env, check=True)
+    lines = sorted(record.read_text(encoding="utf-8").splitlines())
+    ctx_file = f"{out}/launch/trtllm-context.yaml"
+    assert lines[0] == "trtllm-serve CUDA_VISIBLE_DEVICES= disaggregated -c " + lines[0].split()[-1]
+    assert lines[1:] == [
+        f"trtllm-serve CUDA_VISIBLE_DEVICES=0,1 {MODEL} --host 0.0.0.0 --tp_size 2 --pp_size 1 "
+        f"--max_num_tokens 8192 --extra_llm_api_options {ctx_file} --port 8001",
+        f"trtllm-serve CUDA_VISIBLE_DEVICES=2,3 {MODEL} --host 0.0.0.0 --tp_size 2 --pp_size 1 "
+        f"--max_num_tokens 8192 --extra_llm_api_options {ctx_file} --port 8002",
+        f"trtllm-serve CUDA_VISIBLE_DEVICES=4,5,6,7 {MODEL} --host 0.0.0.0 --tp_size 4 "
+        f"--pp_size 1 --ep_size 4 --extra_llm_api_options {out}/launch/trtllm-generation.yaml "
+        "--port 8003",
+    ]
+    config = yaml.safe_load((tmp_path / "record.config").read_text(encoding="utf-8"))
+    assert config == {
+        "hostname": "0.0.0.0",
+        "port": 8000,
+        "context_servers": {"num_instances": 2, "urls": ["box:8001", "box:8002"]},
+        "generation_servers": {"num_instances": 1, "urls": ["box:8003"]},
+    }
+    context = yaml.safe_load((out / "launch" / "trtllm-context.yaml").read_text("utf-8"))
+    assert context == {
+        "disable_overlap_scheduler": True,
+        "cache_transceiver_config": {"backend": "UCX"},
+    }
+    subprocess.run([shellcheck(), str(out / "launch" / "trtllm-disagg.sh")], check=True)
+
+
+def test_disaggregated_servers_over_nodes_run_as_srun_steps(tmp_path: Path) -> None:
+    compiled = compile_(
+        tmp_path,
+        spec(
+            disagg({"servers": 1, "tp_size": 8}, {"servers": 1, "tp_size": 16}),
+            nnodes=3,
+            backend="slurm",
+        ),
+    )
+    placed = [(s.role, s.nodes, s.gpus) for s in compiled.launch.servers]
+    assert placed == [("proxy", (0,), 0), ("context", (0,), 8), ("generation", (1, 2), 16)]
+    hosts = ["a", "b", "c"]
+    assert run_node(tmp_path, compiled, 2, hosts) == []
+    (line,) = run_node(tmp_path, compiled, 1, hosts)
+    assert line.startswith(
+        "srun CUDA_VISIBLE_DEVICES= --overlap --mpi=pmix --kill-on-bad-exit=1 --nodes=2 "
+        "--ntasks=16 --ntasks-per-node=8 --nodelist=b,c trtllm-llmapi-launch trtllm-serve "
+        f"{MODEL} --host 0.0.0.0 --tp_size 16 --pp_size 1"
+    )
+    assert line.endswith("--port 8002")
+
+
+@pytest.mark.parametrize(
+    ("context", "generation", "code"),
+    [
+        ({"servers": 1, "tp_size": 2}, {"servers": 1, "tp_size": 2}, "MDC712"),  # 4 of 8 GPUs
+        ({"servers": 1, "tp_size": 6}, {"servers": 1, "tp_size": 2, "pp_size": 5}, "MDC711"),
+        ({"servers": 1, "tp_size": 4, "ep_size": 3}, {"servers": 1, "tp_size": 4}, "MDC713"),
+        ({"servers": 1, "tp_size": 4, "args": ["--tp_size", "2"]}, {"tp_size": 4}, "MDC703"),
+    ],
+)
+def test_disaggregated_layouts_trtllm_or_mdc_cannot_place_are_refused(
+    tmp_path: Path, context: dict[str, Any], generation: dict[str, Any], code: str
+) -> None:
+    found = diagnostics(tmp_path, spec(disagg(context, generation)))
+    assert code in codes(found), found
+
+
+def test_one_role_table_alone_is_refused(tmp_path: Path) -> None:
+    found = diagnostics(tmp_path, spec({"context": {"servers": 1, "tp_size": 8}}))
+    assert codes(found) == ["MDC710"]

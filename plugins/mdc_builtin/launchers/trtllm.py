@@ -86,8 +86,9 @@ EXTRA_FLAG = "--extra_llm_api_options"
 EXTRA_ALIASES = ("--config",)
 
 
-def flag_table(where: str) -> FlagTable:
-    """serve.py's options mdc writes, as mdc's shared flag reader knows them."""
+def flag_table(where: str, role: bool = False) -> FlagTable:
+    """serve.py's options mdc writes, as mdc's shared flag reader knows them; a role table's
+    size flags are its own keys (tp_size, pp_size, ep_size), else the plan's sizes."""
     flags = [
         KnownFlag(
             name=name,
@@ -102,8 +103,8 @@ def flag_table(where: str) -> FlagTable:
     flags += [
         KnownFlag(
             name=name,
-            source=f"[parallelism] {size}",
-            key=f"size_{size}",
+            source=f"[{where}] {name[2:]}" if role else f"[parallelism] {size}",
+            key=name[2:] if role else f"size_{size}",
             nargs=1,
             convert=int,
             aliases=aliases,
@@ -126,6 +127,24 @@ FLAGS = flag_table("trtllm")
 
 
 @attrs.frozen(kw_only=True)
+class RoleOptions:
+    """``[trtllm.context]`` / ``[trtllm.generation]``: one role's servers of a disaggregated
+    job; unset limits and options are [trtllm]'s."""
+
+    servers: int = 1
+    tp_size: int | None = None
+    pp_size: int | None = None
+    ep_size: int | None = None
+    enable_attention_dp: bool | None = None
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    max_seq_len: int | None = None
+    kv_cache_free_gpu_memory_fraction: float | None = None
+    extra_llm_api_options: dict[str, Any] | None = None
+    args: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class TrtllmOptions:
     """The ``[trtllm]`` table."""
 
@@ -140,6 +159,18 @@ class TrtllmOptions:
     enable_attention_dp: bool | None = None
     extra_llm_api_options: dict[str, Any] | None = None
     args: tuple[str, ...] = ()
+    #: disaggregated serving: both role tables given
+    context: RoleOptions | None = None
+    generation: RoleOptions | None = None
+    #: the disaggregated server's (trtllm-serve disaggregated) port
+    router_port: int | None = None
+    #: cache_transceiver_config of both roles (CacheTransceiverConfig)
+    cache_transceiver_backend: str | None = None
+    max_tokens_in_buffer: int | None = None
+
+
+def disaggregated(options: TrtllmOptions | None) -> bool:
+    return options is not None and (options.context is not None or options.generation is not None)
 
 
 def _opts(options: TrtllmOptions | None) -> TrtllmOptions:
@@ -151,7 +182,7 @@ def _opts(options: TrtllmOptions | None) -> TrtllmOptions:
 class Resolved:
     """The options with the flags of ``args`` read in, and what is left of ``args``."""
 
-    options: TrtllmOptions
+    options: Any
     #: the arguments without the flags read as keys
     rest: tuple[str, ...]
     #: the size flags found (--tp_size ...), by plan size name, with their uses
@@ -164,7 +195,7 @@ class Resolved:
     broken: tuple[FlagUse, ...]
 
 
-def resolve(options: TrtllmOptions, table: FlagTable = FLAGS) -> Resolved:
+def resolve(options: Any, table: FlagTable = FLAGS) -> Resolved:
     """Read the owned flags of ``args`` as TensorRT-LLM reads them: the last one wins; a
     key the table also sets must agree (both would reach the server, the last winning)."""
     uses = table.find(options.args)
@@ -335,6 +366,10 @@ def _side_by_side(count: int, gpus: int, port: int) -> list[str]:
 
 
 def emit(plan: Plan, options: TrtllmOptions | None) -> Launch:
+    if options is not None and disaggregated(options):
+        from mdc_builtin.launchers import _trtllm_disagg
+
+        return _trtllm_disagg.emit(plan, options)
     resolved = resolve(_opts(options))
     opts = resolved.options
     port = opts.port or DEFAULT_PORT
@@ -514,6 +549,19 @@ def flag_findings(
 def check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
     resolved = resolve(_opts(options))
     opts = resolved.options
+    yield from common_findings(plan, opts)
+    if options is not None and disaggregated(options):
+        from mdc_builtin.launchers import _trtllm_disagg
+
+        yield from _trtllm_disagg.check(plan, options)
+        return
+    yield from size_findings(plan, "trtllm", "/parallelism")
+    yield from mpi_findings(plan, per_node(plan) == 0, "MDC705", "trtllm")
+    yield from flag_findings(resolved, plan, "trtllm", "/trtllm/args", bool(extra_options(opts)))
+
+
+def common_findings(plan: Plan, opts: TrtllmOptions) -> Iterator[Finding]:
+    """The model, the command and elastic jobs (both forms)."""
     if not opts.model:
         yield Finding(
             code="MDC700",
@@ -522,9 +570,6 @@ def check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
             hint='add [trtllm] model = "<Hugging Face id or local path>", e.g. '
             '"meta-llama/Llama-3.1-8B-Instruct"',
         )
-    yield from size_findings(plan, "trtllm", "/parallelism")
-    yield from mpi_findings(plan, per_node(plan) == 0, "MDC705", "trtllm")
-    yield from flag_findings(resolved, plan, "trtllm", "/trtllm/args", bool(extra_options(opts)))
     argv = plan.job.argv
     if not argv or argv[-1].rsplit("/", 1)[-1] != PROGRAM:
         yield Finding(
@@ -546,7 +591,7 @@ def check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
 
 
 def memory_setup(
-    engine: str, tp: int, pp: int, ep: int, opts: TrtllmOptions, extra: Mapping[str, Any]
+    engine: str, tp: int, pp: int, ep: int, opts: Any, extra: Mapping[str, Any]
 ) -> ServingSetup:
     """One server's memory: the KV cache takes --kv_cache_free_gpu_memory_fraction of what
     the weights leave (KvCacheConfig.free_gpu_memory_fraction); its dtype from kv_cache_config."""
@@ -569,7 +614,11 @@ def memory_setup(
     )
 
 
-def serving(plan: Plan, options: TrtllmOptions | None) -> ServingSetup:
+def serving(plan: Plan, options: TrtllmOptions | None) -> ServingSetup | None:
+    if options is not None and disaggregated(options):
+        from mdc_builtin.launchers import _trtllm_disagg
+
+        return _trtllm_disagg.serving(plan, options)
     opts = resolve(_opts(options)).options
     return memory_setup(
         "TensorRT-LLM", plan.sizes.tp, plan.sizes.pp, plan.sizes.ep, opts, extra_options(opts)
