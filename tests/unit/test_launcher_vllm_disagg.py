@@ -343,3 +343,27 @@ def test_nodes_get_their_place_from_node_hosts(tmp_path: Path) -> None:
     # both nodes of the decode server count NIXL ports from its first GPU: 5600 + 3 x 4
     assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in head
     assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in later
+
+
+def test_memory_setup_is_the_smaller_engine(tmp_path: Path) -> None:
+    """Prefill tp 4 on 4 GPUs, decode tp 2 x dp 4 on 8: a decode GPU holds half the
+    weights, a prefill GPU a quarter, so the decode engine is the one checked."""
+    from mdc_builtin.launchers import vllm_disagg
+
+    options = {
+        "prefill": {"tensor_parallel_size": 4},
+        "decode": {"tensor_parallel_size": 2, "data_parallel_size": 4},
+    }
+    compiled = compile_(tmp_path, spec(3, 8, options))
+    setup = vllm_disagg.serving(compiled.plan, compiled.plan.options["vllm_disagg"])
+    assert setup is not None and (setup.engine, setup.tp) == ("vLLM (decode)", 2)
+
+
+def test_the_serving_memory_estimate_is_made(tmp_path: Path) -> None:
+    """Llama-3.3-70B, decode engines of tp 4: 70.6e9 bf16 parameters / 4 on each GPU."""
+    data = spec(3, 8, {"decode": {"tensor_parallel_size": 4, "data_parallel_size": 2}})
+    data["distributed"].update(accelerator="nvidia", accelerator_model="h100-sxm")
+    data["model"] = {"name": "meta-llama/Llama-3.3-70B-Instruct", "seq_length": 32768}
+    memory = compile_(tmp_path, data).plan.serving_memory
+    assert memory is not None and memory.engine == "vLLM (decode)"
+    assert 35.0e9 < memory.weights < 35.5e9

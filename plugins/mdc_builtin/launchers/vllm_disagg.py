@@ -787,11 +787,12 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
 
 
 def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | None:
-    """The tighter role's engine (fewer GPUs; decode on a tie) for the memory check."""
+    """The tighter role's engine for the memory check: the smaller tensor-parallel size
+    holds the larger share of the weights on each GPU (decode on a tie)."""
     if options is None or plan.disagg is None:
         return None
     shapes = [server(plan, options, role) for role in ("decode", "prefill")]
-    shape = min(shapes, key=lambda s: s.gpus)
+    shape = min(shapes, key=lambda s: s.tp)
     values, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *shape.args])
     share = values.get("share")
     # vLLM's expert-parallel group is tp x dp of one server; each engine holds its share
