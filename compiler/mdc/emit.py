@@ -1,20 +1,21 @@
-"""The writer: checked artifact paths, manifest.json, and an all-or-nothing swap into ``-o``."""
+"""The writer: checked artifact paths, manifest.json, and ``-o`` written file by file:
+only what mdc wrote there before is replaced."""
 
 from __future__ import annotations
 
-# hashlib, shutil, tempfile and glob are imported where a tree is hashed or written:
-# validate and explain check paths only, and do not pay for them (about 8 ms).
-import errno as _errno
+# hashlib, shutil and secrets are imported where a tree is hashed or written:
+# validate and explain check paths only, and do not pay for them.
+import contextlib
 import json
 import os
-import sys
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeAlias
 
 from mdc.api import Artifact
 
-if TYPE_CHECKING:  # pathlib only where a tree is written or compared
-    from pathlib import Path
+#: a path the user gave (str or pathlib.Path), shown back as given in messages
+Where: TypeAlias = "str | os.PathLike[str]"
 
 MANIFEST = "manifest.json"
 
@@ -33,13 +34,7 @@ def check_paths(
     for artifact in artifacts:
         path = artifact.path
         parts = path.split("/")
-        if (
-            path in taken
-            or path.startswith("/")
-            or "\\" in path
-            or "\0" in path
-            or any(part in ("", ".", "..") for part in parts)
-        ):
+        if path in taken or not _is_plain(path):
             raise ArtifactError(f"artifact path {path!r} must be a plain relative path inside out/")
         if path in seen:
             raise ArtifactError(f"artifact path {path!r} is produced twice")
@@ -51,6 +46,14 @@ def check_paths(
         seen[path] = artifact
         folders.update(parents)
     return [seen[p] for p in sorted(seen)]
+
+
+def _is_plain(path: object) -> bool:
+    """A relative path inside out/, clear of the writer's own folders there."""
+    if not isinstance(path, str) or path.startswith("/") or "\\" in path or "\0" in path:
+        return False
+    parts = path.split("/")
+    return parts[0] not in (STAGING, COMMIT) and all(p not in ("", ".", "..") for p in parts)
 
 
 def mode_of(artifact: Artifact) -> int:
@@ -77,124 +80,406 @@ def finish(
     )
 
 
-def is_replaceable(out: Path) -> bool:
-    """Only an absent or empty directory, or an earlier mdc output, may be replaced."""
-    if not out.exists():
-        return True
-    if not out.is_dir():
-        return False
-    return not any(out.iterdir()) or (out / MANIFEST).is_file()
+class OutputError(Exception):
+    """The output cannot go where the user asked: the message names the path and why.
 
-
-def write_tree(out: Path, tree: Iterable[Artifact]) -> None:
-    """Build the tree beside ``out`` and swap it in; on any failure ``out`` is untouched.
-
-    Where the kernel can exchange two directories atomically (Linux ``renameat2``), a
-    SIGKILL at any point leaves ``out`` wholly old or wholly new. Elsewhere the swap is
-    two renames; a compile killed between them leaves the old tree parked beside
-    ``out``, and the next compile puts it back before doing anything else.
+    A user's situation (a folder that is not mdc's, a full or read-only filesystem, a
+    path under a file), never a bug in mdc: the command exits 2.
     """
-    import shutil
-    import tempfile
-    from pathlib import Path
 
-    out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _recover(out)
-    staging = Path(tempfile.mkdtemp(prefix=_prefix(out, "new"), dir=out.parent))
+
+#: Where a write is built inside ``out``, and the name it takes once complete (the commit).
+STAGING, COMMIT = ".mdc-staging", ".mdc-commit"
+_MANIFEST_KEYS = frozenset({"files", "plugins", "spec_sha256"})
+_MANIFEST_CAP = 64 << 20  # bytes; the manifest of 100,000 files is about 15 MB
+
+
+def listed_files(folder: str | os.PathLike[str]) -> frozenset[str] | None:
+    """The files that mdc's ``manifest.json`` in ``folder`` lists; None if it holds none.
+
+    A manifest is mdc's by what mdc writes into it (exactly its keys, sha256 hashes, the
+    two modes, plain relative paths), never by its name: a web app has a manifest.json too.
+    """
+    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        for artifact in tree:
-            target = staging / artifact.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(artifact.data)
-            os.chmod(target, mode_of(artifact))
-        os.chmod(staging, 0o755)
-        if not out.exists():
-            os.replace(staging, out)
-        elif _exchange(staging, out):
-            shutil.rmtree(staging, ignore_errors=True)  # now the old tree
-        else:
-            parked = Path(tempfile.mkdtemp(prefix=_prefix(out, "old"), dir=out.parent))
-            os.replace(out, parked / out.name)
-            os.replace(staging, out)
-            shutil.rmtree(parked, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _prefix(out: Path, kind: str) -> str:
-    """Leftover names carry the writer's pid, so only a dead writer's leftovers are cleared."""
-    return f".{out.name}.mdc-{kind}-{os.getpid()}-"
-
-
-def _recover(out: Path) -> None:
-    """Undo what a killed writer left beside ``out``: restore a parked tree, drop staging."""
-    import glob
-    import shutil
-
-    for leftover in sorted(out.parent.glob(f".{glob.escape(out.name)}.mdc-*-*-*")):
-        kind, pid = leftover.name[len(out.name) + 1 :].split("-")[1:3]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        parked = leftover / out.name
-        if kind == "old" and parked.is_dir() and not out.exists():
-            os.replace(parked, out)
-        shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
+        fd = os.open(os.path.join(folder, MANIFEST), os.O_RDONLY | nofollow)
+    except OSError:
+        return None
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(_MANIFEST_CAP + 1)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        value = json.loads(data) if len(data) <= _MANIFEST_CAP else None
+    except (ValueError, RecursionError):
+        return None
+    return _listed(value)
+
+
+def _listed(value: object) -> frozenset[str] | None:
+    if not isinstance(value, dict) or value.keys() != _MANIFEST_KEYS:
+        return None
+    files, plugins = value["files"], value["plugins"]
+    if not (
+        _is_sha256(value["spec_sha256"])
+        and isinstance(plugins, dict)
+        and all(isinstance(v, str) for v in plugins.values())
+        and isinstance(files, dict)
+    ):
+        return None
+    for path, entry in files.items():
+        if not (
+            _is_plain(path)
+            and path != MANIFEST
+            and isinstance(entry, dict)
+            and entry.keys() == {"mode", "sha256"}
+            and entry["mode"] in ("0644", "0755")
+            and _is_sha256(entry["sha256"])
+        ):
+            return None
+    return frozenset(files)
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and not value.strip("0123456789abcdef")
+
+
+def is_replaceable(out: Where) -> bool:
+    """Whether ``out`` is absent, an empty folder, or a tree mdc wrote (a quick look; the
+    writer checks again under its lock)."""
+    if not os.path.lexists(out):
         return True
+    if not os.path.isdir(out):
+        return False
+    return not os.listdir(out) or listed_files(out) is not None
+
+
+def write_tree(out: Where, tree: Iterable[Artifact]) -> None:
+    """Write ``tree`` into ``out``, replacing only what mdc wrote there before.
+
+    ``out`` may be absent, an empty folder, or a tree whose ``manifest.json`` mdc wrote:
+    the files that manifest lists are replaced or removed; every other file (a job's
+    ``slurm-<jobid>.out``, checkpoints) stays. A symlink is written through to its target.
+    The new files are first written complete into ``out/.mdc-staging``; a failure there
+    (a full or read-only filesystem) leaves ``out`` as it was. Renamed ``.mdc-commit``,
+    they are moved into place and the manifest last; a writer killed during the moves
+    leaves the commit, which the next write into ``out`` finishes before its own.
+    Concurrent writers into one ``out`` take turns (an exclusive lock on the folder).
+
+    Raises :class:`OutputError` when ``out`` may not or cannot be written.
+    """
+    files = list(tree)
+    root = os.path.realpath(out)
+    for _ in range(3):  # again if a failed writer removed the folder it had just created
+        created = _make_folders(out, root)
+        with _locked(out, root) as still_there:
+            if still_there:
+                _recover(root)
+                _replace(out, root, files, created)
+                return
+    raise OutputError(f"cannot write {out}: the folder {root} keeps disappearing")
+
+
+def recover(out: Where) -> None:
+    """Finish (or drop) what a writer killed while writing ``out`` left there."""
+    root = os.path.realpath(out)
+    if os.path.isdir(root):
+        with _locked(out, root) as still_there:
+            if still_there:
+                _recover(root)
+
+
+def _make_folders(out: Where, root: str, *, tree: bool = True) -> list[str]:
+    """Create ``root`` (the tree's folder, or a file's) and its missing parents; the ones
+    created, outermost first."""
+    missing, path = [], root
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        if tree and path == root:
+            raise OutputError(f"refusing to replace {out}: it is a file, not a folder")
+        raise OutputError(f"cannot write {out}: {path} is a file, not a folder")
+    made: list[str] = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # another writer made it meanwhile
+            continue
+        except OSError as exc:
+            _remove_folders(made)
+            raise _cannot(out, exc, root) from None
+        made.append(folder)
+    if tree and root in made:
+        os.chmod(root, 0o755)  # the tree's own mode, whatever the umask
+    return made
+
+
+def _remove_folders(made: list[str]) -> None:
+    for folder in reversed(made):
+        try:
+            os.rmdir(folder)  # only while empty: another writer may be using it
+        except OSError:
+            return
+
+
+@contextlib.contextmanager
+def _locked(out: Where, root: str) -> Iterator[bool]:
+    """Hold an exclusive lock on the folder ``root``; yields whether it is still there."""
+    try:
+        fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise _cannot(out, exc, root) from None
+    try:
+        try:
+            import fcntl
+        except ImportError:  # no flock (Windows): writers do not take turns
+            pass
+        else:
+            with contextlib.suppress(OSError):  # a filesystem without locks
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            still_there = os.path.samestat(os.fstat(fd), os.stat(root))
+        except OSError:
+            still_there = False
+        yield still_there
+    finally:
+        os.close(fd)
+
+
+def _recover(root: str) -> None:
+    """Under the lock, whatever lies in STAGING or COMMIT is a dead writer's."""
+    import shutil
+
+    if os.path.lexists(os.path.join(root, COMMIT)):
+        _roll_forward(root)
+    shutil.rmtree(os.path.join(root, STAGING), ignore_errors=True)
+
+
+def _replace(out: Where, root: str, files: list[Artifact], created: list[str]) -> None:
+    import shutil
+
+    old = _owned(out, root)
+    in_the_way = _in_the_way(root, [a.path for a in files], old | {MANIFEST})
+    if in_the_way:
+        raise OutputError(
+            f"refusing to write {out}: mdc did not write "
+            + ", ".join(in_the_way)
+            + f" (not listed in its {MANIFEST}), and the new tree needs the place; "
+            "move them away, then compile again"
+        )
+    staging = os.path.join(root, STAGING)
+    try:
+        _stage(staging, files)
+        os.replace(staging, os.path.join(root, COMMIT))
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        _remove_folders(created)
+        raise _cannot(out, exc, root, f"; {out} is as it was") from None
+    try:
+        _roll_forward(root)
+    except OSError as exc:
+        raise _cannot(
+            out, exc, root, f"; the next compile into {out} finishes this one first"
+        ) from None
+
+
+def _owned(out: Where, root: str) -> frozenset[str]:
+    """What mdc wrote into ``root`` before; refuses a folder that is not mdc's."""
+    try:
+        empty = not os.listdir(root)
+    except OSError as exc:
+        raise _cannot(out, exc, root) from None
+    listed = frozenset() if empty else listed_files(root)
+    if listed is None:
+        raise OutputError(
+            f"refusing to replace {out}: it is not empty and holds no {MANIFEST} "
+            "written by mdc (mdc writes only into an empty folder or a tree it wrote)"
+        )
+    return listed
+
+
+def _in_the_way(root: str, paths: list[str], old: frozenset[str]) -> list[str]:
+    """Entries mdc did not write that occupy a path (or a folder of one) the new tree needs."""
+    stale = old - set(paths)
+    found: list[str] = []
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            here = "/".join(parts[:i])
+            mode = _lmode(os.path.join(root, *parts[:i]))
+            if mode is None or (here in old and not stat.S_ISDIR(mode)):
+                break  # absent, or mdc's own file: removed or replaced
+            if i < len(parts) and stat.S_ISDIR(mode):
+                continue
+            if not (stat.S_ISDIR(mode) and _holds_only(root, here, stale)):
+                found.append(here + ("/" if stat.S_ISDIR(mode) else ""))
+            break
+    return sorted(set(found))
+
+
+def _holds_only(root: str, folder: str, stale: frozenset[str]) -> bool:
+    """Whether ``folder`` holds nothing but files of the old tree that go away."""
+    for top, dirs, names in os.walk(os.path.join(root, *folder.split("/"))):
+        rel = os.path.relpath(top, root).replace(os.sep, "/")
+        if any(os.path.islink(os.path.join(top, d)) for d in dirs):
+            return False
+        if any(f"{rel}/{name}" not in stale for name in names):
+            return False
     return True
 
 
-_RENAME_EXCHANGE = 2  # linux/fs.h
-_AT_FDCWD = -100
+def _lmode(path: str) -> int | None:
+    try:
+        return os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two directories in one step; False where the platform or filesystem cannot."""
-    if sys.platform != "linux":
+def _stage(staging: str, files: list[Artifact]) -> None:
+    """Every new file, complete and with its mode, under ``staging``."""
+    os.mkdir(staging, 0o700)
+    for artifact in files:
+        target = os.path.join(staging, *artifact.path.split("/"))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "wb") as f:
+                f.write(artifact.data)
+            os.chmod(target, mode_of(artifact))
+        except OSError as exc:
+            exc.filename = exc.filename or target  # a failed write names no file
+            raise
+
+
+def _roll_forward(root: str) -> None:
+    """Move a complete write into place: old files removed, new ones renamed in, manifest
+    last (until then the old manifest says what was mdc's). Safe to repeat."""
+    import shutil
+
+    commit = os.path.join(root, COMMIT)
+    new = listed_files(commit)
+    if new is not None:  # else the manifest, moved last, is in place already
+        old = listed_files(root) or frozenset()
+        for path in sorted(old - new):
+            _remove(root, path)
+        for path in sorted(new):
+            _place(commit, root, path)
+        os.replace(os.path.join(commit, MANIFEST), os.path.join(root, MANIFEST))
+    shutil.rmtree(commit)
+
+
+def _remove(root: str, path: str) -> None:
+    """Remove an old file of mdc's, then its folders that became empty."""
+    parts = path.split("/")
+    if not _real_folders(root, parts[:-1]):
+        return  # a folder replaced by a link or file since: nothing of mdc's to remove there
+    target = os.path.join(root, *parts)
+    mode = _lmode(target)
+    if mode is not None and not stat.S_ISDIR(mode):
+        os.unlink(target)
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            os.rmdir(os.path.join(root, *parts[:i]))
+        except OSError:  # not empty: it holds other files
+            return
+
+
+def _place(commit: str, root: str, path: str) -> None:
+    parts = path.split("/")
+    source = os.path.join(commit, *parts)
+    if not os.path.lexists(source):
+        return  # moved already, by the writer that was killed
+    for i in range(1, len(parts)):
+        folder = os.path.join(root, *parts[:i])
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder)
+        os.chmod(folder, 0o755)  # mdc's folders have one mode on every machine
+    target = os.path.join(root, *parts)
+    mode = _lmode(target)
+    if mode is not None and stat.S_ISDIR(mode):  # emptied of old files: empty folders left
+        for top, _, _ in sorted(os.walk(target), reverse=True):
+            os.rmdir(top)  # never a file: one would fail this
+    os.replace(source, target)
+
+
+def _real_folders(root: str, parts: list[str]) -> bool:
+    for i in range(1, len(parts) + 1):
+        mode = _lmode(os.path.join(root, *parts[:i]))
+        if mode is None or not stat.S_ISDIR(mode):
+            return False
+    return True
+
+
+def _cannot(out: Where, exc: OSError, root: str, tail: str = "") -> OutputError:
+    """A failed system call as a message about the path the user gave."""
+    where = exc.filename if isinstance(exc.filename, str) else root
+    for inner in (os.path.join(root, STAGING), os.path.join(root, COMMIT)):
+        if where == inner or where.startswith(inner + os.sep):
+            where = root + where[len(inner) :]  # the file it was going to be
+    shown = os.path.join(os.fspath(out), os.path.relpath(where, root)) if where != root else out
+    return OutputError(f"cannot write {shown}: {exc.strerror or exc}{tail}")
+
+
+def write_file(path: str, data: bytes, *, force: bool = False, inputs: Iterable[str] = ()) -> None:
+    """Write one file the user named (an SVG, a spec): never one of ``inputs``, an existing
+    file only with ``force``; a symlink is written through. The file is replaced in one
+    rename, so a failure leaves what was there."""
+    target = os.path.realpath(path)
+    for given in inputs:
+        if target == os.path.realpath(given) or _same_file(target, given):
+            raise OutputError(f"refusing to write {path}: it is the input {given}")
+    if os.path.isdir(target):
+        raise OutputError(f"cannot write {path}: it is a folder")
+    if os.path.lexists(path) and not force:
+        raise OutputError(f"{path} exists; pass --force to replace it")
+    import secrets
+
+    folder = os.path.dirname(target)
+    created = [] if os.path.isdir(folder) else _make_folders(path, folder, tree=False)
+    temporary = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.mdc")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's mode
+        with open(fd, "wb") as f:
+            f.write(data)
+        os.replace(temporary, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        _remove_folders(created)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
         return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    result = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    if result == 0:
-        return True
-    errno = ctypes.get_errno()
-    if errno in (_errno.EINVAL, _errno.ENOSYS, _errno.EOPNOTSUPP):
-        return False  # e.g. a filesystem without exchange support
-    raise OSError(errno, os.strerror(errno), str(b))
 
 
-def drift(out: Path, tree: Iterable[Artifact]) -> list[str]:
-    """How ``out`` differs from ``tree``: one line per missing, changed or extra file."""
+def drift(out: Where, tree: Iterable[Artifact]) -> list[str]:
+    """How ``out`` differs from ``tree``, one line per file: missing, changed, a wrong mode,
+    or extra (listed in the manifest on disk, not in ``tree``). Files mdc did not write are
+    not drift: a compile leaves them alone."""
     expected = {a.path: a for a in tree}
-    found = (
-        {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-        if out.is_dir()
-        else set()
-    )
+    folder = os.fspath(out)
+    listed = (listed_files(folder) if os.path.isdir(folder) else None) or frozenset()
     lines = []
-    for path in sorted(expected.keys() | found):
-        if path not in found:
+    for path in sorted(expected.keys() | listed):
+        on_disk = os.path.join(folder, *path.split("/"))
+        mode = _lmode(on_disk) if _real_folders(folder, path.split("/")[:-1]) else None
+        is_file = mode is not None and stat.S_ISREG(mode)
+        if path not in expected:
+            if is_file:
+                lines.append(f"extra: {path}")
+        elif not is_file:
             lines.append(f"missing: {path}")
-        elif path not in expected:
-            lines.append(f"extra: {path}")
         else:
-            on_disk = out / path
-            if on_disk.read_bytes() != expected[path].data:
+            with open(on_disk, "rb") as f:
+                same = f.read() == expected[path].data
+            if not same:
                 lines.append(f"changed: {path}")
-            elif (on_disk.stat().st_mode & 0o777) != mode_of(expected[path]):
+            elif stat.S_IMODE(mode or 0) != mode_of(expected[path]):
                 lines.append(f"mode: {path}")
     return lines
 

@@ -243,15 +243,24 @@ def test_check_passes_on_fresh_output_and_names_an_edited_file(tmp_path: Path) -
 
 
 def test_check_reports_mode_extra_and_missing_files(tmp_path: Path) -> None:
+    """extra: a file the manifest on disk lists and the spec no longer writes. A file mdc
+    did not write (notes.txt) is no drift: a compile would leave it as it is."""
     out = tmp_path / "out"
-    run("compile", QUICKSTART, "-o", str(out))
-    (out / "local" / "run.sh").chmod(0o644)
+    run("compile", "examples/slurm-torchrun-2x8.toml", "-o", str(out))
+    (out / "launch" / "worker.sh").chmod(0o644)
     (out / "notes.txt").write_text("mine\n")
     (out / "plan.json").unlink()
     code, _, stderr = run("compile", QUICKSTART, "-o", str(out), "--check")
     assert code == 1
-    for name in ("local/run.sh", "notes.txt", "plan.json"):
-        assert name in stderr
+    lines = [line.removeprefix(f"{out}: ") for line in stderr.splitlines()[:-1]]
+    assert lines == [
+        "changed: launch/worker.sh",
+        "missing: local/run.sh",
+        "changed: manifest.json",
+        "missing: plan.json",
+        "extra: slurm/job.sbatch",
+        "extra: slurm/node.sh",
+    ]
 
 
 def test_check_on_missing_output_fails(tmp_path: Path) -> None:
@@ -280,12 +289,15 @@ def test_failed_compile_leaves_previous_output_untouched(tmp_path: Path, specs: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "specs"], "no staging left"
 
 
-def test_recompile_replaces_earlier_output_and_prunes(tmp_path: Path, specs: Path) -> None:
+def test_recompile_replaces_earlier_output_and_prunes(tmp_path: Path) -> None:
+    """The files the earlier manifest lists that the new spec does not write go, and their
+    folders with them; the folder of a file mdc did not write stays."""
     out = tmp_path / "out"
-    run("compile", str(specs / "good.toml"), "-o", str(out))
-    (out / "local" / "stale.sh").write_text("old\n")
+    run("compile", "examples/slurm-torchrun-2x8.toml", "-o", str(out))
+    (out / "launch" / "notes.txt").write_text("mine\n")
     assert run("compile", QUICKSTART, "-o", str(out))[0] == 0
-    assert not (out / "local" / "stale.sh").exists()
+    assert not (out / "slurm").exists()
+    assert (out / "launch" / "notes.txt").read_text() == "mine\n"
     assert run("compile", QUICKSTART, "-o", str(out), "--check")[0] == 0
 
 

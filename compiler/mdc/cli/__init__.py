@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from mdc import __version__
+from mdc.emit import OutputError
 from mdc.errors import Diagnostic, ExitCode, InternalError, PluginError, SpecError, sort_diagnostics
 from mdc.pipeline import Compiler
 
@@ -89,14 +90,7 @@ def cmd_compile(args: argparse.Namespace, out: Output) -> int:
             refresh = shlex.join(["mdc", "compile", args.spec, "-o", args.output])
             print(f"mdc: {target} is out of date; refresh it with: {refresh}", file=out.stderr)
         return ExitCode.SPEC_INVALID if lines else ExitCode.OK
-    if not emit.is_replaceable(target):
-        print(
-            f"mdc: refusing to replace {target}: it is not empty and holds no "
-            f"{emit.MANIFEST} from an earlier compile",
-            file=out.stderr,
-        )
-        return ExitCode.USAGE
-    emit.write_tree(target, compiled.tree)
+    emit.write_tree(target, compiled.tree)  # OutputError: refused or failed, out/ as it was
     if out.fmt == "json":
         out.json(
             {
@@ -175,12 +169,11 @@ def cmd_explain(args: argparse.Namespace, out: Output) -> int:
     compiled = _compiler(args).compile(args.spec, tree=False)
     out.diagnostics(compiled.notes)
     if args.svg:
-        from pathlib import Path
-
+        from mdc.emit import write_file
         from mdc.rankmap import rank_map_svg
 
         svg = rank_map_svg(compiled.plan, compiled.launch.servers)
-        Path(args.svg).write_text(svg, encoding="utf-8")
+        write_file(args.svg, svg.encode("utf-8"), force=args.force, inputs=[args.spec])
     if out.fmt == "json":
         out.json(plan_json(compiled.plan, compiled.launch))
     else:
@@ -303,7 +296,12 @@ def _blocked_name(value: str) -> str:
 
 def _compile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="the job spec (.toml, .yaml, .yml or .json)")
-    p.add_argument("-o", "--output", required=True, help="output directory (replaced atomically)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output directory: mdc's files in it are replaced, all others kept",
+    )
     p.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if the output directory differs"
     )
@@ -321,6 +319,7 @@ def _validate_arguments(p: argparse.ArgumentParser) -> None:
 def _explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec")
     p.add_argument("--svg", metavar="FILE", help="also draw the rank map (nodes x GPUs) as SVG")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
 
 
 def _no_arguments(p: argparse.ArgumentParser) -> None:
@@ -357,6 +356,7 @@ def _import_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="where to write the spec (.toml, .yaml or .json; default: stdout as TOML)",
     )
+    p.add_argument("--force", action="store_true", help="replace SPEC if it exists")
 
 
 def _rehearse_arguments(p: argparse.ArgumentParser) -> None:
@@ -504,6 +504,9 @@ def main(
         if out.fmt == "json":
             out.json({"ok": False, "diagnostics": [d.to_json() for d in exc.diagnostics]})
         return ExitCode.SPEC_INVALID
+    except OutputError as exc:  # the user's folder or filesystem, not a bug
+        print(f"mdc: {exc}", file=stderr)
+        return ExitCode.USAGE
     except BrokenPipeError:  # `mdc schema | head`: the reader has all it wanted
         _quiet_stdout()
         return ExitCode.OK

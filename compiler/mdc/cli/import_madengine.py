@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
+from mdc.emit import write_file
 from mdc.errors import Diagnostic, ExitCode, Severity, SpecError, sort_diagnostics
 from mdc.importers.madengine import render_spec, translate
 from mdc.loaders import load_file
@@ -63,11 +64,7 @@ def cmd_import(args: argparse.Namespace, compiler: Compiler, out: Output) -> int
         found = [*notes, *exc.diagnostics]
     ok = not any(d.is_error for d in found)
     if args.output:
-        try:
-            Path(args.output).write_text(text, encoding="utf-8")
-        except OSError as exc:
-            print(f"mdc: cannot write {args.output}: {exc.strerror}", file=out.stderr)
-            return int(ExitCode.USAGE)
+        write_file(args.output, text.encode("utf-8"), force=args.force, inputs=[args.config])
     elif out.fmt == "text":
         out.stdout.write(text)
     out.diagnostics(found)

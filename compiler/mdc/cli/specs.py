@@ -3,8 +3,9 @@
 TOML, YAML and JSON files, without what the hook excludes (:data:`EXCLUDE`): the trees
 ``mdc compile`` writes (folders ``out/`` and ``launch/``, ``plan.json``, ``manifest.json``) and
 files that are never specs (a Python project's ``pyproject.toml``, JSON Schemas
-``*.schema.json``). Also skipped: any folder holding a ``manifest.json`` (an output tree under
-another name) and hidden folders (``.git``, ``.venv``).
+``*.schema.json``). Also skipped: a folder holding a ``manifest.json`` that mdc wrote (an
+output tree under another name; a web app's manifest.json does not count) and hidden folders
+(``.git``, ``.venv``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from mdc.emit import listed_files
 from mdc.errors import Diagnostic, Severity, SourceLocation
 
 SUFFIXES = (".toml", ".yaml", ".yml", ".json")
@@ -27,8 +29,8 @@ def find_specs(folder: Path) -> list[Path]:
     """Every spec under ``folder``, sorted by path."""
     found = []
     for root, dirs, files in os.walk(folder):
-        if "manifest.json" in files and Path(root) != folder:
-            dirs[:] = []
+        if "manifest.json" in files and Path(root) != folder and listed_files(root) is not None:
+            dirs[:] = []  # a tree mdc wrote: its JSON files are plan.json and the like
             continue
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         for name in files:
@@ -44,7 +46,7 @@ def no_specs(folder: str) -> Diagnostic:
         severity=Severity.ERROR,
         code="MDC005",
         message="no spec in this folder: no .toml, .yaml, .yml or .json file outside "
-        "compiled trees (out/, launch/, a folder holding manifest.json) but pyproject.toml "
+        "compiled trees (out/, launch/, a folder holding mdc's manifest.json) but pyproject.toml "
         "and JSON Schemas (*.schema.json)",
         hint="give the spec files, or the folder that holds them",
         location=SourceLocation(path=folder),

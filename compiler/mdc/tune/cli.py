@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -19,8 +18,6 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     from mdc.tune.report import result_json, svg, text, write_spec
     from mdc.tune.search import Tuner
 
-    if any(n.is_error for n in notes):  # a model name or config it could not read
-        raise SpecError(notes)
     doc, notes = translate(load_file(args.spec))
     out.diagnostics(notes)
     tuner = Tuner(compiler, doc)
@@ -47,10 +44,12 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
         print(summary, file=out.stderr)
         return ExitCode.SPEC_INVALID
     if args.write:
-        write_spec(args.write, result.rows[0].data, args.spec)
+        write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
     if args.svg:
-        capacity = tuner.capacity / GIB
-        Path(args.svg).write_text(svg(result, capacity, tuner.sample()), encoding="utf-8")
+        from mdc.emit import write_file
+
+        picture = svg(result, tuner.capacity / GIB, tuner.sample())
+        write_file(args.svg, picture.encode("utf-8"), force=args.force, inputs=[args.spec])
     if out.fmt == "json":
         out.json(result_json(result))
     else:
@@ -75,4 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--svg", metavar="FILE", help="draw throughput against memory per GPU as SVG"
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace OUT_SPEC and FILE if they exist"
     )

@@ -125,13 +125,18 @@ def text(result: Result) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_spec(path: str, data: Mapping[str, Any], source: str) -> None:
-    """The chosen layout as a spec in OUT_SPEC's format (TOML keeps the source's comments)."""
-    target = Path(path)
-    suffix = target.suffix.lower()
+def write_spec(path: str, data: Mapping[str, Any], source: str, *, force: bool = False) -> None:
+    """The chosen layout as a spec in OUT_SPEC's format (TOML keeps the source's comments);
+    never over the source, nor over another file without ``force``."""
+    from mdc.emit import write_file
+
+    write_file(path, spec_text(path, data, source).encode("utf-8"), force=force, inputs=[source])
+
+
+def spec_text(path: str, data: Mapping[str, Any], source: str) -> str:
+    suffix = Path(path).suffix.lower()
     if suffix == ".json":
-        target.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        return
+        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     if suffix in (".yaml", ".yml"):
         import io
 
@@ -141,8 +146,7 @@ def write_spec(path: str, data: Mapping[str, Any], source: str) -> None:
         yaml.default_flow_style = False
         stream = io.StringIO()
         yaml.dump(dict(data), stream)
-        target.write_text(stream.getvalue(), encoding="utf-8")
-        return
+        return stream.getvalue()
     import tomlkit
 
     if source.lower().endswith(".toml"):
@@ -151,7 +155,7 @@ def write_spec(path: str, data: Mapping[str, Any], source: str) -> None:
     else:
         doc = tomlkit.document()
         doc.update(data)
-    target.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return tomlkit.dumps(doc)
 
 
 def _merge(doc: Any, data: Mapping[str, Any]) -> None:
