@@ -185,6 +185,19 @@ kv_cache_free_gpu_memory_fraction = 0.9
 """,
         "TensorRT-LLM's server; mdc appends the model and its options",
     ),
+    "vllm_disagg": LauncherStart(
+        ["vllm", "serve"],
+        "vllm/vllm-openai:v0.11.0",
+        3,
+        8,
+        """\
+[vllm_disagg]                       # node 0: the proxy; then prefill, then decode nodes
+model = "meta-llama/Llama-3.3-70B-Instruct"   # EDIT
+tensor_parallel_size = 8
+router_command = ["python3", "toy_proxy_server.py"]   # EDIT: vLLM's toy proxy, in the image
+""",
+        "the vLLM server of every prefill and decode node; mdc appends the model and its flags",
+    ),
 }
 
 #: on the local backend, the serving launchers run one node (nodes there share its GPUs)
@@ -194,6 +207,12 @@ LOCAL: dict[str, LauncherStart] = {
     ),
     "sglang": LAUNCHERS["sglang"]._replace(
         nnodes=1, tables=LAUNCHERS["sglang"].tables.replace("pp = 2 ", "pp = 1 ")
+    ),
+    "vllm_disagg": LAUNCHERS["vllm_disagg"]._replace(
+        nnodes=1,
+        tables=LAUNCHERS["vllm_disagg"].tables.replace(
+            "tensor_parallel_size = 8", "tensor_parallel_size = 4"
+        ),
     ),
 }
 
