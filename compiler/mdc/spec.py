@@ -40,6 +40,14 @@ class JobTable:
 
 
 @attrs.frozen(kw_only=True)
+class NetworkTable:
+    """The cluster's scale-out network, where it differs from the catalogue's system."""
+
+    nics_per_node: int
+    nic_gbit_s: float
+
+
+@attrs.frozen(kw_only=True)
 class DistributedTable:
     launcher: str
     backend: str | None = None
@@ -54,6 +62,7 @@ class DistributedTable:
     decode_gpus: int | None = None
     accelerator_memory_gib: float | None = None
     accelerator_model: str | None = None
+    network: NetworkTable | None = None
 
 
 @attrs.frozen(kw_only=True)

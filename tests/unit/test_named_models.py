@@ -72,7 +72,9 @@ def test_a_named_model_compiles_as_its_keys_written_out(tmp_path: Path) -> None:
                                         "seq_length": 4096}), "a.toml")  # fmt: skip
     by_keys = _compile(tmp_path, _spec(keys), "b.toml")
     assert by_name.launch == by_keys.launch
-    trees = [{a.path: a.data for a in c.tree if a.path != "manifest.json"} for c in (by_name, by_keys)]
+    trees = [
+        {a.path: a.data for a in c.tree if a.path != "manifest.json"} for c in (by_name, by_keys)
+    ]
     assert trees[0] == trees[1] and "plan.json" in trees[0]
     assert b"--num-query-groups 8" in b"".join(trees[0].values())
 
@@ -132,3 +134,8 @@ def test_an_unreadable_model_type_says_to_write_the_keys(tmp_path: Path) -> None
 def test_a_missing_config_is_a_reading_error_not_a_bug(tmp_path: Path) -> None:
     found = _errors(tmp_path, _spec({"hf_config": "nowhere/config.json"}))
     assert [d.code for d in found] == ["MDC003"]
+
+
+def test_a_name_that_is_not_a_string_is_the_schema_s_to_refuse(tmp_path: Path) -> None:
+    found = _errors(tmp_path, _spec({"name": 70, "seq_length": 4096}))
+    assert [(d.code, d.location.pointer) for d in found] == [("MDC102", "/model/name")]

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from mdc.package_data import package_text
+from mdc.spec import NetworkTable
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +62,18 @@ class Accelerator:
             **({"compute_capability": self.compute_capability} if self.compute_capability else {}),
             "sources": dict(self.sources),
         }
+
+
+def with_network(hw: Accelerator, network: NetworkTable | None, gpus: int) -> Accelerator:
+    """``hw`` on the spec's scale-out network: each of the node's ``gpus`` GPUs gets an equal
+    share of its NICs (what the catalogue's per-GPU figure is on the system it describes)."""
+    if network is None:
+        return hw
+    per_gpu = network.nics_per_node * network.nic_gbit_s / 8 / gpus
+    where = f"[distributed] network: {network.nics_per_node} x {network.nic_gbit_s:g} Gb/s"
+    return attrs.evolve(
+        hw, scale_out_gb_s=per_gpu, sources={**hw.sources, "scale_out": f"{where} per node"}
+    )
 
 
 def from_json(ident: str, data: Mapping[str, Any]) -> Accelerator:

@@ -73,16 +73,19 @@ def name_model(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     no ``name``, so nothing downstream reads a half-described model as a whole one).
     """
     data = doc.data
-    model = data.get("model") if isinstance(data, dict) else None
-    if not isinstance(model, dict) or not ({"name", "hf_config"} & model.keys()):
+    if not isinstance(data, dict) or not isinstance(model := data.get("model"), dict):
+        return doc, []
+    # a value that is not a string stays for the schema to refuse
+    naming = {k: v for k, v in model.items() if k in ("name", "hf_config") and isinstance(v, str)}
+    if not naming:
         return doc, []
     found: list[Diagnostic] = []
     filled: dict[str, Any] = {}
     where: dict[str, str] = {}
     for key, read in (("hf_config", _from_config), ("name", _from_name)):
-        value = model.get(key)
-        if not isinstance(value, str):
-            continue  # absent, or the schema's to refuse
+        value = naming.get(key)
+        if value is None:
+            continue
         try:
             keys = read(value, doc)
         except _Refused as exc:
@@ -91,14 +94,14 @@ def name_model(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
         for k, v in keys.items():
             filled.setdefault(k, v)  # hf_config, the user's own file, before the catalogue
             where.setdefault(k, key)
-    kept = {k: v for k, v in model.items() if k not in ("name", "hf_config")}
+    kept = {k: v for k, v in model.items() if k not in naming}
     merged = {**filled, **kept}
     positions = {f"/model/{k}": doc.values.get(f"/model/{where[k]}") for k in filled}
     added = {p: pos for p, pos in positions.items() if pos is not None and p[7:] not in kept}
     named = attrs.evolve(
         doc,
         data={**data, "model": merged},
-        values=ChainMap(added, doc.values),  # type: ignore[arg-type]
+        values=ChainMap(added, doc.values),  # type: ignore[arg-type]  # read-only: a Mapping
         keys=ChainMap(added, doc.keys),  # type: ignore[arg-type]
     )
     return named, found
