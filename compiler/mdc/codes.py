@@ -640,6 +640,11 @@ CODES: dict[str, Code] = {
         "train in bf16, or name an accelerator that has them",
     ),
     # mdc tune
+    "MDC603": Code(
+        "warning: [distributed] network is set without accelerator_model, whose predictions it"
+        " changes",
+        "set accelerator_model, or remove network",
+    ),
     "MDC610": Code(
         "mdc tune does not search this launcher's layouts: its plugin declares no search space",
         "use a launcher whose plugin declares one (megatron and torchtitan do)",
@@ -656,11 +661,6 @@ CODES: dict[str, Code] = {
         "a server's tp x pp GPUs neither divide a node's GPUs nor are whole nodes, or do not "
         "divide the job's",
         "set tp and pp so that tp x pp divides nproc_per_node or is whole nodes",
-    "MDC603": Code(
-        "warning: [distributed] network is set without accelerator_model, whose predictions it"
-        " changes",
-        "set accelerator_model, or remove network",
-    ),
     ),
     "MDC702": Code(
         "ep does not divide tp, or etp is not tp / ep (TensorRT-LLM's Mapping)",
