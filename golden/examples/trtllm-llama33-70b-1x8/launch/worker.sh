@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'trtllm-llama33-70b' (node 0), launcher trtllm.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+export TRTLLM_TP_SIZE=1
+export TRTLLM_PP_SIZE=1
+export NNODES=1
+export NPROC_PER_NODE=8
+exec bash "${MDC_OUT}/launch/trtllm-node.sh" trtllm-serve nvidia/Llama-3.3-70B-Instruct-FP8 --host 0.0.0.0 --tp_size 1 --pp_size 1 --max_batch_size 1024 --max_num_tokens 2048 --max_seq_len 2048 --kv_cache_free_gpu_memory_fraction 0.9 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-extra-llm-api-options.yaml" --trust_remote_code
