@@ -681,6 +681,11 @@ CODES: dict[str, Code] = {
         "args pass --extra_llm_api_options while mdc writes that file",
         "move its options into extra_llm_api_options",
     ),
+    "MDC709": Code(
+        "warning: kv_cache_config in the LLM API options replaces the command line's "
+        "--kv_cache_free_gpu_memory_fraction",
+        "set free_gpu_memory_fraction inside kv_cache_config",
+    ),
     "MDC710": Code(
         "a disaggregated trtllm job lacks [trtllm.context] or [trtllm.generation]",
         "give both role tables",

@@ -416,3 +416,23 @@ def test_disaggregated_layouts_trtllm_or_mdc_cannot_place_are_refused(
 def test_one_role_table_alone_is_refused(tmp_path: Path) -> None:
     found = diagnostics(tmp_path, spec({"context": {"servers": 1, "tp_size": 8}}))
     assert codes(found) == ["MDC710"]
+
+
+def test_a_kv_cache_config_in_the_options_file_replaces_the_command_lines_fraction(
+    tmp_path: Path,
+) -> None:
+    # trtllm-serve merges the file over its own arguments key by key (llm_args | file):
+    # kv_cache_config replaces the KvCacheConfig built from the command line's fraction
+    options = {
+        "kv_cache_free_gpu_memory_fraction": 0.5,
+        "extra_llm_api_options": {"kv_cache_config": {"dtype": "fp8"}},
+    }
+    data = spec(options, nproc=1, distributed={"accelerator_memory_gib": 80}, model=LLAMA_8B)
+    compiled = compile_(tmp_path, data)
+    (warning,) = [d for d in compiled.diagnostics if d.code == "MDC709"]
+    assert "0.5 has no effect" in warning.message and "keeps 0.9" in warning.message
+    memory = compiled.plan.serving_memory
+    assert memory is not None and memory.share == 0.9 and memory.kv_dtype == "fp8"
+    options["extra_llm_api_options"] = {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
+    compiled = compile_(tmp_path, spec(options, nproc=1))
+    assert not [d for d in compiled.diagnostics if d.code == "MDC709"]

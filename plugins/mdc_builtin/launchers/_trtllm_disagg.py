@@ -45,6 +45,7 @@ from mdc_builtin.launchers.trtllm import (
     TrtllmOptions,
     flag_findings,
     flag_table,
+    kv_override_findings,
     memory_setup,
     mpi_findings,
     resolve,
@@ -249,6 +250,8 @@ def _role_findings(plan: Plan, options: TrtllmOptions, server: Shape) -> Iterato
             f"{server.ep} must divide {server.tp}",
             hint=f"set ep_size to a divisor of {server.tp}",
         )
+    pointer = f"/trtllm/{role}/kv_cache_free_gpu_memory_fraction"
+    yield from kv_override_findings(server.options, role_options(options, server), pointer)
     own: RoleOptions = getattr(options, role)
     resolved = resolve(own, ROLE_FLAGS[role])
     yield from flag_findings(resolved, plan, "trtllm", f"/trtllm/{role}/args", True)

@@ -557,7 +557,30 @@ def check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
         return
     yield from size_findings(plan, "trtllm", "/parallelism")
     yield from mpi_findings(plan, per_node(plan) == 0, "MDC705", "trtllm")
+    pointer = "/trtllm/kv_cache_free_gpu_memory_fraction"
+    yield from kv_override_findings(opts, extra_options(opts), pointer)
     yield from flag_findings(resolved, plan, "trtllm", "/trtllm/args", bool(extra_options(opts)))
+
+
+def kv_override_findings(opts: Any, extra: Mapping[str, Any], pointer: str) -> Iterator[Finding]:
+    """A fraction on the command line that the options file's kv_cache_config replaces
+    (update_llm_args_with_extra_dict: llm_args | the file's; MDC709, a warning)."""
+    fraction = opts.kv_cache_free_gpu_memory_fraction
+    kv_config = extra.get("kv_cache_config")
+    if fraction is None or not isinstance(kv_config, dict):
+        return
+    kept = kv_config.get("free_gpu_memory_fraction", DEFAULT_FREE_FRACTION)
+    if kept != fraction:
+        yield Finding(
+            code="MDC709",
+            pointer=pointer,
+            severity=Severity.WARNING,
+            message=f"kv_cache_config in the LLM API options replaces the KV cache settings "
+            f"of trtllm-serve's command line, so --kv_cache_free_gpu_memory_fraction "
+            f"{fraction:g} has no effect: TensorRT-LLM keeps {kept:g}",
+            hint=f"set free_gpu_memory_fraction = {fraction:g} inside kv_cache_config (or "
+            "drop kv_cache_free_gpu_memory_fraction)",
+        )
 
 
 def common_findings(plan: Plan, opts: TrtllmOptions) -> Iterator[Finding]:
@@ -596,8 +619,13 @@ def memory_setup(
     """One server's memory: the KV cache takes --kv_cache_free_gpu_memory_fraction of what
     the weights leave (KvCacheConfig.free_gpu_memory_fraction); its dtype from kv_cache_config."""
     fraction = opts.kv_cache_free_gpu_memory_fraction
+    source = "--kv_cache_free_gpu_memory_fraction"
     kv_config = extra.get("kv_cache_config")
     kv_dtype = kv_config.get("dtype", "auto") if isinstance(kv_config, dict) else "auto"
+    if isinstance(kv_config, dict):
+        # the file's kv_cache_config replaces the command line's (llm_args | file)
+        fraction = kv_config.get("free_gpu_memory_fraction", DEFAULT_FREE_FRACTION)
+        source = "kv_cache_config.free_gpu_memory_fraction of the LLM API options (or its 0.9)"
     return ServingSetup(
         engine=engine,
         tp=tp,
@@ -605,7 +633,7 @@ def memory_setup(
         ep=ep,
         etp=max(1, tp // ep),
         share=fraction if fraction is not None else DEFAULT_FREE_FRACTION,
-        share_source="--kv_cache_free_gpu_memory_fraction"
+        share_source=source
         if fraction is not None
         else "trtllm-serve's default --kv_cache_free_gpu_memory_fraction",
         share_of="free",
