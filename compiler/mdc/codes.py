@@ -733,6 +733,11 @@ CODES: dict[str, Code] = {
         "a size flag in args has a value vLLM refuses",
         "give it a whole number of at least 1",
     ),
+    "MDC730": Code(
+        "a role's tensor_parallel_size does not divide the model's attention heads (vLLM "
+        "refuses it)",
+        "pick a tensor_parallel_size from the hint",
+    ),
 }
 
 

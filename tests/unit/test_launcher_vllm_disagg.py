@@ -367,3 +367,16 @@ def test_the_serving_memory_estimate_is_made(tmp_path: Path) -> None:
     memory = compile_(tmp_path, data).plan.serving_memory
     assert memory is not None and memory.engine == "vLLM (decode)"
     assert 35.0e9 < memory.weights < 35.5e9
+
+
+def test_vllms_own_refusal_of_a_tp_that_splits_heads(tmp_path: Path) -> None:
+    """vLLM: "Total number of attention heads (40) must be divisible by tensor parallel
+    size (16)" (ModelConfig.verify_with_parallel_config) -- here before the job runs."""
+    data = spec(3, 16, {"tensor_parallel_size": 8, "decode": {"tensor_parallel_size": 16}})
+    data["model"] = {"num_attention_heads": 40}
+    (error,) = errors(tmp_path, data)
+    assert (
+        error.code == "MDC730"
+        and error.location.pointer == "/vllm_disagg/decode/tensor_parallel_size"
+    )
+    assert "40 attention heads" in error.message and "[1, 2, 4, 5, 8, 10]" in (error.hint or "")

@@ -670,6 +670,22 @@ def _count_findings(plan: Plan, shape: Server) -> Iterator[Finding]:
                 break
 
 
+def _heads_findings(plan: Plan, options: VllmDisaggOptions, shape: Server) -> Iterator[Finding]:
+    """vLLM's own refusal (ModelConfig.verify_with_parallel_config): the attention heads of
+    [model] split evenly over an engine's tensor-parallel ranks (MDC730)."""
+    heads = plan.model.num_attention_heads if plan.model is not None else None
+    if not heads or heads % shape.tp == 0:
+        return
+    fits = [tp for tp in range(1, plan.nproc_per_node + 1) if heads % tp == 0]
+    yield Finding(
+        code="MDC730",
+        pointer=_role_pointer(options, shape.role, "tensor_parallel_size"),
+        message=f"vLLM refuses a {shape.role} engine of tensor_parallel_size {shape.tp}: the "
+        f"model's {heads} attention heads must be divisible by it",
+        hint=f"set the {shape.role} tensor_parallel_size to one of {fits}",
+    )
+
+
 def _arg_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
     """Flags mdc derives (MDC728) and size flags whose value vLLM would refuse (MDC729)."""
     lists: list[tuple[str, str, Sequence[str]]] = [
@@ -755,6 +771,7 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
         shape = server(plan, options, role)
         shape_findings = list(_shape_findings(plan, options, shape))
         yield from shape_findings
+        yield from _heads_findings(plan, options, shape)
         if not shape_findings:
             yield from _count_findings(plan, shape)
     if plan.sizes.pp != 1 or plan.sizes.cp != 1:
