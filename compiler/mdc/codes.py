@@ -546,13 +546,29 @@ CODES: dict[str, Code] = {
     "MDC438": Code("user is not a login name", "fix it"),
     # kubernetes
     "MDC441": Code("an elastic job on an Indexed Job", "remove min_nnodes"),
+    "MDC442": Code(
+        "[job] image begins or ends with whitespace, which the apiserver refuses in a pod",
+        "remove the whitespace",
+    ),
+    "MDC443": Code(
+        "more nodes than the apiserver lets an Indexed Job run at once (100000)",
+        "run at most 100000 nodes",
+    ),
     # shared Kubernetes
     "MDC460": Code("no [job] image for pods", "set [job] image"),
     "MDC461": Code("a name that is not a valid Kubernetes name", "follow the rule shown"),
     "MDC462": Code("an invalid label key", "fix the key"),
     "MDC463": Code("a toleration with operator Exists and a value", "remove the value"),
-    "MDC464": Code("not a Kubernetes quantity", "use a quantity such as 64Gi or 500m"),
-    "MDC465": Code("a volume name used twice", "rename one (mdc uses mdc and dshm)"),
+    "MDC464": Code(
+        "a resource the apiserver refuses: not a Kubernetes quantity (ASCII digits), a "
+        "negative one, or a gpu_resource that is not an extended resource name",
+        "use a quantity such as 64Gi or 500m, and a name such as nvidia.com/gpu",
+    ),
+    "MDC465": Code(
+        "a volume the apiserver refuses or that hides another: a name used twice, a mount "
+        "path taken (/mdc, /dev/shm, once resolved), a hostPath with '..'",
+        "rename it, mount it at its own path, or write the hostPath without '..'",
+    ),
     "MDC466": Code("gpus_per_node on a cpu job", "remove it, or set the accelerator"),
     "MDC467": Code("the launch files exceed a ConfigMap's 1 MiB", "make the launch files smaller"),
     "MDC468": Code(

@@ -1,41 +1,55 @@
 """The checks of a Kubernetes backend's pod options and files that the apiserver would
-otherwise refuse at apply time (MDC460, MDC462-467, MDC472)."""
+otherwise refuse at apply time (MDC442, MDC460, MDC462-467, MDC472)."""
 
 from __future__ import annotations
 
-import re
+import posixpath
 from collections.abc import Iterable, Iterator, Sequence
-from decimal import Decimal
 
 from mdc.api import Artifact, Finding, Plan, Severity
 
 from .k8s_names import DNS_SUBDOMAIN, LABEL_NAME, dns_label_findings, label_findings
 from .k8s_options import MOUNT, PodOptions, Toleration, Volume, gpu_count
 from .k8s_pod import CONFIGMAP_LIMIT, config_key
+from .k8s_quantity import parse_quantity
 
-#: a Kubernetes resource quantity: a number with an optional binary/decimal suffix or exponent
-QUANTITY = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
-_SUFFIXES = {
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{
-        s: Decimal(10) ** e
-        for s, e in zip("numkMGTPE", (-9, -6, -3, 3, 6, 9, 12, 15, 18), strict=True)
-    },
-}
+#: what Go's unicode.IsSpace calls a space: the apiserver refuses an image that begins or
+#: ends with one (strings.TrimSpace); Python's str.isspace also counts U+001C-U+001F
+GO_SPACES = frozenset("\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | frozenset(
+    chr(c) for c in range(0x2000, 0x200B)
+)
+#: the mounts every pod has (the ConfigMap tree and the shared-memory emptyDir)
+RESERVED_MOUNTS = (MOUNT, "/dev/shm")
 
 
 def whole_quantity(text: str) -> bool:
-    """Whether a quantity (already matching :data:`QUANTITY`) is a whole number, as the
-    apiserver requires of extended resources such as nvidia.com/gpu (IsIntegerResourceName)."""
-    match = QUANTITY.fullmatch(text)
-    if match is None:
+    """Whether a quantity is a whole number, as the apiserver requires of extended resources
+    such as nvidia.com/gpu (IsIntegerResourceName; it compares the value it parsed, rounded
+    up to a nano)."""
+    value = parse_quantity(text)
+    return value is not None and value == value.to_integral_value()
+
+
+def mount_point(path: str) -> str:
+    """The directory a mount path names, as the container runtime resolves it (lexically, as
+    Go's path.Clean): ``//mdc``, ``/data/../mdc`` and ``/mdc/`` are all ``/mdc``."""
+    cleaned = posixpath.normpath(path)
+    return "/" + cleaned.lstrip("/") if path.startswith("/") else cleaned
+
+
+def extended_resource(name: str) -> bool:
+    """Whether ``name`` is what the apiserver calls an extended resource name
+    (helper.IsExtendedResourceName): DOMAIN/NAME, not native (``kubernetes.io/``), not
+    ``requests.``-prefixed, and a qualified name even with ``requests.`` put in front."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
         return False
-    suffix = match.group(3) or ""
-    if suffix[:1] in ("e", "E"):
-        value = Decimal(text)
-    else:
-        value = Decimal(text[: len(text) - len(suffix)]) * _SUFFIXES.get(suffix, Decimal(1))
-    return value == value.to_integral_value()
+    prefix, _, base = f"requests.{name}".rpartition("/")
+    return (
+        len(prefix) <= 253
+        and DNS_SUBDOMAIN.fullmatch(prefix) is not None
+        and len(base) <= 63
+        and LABEL_NAME.fullmatch(base) is not None
+    )
 
 
 def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
@@ -47,6 +61,14 @@ def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
             message=f"the {table} backend runs the job in pods, which need an image, "
             "but [job] image is not set",
             hint='set [job] image (for example "nvcr.io/nvidia/pytorch:25.01-py3")',
+        )
+    elif plan.job.image[0] in GO_SPACES or plan.job.image[-1] in GO_SPACES:
+        yield Finding(
+            code="MDC442",
+            pointer="/job/image",
+            message=f"[job] image {plan.job.image!r} begins or ends with whitespace, which "
+            "the apiserver refuses in a container's image",
+            hint=f"remove the whitespace: {plan.job.image.strip(''.join(GO_SPACES))!r}",
         )
     if opts.namespace is not None:
         yield from dns_label_findings(opts.namespace, f"/{table}/namespace", "namespace")
@@ -74,36 +96,9 @@ def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
     )
     yield from label_findings(opts.labels, f"/{table}/labels", f"[{table}] labels")
     yield from _toleration_findings(opts.tolerations, table)
-    for key in ("cpu", "memory", "shm_size", "gpus_per_node"):
-        value = getattr(opts, key)
-        if value is not None and not QUANTITY.fullmatch(str(value)):
-            yield Finding(
-                code="MDC464",
-                pointer=f"/{table}/{key}",
-                message=f"[{table}] {key} {str(value)!r} is not a Kubernetes quantity",
-                hint='write a number with an optional suffix: "64Gi", "500m", 8',
-            )
-    gpus = opts.gpus_per_node
-    if gpus is not None and QUANTITY.fullmatch(str(gpus)) and not whole_quantity(str(gpus)):
-        yield Finding(
-            code="MDC472",
-            pointer=f"/{table}/gpus_per_node",
-            message=f"[{table}] gpus_per_node {str(gpus)!r} is not a whole number; the "
-            "apiserver refuses a fractional quantity of an extended resource (a GPU "
-            "is handed out whole)",
-            hint="write a whole number of GPUs, as 1 or 8 (GPU sharing is the device "
-            "plugin's time-slicing or MIG, with their own resource names)",
-        )
+    yield from _quantity_findings(opts, table)
     if opts.gpu_resource is not None:
-        prefix, _, name = opts.gpu_resource.rpartition("/")
-        if not prefix or not DNS_SUBDOMAIN.fullmatch(prefix) or not LABEL_NAME.fullmatch(name):
-            yield Finding(
-                code="MDC464",
-                pointer=f"/{table}/gpu_resource",
-                message=f"[{table}] gpu_resource {opts.gpu_resource!r} is not an "
-                "extended resource name (DOMAIN/NAME)",
-                hint='for example "nvidia.com/gpu" or "amd.com/gpu"',
-            )
+        yield from _gpu_resource_findings(opts.gpu_resource, table)
     yield from _volume_findings(opts.volumes, table)
     count = gpu_count(plan, opts)
     if plan.accelerator == "cpu" and count is not None and opts.gpu_resource is None:
@@ -119,8 +114,8 @@ def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
         plan.accelerator != "cpu"
         and count is not None
         and opts.gpu_resource is None
-        and str(count).isdigit()
-        and int(str(count)) < plan.nproc_per_node
+        and (asked := parse_quantity(str(count))) is not None
+        and asked < plan.nproc_per_node
     ):
         yield Finding(
             code="MDC466",
@@ -129,6 +124,87 @@ def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
             message=f"each pod asks for {count} GPU(s) but runs {plan.nproc_per_node} "
             "process(es): some processes share a GPU",
             hint=f"set gpus_per_node = {plan.nproc_per_node}, or lower nproc_per_node",
+        )
+
+
+def _quantity_findings(opts: PodOptions, table: str) -> Iterator[Finding]:
+    """MDC464 for a cpu, memory, shm_size or GPU count the apiserver refuses (not a quantity,
+    or negative: ValidateNonnegativeQuantity, and an emptyDir's sizeLimit below 0); MDC472 for
+    a fractional GPU count."""
+    for key in ("cpu", "memory", "shm_size", "gpus_per_node"):
+        value = getattr(opts, key)
+        if value is None:
+            continue
+        parsed = parse_quantity(str(value))
+        if parsed is None:
+            yield Finding(
+                code="MDC464",
+                pointer=f"/{table}/{key}",
+                message=f"[{table}] {key} {str(value)!r} is not a Kubernetes quantity",
+                hint='write a number in ASCII digits with an optional suffix: "64Gi", "500m", 8',
+            )
+        elif parsed < 0:
+            yield Finding(
+                code="MDC464",
+                pointer=f"/{table}/{key}",
+                message=f"[{table}] {key} {str(value)!r} is negative; the apiserver refuses "
+                "a negative quantity",
+                hint=f"write a quantity of at least 0, as {str(value).lstrip('-')!r}",
+            )
+    gpus = opts.gpus_per_node
+    name = opts.gpu_resource
+    if (
+        gpus is not None
+        and (parsed := parse_quantity(str(gpus))) is not None
+        and parsed >= 0
+        and (name is None or extended_resource(name))
+        and not whole_quantity(str(gpus))
+    ):
+        yield Finding(
+            code="MDC472",
+            pointer=f"/{table}/gpus_per_node",
+            message=f"[{table}] gpus_per_node {str(gpus)!r} is not a whole number; the "
+            "apiserver refuses a fractional quantity of an extended resource (a GPU "
+            "is handed out whole)",
+            hint="write a whole number of GPUs, as 1 or 8 (GPU sharing is the device "
+            "plugin's time-slicing or MIG, with their own resource names)",
+        )
+
+
+def _gpu_resource_findings(name: str, table: str) -> Iterator[Finding]:
+    """MDC464 for a gpu_resource the apiserver refuses as a container resource name.
+
+    Any extended resource is accepted, GPU or not: the scheduler places the pod on a node
+    whose allocatable has that resource and refuses nothing, and device plugins name their
+    accelerators freely (nvidia.com/gpu, nvidia.com/mig-1g.10gb, gpu.intel.com/i915,
+    habana.ai/gaudi, a fractional plugin's nvidia.com/gpumem), so no name can be told not
+    to be one. A name without a domain is a native resource (cpu, memory, hugepages-2Mi),
+    which the table's own keys set.
+    """
+    prefix, _, base = name.rpartition("/")
+    qualified = (
+        bool(prefix)
+        and len(prefix) <= 253
+        and DNS_SUBDOMAIN.fullmatch(prefix) is not None
+        and len(base) <= 63
+        and LABEL_NAME.fullmatch(base) is not None
+    )
+    if not qualified:
+        yield Finding(
+            code="MDC464",
+            pointer=f"/{table}/gpu_resource",
+            message=f"[{table}] gpu_resource {name!r} is not an extended resource name "
+            "(DOMAIN/NAME)",
+            hint='for example "nvidia.com/gpu" or "amd.com/gpu"',
+        )
+    elif "kubernetes.io/" not in name and not extended_resource(name):
+        yield Finding(
+            code="MDC464",
+            pointer=f"/{table}/gpu_resource",
+            message=f"[{table}] gpu_resource {name!r} does not follow the extended resource "
+            "name standard: the apiserver refuses a name that begins with 'requests.' "
+            "or is too long once 'requests.' is put in front",
+            hint='use the name the device plugin advertises, as "nvidia.com/gpu"',
         )
 
 
@@ -184,18 +260,19 @@ def _volume_findings(volumes: Sequence[Volume], table: str) -> Iterator[Finding]
                 hint="give every volume its own name",
             )
         seen_names.add(vol.name)
-        path = vol.mount_path.rstrip("/") or "/"
+        path = mount_point(vol.mount_path)
         if (
             not path.startswith("/")
-            or path in ("/", MOUNT, "/dev/shm")
+            or path in ("/", *RESERVED_MOUNTS)
             or path.startswith(MOUNT + "/")
             or path in seen_paths
         ):
             yield Finding(
                 code="MDC465",
                 pointer=f"{pointer}/mount_path",
-                message=f"volume {vol.name!r} mount_path {vol.mount_path!r} is not an "
-                f"absolute path of its own (/, {MOUNT}, /dev/shm and paths "
+                message=f"volume {vol.name!r} mount_path {vol.mount_path!r}"
+                + ("" if path == vol.mount_path.rstrip("/") else f" (that is {path!r})")
+                + f" is not an absolute path of its own (/, {MOUNT}, /dev/shm and paths "
                 "used twice are taken)",
                 hint='mount it at its own absolute path, as "/checkpoints"',
             )
@@ -214,6 +291,14 @@ def _volume_findings(volumes: Sequence[Volume], table: str) -> Iterator[Finding]
                 pointer=f"{pointer}/host_path",
                 message=f"volume {vol.name!r} host_path {vol.host_path!r} is not absolute",
                 hint='write an absolute path, as "/mnt/data"',
+            )
+        elif vol.host_path is not None and ".." in vol.host_path.split("/"):
+            yield Finding(
+                code="MDC465",
+                pointer=f"{pointer}/host_path",
+                message=f"volume {vol.name!r} host_path {vol.host_path!r} has a '..' "
+                "element, which the apiserver refuses in a hostPath",
+                hint=f"write the directory itself, as {mount_point(vol.host_path)!r}",
             )
         elif vol.claim is not None and (
             len(vol.claim) > 253 or not DNS_SUBDOMAIN.fullmatch(vol.claim)

@@ -13,14 +13,16 @@ This module is what the backends import; the pieces live by concern in
 labels), :mod:`.k8s_checks` (the shared findings), :mod:`.k8s_pod` (building
 pods, the ConfigMap and Services) and :mod:`.k8s_yaml` (the writer).
 
-Shared diagnostics (MDC460-469):
+Shared diagnostics (MDC460-469, MDC442, MDC472):
 
+- MDC442 ``[job] image`` begins or ends with whitespace
 - MDC460 no ``[job] image`` (a pod needs one)
 - MDC461 a name (given or derived) is not a DNS-1123 label
 - MDC462 a label key or value, or a node selector entry, is not valid
 - MDC463 a toleration is inconsistent (operator/value/effect)
-- MDC464 a resource quantity is not a Kubernetes quantity
-- MDC465 a volume is wrong (name, mount path clash, source)
+- MDC464 a resource quantity is not a Kubernetes quantity, or is negative, or
+  ``gpu_resource`` is not a resource name the apiserver takes
+- MDC465 a volume is wrong (name, mount path clash, source, a hostPath with '..')
 - MDC466 the GPU request does not match the accelerator (warning)
 - MDC467 the ConfigMap payload is over the 1 MiB limit
 - MDC468 a Service name (the job's) is not a DNS-1035 label
@@ -35,7 +37,13 @@ from typing import Any
 
 from mdc.api import Artifact, files_written
 
-from .k8s_checks import QUANTITY, configmap_findings, pod_findings, whole_quantity
+from .k8s_checks import (
+    configmap_findings,
+    extended_resource,
+    mount_point,
+    pod_findings,
+    whole_quantity,
+)
 from .k8s_names import (
     DERIVED_NAMES,
     DNS_1035,
@@ -84,6 +92,7 @@ from .k8s_pod import (
     tolerations,
     volumes,
 )
+from .k8s_quantity import parse_quantity
 from .k8s_yaml import dump_yaml, load_yaml, plainly_writable
 
 
@@ -116,7 +125,6 @@ __all__ = [
     "NodeNames",
     "PULL_POLICIES",
     "PodOptions",
-    "QUANTITY",
     "TOLERATION_EFFECTS",
     "Toleration",
     "Volume",
@@ -129,6 +137,7 @@ __all__ = [
     "dns_label_findings",
     "dump_yaml",
     "env_list",
+    "extended_resource",
     "field_ref",
     "gpu_count",
     "headless_service",
@@ -136,8 +145,10 @@ __all__ = [
     "label_findings",
     "load_yaml",
     "metadata",
+    "mount_point",
     "name_clash_findings",
     "node_script",
+    "parse_quantity",
     "pod_dns",
     "pod_findings",
     "pod_options_schema",

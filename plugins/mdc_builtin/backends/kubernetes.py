@@ -11,6 +11,8 @@ the core limits job names to 40 characters. Apply with ``kubectl apply -f kubern
 Backend codes MDC440-449:
 
 - MDC441 an elastic job (min_nnodes < nnodes): an Indexed Job has a fixed size
+- MDC443 more nodes than an Indexed Job may run at once (the apiserver's limit on
+  parallelism, :data:`MAX_INDEXED_PARALLELISM`)
 - MDC473 ``cluster_domain`` is not a DNS domain
 
 A failing pod fails the Job (backoffLimit 0, restartPolicy Never), and the finished
@@ -31,6 +33,10 @@ import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
 
 from . import k8s_common as k8s
+
+#: the most pods an Indexed Job may run at once: the apiserver refuses a larger parallelism
+#: (pkg/apis/batch/validation, maxParallelismForIndexedJob), and mdc's Job runs nnodes
+MAX_INDEXED_PARALLELISM = 100_000
 
 
 @attrs.frozen(kw_only=True)
@@ -134,6 +140,16 @@ def check(plan: Plan, options: KubernetesOptions | None) -> Iterator[Finding]:
             message=f"[kubernetes] cluster_domain {opts.cluster_domain!r} is not a DNS "
             "domain (lowercase letters, digits, '-' and '.')",
             hint="the cluster's DNS domain, the kubelet's --cluster-domain (\"cluster.local\")",
+        )
+    if plan.nnodes > MAX_INDEXED_PARALLELISM:
+        yield Finding(
+            code="MDC443",
+            pointer="/distributed/nnodes",
+            message=f"an Indexed Job runs its {plan.nnodes} pods at once (parallelism = "
+            f"nnodes), and the apiserver refuses a parallelism above "
+            f"{MAX_INDEXED_PARALLELISM} for an Indexed Job",
+            hint=f"run at most {MAX_INDEXED_PARALLELISM} nodes (more processes per node, "
+            "or several jobs)",
         )
     if plan.elastic:
         yield Finding(

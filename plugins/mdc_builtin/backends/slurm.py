@@ -45,6 +45,8 @@ from mdc.api import (
     shell_word,
 )
 
+from .slurm_time import time_minutes
+
 #: Directives mdc writes itself, by ``[slurm]`` key (None: from the plan, not a key).
 DIRECTIVES: dict[str, str | None] = {
     "job-name": None,
@@ -98,16 +100,11 @@ SRUN_OWN = {
 #: and treats "#" as the start of a comment; nothing on that line is a shell.
 UNSAFE = re.compile(r"[\s\"'#\\]|[\x00-\x1f\x7f]")
 LONG_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=(.+))?", re.DOTALL)
-#: sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-#: days-hours:minutes, days-hours:minutes:seconds, or UNLIMITED/INFINITE
-TIME = re.compile(
-    r"(\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|unlimited|infinite)", re.IGNORECASE
-)
-#: sbatch --mem: an integer with an optional K, M, G or T suffix, B allowed after it
-#: (default MB); 0 = all of each node's memory
-MEMORY = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE)
+#: sbatch --mem: an integer (ASCII digits: SLURM reads it with strtoll) with an optional K,
+#: M, G or T suffix, B allowed after it (default MB); 0 = all of each node's memory
+MEMORY = re.compile(r"[0-9]+([KMGT]B?)?", re.IGNORECASE)
 #: --gpus-per-node: [type:]count
-GPUS = re.compile(r"(?:([A-Za-z0-9_.-]+):)?(\d+)")
+GPUS = re.compile(r"(?:([A-Za-z0-9_.-]+):)?([0-9]+)")
 #: a container mount: SRC[:DST[:FLAGS]], no commas (pyxis and apptainer split on them)
 MOUNT = re.compile(r"/[^,:\s]*(:/[^,:\s]*(:[A-Za-z0-9_+-]+)?)?")
 IMAGE_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")
@@ -458,12 +455,13 @@ def _value_findings(opts: SlurmOptions) -> Iterator[Finding]:
                 message=f"[slurm] {key} {str(value)!r} holds {why}, which an #SBATCH "
                 "line cannot carry",
             )
-        elif key == "time" and not TIME.fullmatch(str(value)):
+        elif key == "time" and time_minutes(str(value)) is None:
             yield Finding(
                 code="MDC415",
                 pointer="/slurm/time",
                 message=f"[slurm] time {str(value)!r} is not a SLURM time limit",
-                hint='write minutes (90), "HH:MM:SS" ("12:00:00") or "D-HH:MM:SS" ("2-00:00:00")',
+                hint='write minutes (90), "HH:MM:SS" ("12:00:00") or "D-HH:MM:SS" '
+                '("2-00:00:00"), or MM:SS, D-HH, D-HH:MM, in ASCII digits',
             )
         elif key == "mem" and not MEMORY.fullmatch(str(value)):
             yield Finding(

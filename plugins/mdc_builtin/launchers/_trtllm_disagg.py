@@ -147,7 +147,8 @@ def server_words(options: TrtllmOptions, server: Shape) -> list[Word]:
         value = getattr(opts, key)
         if value is not None:
             words += [f"--{key}", format(value, "g") if isinstance(value, float) else str(value)]
-    return [*words, EXTRA_FLAG, out_file(role_file(server.role)), *server.rest]
+    shared = resolve(options).rest  # [trtllm] args: both roles'
+    return [*words, EXTRA_FLAG, out_file(role_file(server.role)), *shared, *server.rest]
 
 
 # only read, never compared or printed: no generated ==, hash or repr
@@ -211,6 +212,7 @@ def check(plan: Plan, options: TrtllmOptions) -> Iterator[Finding]:
         return
     placed, found = place(plan, options)
     yield from found
+    yield from _shared_args_findings(plan, options)
     for role in ROLES:
         server = shape(options, role)
         yield from _role_findings(plan, options, server)
@@ -236,6 +238,21 @@ def check(plan: Plan, options: TrtllmOptions) -> Iterator[Finding]:
             pointer="/parallelism/cp",
             message=f"the trtllm launcher passes no context parallelism (cp {plan.sizes.cp})",
             hint="remove cp (or set it to 1)",
+        )
+
+
+def _shared_args_findings(plan: Plan, options: TrtllmOptions) -> Iterator[Finding]:
+    """[trtllm] args reach both roles: a size flag there has no role (MDC703)."""
+    resolved = resolve(options)
+    yield from flag_findings(attrs.evolve(resolved, sizes={}), plan, "trtllm", "/trtllm/args", True)
+    for use in resolved.sizes.values():
+        yield Finding(
+            code="MDC703",
+            pointer=f"/trtllm/args/{use.index}",
+            message=f"{use.spelled} in [trtllm] args would size both roles' servers; each "
+            "role's sizes are its own table's",
+            hint=f"remove it; set {use.flag.name[2:]} in [trtllm.context] and "
+            "[trtllm.generation] (or pass it in their args)",
         )
 
 
