@@ -151,7 +151,10 @@ def is_replaceable(out: Where) -> bool:
         return True
     if not os.path.isdir(out):
         return False
-    return not os.listdir(out) or listed_files(out) is not None
+    entries = set(os.listdir(out))
+    if COMMIT in entries:  # a killed write, finished first: the tree is mdc's
+        return True
+    return not (entries - {STAGING}) or listed_files(out) is not None
 
 
 def write_tree(out: Where, tree: Iterable[Artifact]) -> None:
@@ -417,8 +420,13 @@ def _cannot(out: Where, exc: OSError, root: str, tail: str = "") -> OutputError:
     for inner in (os.path.join(root, STAGING), os.path.join(root, COMMIT)):
         if where == inner or where.startswith(inner + os.sep):
             where = root + where[len(inner) :]  # the file it was going to be
-    shown = os.path.join(os.fspath(out), os.path.relpath(where, root)) if where != root else out
-    return OutputError(f"cannot write {shown}: {exc.strerror or exc}{tail}")
+    cause = exc.strerror or str(exc)
+    if where == root:
+        return OutputError(f"cannot write {out}: {cause}{tail}")
+    if where.startswith(root + os.sep):
+        shown = os.path.join(os.fspath(out), os.path.relpath(where, root))
+        return OutputError(f"cannot write {shown}: {cause}{tail}")
+    return OutputError(f"cannot write {out}: {where}: {cause}{tail}")
 
 
 def write_file(path: str, data: bytes, *, force: bool = False, inputs: Iterable[str] = ()) -> None:

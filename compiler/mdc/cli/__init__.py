@@ -264,16 +264,11 @@ def cmd_init(args: argparse.Namespace, out: Output) -> int:
         return ExitCode.OK
     from pathlib import Path
 
+    from mdc.emit import write_file
+
     target = Path(args.output)
-    if target.exists() and not args.force:
-        print(f"mdc: {target} exists; pass --force to replace it", file=out.stderr)
-        return ExitCode.USAGE
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text.replace("THIS_FILE", shlex.quote(str(target))), encoding="utf-8")
-    except OSError as exc:
-        print(f"mdc: cannot write {target}: {exc.strerror}", file=out.stderr)
-        return ExitCode.USAGE
+    text = text.replace("THIS_FILE", shlex.quote(str(target)))
+    write_file(str(target), text.encode("utf-8"), force=args.force)  # OutputError: exit 2
     out.summary(
         f"wrote {target}: a starter spec, {args.launcher} on {args.backend}\n"
         f"next: edit the lines marked EDIT, then mdc validate {shlex.quote(str(target))}\n"
