@@ -24,9 +24,9 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 case "$NODE_RANK" in
   0)
-    CUDA_VISIBLE_DEVICES="$(devices 0 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --backend pytorch --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --enable_chunked_prefill --port 8001 &
+    CUDA_VISIBLE_DEVICES="$(devices 0 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --backend pytorch --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --trust_remote_code --enable_chunked_prefill --port 8001 &
     pids+=("$!")
-    CUDA_VISIBLE_DEVICES="$(devices 4 4)" TRTLLM_DISAGG_ROLE=generation "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --backend pytorch --extra_llm_api_options "${MDC_OUT}/launch/trtllm-generation.yaml" --enable_chunked_prefill --port 8002 &
+    CUDA_VISIBLE_DEVICES="$(devices 4 4)" TRTLLM_DISAGG_ROLE=generation "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --backend pytorch --extra_llm_api_options "${MDC_OUT}/launch/trtllm-generation.yaml" --trust_remote_code --enable_chunked_prefill --port 8002 &
     pids+=("$!")
     config="$(mktemp -d)/disagg_config.yaml"
     {

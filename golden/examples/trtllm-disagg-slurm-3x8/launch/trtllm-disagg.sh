@@ -24,9 +24,9 @@ trap 'exit 143' TERM
 trap 'exit 130' INT
 case "$NODE_RANK" in
   0)
-    CUDA_VISIBLE_DEVICES="$(devices 0 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --max_num_tokens 8192 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --port 8001 &
+    CUDA_VISIBLE_DEVICES="$(devices 0 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --max_num_tokens 8192 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --trust_remote_code --port 8001 &
     pids+=("$!")
-    CUDA_VISIBLE_DEVICES="$(devices 4 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --max_num_tokens 8192 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --port 8002 &
+    CUDA_VISIBLE_DEVICES="$(devices 4 4)" TRTLLM_DISAGG_ROLE=context "$@" "$MODEL" --host 0.0.0.0 --tp_size 4 --pp_size 1 --ep_size 4 --max_num_tokens 8192 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-context.yaml" --trust_remote_code --port 8002 &
     pids+=("$!")
     config="$(mktemp -d)/disagg_config.yaml"
     {
@@ -49,7 +49,7 @@ case "$NODE_RANK" in
     ;;
   1)
     nodelist="$(IFS=,; printf '%s' "${hosts[*]:1:2}")"
-    TRTLLM_DISAGG_ROLE=generation srun --overlap --mpi=pmix --kill-on-bad-exit=1 --nodes=2 --ntasks=16 --ntasks-per-node=8 --nodelist="$nodelist" trtllm-llmapi-launch "$@" "$MODEL" --host 0.0.0.0 --tp_size 16 --pp_size 1 --ep_size 16 --max_batch_size 256 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-generation.yaml" --port 8003 &
+    TRTLLM_DISAGG_ROLE=generation srun --overlap --mpi=pmix --kill-on-bad-exit=1 --nodes=2 --ntasks=16 --ntasks-per-node=8 --nodelist="$nodelist" trtllm-llmapi-launch "$@" "$MODEL" --host 0.0.0.0 --tp_size 16 --pp_size 1 --ep_size 16 --max_batch_size 256 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-generation.yaml" --trust_remote_code --port 8003 &
     pids+=("$!")
     ;;
   *)
