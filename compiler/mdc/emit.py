@@ -177,8 +177,11 @@ def write_tree(out: Where, tree: Iterable[Artifact]) -> None:
         created = _make_folders(out, root)
         with _locked(out, root) as still_there:
             if still_there:
-                _recover(root)
-                _replace(out, root, files, created)
+                try:
+                    _recover(root)
+                    _replace(out, root, files, created)
+                except OSError as exc:  # e.g. a folder of the tree mdc may not read
+                    raise _cannot(out, exc, root) from None
                 return
     raise OutputError(f"cannot write {out}: the folder {root} keeps disappearing")
 
@@ -189,7 +192,10 @@ def recover(out: Where) -> None:
     if os.path.isdir(root):
         with _locked(out, root) as still_there:
             if still_there:
-                _recover(root)
+                try:
+                    _recover(root)
+                except OSError as exc:
+                    raise _cannot(out, exc, root) from None
 
 
 def _make_folders(out: Where, root: str, *, tree: bool = True) -> list[str]:
@@ -335,7 +341,7 @@ def _holds_only(root: str, folder: str, stale: frozenset[str]) -> bool:
 def _lmode(path: str) -> int | None:
     try:
         return os.lstat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 

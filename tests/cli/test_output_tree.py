@@ -352,12 +352,16 @@ def test_a_full_filesystem_is_a_named_error(small_tmpfs: Path) -> None:
 
 
 def test_a_read_only_filesystem_is_a_named_error(small_tmpfs: Path) -> None:
-    out = small_tmpfs / "out"
+    out, killed = small_tmpfs / "out", small_tmpfs / "killed"
     assert run("compile", QUICKSTART, "-o", str(out))[0] == 0
+    assert run("compile", QUICKSTART, "-o", str(killed))[0] == 0
+    (killed / emit.COMMIT).mkdir()  # what a write killed while moving files leaves
+    (killed / emit.COMMIT / "plan.json").write_text("{}\n")
     before = snapshot(out)
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     for argv in (
         ("compile", SLURM, "-o", str(out)),
+        ("compile", SLURM, "-o", str(killed)),
         ("compile", SLURM, "-o", str(small_tmpfs / "new")),
         ("explain", QUICKSTART, "--svg", str(small_tmpfs / "map.svg")),
         ("import", "madengine", MADENGINE, "-o", str(small_tmpfs / "job.toml")),
