@@ -436,3 +436,17 @@ def test_a_kv_cache_config_in_the_options_file_replaces_the_command_lines_fracti
     options["extra_llm_api_options"] = {"kv_cache_config": {"free_gpu_memory_fraction": 0.5}}
     compiled = compile_(tmp_path, spec(options, nproc=1))
     assert not [d for d in compiled.diagnostics if d.code == "MDC709"]
+
+
+def test_the_server_map_draws_each_role(tmp_path: Path) -> None:
+    from mdc.rankmap import rank_map_svg
+
+    compiled = compile_(
+        tmp_path,
+        spec(disagg({"servers": 2, "tp_size": 2}, {"servers": 1, "tp_size": 4})),
+    )
+    svg = rank_map_svg(compiled.plan, compiled.launch.servers)
+    # three GPU servers drawn, the proxy named beside them (it has no GPU)
+    assert "3 server(s), proxy on node 0" in svg
+    for label in ("context 0", "context 1", "generation 0"):
+        assert label in svg
