@@ -206,9 +206,10 @@ def _make_folders(out: Where, root: str, *, tree: bool = True) -> list[str]:
         missing.append(path)
         path = os.path.dirname(path)
     if not os.path.isdir(path):
+        what = "a file, not a folder" if os.path.isfile(path) else "not a folder"
         if tree and path == root:
-            raise OutputError(f"refusing to replace {out}: it is a file, not a folder")
-        raise OutputError(f"cannot write {out}: {path} is a file, not a folder")
+            raise OutputError(f"refusing to replace {out}: it is {what}")
+        raise OutputError(f"cannot write {out}: {path} is {what}")
     made: list[str] = []
     for folder in reversed(missing):
         try:
@@ -445,6 +446,9 @@ def write_file(path: str, data: bytes, *, force: bool = False, inputs: Iterable[
             raise OutputError(f"refusing to write {path}: it is the input {given}")
     if os.path.isdir(target):
         raise OutputError(f"cannot write {path}: it is a folder")
+    if os.path.exists(target) and not os.path.isfile(target):
+        _write_into(path, data)  # /dev/stdout, /dev/null, a FIFO: a stream, not a file
+        return
     if os.path.lexists(path) and not force:
         raise OutputError(f"{path} exists; pass --force to replace it")
     import secrets
@@ -461,6 +465,14 @@ def write_file(path: str, data: bytes, *, force: bool = False, inputs: Iterable[
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         _remove_folders(created)
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _write_into(path: str, data: bytes) -> None:
+    try:
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 

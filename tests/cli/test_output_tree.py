@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -479,6 +480,17 @@ def test_a_folder_or_a_path_under_a_file_is_a_named_error(tmp_path: Path, comman
     (tmp_path / "file").write_text("x\n")
     code, _, stderr = run(*argv, str(tmp_path / "file" / "out.txt"))
     assert code == 2 and f"{tmp_path / 'file'} is a file, not a folder" in stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_device_is_written_into_not_replaced(tmp_path: Path, command: str) -> None:
+    """``--svg /dev/null`` (or /dev/stdout) writes into the stream; the device stays."""
+    argv = file_commands(tmp_path)[command]
+    code, _, stderr = run(*argv, os.devnull, "--force")
+    assert code in (0, 1), stderr
+    code, _, stderr = run(*argv, os.devnull)
+    assert code in (0, 1), stderr
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
