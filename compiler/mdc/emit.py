@@ -6,6 +6,7 @@ from __future__ import annotations
 # hashlib, shutil and secrets are imported where a tree is hashed or written:
 # validate and explain check paths only, and do not pay for them.
 import contextlib
+import errno as _errno
 import json
 import os
 import stat
@@ -404,6 +405,8 @@ def _place(commit: str, root: str, path: str) -> None:
         folder = os.path.join(root, *parts[:i])
         with contextlib.suppress(FileExistsError):
             os.mkdir(folder)
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):  # never through a link out of the tree
+            raise NotADirectoryError(_errno.ENOTDIR, os.strerror(_errno.ENOTDIR), folder)
         os.chmod(folder, 0o755)  # mdc's folders have one mode on every machine
     target = os.path.join(root, *parts)
     mode = _lmode(target)

@@ -501,3 +501,19 @@ def test_a_missing_parent_folder_is_created(tmp_path: Path, command: str) -> Non
     assert code in (0, 1), stderr
     assert target.stat().st_size > 0
     assert sorted(p.name for p in target.parent.iterdir()) == ["result.txt"]
+
+
+def test_finishing_a_killed_write_never_follows_a_link_out_of_the_tree(tmp_path: Path) -> None:
+    """A write killed while moving files left .mdc-commit; meanwhile out/launch became a
+    link to elsewhere. The next compile finishes the old write without writing there."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    assert run("compile", QUICKSTART, "-o", str(out))[0] == 0
+    for path, (data, _) in compiled_tree(SLURM, tmp_path).items():
+        (out / emit.COMMIT / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / emit.COMMIT / path).write_bytes(data)
+    (out / "launch").rename(elsewhere)
+    (out / "launch").symlink_to(elsewhere)
+    before = snapshot(elsewhere)
+    code, _, stderr = run("compile", SLURM, "-o", str(out))
+    assert code == 2 and f"cannot write {out / 'launch'}: Not a directory" in stderr, stderr
+    assert snapshot(elsewhere) == before
