@@ -22,6 +22,9 @@ REFUSED = [
     "a\\b",
     "a\x00b",
     "manifest.json",
+    # the writer's own folders inside out/ (its work in progress, see docs/output.md)
+    ".mdc-staging/x",
+    ".mdc-commit",
 ]
 
 
