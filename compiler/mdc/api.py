@@ -348,6 +348,37 @@ def _writing_files(written: bool) -> Iterator[None]:
         _FILES_WRITTEN.reset(token)
 
 
+#: what report() collects while the pipeline runs a backend's emit (None: not running)
+_REPORTED: ContextVar[list[Finding] | None] = ContextVar("mdc_reported", default=None)
+
+
+def report(finding: Finding) -> None:
+    """Report, from a backend's ``emit``, a finding that only the files it writes show (a
+    Kubernetes ConfigMap larger than the apiserver stores, say). The command reports it
+    as it reports a check's: an error stops it (nothing is written), a warning is shown
+    with the others. Outside a command (a plugin's own test calling ``emit``) an error is
+    raised as ValueError and a warning is dropped.
+    """
+    if not isinstance(finding, Finding):
+        raise TypeError(f"report() takes an mdc.api.Finding, not {type(finding).__name__}")
+    reported = _REPORTED.get()
+    if reported is not None:
+        reported.append(finding)
+    elif finding.severity is Severity.ERROR:
+        raise ValueError(f"{finding.code}: {finding.message}")
+
+
+@contextmanager
+def _reporting() -> Iterator[list[Finding]]:
+    """Collect what :func:`report` is given while the block runs."""
+    reported: list[Finding] = []
+    token = _REPORTED.set(reported)
+    try:
+        yield reported
+    finally:
+        _REPORTED.reset(token)
+
+
 def read_schema(package: str, resource: str) -> dict[str, Any]:
     """Load a JSON Schema fragment shipped as package data of ``package``."""
     loaded: dict[str, Any] = json.loads(package_text(package, resource))
@@ -418,6 +449,7 @@ __all__ = [
     "parse_layout",
     "program",
     "read_schema",
+    "report",
     "refs_in",
     "runner_env",
     "runner_worker_env",

@@ -554,6 +554,12 @@ CODES: dict[str, Code] = {
         "more nodes than the apiserver lets an Indexed Job run at once (100000)",
         "run at most 100000 nodes",
     ),
+    "MDC444": Code(
+        "warning: the ConfigMap of launch files is larger than kubectl apply's last-applied "
+        "annotation can be (the apiserver holds annotations to 256 KiB)",
+        "apply with kubectl apply --server-side or kubectl create, or ship large files in "
+        "the image",
+    ),
     # shared Kubernetes
     "MDC460": Code("no [job] image for pods", "set [job] image"),
     "MDC461": Code("a name that is not a valid Kubernetes name", "follow the rule shown"),

@@ -24,6 +24,7 @@ from mdc.api import (
     Role,
     Severity,
     TrainingSetup,
+    _reporting,
     _writing_files,
 )
 from mdc.convert import structure_spec
@@ -261,17 +262,19 @@ class Compiler:
             ),
         )
         _call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
-        own = [*launched.files]
-        if tree:
-            from mdc.describe import plan_json  # only a command that writes the tree
-
-            own.append(Artifact.json(PLAN, plan_json(plan, launch)))
-        with _writing_files(tree):  # without a tree the backend's files are dropped
+        # without a tree the backend's files are dropped; what it reports joins the findings
+        with _writing_files(tree), _reporting() as reported:
             scheduler = _call(
                 backend_reg,
                 "emit",
                 lambda: list(backend.emit(plan, launched, plan.options.get(backend.name))),
             )
+        plan = self._with_reported(doc, plan, reported)
+        own = [*launched.files]
+        if tree:
+            from mdc.describe import plan_json  # only a command that writes the tree
+
+            own.append(Artifact.json(PLAN, plan_json(plan, launch)))
         # without the tree, plan.json's path is still taken
         reserved = (emit.MANIFEST,) if tree else (emit.MANIFEST, PLAN)
         _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler], reserved=reserved))
@@ -416,6 +419,15 @@ class Compiler:
                 f"{backend!r}",
                 hint=f'remove [{table}], or set {kind} = "{table}" in [distributed]',
             )
+
+    def _with_reported(self, doc: LoadedDocument, plan: Plan, reported: list[Finding]) -> Plan:
+        """The plan with the warnings a backend's emit reported (mdc.api.report); SpecError
+        when it reported an error."""
+        found = [self._diag(doc, f) for f in reported]
+        if any(d.is_error for d in found):
+            raise SpecError([*plan.warnings, *found])
+        warnings = sorted((*plan.warnings, *found), key=Diagnostic.sort_key)
+        return attrs.evolve(plan, warnings=tuple(warnings))
 
     @staticmethod
     def _diag(doc: LoadedDocument, finding: Finding) -> Diagnostic:

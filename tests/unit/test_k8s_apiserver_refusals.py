@@ -257,3 +257,60 @@ def test_an_indexed_job_runs_at_most_100000_pods(compiler: Compiler, tmp_path: P
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec(nnodes=100_000)), encoding="utf-8")
     assert compiler.compile(path, tree=False).plan.nnodes == 100_000
+
+
+# ---------------------------------------------------------------- the ConfigMap's size
+
+
+def big_job(characters: int) -> dict[str, Any]:
+    """A job whose command carries ``characters`` bytes into launch/worker.sh."""
+    data = spec()
+    data["job"]["command"] = ["python", "train.py", "x" * characters]
+    return data
+
+
+def test_kubectl_applys_annotation_is_the_object_as_go_writes_it() -> None:
+    doc = {"kind": "ConfigMap", "data": {"run.sh": "a < b && c\n"}}
+    # encoding/json: keys sorted, no spaces, '<' and '&' as \u003c and \u0026; a newline
+    written = '{"data":{"run.sh":"a \\u003c b \\u0026\\u0026 c\\n"},"kind":"ConfigMap"}\n'
+    key = "kubectl.kubernetes.io/last-applied-configuration"
+    assert k8s.last_applied_size(doc) == len(key) + len(written)
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "pytorchjob", "trainjob"])
+def test_a_configmap_kubectl_apply_cannot_annotate_is_a_warning(
+    compiler: Compiler, tmp_path: Path, backend: str
+) -> None:
+    data = big_job(300_000)
+    del data["kubernetes"]
+    data["distributed"]["backend"] = backend
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    for tree in (True, False):  # compile and validate alike
+        compiled = compiler.compile(path, tree=tree)
+        found = [(d.code, d.location.pointer) for d in compiled.diagnostics]
+        assert found == [("MDC444", "/distributed/backend")]
+    plan = next(a for a in compiler.compile(path).tree if a.path == "plan.json")
+    assert "MDC444" in plan.data.decode()
+
+
+def test_a_configmap_under_256_kib_is_applied_without_a_word(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(big_job(250_000)), encoding="utf-8")
+    assert compiler.compile(path).diagnostics == ()
+
+
+def test_a_configmap_over_1_mib_is_refused(compiler: Compiler, tmp_path: Path) -> None:
+    assert findings(compiler, tmp_path, big_job(1_050_000)) == [("MDC467", "/distributed/backend")]
+
+
+def test_report_outside_a_command() -> None:
+    from mdc.api import Finding, Severity, report
+
+    with pytest.raises(ValueError, match="MDC467"):
+        report(Finding(code="MDC467", pointer="", message="too big", hint="h"))
+    report(Finding(code="MDC444", pointer="", message="m", hint="h", severity=Severity.WARNING))
+    with pytest.raises(TypeError):
+        report("MDC467")  # type: ignore[arg-type]

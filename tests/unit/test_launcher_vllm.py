@@ -270,14 +270,13 @@ def test_api_server_count_must_not_reach_headless_nodes(tmp_path: Path) -> None:
     assert "head_args" in (found[0].hint or "")
 
 
-def test_dp_flags_in_args_point_at_the_spec_key(tmp_path: Path) -> None:
-    found = diagnostics(tmp_path, spec({"args": ["-dp", "2", "--enable-expert-parallel"]}))
-    clashes = [d for d in found if d.code == "MDC364"]
-    assert [d.location.pointer for d in clashes] == ["/vllm/args/0", "/vllm/args/2"]
-    assert "-dp (another spelling of --data-parallel-size)" in clashes[0].message
-    assert "[parallelism] dp" in (clashes[0].hint or "")
-    assert "--enable-expert-parallel" in clashes[1].message
-    assert "[parallelism] ep" in (clashes[1].hint or "")
+def test_a_finding_on_a_key_read_from_a_flag_points_at_the_flag(tmp_path: Path) -> None:
+    """-dp 2 is [parallelism] dp = 2; with tp the node's 4 GPUs it does not add up (MDC202),
+    and the error names the word the user wrote."""
+    found = diagnostics(tmp_path, spec({"args": ["--seed", "1", "-dp", "2"]}))
+    assert [(d.code, d.location.pointer) for d in found if d.is_error] == [
+        ("MDC202", "/vllm/args/2")
+    ]
 
 
 def test_context_parallel_is_refused(tmp_path: Path) -> None:
@@ -288,28 +287,54 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("where", "words", "expected"),
     [
-        ("command", ["vllm", "serve", "--port", "1"], [("/job/command/2", "--port")]),
+        (
+            "command",
+            ["vllm", "serve", "--port", "1"],
+            [("/job/command/2", "'--port 1'", "[vllm] port = 8001")],
+        ),
         (
             "args",
             ["-tp", "2", "--model=x"],
             [
-                ("/vllm/args/0", "-tp (another spelling of --tensor-parallel-size)"),
-                ("/vllm/args/2", "--model"),
+                ("/vllm/args/0", "'-tp 2'", "[parallelism] tp = 4"),
+                ("/vllm/args/2", "'--model=x'", '[vllm] model = "org/some-model"'),
             ],
         ),
-        ("args", ["--pipeline-parallel-size=2"], [("/vllm/args/0", "--pipeline-parallel-size")]),
+        (
+            "args",
+            ["--pipeline-parallel-size=2"],
+            [("/vllm/args/0", "'--pipeline-parallel-size=2'", "[parallelism] pp = 1")],
+        ),
     ],
 )
-def test_flags_mdc_sets_may_not_be_written_again(
-    tmp_path: Path, where: str, words: list[str], expected: list[tuple[str, str]]
+def test_a_flag_that_disagrees_with_its_key_is_refused(
+    tmp_path: Path, where: str, words: list[str], expected: list[tuple[str, str, str]]
 ) -> None:
-    """One finding per flag, at the word itself."""
+    """One finding per flag, at the word itself, naming the key it disagrees with."""
     data = spec({"args": words}) if where == "args" else spec(command=words)
+    data["vllm"]["port"] = 8001
+    data["parallelism"] = {"tp": 4, "pp": 1}
     found = [d for d in diagnostics(tmp_path, data) if d.is_error]
     assert [d.code for d in found] == ["MDC364"] * len(expected)
-    for d, (pointer, spelled) in zip(found, expected, strict=True):
+    for d, (pointer, said, key) in zip(found, expected, strict=True):
         assert d.location.pointer == pointer
-        assert f"passes {spelled}, which the vllm launcher sets" in d.message
+        assert f"passes {said}, but {key}" in d.message, d.message
+
+
+def test_flags_mdc_writes_per_node_are_refused_where_it_writes_them(tmp_path: Path) -> None:
+    """In dp mode over two nodes mdc writes --headless and the data-parallel addresses per
+    node: the same flags in args (every node) would override them."""
+    data = spec(
+        {"args": ["--headless", "--data-parallel-rpc-port", "5555"]},
+        nnodes=2,
+        parallelism={"tp": 1, "pp": 1},
+    )
+    found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+    assert [(d.code, d.location.pointer) for d in found] == [
+        ("MDC364", "/vllm/args/0"),
+        ("MDC364", "/vllm/args/1"),
+    ]
+    assert all("per node" in d.message for d in found)
 
 
 def test_warnings_for_a_foreign_command_and_a_mode_on_one_node(tmp_path: Path) -> None:

@@ -363,7 +363,12 @@ def test_extra_args_refusals_point_at_the_flag(tmp_path: Path) -> None:
     assert "/megatron/extra_args/2" in text
 
 
-def test_a_flag_and_its_key_together_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("flag", "refused"), [("4", False), ("2", True)])
+def test_a_flag_and_its_key_are_refused_only_when_they_disagree(
+    tmp_path: Path, flag: str, refused: bool
+) -> None:
+    """Megatron-LM keeps the last of the two: the same value is one setting, another is
+    a contradiction, named with both places."""
     code, text, _ = run(
         tmp_path,
         "validate",
@@ -373,11 +378,13 @@ def test_a_flag_and_its_key_together_are_refused(tmp_path: Path) -> None:
         parallelism={"tp": 4, "pp": 2},
         megatron={
             "decoder_first_pipeline_num_layers": 4,
-            "extra_args": ["--decoder-first-pipeline-num-layers", "4"],
+            "extra_args": ["--decoder-first-pipeline-num-layers", flag],
         },
     )
-    assert code != 0 and "MDC323" in text
-    assert "[megatron] decoder_first_pipeline_num_layers" in text
+    assert (code != 0) == refused and ("MDC323" in text) == refused, text
+    if refused:
+        assert "[megatron] decoder_first_pipeline_num_layers = 4" in text
+        assert "/megatron/extra_args/0" in text
 
 
 def test_explain_lists_the_layers_of_each_stage(tmp_path: Path) -> None:

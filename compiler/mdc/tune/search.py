@@ -165,8 +165,10 @@ class Tuner:
     """Search the layouts ``doc`` leaves open."""
 
     def __init__(self, compiler: Compiler, doc: LoadedDocument, constants: Constants = DEFAULT):
+        # the flags of the arguments that stand for keys are held as those keys
+        doc, read = compiler.read_arguments(doc)
         self.compiler, self.doc, self.constants = compiler, doc, constants
-        found = compiler.checker.check(doc)
+        found = [*(d for d in read if d.is_error), *compiler.checker.check(doc)]
         if found:
             raise SpecError(found)
         data = doc.data

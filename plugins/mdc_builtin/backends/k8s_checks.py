@@ -1,5 +1,5 @@
 """The checks of a Kubernetes backend's pod options and files that the apiserver would
-otherwise refuse at apply time (MDC442, MDC460, MDC462-467, MDC472)."""
+otherwise refuse at apply time (MDC442, MDC460, MDC462-466, MDC472)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from mdc.api import Artifact, Finding, Plan, Severity
 
+from .k8s_apply import size_findings
 from .k8s_names import DNS_SUBDOMAIN, LABEL_NAME, dns_label_findings, label_findings
 from .k8s_options import MOUNT, PodOptions, Toleration, Volume, gpu_count
-from .k8s_pod import CONFIGMAP_LIMIT, config_key
+from .k8s_pod import config_key
 from .k8s_quantity import parse_quantity
 
 #: what Go's unicode.IsSpace calls a space: the apiserver refuses an image that begins or
@@ -313,16 +314,7 @@ def _volume_findings(volumes: Sequence[Volume], table: str) -> Iterator[Finding]
 
 
 def configmap_findings(files: Iterable[Artifact], table: str) -> list[Finding]:
-    """MDC467 when the files exceed what one ConfigMap can hold."""
-    size = sum(len(a.data) + len(config_key(a.path)) for a in files)
-    if size <= CONFIGMAP_LIMIT:
-        return []
-    return [
-        Finding(
-            code="MDC467",
-            pointer=f"/{table}",
-            message=f"the launch files take {size} bytes; a ConfigMap holds at most "
-            f"{CONFIGMAP_LIMIT} bytes",
-            hint="ship large files in the image or a volume instead",
-        )
-    ]
+    """MDC467 when the files exceed what one ConfigMap can hold, MDC444 when only kubectl
+    apply's annotation of it is too large (see :mod:`.k8s_apply`)."""
+    data = {config_key(a.path): a.data.decode("utf-8") for a in files}
+    return size_findings({"data": data}, f"the {table} backend")

@@ -13,7 +13,7 @@ This module is what the backends import; the pieces live by concern in
 labels), :mod:`.k8s_checks` (the shared findings), :mod:`.k8s_pod` (building
 pods, the ConfigMap and Services) and :mod:`.k8s_yaml` (the writer).
 
-Shared diagnostics (MDC460-469, MDC442, MDC472):
+Shared diagnostics (MDC460-469, MDC442, MDC444, MDC472):
 
 - MDC442 ``[job] image`` begins or ends with whitespace
 - MDC460 no ``[job] image`` (a pod needs one)
@@ -24,7 +24,8 @@ Shared diagnostics (MDC460-469, MDC442, MDC472):
   ``gpu_resource`` is not a resource name the apiserver takes
 - MDC465 a volume is wrong (name, mount path clash, source, a hostPath with '..')
 - MDC466 the GPU request does not match the accelerator (warning)
-- MDC467 the ConfigMap payload is over the 1 MiB limit
+- MDC467 the ConfigMap payload is over the 1 MiB limit (from the ConfigMap builder,
+  through mdc.api.report; MDC444, a warning, when only kubectl apply's annotation is)
 - MDC468 a Service name (the job's) is not a DNS-1035 label
 - MDC469 an object name the backend derives is another job's derived name
 - MDC472 a GPU quantity is not a whole number
@@ -37,6 +38,13 @@ from typing import Any
 
 from mdc.api import Artifact, files_written
 
+from .k8s_apply import (
+    ANNOTATIONS_LIMIT,
+    CONFIGMAP_LIMIT,
+    LAST_APPLIED,
+    last_applied_size,
+    size_findings,
+)
 from .k8s_checks import (
     configmap_findings,
     extended_resource,
@@ -77,7 +85,6 @@ from .k8s_options import (
 )
 from .k8s_pod import (
     CONFIGMAP_KEY,
-    CONFIGMAP_LIMIT,
     NODE_SCRIPT,
     config_key,
     configmap,
@@ -109,6 +116,7 @@ def yaml_file(path: str, docs: Sequence[Mapping[str, Any]]) -> Artifact:
 
 
 __all__ = [
+    "ANNOTATIONS_LIMIT",
     "CONFIGMAP_KEY",
     "CONFIGMAP_LIMIT",
     "DEFAULT_CLUSTER_DOMAIN",
@@ -117,6 +125,7 @@ __all__ = [
     "DNS_1035",
     "DNS_LABEL",
     "DNS_SUBDOMAIN",
+    "LAST_APPLIED",
     "GPU_RESOURCES",
     "LABEL_NAME",
     "LABEL_VALUE",
@@ -143,6 +152,7 @@ __all__ = [
     "headless_service",
     "job_labels",
     "label_findings",
+    "last_applied_size",
     "load_yaml",
     "metadata",
     "mount_point",
@@ -156,6 +166,7 @@ __all__ = [
     "pod_spec",
     "resources",
     "service_name_findings",
+    "size_findings",
     "tolerations",
     "ttl",
     "volumes",

@@ -9,13 +9,12 @@ from typing import Any
 
 from mdc.api import Artifact, Plan, script_path, shell_word
 
+from .k8s_apply import report_size
 from .k8s_names import configmap_name, metadata
 from .k8s_options import GPU_RESOURCES, MOUNT, PodOptions, gpu_count
 
 #: the dispatcher every container runs
 NODE_SCRIPT = "k8s/node.sh"
-#: ConfigMap payload limit (etcd object size, ~1 MiB)
-CONFIGMAP_LIMIT = 1024 * 1024
 CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
@@ -30,19 +29,22 @@ def config_key(path: str) -> str:
 def configmap(
     plan: Plan, files: Iterable[Artifact], *, namespace: str | None, labels: Mapping[str, str]
 ) -> dict[str, Any]:
-    """A ConfigMap ``<job>-mdc`` holding ``files`` (one key per path, see :func:`config_key`)."""
+    """A ConfigMap ``<job>-mdc`` holding ``files`` (one key per path, see :func:`config_key`);
+    reports (mdc.api.report) a ConfigMap the apiserver or kubectl apply would not store."""
     data: dict[str, str] = {}
     for artifact in sorted(files, key=lambda a: a.path):
         key = config_key(artifact.path)
         if key in data:
             raise ValueError(f"two files map to ConfigMap key {key!r}")
         data[key] = artifact.data.decode("utf-8")
-    return {
+    doc = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": metadata(configmap_name(plan.job.name), namespace, labels),
         "data": data,
     }
+    report_size(doc, f"job {plan.job.name!r}")
+    return doc
 
 
 def configmap_volume(plan: Plan, files: Iterable[Artifact]) -> dict[str, Any]:

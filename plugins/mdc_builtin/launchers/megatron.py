@@ -22,6 +22,7 @@ from __future__ import annotations
 import mdc
 from mdc.api import LauncherSpec, read_schema
 from mdc_builtin.launchers.megatron_emit import emit
+from mdc_builtin.launchers.megatron_flags import READING
 from mdc_builtin.launchers.megatron_options import MegatronOptions, resolved_options
 from mdc_builtin.launchers.megatron_rules import check
 from mdc_builtin.launchers.megatron_search import SEARCH
@@ -43,6 +44,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             check=check,
             training=training,
             read_args=resolved_options,
+            arguments=READING,
             search=SEARCH,
             schema=read_schema("mdc_schemas", "plugins/megatron.v1.schema.json"),
             options_type=MegatronOptions,

@@ -12,6 +12,8 @@ from mdc.api import (
     Role,
     TorchrunOptions,
     Word,
+    disagreeing,
+    drop_flags,
     program,
     runner_worker_env,
     torchrun_argv,
@@ -23,6 +25,7 @@ from mdc_builtin.launchers.megatron_connections import connections_env
 from mdc_builtin.launchers.megatron_flags import (
     ARCHITECTURE_SWITCHES,
     ARCHITECTURE_VALUES,
+    FLAGS,
     NO_P2P_OVERLAP,
     NORMALIZATIONS,
     PIPELINE_KEYS,
@@ -282,10 +285,14 @@ def torchrun_options(plan: Plan) -> TorchrunOptions | None:
 
 def emit(plan: Plan, options: MegatronOptions | None) -> Launch:
     opts = resolved_options(options)
+    mine = megatron_args(plan, opts)
+    # a flag of the user's that says what mdc writes is written once, by mdc
+    command = plan.job.argv
+    extra = user_extra_args(opts)
     words: list[Word] = [
-        *program(plan.job.argv),
-        *megatron_args(plan, opts),
-        *user_extra_args(opts),
+        *program(drop_flags(command, disagreeing(FLAGS, command, mine)[0])),
+        *mine,
+        *drop_flags(extra, disagreeing(FLAGS, extra, mine)[0]),
     ]
     env = megatron_env(plan, opts)
     worker_env = {

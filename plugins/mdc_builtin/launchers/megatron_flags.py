@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import attrs
 
-from mdc.api import FlagTable, KnownFlag
+from mdc.api import ArgPlace, FlagReading, FlagTable, KnownFlag
 from mdc_builtin.launchers.megatron_bf16_layers import BF16_LAYER_FLAGS
 from mdc_builtin.launchers.megatron_optimizer import OPTIMIZER_FLAGS
 from mdc_builtin.launchers.megatron_precision import FP4_FLAGS
@@ -223,52 +223,166 @@ def _readable(key: str, nargs: Literal[0, 1, "+"] = 0, **how: Any) -> KnownFlag:
     return attrs.evolve(_option_flag(key, nargs), **how)
 
 
-#: Every Megatron-LM flag the launcher knows: the [megatron] options' (read from extra_args)
-#: and those whose value comes from another table (never read: refused with that table's key).
+def _keyed(flag: KnownFlag) -> KnownFlag:
+    """A flag read into a [megatron] option stands for that key of the spec."""
+    if flag.key is None or flag.spec_key is not None:
+        return flag
+    return attrs.evolve(flag, spec_key=f"/megatron/{flag.key}")
+
+
+#: Megatron-LM's flags of the parallel sizes and the rank order: [parallelism] keys
+PARALLEL_FLAGS = tuple(
+    KnownFlag(
+        name=flag,
+        source=f"[parallelism] {key}",
+        spec_key=f"/parallelism/{key}",
+        nargs=1,
+        convert=int,
+        aliases=ALIASES.get(flag, ()) if key != "vpp" else (),
+    )
+    for flag, key in (
+        ("--tensor-model-parallel-size", "tp"),
+        ("--pipeline-model-parallel-size", "pp"),
+        ("--context-parallel-size", "cp"),
+        ("--expert-model-parallel-size", "ep"),
+        ("--expert-tensor-parallel-size", "etp"),
+        ("--num-virtual-stages-per-pipeline-rank", "vpp"),
+    )
+)
+ORDER_FLAG = KnownFlag(
+    name="--use-tp-pp-dp-mapping",
+    source="[parallelism] order",
+    spec_key="/parallelism/order",
+    switch_value="tp-cp-ep-pp-dp",
+)
+#: another way to give the virtual stages (layers per stage), which Megatron-LM refuses
+#: together with --num-virtual-stages-per-pipeline-rank; read as given where mdc sets no vpp
+VPP_LAYERS = "--num-layers-per-virtual-pipeline-stage"
+
+
+def _model_flag(flag: str, key: str, nargs: Literal[0, 1] = 1, **how: Any) -> KnownFlag:
+    """A flag of a [model] key, read only where the spec has a [model] table."""
+    return KnownFlag(
+        name=flag,
+        source=f"[model] {key}",
+        spec_key=f"/model/{key}",
+        nargs=nargs,
+        needs_table=True,
+        **how,
+    )
+
+
+#: [model] keys whose Megatron-LM flag says the same thing; the other [model] flags
+#: (--group-query-attention, --bf16, --normalization, ...) have no key of their own
+MODEL_FLAGS = (
+    *(
+        _model_flag(flag, key, convert=int, aliases=ALIASES.get(flag, ()))
+        for flag, key in (
+            ("--num-layers", "num_layers"),
+            ("--hidden-size", "hidden_size"),
+            ("--ffn-hidden-size", "ffn_hidden_size"),
+            ("--num-attention-heads", "num_attention_heads"),
+            ("--seq-length", "seq_length"),
+            ("--num-experts", "num_experts"),
+            ("--moe-ffn-hidden-size", "moe_ffn_hidden_size"),
+            ("--moe-router-topk", "moe_router_topk"),
+        )
+    ),
+    _model_flag("--swiglu", "gated_mlp", 0),
+    _model_flag("--untie-embeddings-and-output-weights", "tied_embeddings", 0, switch_value=False),
+    _model_flag("--disable-bias-linear", "bias", 0, switch_value=False),
+    *(_model_flag(flag_of(key), key, 0) for key in ARCHITECTURE_SWITCHES),
+)
+#: the [batch] keys' flags, read only where the spec has a [batch] table
+BATCH_FLAGS = (
+    KnownFlag(
+        name="--micro-batch-size",
+        source="[batch] micro_batch_size",
+        spec_key="/batch/micro_batch_size",
+        nargs=1,
+        convert=int,
+        needs_table=True,
+        aliases=ALIASES["--micro-batch-size"],
+    ),
+    KnownFlag(
+        name="--global-batch-size",
+        source="[batch] global_batch_size",
+        spec_key="/batch/global_batch_size",
+        nargs=1,
+        convert=int,
+        needs_table=True,
+    ),
+)
+#: flags mdc writes from keys with no flag of their own (compared with mdc's value)
+_KEYED = {f.name for f in (*PARALLEL_FLAGS, ORDER_FLAG, *MODEL_FLAGS, *BATCH_FLAGS)}
+
+
+def _derived(flag: str, source: str) -> KnownFlag:
+    """A flag mdc writes from a key that is not the flag's own (its value is compared with
+    mdc's); how many values it takes, from Megatron-LM's parser."""
+    switch = flag in ("--group-query-attention", "--is-hybrid-model", "--bf16", "--fp16")
+    return KnownFlag(name=flag, source=source, nargs=0 if switch else 1)
+
+
+#: Every Megatron-LM flag the launcher knows: each read as its spec key wherever the user
+#: passes it (the job's command, extra_args), or compared with the value mdc writes.
 FLAGS = FlagTable(
     [
-        _readable("sequence_parallel"),
-        _readable("use_distributed_optimizer"),
-        _readable("overlap_grad_reduce"),
-        _readable("overlap_param_gather"),
-        _readable("overlap_p2p_comm", name=NO_P2P_OVERLAP, switch_value=False),
-        _readable("tp_comm_overlap"),
-        _readable("recompute_granularity", 1, choices=("full", "selective")),
-        KnownFlag(
-            name="--recompute-activations",
-            source="[megatron] recompute_granularity",
-            key="recompute_granularity",
-            switch_value="selective",
-        ),
-        _readable("recompute_method", 1, choices=("uniform", "block")),
-        _readable("recompute_num_layers", 1, convert=int),
-        _readable("max_position_embeddings", 1, convert=int),
-        _readable("fp8_format", 1, choices=("e4m3", "hybrid")),
-        _readable("decoder_first_pipeline_num_layers", 1, convert=int),
-        _readable("decoder_last_pipeline_num_layers", 1, convert=int),
-        _readable("account_for_embedding_in_pipeline_split"),
-        _readable("account_for_loss_in_pipeline_split"),
-        _readable("pipeline_model_parallel_layout", 1),
-        *OPTION_FLAGS,
-        *FP4_FLAGS,
-        *BF16_LAYER_FLAGS,
-        *OPTIMIZER_FLAGS,
         *(
-            KnownFlag(name=flag, source=source, aliases=ALIASES.get(flag, ()))
-            for flag, source in [*SWITCHES.items(), *SOURCES.items()]
-            if not flag.startswith("--recompute-")
-            and flag not in PIPELINE_KEYS.values()
-            and flag
-            not in (
-                "--sequence-parallel",
-                "--use-distributed-optimizer",
-                "--overlap-grad-reduce",
-                "--overlap-param-gather",
-                NO_P2P_OVERLAP,
-                "--tp-comm-overlap",
-                "--max-position-embeddings",
-                "--fp8-format",
+            _keyed(flag)
+            for flag in (
+                _readable("sequence_parallel"),
+                _readable("use_distributed_optimizer"),
+                _readable("overlap_grad_reduce"),
+                _readable("overlap_param_gather"),
+                _readable("overlap_p2p_comm", name=NO_P2P_OVERLAP, switch_value=False),
+                _readable("tp_comm_overlap"),
+                _readable("recompute_granularity", 1, choices=("full", "selective")),
+                KnownFlag(
+                    name="--recompute-activations",
+                    source="[megatron] recompute_granularity",
+                    key="recompute_granularity",
+                    switch_value="selective",
+                ),
+                _readable("recompute_method", 1, choices=("uniform", "block")),
+                _readable("recompute_num_layers", 1, convert=int),
+                _readable("max_position_embeddings", 1, convert=int),
+                _readable("fp8_format", 1, choices=("e4m3", "hybrid")),
+                _readable("decoder_first_pipeline_num_layers", 1, convert=int),
+                _readable("decoder_last_pipeline_num_layers", 1, convert=int),
+                _readable("account_for_embedding_in_pipeline_split"),
+                _readable("account_for_loss_in_pipeline_split"),
+                _readable("pipeline_model_parallel_layout", 1),
+                *OPTION_FLAGS,
+                *FP4_FLAGS,
+                *BF16_LAYER_FLAGS,
+                *OPTIMIZER_FLAGS,
             )
         ),
+        *PARALLEL_FLAGS,
+        ORDER_FLAG,
+        *MODEL_FLAGS,
+        *BATCH_FLAGS,
+        KnownFlag(name=VPP_LAYERS, source="[parallelism] vpp", nargs=1, convert=int),
+        *(
+            _derived(flag, source)
+            for flag, source in SOURCES.items()
+            if flag not in _KEYED and flag not in ("--max-position-embeddings", "--fp8-format")
+        ),
     ]
+)
+
+
+#: where a user passes Megatron-LM's flags, in the order Megatron-LM reads them: the
+#: job's command, then extra_args (after mdc's own flags)
+COMMAND = ArgPlace(pointer="/job/command", where="the job's command")
+EXTRA_ARGS = ArgPlace(
+    pointer="/megatron/extra_args", where="[megatron] extra_args", table="/megatron"
+)
+READING = FlagReading(
+    table=FLAGS,
+    places=(COMMAND, EXTRA_ARGS),
+    code="MDC323",
+    refused_code="MDC359",
+    framework="Megatron-LM",
 )

@@ -4,9 +4,18 @@ the clashes between mdc's flags and the user's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
-from mdc.api import Finding, Plan, Severity, already_set, command_pointer, torchrun_findings
+from mdc.api import (
+    Finding,
+    Plan,
+    Severity,
+    command_pointer,
+    disagreeing,
+    disagreement_text,
+    torchrun_findings,
+)
 from mdc_builtin.launchers.megatron_connections import connection_rules
 from mdc_builtin.launchers.megatron_emit import (
     DEFAULT_ORDER,
@@ -20,7 +29,7 @@ from mdc_builtin.launchers.megatron_emit import (
     torchrun_options,
 )
 from mdc_builtin.launchers.megatron_ep_overlap import ep_overlap_rules
-from mdc_builtin.launchers.megatron_flags import FLAGS, SWITCHES
+from mdc_builtin.launchers.megatron_flags import FLAGS, VPP_LAYERS
 from mdc_builtin.launchers.megatron_memory_rules import memory_option_rules
 from mdc_builtin.launchers.megatron_options import (
     MegatronOptions,
@@ -59,45 +68,44 @@ def _attention_backend_rule(plan: Plan, opts: MegatronOptions) -> Iterator[Findi
     )
 
 
-def _sets(plan: Plan, opts: MegatronOptions) -> set[str]:
-    """The flags the launcher sets: those it emits, its switches and its options' flags."""
-    emitted = {w for w in megatron_args(plan, opts) if w.startswith("--")}
-    return {f.name for f in FLAGS.flags if f.name in emitted or f.name in SWITCHES or f.key}
+def _clashes(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """A flag mdc writes from a key that is not the flag's own, also in the command or in
+    extra_args with another value: Megatron-LM would silently keep the last. (A flag that
+    is its key's was read into the spec already; a disagreeing one refused there.)"""
+    emitted = megatron_args(plan, opts)
+    places: list[tuple[Sequence[str], str, Callable[[int], str]]] = [
+        (plan.job.argv, "the job's command", partial(command_pointer, plan.job.command)),
+        (opts.extra_args, "[megatron] extra_args", "/megatron/extra_args/{}".format),
+    ]
+    for words, where, pointer in places:
+        _, differ = disagreeing(FLAGS, words, emitted)
+        for use, own in differ:
+            message, hint = disagreement_text("Megatron-LM", where, words, use, emitted, own)
+            yield Finding(code="MDC323", pointer=pointer(use.index), message=message, hint=hint)
+        layers = [use for use in FLAGS.find(words) if use.flag.name == VPP_LAYERS]
+        if layers:
+            yield _vpp_layers(plan, where, pointer(layers[-1].index), emitted)
 
 
-def _clashes(plan: Plan, written: MegatronOptions, opts: MegatronOptions) -> Iterator[Finding]:
-    """A flag the launcher sets, also in the command or in extra_args (where it is not
-    read into the plan: its key is set too, or another table decides it)."""
-    mine = _sets(plan, opts)
-    in_command = [use for use in FLAGS.find(plan.job.argv) if use.flag.name in mine]
-    yield from already_set(
-        in_command,
-        code="MDC323",
-        launcher="megatron",
-        where="the job's command",
-        pointer=lambda index: command_pointer(plan.job.command, index),
+def _vpp_layers(plan: Plan, where: str, pointer: str, emitted: list[str]) -> Finding:
+    """--num-layers-per-virtual-pipeline-stage gives the virtual stages as layers per stage:
+    with [parallelism] vpp, Megatron-LM refuses the two together; without, the plan (the
+    stages, the estimate) would not know the interleaving the job runs."""
+    both = "--num-virtual-stages-per-pipeline-rank" in emitted
+    why = (
+        "and mdc writes --num-virtual-stages-per-pipeline-rank from [parallelism] vpp: "
+        "Megatron-LM refuses the two together"
+        if both
+        else "the virtual stages in layers per stage, which mdc does not read: the plan "
+        "and its estimate would not know the interleaving"
     )
-    extra = [use for use in FLAGS.find(written.extra_args) if use.flag.name in mine]
-    yield from already_set(
-        [
-            use
-            for use in extra
-            if use.flag.key is None or getattr(written, use.flag.key) is not None
-        ],
+    return Finding(
         code="MDC323",
-        launcher="megatron",
-        where="extra_args",
-        pointer=lambda index: f"/megatron/extra_args/{index}",
-        canonical={"--recompute-activations": "--recompute-granularity"},
+        pointer=pointer,
+        message=f"{where} passes {VPP_LAYERS}, {why}",
+        hint=f"remove {VPP_LAYERS}; set [parallelism] vpp (layers per stage = num_layers / "
+        f"(pp x vpp), pp = {plan.sizes.pp})",
     )
-    for use in extra:
-        if use.flag.key is not None and use.error is not None:
-            yield Finding(
-                code="MDC359",
-                pointer=f"/megatron/extra_args/{use.index}",
-                message=f"extra_args: {use.error} (Megatron-LM refuses it)",
-                hint=f"set {use.flag.source} instead",
-            )
 
 
 def _order(plan: Plan) -> Iterator[Finding]:
@@ -296,7 +304,8 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
             hint='use dtype = "bf16", or ep = 1',
         )
     words = [*plan.job.argv, *opts.extra_args]
-    if experts and s.etp > 1 and not passes(words, "--disable-bias-linear"):
+    no_bias = (model is not None and model.bias is False) or passes(words, "--disable-bias-linear")
+    if experts and s.etp > 1 and not no_bias:
         yield Finding(
             code="MDC324",
             pointer="/parallelism/etp" if s.etp != s.tp else "/parallelism/tp",
@@ -369,7 +378,7 @@ def _model(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
 
 
 def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
-    written, opts = options or MegatronOptions(), resolved_options(options)
+    opts = resolved_options(options)
     yield from torchrun_findings(plan, torchrun_options(plan))
     yield from _attention_backend_rule(plan, opts)
     yield from _order(plan)
@@ -381,4 +390,4 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _recompute(plan, opts)
     yield from _model(plan, opts)
     yield from memory_option_rules(plan, opts)
-    yield from _clashes(plan, written, opts)
+    yield from _clashes(plan, opts)

@@ -27,7 +27,7 @@ from ``launch/vllm-node.sh``, ``--data-parallel-address`` (node 0's IPv4 address
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -36,9 +36,12 @@ from mdc.api import (
     MASTER_ADDR,
     MASTER_PORT,
     NODE_RANK,
+    PER_NODE,
+    ArgPlace,
     Artifact,
     Endpoint,
     Finding,
+    FlagReading,
     FlagTable,
     KnownFlag,
     Launch,
@@ -49,10 +52,13 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
-    already_set,
     command_pointer,
+    disagreeing,
+    disagreement_text,
+    drop_flags,
     flag_names,
     out_file,
+    plain_words,
     read_schema,
     shell_word,
 )
@@ -147,15 +153,31 @@ def local_engines(plan: Plan) -> int:
 
 
 def serve_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
-    """The server's command line, identical on every node that runs it."""
+    """The server's command line, identical on every node that runs it: the command, mdc's
+    flags, then args (and head_args where node 0 alone runs it); a flag of the user's that
+    says what mdc writes is written once, by mdc."""
     opts = _opts(options)
-    command = list(plan.job.argv)
+    mine = _own_argv(plan, opts)
+
+    def agreed(words: Sequence[str]) -> list[str]:
+        return drop_flags(words, disagreeing(OWNED_FLAGS, words, mine)[0])
+
+    command = agreed(plan.job.argv)
     model = opts.model or ""
     if tuple(command[:2]) == SERVE:
         argv = [*command[:2], model, *command[2:]]
     else:
         argv = [*command, "--model", model]
-    argv += [
+    argv += mine + agreed(opts.args)
+    if mode(plan, options) != "dp" or engines_span_nodes(plan, options):  # only node 0 serves
+        argv += agreed(opts.head_args)
+    return argv
+
+
+def _own_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
+    """The flags mdc writes after the command and the model."""
+    opts = _opts(options)
+    argv = [
         TP_FLAG,
         str(plan.sizes.tp),
         PP_FLAG,
@@ -178,9 +200,6 @@ def serve_argv(plan: Plan, options: VllmOptions | None) -> list[str]:
         argv.append(EP_FLAG)
     if how == "ray":
         argv += [EXECUTOR_FLAG, "ray"]
-    argv += list(opts.args)
-    if how != "dp" or spans:  # only node 0 runs vllm serve
-        argv += list(opts.head_args)
     return argv
 
 
@@ -373,15 +392,100 @@ def servers(plan: Plan, options: VllmOptions | None, port: int) -> tuple[Server,
     )
 
 
-#: the same flags as a table of mdc's shared flag reader (switches take no value)
+def _table(data: object, name: str) -> dict[str, Any]:
+    value = data.get(name) if isinstance(data, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _not_replicas(data: object) -> bool:
+    """--data-parallel-size is [parallelism] dp unless each node runs its own server."""
+    return _table(data, "vllm").get("mode") != "replicas"
+
+
+def expert_parallel_size(_: object, data: object) -> object:
+    """--enable-expert-parallel as [parallelism] ep: vLLM's expert-parallel group is tp x dp
+    of one server (the plan's defaults: tp a node's GPUs, dp the rest of the world)."""
+    par, dist = _table(data, "parallelism"), _table(data, "distributed")
+    nproc, nnodes = dist.get("nproc_per_node") or 1, dist.get("nnodes") or 1
+    tp = par.get("tp") or nproc
+    pp = par.get("pp") or (nnodes if par.get("dp") is None else 1)
+    dp = par.get("dp") or max(1, nnodes * nproc // (tp * pp * (par.get("cp") or 1)))
+    how = _table(data, "vllm").get("mode") if nnodes > 1 else None
+    if how == "ray" or (how is None and nnodes > 1 and dp == 1):
+        dp = 1
+    elif how == "replicas":
+        dp = max(1, dp // nnodes)
+    return tp * dp if isinstance(tp, int) and isinstance(dp, int) else None
+
+
+#: the flags that stand for a spec key: read as that key wherever the user passes them
+KEYED: dict[str, KnownFlag] = {
+    TP_FLAG: KnownFlag(
+        name=TP_FLAG,
+        source="[parallelism] tp",
+        spec_key="/parallelism/tp",
+        nargs=1,
+        convert=int,
+        aliases=("-tp",),
+    ),  # fmt: skip
+    PP_FLAG: KnownFlag(
+        name=PP_FLAG,
+        source="[parallelism] pp",
+        spec_key="/parallelism/pp",
+        nargs=1,
+        convert=int,
+        aliases=("-pp",),
+    ),  # fmt: skip
+    DP_FLAG: KnownFlag(
+        name=DP_FLAG,
+        source="[parallelism] dp",
+        spec_key="/parallelism/dp",
+        nargs=1,
+        convert=int,
+        aliases=("-dp",),
+        read_if=_not_replicas,
+    ),  # fmt: skip
+    EP_FLAG: KnownFlag(
+        name=EP_FLAG,
+        source="[parallelism] ep (= tp x dp of one server)",
+        spec_key="/parallelism/ep",
+        aliases=("-ep",),
+        compute=expert_parallel_size,
+    ),  # fmt: skip
+    "--host": KnownFlag(name="--host", source="[vllm] host", spec_key="/vllm/host", nargs=1),
+    "--port": KnownFlag(
+        name="--port", source="[vllm] port", spec_key="/vllm/port", nargs=1, convert=int
+    ),  # fmt: skip
+    "--model": KnownFlag(name="--model", source="[vllm] model", spec_key="/vllm/model", nargs=1),
+}
+#: flags mdc writes on some nodes only, with values of that node
+PER_NODE_FLAGS = (
+    "--data-parallel-start-rank",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--headless",
+)
+#: every flag mdc writes: those of a key, the others compared with mdc's value
 OWNED_FLAGS = FlagTable(
-    KnownFlag(
+    KEYED.get(flag)
+    or KnownFlag(
         name=flag,
         source=source,
         nargs=0 if flag in ("--headless", EP_FLAG) else 1,
         aliases=aliases,
     )
     for flag, (aliases, source) in OWNED.items()
+)
+COMMAND = ArgPlace(pointer="/job/command", where="the job's command")
+READING = FlagReading(
+    table=OWNED_FLAGS,
+    places=(
+        COMMAND,
+        ArgPlace(pointer="/vllm/args", where="[vllm] args", table="/vllm"),
+        ArgPlace(pointer="/vllm/head_args", where="[vllm] head_args", table="/vllm"),
+    ),
+    code="MDC364",
+    framework="vLLM",
 )
 HEAD_ONLY_FLAGS = FlagTable(
     [KnownFlag(name=HEAD_ONLY[0], source="[vllm] head_args", nargs=1, aliases=HEAD_ONLY[1:])]
@@ -454,15 +558,32 @@ def _layout_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
         )
 
 
+def _places(plan: Plan, opts: VllmOptions) -> Iterator[tuple[list[str], str, Any]]:
+    yield plan.job.argv, "the job's command", lambda i: command_pointer(plan.job.command, i)
+    yield list(opts.args), "[vllm] args", lambda i: f"/vllm/args/{i}"
+    yield list(opts.head_args), "[vllm] head_args", lambda i: f"/vllm/head_args/{i}"
+
+
+def _mdc_words(plan: Plan, opts: VllmOptions) -> list[object]:
+    """What mdc writes on the server's command line, with the flags of the node script
+    (different on every node) as per-node words."""
+    mine: list[object] = list(_own_argv(plan, opts))
+    if mode(plan, opts) == "dp" and not engines_span_nodes(plan, opts):
+        for flag in PER_NODE_FLAGS:
+            mine += [f"{flag}={PER_NODE}"] if flag == "--headless" else [flag, NODE_RANK]
+    return mine
+
+
 def _clash_findings(plan: Plan, opts: VllmOptions) -> Iterator[Finding]:
-    for words, where, pointer in (
-        (plan.job.argv, "the job's command", lambda i: command_pointer(plan.job.command, i)),
-        (opts.args, "[vllm] args", lambda i: f"/vllm/args/{i}"),
-        (opts.head_args, "[vllm] head_args", lambda i: f"/vllm/head_args/{i}"),
-    ):
-        yield from already_set(
-            OWNED_FLAGS.find(words), code="MDC364", launcher="vllm", where=where, pointer=pointer
-        )
+    """A flag mdc writes from no key of its own, passed with another value (the keyed
+    flags were read into the spec, a disagreeing one refused there)."""
+    mine = _mdc_words(plan, opts)
+    emitted = plain_words(mine)
+    for words, where, pointer in _places(plan, opts):
+        _, differ = disagreeing(OWNED_FLAGS, words, mine)
+        for use, own in differ:
+            message, hint = disagreement_text("vLLM", where, words, use, emitted, own)
+            yield Finding(code="MDC364", pointer=pointer(use.index), message=message, hint=hint)
 
 
 def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
@@ -574,5 +695,6 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             serving=serving,
             schema=read_schema("mdc_schemas", "plugins/vllm.v1.schema.json"),
             options_type=VllmOptions,
+            arguments=READING,
         )
     ]
