@@ -22,13 +22,19 @@ import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
 from mdc.flags import (
+    PER_NODE,
+    ArgPlace,
+    FlagReading,
     FlagTable,
     FlagUse,
     KnownFlag,
     already_set,
     command_pointer,
+    disagreeing,
+    disagreement_text,
     drop_flags,
     flag_names,
+    plain_words,
 )
 from mdc.hardware import Accelerator
 from mdc.package_data import package_text
@@ -284,6 +290,10 @@ class LauncherSpec:
     #: as if written (Megatron flags in ``extra_args``); mdc tune holds those keys as it
     #: holds the table's own. None: the arguments set no key
     read_args: Callable[[Any], Any] | None = None
+    #: the framework's flags that stand for spec keys, and where the user may pass them:
+    #: mdc reads each into its key before checking the spec (as if the key were written),
+    #: emits it once, and refuses only a flag that disagrees with its key. None: none read
+    arguments: FlagReading | None = None
     #: (options, the job command's words) -> the options with the keys the command's
     #: overrides set read in, as the launcher's framework applies them (TorchTitan's
     #: command-line overrides win over its config file): the ``training`` hook gets these,
@@ -416,6 +426,9 @@ __all__ = [
     "Server",
     "ServingSetup",
     "Finding",
+    "PER_NODE",
+    "ArgPlace",
+    "FlagReading",
     "FlagTable",
     "FlagUse",
     "JobTable",
@@ -442,11 +455,14 @@ __all__ = [
     "already_set",
     "command_pointer",
     "around_launch",
+    "disagreeing",
+    "disagreement_text",
     "drop_flags",
     "files_written",
     "flag_names",
     "out_file",
     "parse_layout",
+    "plain_words",
     "program",
     "read_schema",
     "report",

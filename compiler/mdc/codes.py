@@ -326,8 +326,10 @@ CODES: dict[str, Code] = {
         "set the missing recompute key the message names",
     ),
     "MDC323": Code(
-        "the command or extra_args passes a flag the megatron launcher sets",
-        "remove the flag; set the spec key it comes from",
+        "the command or extra_args passes a flag whose value disagrees with its spec key,"
+        " with the value mdc writes from another key, or with the same flag elsewhere"
+        " (Megatron-LM would keep the last); or one mdc cannot read as a key",
+        "remove the flag, or make the two agree (an agreeing flag is read as its key)",
     ),
     "MDC324": Code("fp16 with expert parallelism", "train in bf16, or ep = 1"),
     "MDC325": Code("warning: sequence_parallel with tp = 1 has no effect", "remove it"),
@@ -434,7 +436,11 @@ CODES: dict[str, Code] = {
         "change tp and pp, or the mode",
     ),
     "MDC363": Code("context parallelism with vLLM", "remove cp"),
-    "MDC364": Code("the command passes a flag the vllm launcher sets", "remove it"),
+    "MDC364": Code(
+        "the command or [vllm] args pass a flag whose value disagrees with its spec key or"
+        " with the value mdc writes (vLLM would keep the last), or one mdc sets per node",
+        "remove the flag, or make the two agree (an agreeing flag is read as its key)",
+    ),
     "MDC365": Code("warning: the command does not look like a vLLM server", "run `vllm serve`"),
     "MDC366": Code("vLLM cannot run an elastic job", "remove min_nnodes"),
     "MDC367": Code("multi-node vLLM over Ray on a cpu job", "use GPUs, or one node"),
@@ -450,7 +456,11 @@ CODES: dict[str, Code] = {
     "MDC370": Code("no [sglang] model", "set [sglang] model"),
     "MDC371": Code("tp * pp is not the world size", "set tp * pp = nnodes * nproc_per_node"),
     "MDC372": Code("context parallelism with SGLang", "remove cp"),
-    "MDC373": Code("the command passes a flag the sglang launcher sets", "remove it"),
+    "MDC373": Code(
+        "the command or [sglang] args pass a flag whose value disagrees with its spec key or"
+        " with the value mdc writes (SGLang would keep the last), or one mdc sets per node",
+        "remove the flag, or make the two agree (an agreeing flag is read as its key)",
+    ),
     "MDC374": Code(
         "warning: the command does not look like an SGLang server",
         "run `python -m sglang.launch_server`",
@@ -478,8 +488,10 @@ CODES: dict[str, Code] = {
         "set prefill_nodes / decode_nodes to multiples of tp_size / nproc_per_node",
     ),
     "MDC389": Code(
-        "server_args or a role's args has a flag the sglang_disagg launcher sets",
-        "remove it; set the [sglang_disagg] key the message names",
+        "server_args or a role's args pass a flag whose value disagrees with its"
+        " [sglang_disagg] key or with the value mdc writes (SGLang would keep the last),"
+        " or one mdc sets per node or role",
+        "remove the flag, or make the two agree (an agreeing flag is read as its key)",
     ),
     # local
     "MDC390": Code(

@@ -29,6 +29,7 @@ from mdc.api import (
 )
 from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
+from mdc.flags import read_document
 from mdc.hardware import Accelerator
 from mdc.importers import translate
 from mdc.launch_scripts import SET_BY_MDC, render_launch
@@ -118,10 +119,37 @@ class Compiler:
         self, doc: LoadedDocument, notes: Sequence[Diagnostic] = (), *, tree: bool = True
     ) -> Compiled:
         """Compile a loaded document (e.g. one a tool has edited) in memory."""
+        written = doc
+        doc, read = self.read_arguments(doc)
         found = self.checker.check(doc)
         if found:
-            raise SpecError([*found, *self._plan_despite(doc, found)])
-        return attrs.evolve(self._compile(doc, tree=tree), notes=tuple(notes))
+            raise SpecError([*read, *found, *self._plan_despite(doc, found)])
+        if any(d.is_error for d in read):  # the spec as written: its other findings too
+            raise SpecError([*read, *self._findings_of(doc)])
+        compiled = self._compile(doc, tree=tree, written=written, read=read)
+        return attrs.evolve(compiled, notes=tuple(notes))
+
+    def _findings_of(self, doc: LoadedDocument) -> list[Diagnostic]:
+        """The plan's and the plugins' findings on a schema-valid document."""
+        try:
+            self._compile(doc, tree=False)
+        except SpecError as exc:
+            return list(exc.diagnostics)
+        return []
+
+    def read_arguments(self, doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
+        """The document with the flags its launcher reads as keys read in (the launcher's
+        ``arguments``), located where they were written, and the findings on them."""
+        data = doc.data
+        section = data.get("distributed") if isinstance(data, dict) else None
+        name = section.get("launcher") if isinstance(section, dict) else None
+        if not isinstance(name, str) or name not in self.plugins.launchers:
+            return doc, []
+        reading = self.plugins.launcher(name).arguments
+        if reading is None:
+            return doc, []
+        doc, found = read_document(doc, reading)
+        return doc, [self._diag(doc, f) for f in found]
 
     def _plan_despite(self, doc: LoadedDocument, found: list[Diagnostic]) -> list[Diagnostic]:
         """Plan findings for a spec whose schema errors lie outside what the plan reads.
@@ -145,12 +173,20 @@ class Compiler:
         return []
 
     def _compile(
-        self, doc: LoadedDocument, damaged: frozenset[str] = frozenset(), *, tree: bool
+        self,
+        doc: LoadedDocument,
+        damaged: frozenset[str] = frozenset(),
+        *,
+        tree: bool,
+        written: LoadedDocument | None = None,
+        read: Sequence[Diagnostic] = (),
     ) -> Compiled:
         """Compile a schema-valid document.
 
         ``damaged``: the tables a repaired document lost (see :meth:`_plan_despite`); their
         plugins' checks are skipped, and the document is only planned, never emitted.
+        ``written``: the document before its flags were read as keys (the manifest's hash
+        is of it); ``read``: the warnings reading them gave.
         """
         spec = structure_spec(doc.data, self.option_types)  # type: ignore[arg-type]
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
@@ -173,7 +209,7 @@ class Compiler:
         backend_reg = self.plugins.backends[backend_name]
         launcher = self.plugins.launcher(spec.distributed.launcher)
         backend = self.plugins.backend(backend_name)
-        findings: list[Diagnostic] = []
+        findings: list[Diagnostic] = list(read)
         runs = backend.launchers
         unsupported = runs is not None and launcher.name not in runs
         if runs is not None and unsupported:
@@ -285,7 +321,9 @@ class Compiler:
             for name, reg in ((launcher.name, launcher_reg), (backend.name, backend_reg))
         }
         files = emit.finish(
-            [*own, *scheduler], spec_sha256=emit.canonical_sha256(doc.data), plugins=plugins
+            [*own, *scheduler],
+            spec_sha256=emit.canonical_sha256((written or doc).data),
+            plugins=plugins,
         )
         return Compiled(plan=plan, launch=launch, tree=tuple(files))
 
