@@ -370,8 +370,36 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         "kubernetes",
         {"sglang": {"model": "deepseek-ai/DeepSeek-V3"}, "parallelism": {"tp": 16, "pp": 1}},
     ),
+    # vllm_disagg: one node (servers side by side), two nodes, and 5 nodes whose decode
+    # server spans two nodes (data parallel, the later node headless)
+    (
+        "vllm_disagg",
+        1,
+        "local",
+        {"vllm_disagg": {"model": "Qwen/Qwen3-8B", "tensor_parallel_size": 2}},
+    ),
+    (
+        "vllm_disagg",
+        2,
+        "local",
+        {"vllm_disagg": {"model": "Qwen/Qwen3-8B", "tensor_parallel_size": 4}},
+    ),
+    (
+        "vllm_disagg",
+        5,
+        "slurm",
+        {
+            "vllm_disagg": {
+                "model": "Qwen/Qwen3-8B",
+                "tensor_parallel_size": 8,
+                "decode": {"tensor_parallel_size": 4, "data_parallel_size": 4},
+            },
+            "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
+        },
+    ),
 ]
 COMMANDS = {
+    "vllm_disagg": ["vllm", "serve"],
     "sglang_disagg": "python3",
     "vllm": ["vllm", "serve"],
     "sglang": ["python3", "-m", "sglang.launch_server"],
@@ -476,6 +504,24 @@ def test_serving_roles_and_addresses(
             "http://127.0.0.4:30003",
             "http://127.0.0.5:30004",
         ]
+    if launcher == "vllm_disagg" and nnodes == 5:  # the proxy lists each server's first node
+        (proxy,) = [e["argv"] for e in records[0] if e["argv"][0].endswith("toy_proxy_server.py")]
+        assert proxy[proxy.index("--prefiller-hosts") :] == [
+            "--prefiller-hosts",
+            "127.0.0.2",
+            "127.0.0.3",
+            "--prefiller-ports",
+            "8101",
+            "8102",
+            "--decoder-hosts",
+            "127.0.0.4",
+            "--decoder-ports",
+            "8103",
+        ]
+        (later,) = [e for e in records[4] if e["program"] == "vllm"]
+        assert (
+            "--headless" in later["argv"] and later["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5624"
+        )
     if launcher == "sglang":  # every node is told node 0's address and the plan's port
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
         for node, entries in records.items():
@@ -527,6 +573,32 @@ def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compile
     assert (
         "router --decode http://127.0.0.2:30002 points at node 1, whose role is prefill"
         in outcome.findings
+    )
+
+
+def test_vllm_disagg_proxy_list_to_a_wrong_node_is_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 0 sees NODE_HOSTS with nodes 1 and 2 swapped: the proxy lists the prefill
+    server's port at the decode node's address."""
+    spec = _serving_spec(
+        tmp_path, "vllm_disagg", 5, "local", {"vllm_disagg": {"model": "Qwen/Qwen3-8B"}}
+    )
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 0:
+            return env
+        hosts = env["NODE_HOSTS"].split()
+        hosts[1], hosts[2] = hosts[2], hosts[1]
+        return {**env, "NODE_HOSTS": " ".join(hosts)}
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
+    assert not outcome.ok
+    assert (
+        "the proxy's --prefiller-hosts ['127.0.0.3'] and --prefiller-ports ['8101'] reach "
+        "(node, port) [(2, '8101')]; the prefill servers run at [(1, '8101')]" in outcome.findings
     )
 
 

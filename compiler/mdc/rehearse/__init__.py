@@ -20,9 +20,9 @@ node *k* is host ``127.0.0.(k+1)`` in ``NODE_HOSTS``, node 0 is ``MASTER_ADDR``.
   ``MASTER_PORT``, ``NODE_HOSTS``); node.sh derives ``NODE_RANK`` itself.
 
 Training launchers run the probe once per rank (see :mod:`mdc.rehearse.probe`); serving
-launchers (vllm, sglang, sglang_disagg) run their server commands against shims that record
-argv and environment per node (see :mod:`mdc.rehearse.serving`). This module never imports
-torch: only the probe does, in the workers.
+launchers (vllm, sglang, sglang_disagg, vllm_disagg) run their server commands against shims
+that record argv and environment per node (see :mod:`mdc.rehearse.serving`). This module never
+imports torch: only the probe does, in the workers.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``install_shims`` puts ``vllm``, ``ray``, ``python`` and ``python3`` first on the nodes'
 PATH. ``vllm ...``, ``ray ...``, ``python -m sglang.launch_server ...``, ``python -m
-sglang_router.launch_router ...`` and ``python -m sglang.srt.disaggregation.mini_lb ...``
-record their argv and environment (``serving/node-<k>.jsonl`` under the results) and exit
+sglang_router.launch_router ...``, ``python -m sglang.srt.disaggregation.mini_lb ...`` and
+``python .../toy_proxy_server.py ...`` (vllm_disagg's proxy) record their argv and environment (``serving/node-<k>.jsonl`` under the results) and exit
 0; the Ray head's readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs
 of the nodes that have run ``ray start`` so far; anything else runs the real interpreter.
 
@@ -31,6 +31,10 @@ RECORDED_ENV = (
     "VLLM_HOST_IP",
     "NCCL_INIT_ADDR",
     "SGLANG_DISAGG_ROLE",
+    "VLLM_DISAGG_ROLE",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    "CUDA_VISIBLE_DEVICES",
     "SGLANG_NODE_RANK",
     "MDC_REHEARSE_NODE",
     "MDC_REHEARSE_ROLE",
@@ -42,6 +46,8 @@ RECORDED_MODULES = (
     "sglang.srt.disaggregation.mini_lb",
 )
 ROUTERS = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
+#: vLLM's toy proxy (vllm_disagg), run as ``python[3] .../toy_proxy_server.py ...``
+VLLM_PROXY = "toy_proxy_server.py"
 
 
 def install_shims(shims: Path, python: str) -> None:
@@ -56,6 +62,9 @@ def install_shims(shims: Path, python: str) -> None:
                     'if [[ "${1:-}" == -m ]] && [[ " '
                     + " ".join(RECORDED_MODULES)
                     + ' " == *" ${2:-} "* ]]; then',
+                    f'  exec {recorder} python "$@"',
+                    "fi",
+                    f'if [[ "${1:-}" == *{VLLM_PROXY} ]]; then',
                     f'  exec {recorder} python "$@"',
                     "fi",
                     'if [[ "${1:-}" == -c && "${2:-}" == *ray.cluster_resources* ]]; then',
@@ -192,6 +201,8 @@ def check(
                     found.append(f"node {node}: --nnodes is {_value(argv, '--nnodes')}")
     elif launcher == "vllm":
         found += _check_vllm(plan, records, hosts, node_at)
+    elif launcher == "vllm_disagg":
+        found += _check_vllm_disagg(plan, records, hosts)
     return found
 
 
@@ -481,6 +492,103 @@ def _check_disagg_shared(
         found.append(
             f"the router reaches ports {sorted(pointed)}, servers run on {sorted(by_port)}"
         )
+    return found
+
+
+def _check_vllm_disagg(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str]
+) -> list[str]:
+    """vllm_disagg: every planned server started on its node, role and port; the headless
+    engines of a server over nodes reach its first node; each node's servers on their own
+    GPUs and NIXL side-channel ports, on the node's address; the one proxy, on node 0,
+    lists every server by role at its node's address and port."""
+    found: list[str] = []
+    where = {host: node for node, host in enumerate(hosts)}
+    if len(hosts) == 1:
+        where["127.0.0.1"] = 0
+    served: dict[tuple[int, str], str] = {}  # (node, HTTP port) -> role
+    proxies: list[tuple[int, list[str]]] = []
+    for node, entries in sorted(records.items()):
+        for entry in entries:
+            argv, env = entry["argv"], entry["env"]
+            if entry["program"] == "python" and argv[:1] and argv[0].endswith(VLLM_PROXY):
+                proxies.append((node, argv))
+            if entry["program"] != "vllm" or argv[:1] != ["serve"]:
+                continue
+            found += _check_vllm_disagg_server(node, argv, env, hosts, where)
+            if "--headless" not in argv:
+                served[(node, _value(argv, "--port") or "")] = env.get("VLLM_DISAGG_ROLE", "")
+    found += _check_vllm_disagg_node_resources(records, plan["nproc_per_node"])
+    planned = sorted(
+        (s["nodes"][0], str(s["port"]), s["role"]) for s in plan["servers"] if s["gpus"]
+    )
+    ran = sorted((node, port, role) for (node, port), role in served.items())
+    if ran != planned:
+        found.append(f"servers started (node, port, role) {ran}, the plan has {planned}")
+    if [node for node, _ in proxies] != [0]:
+        found.append(f"proxies started on nodes {[n for n, _ in proxies]}, the plan has node 0")
+        return found
+    argv = proxies[0][1]
+    for role, kind in (("prefill", "prefiller"), ("decode", "decoder")):
+        addresses, ports = _values(argv, f"--{kind}-hosts"), _values(argv, f"--{kind}-ports")
+        listed = sorted(
+            (where.get(a.strip("[]"), -1), p) for a, p in zip(addresses, ports, strict=False)
+        )
+        wanted = sorted((node, port) for (node, port), r in served.items() if r == role)
+        if len(addresses) != len(ports) or listed != wanted:
+            found.append(
+                f"the proxy's --{kind}-hosts {addresses} and --{kind}-ports {ports} reach "
+                f"(node, port) {listed}; the {role} servers run at {wanted}"
+            )
+    return found
+
+
+def _values(argv: list[str], flag: str) -> list[str]:
+    """The words after ``flag`` up to the next flag (argparse's nargs "+")."""
+    if flag not in argv:
+        return []
+    start = end = argv.index(flag) + 1
+    while end < len(argv) and not argv[end].startswith("--"):
+        end += 1
+    return argv[start:end]
+
+
+def _check_vllm_disagg_server(
+    node: int, argv: list[str], env: dict[str, str], hosts: list[str], where: dict[str, int]
+) -> list[str]:
+    found: list[str] = []
+    side = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
+    if len(hosts) > 1 and side != hosts[node]:
+        found.append(f"node {node}: VLLM_NIXL_SIDE_CHANNEL_HOST is {side!r}, not {hosts[node]}")
+    address = _value(argv, "--data-parallel-address")
+    if "--headless" in argv and where.get(address or "") is None:
+        found.append(f"node {node}: headless engines reach {address!r}, which is no node")
+    return found
+
+
+def _check_vllm_disagg_node_resources(
+    records: dict[int, list[dict[str, Any]]], gpus: int
+) -> list[str]:
+    """Servers sharing a node take disjoint GPUs and NIXL port ranges (base + local rank)."""
+    found: list[str] = []
+    for node, entries in sorted(records.items()):
+        devices: list[int] = []
+        sides: list[int] = []
+        for entry in entries:
+            argv, env = entry["argv"], entry["env"]
+            if entry["program"] != "vllm" or argv[:1] != ["serve"]:
+                continue
+            visible = env.get("CUDA_VISIBLE_DEVICES")
+            devices += [int(d) for d in visible.split(",")] if visible else []
+            local = int(_value(argv, "--data-parallel-size-local") or 0) or int(
+                _value(argv, "--data-parallel-size") or 1
+            )
+            base = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT") or 0)
+            sides += range(base, base + local)
+        if len(set(devices)) != len(devices) or any(d >= gpus for d in devices):
+            found.append(f"node {node}: servers' CUDA_VISIBLE_DEVICES overlap or exceed: {devices}")
+        if len(set(sides)) != len(sides):
+            found.append(f"node {node}: servers' NIXL side-channel ports overlap: {sorted(sides)}")
     return found
 
 
