@@ -305,17 +305,17 @@ class Compiler:
                 "emit",
                 lambda: list(backend.emit(plan, launched, plan.options.get(backend.name))),
             )
-        plan = self._with_reported(doc, plan, reported)
+        final = self._with_reported(doc, plan, reported)
         own = [*launched.files]
         if tree:
             from mdc.describe import plan_json  # only a command that writes the tree
 
-            own.append(Artifact.json(PLAN, plan_json(plan, launch)))
+            own.append(Artifact.json(PLAN, plan_json(final, launch)))
         # without the tree, plan.json's path is still taken
         reserved = (emit.MANIFEST,) if tree else (emit.MANIFEST, PLAN)
         _call(backend_reg, "emit", lambda: emit.check_paths([*own, *scheduler], reserved=reserved))
         if not tree:
-            return Compiled(plan=plan, launch=launch, tree=())
+            return Compiled(plan=final, launch=launch, tree=())
         plugins = {
             name: reg.origin.distribution
             for name, reg in ((launcher.name, launcher_reg), (backend.name, backend_reg))
@@ -325,7 +325,7 @@ class Compiler:
             spec_sha256=emit.canonical_sha256((written or doc).data),
             plugins=plugins,
         )
-        return Compiled(plan=plan, launch=launch, tree=tuple(files))
+        return Compiled(plan=final, launch=launch, tree=tuple(files))
 
     def _accelerator_model(
         self, spec: JobSpec, serving: bool

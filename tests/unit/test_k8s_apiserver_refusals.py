@@ -126,7 +126,8 @@ def test_what_is_not_a_quantity(text: str) -> None:
 def test_unicode_digits_and_negative_quantities_are_refused(
     compiler: Compiler, tmp_path: Path, key: str, text: str
 ) -> None:
-    assert findings(compiler, tmp_path, spec(**{key: text})) == [("MDC464", f"/kubernetes/{key}")]
+    table: dict[str, Any] = {key: text}
+    assert findings(compiler, tmp_path, spec(**table)) == [("MDC464", f"/kubernetes/{key}")]
 
 
 @pytest.mark.parametrize("key", ["cpu", "memory", "shm_size"])
@@ -134,7 +135,8 @@ def test_unicode_digits_and_negative_quantities_are_refused(
 def test_what_the_apiserver_takes_is_taken(
     compiler: Compiler, tmp_path: Path, key: str, text: str
 ) -> None:
-    assert findings(compiler, tmp_path, spec(**{key: text})) == []
+    table: dict[str, Any] = {key: text}
+    assert findings(compiler, tmp_path, spec(**table)) == []
 
 
 def test_a_gpu_count_rounded_to_a_whole_number_by_the_apiserver_is_whole() -> None:
