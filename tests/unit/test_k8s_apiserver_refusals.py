@@ -246,6 +246,11 @@ def test_toleration_seconds_is_an_int64(compiler: Compiler, tmp_path: Path) -> N
     assert findings(compiler, tmp_path, spec(**table(2**63))) == [
         ("MDC105", "/kubernetes/tolerations/0/toleration_seconds")
     ]
+    assert findings(compiler, tmp_path, spec(**table(-(2**63) - 1))) == [
+        ("MDC105", "/kubernetes/tolerations/0/toleration_seconds")
+    ]
+    # "Zero and negative values will be treated as 0 (evict immediately)" (the API's doc)
+    assert findings(compiler, tmp_path, spec(**table(-1))) == []
     assert findings(compiler, tmp_path, spec("leaderworkerset", **table(2**63))) == [
         ("MDC105", "/leaderworkerset/tolerations/0/toleration_seconds")
     ]
