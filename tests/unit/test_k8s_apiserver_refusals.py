@@ -139,6 +139,10 @@ def test_what_the_apiserver_takes_is_taken(
     assert findings(compiler, tmp_path, spec(**table)) == []
 
 
+def test_no_cpu_at_all_is_a_request_the_apiserver_takes(compiler: Compiler, tmp_path: Path) -> None:
+    assert findings(compiler, tmp_path, spec(cpu=0)) == []
+
+
 def test_a_gpu_count_rounded_to_a_whole_number_by_the_apiserver_is_whole() -> None:
     # 1.9999999999 is rounded up to the nano, 2.000000000: a whole number of GPUs
     assert k8s.whole_quantity("1.9999999999")

@@ -101,3 +101,13 @@ def test_unicode_digits_in_sizes_and_counts_are_refused(
     compiler: Compiler, tmp_path: Path, key: str, text: str, code: str
 ) -> None:
     assert errors(compiler, tmp_path, {key: text}) == [(code, f"/slurm/{key}")]
+
+
+@pytest.mark.parametrize("minutes", [0, -1, 90, 2**31])
+def test_a_time_in_minutes_is_what_sbatch_reads_of_its_digits(
+    compiler: Compiler, tmp_path: Path, minutes: int
+) -> None:
+    # 0 is no limit and -1 unlimited to sbatch; 2**31 minutes overflow its int seconds and
+    # wrap around to a limit it takes
+    assert time_minutes(str(minutes)) is not None
+    assert errors(compiler, tmp_path, {"time": minutes}) == []
