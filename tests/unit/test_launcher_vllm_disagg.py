@@ -380,3 +380,40 @@ def test_vllms_own_refusal_of_a_tp_that_splits_heads(tmp_path: Path) -> None:
         and error.location.pointer == "/vllm_disagg/decode/tensor_parallel_size"
     )
     assert "40 attention heads" in error.message and "[1, 2, 4, 5, 8, 10]" in (error.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "split", "expected"),
+    [
+        # one node of 8: 3 prefill servers from 9100, 5 decode servers from 9200
+        (
+            1,
+            {"prefill_gpus": 3, "decode_gpus": 5},
+            [9100, 9101, 9102, 9200, 9201, 9202, 9203, 9204],
+        ),
+        # 5 nodes: prefill nodes 1-2 from 9100, decode nodes 3-4 from 9200
+        (5, {"prefill_nodes": 2, "decode_nodes": 2}, [9100, 9101, 9200, 9201]),
+    ],
+)
+def test_a_role_port_is_its_first_servers(
+    tmp_path: Path, nnodes: int, split: dict[str, int], expected: list[int]
+) -> None:
+    options = {"tensor_parallel_size": 1, "prefill": {"port": 9100}, "decode": {"port": 9200}}
+    compiled = compile_(tmp_path, spec(nnodes, 8, options, **split))
+    assert [s.port for s in compiled.launch.servers if s.role != "router"] == expected
+
+
+@pytest.mark.slow
+def test_role_ports_reach_the_nodes_and_the_proxy(tmp_path: Path) -> None:
+    options = {"prefill": {"port": 9100}, "decode": {"port": 9200}}
+    compiled = compile_(tmp_path, spec(5, 4, options, prefill_nodes=2, decode_nodes=2))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_ins(tmp_path)
+    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    for role, node in (("proxy", 0), ("prefill", 2), ("decode", 3)):
+        run_role(root, env, role, node, hosts)
+    runs = recorded(env)
+    (proxy,) = [r for r in runs if "serve" not in r]
+    assert words_after(proxy, "--prefiller-ports") == ["9100", "9101"]
+    assert words_after(proxy, "--decoder-ports") == ["9200", "9201"]
+    assert sorted(value(r, "--port") for r in runs if "serve" in r) == ["9101", "9200"]
