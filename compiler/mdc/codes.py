@@ -60,7 +60,8 @@ CODES: dict[str, Code] = {
     ),
     "MDC002": Code("a key appears twice in one table", "keep one of the two"),
     "MDC003": Code(
-        "the file cannot be read: missing, unreadable, too large, or of an unknown format",
+        "the file cannot be read: missing, unreadable, not a regular file (a FIFO, a device,"
+        " a folder), too large, or of an unknown format",
         "give an existing .toml, .yaml/.yml or .json file of at most 4 MiB",
     ),
     "MDC004": Code(
@@ -72,7 +73,15 @@ CODES: dict[str, Code] = {
         " outside compiled trees)",
         "give the spec files, or the folder that holds them",
     ),
-    # schema
+    "MDC020": Code(
+        "a number no spec can hold: NaN or an infinity (`nan`, `inf`, `.inf`, `1e999`), or an"
+        " integer of more than 4,300 digits (Python's limit)",
+        "give a finite number of a sensible size, or quote the value if it is text",
+    ),
+    "MDC021": Code(
+        "a YAML key that is null (`~:`, `null:`, or nothing before the `:`)",
+        "write the key's name, or quote it if the name is the word null",
+    ),
     "MDC040": Code(
         "[model] name is not in mdc's catalogue of published models",
         "name a catalogue model (docs/model.md), point hf_config at its config.json, or"
@@ -82,6 +91,7 @@ CODES: dict[str, Code] = {
         "[model] hf_config names a config.json mdc cannot read as [model] keys",
         "write the model's keys under [model] (docs/model.md maps config.json keys to them)",
     ),
+    # schema
     "MDC100": Code("the value breaks a schema rule not listed below", "follow the message"),
     "MDC101": Code("an unknown key", "fix its spelling (the hint suggests one) or remove it"),
     "MDC102": Code("a value of the wrong type", "give the type the message names"),

@@ -7,6 +7,7 @@ never stop at the first; :class:`SpecError` carries all of them at once.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 
 import attrs
@@ -28,6 +29,26 @@ class ExitCode(enum.IntEnum):
 class Severity(enum.Enum):
     ERROR = "error"
     WARNING = "warning"
+
+
+#: What a terminal or a CI log would act on rather than show: C0 and C1 controls (ESC starts
+#: colours and cursor moves, BEL rings, a newline starts a forged "file:line: error" line), DEL,
+#: the Unicode line and paragraph separators, the bidirectional overrides that reorder text,
+#: and lone surrogates (a file name that is not UTF-8), which no terminal can be sent.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would act on written as an escape (``\\x1b``),
+    so a file name or value can never draw, ring or forge a line in a diagnostic."""
+    return _UNPRINTABLE.sub(_escape, text)
 
 
 def escape_pointer_token(token: str | int) -> str:
@@ -69,16 +90,17 @@ class Diagnostic:
         return (loc.path, loc.line or 0, loc.column or 0, loc.pointer, self.code, self.message)
 
     def render(self) -> str:
-        """``path:line:col: error[MDCnnn]: message (at /pointer)`` plus a hint line."""
+        """``path:line:col: error[MDCnnn]: message (at /pointer)`` plus a hint line, with
+        control characters escaped (:func:`printable`): always exactly those lines."""
         loc = self.location
-        where = loc.path
+        where = printable(loc.path)
         if loc.line is not None:
             where += f":{loc.line}:{loc.column or 1}"
-        text = f"{where}: {self.severity.value}[{self.code}]: {self.message}"
+        text = f"{where}: {self.severity.value}[{self.code}]: {printable(self.message)}"
         if loc.pointer:
-            text += f" (at {loc.pointer})"
+            text += f" (at {printable(loc.pointer)})"
         if self.hint:
-            text += f"\n  hint: {self.hint}"
+            text += f"\n  hint: {printable(self.hint)}"
         return text
 
     def to_json(self) -> dict[str, object]:
@@ -135,7 +157,7 @@ class PluginError(MdcError):
         else:
             o = self.origin
             who = f"plugin {o.entry_point!r} from {o.distribution} {o.version}"
-        return f"{who} failed in {self.hook}: {self.reason}"
+        return printable(f"{who} failed in {self.hook}: {self.reason}")
 
 
 class InternalError(MdcError):

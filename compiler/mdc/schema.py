@@ -258,7 +258,9 @@ class SchemaChecker:
             ]
             yield diag(
                 f"expected {' or '.join(names)}, got {_got(error.instance)}",
-                schema.get("description") if path else None,
+                (schema.get("description") or _quote_hint(expected, error.instance))
+                if path
+                else None,
             )
         elif keyword in ("enum", "const"):
             choices = [
@@ -335,6 +337,17 @@ class SchemaChecker:
                 f"{_short(error.instance)} is invalid: {keyword} {_short(error.validator_value)}",
                 schema.get("description"),
             )
+
+
+def _quote_hint(expected: object, value: object) -> str | None:
+    """Why a number or true/false is no text, where text is wanted (an env value)."""
+    wanted = expected if isinstance(expected, list) else [expected]
+    if "string" not in wanted or not isinstance(value, (bool, int, float)):
+        return None
+    return (
+        f"this is text: quote it ({json.dumps(json.dumps(value))}) to pass those characters; "
+        "mdc does not guess how a number or true/false was meant to be spelled"
+    )
 
 
 def _got(value: object) -> str:

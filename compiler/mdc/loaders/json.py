@@ -16,11 +16,14 @@ import re
 
 from mdc.errors import join_pointer
 from mdc.loaders import (
+    MAX_INT_DIGITS,
     SURROGATE,
     LoadedDocument,
     Position,
     ScannedPositions,
+    decimal_digits,
     duplicate_key,
+    long_integer,
     syntax_error,
 )
 
@@ -36,7 +39,9 @@ def parse(text: str, path: str) -> LoadedDocument:
     rejected: _Rejected | None = None
     data: object = None
     try:
-        data = json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
+        data = json.loads(
+            text, object_pairs_hook=_object, parse_constant=_constant, parse_int=_integer
+        )
     except json.JSONDecodeError as exc:
         raise syntax_error(path, exc.msg, exc.lineno, exc.colno) from None
     except _Rejected as exc:
@@ -83,6 +88,13 @@ def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
     if len(result) != len(pairs):
         raise _Rejected("duplicate key", "MDC002")
     return result
+
+
+def _integer(literal: str) -> int:
+    # int() refuses (ValueError, a bug to mdc) past the interpreter's limit: ours is fixed
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Rejected(f"an integer of {len(literal.lstrip('-')):,} digits", "MDC020")
+    return int(literal)
 
 
 def _constant(name: str) -> object:
@@ -136,6 +148,9 @@ class _Scanner:
                 hint="JSON has no NaN or infinities; use a number or a string",
                 pointer=join_pointer(path),
             )
+        digits = decimal_digits(m.group())
+        if digits is not None and digits > MAX_INT_DIGITS:
+            raise long_integer(self.path, digits, *self.pos(self.i), join_pointer(path))
         self.i = m.end()
 
     def string(self) -> str:

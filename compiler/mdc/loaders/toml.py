@@ -18,13 +18,19 @@ import functools
 import re
 import tomllib
 from collections.abc import Callable
+from typing import Any
 
-from mdc.errors import SpecError, join_pointer
+import attrs
+
+from mdc.errors import SpecError, escape_pointer_token, join_pointer
 from mdc.loaders import (
+    MAX_INT_DIGITS,
     LoadedDocument,
     Position,
     ScannedPositions,
+    decimal_digits,
     duplicate_key,
+    long_integer,
     syntax_error,
 )
 
@@ -34,6 +40,8 @@ _TRAILER = re.compile(r" at line \d+ col \d+$")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A date-time may contain one space ("1979-05-27 07:32:00"); other scalars end at a delimiter.
 _SCALAR = re.compile(r"\d{4}-\d{2}-\d{2}[ Tt]\d{2}:\d{2}[^\s,\]}#]*|[^\s,\]}#]+")
+#: where a date or time may be (a cheap test, so a spec without one is not walked again)
+_WRITTEN = re.compile(r"\d:\d\d|\d-\d\d-")
 _ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|.)", re.DOTALL)
 _SIMPLE_ESCAPES = {
     "b": "\b",
@@ -54,25 +62,50 @@ def parse(text: str, path: str) -> LoadedDocument:
     """Parse TOML ``text``; raise :class:`SpecError` (MDC001/MDC002) if it is invalid."""
     try:
         raw = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError):
-        data = _plain(_read_thoroughly(text, path))
-        scanner = _Scanner(text)
-        try:
-            scanner.run()  # its verdict on redefinitions tomlkit lets through
-        except _Duplicate as dup:
-            raise _duplicate_error(dup, path) from None
-        except _ScanError:
-            pass  # positions are a convenience: keep what was found
-        return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
+    except ValueError as exc:  # TOMLDecodeError too: int() past Python's limit, or syntax
+        if not isinstance(exc, tomllib.TOMLDecodeError):
+            _refuse_long_integer(text, path)
+        return _parse_thoroughly(text, path)
+    except RecursionError:
+        return _parse_thoroughly(text, path)
     # tomllib refuses every redefinition, so the scanner runs only when a finding asks for a
-    # position (most specs have none)
+    # position (most specs have none), or a date's text is wanted
     scanned = functools.cache(functools.partial(_positions, text))
+    data = _plain(raw)
+    if _WRITTEN.search(text):
+        data = _as_written(data, text, scanned())
     return LoadedDocument(
         path=path,
-        data=_plain(raw),
+        data=data,
         values=ScannedPositions(lambda: scanned().values),
         keys=ScannedPositions(lambda: scanned().keys),
     )
+
+
+def _parse_thoroughly(text: str, path: str) -> LoadedDocument:
+    """A text ``tomllib`` refused: tomlkit's located error, or its reading of TOML 1.1."""
+    data = _plain(_read_thoroughly(text, path))
+    scanner = _Scanner(text)
+    try:
+        scanner.run()  # its verdict on redefinitions tomlkit lets through
+    except _Duplicate as dup:
+        raise _duplicate_error(dup, path) from None
+    except _ScanError:
+        pass  # positions are a convenience: keep what was found
+    if _WRITTEN.search(text):
+        data = _as_written(data, text, scanner)
+    return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
+
+
+def _refuse_long_integer(text: str, path: str) -> None:
+    """MDC020 at the first integer literal longer than Python converts, if there is one."""
+    scanner = _Scanner(text)
+    with contextlib.suppress(_ScanError, _Duplicate, RecursionError):
+        scanner.run()
+    if scanner.long_integer is not None:
+        where, digits = scanner.long_integer
+        pointer = join_pointer(where)
+        raise long_integer(path, digits, *scanner.values[pointer], pointer)
 
 
 def _positions(text: str) -> _Scanner:
@@ -90,14 +123,23 @@ def _read_thoroughly(text: str, path: str) -> object:
     try:
         return tomlkit.parse(text).unwrap()
     except (TOMLKitError, ValueError, RecursionError) as exc:
+        _refuse_long_integer(text, path)  # tomlkit says "Invalid number" (or int()'s error)
         raise _translate(exc, text, path) from None
 
 
 _SCALARS = frozenset({bool, int, float, str})
 
 
+@attrs.frozen
+class _Written:
+    """A date or time, until its text as written replaces it (see :func:`_as_written`)."""
+
+    value: datetime.date | datetime.time
+
+
 def _plain(value: object) -> object:
-    """Built-in types only; dates and times become ISO strings."""
+    """Built-in types only; dates and times become :class:`_Written` (TOML has them, a
+    spec does not: each is kept as the text written, never rewritten in another form)."""
     if type(value) in _SCALARS:  # what tomllib gives: already the type itself
         return value
     if isinstance(value, dict):
@@ -105,11 +147,28 @@ def _plain(value: object) -> object:
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
-        return value.isoformat()
+        return _Written(value)
     for kind in (bool, int, float, str):  # bool first: it is an int
         if isinstance(value, kind):
             return kind(value)
     raise TypeError(f"unexpected TOML value {value!r}")  # pragma: no cover
+
+
+def _as_written(data: object, text: str, scanner: _Scanner) -> object:
+    """``data`` with each :class:`_Written` replaced by its text in the source."""
+    if isinstance(data, _Written):
+        return data.value.isoformat()  # the document is the date: no source map needed
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, here = stack.pop()
+        children = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in children:
+            pointer = f"{here}/{escape_pointer_token(key)}"
+            if isinstance(child, _Written):
+                value[key] = scanner.written(pointer) or child.value.isoformat()
+            elif isinstance(child, (dict, list)):
+                stack.append((child, pointer))
+    return data
 
 
 def _translate(exc: Exception, text: str, path: str) -> SpecError:
@@ -193,6 +252,8 @@ class _Scanner:
         self.keys: dict[str, Position] = {}
         self.kinds: dict[Path, str] = {}
         self.aot_len: dict[Path, int] = {}
+        #: the first integer literal past Python's limit: its path and digits
+        self.long_integer: tuple[Path, int] | None = None
 
     # -- positions and bookkeeping ----------------------------------------
     def pos(self, offset: int) -> Position:
@@ -204,6 +265,14 @@ class _Scanner:
         pointer = join_pointer(path)
         self.keys[pointer] = self.pos(key_at)
         self.values[pointer] = self.pos(value_at)
+
+    def written(self, pointer: str) -> str | None:
+        """The text of the scalar at ``pointer`` as the source spells it."""
+        at = self.values.get(pointer)
+        if at is None:
+            return None
+        m = _SCALAR.match(self.text, self.starts[at[0] - 1] + at[1] - 1)
+        return m.group() if m else None
 
     def conflict(self, path: Path, offset: int) -> None:
         raise _Duplicate(path, self.pos(offset), self.keys.get(join_pointer(path)))
@@ -348,6 +417,9 @@ class _Scanner:
             m = _SCALAR.match(self.text, self.i)
             if m is None:
                 raise _ScanError(f"expected a value at {self.pos(self.i)}")
+            digits = decimal_digits(m.group())
+            if self.long_integer is None and digits is not None and digits > MAX_INT_DIGITS:
+                self.long_integer = path, digits
             self.i = m.end()
 
     def items(self, close: str, item: Callable[[int], None]) -> None:

@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mdc.errors import SourceLocation, SpecError, escape_pointer_token
-from mdc.loaders import MAX_DEPTH, SURROGATE, LoadedDocument, Position, duplicate_key, syntax_error
+from mdc.loaders import (
+    MAX_DEPTH,
+    MAX_INT_DIGITS,
+    SURROGATE,
+    LoadedDocument,
+    Position,
+    decimal_digits,
+    duplicate_key,
+    long_integer,
+    syntax_error,
+)
 
 if TYPE_CHECKING:
     from ruamel.yaml.constructor import DuplicateKeyError
@@ -69,6 +79,42 @@ def _bounded_composer() -> type[Any]:
                 self.depth -= 1
 
     return BoundedComposer
+
+
+@functools.cache
+def _spec_constructor() -> type[Any]:
+    from ruamel.yaml.constructor import RoundTripConstructor
+
+    class SpecConstructor(RoundTripConstructor):
+        """ruamel's round-trip constructor, but for what a spec cannot take as ruamel would:
+        a plain scalar that looks like a date stays the text written (YAML 1.2's core schema
+        has no timestamps; ruamel's would rewrite "2024-01-02 03:04:05" in ISO form), and an
+        integer past Python's limit becomes a :class:`_LongInteger` that ``_plain`` locates
+        (int() would raise ValueError)."""
+
+        def construct_verbatim(self, node: Any) -> Any:
+            return self.construct_scalar(node)
+
+        def construct_bounded_int(self, node: Any) -> Any:
+            digits = decimal_digits(node.value)
+            if digits is not None and digits > MAX_INT_DIGITS:
+                return _LongInteger(digits, node.start_mark.line, node.start_mark.column)
+            return self.construct_yaml_int(node)
+
+    SpecConstructor.add_constructor(
+        "tag:yaml.org,2002:timestamp", SpecConstructor.construct_verbatim
+    )
+    SpecConstructor.add_constructor("tag:yaml.org,2002:int", SpecConstructor.construct_bounded_int)
+    return SpecConstructor
+
+
+@attrs.frozen(eq=False)
+class _LongInteger:
+    """An integer literal too long to convert: its digits and 0-based position."""
+
+    digits: int
+    line: int
+    column: int
 
 
 class _TooDeep(Exception):
@@ -152,6 +198,7 @@ def _read_ruamel(text: str, path: str) -> LoadedDocument:
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.Composer = _bounded_composer()
+    yaml.Constructor = _spec_constructor()
     try:
         with warnings.catch_warnings():
             # ruamel warns (to stderr) about legal YAML such as a reused anchor name
@@ -240,9 +287,13 @@ def _plain(
             hint="YAML aliases (*name) repeat whole subtrees; write the values "
             "out, or use fewer aliases",
         )
+    if isinstance(node, _LongInteger):
+        raise long_integer(path, node.digits, node.line + 1, node.column + 1, here)
     if isinstance(node, CommentedMap):
         out: dict[str, object] = {}
         for key, value in node.items():
+            if key is None or isinstance(key, _LongInteger):
+                raise _unfit_key(path, node, key, here)
             try:
                 name = key if isinstance(key, str) else _scalar(key)
             except TypeError:  # a mapping or list used as a key ("? {a: 1}")
@@ -277,6 +328,22 @@ def _plain(
             pointer=here,
         ) from None
     return _paired(value, path, values, here) if isinstance(value, str) else value
+
+
+def _unfit_key(path: str, node: Any, key: Any, here: str) -> SpecError:
+    """A null key (``~:``, ``null:``, ``? :``), or one too long an integer, located."""
+    line, column = _member_position(node, key)[:2]
+    if isinstance(key, _LongInteger):
+        return long_integer(path, key.digits, line + 1, column + 1, here)
+    return syntax_error(
+        path,
+        "a key that is null (~, null, or nothing before the ':'): every key is a name",
+        line + 1,
+        column + 1,
+        code="MDC021",
+        hint='write the key\'s name, or quote it ("null") if that is the name',
+        pointer=here,
+    )
 
 
 def _paired(text: str, path: str, values: dict[str, Position], here: str) -> str:
@@ -456,6 +523,8 @@ def _fast_node(
         if type(key) is not ScalarEvent or key.anchor is not None or key.tag is not None:
             raise _Declined
         resolved = key.value if key.style else _plain_scalar(key.value)
+        if resolved is None:
+            raise _Declined  # a null key: the thorough path's diagnostic
         name = resolved if isinstance(resolved, str) else str(resolved)
         if resolved in seen or name in table or name == "<<":
             raise _Declined  # a duplicate (ruamel's diagnostic) or a merge
@@ -480,6 +549,8 @@ def _plain_scalar(text: str) -> object:
     if text in _WORDS:
         return _WORDS[text]
     if _INT.fullmatch(text):
+        if len(text) > MAX_INT_DIGITS:  # the thorough path's diagnostic
+            raise _Declined
         return int(text)
     if _FLOAT.fullmatch(text):
         return float(text)
