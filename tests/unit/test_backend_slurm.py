@@ -526,6 +526,7 @@ def test_each_node_runs_its_role_with_its_rank(
         "--nodes=6",
         "--ntasks=6",
         "--ntasks-per-node=1",
+        "--cpus-per-task=8",  # a CPU job: one CPU per rank, which srun does not inherit
         "bash",
         f"{out}/slurm/node.sh",
     ]
@@ -611,24 +612,32 @@ def test_hostile_values_reach_srun_and_module_verbatim(
 
 
 @pytest.mark.parametrize(
-    ("slurm", "exclusive", "cpus", "warned"),
+    ("accelerator", "slurm", "exclusive", "cpus", "warned"),
     [
-        ({}, True, None, False),  # whole nodes: the task gets every CPU
-        ({"cpus_per_task": 16}, False, "16", False),
-        ({"cpus_per_task": 4}, False, "4", True),  # 8 ranks on 4 CPUs
-        ({"exclusive": False}, False, None, True),  # SLURM's default: 1 CPU for 8 ranks
-        ({"cpus_per_task": 4, "exclusive": True}, True, "4", False),
+        ("nvidia", {}, True, None, False),  # whole nodes: the task gets every CPU
+        ("nvidia", {"cpus_per_task": 16}, False, "16", False),
+        ("nvidia", {"cpus_per_task": 4}, False, "4", True),  # 8 ranks on 4 CPUs
+        ("nvidia", {"exclusive": False}, False, None, True),  # SLURM's default: 1 CPU, 8 ranks
+        ("nvidia", {"cpus_per_task": 4, "exclusive": True}, True, "4", False),
+        # a CPU job: one CPU per rank, not whole nodes (which would bring every GPU along)
+        ("cpu", {}, False, "8", False),
+        ("cpu", {"cpus_per_task": 2}, False, "2", True),
+        ("cpu", {"exclusive": True}, True, None, False),  # asked for: whole nodes
+        ("cpu", {"exclusive": False}, False, None, True),
     ],
 )
 def test_each_nodes_task_gets_a_cpu_per_rank_or_a_warning(
     compiler: Compiler,
     tmp_path: Path,
+    accelerator: str,
     slurm: dict[str, Any],
     exclusive: bool,
     cpus: str | None,
     warned: bool,
 ) -> None:
-    compiled = compile_data(compiler, tmp_path, spec(slurm=slurm))
+    data = spec(slurm=slurm)
+    data["distributed"]["accelerator"] = accelerator
+    compiled = compile_data(compiler, tmp_path, data)
     lines = sbatch_lines(files(compiled)["slurm/job.sbatch"])
     assert ("--exclusive" in lines) == exclusive
     assert (f"--cpus-per-task={cpus}" in lines) == (cpus is not None)

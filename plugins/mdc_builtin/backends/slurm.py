@@ -10,7 +10,8 @@ apptainer). Nothing about the cluster is looked up at compile time.
 
 Without ``cpus_per_task`` the job takes whole nodes (``--exclusive``), so the one
 task per node, which runs all the node's ranks, gets every CPU of its node rather than
-SLURM's default of one. An elastic job (``--nodes=MIN-MAX``) writes no
+SLURM's default of one; a CPU job asks one CPU per rank instead (an exclusive job gets
+the node's GPUs too). An elastic job (``--nodes=MIN-MAX``) writes no
 ``--ntasks-per-node`` directive: with it sbatch sizes the job from the minimum and
 allocates MIN nodes even when MAX are idle; srun still runs one task per node. ``[slurm]
 setup`` and ``teardown`` commands run in the batch script before srun and when it exits.
@@ -160,6 +161,15 @@ def gpus_per_node(plan: Plan, opts: SlurmOptions) -> str | None:
 
 def nodes_value(plan: Plan) -> str:
     return f"{plan.min_nnodes}-{plan.nnodes}" if plan.elastic else str(plan.nnodes)
+
+
+def with_cpu_default(plan: Plan, opts: SlurmOptions) -> SlurmOptions:
+    """A CPU job that sizes neither asks one CPU per rank (``--cpus-per-task=nproc_per_node``)
+    instead of whole nodes: SLURM hands an exclusive job every GPU of its nodes as well
+    (measured on the test SLURM: all 8 of a node's GPUs)."""
+    if plan.accelerator == "cpu" and opts.cpus_per_task is None and opts.exclusive is None:
+        return attrs.evolve(opts, cpus_per_task=plan.nproc_per_node)
+    return opts
 
 
 def exclusive(opts: SlurmOptions) -> bool:
@@ -397,7 +407,7 @@ def node_script(plan: Plan, opts: SlurmOptions) -> str:
 
 
 def emit(plan: Plan, launch: Launch, options: SlurmOptions | None) -> list[Artifact]:
-    opts = _opts(options)
+    opts = with_cpu_default(plan, _opts(options))
     return [
         Artifact.text("slurm/job.sbatch", batch_script(plan, opts), executable=True),
         Artifact.text("slurm/node.sh", node_script(plan, opts), executable=True),
@@ -603,7 +613,7 @@ def check(plan: Plan, options: SlurmOptions | None) -> Iterator[Finding]:
             hint=f"remove gpus_per_node (it defaults to {plan.nproc_per_node}), or "
             'set accelerator = "cpu"',
         )
-    yield from _cpu_findings(plan, opts)
+    yield from _cpu_findings(plan, with_cpu_default(plan, opts))
 
 
 def _cpu_findings(plan: Plan, opts: SlurmOptions) -> Iterator[Finding]:

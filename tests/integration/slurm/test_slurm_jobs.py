@@ -184,6 +184,29 @@ def test_the_jobs_gpus_reach_every_node_task(
     assert seen == {f"rank-{rank}": [str(rank // 2), "0,1", "2"] for rank in range(4)}
 
 
+def test_a_cpu_job_gets_a_cpu_per_rank_and_no_gpu(
+    compile_spec: Any, jobs: Any, token: Any, tmp_path: Path, slurm_cluster: Any
+) -> None:
+    """A CPU job asks nproc_per_node CPUs for each node's task and no GPU: whole nodes
+    (--exclusive) would hand it every GPU of the node as well."""
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    line = (
+        'echo "$NODE_RANK gpus=${CUDA_VISIBLE_DEVICES:-} on_node=${SLURM_GPUS_ON_NODE:-} '
+        'cpus=$SLURM_CPUS_PER_TASK" > "$PROBE_DIR/rank-$RANK"'
+    )
+    out = tmp_path / "out"
+    data = cpu_job("slurm-cpu", ["bash", "-c", line], 29820, launcher="basic")
+    compile_spec(write_json(tmp_path / "spec.json", data), out)
+    assert "#SBATCH --exclusive" not in (out / "slurm" / "job.sbatch").read_text()
+    finished = jobs.wait(jobs.submit(out, token.env(PROBE_DIR=str(probes))), timeout=120)
+    assert_completed(finished, token)
+    seen = {p.name: p.read_text().split() for p in probes.iterdir()}
+    assert seen == {
+        f"rank-{rank}": [str(rank // 2), "gpus=", "on_node=", "cpus=2"] for rank in range(4)
+    }
+
+
 # ---------------------------------------------------------------- several roles, failures
 
 
