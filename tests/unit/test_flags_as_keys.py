@@ -27,7 +27,7 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
 REPO = Path(__file__).resolve().parents[2]
-LAUNCHERS = ("megatron", "vllm")
+LAUNCHERS = ("megatron", "vllm", "sglang", "sglang_disagg")
 COMPILER = Compiler(load_plugins(autoload=False))
 HERE = Path(__file__).resolve().parent / "flags_as_keys"
 
@@ -58,13 +58,21 @@ def reading(launcher: str) -> FlagReading:
 
 
 def tree(compiled: Compiled) -> dict[str, Any]:
-    """The compiled files; the manifest without the spec's hash (the specs differ)."""
+    """The compiled files; the manifest without the spec's hash (the specs differ), and
+    plan.json's warnings without their places."""
     files: dict[str, Any] = {}
     for artifact in compiled.tree:
         content: Any = (artifact.data, artifact.executable)
         if artifact.path == "manifest.json":
             content = json.loads(artifact.data)
             content.pop("spec_sha256")
+            content["files"]["plan.json"].pop("sha256")  # compared as JSON below
+        elif artifact.path == "plan.json":  # a warning on a key read from a flag is located
+            content = json.loads(artifact.data)  # at the flag's word: where is not compared
+            for warning in content["warnings"]:
+                for where in ("pointer", "line", "column"):
+                    warning.pop(where, None)
+
         files[artifact.path] = content
     return files
 

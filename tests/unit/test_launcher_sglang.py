@@ -170,23 +170,17 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
         (
             "command",
             [*SERVER, "--tensor-parallel-size", "2"],
-            [
-                (
-                    "/job/command/3",
-                    "--tensor-parallel-size (another spelling of --tp-size)",
-                    "[parallelism] tp",
-                )
-            ],
+            [("/job/command/3", "'--tensor-parallel-size 2'", "but [parallelism] tp = 8")],
         ),
         (
             "args",
             ["--model", "x", "--nccl-init-addr=a:1"],
             [
-                ("/sglang/args/0", "--model (another spelling of --model-path)", "[sglang] model"),
+                ("/sglang/args/0", "'--model x'", 'but [sglang] model = "org/some-model"'),
                 (
                     "/sglang/args/2",
-                    "--nccl-init-addr (another spelling of --dist-init-addr)",
-                    "[distributed] master_port (on node 0)",
+                    "'--nccl-init-addr=a:1'",
+                    "but mdc writes --dist-init-addr per node",
                 ),
             ],
         ),
@@ -194,22 +188,33 @@ def test_context_parallel_is_refused(tmp_path: Path) -> None:
             "args",
             ["--node-rank", "0", "--port=1"],
             [
-                ("/sglang/args/0", "--node-rank", "the node's rank"),
-                ("/sglang/args/2", "--port", "[sglang] port"),
+                ("/sglang/args/0", "'--node-rank 0'", "but mdc writes --node-rank per node"),
+                ("/sglang/args/2", "'--port=1'", "but [sglang] port = 30001"),
             ],
         ),
     ],
 )
-def test_flags_mdc_sets_may_not_be_written_again(
+def test_a_flag_that_disagrees_with_mdc_is_refused(
     tmp_path: Path, where: str, words: list[str], expected: list[tuple[str, str, str]]
 ) -> None:
-    """One finding per flag, at the word itself, naming the key mdc writes it from."""
-    data = spec({"args": words}) if where == "args" else spec(command=words)
+    """One finding per flag, at the word itself, naming what it disagrees with: the key,
+    or (the node's rank and address over two nodes) the value mdc writes on each node."""
+    args = {"args": words} if where == "args" else {}
+    data = spec({**args, "port": 30001}, nnodes=2, parallelism={"tp": 8, "pp": 1})
+    if where == "command":
+        data["job"]["command"] = words
     found = [d for d in diagnostics(tmp_path, data) if d.is_error]
     assert [d.code for d in found] == ["MDC373"] * len(expected)
-    for d, (pointer, spelled, source) in zip(found, expected, strict=True):
+    for d, (pointer, said, what) in zip(found, expected, strict=True):
         assert d.location.pointer == pointer
-        assert f"passes {spelled}, which the sglang launcher sets from {source}" in d.message
+        assert f"passes {said}, {what}" in d.message, d.message
+
+
+def test_the_nodes_flags_on_one_node_are_the_users(tmp_path: Path) -> None:
+    """On one node mdc writes no --node-rank or --dist-init-addr: SGLang reads the user's."""
+    compiled = compile_(tmp_path, spec({"args": ["--node-rank", "0", "--dist-init-addr=a:1"]}))
+    (role,) = compiled.launch.roles
+    assert list(role.argv[-3:]) == ["--node-rank", "0", "--dist-init-addr=a:1"]
 
 
 def test_a_foreign_command_is_a_warning(tmp_path: Path) -> None:

@@ -197,20 +197,32 @@ def test_role_tables_set_one_role_only(tmp_path: Path) -> None:
     assert "--max-running-requests" in decode and "--chunked-prefill-size" not in decode
 
 
-def test_flags_mdc_sets_are_refused_in_the_arguments(tmp_path: Path) -> None:
+def test_flags_that_disagree_with_mdc_are_refused_in_the_arguments(tmp_path: Path) -> None:
+    """--port is each server's own (mdc writes it from the server's place); a role's
+    --expert-parallel-size is that role's ep_size, here written otherwise."""
     options = {
         "server_args": ["--trust-remote-code", "--tp", "2", "--port=1"],
-        "decode": {"args": ["--expert-parallel-size", "4"]},
+        "decode": {"ep_size": 2, "args": ["--expert-parallel-size", "4"]},
     }
     found = errors(tmp_path, spec(3, 2, options))
     assert [(d.code, d.location.pointer) for d in found] == [
         ("MDC389", "/sglang_disagg/server_args/3"),
         ("MDC389", "/sglang_disagg/decode/args/0"),
     ]
-    assert "[sglang_disagg] server_args passes --port," in found[0].message
-    assert "set the value through port" in (found[0].hint or "")
-    assert "(another spelling of --ep-size)" in found[1].message
-    assert "through ep_size" in (found[1].hint or "")
+    assert "[sglang_disagg] server_args passes '--port=1', but mdc writes --port per node" in (
+        found[0].message
+    )
+    assert "passes '--expert-parallel-size 4', but [sglang_disagg.decode] ep_size = 2" in (
+        found[1].message
+    )
+
+
+def test_a_flag_in_a_roles_args_is_that_roles_key(tmp_path: Path) -> None:
+    """--tp-size in prefill's args is [sglang_disagg.prefill] tp_size: the same servers."""
+    keyed = compile_(tmp_path, spec(3, 2, {"prefill": {"tp_size": 1}}))
+    flagged = compile_(tmp_path, spec(3, 2, {"prefill": {"args": ["--tp-size=1"]}}))
+    assert [r.argv for r in flagged.launch.roles] == [r.argv for r in keyed.launch.roles]
+    assert [f.data for f in flagged.launch.files] == [f.data for f in keyed.launch.files]
 
 
 def test_ports_stay_below_65536(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ the server.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
 import attrs
 
@@ -22,10 +23,12 @@ from mdc.api import (
     MASTER_ADDR,
     MASTER_PORT,
     NODE_RANK,
+    ArgPlace,
     Artifact,
     Concat,
     Endpoint,
     Finding,
+    FlagReading,
     FlagTable,
     KnownFlag,
     Launch,
@@ -36,9 +39,12 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
-    already_set,
     command_pointer,
+    disagreeing,
+    disagreement_text,
+    drop_flags,
     out_file,
+    plain_words,
     read_schema,
 )
 from mdc_builtin.launchers._addresses import ipv4_function
@@ -81,10 +87,20 @@ def dist_init_addr() -> Concat:
 
 
 def server_argv(plan: Plan, options: SglangOptions | None) -> list[Word]:
-    """The server's command line; only --node-rank differs between nodes."""
+    """The server's command line; only --node-rank differs between nodes. A flag of the
+    user's that says what mdc writes is written once, by mdc."""
     opts = _opts(options)
+    mine = _own_argv(plan, opts)
+
+    def agreed(words: Sequence[str]) -> list[str]:
+        return drop_flags(words, disagreeing(OWNED_FLAGS, words, mine)[0])
+
+    return [*agreed(plan.job.argv), *mine, *agreed(opts.args)]
+
+
+def _own_argv(plan: Plan, opts: SglangOptions) -> list[Word]:
+    """The flags mdc writes after the command."""
     argv: list[Word] = [
-        *plan.job.argv,
         "--model-path",
         opts.model or "",
         "--tp-size",
@@ -102,7 +118,7 @@ def server_argv(plan: Plan, options: SglangOptions | None) -> list[Word]:
             dist_init_addr(),
         ]
     argv += ["--host", opts.host or DEFAULT_HOST, "--port", str(opts.port or DEFAULT_PORT)]
-    return argv + list(opts.args)
+    return argv
 
 
 def node_script(plan: Plan) -> str:
@@ -180,11 +196,53 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
     )
 
 
-#: the same flags as a table of mdc's shared flag reader (each takes one value)
+#: the flags that stand for a spec key: read as that key wherever the user passes them
+#: (SGLang's server_args.py: --model-path, --tp-size and --pp-size, --nnodes, --port are
+#: str, int, int, int, int; --host str)
+KEYS: dict[str, tuple[str, type]] = {
+    "--model-path": ("/sglang/model", str),
+    "--tp-size": ("/parallelism/tp", int),
+    "--pp-size": ("/parallelism/pp", int),
+    "--nnodes": ("/distributed/nnodes", int),
+    "--host": ("/sglang/host", str),
+    "--port": ("/sglang/port", int),
+}
+#: every flag mdc writes: those of a key, the others (per node) compared with mdc's words
 OWNED_FLAGS = FlagTable(
-    KnownFlag(name=flag, source=source, nargs=1, aliases=aliases)
+    KnownFlag(
+        name=flag,
+        source=source,
+        nargs=1,
+        aliases=aliases,
+        spec_key=KEYS[flag][0] if flag in KEYS else None,
+        convert=KEYS[flag][1] if flag in KEYS else str,
+    )
     for flag, (aliases, source) in OWNED.items()
 )
+READING = FlagReading(
+    table=OWNED_FLAGS,
+    places=(
+        ArgPlace(pointer="/job/command", where="the job's command"),
+        ArgPlace(pointer="/sglang/args", where="[sglang] args", table="/sglang"),
+    ),
+    code="MDC373",
+    framework="SGLang",
+)
+
+
+def _clash_findings(plan: Plan, opts: SglangOptions) -> Iterator[Finding]:
+    """A flag mdc writes from no key of its own (the node's rank and address) passed with
+    another value (the keyed flags were read into the spec, a disagreeing one refused)."""
+    mine = _own_argv(plan, opts)
+    emitted = plain_words(mine)
+    places: list[tuple[Sequence[str], str, Callable[[int], str]]] = [
+        (plan.job.argv, "the job's command", partial(command_pointer, plan.job.command)),
+        (opts.args, "[sglang] args", "/sglang/args/{}".format),
+    ]
+    for words, where, pointer in places:
+        for use, own in disagreeing(OWNED_FLAGS, words, mine)[1]:
+            message, hint = disagreement_text("SGLang", where, words, use, emitted, own)
+            yield Finding(code="MDC373", pointer=pointer(use.index), message=message, hint=hint)
 
 
 def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
@@ -216,20 +274,7 @@ def check(plan: Plan, options: SglangOptions | None) -> Iterator[Finding]:
             message=f"the sglang launcher passes no context parallelism (cp {plan.sizes.cp})",
             hint="remove cp (or set it to 1)",
         )
-    yield from already_set(
-        OWNED_FLAGS.find(plan.job.argv),
-        code="MDC373",
-        launcher="sglang",
-        where="the job's command",
-        pointer=lambda index: command_pointer(plan.job.command, index),
-    )
-    yield from already_set(
-        OWNED_FLAGS.find(opts.args),
-        code="MDC373",
-        launcher="sglang",
-        where="[sglang] args",
-        pointer=lambda index: f"/sglang/args/{index}",
-    )
+    yield from _clash_findings(plan, opts)
     if not any(w == MODULE or w.endswith("/launch_server.py") for w in plan.job.argv):
         yield Finding(
             code="MDC374",
@@ -303,5 +348,6 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             serving=serving,
             schema=read_schema("mdc_schemas", "plugins/sglang.v1.schema.json"),
             options_type=SglangOptions,
+            arguments=READING,
         )
     ]

@@ -24,7 +24,6 @@ as madengine does (no bootstrap ports: every prefill server keeps one fixed boot
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import shlex
@@ -36,9 +35,11 @@ import mdc
 from mdc.api import (
     NODE_RANK,
     ONE_NODE_ROLE,
+    ArgPlace,
     Artifact,
     Endpoint,
     Finding,
+    FlagReading,
     FlagTable,
     KnownFlag,
     Launch,
@@ -48,8 +49,11 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
-    already_set,
+    disagreeing,
+    disagreement_text,
+    drop_flags,
     out_file,
+    plain_words,
     read_schema,
 )
 from mdc.api import Server as ApiServer
@@ -63,16 +67,31 @@ ROUTERS = {
     "mini_lb": ("-m", "sglang.srt.disaggregation.mini_lb"),
 }
 MAX_PORT = 65535
-#: the server flags mdc writes, with SGLang's aliases (server_args.py); a copy in the
-#: arguments is refused with the key that sets it
+
+
+def _keyed(name: str, key: str, *aliases: str, nargs: int = 1, convert: type = str) -> KnownFlag:
+    """A server flag that stands for a key: of the arguments' table (a role's, or
+    [sglang_disagg]'s) when relative, else that key."""
+    return KnownFlag(
+        name=name,
+        source=key,
+        spec_key=key,
+        nargs=1 if nargs else 0,
+        convert=convert,
+        aliases=aliases,
+    )
+
+
+#: the server flags mdc writes, with SGLang's aliases and types (server_args.py): those of
+#: a key are read as that key, the others compared with what mdc writes
 OWNED_FLAGS = FlagTable(
     [
-        KnownFlag(name="--model-path", source="model_path", nargs=1, aliases=("--model",)),
-        KnownFlag(name="--tp-size", source="tp_size", nargs=1, aliases=("--tensor-parallel-size",)),
-        KnownFlag(name="--dp-size", source="dp_size", nargs=1, aliases=("--data-parallel-size",)),
-        KnownFlag(name="--enable-dp-attention", source="enable_dp_attention"),
-        KnownFlag(name="--ep-size", source="ep_size", nargs=1, aliases=("--expert-parallel-size",)),
-        KnownFlag(name="--moe-a2a-backend", source="moe_a2a_backend", nargs=1),
+        _keyed("--model-path", "/sglang_disagg/model_path", "--model"),
+        _keyed("--tp-size", "tp_size", "--tensor-parallel-size", convert=int),
+        _keyed("--dp-size", "dp_size", "--data-parallel-size", convert=int),
+        _keyed("--enable-dp-attention", "enable_dp_attention", nargs=0),
+        _keyed("--ep-size", "ep_size", "--expert-parallel-size", convert=int),
+        _keyed("--moe-a2a-backend", "moe_a2a_backend"),
         KnownFlag(name="--nnodes", source="the server's nodes (tp_size / nproc_per_node)", nargs=1),
         KnownFlag(name="--node-rank", source="the node's place in its server", nargs=1),
         KnownFlag(
@@ -84,9 +103,38 @@ OWNED_FLAGS = FlagTable(
         KnownFlag(name="--host", source="mdc (0.0.0.0)", nargs=1),
         KnownFlag(name="--port", source="port (port + the server's first node)", nargs=1),
         KnownFlag(name="--disaggregation-mode", source="the node's role", nargs=1),
-        KnownFlag(name="--disaggregation-transfer-backend", source="transfer_backend", nargs=1),
+        _keyed("--disaggregation-transfer-backend", "/sglang_disagg/transfer_backend"),
         KnownFlag(name="--disaggregation-bootstrap-port", source="bootstrap_port", nargs=1),
     ]
+)
+#: where a user passes server flags: every server, then a role's
+READING = FlagReading(
+    table=OWNED_FLAGS,
+    places=(
+        ArgPlace(
+            pointer="/sglang_disagg/server_args",
+            where="[sglang_disagg] server_args",
+            table="/sglang_disagg",
+        ),
+        *(
+            ArgPlace(
+                pointer=f"/sglang_disagg/{role}/args",
+                where=f"[sglang_disagg.{role}] args",
+                table=f"/sglang_disagg/{role}",
+            )
+            for role in ("prefill", "decode")
+        ),
+    ),
+    code="MDC389",
+    framework="SGLang",
+)
+#: flags mdc writes for each server from its place (its nodes and ports)
+PER_SERVER = (
+    "--port",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+    "--disaggregation-bootstrap-port",
 )
 PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 
@@ -329,10 +377,29 @@ def _worker_env(plan: Plan, options: SglangDisaggOptions) -> dict[str, str]:
 
 
 def server_words(options: SglangDisaggOptions, shape: Server) -> list[str]:
-    """A role's server command after the interpreter, up to what its place adds (ports)."""
+    """A role's server command after the interpreter, up to what its place adds (ports); a
+    flag of the user's that says what mdc writes is written once, by mdc."""
+    mine = mdc_words(options, shape)
+
+    def agreed(words: tuple[str, ...]) -> list[str]:
+        return drop_flags(words, disagreeing(OWNED_FLAGS, words, mine)[0])
+
     return [
         "-m",
         "sglang.launch_server",
+        *_own_words(options, shape),
+        *agreed(options.server_args),
+        *agreed(shape.args),
+    ]
+
+
+def mdc_words(options: SglangDisaggOptions, shape: Server) -> list[object]:
+    """Every flag mdc writes for a role's servers, those of its place as per-node words."""
+    return [*_own_words(options, shape), *(w for f in PER_SERVER for w in (f, NODE_RANK))]
+
+
+def _own_words(options: SglangDisaggOptions, shape: Server) -> list[str]:
+    return [
         "--model-path",
         options.model_path,
         "--disaggregation-mode",
@@ -342,8 +409,6 @@ def server_words(options: SglangDisaggOptions, shape: Server) -> list[str]:
         "0.0.0.0",
         "--disaggregation-transfer-backend",
         options.transfer_backend,
-        *options.server_args,
-        *shape.args,
     ]
 
 
@@ -689,18 +754,35 @@ def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Findi
                 hint=f"set {role}_nodes to a multiple of {shape.nodes}, e.g. {below} (and the "
                 "other role's count so that both add up to nnodes - 1)",
             )
-    for where, pointer, words in (
-        ("[sglang_disagg] server_args", "/sglang_disagg/server_args", options.server_args),
-        ("[sglang_disagg.prefill] args", "/sglang_disagg/prefill/args", options.prefill.args),
-        ("[sglang_disagg.decode] args", "/sglang_disagg/decode/args", options.decode.args),
-    ):
-        yield from already_set(
-            OWNED_FLAGS.find(words),
-            code="MDC389",
-            launcher="sglang_disagg",
-            where=where,
-            pointer=functools.partial("{}/{}".format, pointer),
-        )
+    yield from _clash_findings(plan, options)
+
+
+def _clash_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
+    """A flag mdc writes from no key of its own (the role, the host, the server's nodes and
+    ports) passed with another value than mdc writes for a server it reaches (the keyed
+    flags were read into the spec, a disagreeing one refused there)."""
+    for place in READING.places:
+        words = _words_of(options, place.pointer)
+        own_table = place.table.rsplit("/", 1)[1]
+        roles = (own_table,) if own_table in ("prefill", "decode") else ("prefill", "decode")
+        seen: set[int] = set()
+        for role in roles:
+            mine = mdc_words(options, server(plan, options, role))
+            emitted = plain_words(mine)
+            for use, own in disagreeing(OWNED_FLAGS, words, mine)[1]:
+                if use.index in seen:
+                    continue
+                seen.add(use.index)
+                message, hint = disagreement_text("SGLang", place.where, words, use, emitted, own)
+                pointer = f"{place.pointer}/{use.index}"
+                yield Finding(code="MDC389", pointer=pointer, message=message, hint=hint)
+
+
+def _words_of(options: SglangDisaggOptions, pointer: str) -> tuple[str, ...]:
+    if pointer == "/sglang_disagg/server_args":
+        return options.server_args
+    role: RoleOptions = getattr(options, pointer.split("/")[2])
+    return role.args
 
 
 def _shared_role_findings(plan: Plan, shape: Server, count: int, where: str) -> Iterator[Finding]:
@@ -879,5 +961,6 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             serving=serving,
             schema=read_schema("mdc_schemas", "plugins/sglang_disagg.v1.schema.json"),
             options_type=SglangDisaggOptions,
+            arguments=READING,
         )
     ]
