@@ -62,22 +62,22 @@ def test_an_integer_past_pythons_limit_is_a_located_error(
 
 
 @pytest.mark.parametrize(
-    ("fmt", "text"),
+    ("fmt", "text", "where"),
     [
-        ("toml", f"x = 0x{'f' * 4000}\n"),  # base 16: int() has no limit, printing it has
-        ("toml", f"x = 0o{'7' * 5000}\n"),
-        ("yaml", f"x: 0x{'f' * 4000}\n"),
-        ("yaml", f"x: 0o{'7' * 5000}\n"),
+        # base 16: int() has no limit, printing the number has
+        ("toml", f"x = 0x{'f' * 4000}\n", ("/x", 1, 5)),
+        ("toml", f"x = 0o{'7' * 5000}\n", ("/x", 1, 5)),
+        ("yaml", f"x: 0x{'f' * 4000}\n", ("/x", 1, 4)),
+        ("yaml", f"x: 0o{'7' * 5000}\n", ("/x", 1, 4)),
+        ("yaml", f"x:\n  ? 0x{'f' * 4000}\n  : 1\n", ("/x", 2, 5)),  # a key
     ],
 )
-def test_a_huge_integer_in_another_base_is_a_located_error(fmt: str, text: str) -> None:
+def test_a_huge_integer_in_another_base_is_a_located_error(
+    fmt: str, text: str, where: tuple[str, int, int]
+) -> None:
     (found,) = refused(text, fmt)
     assert found.code == "MDC020"
-    assert (found.location.pointer, found.location.line, found.location.column) == (
-        "/x",
-        1,
-        5 - (fmt == "yaml"),
-    )
+    assert (found.location.pointer, found.location.line, found.location.column) == where
 
 
 @pytest.mark.parametrize("fmt", ["toml", "yaml", "json"])

@@ -165,7 +165,7 @@ def load_text(text: str, path: str, fmt: str) -> LoadedDocument:
     return doc
 
 
-def _unfit(value: object) -> bool:
+def unfit(value: object) -> bool:
     """A float that is NaN or infinite, or an integer Python would not print."""
     if type(value) is float:
         return not math.isfinite(value)
@@ -173,7 +173,7 @@ def _unfit(value: object) -> bool:
 
 
 def _unfit_numbers(data: object) -> list[tuple[str, float | int]]:
-    """The pointer and value of every number :func:`_unfit` finds (pointers are built only
+    """The pointer and value of every number :func:`unfit` finds (pointers are built only
     once a first walk found one, so a good spec pays one walk)."""
     values = [data]
     while values:
@@ -182,7 +182,7 @@ def _unfit_numbers(data: object) -> list[tuple[str, float | int]]:
             values.extend(value.values())
         elif isinstance(value, list):
             values.extend(value)
-        elif _unfit(value):
+        elif unfit(value):
             break
     else:
         return []
@@ -194,7 +194,7 @@ def _unfit_numbers(data: object) -> list[tuple[str, float | int]]:
             stack += ((v, f"{here}/{escape_pointer_token(k)}") for k, v in value.items())
         elif isinstance(value, list):
             stack += ((v, f"{here}/{i}") for i, v in enumerate(value))
-        elif _unfit(value):
+        elif unfit(value):
             found.append((here, value))  # type: ignore[arg-type]
     return found
 

@@ -40,8 +40,6 @@ _TRAILER = re.compile(r" at line \d+ col \d+$")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 # A date-time may contain one space ("1979-05-27 07:32:00"); other scalars end at a delimiter.
 _SCALAR = re.compile(r"\d{4}-\d{2}-\d{2}[ Tt]\d{2}:\d{2}[^\s,\]}#]*|[^\s,\]}#]+")
-#: where a date or time may be (a cheap test, so a spec without one is not walked again)
-_WRITTEN = re.compile(r"\d:\d\d|\d-\d\d-")
 _ESCAPE = re.compile(r"\\(u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|x[0-9A-Fa-f]{2}|.)", re.DOTALL)
 _SIMPLE_ESCAPES = {
     "b": "\b",
@@ -71,9 +69,10 @@ def parse(text: str, path: str) -> LoadedDocument:
     # tomllib refuses every redefinition, so the scanner runs only when a finding asks for a
     # position (most specs have none), or a date's text is wanted
     scanned = functools.cache(functools.partial(_positions, text))
-    data = _plain(raw)
-    if _WRITTEN.search(text):
-        data = _as_written(data, text, scanned())
+    dates: list[_Written] = []
+    data = _plain(raw, dates)
+    if dates:
+        data = _as_written(data, scanned())
     return LoadedDocument(
         path=path,
         data=data,
@@ -84,7 +83,8 @@ def parse(text: str, path: str) -> LoadedDocument:
 
 def _parse_thoroughly(text: str, path: str) -> LoadedDocument:
     """A text ``tomllib`` refused: tomlkit's located error, or its reading of TOML 1.1."""
-    data = _plain(_read_thoroughly(text, path))
+    dates: list[_Written] = []
+    data = _plain(_read_thoroughly(text, path), dates)
     scanner = _Scanner(text)
     try:
         scanner.run()  # its verdict on redefinitions tomlkit lets through
@@ -92,8 +92,8 @@ def _parse_thoroughly(text: str, path: str) -> LoadedDocument:
         raise _duplicate_error(dup, path) from None
     except _ScanError:
         pass  # positions are a convenience: keep what was found
-    if _WRITTEN.search(text):
-        data = _as_written(data, text, scanner)
+    if dates:
+        data = _as_written(data, scanner)
     return LoadedDocument(path=path, data=data, values=scanner.values, keys=scanner.keys)
 
 
@@ -137,24 +137,26 @@ class _Written:
     value: datetime.date | datetime.time
 
 
-def _plain(value: object) -> object:
-    """Built-in types only; dates and times become :class:`_Written` (TOML has them, a
-    spec does not: each is kept as the text written, never rewritten in another form)."""
+def _plain(value: object, dates: list[_Written]) -> object:
+    """Built-in types only; dates and times become :class:`_Written`, each also appended to
+    ``dates`` (TOML has them, a spec does not: each is kept as the text written, never
+    rewritten in another form)."""
     if type(value) in _SCALARS:  # what tomllib gives: already the type itself
         return value
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): _plain(v, dates) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [_plain(v, dates) for v in value]
     if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date
-        return _Written(value)
+        dates.append(_Written(value))
+        return dates[-1]
     for kind in (bool, int, float, str):  # bool first: it is an int
         if isinstance(value, kind):
             return kind(value)
     raise TypeError(f"unexpected TOML value {value!r}")  # pragma: no cover
 
 
-def _as_written(data: object, text: str, scanner: _Scanner) -> object:
+def _as_written(data: object, scanner: _Scanner) -> object:
     """``data`` with each :class:`_Written` replaced by its text in the source."""
     if isinstance(data, _Written):
         return data.value.isoformat()  # the document is the date: no source map needed

@@ -28,6 +28,7 @@ from mdc.loaders import (
     duplicate_key,
     long_integer,
     syntax_error,
+    unfit,
 )
 
 if TYPE_CHECKING:
@@ -303,6 +304,8 @@ def _plain(
                     *_position(values, here),
                     pointer=here,
                 ) from None
+            if isinstance(name, int) and unfit(name):  # a key 0x... that str() cannot print
+                raise _unfit_key(path, node, key, here)
             name = _paired(name if isinstance(name, str) else str(name), path, values, here)
             child = f"{here}/{escape_pointer_token(name)}"
             kline, kcol, vline, vcol = _member_position(node, key)
@@ -331,10 +334,11 @@ def _plain(
 
 
 def _unfit_key(path: str, node: Any, key: Any, here: str) -> SpecError:
-    """A null key (``~:``, ``null:``, ``? :``), or one too long an integer, located."""
+    """A null key (``~:``, ``null:``, ``? :``), or an integer too long to print, located."""
     line, column = _member_position(node, key)[:2]
-    if isinstance(key, _LongInteger):
-        return long_integer(path, key.digits, line + 1, column + 1, here)
+    if key is not None:
+        digits = key.digits if isinstance(key, _LongInteger) else None
+        return long_integer(path, digits, line + 1, column + 1, here)
     return syntax_error(
         path,
         "a key that is null (~, null, or nothing before the ':'): every key is a name",
