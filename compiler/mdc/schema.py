@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -128,13 +129,32 @@ def _is_integer(checker: object, instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+_BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+
+
+def _finite(check: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """A bound keyword that NaN and the infinities never meet: ``nan >= 1`` is merely false,
+    so jsonschema would let NaN through every range (into ``--monitor-interval nan``)."""
+    from jsonschema.exceptions import ValidationError
+
+    def keyword(validator: Any, bound: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        if type(instance) is float and not math.isfinite(instance):
+            yield ValidationError(f"{instance} is not within {bound}")
+            return
+        yield from check(validator, bound, instance, schema)
+
+    return keyword
+
+
 @functools.cache
 def validator_class() -> Any:
-    """Draft 2020-12, except that only true integers are integers (imported when first used)."""
+    """Draft 2020-12, except that only true integers are integers and no bound holds NaN or
+    an infinity (imported when first used)."""
     from jsonschema import Draft202012Validator, validators
 
     return validators.extend(  # type: ignore[no-untyped-call]
         Draft202012Validator,
+        validators={k: _finite(Draft202012Validator.VALIDATORS[k]) for k in _BOUNDS},
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
     )
 
@@ -555,7 +575,10 @@ def _bound(test: Callable[[Any, Any], bool]) -> Keyword:
     def make(value: Any, schema: Mapping[str, Any]) -> Proof:
         if not _number(value):
             return lambda instance: not _number(instance)
-        return lambda instance: not _number(instance) or test(instance, value)
+        return lambda instance: (
+            not _number(instance)
+            or (test(instance, value) and (type(instance) is not float or math.isfinite(instance)))
+        )
 
     return make
 

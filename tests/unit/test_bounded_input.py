@@ -4,14 +4,16 @@ diagnostics that print every character a terminal would act on as an escape."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from mdc.errors import Diagnostic, Severity, SourceLocation, SpecError
-from mdc.loaders import load_text
+from mdc.loaders import LoadedDocument, load_text
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
+from mdc.schema import SchemaChecker, surely_valid
 
 #: Python's default limit on converting an integer to or from decimal text
 MAX_INT_DIGITS = 4300
@@ -277,3 +279,16 @@ def test_printable_text_is_left_alone() -> None:
         location=SourceLocation(path=f"{text}.toml"),
     )
     assert diagnostic.render() == f"{text}.toml: warning[MDC106]: {text}"
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_no_range_holds_nan_or_an_infinity(value: float) -> None:
+    # data built in code (a plugin's, an importer's) never passed through a loader: before,
+    # NaN met every bound ("nan > 0" is merely false) and inf every lower bound
+    checker = SchemaChecker(
+        {"type": "object", "properties": {"interval": {"type": "number", "exclusiveMinimum": 0}}}
+    )
+    doc = LoadedDocument(path="s.json", data={"interval": value}, values={}, keys={})
+    found = checker.check(doc)
+    assert [(d.code, d.location.pointer) for d in found] == [("MDC105", "/interval")]
+    assert surely_valid(doc.data, checker.schema) is False
