@@ -174,6 +174,21 @@ def test_world_plays(
     assert _token_free(keep / "rehearse")
 
 
+def test_a_spec_naming_its_accelerator_model_plays(tmp_path: Path) -> None:
+    """The rehearsal runs on the CPU: the spec's accelerator model (NVIDIA hardware) does not
+    contradict it, and no finding is made on a key the spec does not write."""
+    spec = _spec(tmp_path, "torchrun", 1, 2, "local", {})
+    data = json.loads(spec.read_text(encoding="utf-8"))
+    del data["distributed"]["accelerator"]
+    data["distributed"]["accelerator_model"] = "h100-sxm"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = main(["rehearse", str(spec), "--no-plugin-autoload"], stdout=stdout, stderr=stderr)
+    assert code == 0, stdout.getvalue() + stderr.getvalue()
+    assert "rehearse: OK: torchrun on local, 2 ranks on 1 node:" in stdout.getvalue()
+    assert "MDC601" not in stderr.getvalue()
+
+
 def test_swapped_node_ranks_are_reported_by_rank(tmp_path: Path, compiler: Compiler) -> None:
     """A backend that hands nodes 0 and 1 each other's NODE_RANK: every rank says so."""
     spec = _spec(tmp_path, "torchrun", 2, 2, "local", {"torchrun": {"rdzv_backend": "static"}})

@@ -2,7 +2,8 @@
 
 The spec is compiled as written except for what a rehearsal must change: the job's
 command becomes the probe (``python -m mdc.rehearse.probe``; the user's program is only
-reported), ``accelerator = "cpu"`` (gloo, DS_ACCELERATOR=cpu), a free ``master_port``, no
+reported), ``accelerator = "cpu"`` (gloo, DS_ACCELERATOR=cpu) without ``accelerator_model``
+(checked on the spec as written), a free ``master_port``, no
 ``image``/``workdir`` (and, for slurm, no container or ``module load``). The tree is
 written to a temporary directory (or ``--keep DIR``) and every node is started as its own
 process group, with the runtime variables its backend would give it, mapped to loopback:

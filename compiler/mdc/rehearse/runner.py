@@ -87,6 +87,9 @@ def rehearsal_data(data: dict[str, Any], port: int, *, serving: bool) -> dict[st
     if not serving:  # servers are shims: they use no device, so the accelerator stays
         job["command"] = list(PROBE_COMMAND)
         dist["accelerator"] = "cpu"
+        # the hardware model is not what the rehearsal runs on (its vendor would contradict
+        # "cpu"); the spec as written was checked against it before
+        dist.pop("accelerator_model", None)
     dist["master_port"] = port
     slurm = new.get("slurm")
     if isinstance(slurm, dict):
