@@ -165,15 +165,17 @@ class Tuner:
     """Search the layouts ``doc`` leaves open."""
 
     def __init__(self, compiler: Compiler, doc: LoadedDocument, constants: Constants = DEFAULT):
-        # the flags of the arguments that stand for keys are held as those keys
-        doc, read = compiler.read_arguments(doc)
+        # the flags of the arguments that stand for keys are held as those keys; the specs
+        # tune writes keep them as the user wrote them
+        read_doc, read = compiler.read_arguments(doc)
         self.compiler, self.doc, self.constants = compiler, doc, constants
-        found = [*(d for d in read if d.is_error), *compiler.checker.check(doc)]
+        found = [*(d for d in read if d.is_error), *compiler.checker.check(read_doc)]
         if found:
             raise SpecError(found)
-        data = doc.data
-        assert isinstance(data, dict)
+        data, written = read_doc.data, doc.data
+        assert isinstance(data, dict) and isinstance(written, dict)
         self.data: dict[str, Any] = data
+        self.written: dict[str, Any] = written
         self.spec: JobSpec = structure_spec(data, compiler.option_types)
         self.launcher = compiler.plugins.launcher(self.spec.distributed.launcher)
         self.options_type: Any = self.launcher.options_type
@@ -624,8 +626,8 @@ class Tuner:
         return edits
 
     def spec_data(self, candidate: Candidate) -> dict[str, Any]:
-        """The spec with the candidate's values written in (a deep copy)."""
-        data = copy.deepcopy(self.data)
+        """The spec as written with the candidate's values written in (a deep copy)."""
+        data = copy.deepcopy(self.written)
         for (table, key), value in self._edits(candidate).items():
             if self._fixed(table, key) is None:
                 data[table] = _nested_set(data.get(table, {}), key, value)
