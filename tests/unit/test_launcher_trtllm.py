@@ -450,3 +450,30 @@ def test_the_server_map_draws_each_role(tmp_path: Path) -> None:
     assert "3 server(s), proxy on node 0" in svg
     for label in ("context 0", "context 1", "generation 0"):
         assert label in svg
+
+
+def test_a_disaggregated_job_is_estimated_by_its_tighter_role(tmp_path: Path) -> None:
+    data = spec(
+        disagg(
+            {"servers": 1, "tp_size": 4, "kv_cache_free_gpu_memory_fraction": 0.8},
+            {"servers": 2, "tp_size": 2, "kv_cache_free_gpu_memory_fraction": 0.6},
+        ),
+        distributed={"accelerator_memory_gib": 80},
+        model=LLAMA_8B,
+    )
+    memory = compile_(tmp_path, data).plan.serving_memory
+    assert memory is not None and memory.engine == "TensorRT-LLM (generation)"
+    # a generation server of tp 2: half of each layer, 4 of the 8 KV heads per GPU
+    assert memory.kv_per_token == 32 * 4 * 128 * 2 * 2
+    assert memory.cache == pytest.approx(0.6 * (80 * GIB - memory.weights), abs=1)
+
+
+def test_a_size_flag_in_the_shared_args_of_a_disaggregated_job_is_refused(
+    tmp_path: Path,
+) -> None:
+    data = spec(
+        disagg({"tp_size": 4}, {"tp_size": 4}, args=["--tp_size", "4", "--max_batch_size", "8"])
+    )
+    found = diagnostics(tmp_path, data)
+    (size,) = [d for d in found if d.code == "MDC703"]
+    assert "--tp_size" in size.message and size.location.pointer == "/trtllm/args/0"
