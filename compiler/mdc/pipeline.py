@@ -30,12 +30,13 @@ from mdc.api import (
 from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, PluginError, SpecError, escape_pointer_token
 from mdc.flags import read_document
-from mdc.hardware import Accelerator
+from mdc.hardware import Accelerator, with_network
 from mdc.importers import translate
 from mdc.launch_scripts import SET_BY_MDC, render_launch
 from mdc.loaders import LoadedDocument, load_file
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND, auto_split, disagg_roles
+from mdc.plan.named_models import name_model
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
 from mdc.spec import EnvValue, JobSpec
@@ -47,6 +48,15 @@ T = TypeVar("T")
 
 #: The plan as JSON, in every tree.
 PLAN = "plan.json"
+#: [distributed] network without accelerator_model: no prediction to give it to
+NETWORK_UNUSED = Finding(
+    code="MDC603",
+    pointer="/distributed/network",
+    message="[distributed] network changes only mdc tune's and explain's predictions, which "
+    "need accelerator_model",
+    hint="set accelerator_model, or remove network",
+    severity=Severity.WARNING,
+)
 #: Tables the plan's arithmetic reads.
 PLANNED_TABLES = ("distributed", "parallelism", "batch", "model")
 
@@ -119,9 +129,10 @@ class Compiler:
         self, doc: LoadedDocument, notes: Sequence[Diagnostic] = (), *, tree: bool = True
     ) -> Compiled:
         """Compile a loaded document (e.g. one a tool has edited) in memory."""
+        doc, unnamed = name_model(doc)
         written = doc
         doc, read = self.read_arguments(doc)
-        found = self.checker.check(doc)
+        found = [*unnamed, *self.checker.check(doc)]
         if found:
             raise SpecError([*read, *found, *self._plan_despite(doc, found)])
         if any(d.is_error for d in read):  # the spec as written: its other findings too
@@ -250,7 +261,8 @@ class Compiler:
         if plan is not None and launcher.server_units is not None:
             plan = _whole_servers(plan, launcher, launcher_reg)
         if plan is not None and hardware is not None:
-            plan = attrs.evolve(plan, hardware=hardware)
+            network = spec.distributed.network
+            plan = attrs.evolve(plan, hardware=with_network(hardware, network, plan.nproc_per_node))
             if launcher.workload == "training":
                 known = self.plugins.accelerators()
                 refused = _tensor_cores(spec, training, hardware, known)
@@ -338,7 +350,7 @@ class Compiler:
         """
         dist = spec.distributed
         if dist.accelerator_model is None:
-            return spec, None, []
+            return spec, None, [] if dist.network is None else [NETWORK_UNUSED]
         known = self.plugins.accelerators()
         entry = known.get(dist.accelerator_model)
         if entry is None:
