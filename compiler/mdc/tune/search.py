@@ -23,7 +23,7 @@ import attrs
 from mdc.api import SearchSpace
 from mdc.convert import structure_spec
 from mdc.errors import Finding, SpecError
-from mdc.hardware import Accelerator
+from mdc.hardware import Accelerator, with_network
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiled, Compiler
 from mdc.plan.build import DEFAULT_ORDER, framework_model
@@ -37,6 +37,7 @@ from mdc.plan.memory import (
     state_floor,
 )
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
+from mdc.plan.named_models import name_model
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, layout_vpp, split_layers
 from mdc.spec import JobSpec
@@ -165,11 +166,12 @@ class Tuner:
     """Search the layouts ``doc`` leaves open."""
 
     def __init__(self, compiler: Compiler, doc: LoadedDocument, constants: Constants = DEFAULT):
+        doc, unnamed = name_model(doc)  # a named model's keys, as compile fills them
         # the flags of the arguments that stand for keys are held as those keys; the specs
         # tune writes keep them as the user wrote them
         read_doc, read = compiler.read_arguments(doc)
         self.compiler, self.doc, self.constants = compiler, doc, constants
-        found = [*(d for d in read if d.is_error), *compiler.checker.check(read_doc)]
+        found = [*unnamed, *(d for d in read if d.is_error), *compiler.checker.check(read_doc)]
         if found:
             raise SpecError(found)
         data, written = read_doc.data, doc.data
@@ -259,8 +261,10 @@ class Tuner:
             raise SpecError([Compiler._diag(self.doc, f) for f in problems])
         assert shape is not None and dist.accelerator_model is not None
         self.shape: Shape = shape
-        self.hardware: Accelerator = known[dist.accelerator_model]
         self.nproc = dist.nproc_per_node or 1
+        self.hardware: Accelerator = with_network(
+            known[dist.accelerator_model], dist.network, self.nproc
+        )
         self.world = (dist.nnodes or 1) * self.nproc
         memory = dist.accelerator_memory_gib or self.hardware.memory_gib
         self.capacity = int(memory * GIB)
