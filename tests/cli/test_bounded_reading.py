@@ -36,7 +36,7 @@ def mdc(*argv: str, cwd: Path | None = None, **env: str) -> subprocess.Completed
         [sys.executable, "-m", "mdc", *argv],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=60,
         cwd=cwd,
         env=subprocess_env(**env),
         preexec_fn=_limit_memory,
@@ -170,4 +170,30 @@ def test_python_m_mdc_imports_nothing_from_the_working_directory(tmp_path: Path)
     listed = mdc("plugins", cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert "evil" not in listed.stdout
+    joined = subprocess.run(  # the option's other spelling
+        [sys.executable, "-mmdc", "validate", str(QUICKSTART)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=subprocess_env(),
+    )
+    assert joined.returncode == 0, joined.stderr
     assert not marker.exists(), marker.read_text()
+
+
+def test_another_program_run_with_m_keeps_its_working_directory(tmp_path: Path) -> None:
+    # only mdc's own module run drops it: a tool that imports mdc still finds its neighbours
+    (tmp_path / "tool").mkdir()  # a package: its __init__ runs while "-m" is being resolved
+    (tmp_path / "tool" / "__init__.py").write_text("import mdc\n")
+    (tmp_path / "tool" / "__main__.py").write_text("import neighbour\nprint(neighbour.NAME)\n")
+    (tmp_path / "neighbour.py").write_text("NAME = 'found'\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "tool"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=subprocess_env(),
+    )
+    assert (done.returncode, done.stdout) == (0, "found\n"), done.stderr
