@@ -15,7 +15,10 @@ and kernels (docs/tune.md reports them apart). The constants of
 clipped at log(1.5),
 of the rows whose index (sorted by id) is not a multiple of 3 plus 2; those rows are held
 out and their error is reported apart. The report (Markdown) goes to stdout: with the
-shipped constants, or with ``--refit`` those fitted again from them.
+shipped constants, or with ``--refit`` those fitted again from them. With ``--by-source``
+it also reports each row predicted by constants fitted without its source family
+(:data:`FAMILIES`), by family, dense/MoE, launcher (TorchTitan's rows, not fitted, at the
+shipped constants), FSDP-style and GPU generation.
 """
 
 from __future__ import annotations
@@ -78,6 +81,13 @@ class Case:
     #: the row with its ``unstated`` settings set otherwise, where the source leaves them
     #: open: the row is predicted at the best of them and ``inputs``
     variants: tuple[PlanInputs, ...] = ()
+    #: what the report groups the row by (:func:`family`, dense/MoE, launcher, generation)
+    family: str = ""
+    moe: bool = False
+    launcher: str = "megatron"
+    generation: str = ""
+    #: parameters gathered per use (Megatron-FSDP, PyTorch FSDP/FSDP2: ZeRO-3)
+    fsdp: bool = False
 
     def predicted(self, constants: Constants = DEFAULT) -> float:
         return max(self._predicted(inputs, constants) for inputs in (self.inputs, *self.variants))
@@ -126,7 +136,9 @@ def compiled(
     ):
         return None
     inputs = plan_inputs(plan)
-    return None if inputs is None else overlaps(run, inputs)
+    if inputs is None or run["launcher"] != "megatron":
+        return inputs  # TorchTitan's rows: as mdc explain predicts their specs
+    return overlaps(run, inputs)
 
 
 def source_flops(run: dict[str, Any]) -> float | None:
@@ -143,6 +155,35 @@ def source_flops(run: dict[str, Any]) -> float | None:
         tokens = run["global_batch_size"] * run["seq_length"] / run["gpus"]
         return float(tflops * measured["step_time_s"] / tokens)
     return None
+
+
+#: the source families: one table's releases (NVIDIA's performance summaries in NeMo's docs,
+#: Megatron-Bridge's docs and their archives are one table release after release) never sit
+#: on both sides of a held-out split; by the source address's first match
+FAMILIES = (
+    ("performance_long_sequence", "NeMo long-sequence table"),
+    ("Megatron-Bridge", "NVIDIA performance summaries"),
+    ("nemo-framework", "NVIDIA performance summaries"),
+    ("NVIDIA/NeMo/", "NVIDIA performance summaries"),
+    ("2104.04473", "Megatron-LM paper (2021)"),
+    ("NVIDIA/Megatron-LM", "Megatron-LM README"),
+    ("2407.21783", "Llama 3 paper"),
+    ("2201.11990", "MT-NLG paper"),
+    ("rocm-blogs", "AMD Primus (ROCm blog)"),
+    ("bigscience", "BLOOM (BigScience)"),
+    ("torchtitan", "TorchTitan benchmarks"),
+)
+#: accelerator -> its generation, for the report
+GENERATIONS = {
+    "a100-80gb": "Ampere", "a100-40gb": "Ampere", "h100-sxm": "Hopper", "h200": "Hopper",
+    "b200": "Blackwell", "gb200": "Blackwell", "b300": "Blackwell Ultra",
+    "gb300": "Blackwell Ultra", "mi300x": "CDNA 3", "mi325x": "CDNA 3", "mi355x": "CDNA 4",
+}  # fmt: skip
+
+
+def family(source: str) -> str:
+    """The source family of a row's source address (the address itself where none matches)."""
+    return next((name for key, name in FAMILIES if key in source), source)
 
 
 #: the settings a row may leave unstated, and the values each variant tries
@@ -176,8 +217,9 @@ def variants(
     return found
 
 
-def cases() -> list[Case]:
-    """Every measured row whose model the published models table describes."""
+def cases(launchers: tuple[str, ...] = ("megatron",)) -> list[Case]:
+    """Every measured row of ``launchers`` whose model the published models table describes
+    (the fit's: Megatron-LM's; TorchTitan's rows are predicted, never fitted)."""
     published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
     runs = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))["run"]
@@ -187,7 +229,7 @@ def cases() -> list[Case]:
         tokens_only = "tflops_per_gpu" not in stated and "tokens_per_s_per_gpu" in stated
         if not (tokens_only or "tflops_per_gpu" in stated) or "global_batch_size" not in run:
             continue
-        if run["accelerator_model"] not in builtin() or run["launcher"] != "megatron":
+        if run["accelerator_model"] not in builtin() or run["launcher"] not in launchers:
             continue  # the model is of Megatron-Core's schedules and kernels
         if run["model"] not in published.MODELS:
             continue
@@ -220,6 +262,11 @@ def cases() -> list[Case]:
                 variants=tuple(variants(run, shape, compiler, published))
                 if run.get("unstated")
                 else (),
+                family=family(run["source"]),
+                moe=shape.experts > 0,
+                launcher=run["launcher"],
+                generation=GENERATIONS.get(run["accelerator_model"], run["accelerator_model"]),
+                fsdp=inputs.layout.zero_stage >= 3,
             )
         )
     return found
@@ -296,15 +343,68 @@ def report(all_cases: list[Case], constants: Constants) -> str:
     return "\n".join(lines) + "\n"
 
 
+def held_out_by_source(fitted: list[Case], rounds: int = 6) -> dict[str, float]:
+    """Each fitted row's prediction by constants fitted without its source family (from the
+    shipped constants, ``rounds`` rounds of :func:`fit`): row id -> predicted TFLOP/s."""
+    predicted: dict[str, float] = {}
+    for name in sorted({c.family for c in fitted}):
+        train = [c for c in fitted if c.family != name]
+        constants = fit(train, rounds=rounds)
+        predicted.update({c.id: c.predicted(constants) for c in fitted if c.family == name})
+    return predicted
+
+
+def _errors(items: list[tuple[Case, float]]) -> str:
+    errors = [abs(p / c.measured - 1) for c, p in items]
+    if not errors:
+        return "| 0 | | |"
+    inside = sum(e <= 0.2 for e in errors) / len(errors)
+    return f"| {len(errors)} | {statistics.fmean(errors) * 100:.1f} % | {inside * 100:.1f} % |"
+
+
+def source_report(fitted: list[Case], others: list[Case], rounds: int = 6) -> str:
+    """Error by group, each fitted row predicted with its source family held out of the fit
+    (:func:`held_out_by_source`), the unfitted launchers' rows at the shipped constants."""
+    loso = held_out_by_source(fitted, rounds)
+    pairs = [(c, loso[c.id]) for c in fitted] + [(c, c.predicted()) for c in others]
+    groups: list[tuple[str, Any]] = [
+        ("source family", lambda c: c.family),
+        ("dense / MoE", lambda c: "MoE" if c.moe else "dense"),
+        ("launcher", lambda c: c.launcher + ("" if c.launcher == "megatron" else " (not fitted)")),
+        ("FSDP-style (parameters gathered per use)", lambda c: "yes" if c.fsdp else "no"),
+        ("GPU generation", lambda c: c.generation),
+    ]
+    lines = [
+        f"each of the {len(fitted)} fitted rows predicted by constants fitted without its "
+        f"source family; the {len(others)} rows of unfitted launchers at the shipped constants",
+        "",
+    ]
+    for title, key in groups:
+        lines += [f"| {title} | rows | mean abs error | within +-20 % |", "|---|---|---|---|"]
+        for value in sorted({key(c) for c, _ in pairs}):
+            lines.append(f"| {value} " + _errors([(c, p) for c, p in pairs if key(c) == value]))
+        lines.append("| all " + _errors(pairs))
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refit", action="store_true", help="fit from the defaults again")
+    parser.add_argument(
+        "--by-source",
+        action="store_true",
+        help="also report the error held out by source family (a fit per family: minutes)",
+    )
     args = parser.parse_args()
     found = cases()
     constants = DEFAULT
     if args.refit:
         constants = fit([c for i, c in enumerate(found) if not held_out(i)])
     print(report(found, constants), end="")
+    if args.by_source:
+        others = cases(("torchtitan",))
+        print("\n" + source_report(found, others), end="")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -856,3 +857,65 @@ def test_recompute_modules_rerun_their_share_of_the_dense_gemms() -> None:
         for rc, modules in (("none", None), ("selective", ("moe",)))
     ]  # fmt: skip
     assert ep[1] == pytest.approx(ep[0] * 6 / 4, rel=1e-9)
+
+
+def _tuned_json(*extra: str) -> dict[str, Any]:
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", *extra)
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+#: the example's H100 SXM5 80GB: 81,559 MiB per GPU
+_H100_GIB = 81559 / 1024
+
+
+def test_rows_above_the_headroom_are_marked_and_not_chosen(tmp_path: Path) -> None:
+    # a margin of 20 %: the fastest layout (64.4 GiB) eats into it
+    tuned = _tuned_json("--headroom", "20")
+    limit = _H100_GIB * 0.8
+    rows = tuned["candidates"]
+    assert [r["above_headroom"] for r in rows] == [r["memory_gib"] > limit for r in rows]
+    assert rows[0]["above_headroom"], "the example's fastest layout sits above 80 %"
+    roomy = next(r for r in rows if not r["above_headroom"])
+    assert tuned["chosen"] == roomy["rank"] > 1
+    out_spec = tmp_path / "chosen.toml"
+    code, _, err = _run("tune", str(EXAMPLE), "--headroom", "20", "--write", str(out_spec))
+    assert code == 0, err
+    written = tomllib.loads(out_spec.read_text(encoding="utf-8"))
+    for axis in ("tp", "pp", "cp"):
+        assert written["parallelism"][axis] == roomy["parallelism"][axis]
+    assert written["batch"]["micro_batch_size"] == roomy["micro_batch_size"]
+    code, text, _ = _run("tune", str(EXAMPLE), "--headroom", "20")
+    marked = [int(line.split()[0]) for line in text.splitlines() if re.match(r" ?\d+ .*\d! ", line)]
+    assert marked == [r["rank"] for r in rows if r["above_headroom"]]  # the text marks them too
+    assert f"the fastest that leaves it is #{roomy['rank']}, which --write writes" in text
+
+
+def test_the_default_headroom_is_where_compile_warns_and_zero_marks_nothing() -> None:
+    tuned = _tuned_json()
+    assert tuned["headroom"] == pytest.approx(0.10)
+    for row in tuned["candidates"]:
+        assert row["above_headroom"] == (row["memory_gib"] > _H100_GIB * 0.9)
+    assert any(r["above_headroom"] for r in tuned["candidates"])
+    plain = _tuned_json("--headroom", "0")
+    assert not any(r["above_headroom"] for r in plain["candidates"])
+    assert plain["chosen"] == 1
+    # the ranking itself is by predicted speed whatever the headroom: no row is dropped
+    assert [r["layout"] for r in plain["candidates"]] == [r["layout"] for r in tuned["candidates"]]
+
+
+def test_when_no_top_row_leaves_the_headroom_the_walk_finds_one() -> None:
+    tuned = _tuned_json("--headroom", "30")
+    limit = _H100_GIB * 0.7
+    rows = tuned["candidates"]
+    assert all(r["memory_gib"] > limit for r in rows[:5])
+    assert len(rows) == 6 and rows[5]["memory_gib"] <= limit and tuned["chosen"] == 6
+
+
+@pytest.mark.parametrize("value", ["100", "-1", "x"])
+def test_headroom_out_of_range_is_a_usage_error(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _run("tune", str(EXAMPLE), "--headroom", value)
+    assert code == 2 and "argument --headroom" in err + capsys.readouterr().err

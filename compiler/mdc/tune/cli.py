@@ -21,7 +21,7 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     doc, notes = translate(load_file(args.spec))
     out.diagnostics(notes)
     tuner = Tuner(compiler, doc)
-    result = tuner.run(top=args.top)
+    result = tuner.run(top=args.top, headroom=args.headroom / 100)
     if not result.rows:
         # the compiler says why, in its own words: of the fastest layout that fit memory
         # (a flag in extra_args that no layout may repeat, ...), else of the spec as
@@ -44,7 +44,7 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
         print(summary, file=out.stderr)
         return ExitCode.SPEC_INVALID
     if args.write:
-        write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
+        write_spec(args.write, result.rows[result.best].data, args.spec, force=args.force)
     if args.svg:
         from mdc.emit import write_file
 
@@ -64,7 +64,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _percent(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to under 100, got {text}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from mdc.tune.search import DEFAULT_HEADROOM
+
+    default = round(DEFAULT_HEADROOM * 100)
     parser.add_argument("spec", help="the job spec: model, launcher, nodes, accelerator, batch")
     parser.add_argument(
         "--top", type=_positive, default=5, metavar="N", help="show the N best layouts (default 5)"
@@ -77,4 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--force", action="store_true", help="replace OUT_SPEC and FILE if they exist"
+    )
+    parser.add_argument(
+        "--headroom",
+        type=_percent,
+        default=default,
+        metavar="PCT",
+        help="the share of GPU memory the chosen layout leaves free for what the estimate "
+        f"leaves out (context, buffers, fragmentation); faster rows above it are marked "
+        f"(default {default}, where compile warns)",
     )

@@ -61,6 +61,9 @@ def candidate_json(rank: int, row: Verified) -> dict[str, Any]:
 
 
 def result_json(result: Result) -> dict[str, Any]:
+    rows = [candidate_json(i + 1, row) for i, row in enumerate(result.rows)]
+    for found, row in zip(rows, result.rows, strict=True):
+        found["above_headroom"] = result.tight(row)
     return {
         "accelerator_model": result.hardware.id,
         "precision": result.precision,
@@ -70,7 +73,9 @@ def result_json(result: Result) -> dict[str, Any]:
             "fit_memory": result.fitting,
             "refused_by_compile": dict(result.refused),
         },
-        "candidates": [candidate_json(i + 1, row) for i, row in enumerate(result.rows)],
+        "headroom": result.headroom,
+        "chosen": result.best + 1 if result.rows else None,
+        "candidates": rows,
     }
 
 
@@ -112,17 +117,37 @@ def text(result: Result) -> str:
     lines += ["", header]
     for i, row in enumerate(result.rows, 1):
         p = row.candidate.prediction
+        mark = "!" if result.tight(row) else " "
         lines.append(
-            f"{i:>2}  {row.candidate.label():<52} {_memory_gib(row):>7.1f} {p.step_time_s:>8.3f} "
+            f"{i:>2}  {row.candidate.label():<52} {_memory_gib(row):>6.1f}{mark} "
+            f"{p.step_time_s:>8.3f} "
             f"{p.tokens_per_s_per_gpu:>9.0f} {p.model_tflops_per_gpu:>7.0f} "
             f"{p.mfu * 100:>4.0f}% {p.bubble * 100:>5.1f}%  {p.dominant_communication}"
         )
+    if any(result.tight(row) for row in result.rows):
+        lines += ["", _headroom_note(result)]
     if len(result.rows) > 1:
         best = result.rows[0].candidate
         lines += ["", "why the runners-up lost:"]
         for i, row in enumerate(result.rows[1:], 2):
             lines.append(f"{i:>2}  {why_lost(best, row.candidate)}")
     return "\n".join(lines) + "\n"
+
+
+def _headroom_note(result: Result) -> str:
+    """What the marked rows are, and which row is chosen."""
+    limit = result.capacity * (1 - result.headroom) / GIB
+    chosen = (
+        f"the fastest that leaves it is #{result.best + 1}, which --write writes"
+        if not result.tight(result.rows[result.best])
+        else "no row found leaves it; --write writes #1"
+    )
+    return (
+        f"! above {limit:.1f} GiB, {100 - result.headroom * 100:g}% of "
+        f"{result.capacity / GIB:.1f} GiB: the estimate leaves out the CUDA/ROCm context,\n"
+        f"  communication buffers and fragmentation (compile warns, MDC262); {chosen}\n"
+        f"  (--headroom PCT sets the share left free)"
+    )
 
 
 def write_spec(path: str, data: Mapping[str, Any], source: str, *, force: bool = False) -> None:
@@ -226,7 +251,7 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
     for i, ((x, y), row) in enumerate(zip(rows, result.rows, strict=True)):
         px, py = at(x, y)
         label = escape(row.candidate.label())
-        if i == 0:
+        if i == result.best:
             out.append(
                 f'<circle cx="{px}" cy="{py}" r="7" fill="none" stroke="#27ae60" stroke-width="3"/>'
             )

@@ -29,6 +29,7 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plan.build import DEFAULT_ORDER, framework_model
 from mdc.plan.memory import (
     GIB,
+    HEADROOM,
     MemoryEstimate,
     Shape,
     estimate,
@@ -60,6 +61,11 @@ MIN_CP_TOKENS = 1024
 MAX_VPP = 32
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 400
+#: the share of the memory a layout leaves by default: what compile warns past (MDC262), as
+#: the estimate leaves out the CUDA/ROCm context, communication buffers and fragmentation
+DEFAULT_HEADROOM = float(1 - HEADROOM)
+#: past the top rows, walk at most this many more candidates for one that leaves the headroom
+MAX_SEEK = 5000
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +162,20 @@ class Result:
     precision: str
     #: the spec of the fastest fitting candidate the compiler refused (None: none was)
     first_refused: Mapping[str, Any] | None = None
+    #: bytes per GPU, and the share of them a layout should leave free (--headroom)
+    capacity: int = 0
+    headroom: float = 0.0
+
+    def tight(self, row: Verified) -> bool:
+        """Whether ``row``'s estimate eats into the headroom (shown, marked, not chosen)."""
+        memory = row.memory.total if row.memory else row.candidate.memory_bytes or 0
+        return memory > self.capacity * (1 - self.headroom)
+
+    @property
+    def best(self) -> int:
+        """The index of the chosen row: the fastest that leaves the headroom (else the
+        fastest: then none does)."""
+        return next((i for i, row in enumerate(self.rows) if not self.tight(row)), 0)
 
 
 def _finding(code: str, pointer: str, message: str, hint: str) -> Finding:
@@ -662,23 +682,25 @@ class Tuner:
         return attrs.evolve(candidate, memory_bytes=memory.total)
 
     # ---- the compile stage
-    def run(self, top: int = 5) -> Result:
+    def run(self, top: int = 5, headroom: float = DEFAULT_HEADROOM) -> Result:
         """Rank every candidate by predicted throughput, then walk down the ranking: the
-        plan's memory estimate, then the compiler, until ``top`` candidates pass both.
+        plan's memory estimate, then the compiler, until ``top`` candidates pass both, and
+        one of them leaves ``headroom`` of the memory free (a faster layout above it stays
+        in the ranking, marked: published layouts run there, and the estimate is one).
 
         The memory estimate grows with the micro batch (activations of min(pp, m) micro
         batches of b sequences each, with b * m fixed by the global batch), so once a layout
         does not fit at micro batch b, its larger micro batches are not estimated again.
         """
         try:
-            return self._walk(*self.ranked(), top)
+            return self._walk(*self.ranked(), top, headroom)
         except BoundMissed:
-            return self.run_exhaustive(top)
+            return self.run_exhaustive(top, headroom)
 
-    def run_exhaustive(self, top: int = 5) -> Result:
+    def run_exhaustive(self, top: int = 5, headroom: float = DEFAULT_HEADROOM) -> Result:
         """:meth:`run` over every candidate predicted and sorted (the reference ranking)."""
         everything = sorted(self.candidates(), key=lambda c: c.key)
-        return self._walk(len(everything), iter(everything), top)
+        return self._walk(len(everything), iter(everything), top, headroom)
 
     #: estimate in full only the candidates that fit: rule out one whose model state alone
     #: exceeds the capacity (:func:`mdc.plan.memory.state_floor`, a lower bound on the
@@ -686,8 +708,13 @@ class Tuner:
     #: False: every candidate down the ranking is estimated in full, with the same result
     prune_memory = True
 
-    def _walk(self, generated: int, ranked: Iterator[Candidate], top: int) -> Result:
+    def _walk(
+        self, generated: int, ranked: Iterator[Candidate], top: int, headroom: float
+    ) -> Result:
         rows: list[Verified] = []
+        roomy = self.capacity * (1 - headroom)  # a row at most this large leaves the headroom
+        chosen = False  # whether a row leaves it
+        seek = MAX_SEEK
         refused: Counter[str] = Counter()
         first_refused: dict[str, Any] | None = None
         walked: list[Candidate] = []
@@ -698,8 +725,12 @@ class Tuner:
         shown_sizes: set[tuple[int, ...]] = set()
         fitting = 0
         for candidate in ranked:
-            if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
+            if (len(rows) >= top and chosen) or sum(refused.values()) >= MAX_REFUSED:
                 break
+            if len(rows) >= top:
+                seek -= 1
+                if seek < 0:
+                    break
             L = candidate.layout
             family = (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, candidate.training)
             if candidate.batch.micro_batch_size >= too_big.get(family, 1 << 30):
@@ -725,7 +756,10 @@ class Tuner:
             # training switches: the interleaving depth is a schedule setting of the layout,
             # as recompute is, and its variants lie within a few percent of one another
             sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, candidate.batch.micro_batch_size)
-            if same in shown or sizes in shown_sizes:
+            if len(rows) >= top and candidate.memory_bytes > roomy:
+                continue  # past the top rows, only a layout that leaves the headroom
+            # (which may be a shown layout's sizes with more recompute or sharding)
+            if same in shown or (sizes in shown_sizes and len(rows) < top):
                 shown.add(same)  # its equivalents are that layout's variants too
                 continue
             data = self.spec_data(candidate)
@@ -739,6 +773,7 @@ class Tuner:
                     first_refused = data
                 continue
             rows.append(Verified(candidate=candidate, compiled=compiled, data=data))
+            chosen = chosen or candidate.memory_bytes <= roomy
             shown.add(same)
             shown_sizes.add(sizes)
         self.walked = walked
@@ -752,6 +787,8 @@ class Tuner:
             refused=dict(sorted(refused.items())),
             precision=self.precision,
             first_refused=first_refused,
+            capacity=self.capacity,
+            headroom=headroom,
         )
 
 
