@@ -302,7 +302,11 @@ CODES: dict[str, Code] = {
     ),
     "MDC312": Code("a config value JSON cannot hold (NaN, infinity)", "give a finite number"),
     "MDC313": Code("a ds_config key DeepSpeed 0.19.8 removed", "remove it"),
-    "MDC314": Code("warning: an unknown zero_optimization key", "fix its spelling"),
+    "MDC314": Code(
+        "an unknown zero_optimization key, which DeepSpeed refuses (a warning when its value"
+        ' is "auto": DeepSpeed drops such a key unread)',
+        "fix its spelling",
+    ),
     "MDC315": Code("DeepSpeed cannot run an elastic job", "remove min_nnodes"),
     "MDC316": Code(
         "[model] dtype = fp8 without [deepspeed] precision",

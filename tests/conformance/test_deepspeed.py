@@ -606,6 +606,42 @@ def test_removed_keys_are_refused_by_deepspeed(fake_world: Any) -> None:
         DeepSpeedConfig({**base, "zero_optimization": {"overlap_com": True}})
 
 
+#: zero_optimization sections: known keys, a typo, a removed key, each also as "auto"
+ZERO_SECTIONS = [
+    {"stage": 1, "overlap_comm": True},
+    {"overlap_com": True},
+    {"overlap_com": None},
+    {"overlap_com": "AUTO"},
+    {"overlap_com": "auto"},
+    {"mics_shard_size": 8},
+    {"mics_shard_size": "auto"},
+    {"stage": 1, "overlap_comm": "auto"},
+]
+
+
+@pytest.mark.parametrize("zero", ZERO_SECTIONS, ids=json.dumps)
+def test_zero_keys_are_refused_exactly_when_deepspeed_refuses_them(
+    fake_world: Any, tmp_path: Path, zero: dict[str, Any]
+) -> None:
+    """mdc's errors on a zero_optimization section are DeepSpeed's refusals, no more, no
+    fewer: DeepSpeedConfig raises on the section iff mdc reports an error on one of its keys."""
+    fake_world(2)
+    base = {
+        "train_batch_size": 2,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+    }
+    try:
+        DeepSpeedConfig({**base, "zero_optimization": zero})
+        refused = False
+    except Exception:  # DeepSpeedConfigError or pydantic's ValidationError
+        refused = True
+    from mdc_builtin.launchers.deepspeed import _zero_key_findings
+
+    errors = [f for f in _zero_key_findings(zero) if f.severity.value == "error"]
+    assert bool(errors) == refused, (zero, refused, errors)
+
+
 def test_zero_with_pipeline_rule_is_deepspeeds() -> None:
     """MDC310 quotes the assertion of DeepSpeed's pipeline engine, which uses stage >= 2."""
     source = Path(deepspeed.__file__).parent / "runtime" / "pipe" / "engine.py"

@@ -491,13 +491,22 @@ def test_job_env_cannot_override_the_config_path(tmp_path: Path) -> None:
     assert [d.code for d in found] == ["MDC240"]
 
 
-def test_warnings_do_not_stop_the_compile(tmp_path: Path) -> None:
-    compiled = compile_(
+def test_an_unknown_zero_key_is_an_error_as_deepspeed_refuses_it(tmp_path: Path) -> None:
+    (error,) = findings(
         tmp_path, spec({"config": {"zero_optimization": {"overlap_com": True}}}, nnodes=1)
+    )
+    assert (error.code, error.severity) == ("MDC314", Severity.ERROR)
+    assert error.hint == "did you mean 'overlap_comm'?"
+
+
+def test_warnings_do_not_stop_the_compile(tmp_path: Path) -> None:
+    # DeepSpeed drops a zero_optimization key whose value is "auto" before reading it
+    compiled = compile_(
+        tmp_path, spec({"config": {"zero_optimization": {"overlap_com": "auto"}}}, nnodes=1)
     )
     (warning,) = compiled.diagnostics
     assert (warning.code, warning.severity) == ("MDC314", Severity.WARNING)
-    assert warning.hint == "did you mean 'overlap_comm'?"
+    assert warning.location.pointer == "/deepspeed/config/zero_optimization/overlap_com"
 
 
 def test_repeating_a_derived_value_is_only_a_warning(tmp_path: Path) -> None:

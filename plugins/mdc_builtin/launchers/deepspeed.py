@@ -485,30 +485,50 @@ def _config_findings(plan: Plan, opts: DeepSpeedOptions) -> Iterator[Finding]:
         )
     zero = config.get("zero_optimization")
     if isinstance(zero, Mapping):
-        for key in sorted(str(k) for k in zero):
-            at = _pointer("deepspeed", "config", "zero_optimization", key)
-            if key in REMOVED_ZERO_KEYS:
-                yield Finding(
-                    code="MDC313",
-                    pointer=at,
-                    message=f"DeepSpeed 0.19.8 removed zero_optimization.{key} and "
-                    "refuses a ds_config that has it (DeepSpeedConfigError)",
-                    hint=REMOVED_ZERO_KEYS[key],
-                )
-            elif key not in ZERO_KEYS:
-                import difflib  # only a config with an unknown key gets this far
+        yield from _zero_key_findings(zero)
 
-                near = difflib.get_close_matches(key, sorted(ZERO_KEYS), n=1, cutoff=0.6)
-                yield Finding(
-                    code="MDC314",
-                    pointer=at,
-                    severity=Severity.WARNING,
-                    message=f"DeepSpeed 0.19.8 does not know zero_optimization.{key} "
-                    "and refuses it (Extra inputs are not permitted)",
-                    hint=f"did you mean {near[0]!r}?"
-                    if near
-                    else "remove it, unless your DeepSpeed is newer and knows it",
-                )
+
+def _zero_key_findings(zero: Mapping[str, object]) -> Iterator[Finding]:
+    """MDC313/MDC314: the zero_optimization keys DeepSpeed refuses. A removed key is refused
+    whatever its value; any other unknown key by DeepSpeedZeroConfig (extra="forbid"),
+    except with the value "auto": its constructor drops those first, so one is only ignored."""
+    for raw, value in sorted(zero.items(), key=lambda item: str(item[0])):
+        key = str(raw)
+        at = _pointer("deepspeed", "config", "zero_optimization", key)
+        if key in REMOVED_ZERO_KEYS:
+            yield Finding(
+                code="MDC313",
+                pointer=at,
+                message=f"DeepSpeed 0.19.8 removed zero_optimization.{key} and "
+                "refuses a ds_config that has it (DeepSpeedConfigError)",
+                hint=REMOVED_ZERO_KEYS[key],
+            )
+        elif key in ZERO_KEYS:
+            continue
+        elif value == "auto":
+            yield Finding(
+                code="MDC314",
+                pointer=at,
+                severity=Severity.WARNING,
+                message=f"DeepSpeed 0.19.8 does not read zero_optimization.{key}: "
+                'it drops keys whose value is "auto" before reading the section, so this '
+                "one has no effect",
+                hint="remove it",
+            )
+        else:
+            import difflib  # only a config with an unknown key gets this far
+
+            near = difflib.get_close_matches(key, sorted(ZERO_KEYS), n=1, cutoff=0.6)
+            # an error: DeepSpeed stops the job at start
+            yield Finding(
+                code="MDC314",
+                pointer=at,
+                message=f"DeepSpeed 0.19.8 does not know zero_optimization.{key} "
+                "and refuses it (Extra inputs are not permitted)",
+                hint=f"did you mean {near[0]!r}?"
+                if near
+                else "remove it, unless your DeepSpeed is newer and knows it",
+            )
 
 
 def _same(given: object, derived: object) -> bool:
