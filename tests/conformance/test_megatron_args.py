@@ -938,6 +938,41 @@ SPECS: dict[str, dict[str, Any]] = {
     ),
     "muon": spec(2, 1, model={**DENSE, "dtype": "bf16"}, megatron={"optimizer": "muon"}),
     "eager-attention": spec(2, 1, model={**DENSE, "flash_attention": False}),
+    # a migrated script's flags in the job's command: read as their keys, emitted once
+    "migrated-command-flags": spec(
+        2,
+        1,
+        model={**DENSE, "dtype": "fp8"},
+        megatron={"fp8_recipe": "tensorwise"},
+        command=[
+            "python",
+            "pretrain_gpt.py",
+            "--mock-data",
+            "--tensor-model-parallel-size=2",
+            "--recompute-granularity",
+            "selective",
+            "--recompute-modules",
+            "core_attn",
+            "mlp",
+            "--grad-reduce-in-bf16",
+            "--fp8-param-gather",
+        ],
+    ),
+    "migrated-command-moe": spec(  # ep also written, to the same value: one setting
+        2,
+        1,
+        ep=2,
+        etp=1,
+        model={**MOE, "bias": False, "dtype": "bf16"},
+        command=[
+            "python",
+            "pretrain_gpt.py",
+            "--mock-data",
+            "--expert-model-parallel-size",
+            "2",
+            "--moe-token-dispatcher-type=alltoall",
+        ],
+    ),
     "selective-modules-moe-alltoall": spec(
         2,
         1,
@@ -1119,6 +1154,17 @@ def test_written_spec_is_what_megatron_core_accepts(
         assert ns.optimizer == "muon" and not ns.use_distributed_optimizer
     if case.startswith("nvfp4"):
         assert (ns.fp4_format, ns.fp4_param_gather, ns.bf16) == ("e2m1", True, True)
+    if case.startswith("migrated-command"):  # each flag once, where mdc writes its key
+        script = (tmp_path / "out/launch/worker.sh").read_text(encoding="utf-8")
+        if case == "migrated-command-flags":
+            assert ns.recompute_modules == ["core_attn", "mlp"]
+            assert ns.grad_reduce_in_bf16 and ns.fp8_param_gather
+            flags = ["--tensor-model-parallel-size", "--recompute-modules", "--fp8-param-gather"]
+        else:
+            assert (ns.moe_token_dispatcher_type, ns.expert_model_parallel_size) == ("alltoall", 2)
+            flags = ["--moe-token-dispatcher-type", "--expert-model-parallel-size"]
+        for flag in flags:
+            assert script.count(flag) == 1, flag
     if case == "no-p2p-overlap":  # transformer_config gave it to megatron-core
         assert ns.overlap_p2p_comm is False
     else:
