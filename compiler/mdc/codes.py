@@ -39,7 +39,7 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (410, 429, "slurm"),
     (430, 439, "ssh"),
     (440, 449, "kubernetes"),
-    (450, 459, "leaderworkerset"),
+    (450, 459, "Kubernetes backends: networks, queues, gangs, GPU sharing"),
     (460, 469, "Kubernetes backends (shared)"),
     (470, 471, "pytorchjob"),
     (472, 473, "Kubernetes backends (more)"),
@@ -50,6 +50,8 @@ RANGES: tuple[tuple[int, int, str], ...] = (
     (610, 629, "mdc tune"),
     (700, 719, "trtllm"),
     (720, 739, "vllm_disagg"),
+    (740, 749, "jobset"),
+    (750, 759, "kuberay"),
 )
 
 CODES: dict[str, Code] = {
@@ -586,6 +588,31 @@ CODES: dict[str, Code] = {
         "apply with kubectl apply --server-side or kubectl create, or ship large files in "
         "the image",
     ),
+    # Kubernetes: networks, queues, gangs, GPU sharing
+    "MDC450": Code(
+        "a pod annotation the apiserver refuses (a key that is not a qualified name, more "
+        "than 256 KiB in all) or that another key of the table sets",
+        "write the key as PREFIX/NAME, or drop the other key",
+    ),
+    "MDC451": Code(
+        "an extended_resources entry the apiserver refuses: not an extended resource name, "
+        "not a whole number, or the GPU resource itself",
+        "name the device plugin's resource (rdma/ib, vpc.amazonaws.com/efa) with a whole count",
+    ),
+    "MDC452": Code(
+        "a Multus network entry that is not one network; warning: networks with "
+        "host_network, where Multus attaches none",
+        "one network per entry; use either host_network or networks",
+    ),
+    "MDC453": Code(
+        "a Volcano gang sent to another scheduler, or gang_queue without a gang",
+        "remove scheduler_name, or set gang = \"volcano\"",
+    ),
+    "MDC454": Code(
+        "a gpu_memory or gpu_cores the GPU-sharing plugin cannot take: no gpu_sharing, "
+        "a memory that is not whole units of it, cores outside 1-100, no GPUs to share",
+        "set gpu_sharing and gpus_per_node, and write the plugin's units",
+    ),
     # shared Kubernetes
     "MDC460": Code("no [job] image for pods", "set [job] image"),
     "MDC461": Code("a name that is not a valid Kubernetes name", "follow the rule shown"),
@@ -786,6 +813,8 @@ CODES: dict[str, Code] = {
         "refuses it)",
         "pick a tensor_parallel_size from the hint",
     ),
+    # jobset
+    "MDC740": Code("an elastic job on a JobSet", "remove min_nnodes, or use pytorchjob"),
 }
 
 

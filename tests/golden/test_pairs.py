@@ -34,6 +34,7 @@ BACKEND_TABLES: dict[str, Callable[[int], dict[str, Any] | None]] = {
     "leaderworkerset": lambda nnodes: {"namespace": "serving"},
     "pytorchjob": lambda nnodes: {"namespace": "ml"},
     "trainjob": lambda nnodes: {"namespace": "ml"},
+    "jobset": lambda nnodes: {"namespace": "ml"},
 }
 
 PLUGINS = load_plugins(autoload=False)

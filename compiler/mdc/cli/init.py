@@ -242,6 +242,10 @@ namespace = "default"               # EDIT
 [trainjob]
 namespace = "default"               # EDIT
 """,
+    "jobset": """\
+[jobset]
+namespace = "default"               # EDIT
+""",
 }
 
 #: backends whose nodes run the host's own software (an image there is only a warning)

@@ -33,11 +33,12 @@ Shared diagnostics (MDC460-469, MDC442, MDC444, MDC472):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mdc.api import Artifact, files_written
+from mdc.api import Artifact, Finding, Plan, files_written
 
+from . import k8s_checks
 from .k8s_apply import (
     ANNOTATIONS_LIMIT,
     CONFIGMAP_LIMIT,
@@ -49,9 +50,18 @@ from .k8s_checks import (
     configmap_findings,
     extended_resource,
     mount_point,
-    pod_findings,
     whole_quantity,
 )
+from .k8s_cluster import (
+    QUEUE_LABEL,
+    VOLCANO,
+    cluster_container,
+    object_labels,
+    pod_annotations,
+    pod_group,
+    pod_template,
+)
+from .k8s_cluster_checks import cluster_findings
 from .k8s_names import (
     DERIVED_NAMES,
     DNS_1035,
@@ -103,6 +113,13 @@ from .k8s_quantity import parse_quantity
 from .k8s_yaml import dump_yaml, load_yaml, plainly_writable
 
 
+def pod_findings(plan: Plan, opts: PodOptions, table: str) -> Iterator[Finding]:
+    """Every shared check of the pod keys of ``[table]``: the pod's (:mod:`.k8s_checks`) and
+    the cluster's (:mod:`.k8s_cluster_checks`)."""
+    yield from k8s_checks.pod_findings(plan, opts, table)
+    yield from cluster_findings(plan, opts, table)
+
+
 def yaml_file(path: str, docs: Sequence[Mapping[str, Any]]) -> Artifact:
     """The file ``path`` holding ``docs`` as YAML.
 
@@ -133,10 +150,13 @@ __all__ = [
     "NODE_SCRIPT",
     "NodeNames",
     "PULL_POLICIES",
+    "QUEUE_LABEL",
+    "VOLCANO",
     "PodOptions",
     "TOLERATION_EFFECTS",
     "Toleration",
     "Volume",
+    "cluster_container",
     "config_key",
     "configmap",
     "configmap_findings",
@@ -158,8 +178,12 @@ __all__ = [
     "mount_point",
     "name_clash_findings",
     "node_script",
+    "object_labels",
+    "pod_group",
+    "pod_template",
     "parse_quantity",
     "pod_dns",
+    "pod_annotations",
     "pod_findings",
     "pod_options_schema",
     "plainly_writable",

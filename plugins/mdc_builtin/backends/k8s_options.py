@@ -76,6 +76,30 @@ class PodOptions:
     #: the pods share the node's IPC namespace (hostIPC), for shared memory between processes
     #: of different pods on one node
     host_ipc: bool = False
+    #: pod annotations (the pod template's metadata.annotations)
+    annotations: Mapping[str, str] = attrs.field(factory=dict)
+    #: Multus secondary networks (annotation k8s.v1.cni.cncf.io/networks, comma-separated)
+    networks: tuple[str, ...] = ()
+    #: extra extended resources per pod (RDMA, EFA, host devices): requests = limits
+    extended_resources: Mapping[str, int | str] = attrs.field(factory=dict)
+    #: the pods run in the node's network namespace (hostNetwork, dnsPolicy
+    #: ClusterFirstWithHostNet so that they still resolve the cluster's names)
+    host_network: bool = False
+    #: Linux capabilities added to the container (securityContext.capabilities.add)
+    capabilities: tuple[str, ...] = ()
+    scheduler_name: str | None = None
+    #: Kueue LocalQueue (label kueue.x-k8s.io/queue-name; the object is created suspended)
+    queue: str | None = None
+    #: "volcano": one gang of every pod of the job (a PodGroup with minMember)
+    gang: str | None = None
+    #: the Volcano queue of the gang (PodGroup spec.queue)
+    gang_queue: str | None = None
+    #: the GPU-sharing device plugin whose resources gpu_memory and gpu_cores are asked in
+    gpu_sharing: str | None = None
+    #: GPU memory per GPU of the pod (a quantity, "20Gi"), through gpu_sharing
+    gpu_memory: str | None = None
+    #: percent of each GPU's compute (1-100), through gpu_sharing
+    gpu_cores: int | None = None
 
 
 def pod_options_schema() -> dict[str, Any]:

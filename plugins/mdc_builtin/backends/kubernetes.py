@@ -108,20 +108,22 @@ def documents(plan: Plan, launch: Launch, opts: KubernetesOptions) -> list[dict[
         job_spec["ttlSecondsAfterFinished"] = ttl
     if opts.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
-    job_spec["template"] = {
-        "metadata": {"labels": dict(sorted(pod_labels.items()))},
-        "spec": k8s.pod_spec(plan, opts, containers=[container], files=files, subdomain=name),
-    }
-    return [
+    if opts.queue is not None:
+        job_spec["suspend"] = True  # Kueue starts it once the queue admits it
+    pod = k8s.pod_spec(plan, opts, containers=[container], files=files, subdomain=name)
+    job_spec["template"] = k8s.pod_template(plan, opts, pod_labels, pod)
+    docs = [
         k8s.configmap(plan, files, namespace=opts.namespace, labels=labels),
         k8s.headless_service(name, opts.namespace, labels, {"mdc/job": name}, [port]),
         {
             "apiVersion": "batch/v1",
             "kind": "Job",
-            "metadata": k8s.metadata(name, opts.namespace, labels),
+            "metadata": k8s.metadata(name, opts.namespace, k8s.object_labels(labels, opts)),
             "spec": job_spec,
         },
     ]
+    group = k8s.pod_group(plan, opts, labels, plan.nnodes)
+    return docs if group is None else [*docs, group]
 
 
 def emit(plan: Plan, launch: Launch, options: KubernetesOptions | None) -> list[Artifact]:

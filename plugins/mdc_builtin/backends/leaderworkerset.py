@@ -15,8 +15,8 @@ creates (subdomainPolicy Shared).
 
 Only serving launchers run here (vllm, vllm_disagg, sglang, sglang_disagg): LWS pods are
 StatefulSet pods (restartPolicy Always), so a training job that finishes would
-be started again; run training on the kubernetes backend. Codes MDC450-459 are
-reserved: every check so far is shared (MDC460-469). Pod names
+be started again; run training on the kubernetes backend. Every check is shared
+(MDC450-469). Pod names
 (``<job>-<replica>-<index>``, at most 40 + 1 + 10 + 1 + digits) and ``<job>-leader``
 fit a DNS label because the core limits job names to 40 characters.
 """
@@ -113,10 +113,10 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
                 "periodSeconds": 10,
                 "failureThreshold": 3,
             }
-        return {
-            "metadata": {"labels": dict(sorted(labels.items()))},
-            "spec": k8s.pod_spec(plan, opts, containers=[pod], files=files, restart_policy=None),
-        }
+        spec = k8s.pod_spec(plan, opts, containers=[pod], files=files, restart_policy=None)
+        # a Volcano gang: the LWS controller, with Volcano as its gang scheduler, makes a
+        # PodGroup of each group and annotates its pods
+        return k8s.pod_template(plan, opts, labels, spec, own_group=False)
 
     every_node = endpoint is not None and endpoint.every_node
     probed = endpoint is not None and port is not None
@@ -132,7 +132,8 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
     lws = {
         "apiVersion": API,
         "kind": "LeaderWorkerSet",
-        "metadata": k8s.metadata(name, opts.namespace, labels),
+        # Kueue: the label alone; it gates the pods of an LWS, which has no suspend
+        "metadata": k8s.metadata(name, opts.namespace, k8s.object_labels(labels, opts)),
         "spec": {
             "replicas": opts.replicas if opts.replicas is not None else 1,
             # the leader is ready only once its server is, which needs the workers started
@@ -168,6 +169,12 @@ def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Findin
     yield from k8s.name_clash_findings(plan.job.name, ("Service",), "leaderworkerset")
 
 
+def schema() -> dict[str, Any]:
+    own = read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json")
+    own["properties"] = {**k8s.pod_options_schema(), **own["properties"]}
+    return own
+
+
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -177,7 +184,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             "(group = nnodes pods, leader = node 0, replicas copies)",
             emit=emit,
             check=check,
-            schema=read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json"),
+            schema=schema(),
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
             run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",

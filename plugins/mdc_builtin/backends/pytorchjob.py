@@ -106,11 +106,21 @@ def replica(
         {"name": PORT_NAME, "containerPort": plan.rendezvous.master_port, "protocol": "TCP"}
     ]
     pod = k8s.pod_spec(plan, opts, containers=[container], files=files, restart_policy=None)
-    return {
-        "replicas": count,
-        "restartPolicy": opts.restart_policy,
-        "template": {"metadata": {"labels": k8s.job_labels(plan, opts)}, "spec": pod},
-    }
+    # a Volcano gang: the operator makes the PodGroup from runPolicy.schedulingPolicy
+    template = k8s.pod_template(plan, opts, k8s.job_labels(plan, opts), pod, own_group=False)
+    return {"replicas": count, "restartPolicy": opts.restart_policy, "template": template}
+
+
+def scheduling_policy(plan: Plan, opts: PyTorchJobOptions) -> dict[str, Any]:
+    """runPolicy.schedulingPolicy: the operator, run with Volcano as its gang scheduler,
+    makes a PodGroup of the job with minMember = minAvailable (every pod; min_nnodes of an
+    elastic job), in the Volcano queue and priority class given."""
+    policy: dict[str, Any] = {"minAvailable": plan.min_nnodes if plan.elastic else plan.nnodes}
+    if opts.gang_queue is not None:
+        policy["queue"] = opts.gang_queue
+    if opts.priority_class is not None:
+        policy["priorityClass"] = opts.priority_class
+    return policy
 
 
 def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> dict[str, Any]:
@@ -145,12 +155,17 @@ def pytorchjob(plan: Plan, opts: PyTorchJobOptions, files: list[Artifact]) -> di
     ):
         if value is not None:
             run_policy[key] = value
+    if opts.gang == k8s.VOLCANO:
+        run_policy["schedulingPolicy"] = scheduling_policy(plan, opts)
+    if opts.queue is not None:
+        run_policy["suspend"] = True  # Kueue starts it once the queue admits it
     if run_policy:
         spec["runPolicy"] = run_policy
+    labels = k8s.object_labels(k8s.job_labels(plan, opts), opts)
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
+        "metadata": k8s.metadata(plan.job.name, opts.namespace, labels),
         "spec": spec,
     }
 

@@ -82,7 +82,9 @@ def files_of(plan: Plan, launch: Launch, opts: TrainJobOptions) -> list[Artifact
 def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[str, Any]:
     env = {"MASTER_PORT": str(plan.rendezvous.master_port)}
     # the shared container: its image, command, env and mounts; the rest goes to the patch
-    full = k8s.container(plan, opts, name=opts.container, env=env)
+    full = k8s.cluster_container(
+        plan, opts, k8s.container(plan, opts, name=opts.container, env=env)
+    )
     trainer: dict[str, Any] = {
         "numNodes": plan.nnodes,
         "numProcPerNode": plan.nproc_per_node,
@@ -92,16 +94,17 @@ def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[s
     }
     if "resources" in full:
         trainer["resourcesPerNode"] = full["resources"]
-    pod = k8s.pod_spec(
-        plan,
-        opts,
-        containers=[{"name": opts.container, "volumeMounts": full["volumeMounts"]}],
-        files=files,
-        restart_policy=None,
-    )
-    template: dict[str, Any] = {"spec": pod}
+    patched: dict[str, Any] = {"name": opts.container}
+    if "securityContext" in full:
+        patched["securityContext"] = full["securityContext"]
+    patched["volumeMounts"] = full["volumeMounts"]
+    pod = k8s.pod_spec(plan, opts, containers=[patched], files=files, restart_policy=None)
+    meta: dict[str, Any] = {}
     if opts.labels:
-        template = {"metadata": {"labels": dict(sorted(opts.labels.items()))}, "spec": pod}
+        meta["labels"] = dict(sorted(opts.labels.items()))
+    if annotations := k8s.pod_annotations(plan, opts, own_group=False):
+        meta["annotations"] = annotations
+    template: dict[str, Any] = {"metadata": meta, "spec": pod} if meta else {"spec": pod}
     patch = {
         "manager": MANAGER,
         "trainingRuntimeSpec": {
@@ -125,10 +128,13 @@ def trainjob(plan: Plan, opts: TrainJobOptions, files: list[Artifact]) -> dict[s
     }
     if opts.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = opts.active_deadline_seconds
+    if opts.queue is not None:
+        spec["suspend"] = True  # Kueue starts it once the queue admits it
+    labels = k8s.object_labels(k8s.job_labels(plan, opts), opts)
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": k8s.metadata(plan.job.name, opts.namespace, k8s.job_labels(plan, opts)),
+        "metadata": k8s.metadata(plan.job.name, opts.namespace, labels),
         "spec": spec,
     }
 
@@ -188,8 +194,11 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
     for key, field in (
         ("image_pull_policy", "imagePullPolicy"),
         ("priority_class", "priorityClassName"),
+        ("scheduler_name", "schedulerName"),
+        ("host_network", "hostNetwork"),
+        ("gang", "a PodGroup (the runtime's podGroupPolicy)"),
     ):
-        if getattr(opts, key) is not None:
+        if getattr(opts, key) not in (None, False):
             yield Finding(
                 code="MDC483",
                 pointer=f"/trainjob/{key}",

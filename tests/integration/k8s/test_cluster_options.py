@@ -1,0 +1,222 @@
+"""The cluster keys (GPU networks, Kueue, Volcano gangs, GPU sharing) and the jobset backend:
+every document of the examples that use them, and of every Kubernetes backend with all of
+them set, passes strict validation (kubernetes-validate's schemas at 1.30 and the newest,
+the CRDs in the shared folder), and carries the field each key is documented to set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from validate import validate_document
+
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLES = (
+    "k8s-infiniband-8x8.toml",
+    "k8s-efa-p5-4x8.toml",
+    "pytorchjob-kueue-2x8.toml",
+    "k8s-volcano-gang-4x8.toml",
+    "jobset-roce-4x8.toml",
+    "k8s-shared-gpu-hami.toml",
+)
+#: Volcano's scheduling.volcano.sh/v1beta1 PodGroupSpec fields (no PodGroup CRD is in the
+#: shared folder, so its documents are checked against the field list instead)
+PODGROUP_SPEC = {"minMember", "minTaskMember", "queue", "priorityClassName", "minResources"}
+NETWORK = {
+    "annotations": {"example.com/team": "llm"},
+    "networks": ["ib-0", "kube-system/ib-1"],
+    "extended_resources": {"rdma/ib": 1},
+    "capabilities": ["IPC_LOCK"],
+    "queue": "team-a",
+}
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    return Compiler(load_plugins(autoload=False))
+
+
+def documents(compiler: Compiler, path: Path) -> list[dict[str, Any]]:
+    tree = compiler.compile(path).tree
+    return [
+        doc
+        for artifact in tree
+        if artifact.path.endswith(".yaml")
+        for doc in yaml.safe_load_all(artifact.data.decode())
+        if doc
+    ]
+
+
+def checked(docs: list[dict[str, Any]]) -> list[str]:
+    errors: list[str] = []
+    for doc in docs:
+        if doc["kind"] == "PodGroup":
+            assert doc["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+            assert set(doc["spec"]) <= PODGROUP_SPEC
+            assert isinstance(doc["spec"]["minMember"], int)
+        else:
+            errors += validate_document(doc)
+    return errors
+
+
+def pods(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pod template in ``doc`` (found by the key ``template`` holding a pod ``spec``)."""
+    found: list[dict[str, Any]] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            spec = node.get("spec")
+            if isinstance(spec, dict) and "containers" in spec:
+                found.append(node)
+                return
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc.get("spec"))
+    return found
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_pass_strict_validation(
+    compiler: Compiler, example: str, shared_crds: Path
+) -> None:
+    docs = documents(compiler, REPO / "examples" / example)
+    assert checked(docs) == []
+
+
+def spec_for(tmp_path: Path, backend: str, launcher: str, table: dict[str, Any]) -> Path:
+    data: dict[str, Any] = {
+        "job": {"name": "net", "image": "img:1", "command": ["python", "train.py"]},
+        "distributed": {
+            "launcher": launcher,
+            "backend": backend,
+            "nnodes": 2,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+        },
+        backend: table,
+    }
+    if launcher == "vllm":  # one server over both pods through Ray
+        data["job"] = {"name": "net", "image": "img:1", "command": ["vllm", "serve"]}
+        data["parallelism"] = {"tp": 8, "pp": 2}
+        data["vllm"] = {"model": "/models/m", "port": 8080}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+#: each backend and where its kind holds Kueue's suspend (None: the kind has none)
+SUSPEND = {
+    "kubernetes": ("Job", ("spec", "suspend")),
+    "jobset": ("JobSet", ("spec", "suspend")),
+    "pytorchjob": ("PyTorchJob", ("spec", "runPolicy", "suspend")),
+    "trainjob": ("TrainJob", ("spec", "suspend")),
+    "leaderworkerset": ("LeaderWorkerSet", None),
+}
+
+
+@pytest.mark.parametrize("backend", sorted(SUSPEND))
+def test_every_backend_takes_the_network_and_queue_keys(
+    compiler: Compiler, tmp_path: Path, backend: str, shared_crds: Path
+) -> None:
+    launcher = "vllm" if backend == "leaderworkerset" else "torchrun"
+    docs = documents(compiler, spec_for(tmp_path, backend, launcher, NETWORK))
+    assert checked(docs) == []
+    kind, suspend = SUSPEND[backend]
+    top = next(d for d in docs if d["kind"] == kind)
+    assert top["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    if suspend is not None:
+        node: Any = top
+        for key in suspend:
+            node = node[key]
+        assert node is True
+    templates = pods(top)
+    assert templates
+    for template in templates:
+        annotations = template["metadata"]["annotations"]
+        assert annotations["k8s.v1.cni.cncf.io/networks"] == "ib-0,kube-system/ib-1"
+        assert annotations["example.com/team"] == "llm"
+    if backend == "trainjob":  # resources go in the trainer, the rest in the runtime patch
+        resources = top["spec"]["trainer"]["resourcesPerNode"]
+        container = templates[0]["spec"]["containers"][0]
+    else:
+        container = templates[0]["spec"]["containers"][0]
+        resources = container["resources"]
+    assert resources["limits"]["rdma/ib"] == resources["requests"]["rdma/ib"] == 1
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "jobset", "pytorchjob", "leaderworkerset"])
+def test_host_network_and_volcano_gang(
+    compiler: Compiler, tmp_path: Path, backend: str, shared_crds: Path
+) -> None:
+    launcher = "vllm" if backend == "leaderworkerset" else "torchrun"
+    table = {"host_network": True, "gang": "volcano", "gang_queue": "q1"}
+    docs = documents(compiler, spec_for(tmp_path, backend, launcher, table))
+    assert checked(docs) == []
+    kind = SUSPEND[backend][0]
+    top = next(d for d in docs if d["kind"] == kind)
+    for template in pods(top):
+        spec = template["spec"]
+        assert spec["hostNetwork"] is True
+        assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert spec["schedulerName"] == "volcano"
+    groups = [d for d in docs if d["kind"] == "PodGroup"]
+    if backend in ("kubernetes", "jobset"):  # mdc writes the PodGroup of its own Job
+        assert [g["spec"] for g in groups] == [{"minMember": 2, "queue": "q1"}]
+        for template in pods(top):
+            assert template["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "net"}
+    else:  # the operator or the LWS controller makes it
+        assert groups == []
+    if backend == "pytorchjob":
+        policy = top["spec"]["runPolicy"]["schedulingPolicy"]
+        assert policy == {"minAvailable": 2, "queue": "q1"}
+
+
+@pytest.mark.parametrize(
+    ("sharing", "expected"),
+    [
+        (
+            "hami",
+            {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 10240, "nvidia.com/gpucores": 30},
+        ),
+        (
+            "volcano-vgpu",
+            {
+                "volcano.sh/vgpu-number": 2,
+                "volcano.sh/vgpu-memory": 10240,
+                "volcano.sh/vgpu-cores": 30,
+            },
+        ),
+        # qGPU: the pod's totals over its 2 cards, memory in GiB
+        (
+            "qgpu",
+            {"tke.cloud.tencent.com/qgpu-memory": 20, "tke.cloud.tencent.com/qgpu-core": 60},
+        ),
+    ],
+)
+def test_gpu_sharing_resource_names(
+    compiler: Compiler, tmp_path: Path, sharing: str, expected: dict[str, int], shared_crds: Path
+) -> None:
+    table = {
+        "gpu_sharing": sharing,
+        "gpus_per_node": 2,
+        "gpu_memory": "10Gi",
+        "gpu_cores": 30,
+        "memory": "64Gi",
+    }
+    docs = documents(compiler, spec_for(tmp_path, "kubernetes", "torchrun", table))
+    assert checked(docs) == []
+    job = next(d for d in docs if d["kind"] == "Job")
+    resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == expected
+    assert resources["requests"] == {**expected, "memory": "64Gi"}
