@@ -302,6 +302,27 @@ MORE = [
     ),
     sglang_spec(1, 4, sglang={"model": "m", "args": ["--trust-remote-code"]}),
     sglang_spec(4, 8, sglang={"model": "m", "port": 31000}, parallelism={"tp": 16, "pp": 2}),
+    # the sizes as the servers' own flags, read as their keys: each flag emitted once
+    vllm_spec(
+        2,
+        8,
+        vllm={
+            "model": "m",
+            "args": [
+                "-tp",
+                "1",
+                "--enable-expert-parallel",
+                "--data-parallel-size",
+                "16",
+                "--data-parallel-size-local=8",
+            ],
+        },
+    ),
+    sglang_spec(
+        2,
+        8,
+        sglang={"model": "m", "args": ["--tp-size", "8", "--pipeline-parallel-size=2"]},
+    ),
 ]
 
 
@@ -318,6 +339,20 @@ def test_every_flag_of_more_specs_is_one_the_real_cli_takes(
 ) -> None:
     compiled = compile_data(tmp_path, data)
     (check_vllm if compiled.plan.launcher == "vllm" else check_sglang)(compiled)
+
+
+def test_a_size_given_as_the_servers_flag_is_passed_once(tmp_path: Path) -> None:
+    """The sizes in args (MORE's last two specs) are read as their keys: the command line
+    carries each flag once, as mdc writes it, and the plan has those sizes."""
+    vllm_words = server_argv(compile_data(tmp_path, MORE[-2]))
+    for flag in ("--enable-expert-parallel", "--data-parallel-size", "--tensor-parallel-size"):
+        assert vllm_words.count(flag) == 1, flag
+    assert "-tp" not in vllm_words and "--data-parallel-size-local=8" not in vllm_words
+    sglang = compile_data(tmp_path, MORE[-1])
+    sglang_words = server_argv(sglang)
+    assert sglang_words.count("--tp-size") == 1 and sglang_words.count("--pp-size") == 1
+    assert "--pipeline-parallel-size=2" not in sglang_words
+    assert (sglang.plan.sizes.tp, sglang.plan.sizes.pp) == (8, 2)
 
 
 def test_the_parsers_reject_what_the_real_clis_reject() -> None:
