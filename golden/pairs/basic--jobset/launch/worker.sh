@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Role 'worker' of job 'pair-basic' (nodes 0-1), launcher basic.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+: "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
+: "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
+export NODE_RANK="${NODE_RANK}"
+export MASTER_ADDR="${MASTER_ADDR}"
+export MASTER_PORT="${MASTER_PORT}"
+export WORLD_SIZE=8
+export LOCAL_WORLD_SIZE=4
+exec bash "${MDC_OUT}/launch/spawn.sh" python train.py

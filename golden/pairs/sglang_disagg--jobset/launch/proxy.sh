@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Role 'proxy' of job 'pair-sglang-disagg' (node 0), launcher sglang_disagg.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+export SGLANG_DISAGG_MODE=enabled
+export SGLANG_DISAGG_ROLE=proxy
+export SGLANG_DISAGG_PREFILL_NODES=1
+export SGLANG_DISAGG_DECODE_NODES=1
+export SGLANG_DISAGG_TOTAL_NODES=3
+export SGLANG_DISAGG_TRANSFER_BACKEND=mooncake
+export SGLANG_TP_SIZE=8
+export SGLANG_NODE_RANK="${NODE_RANK}"
+export MODEL_PATH=Qwen/Qwen3-32B
+export POD_INDEX="${NODE_RANK}"
+export TOTAL_PODS=3
+export PREFILL_COUNT=1
+export DECODE_COUNT=1
+export TP_SIZE=8
+exec bash "${MDC_OUT}/launch/sglang_disagg.sh" router python3 -m sglang_router.launch_router --pd-disaggregation --host 0.0.0.0 --port 8000
