@@ -801,8 +801,9 @@ CODES: dict[str, Code] = {
         "keep router_port, port and side_channel_port apart",
     ),
     "MDC728": Code(
-        "the command or an args list has a flag the vllm_disagg launcher sets",
-        "remove it; set the [vllm_disagg] key the message names",
+        "the command passes a flag the vllm_disagg launcher writes, or an args list one whose "
+        "value disagrees with its key or with the value mdc writes (vLLM would keep the last)",
+        "remove the flag, or make the two agree (an agreeing flag is read as its key)",
     ),
     "MDC729": Code(
         "a size flag in args has a value vLLM refuses",

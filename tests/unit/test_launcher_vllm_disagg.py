@@ -130,10 +130,10 @@ def test_server_commands(tmp_path: Path) -> None:
     assert {w for w in proxy[at:] if w.startswith("--")} <= PROXY_FLAGS
 
 
-def test_role_sizes_and_args_read_as_vllm_reads_them(tmp_path: Path) -> None:
-    """A size flag in args is the role's key: written once, the last one winning."""
+def test_size_flags_in_args_are_read_as_keys(tmp_path: Path) -> None:
+    """A size flag in [vllm_disagg] args is the shared key, in a role's args that role's
+    key: each written once, where mdc writes it."""
     options = {
-        "tensor_parallel_size": 4,
         "args": ["--max-model-len", "8192", "-tp", "2"],
         "decode": {"data_parallel_size": 2, "args": ["--tensor-parallel-size=1", "-ep"]},
     }
@@ -149,6 +149,17 @@ def test_role_sizes_and_args_read_as_vllm_reads_them(tmp_path: Path) -> None:
                 "--tensor-parallel-size 1 --data-parallel-size 2 --enable-expert-parallel" in line
             )
             assert "--max-model-len 8192" in line
+
+
+def test_a_size_flag_that_disagrees_with_its_key_is_refused(tmp_path: Path) -> None:
+    """vLLM would keep the last of the two; mdc says so instead of choosing."""
+    options = {"tensor_parallel_size": 4, "args": ["-tp", "2"]}
+    (error,) = errors(tmp_path, spec(3, 8, options))
+    assert error.code == "MDC728" and error.location.pointer == "/vllm_disagg/args/0"
+    assert "tensor_parallel_size = 4" in error.message
+    agreeing = compile_(tmp_path, spec(3, 8, {"tensor_parallel_size": 4, "args": ["-tp", "4"]}))
+    (server,) = [s for s in agreeing.launch.servers if s.role == "prefill"]
+    assert server.tp == 4
 
 
 def test_missing_table(tmp_path: Path) -> None:

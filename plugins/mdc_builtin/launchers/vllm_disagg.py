@@ -17,6 +17,12 @@ data parallel as vLLM's "Data Parallel Deployment" runs it (``--data-parallel-si
 ``--data-parallel-address``, ``--data-parallel-rpc-port``, ``--headless
 --data-parallel-start-rank`` on its later nodes).
 
+The arguments are read as keys by the pipeline (``LauncherSpec.arguments``): a role's size
+flags in its ``args`` are that role's keys, in ``[vllm_disagg] args`` the shared ones.
+
+The arguments are read as keys by the pipeline (``LauncherSpec.arguments``): a role's size
+flags in its ``args`` are that role's keys, in ``[vllm_disagg] args`` the shared ones.
+
 The proxy is vLLM's documented ``toy_proxy_server.py`` (``--port``, ``--host``,
 ``--prefiller-hosts``/``--prefiller-ports``, ``--decoder-hosts``/``--decoder-ports``, each
 one or more values; health at ``/healthcheck``); ``router_command`` names the program.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -36,11 +42,13 @@ import mdc
 from mdc.api import (
     NODE_RANK,
     ONE_NODE_ROLE,
+    PER_NODE,
+    ArgPlace,
     Artifact,
     Endpoint,
     Finding,
+    FlagReading,
     FlagTable,
-    FlagUse,
     KnownFlag,
     Launch,
     LauncherSpec,
@@ -51,8 +59,11 @@ from mdc.api import (
     Word,
     already_set,
     command_pointer,
+    disagreeing,
+    disagreement_text,
     drop_flags,
     out_file,
+    plain_words,
     read_schema,
 )
 from mdc.api import Server as ApiServer
@@ -70,44 +81,36 @@ PROXY_HEALTH = "/healthcheck"
 DEFAULT_ROUTER = ("python3", "toy_proxy_server.py")
 SIDE_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 SIDE_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
-
-#: a role's sizes as vLLM's parser spells them (vllm/engine/arg_utils.py, ParallelConfig
-#: group); in the arguments they are read as the role's keys, the last one winning
-SIZE_FLAGS = FlagTable(
-    [
-        KnownFlag(
-            name=vllm.TP_FLAG,
-            source="tensor_parallel_size",
-            key="tensor_parallel_size",
-            nargs=1,
-            convert=int,
-            aliases=("-tp",),
-        ),
-        KnownFlag(
-            name=vllm.DP_FLAG,
-            source="data_parallel_size",
-            key="data_parallel_size",
-            nargs=1,
-            convert=int,
-            aliases=("-dp",),
-        ),
-        KnownFlag(
-            name=vllm.EP_FLAG,
-            source="enable_expert_parallel",
-            key="enable_expert_parallel",
-            aliases=("-ep",),
-        ),
-    ]
+#: what the helper adds on each node of a server over several nodes
+PER_SERVER_DP = (
+    "--data-parallel-start-rank",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--headless",
 )
-#: what mdc derives from the layout: refused in the arguments, with the key or the reason
+
+
+def _keyed(flag: str, key: str, *aliases: str, convert: Any = None) -> KnownFlag:
+    """A server flag that stands for a key: the arguments' table's (a role's, or
+    [vllm_disagg]'s) when relative, else that key; a switch without ``convert``."""
+    if convert is None:
+        return KnownFlag(name=flag, source=key, spec_key=key, aliases=aliases)
+    return KnownFlag(name=flag, source=key, spec_key=key, nargs=1, convert=convert, aliases=aliases)
+
+
+#: the flags mdc writes on a server's command line, as vLLM's parser spells them
+#: (vllm/engine/arg_utils.py): a role's sizes and the model are read as their keys (the
+#: pipeline reads the arguments, a value that disagrees with a key written is refused);
+#: the others are compared with what mdc writes for the server
 OWNED_FLAGS = FlagTable(
     [
-        KnownFlag(name="--model", source="[vllm_disagg] model", nargs=1),
+        _keyed("--model", "/vllm_disagg/model"),
+        _keyed(vllm.TP_FLAG, "tensor_parallel_size", "-tp", convert=int),
+        _keyed(vllm.DP_FLAG, "data_parallel_size", "-dp", convert=int),
+        _keyed(vllm.EP_FLAG, "enable_expert_parallel", "-ep"),
         KnownFlag(name="--host", source="mdc (0.0.0.0)", nargs=1),
-        KnownFlag(name="--port", source="[vllm_disagg] port (port + the server's place)", nargs=1),
-        KnownFlag(
-            name="--kv-transfer-config", source="[vllm_disagg] kv_connector_extra_config", nargs=1
-        ),
+        KnownFlag(name="--port", source="port (port + the server's place)", nargs=1),
+        KnownFlag(name="--kv-transfer-config", source="kv_connector_extra_config", nargs=1),
         KnownFlag(name=vllm.PP_FLAG, source="1 (no pipeline parallel)", nargs=1, aliases=("-pp",)),
         *(
             flag
@@ -115,15 +118,26 @@ OWNED_FLAGS = FlagTable(
             if flag.name
             in (
                 vllm.DP_LOCAL_FLAG,
-                "--data-parallel-start-rank",
-                "--data-parallel-address",
-                "--data-parallel-rpc-port",
-                "--headless",
+                *PER_SERVER_DP,
                 vllm.DP_BACKEND_FLAG,
                 vllm.EXECUTOR_FLAG,
             )
         ),
     ]
+)
+#: where a user passes server flags: every server's, then a role's (vLLM keeps the last)
+READING = FlagReading(
+    table=OWNED_FLAGS,
+    places=(
+        ArgPlace(pointer=f"/{NAME}/args", where=f"[{NAME}] args", table=f"/{NAME}"),
+        *(
+            ArgPlace(pointer=f"/{NAME}/{r}/args", where=f"[{NAME}.{r}] args", table=f"/{NAME}/{r}")
+            for r in ROLES
+        ),
+    ),
+    code="MDC728",
+    refused_code="MDC729",
+    framework="vLLM",
 )
 
 
@@ -167,7 +181,7 @@ class Server:
     tp: int
     dp: int
     ep: bool
-    #: the role's arguments with the size flags read out of them
+    #: the role's own arguments (after [vllm_disagg] args)
     args: tuple[str, ...]
     nproc_per_node: int
 
@@ -207,8 +221,8 @@ def default_tp(plan: Plan, options: VllmDisaggOptions) -> int:
 
 
 def role_values(options: VllmDisaggOptions, role: str) -> dict[str, Any]:
-    """A role's size keys as vLLM reads its command: the role's table over the shared
-    keys, then the shared args, then the role's args (each later one wins)."""
+    """A role's size keys: its table's over [vllm_disagg]'s (the size flags of the
+    arguments were read into them)."""
     own: RoleOptions = getattr(options, role)
     values: dict[str, Any] = {
         "data_parallel_size": options.data_parallel_size,
@@ -217,9 +231,6 @@ def role_values(options: VllmDisaggOptions, role: str) -> dict[str, Any]:
     for key in ("tensor_parallel_size", "data_parallel_size", "enable_expert_parallel"):
         if getattr(own, key) is not None:
             values[key] = getattr(own, key)
-    for words in (options.args, own.args):
-        read, _ = SIZE_FLAGS.read(words)
-        values.update(read)
     return values
 
 
@@ -232,7 +243,7 @@ def server(plan: Plan, options: VllmDisaggOptions, role: str) -> Server:
         tp=tp if tp is not None else default_tp(plan, options),
         dp=values.get("data_parallel_size") or 1,
         ep=bool(values.get("enable_expert_parallel")),
-        args=tuple(drop_flags(own.args, SIZE_FLAGS.find(own.args))),
+        args=own.args,
         nproc_per_node=plan.nproc_per_node,
     )
 
@@ -246,23 +257,39 @@ def kv_transfer_config(options: VllmDisaggOptions) -> str:
 
 
 def server_words(plan: Plan, options: VllmDisaggOptions, shape: Server) -> list[str]:
-    """A role's server command, up to what its place adds (port, data-parallel address)."""
+    """A role's server command, up to what its place adds (port, data-parallel address);
+    a flag of the user's that says what mdc writes is written once, by mdc."""
     command = list(plan.job.argv)
     if tuple(command[:2]) == vllm.SERVE:
         words = [*command[:2], options.model, *command[2:]]
     else:
         words = [*command, "--model", options.model]
-    shared = drop_flags(options.args, SIZE_FLAGS.find(options.args))
+    mine = mdc_words(options, shape)
+
+    def agreed(args: tuple[str, ...]) -> list[str]:
+        return drop_flags(args, disagreeing(OWNED_FLAGS, args, mine)[0])
+
+    return [*words, *_own_words(options, shape), *agreed(options.args), *agreed(shape.args)]
+
+
+def _own_words(options: VllmDisaggOptions, shape: Server) -> list[str]:
     return [
-        *words,
         *shape.flags(),
         "--host",
         "0.0.0.0",
         "--kv-transfer-config",
         kv_transfer_config(options),
-        *shared,
-        *shape.args,
     ]
+
+
+def mdc_words(options: VllmDisaggOptions, shape: Server) -> list[object]:
+    """Every flag mdc writes for a role's servers, those of its place as per-node words."""
+    mine: list[object] = ["--model", options.model, *_own_words(options, shape)]
+    mine += ["--port", NODE_RANK]
+    if shape.nodes > 1:
+        for flag in PER_SERVER_DP:
+            mine += [f"{flag}={PER_NODE}"] if flag == "--headless" else [flag, NODE_RANK]
+    return mine
 
 
 def router_words(options: VllmDisaggOptions) -> list[str]:
@@ -706,34 +733,34 @@ def _heads_findings(plan: Plan, options: VllmDisaggOptions, shape: Server) -> It
 
 
 def _arg_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
-    """Flags mdc derives (MDC728) and size flags whose value vLLM would refuse (MDC729)."""
-    lists: list[tuple[str, str, Sequence[str]]] = [
-        ("the job's command", "", plan.job.argv),
-        (f"[{NAME}] args", f"/{NAME}/args", options.args),
-        *((f"[{NAME}.{r}] args", f"/{NAME}/{r}/args", getattr(options, r).args) for r in ROLES),
-    ]
-    for where, base, words in lists:
-
-        def pointer(index: int, base: str = base) -> str:
-            return f"{base}/{index}" if base else command_pointer(plan.job.command, index)
-
-        yield from already_set(
-            OWNED_FLAGS.find(words), code="MDC728", launcher=NAME, where=where, pointer=pointer
-        )
-        if not base:
-            yield from already_set(
-                SIZE_FLAGS.find(words), code="MDC728", launcher=NAME, where=where, pointer=pointer
-            )
-            continue
-        uses: list[FlagUse] = SIZE_FLAGS.find(words)
-        for use in uses:
-            if use.error is not None or (isinstance(use.value, int) and use.value < 1):
+    """The job's command passes no flag mdc writes (MDC728); the arguments pass none with
+    another value than mdc writes for a server they reach (their keyed flags were read into
+    the spec, a disagreeing one refused there)."""
+    yield from already_set(
+        OWNED_FLAGS.find(plan.job.argv),
+        code="MDC728",
+        launcher=NAME,
+        where="the job's command",
+        pointer=lambda i: command_pointer(plan.job.command, i),
+    )
+    for place in READING.places:
+        own_table = place.table.rsplit("/", 1)[1]
+        roles = (own_table,) if own_table in ROLES else ROLES
+        words = options.args if own_table == NAME else getattr(options, own_table).args
+        seen: set[int] = set()
+        for role in roles:
+            mine = mdc_words(options, server(plan, options, role))
+            emitted = plain_words(mine)
+            for use, own in disagreeing(OWNED_FLAGS, words, mine)[1]:
+                if use.index in seen:
+                    continue
+                seen.add(use.index)
+                message, hint = disagreement_text("vLLM", place.where, words, use, emitted, own)
                 yield Finding(
-                    code="MDC729",
-                    pointer=pointer(use.index),
-                    message=f"{where}: {use.error or f'{use.spelled} must be at least 1'}",
-                    hint=f"give {use.spelled} a whole number of at least 1, or set "
-                    f"{use.flag.source} in [{NAME}]",
+                    code="MDC728",
+                    pointer=f"{place.pointer}/{use.index}",
+                    message=message,
+                    hint=hint,
                 )
 
 
@@ -782,10 +809,7 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
             hint='add [vllm_disagg] model = "meta-llama/Llama-3.3-70B-Instruct"',
         )
         return
-    arg_findings = list(_arg_findings(plan, options))
-    yield from arg_findings
-    if any(f.code == "MDC729" for f in arg_findings):
-        return  # the sizes below would be read from values vLLM refuses
+    yield from _arg_findings(plan, options)
     for role in ROLES:
         shape = server(plan, options, role)
         shape_findings = list(_shape_findings(plan, options, shape))
@@ -863,5 +887,6 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             serving=serving,
             schema=read_schema("mdc_schemas", f"plugins/{NAME}.v1.schema.json"),
             options_type=VllmDisaggOptions,
+            arguments=READING,
         )
     ]
