@@ -821,6 +821,11 @@ CODES: dict[str, Code] = {
 
 def section(code: str) -> str:
     """The catalogue section a code belongs to."""
+    # kuberay
+    "MDC750": Code(
+        "a job on the kuberay backend that is not one vLLM server over Ray on two nodes or more",
+        "run vLLM over Ray across the nodes, or use the kubernetes or leaderworkerset backend",
+    ),
     number = int(code[3:])
     for first, last, title in RANGES:
         if first <= number <= last:

@@ -35,6 +35,7 @@ BACKEND_TABLES: dict[str, Callable[[int], dict[str, Any] | None]] = {
     "pytorchjob": lambda nnodes: {"namespace": "ml"},
     "trainjob": lambda nnodes: {"namespace": "ml"},
     "jobset": lambda nnodes: {"namespace": "ml"},
+    "kuberay": lambda nnodes: {"namespace": "serving"},
 }
 
 PLUGINS = load_plugins(autoload=False)

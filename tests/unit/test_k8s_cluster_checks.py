@@ -139,3 +139,24 @@ def test_jobset_is_not_elastic(compiler: Compiler, tmp_path: Path) -> None:
     data = spec("jobset")
     data["distributed"]["min_nnodes"] = 1
     assert ("MDC740", "/distributed/min_nnodes") in codes(compiler, tmp_path, data)
+
+
+def test_kuberay_runs_vllm_over_ray_on_two_nodes_or_more(
+    compiler: Compiler, tmp_path: Path
+) -> None:
+    data: dict[str, Any] = {
+        "job": {"name": "srv", "image": "img:1", "command": ["vllm", "serve"]},
+        "distributed": {
+            "launcher": "vllm",
+            "backend": "kuberay",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator": "nvidia",
+        },
+        "parallelism": {"tp": 8},
+        "vllm": {"model": "/models/m"},
+    }
+    assert ("MDC750", "/distributed/nnodes") in codes(compiler, tmp_path, data)
+    data["distributed"]["nnodes"] = 2
+    data["parallelism"] = {"tp": 8, "pp": 2}
+    assert [c for c, _ in codes(compiler, tmp_path, data) if c == "MDC750"] == []

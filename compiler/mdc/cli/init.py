@@ -246,6 +246,10 @@ namespace = "default"               # EDIT
 [jobset]
 namespace = "default"               # EDIT
 """,
+    "kuberay": """\
+[kuberay]
+namespace = "default"               # EDIT
+""",
 }
 
 #: backends whose nodes run the host's own software (an image there is only a warning)

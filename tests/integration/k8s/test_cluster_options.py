@@ -24,6 +24,7 @@ EXAMPLES = (
     "k8s-volcano-gang-4x8.toml",
     "jobset-roce-4x8.toml",
     "k8s-shared-gpu-hami.toml",
+    "kuberay-vllm-ray-2x8.yaml",
 )
 #: Volcano's scheduling.volcano.sh/v1beta1 PodGroupSpec fields (no PodGroup CRD is in the
 #: shared folder, so its documents are checked against the field list instead)
@@ -121,14 +122,17 @@ SUSPEND = {
     "pytorchjob": ("PyTorchJob", ("spec", "runPolicy", "suspend")),
     "trainjob": ("TrainJob", ("spec", "suspend")),
     "leaderworkerset": ("LeaderWorkerSet", None),
+    "kuberay": ("RayCluster", ("spec", "suspend")),
 }
+#: the backends that run a vLLM server over Ray rather than a torchrun job
+SERVING = ("leaderworkerset", "kuberay")
 
 
 @pytest.mark.parametrize("backend", sorted(SUSPEND))
 def test_every_backend_takes_the_network_and_queue_keys(
     compiler: Compiler, tmp_path: Path, backend: str, shared_crds: Path
 ) -> None:
-    launcher = "vllm" if backend == "leaderworkerset" else "torchrun"
+    launcher = "vllm" if backend in SERVING else "torchrun"
     docs = documents(compiler, spec_for(tmp_path, backend, launcher, NETWORK))
     assert checked(docs) == []
     kind, suspend = SUSPEND[backend]
@@ -155,11 +159,13 @@ def test_every_backend_takes_the_network_and_queue_keys(
     assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
 
 
-@pytest.mark.parametrize("backend", ["kubernetes", "jobset", "pytorchjob", "leaderworkerset"])
+@pytest.mark.parametrize(
+    "backend", ["kubernetes", "jobset", "pytorchjob", "leaderworkerset", "kuberay"]
+)
 def test_host_network_and_volcano_gang(
     compiler: Compiler, tmp_path: Path, backend: str, shared_crds: Path
 ) -> None:
-    launcher = "vllm" if backend == "leaderworkerset" else "torchrun"
+    launcher = "vllm" if backend in SERVING else "torchrun"
     table = {"host_network": True, "gang": "volcano", "gang_queue": "q1"}
     docs = documents(compiler, spec_for(tmp_path, backend, launcher, table))
     assert checked(docs) == []
@@ -180,6 +186,10 @@ def test_host_network_and_volcano_gang(
     if backend == "pytorchjob":
         policy = top["spec"]["runPolicy"]["schedulingPolicy"]
         assert policy == {"minAvailable": 2, "queue": "q1"}
+    if backend == "kuberay":  # KubeRay's batch-scheduler labels
+        labels = top["metadata"]["labels"]
+        assert labels["ray.io/scheduler-name"] == "volcano"
+        assert labels["volcano.sh/queue-name"] == "q1"
 
 
 @pytest.mark.parametrize(
@@ -220,3 +230,24 @@ def test_gpu_sharing_resource_names(
     resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"] == expected
     assert resources["requests"] == {**expected, "memory": "64Gi"}
+
+
+def test_kuberay_head_and_workers(compiler: Compiler, tmp_path: Path, shared_crds: Path) -> None:
+    data = spec_for(tmp_path, "kuberay", "vllm", {"namespace": "serving"})
+    spec = json.loads(data.read_text(encoding="utf-8"))
+    spec["distributed"]["nnodes"] = 4
+    spec["parallelism"] = {"tp": 8, "pp": 4}
+    data.write_text(json.dumps(spec), encoding="utf-8")
+    docs = documents(compiler, data)
+    assert checked(docs) == []
+    cluster = next(d for d in docs if d["kind"] == "RayCluster")
+    assert cluster["metadata"]["annotations"] == {"ray.io/overwrite-container-cmd": "true"}
+    port = cluster["spec"]["headGroupSpec"]["rayStartParams"]["port"]
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert {"name": "gcs-server", "containerPort": int(port), "protocol": "TCP"} in head["ports"]
+    assert {"name": "vllm", "containerPort": 8080, "protocol": "TCP"} in head["ports"]
+    (group,) = cluster["spec"]["workerGroupSpecs"]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+    env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+    assert env["MASTER_ADDR"] == "net-head-svc.serving.svc.cluster.local"
+    assert env["MASTER_PORT"] == port
