@@ -816,16 +816,16 @@ CODES: dict[str, Code] = {
     ),
     # jobset
     "MDC740": Code("an elastic job on a JobSet", "remove min_nnodes, or use pytorchjob"),
-}
-
-
-def section(code: str) -> str:
-    """The catalogue section a code belongs to."""
     # kuberay
     "MDC750": Code(
         "a job on the kuberay backend that is not one vLLM server over Ray on two nodes or more",
         "run vLLM over Ray across the nodes, or use the kubernetes or leaderworkerset backend",
     ),
+}
+
+
+def section(code: str) -> str:
+    """The catalogue section a code belongs to."""
     number = int(code[3:])
     for first, last, title in RANGES:
         if first <= number <= last:
