@@ -286,9 +286,10 @@ class LauncherSpec:
     #: options -> how this launcher trains (optimizer sharding, sequence parallel,
     #: recompute), for the memory estimate; None: plain data parallel, nothing sharded
     training: Callable[[Any], TrainingSetup] | None = None
-    #: options -> the same options with the keys its pass-through arguments set read in,
-    #: as if written (Megatron flags in ``extra_args``); mdc tune holds those keys as it
-    #: holds the table's own. None: the arguments set no key
+    #: options -> the same options with what its pass-through arguments set read in, where
+    #: a flag is no key's own (Megatron-LM's deprecated ``--moe-layer-recompute``; a flag
+    #: that is a key's is read by ``arguments``); mdc tune holds those keys as it holds the
+    #: table's own. None: the arguments set no key
     read_args: Callable[[Any], Any] | None = None
     #: the framework's flags that stand for spec keys, and where the user may pass them:
     #: mdc reads each into its key before checking the spec (as if the key were written),

@@ -1,11 +1,9 @@
-"""The [megatron] table, with the flags of extra_args that stand for its keys read in."""
+"""The [megatron] table."""
 
 from __future__ import annotations
 
 import attrs
 
-from mdc.api import FlagUse, drop_flags
-from mdc_builtin.launchers.megatron_flags import FLAGS
 from mdc_builtin.launchers.megatron_optimizer import is_muon
 from mdc_builtin.launchers.megatron_words import passes
 
@@ -66,22 +64,10 @@ def resolved_options(options: MegatronOptions | None) -> MegatronOptions:
     return resolve(options or MegatronOptions())
 
 
-def _read_uses(opts: MegatronOptions) -> list[FlagUse]:
-    """The flags of ``extra_args`` that stand for one of the table's keys (values valid)."""
-    return [use for use in FLAGS.find(opts.extra_args) if use.flag.key and use.error is None]
-
-
 def resolve(opts: MegatronOptions) -> MegatronOptions:
-    """The options with each readable flag of ``extra_args`` read in as if its key had
-    been written (a key the table sets keeps its value: the flag is then MDC323).
-    ``extra_args`` stays as written; :func:`user_extra_args` is what mdc emits of it."""
-    read = {
-        use.flag.key: use.value
-        for use in _read_uses(opts)
-        if use.flag.key and getattr(opts, use.flag.key) is None
-    }
-    resolved = attrs.evolve(opts, **read) if read else opts
-    return _moe_layer_recompute(resolved)
+    """The options as Megatron-LM reads them. (The flags of extra_args and the command that
+    stand for a key were read into the spec before it was checked: mdc.flags.)"""
+    return _moe_layer_recompute(opts)
 
 
 #: Megatron-Core's default selective recompute modules (TransformerConfig.recompute_modules)
@@ -105,14 +91,13 @@ def _moe_layer_recompute(opts: MegatronOptions) -> MegatronOptions:
 
 
 def user_extra_args(opts: MegatronOptions) -> list[str]:
-    """``extra_args`` without the flags read into keys: mdc emits those in its place, once."""
-    return drop_flags(opts.extra_args, _read_uses(opts))
+    """``extra_args`` as mdc emits them (the flags read into keys are gone from them)."""
+    return list(opts.extra_args)
 
 
 def pointer_of(opts: MegatronOptions, key: str) -> str:
-    """The pointer of an option: the extra_args word it was read from, or its key."""
-    uses = [use for use in _read_uses(opts) if use.flag.key == key]
-    return f"/megatron/extra_args/{uses[-1].index}" if uses else f"/megatron/{key}"
+    """The pointer of an option (a key read from a flag is located at the flag's word)."""
+    return f"/megatron/{key}"
 
 
 def distributed_optimizer(opts: MegatronOptions) -> bool:
