@@ -182,3 +182,63 @@ def test_virtual_stage_depths_wait_under_one_prediction(
     assert tuner.run(top=5).rows
     # 833 of the 1,236 classes when this was written (every one before)
     assert len({id(group) for group in predicted}) < len(classes) * 3 / 4
+
+
+def _recompute_modules(tuner: Tuner, sizes: tuple[int, int, int]) -> set[tuple[str, ...] | None]:
+    """The selective recompute module sets the search tries on one layout's sizes."""
+    return {
+        c.layout.recompute_modules
+        for c in tuner.candidates()
+        if c.layout.recompute == "selective" and (c.layout.tp, c.layout.pp, c.layout.cp) == sizes
+    }
+
+
+def test_selective_recompute_modules_are_searched_where_the_model_has_them(
+    tmp_path: Path,
+) -> None:
+    # Megatron-Core's default (the attention core), and one more module each that names a
+    # part the model has: dense MLPs for Llama; the MoE layer for Qwen3 (no shared experts,
+    # no multi-latent attention: those sets are left out)
+    dense = _recompute_modules(_tuner("dense-uneven", tmp_path), (4, 2, 1))
+    assert dense == {None, ("core_attn", "mlp")}
+    moe = _recompute_modules(_tuner("moe-uneven", tmp_path), (2, 2, 1))
+    assert moe == {None, ("core_attn", "moe")}
+    # held modules are not searched: every selective candidate keeps the written ones
+    SPECS["dense-held-modules"] = _spec(
+        distributed=SMALL, batch={"global_batch_size": 64},
+        megatron={"recompute_modules": ["core_attn"]},
+    )  # fmt: skip
+    try:
+        held = _recompute_modules(_tuner("dense-held-modules", tmp_path), (4, 2, 1))
+    finally:
+        del SPECS["dense-held-modules"]
+    assert held == {("core_attn",)}
+
+
+def test_a_recompute_module_trades_time_for_memory_and_compiles(tmp_path: Path) -> None:
+    tuner = _tuner("dense-uneven", tmp_path)
+    pairs: dict[tuple[Any, ...], dict[tuple[str, ...] | None, Candidate]] = {}
+    for c in tuner.candidates():
+        L = c.layout
+        if L.recompute == "selective":
+            key = (L.tp, L.pp, L.cp, L.vpp, L.zero_stage, c.batch.micro_batch_size, L.stage_layers)
+            pairs.setdefault(key, {})[L.recompute_modules] = tuner._with_memory(c)
+    # the first layout whose MLP-recomputing setting fits the H100
+    plain, mlp = next(
+        (found[None], found[("core_attn", "mlp")])
+        for found in pairs.values()
+        if (found[("core_attn", "mlp")].memory_bytes or 0) <= tuner.capacity
+    )
+    # the MLP's GEMMs run again in the backward pass; its activations are not kept
+    assert mlp.prediction.step_time_s > plain.prediction.step_time_s
+    assert (mlp.memory_bytes or 0) < (plain.memory_bytes or 0)
+    assert "rc:sel(core_attn+mlp)" in mlp.label()
+    data = tuner.spec_data(mlp)
+    assert list(data["megatron"]["recompute_modules"]) == ["core_attn", "mlp"]
+    path = tmp_path / "modules.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    compiled = tuner.compiler.compile_document(load_file(str(path)), tree=False)
+    assert list(compiled.plan.training.recompute_modules or ()) == ["core_attn", "mlp"]
+    # and as the search compiles it, from the data itself
+    doc = tuner.doc.__class__(path=tuner.doc.path, data=data, values={}, keys={})
+    assert tuner.compiler.compile_document(doc, tree=False).plan is not None

@@ -97,6 +97,7 @@ class Candidate:
             L.vpp,
             self.batch.micro_batch_size,
             ("none", "selective", "full").index(L.recompute),
+            L.recompute_modules or (),
             L.recompute_layers or 0,
             not L.sequence_parallel,
             not L.tp_comm_overlap,
@@ -126,6 +127,8 @@ class Candidate:
             recompute = f"full{L.recompute_layers}"
         elif L.recompute_per_op:
             recompute = "selective-op"
+        elif L.recompute == "selective" and L.recompute_modules:
+            recompute = "sel(" + "+".join(L.recompute_modules) + ")"
         parts.append(f"rc:{recompute}")
         if L.tp > 1:
             parts.append("sp" if L.sequence_parallel else "no-sp")
@@ -490,8 +493,27 @@ class Tuner:
                 for switches, training in variants
                 if (not training.tp_comm_overlap or (tp > 1 and training.sequence_parallel))
                 and not (training.ep_comm_overlap and training.recompute == "full")
+                and self._modules_apply(training, switches)
             ]
         return self._variant_cache[key]
+
+    def _modules_apply(self, training: TrainingSetup, switches: Mapping[str, Any]) -> bool:
+        """Whether the selective recompute modules a setting searches (not those the spec
+        holds) each name a part the model has: dense MLP layers (mlp), experts (moe,
+        shared_experts: shared ones), multi-latent attention (mla_up_proj)."""
+        modules = training.recompute_modules
+        if not modules or not any("recompute_modules" in k for k in switches):
+            return True
+        shape = self.shape
+        parts = shape.pattern.parts(0, shape.layers)
+        has = {
+            "core_attn": True,
+            "mlp": parts.mlp > 0,
+            "moe": parts.moe > 0,
+            "shared_experts": parts.moe > 0 and shape.shared_ffn > 0,
+            "mla_up_proj": shape.latent is not None,
+        }
+        return all(has.get(module, True) for module in modules)
 
     def _splits(self, pp: int) -> list[tuple[dict[str, Any], int, int, int]]:
         """How the layers may go on ``pp`` stages: (the launcher's keys that place them, a
@@ -619,6 +641,8 @@ class Tuner:
             return None
         values: dict[str, Any] = {}
         for key, value in switches.items():
+            if isinstance(value, list):  # a spec's array, as compile structures it
+                value = tuple(value)
             name, _, path = key.partition(".")
             if path:  # a key of a nested table: merged into the option's mapping
                 merged = values.get(name, getattr(base, name))

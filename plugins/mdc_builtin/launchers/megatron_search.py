@@ -21,6 +21,18 @@ SPLIT_KEYS = (
     "pipeline_model_parallel_layout",
 )
 
+#: selective recompute's module sets tried beside Megatron-Core's default (core_attn): each
+#: reruns one more kind of GEMM for its activations; mdc tune keeps those that apply to the
+#: model (mlp: dense MLP layers; moe, shared_experts: experts; mla_up_proj: multi-latent
+#: attention). moe_act and layernorm rerun only elementwise kernels, which the model does
+#: not charge: offered, they would look free, so they are held as written, never searched
+RECOMPUTE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
+    ("core_attn", "mla_up_proj"),
+    ("core_attn", "shared_experts"),
+    ("core_attn", "mlp"),
+    ("core_attn", "moe"),
+)
+
 OPTIMIZERS: tuple[dict[str, Any], ...] = (
     {"use_distributed_optimizer": True},
     {
@@ -33,8 +45,9 @@ OPTIMIZERS: tuple[dict[str, Any], ...] = (
 
 def switches(tp: int, chunk_layers: int, held: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """The [megatron] training switches to try: sequence parallel, the optimizer's sharding
-    (distributed optimizer or Megatron-FSDP) and recompute (none, selective, full over every
-    layer, or full over the first N layers of each model chunk), each with the overlaps
+    (distributed optimizer or Megatron-FSDP) and recompute (none, selective with Megatron-
+    Core's default modules or one more module (:data:`RECOMPUTE_MODULE_SETS`), full over
+    every layer, or full over the first N layers of each model chunk), each with the overlaps
     Megatron-LM offers for free (off by default there).
 
     Dominated settings are not generated: without sequence parallel a layout moves the same
@@ -58,6 +71,11 @@ def switches(tp: int, chunk_layers: int, held: Mapping[str, Any]) -> Iterator[di
     recomputes: list[dict[str, Any]] = [
         {},
         {"recompute_granularity": "selective"},
+        *(
+            {"recompute_granularity": "selective", "recompute_modules": list(modules)}
+            for modules in RECOMPUTE_MODULE_SETS
+            if held.get("recompute_modules") is None
+        ),
         {**full, "recompute_num_layers": 1},
     ]
     for part in sorted({chunk_layers // 4, chunk_layers // 2, 3 * chunk_layers // 4}):
