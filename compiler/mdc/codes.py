@@ -730,6 +730,11 @@ CODES: dict[str, Code] = {
     ),
     "MDC612": Code("mdc tune needs a complete [model] table", "add the [model] keys it lists"),
     "MDC613": Code("mdc tune needs [batch] global_batch_size", "set global_batch_size"),
+    # mdc tune: serving
+    "MDC620": Code(
+        "warning: [workload] is set for a training launcher, which does not read it",
+        "remove [workload], or use a serving launcher",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(

@@ -95,7 +95,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "model": _plain(plan.model),
         "pipeline_stages": plan.stages.as_json() if plan.stages else None,
         "memory": memory_json(plan.memory),
-        **_predicted_json(plan),
+        **_predicted_json(plan, launch),
         "options": _plain(dict(plan.options)),
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
@@ -105,10 +105,17 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
     }
 
 
-def _predicted_json(plan: Plan) -> dict[str, object]:
+def _predicted_json(plan: Plan, launch: Launch) -> dict[str, object]:
     """plan.json's "predicted" block (only for a plan whose accelerator model is known)."""
     if plan.hardware is None:
         return {}
+    if launch.servers:  # a serving job: TTFT, TPOT and throughput under its [workload]
+        from mdc.tune.serving_perf import predict_plan as predict_serving
+
+        served = predict_serving(plan, launch)
+        if served is None:
+            return {}
+        return {"predicted": {"accelerator_model": plan.hardware.id, **served.to_json()}}
     from mdc.tune.perf import predict_plan
 
     prediction = predict_plan(plan)
@@ -117,10 +124,14 @@ def _predicted_json(plan: Plan) -> dict[str, object]:
     return {"predicted": {"accelerator_model": plan.hardware.id, **prediction.to_json()}}
 
 
-def predicted_lines(plan: Plan) -> list[str]:
+def predicted_lines(plan: Plan, launch: Launch) -> list[str]:
     """The throughput mdc tune predicts for this layout, for ``mdc explain``."""
     if plan.hardware is None:
         return []
+    if launch.servers:
+        from mdc.tune.serving_report import predicted_lines as serving_lines
+
+        return serving_lines(plan, launch)
     from mdc.tune.perf import predict_plan
 
     p = predict_plan(plan)
@@ -378,7 +389,7 @@ def explain_text(plan: Plan, launch: Launch) -> str:
         from mdc.plan import serving_memory
 
         lines += serving_memory.lines(plan.serving_memory)
-    lines += predicted_lines(plan)
+    lines += predicted_lines(plan, launch)
     if launch.worker_env:
         lines.append("every worker sees:")
         lines += [f"  {name} = {meaning}" for name, meaning in launch.worker_env.items()]

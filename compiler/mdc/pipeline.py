@@ -270,6 +270,9 @@ class Compiler:
         if plan is not None and launcher.workload == "serving":
             plan, serving_found = _serving_memory(plan, launcher, spec, launcher_reg)
             findings += [self._diag(doc, f) for f in serving_found]
+        if plan is not None and spec.workload is not None:
+            plan = attrs.evolve(plan, workload=spec.workload)
+            findings += [self._diag(doc, f) for f in _workload_findings(launcher)]
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -608,6 +611,22 @@ def _whole_servers(plan: Plan, launcher: LauncherSpec, reg: Registered) -> Plan:
     prefill, decode = auto_split(split.prefill + split.decode, units)
     whole = attrs.evolve(split, prefill=prefill, decode=decode)
     return attrs.evolve(plan, disagg=whole, roles=disagg_roles(whole, plan.nnodes))
+
+
+def _workload_findings(launcher: LauncherSpec) -> list[Finding]:
+    """[workload] describes serving traffic: a training launcher does not read it."""
+    if launcher.workload == "serving":
+        return []
+    return [
+        Finding(
+            code="MDC620",
+            pointer="/workload",
+            severity=Severity.WARNING,
+            message=f"[workload] describes serving traffic; the training launcher "
+            f"{launcher.name!r} does not read it",
+            hint="remove [workload], or use a serving launcher (vllm, sglang, trtllm, ...)",
+        )
+    ]
 
 
 def _serving_memory(

@@ -134,6 +134,26 @@ class ModelTable:
     moe_n_hash_layers: int | None = None
 
 
+@attrs.frozen(kw_only=True)
+class SloTable:
+    """Latency targets of a serving workload, in milliseconds."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class WorkloadTable:
+    """A serving job's traffic: mean prompt and output lengths, and either the requests in
+    flight (closed loop) or their arrival rate (open loop)."""
+
+    input_tokens: int
+    output_tokens: int
+    concurrency: int | None = None
+    request_rate: float | None = None
+    slo: SloTable | None = None
+
+
 #: Core top-level tables and their classes; every other table belongs to a plugin.
 CORE_TABLES: Mapping[str, type] = {
     "job": JobTable,
@@ -141,6 +161,7 @@ CORE_TABLES: Mapping[str, type] = {
     "parallelism": ParallelismTable,
     "batch": BatchTable,
     "model": ModelTable,
+    "workload": WorkloadTable,
 }
 
 
@@ -151,5 +172,6 @@ class JobSpec:
     parallelism: ParallelismTable = ParallelismTable()
     batch: BatchTable | None = None
     model: ModelTable | None = None
+    workload: WorkloadTable | None = None
     #: plugin table name -> the plugin's structured options (its ``options_type``)
     plugin_tables: Mapping[str, object] = attrs.field(factory=dict)

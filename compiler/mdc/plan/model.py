@@ -11,7 +11,7 @@ from mdc.errors import Diagnostic
 from mdc.hardware import Accelerator
 from mdc.plan.ranks import GroupSet, RankGrid
 from mdc.plan.stages import PipelineSplit, StageLayers
-from mdc.spec import JobTable, ModelTable
+from mdc.spec import JobTable, ModelTable, WorkloadTable
 
 if TYPE_CHECKING:
     from mdc.plan.memory import MemoryEstimate
@@ -283,6 +283,8 @@ class Plan:
     warnings: tuple[Diagnostic, ...] = ()
     #: the catalogue entry [distributed] accelerator_model names (None: not named)
     hardware: Accelerator | None = None
+    #: a serving job's traffic ([workload]; None when not given)
+    workload: WorkloadTable | None = None
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,535 @@
+"""The serving model: TTFT, TPOT and output throughput of a deployment under a workload.
+
+docs/tune-serving.md documents every term with its formula and source. In short, per
+server of ``gpus`` GPUs (``pp`` stages of ``gpus / pp``; ``groups`` attention groups of
+``attn_tp`` GPUs each: vLLM's data-parallel engines, SGLang's DP attention):
+
+* a **decode step** at ``B`` running sequences is a roofline of HBM traffic (the stage's
+  dense weights once, the experts the step's tokens touch, each sequence's KV cache at the
+  mean context) against its GEMM and attention FLOPs, plus the tensor-parallel all-reduce
+  and the expert all-to-all of every layer over the scale-up (or scale-out) network, plus
+  the launcher's fitted per-step overhead (scheduler, CUDA graph launch);
+* a **prefill** of ``N`` prompt tokens is compute: the forward FLOPs per token (GEMMs and
+  the causal attention over the prompt, :func:`mdc.tune.flops.token_flops`) at the fitted
+  prefill efficiency, at least one read of the weights, plus its communication;
+* an **aggregated** server interleaves the two: each step decodes ``B`` tokens and
+  prefills the ``B x input / output`` prompt tokens that keep the batch full (chunked
+  prefill), so prefill slows every token; TTFT is the prompt's chunks at that step time;
+* a **disaggregated** deployment prefills on its prefill servers (queueing as M/D/1 at
+  their load), sends the prompt's KV cache over the network, and decodes on its decode
+  servers at the batch Little's law gives;
+* the running batch is the smaller of the requests in flight, the KV cache's capacity
+  (:mod:`mdc.plan.serving_memory`) and the engine's batch limit; requests past it queue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mdc.hardware import Accelerator
+from mdc.plan.memory import GIB, Shape, _layers
+from mdc.plan.serving_memory import DTYPE_BYTES, ServingSetup, _kv_per_layer, estimate
+from mdc.spec import WorkloadTable
+from mdc.tune.flops import token_flops
+
+if TYPE_CHECKING:
+    from mdc.api import Launch
+    from mdc.plan.model import Plan
+
+#: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
+PREFILL_ROLES = frozenset({"prefill", "context"})
+DECODE_ROLES = frozenset({"decode", "generation"})
+
+
+@attrs.frozen(kw_only=True)
+class Constants:
+    """The fitted efficiencies and overheads (bench/serving_fit.py fits them)."""
+
+    #: share of the HBM bandwidth a decode step's reads reach
+    hbm_efficiency: float = 0.7
+    #: share of the dense tensor peak a prefill's GEMMs and attention reach
+    prefill_efficiency: float = 0.6
+    #: share of the peak a decode step's (small) GEMMs reach
+    decode_efficiency: float = 0.3
+    #: latency of one all-reduce and of one all-to-all, seconds
+    allreduce_latency_s: float = 8e-6
+    alltoall_latency_s: float = 25e-6
+    #: share of a link's bandwidth a collective reaches
+    link_efficiency: float = 0.7
+    #: per-step scheduler and launch overhead of each launcher's engine, seconds
+    step_overhead_s: Mapping[str, float] = attrs.field(
+        factory=lambda: {
+            "vllm": 2.0e-3,
+            "vllm_disagg": 2.0e-3,
+            "sglang": 1.6e-3,
+            "sglang_disagg": 1.6e-3,
+            "trtllm": 1.0e-3,
+        }
+    )
+    #: the running batch an engine allows unless told (vLLM --max-num-seqs, SGLang's
+    #: --max-running-requests sized from memory, TensorRT-LLM max_batch_size)
+    max_batch: Mapping[str, int] = attrs.field(
+        factory=lambda: {"vllm": 1024, "vllm_disagg": 1024, "trtllm": 2048}
+    )
+    #: prompt tokens one step takes (vLLM --max-num-batched-tokens, SGLang
+    #: --chunked-prefill-size, TensorRT-LLM max_num_tokens)
+    chunk_tokens: int = 8192
+
+    def overhead(self, launcher: str) -> float:
+        return self.step_overhead_s.get(launcher, 1.6e-3)
+
+
+DEFAULT = Constants()
+
+
+@attrs.frozen(kw_only=True)
+class Role:
+    """One kind of server of a deployment: its count and each server's sizes."""
+
+    #: "server" (aggregated), "prefill" or "decode"
+    name: str
+    servers: int
+    gpus: int
+    tp: int = 1
+    pp: int = 1
+    #: attention groups inside the server (vLLM data-parallel engines, SGLang DP attention)
+    dp: int = 1
+    ep: int = 1
+    #: the engine's running-batch limit (None: the launcher's default)
+    max_batch: int | None = None
+
+    @property
+    def attn_tp(self) -> int:
+        return max(1, self.gpus // (self.pp * self.dp))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "ep": self.ep,
+            "servers": self.servers,
+            "gpus_per_server": self.gpus,
+            "max_batch": self.max_batch,
+        }
+
+
+@attrs.frozen(kw_only=True)
+class Deployment:
+    launcher: str
+    roles: tuple[Role, ...]
+    #: KV cache dtype, the engine's memory share and what it is a share of
+    kv_dtype: str = "auto"
+    share: float = 0.9
+    share_of: str = "capacity"
+    capacity_gib: float
+    #: GPUs on one node (a server wider than that, or than the scale-up domain, talks over
+    #: the scale-out network)
+    nproc_per_node: int = 8
+
+    @property
+    def mode(self) -> str:
+        return "aggregated" if len(self.roles) == 1 else "disaggregated"
+
+    @property
+    def gpus(self) -> int:
+        return sum(r.servers * r.gpus for r in self.roles)
+
+
+@attrs.frozen(kw_only=True)
+class ServingPrediction:
+    ttft_ms: float
+    tpot_ms: float
+    output_tokens_per_s_per_gpu: float
+    output_tokens_per_s_per_user: float
+    requests_per_s: float
+    #: what limits it: "compute", "HBM bandwidth", "KV capacity", "network", "queueing"
+    binding: str
+    #: the running batch of each role's server
+    batch: Mapping[str, int]
+    #: each role's memory per GPU (weights + the cache the engine takes), GiB
+    memory_gib: Mapping[str, float]
+    #: False where the prefill servers (or the aggregated servers) cannot keep up
+    overloaded: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ttft_ms": _round(self.ttft_ms),
+            "tpot_ms": _round(self.tpot_ms),
+            "output_tokens_per_s_per_gpu": _round(self.output_tokens_per_s_per_gpu),
+            "output_tokens_per_s_per_user": _round(self.output_tokens_per_s_per_user),
+            "requests_per_s": _round(self.requests_per_s, 4),
+            "binding": self.binding,
+            "batch": dict(self.batch),
+            "overloaded": self.overloaded,
+        }
+
+
+def _round(value: float, places: int = 2) -> float | None:
+    return None if math.isinf(value) or math.isnan(value) else round(value, places)
+
+
+@attrs.frozen(kw_only=True)
+class _Server:
+    """One role's server, with what its steps cost."""
+
+    role: Role
+    shape: Shape
+    hw: Accelerator
+    dep: Deployment
+    c: Constants
+    #: per GPU: dense weight bytes, expert weight bytes, KV bytes per token
+    dense_bytes: float
+    expert_bytes: float
+    kv_per_token: float
+    #: sequences of input + output tokens the server's cache holds
+    capacity_seqs: int
+    memory_gib: float
+    #: forward FLOPs of one decoding token (at the mean context) and of one prompt token
+    decode_flops: float
+    prefill_flops: float
+
+    @property
+    def max_batch(self) -> int:
+        limit = self.role.max_batch or self.c.max_batch.get(self.dep.launcher, 1024)
+        return max(1, min(limit * self.role.dp, self.capacity_seqs))
+
+    def bandwidth(self) -> float:
+        """Bytes/s of one GPU's link for this server's collectives."""
+        gpus = self.role.gpus
+        inside = gpus <= self.dep.nproc_per_node or gpus <= self.hw.scale_up_domain
+        gb_s = self.hw.scale_up_gb_s if inside else self.hw.scale_out_gb_s
+        return gb_s * 1e9 * self.c.link_efficiency
+
+    def comm(self, tokens_per_group: float) -> float:
+        """Seconds of one pass's all-reduces and all-to-alls for these tokens per group."""
+        r, s = self.role, self.shape
+        stage = self.shape.pattern.parts(0, -(-s.layers // r.pp))
+        act = 2 * s.hidden * tokens_per_group
+        t = 0.0
+        if r.attn_tp > 1:
+            n = r.attn_tp
+            per = self.c.allreduce_latency_s + 2 * (n - 1) / n * act / self.bandwidth()
+            t += 2 * stage.attention * per
+        if r.ep > 1 and stage.moe:
+            sent = act / r.attn_tp * s.topk * (r.ep - 1) / r.ep
+            t += 2 * stage.moe * (self.c.alltoall_latency_s + sent / self.bandwidth())
+        return t
+
+    def decode_parts(self, batch: float, context: float) -> tuple[float, float, float]:
+        """(HBM, compute, communication) seconds of one decode step at ``batch``."""
+        r, s = self.role, self.shape
+        per_group = batch / r.dp
+        routed = batch if r.ep > 1 else per_group
+        touched = 1.0 if not s.experts else 1 - (1 - s.topk / s.experts) ** max(routed, 1)
+        bytes_read = self.dense_bytes + self.expert_bytes * touched
+        bytes_read += per_group / max(1, r.pp) * context * self.kv_per_token
+        hbm = bytes_read / (self.hw.memory_bandwidth_gb_s * 1e9 * self.c.hbm_efficiency)
+        # each GPU computes its group's tokens: per_group / attn_tp of them (per stage)
+        flops = self.decode_flops * per_group / (r.attn_tp * r.pp)
+        compute = flops / (self._peak() * self.c.decode_efficiency)
+        return hbm, compute, self.comm(per_group)
+
+    def decode_step(self, batch: float, context: float) -> float:
+        hbm, compute, comm = self.decode_parts(batch, context)
+        return max(hbm, compute) + comm + self.c.overhead(self.dep.launcher)
+
+    def prefill_compute(self, tokens: float, prompt: int) -> float:
+        """Seconds of the FLOPs (and communication) of ``tokens`` prompt tokens."""
+        flops = self.prefill_flops * tokens / self.role.gpus
+        compute = flops / (self._peak() * self.c.prefill_efficiency)
+        return compute + self.comm(tokens / self.role.dp)
+
+    def prefill(self, tokens: float, prompt: int) -> float:
+        """Seconds one server takes to prefill ``tokens`` prompt tokens alone."""
+        weights = (self.dense_bytes + self.expert_bytes) * self.role.pp
+        read = weights / (self.hw.memory_bandwidth_gb_s * 1e9 * self.c.hbm_efficiency)
+        steps = max(1, math.ceil(tokens / self.c.chunk_tokens))
+        overhead = steps * self.c.overhead(self.dep.launcher)
+        return max(self.prefill_compute(tokens, prompt), steps * read) + overhead
+
+    def _peak(self) -> float:
+        dtype = "fp8" if self.shape.dtype == "fp8" else "bf16"
+        return self.hw.peak_tflops(dtype) * 1e12
+
+
+def server_of(
+    role: Role, shape: Shape, hw: Accelerator, dep: Deployment, w: WorkloadTable, c: Constants
+) -> _Server:
+    tp, pp = role.attn_tp, role.pp
+    ep = role.ep
+    etp = max(1, role.gpus // (pp * ep)) if ep > 1 else tp
+    setup = ServingSetup(
+        engine=dep.launcher,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        etp=etp,
+        share=dep.share,
+        kv_dtype=dep.kv_dtype,
+        share_of="free" if dep.share_of == "free" else "capacity",
+    )
+    memory = estimate(shape, setup, dep.capacity_gib)
+    params = _layers(shape, 0, -(-shape.layers // pp), tp, ep, etp)
+    wbytes = DTYPE_BYTES.get(shape.dtype, 2)
+    dense = memory.weights - params.expert * wbytes
+    per_seq = w.input_tokens + w.output_tokens
+    groups = role.dp
+    return _Server(
+        role=role,
+        shape=shape,
+        hw=hw,
+        dep=dep,
+        c=c,
+        dense_bytes=float(max(0, dense)),
+        expert_bytes=float(params.expert * wbytes),
+        kv_per_token=float(memory.kv_per_token),
+        capacity_seqs=groups * memory.tokens // per_seq,
+        memory_gib=(memory.weights + memory.cache) / GIB,
+        decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
+        prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
+    )
+
+
+def _forward_flops(shape: Shape, context: int, causal: bool) -> float:
+    """Forward FLOPs of one token that attends to ``context`` keys (half of them with
+    ``causal``: a prompt's tokens on average)."""
+    f = token_flops(attrs.evolve(shape, seq=max(1, context)), causal=causal)
+    return f.total / 3  # training's count is three passes
+
+
+def predict(
+    shape: Shape,
+    hw: Accelerator,
+    dep: Deployment,
+    workload: WorkloadTable,
+    constants: Constants = DEFAULT,
+) -> ServingPrediction:
+    """The deployment's TTFT, TPOT and throughput under ``workload``."""
+    servers = [server_of(r, shape, hw, dep, workload, constants) for r in dep.roles]
+    if len(servers) == 1:
+        return _aggregated(servers[0], workload)
+    prefill = next(s for s in servers if s.role.name in PREFILL_ROLES)
+    decode = next(s for s in servers if s.role.name in DECODE_ROLES)
+    return _disaggregated(prefill, decode, workload)
+
+
+def _context(w: WorkloadTable) -> float:
+    """The mean context a decoding sequence attends to."""
+    return w.input_tokens + w.output_tokens / 2
+
+
+def _mdl_wait(load: float, service: float) -> float:
+    """M/D/1's mean wait: Poisson arrivals at a server of fixed service time."""
+    if load >= 1:
+        return math.inf
+    return load / (2 * (1 - load)) * service
+
+
+def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
+    n, inp, out = s.role.servers, w.input_tokens, w.output_tokens
+    ctx = _context(w)
+    cap = s.max_batch
+
+    def step(batch: float) -> float:
+        # each step also prefills the prompts that replace the finished sequences
+        return s.decode_step(batch, ctx) + s.prefill_compute(batch * inp / out, inp)
+
+    def ttft(batch: float) -> float:
+        chunks = max(1, math.ceil(inp / s.c.chunk_tokens))
+        chunk = min(inp, s.c.chunk_tokens)
+        return chunks * (s.decode_step(batch, ctx) + s.prefill_compute(chunk, inp))
+
+    queue_wait, overloaded, binding = 0.0, False, ""
+    if w.request_rate is not None:
+        rate = w.request_rate / n
+        batch = _little(lambda b: rate * (ttft(b) + out * step(b)), cap)
+        if batch >= cap:
+            batch, overloaded, binding = cap, True, "queueing"
+        load = rate * s.prefill(inp, inp)
+        queue_wait = _mdl_wait(min(load, 1.0), s.prefill(inp, inp))
+    else:
+        wanted = -(-(w.concurrency or 1) // n)
+        batch = min(wanted, cap)
+        if wanted > cap:
+            binding = "KV capacity" if cap == s.capacity_seqs else "batch limit"
+    tpot = step(batch)
+    first = ttft(batch)
+    cycle = first + (out - 1) * tpot
+    requests = n * batch / cycle
+    if w.concurrency is not None and w.concurrency > batch * n:
+        queue_wait = (w.concurrency - batch * n) / requests
+    if w.request_rate is not None and not overloaded:
+        requests = w.request_rate
+    return ServingPrediction(
+        ttft_ms=(first + queue_wait) * 1e3,
+        tpot_ms=tpot * 1e3,
+        output_tokens_per_s_per_gpu=requests * out / (n * s.role.gpus),
+        output_tokens_per_s_per_user=1 / tpot,
+        requests_per_s=requests,
+        binding=binding or _bound(s, batch, ctx),
+        batch={s.role.name: int(round(batch))},
+        memory_gib={s.role.name: s.memory_gib},
+        overloaded=overloaded,
+    )
+
+
+def _little(needed: Any, cap: float, rounds: int = 40) -> float:
+    """The batch ``b`` with ``needed(b) == b`` (Little's law), at most ``cap``."""
+    low, high = 0.0, float(cap)
+    if needed(high) >= high:
+        return high
+    for _ in range(rounds):
+        mid = (low + high) / 2
+        if needed(mid) > mid:
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+def _bound(s: _Server, batch: float, ctx: float) -> str:
+    hbm, compute, comm = s.decode_parts(batch, ctx)
+    if comm > max(hbm, compute):
+        return "network"
+    return "HBM bandwidth" if hbm >= compute else "compute"
+
+
+def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
+    """Seconds to move one prompt's KV cache from its prefill server to a decode server:
+    every prefill GPU sends its share at once."""
+    shape = p.shape
+    kv_bytes = DTYPE_BYTES.get(p.dep.kv_dtype, 2) if p.dep.kv_dtype != "auto" else 2
+    per_token = shape.pattern.parts(0, shape.layers).attention * _kv_per_layer(shape, 1)
+    total = w.input_tokens * per_token * kv_bytes
+    one_node = p.dep.gpus <= p.dep.nproc_per_node
+    gb_s = p.hw.scale_up_gb_s if one_node else p.hw.scale_out_gb_s
+    return total / (gb_s * 1e9 * p.c.link_efficiency * p.role.gpus) + 1e-3
+
+
+def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPrediction:
+    inp, out = w.input_tokens, w.output_tokens
+    ctx = _context(w)
+    service = p.prefill(inp, inp)
+    transfer = _kv_transfer(p, d, w)
+    prefill_rate = p.role.servers / service
+    cap = d.max_batch
+    gpus = p.role.servers * p.role.gpus + d.role.servers * d.role.gpus
+    overloaded, binding = False, ""
+    if w.request_rate is not None:
+        rate = w.request_rate
+    else:
+        # closed loop: the rate whose cycle (TTFT + decode) keeps `concurrency` in flight
+        def in_flight(rate: float) -> float:
+            per = rate / d.role.servers
+            batch = _little(lambda b: per * out * d.decode_step(b, ctx), cap, 24)
+            wait = _mdl_wait(rate / prefill_rate, service)
+            return rate * (service + wait + transfer + out * d.decode_step(batch, ctx))
+
+        rate = _solve_rate(in_flight, float(w.concurrency or 1), prefill_rate)
+    load = rate / prefill_rate
+    if load >= 0.999:
+        rate, overloaded, binding = 0.999 * prefill_rate, w.request_rate is not None, "queueing"
+    batch = _little(lambda b: rate / d.role.servers * out * d.decode_step(b, ctx), cap)
+    if batch >= cap and rate / d.role.servers * out * d.decode_step(cap, ctx) > cap * 1.001:
+        rate = cap * d.role.servers / (out * d.decode_step(cap, ctx))
+        overloaded = overloaded or w.request_rate is not None
+        binding = "KV capacity" if cap == d.capacity_seqs else "batch limit"
+    load = rate / prefill_rate
+    wait = _mdl_wait(min(load, 0.999), service)
+    if load > 0.85 and not binding:
+        binding = "queueing"
+    tpot = d.decode_step(batch, ctx)
+    return ServingPrediction(
+        ttft_ms=(service + wait + transfer) * 1e3,
+        tpot_ms=tpot * 1e3,
+        output_tokens_per_s_per_gpu=rate * out / gpus,
+        output_tokens_per_s_per_user=1 / tpot,
+        requests_per_s=rate,
+        binding=binding or _bound(d, batch, ctx),
+        batch={"prefill": 1, "decode": int(round(batch))},
+        memory_gib={"prefill": p.memory_gib, "decode": d.memory_gib},
+        overloaded=overloaded,
+    )
+
+
+def _solve_rate(in_flight: Any, concurrency: float, limit: float) -> float:
+    """The request rate at which ``in_flight(rate) == concurrency`` (it grows with rate)."""
+    low, high = 0.0, limit * 0.999
+    if in_flight(high) <= concurrency:
+        return high
+    for _ in range(30):
+        mid = (low + high) / 2
+        if in_flight(mid) < concurrency:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+# -- the plan as written ---------------------------------------------------------------
+
+
+def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
+    """The plan's servers as a deployment (None when it has none to predict)."""
+    roles: dict[str, list[Any]] = {}
+    for server in servers:
+        if server.gpus <= 0:
+            continue  # the router, on no GPU
+        name = server.role
+        if name in PREFILL_ROLES:
+            name = "prefill"
+        elif name in DECODE_ROLES:
+            name = "decode"
+        else:
+            name = "server"
+        roles.setdefault(name, []).append(server)
+    if not roles or ("server" in roles and len(roles) > 1):
+        return None
+    if "server" not in roles and set(roles) != {"prefill", "decode"}:
+        return None
+    built = []
+    for name in ("server", "prefill", "decode"):
+        if name in roles:
+            first = roles[name][0]
+            built.append(
+                Role(
+                    name=name,
+                    servers=len(roles[name]),
+                    gpus=first.gpus,
+                    tp=first.tp,
+                    pp=first.pp,
+                    dp=first.dp,
+                    ep=first.ep,
+                )
+            )
+    memory = plan.serving_memory
+    hw = plan.hardware
+    assert hw is not None
+    return Deployment(
+        launcher=plan.launcher,
+        roles=tuple(built),
+        kv_dtype=memory.kv_dtype if memory is not None else "auto",
+        share=memory.share if memory is not None else 0.9,
+        share_of=memory.share_of if memory is not None else "capacity",
+        capacity_gib=memory.capacity / GIB if memory is not None else hw.memory_gib,
+        nproc_per_node=plan.nproc_per_node,
+    )
+
+
+def predict_plan(plan: Plan, launch: Launch) -> ServingPrediction | None:
+    """The prediction for a serving plan as written: with [workload], a complete [model] and
+    a known accelerator model; None otherwise."""
+    if plan.workload is None or plan.hardware is None or plan.model is None:
+        return None
+    from mdc.plan.memory import resolve_shape
+
+    shape = resolve_shape(plan.model)
+    dep = deployment_of(plan, launch.servers)
+    if shape is None or dep is None:
+        return None
+    return predict(shape, plan.hardware, dep, plan.workload)

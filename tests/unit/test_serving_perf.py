@@ -1,0 +1,220 @@
+"""The serving model: [workload], the predicted block of explain and plan.json, the model's
+behaviour, and its error on the published measurements it is fitted on."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.describe import explain_text, plan_json
+from mdc.errors import SpecError
+from mdc.hardware import builtin
+from mdc.pipeline import Compiled, Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.spec import WorkloadTable
+from mdc.tune.serving_perf import Deployment, Role, predict
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import serving_fit  # noqa: E402
+
+COMPILER = Compiler(load_plugins(autoload=False))
+R1 = {"name": "deepseek-ai/DeepSeek-R1", "dtype": "fp8", "seq_length": 9216}
+WORKLOAD = {"input_tokens": 8192, "output_tokens": 1024, "concurrency": 64}
+
+
+def trtllm(**tables: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "job": {"name": "r1", "command": ["trtllm-serve"]},
+        "distributed": {
+            "launcher": "trtllm",
+            "backend": "local",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator_model": "h200",
+        },
+        "parallelism": {"tp": 8, "ep": 8},
+        "model": R1,
+        "trtllm": {"model": "deepseek-ai/DeepSeek-R1"},
+        "workload": WORKLOAD,
+    }
+    data.update(tables)
+    return data
+
+
+def compile_(tmp_path: Path, data: dict[str, Any]) -> Compiled:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return COMPILER.compile(path, tree=False)
+
+
+def predicted(tmp_path: Path, data: dict[str, Any]) -> dict[str, Any] | None:
+    compiled = compile_(tmp_path, data)
+    block = plan_json(compiled.plan, compiled.launch).get("predicted")
+    assert block is None or isinstance(block, dict)
+    return block
+
+
+def test_plan_json_predicts_a_serving_spec_with_a_workload(tmp_path: Path) -> None:
+    p = predicted(tmp_path, trtllm())
+    assert p is not None
+    assert p["accelerator_model"] == "h200"
+    for key in (
+        "ttft_ms",
+        "tpot_ms",
+        "output_tokens_per_s_per_gpu",
+        "output_tokens_per_s_per_user",
+        "requests_per_s",
+    ):
+        assert p[key] > 0, key
+    # one user's speed is one token per TPOT; the GPUs' output is requests x output tokens
+    assert p["output_tokens_per_s_per_user"] == pytest.approx(1000 / p["tpot_ms"], rel=1e-3)
+    assert p["output_tokens_per_s_per_gpu"] * 8 == pytest.approx(
+        p["requests_per_s"] * 1024, rel=1e-3
+    )
+    # 64 in flight, all of which the cache holds: the server runs them all at once
+    assert p["batch"] == {"server": 64}
+
+
+def test_explain_says_the_prediction(tmp_path: Path) -> None:
+    compiled = compile_(tmp_path, trtllm())
+    text = explain_text(compiled.plan, compiled.launch)
+    assert "for 8192 in / 1024 out tokens, 64 requests in flight" in text
+    assert "TTFT" in text and "TPOT" in text
+
+
+def test_no_prediction_without_a_workload(tmp_path: Path) -> None:
+    data = trtllm()
+    del data["workload"]
+    assert predicted(tmp_path, data) is None
+
+
+def test_disaggregated_spec_is_predicted_from_its_roles(tmp_path: Path) -> None:
+    data = trtllm(
+        distributed={
+            "launcher": "sglang_disagg",
+            "backend": "local",
+            "nnodes": 5,
+            "nproc_per_node": 8,
+            "accelerator_model": "h200",
+            "prefill_nodes": 2,
+            "decode_nodes": 2,
+        },
+        parallelism={},
+        sglang_disagg={
+            "model_path": "deepseek-ai/DeepSeek-R1",
+            "tp_size": 8,
+            "dp_size": 8,
+            "enable_dp_attention": True,
+            "ep_size": 8,
+        },
+        job={"name": "r1-pd", "command": "python3"},
+    )
+    del data["trtllm"]
+    p = predicted(tmp_path, data)
+    assert p is not None
+    assert set(p["batch"]) == {"prefill", "decode"}
+    # 32 GPUs serve: 2 prefill and 2 decode servers of 8
+    assert p["output_tokens_per_s_per_gpu"] * 32 == pytest.approx(
+        p["requests_per_s"] * 1024, rel=1e-3
+    )
+
+
+def test_a_training_launcher_warns_that_it_does_not_read_the_workload(tmp_path: Path) -> None:
+    data = {
+        "job": {"name": "train", "command": ["python", "train.py"]},
+        "distributed": {"launcher": "torchrun", "backend": "local", "nproc_per_node": 2},
+        "workload": WORKLOAD,
+    }
+    compiled = compile_(tmp_path, data)
+    assert [d.code for d in compiled.plan.warnings] == ["MDC620"]
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        {"input_tokens": 10, "output_tokens": 10},
+        {"input_tokens": 10, "output_tokens": 10, "concurrency": 1, "request_rate": 1.0},
+        {"input_tokens": 10, "output_tokens": 10, "concurrency": 0},
+    ],
+)
+def test_the_schema_takes_one_load(tmp_path: Path, workload: dict[str, Any]) -> None:
+    with pytest.raises(SpecError) as caught:
+        compile_(tmp_path, trtllm(workload=workload))
+    assert any(d.location.pointer.startswith("/workload") for d in caught.value.diagnostics)
+
+
+# -- the model's behaviour --------------------------------------------------------------
+
+
+def _r1_shape() -> Any:
+    return serving_fit._shape("deepseek-v3", "fp8", 9216)
+
+
+def _deployment(*roles: Role, launcher: str = "sglang_disagg") -> Deployment:
+    return Deployment(launcher=launcher, roles=roles, capacity_gib=140.4, nproc_per_node=8)
+
+
+def test_tpot_grows_with_the_running_batch() -> None:
+    hw, shape = builtin()["h200"], _r1_shape()
+    dep = _deployment(Role(name="server", servers=1, gpus=8, tp=8, ep=8), launcher="sglang")
+    tpots = [
+        predict(
+            shape, hw, dep, WorkloadTable(input_tokens=1024, output_tokens=1024, concurrency=c)
+        ).tpot_ms
+        for c in (1, 8, 64)
+    ]
+    assert tpots == sorted(tpots) and tpots[0] < tpots[-1]
+
+
+def test_a_rate_past_the_capacity_is_overloaded() -> None:
+    hw, shape = builtin()["h200"], _r1_shape()
+    dep = _deployment(Role(name="server", servers=1, gpus=8, tp=8, ep=8), launcher="sglang")
+    light = predict(
+        shape, hw, dep, WorkloadTable(input_tokens=1024, output_tokens=256, request_rate=0.5)
+    )
+    heavy = predict(
+        shape, hw, dep, WorkloadTable(input_tokens=1024, output_tokens=256, request_rate=500.0)
+    )
+    assert not light.overloaded and light.requests_per_s == pytest.approx(0.5)
+    assert heavy.overloaded and heavy.binding == "queueing"
+    assert heavy.requests_per_s < 500
+
+
+def test_disaggregated_decode_runs_without_prefill_interference() -> None:
+    hw, shape = builtin()["h200"], _r1_shape()
+    work = WorkloadTable(input_tokens=8192, output_tokens=1024, concurrency=64)
+    agg = _deployment(Role(name="server", servers=2, gpus=8, tp=8, ep=8))
+    pd = _deployment(
+        Role(name="prefill", servers=1, gpus=8, tp=8, ep=8),
+        Role(name="decode", servers=1, gpus=8, tp=8, ep=8),
+    )
+    a, d = predict(shape, hw, agg, work), predict(shape, hw, pd, work)
+    # the decode servers of the split run twice the batch of each aggregated server yet
+    # no prompt's chunks: their step is not twice as long
+    assert d.batch["decode"] == 2 * a.batch["server"]
+    assert d.tpot_ms < 2 * a.tpot_ms
+
+
+# -- the fit ----------------------------------------------------------------------------
+
+
+def test_the_published_throughputs_are_reproduced() -> None:
+    """Output throughput per GPU on every published row (docs/tune-serving.md's table)."""
+    errs = serving_fit.errors(serving_fit.measurements())
+    absolute = sorted(abs(e) for e in errs)
+    assert len(errs) >= 40
+    assert absolute[len(absolute) // 2] <= 0.10
+    assert sum(a <= 0.30 for a in absolute) / len(absolute) >= 0.85
+    assert all(0.5 <= 1 + e <= 2 for e in errs)
+
+
+def test_held_out_by_model_the_error_stays_small() -> None:
+    rows = serving_fit.measurements()
+    for model, errs in serving_fit.held_out(rows, "model").items():
+        absolute = sorted(abs(e) for e in errs)
+        assert absolute[len(absolute) // 2] <= 0.25, model
