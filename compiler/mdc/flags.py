@@ -108,13 +108,20 @@ class FlagTable:
     """The flags one launcher knows. Others may :meth:`register` more (no name twice).
 
     ``normalize`` maps a written flag to the form names are stored in (TorchTitan, for
-    example, reads ``--a.b-c`` and ``--a.b_c`` alike).
+    example, reads ``--a.b-c`` and ``--a.b_c`` alike; vLLM ``--a_b`` as ``--a-b``).
     """
 
     def __init__(
-        self, flags: Iterable[KnownFlag] = (), *, normalize: Callable[[str], str] = _text
+        self,
+        flags: Iterable[KnownFlag] = (),
+        *,
+        normalize: Callable[[str], str] = _text,
+        abbreviations: bool = False,
     ) -> None:
         self._normalize = normalize
+        #: the framework's parser takes an unambiguous prefix of a long option (argparse's
+        #: allow_abbrev, its default): a prefix of exactly one known spelling is that flag
+        self.abbreviations = abbreviations
         self._by_name: dict[str, KnownFlag] = {}
         self.register(*flags)
 
@@ -130,7 +137,13 @@ class FlagTable:
         return isinstance(name, str) and self._normalize(name) in self._by_name
 
     def get(self, name: str) -> KnownFlag | None:
-        return self._by_name.get(self._normalize(name))
+        spelled = self._normalize(name)
+        found = self._by_name.get(spelled)
+        if found is None and self.abbreviations and spelled.startswith("--") and len(spelled) > 2:
+            # argparse refuses a prefix of several option strings (even of one action's)
+            matches = [known for known in self._by_name if known.startswith(spelled)]
+            found = self._by_name[matches[0]] if len(matches) == 1 else None
+        return found
 
     @property
     def flags(self) -> list[KnownFlag]:
@@ -143,6 +156,8 @@ class FlagTable:
         index = 0
         while index < len(words):
             word = words[index]
+            if word == "--":  # argparse: every word after it is a positional argument
+                break
             spelled, equals, inline = word.partition("=")
             flag = self.get(spelled) if _starts_flag(word) else None
             if flag is None:
@@ -574,3 +589,12 @@ def disagreeing(
         else:
             differ.append((use, own))
     return agree, differ
+
+
+def dashes(word: str) -> str:
+    """A long option with underscores read as dashes up to its first dot, as vLLM's
+    FlexibleArgumentParser reads ``--tensor_parallel_size``."""
+    if not word.startswith("--"):
+        return word
+    name, dot, rest = word[2:].partition(".")
+    return "--" + name.replace("_", "-") + dot + rest

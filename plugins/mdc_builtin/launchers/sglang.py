@@ -219,6 +219,8 @@ OWNED_FLAGS = FlagTable(
     )
     for flag, (aliases, source) in OWNED.items()
 )
+# SGLang's parser (argparse's defaults) takes an unambiguous prefix of a long option
+OWNED_FLAGS = FlagTable(OWNED_FLAGS.flags, abbreviations=True)
 READING = FlagReading(
     table=OWNED_FLAGS,
     places=(

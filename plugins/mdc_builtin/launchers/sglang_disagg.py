@@ -105,7 +105,8 @@ OWNED_FLAGS = FlagTable(
         KnownFlag(name="--disaggregation-mode", source="the node's role", nargs=1),
         _keyed("--disaggregation-transfer-backend", "/sglang_disagg/transfer_backend"),
         KnownFlag(name="--disaggregation-bootstrap-port", source="bootstrap_port", nargs=1),
-    ]
+    ],
+    abbreviations=True,  # SGLang's parser takes an unambiguous prefix of a long option
 )
 #: where a user passes server flags: every server, then a role's
 READING = FlagReading(

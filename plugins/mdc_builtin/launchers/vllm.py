@@ -53,6 +53,7 @@ from mdc.api import (
     Severity,
     Word,
     command_pointer,
+    dashes,
     disagreeing,
     disagreement_text,
     drop_flags,
@@ -476,6 +477,9 @@ OWNED_FLAGS = FlagTable(
     )
     for flag, (aliases, source) in OWNED.items()
 )
+# vLLM's FlexibleArgumentParser reads --a_b as --a-b, and (argparse's default) takes an
+# unambiguous prefix of a long option
+OWNED_FLAGS = FlagTable(OWNED_FLAGS.flags, normalize=dashes, abbreviations=True)
 COMMAND = ArgPlace(pointer="/job/command", where="the job's command")
 READING = FlagReading(
     table=OWNED_FLAGS,
