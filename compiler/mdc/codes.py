@@ -735,6 +735,14 @@ CODES: dict[str, Code] = {
         "warning: [workload] is set for a training launcher, which does not read it",
         "remove [workload], or use a serving launcher",
     ),
+    "MDC621": Code(
+        "mdc tune on a serving launcher needs [workload]",
+        "add [workload] input_tokens, output_tokens and concurrency (or request_rate)",
+    ),
+    "MDC622": Code(
+        "mdc tune does not search this serving launcher's deployments",
+        "use a launcher it searches (trtllm, vllm)",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(
@@ -818,6 +826,11 @@ CODES: dict[str, Code] = {
         "a role's tensor_parallel_size does not divide the model's attention heads (vLLM "
         "refuses it)",
         "pick a tensor_parallel_size from the hint",
+    ),
+    "MDC731": Code(
+        "--api-server-count in the args of a role whose servers span nodes (vLLM refuses it "
+        "on the --headless nodes)",
+        "move it to the role's head_args",
     ),
     # jobset
     "MDC740": Code("an elastic job on a JobSet", "remove min_nnodes, or use pytorchjob"),

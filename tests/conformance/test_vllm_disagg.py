@@ -42,6 +42,7 @@ from tests.conformance.test_serving_flags import (
     parse,
     parser_of,
 )
+from tests.conformance.test_serving_recipes import VLLM_EP_NODE_0, VLLM_EP_NODE_1
 from tests.tools import shellcheck
 
 from mdc.emit import write_tree
@@ -115,7 +116,8 @@ def proxy_args(argv: list[str]) -> dict[str, Any]:
 
 RECORDER = """#!/usr/bin/env bash
 exec {python} -c 'import json, os, sys
-names = ("CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")
+names = ("CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+         "VLLM_ALL2ALL_BACKEND", "VLLM_USE_DEEP_GEMM")
 env = {{n: os.environ[n] for n in names if n in os.environ}}
 with open(os.environ["RECORD"], "a") as out:
     out.write(json.dumps({{"argv": [sys.argv[1], *sys.argv[2:]], "env": env}}) + "\\n")' "$0" "$@"
@@ -174,7 +176,9 @@ def same_server(mine: dict[str, Any], theirs: dict[str, Any], allowed: set[str])
     for key, value in theirs.items():
         if value is not None and key not in allowed:
             assert mine[key] == value, f"{key}: mdc gives {mine[key]!r}, the docs {value!r}"
-    extra = {k: v for k, v in mine.items() if theirs[k] is None and v is not None}
+    extra = {
+        k: v for k, v in mine.items() if theirs[k] is None and v is not None and k not in allowed
+    }
     assert extra == {k: SERVER_DEFAULTS[k] for k in extra}, f"mdc adds {extra}"
 
 
@@ -276,6 +280,41 @@ def test_four_machines_are_the_documented_multi_instance_setup(tmp_path: Path) -
     assert mine["prefiller_ports"] == [servers[1], servers[2]]
     assert mine["decoder_ports"] == [servers[3], servers[4]]
     assert proxy["argv"][1] == "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
+
+
+#: docs/serving/expert_parallel_deployment.md, "Disaggregated Serving (Prefill/Decode Split)"
+#: (vllm-project/vllm at 017025691b3006ed548f763fd394a846affa6064): each instance is the
+#: guide's "Example: 2-Node Deployment" (VLLM_EP_NODE_0/1 of test_serving_recipes.py, run
+#: with VLLM_USE_DEEP_GEMM=1) with this flag added to both, prefill on the
+#: deepep_high_throughput all-to-all backend and decode on deepep_low_latency.
+NIXL = ' --kv-transfer-config {"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
+
+
+def test_deepseek_is_the_documented_expert_parallel_split(tmp_path: Path) -> None:
+    compiled, out = compile_example("vllm-disagg-deepseek-5x8.toml", tmp_path)
+    record = tmp_path / "runs.jsonl"
+    bin_dir = bin_with_recorders(tmp_path)
+    env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    for node in range(5):
+        run_node(out, compiled, node, hosts, env)
+    runs = runs_of(record)
+    for role, first in (("prefill", 1), ("decode", 3)):
+        for node, documented in ((first, VLLM_EP_NODE_0), (first + 1, VLLM_EP_NODE_1)):
+            (mine,) = [
+                r for r in runs if r["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") == hosts[node]
+            ]
+            assert mine["env"]["VLLM_ALL2ALL_BACKEND"] == ALL2ALL[role]
+            assert mine["env"]["VLLM_USE_DEEP_GEMM"] == "1"
+            parsed = server_args(mine["argv"])
+            theirs = server_args((documented + NIXL).split())
+            # the guide's head address and RPC port are the user's: mdc's are the server's
+            # first node and MASTER_PORT + that node
+            same_server(parsed, theirs, {"data_parallel_address", "data_parallel_rpc_port", "port"})
+            assert parsed["data_parallel_address"] == hosts[first]
+            assert parsed["data_parallel_rpc_port"] == 29500 + first
+            assert parsed["port"] == 8100 + first
 
 
 def test_the_rebuilt_parsers_are_strict() -> None:

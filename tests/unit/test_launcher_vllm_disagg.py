@@ -428,3 +428,47 @@ def test_role_ports_reach_the_nodes_and_the_proxy(tmp_path: Path) -> None:
     assert words_after(proxy, "--prefiller-ports") == ["9100", "9101"]
     assert words_after(proxy, "--decoder-ports") == ["9200", "9201"]
     assert sorted(value(r, "--port") for r in runs if "serve" in r) == ["9101", "9200"]
+
+
+def test_role_env_and_head_args_on_one_node(tmp_path: Path) -> None:
+    options = {
+        "prefill": {"env": {"VLLM_ALL2ALL_BACKEND": "deepep_high_throughput"}},
+        "decode": {"head_args": ["--api-server-count", "2"]},
+    }
+    compiled = compile_(tmp_path, spec(1, 2, options))
+    script = next(f.data.decode() for f in compiled.tree if f.path == "launch/vllm_disagg.sh")
+    (prefill,) = [line for line in script.splitlines() if "VLLM_DISAGG_ROLE=prefill" in line]
+    (decode,) = [line for line in script.splitlines() if "VLLM_DISAGG_ROLE=decode" in line]
+    assert "VLLM_ALL2ALL_BACKEND=deepep_high_throughput" in prefill
+    assert "VLLM_ALL2ALL_BACKEND" not in decode
+    assert decode.endswith("--port 8101 --api-server-count 2 &")
+    assert "--api-server-count" not in prefill
+
+
+def test_role_env_reaches_the_roles_nodes(tmp_path: Path) -> None:
+    options = {"decode": {"env": {"VLLM_ALL2ALL_BACKEND": "deepep_low_latency"}}}
+    compiled = compile_(tmp_path, spec(3, 8, options))
+    assert compiled.launch.role("decode").env["VLLM_ALL2ALL_BACKEND"] == "deepep_low_latency"
+    assert "VLLM_ALL2ALL_BACKEND" not in compiled.launch.role("prefill").env
+
+
+def test_api_server_count_on_a_server_over_nodes_belongs_in_head_args(tmp_path: Path) -> None:
+    """vLLM refuses --api-server-count with --headless (ServeSubcommand.cmd)."""
+    options = {"decode": {"data_parallel_size": 2, "args": ["--api-server-count=2"]}}
+    (error,) = errors(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    assert error.code == "MDC731" and error.location.pointer == "/vllm_disagg/decode/args/0"
+    assert "head_args" in (error.hint or "")
+
+
+@pytest.mark.slow
+def test_head_args_reach_only_a_servers_first_node(tmp_path: Path) -> None:
+    options = {"decode": {"data_parallel_size": 2, "head_args": ["--api-server-count=2"]}}
+    compiled = compile_(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_ins(tmp_path)
+    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    run_role(root, env, "decode", 3, hosts)
+    run_role(root, env, "decode", 4, hosts)
+    head, later = sorted(recorded(env), key=lambda r: "--headless" in r)
+    assert "--api-server-count=2" in head and "--headless" not in head
+    assert "--api-server-count=2" not in later and "--headless" in later

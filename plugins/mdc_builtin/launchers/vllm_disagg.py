@@ -151,6 +151,11 @@ class RoleOptions:
     #: the HTTP port of the role's first server (the next ones count up from it)
     port: int | None = None
     args: tuple[str, ...] = ()
+    #: arguments for the first node of each server only (the API server), e.g.
+    #: --api-server-count, which vLLM refuses on --headless nodes
+    head_args: tuple[str, ...] = ()
+    #: variables of this role's servers (e.g. VLLM_ALL2ALL_BACKEND)
+    env: dict[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -349,6 +354,8 @@ GPUS_PER_NODE={plan.nproc_per_node}
 TOTAL_NODES={plan.nnodes}
 PREFILL_PORT={port_base(plan, options, "prefill")}
 DECODE_PORT={port_base(plan, options, "decode")}
+PREFILL_HEAD_ARGS=({_bash_words(options.prefill.head_args)})
+DECODE_HEAD_ARGS=({_bash_words(options.decode.head_args)})
 SIDE_CHANNEL_PORT={options.side_channel_port}
 read -r -a hosts <<< "${{NODE_HOSTS:?NODE_HOSTS is not set}}"
 if [ "${{#hosts[@]}}" -ne "$TOTAL_NODES" ]; then
@@ -363,9 +370,11 @@ address() {{
   if [[ "$ip" == *:* ]]; then ip="[$ip]"; fi
   printf '%s' "$ip"
 }}
-# server_flags FIRST_ROLE_NODE SERVER_NODES LOCAL_ENGINES PORT: this node's place in its server
+# server_flags FIRST_ROLE_NODE SERVER_NODES LOCAL_ENGINES PORT: this node's place in its
+# server (its first node, the API server, also gets the role's head arguments after)
 server_flags() {{
-  local first=$(($1 + (NODE_RANK - $1) / $2 * $2)) ip
+  local ip
+  first=$(($1 + (NODE_RANK - $1) / $2 * $2))
   ip="$(node_ipv4 "${{hosts[NODE_RANK]}}")"
   export VLLM_HOST_IP="$ip" {SIDE_HOST}="$ip"
   export {SIDE_PORT}="$((SIDE_CHANNEL_PORT + first * GPUS_PER_NODE))"
@@ -396,10 +405,12 @@ case "$role" in
     ;;
   prefill)
     server_flags 1 "$PREFILL_SERVER_NODES" "$PREFILL_LOCAL" "$PREFILL_PORT"
+    if ((NODE_RANK == first)); then server+=(${{PREFILL_HEAD_ARGS[@]+"${{PREFILL_HEAD_ARGS[@]}}"}}); fi
     exec "$@" "${{server[@]}}"
     ;;
   decode)
     server_flags "$((PREFILL_NODES + 1))" "$DECODE_SERVER_NODES" "$DECODE_LOCAL" "$DECODE_PORT"
+    if ((NODE_RANK == first)); then server+=(${{DECODE_HEAD_ARGS[@]+"${{DECODE_HEAD_ARGS[@]}}"}}); fi
     exec "$@" "${{server[@]}}"
     ;;
   *)
@@ -408,6 +419,10 @@ case "$role" in
     ;;
 esac
 """
+
+
+def _bash_words(words: tuple[str, ...]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
 
 
 # only read, never compared or printed: no generated ==, hash or repr (start-up time)
@@ -472,8 +487,10 @@ def shared_script(plan: Plan, options: VllmDisaggOptions) -> str:
         if not one:
             env.append(f'{SIDE_HOST}="$self"')
         env.append(f"VLLM_DISAGG_ROLE={shape.role}")
+        own: RoleOptions = getattr(options, shape.role)
+        env += [f"{k}={shlex.quote(v)}" for k, v in sorted(own.env.items())]
         words = [*server_words(plan, options, shape)[len(plan.job.argv) :]]
-        words += ["--port", str(item.port)]
+        words += ["--port", str(item.port), *own.head_args]
         starts[item.node].append(_start(env, [shlex.quote(w) for w in words]))
         hosts[shape.role].append(LOOPBACK if one else f'"$(address {item.node})"')
         ports[shape.role].append(str(item.port))
@@ -590,7 +607,8 @@ def emit(plan: Plan, options: VllmDisaggOptions | None) -> Launch:
     roles = [Role(name="proxy", argv=proxy, env=_env(plan, options, "proxy"))]
     for role in ROLES:
         words = server_words(plan, options, server(plan, options, role))
-        roles.append(Role(name=role, argv=(*helper, role, *words), env=_env(plan, options, role)))
+        env = {**_env(plan, options, role), **getattr(options, role).env}
+        roles.append(Role(name=role, argv=(*helper, role, *words), env=env))
     return Launch(
         roles=tuple(roles),
         files=(Artifact.text(HELPER, helper_script(plan, options), executable=True),),
@@ -764,6 +782,26 @@ def _arg_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
                 )
 
 
+def _head_only_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
+    """vLLM refuses --api-server-count on --headless nodes (ServeSubcommand.cmd): for a role
+    whose servers span nodes it belongs in that role's head_args (MDC731)."""
+    for role in ROLES:
+        if server(plan, options, role).nodes == 1:
+            continue
+        for pointer, words in (
+            (f"/{NAME}/args", options.args),
+            (f"/{NAME}/{role}/args", getattr(options, role).args),
+        ):
+            for use in vllm.HEAD_ONLY_FLAGS.find(words):
+                yield Finding(
+                    code="MDC731",
+                    pointer=f"{pointer}/{use.index}",
+                    message=f"{use.spelled} reaches every node of a {role} server, which spans "
+                    "nodes, and vLLM refuses it on the --headless ones",
+                    hint=f"move it to [{NAME}.{role}] head_args (the server's first node only)",
+                )
+
+
 def _port_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
     """Every HTTP port, the proxy's and the NIXL side-channel ranges inside 1..65535 and
     apart (MDC726, MDC727): a backend may put several nodes on one host."""
@@ -810,6 +848,7 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
         )
         return
     yield from _arg_findings(plan, options)
+    yield from _head_only_findings(plan, options)
     for role in ROLES:
         shape = server(plan, options, role)
         shape_findings = list(_shape_findings(plan, options, shape))

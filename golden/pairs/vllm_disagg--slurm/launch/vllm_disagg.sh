@@ -18,6 +18,8 @@ GPUS_PER_NODE=8
 TOTAL_NODES=3
 PREFILL_PORT=8100
 DECODE_PORT=8100
+PREFILL_HEAD_ARGS=()
+DECODE_HEAD_ARGS=()
 SIDE_CHANNEL_PORT=5600
 read -r -a hosts <<< "${NODE_HOSTS:?NODE_HOSTS is not set}"
 if [ "${#hosts[@]}" -ne "$TOTAL_NODES" ]; then
@@ -53,9 +55,11 @@ address() {
   if [[ "$ip" == *:* ]]; then ip="[$ip]"; fi
   printf '%s' "$ip"
 }
-# server_flags FIRST_ROLE_NODE SERVER_NODES LOCAL_ENGINES PORT: this node's place in its server
+# server_flags FIRST_ROLE_NODE SERVER_NODES LOCAL_ENGINES PORT: this node's place in its
+# server (its first node, the API server, also gets the role's head arguments after)
 server_flags() {
-  local first=$(($1 + (NODE_RANK - $1) / $2 * $2)) ip
+  local ip
+  first=$(($1 + (NODE_RANK - $1) / $2 * $2))
   ip="$(node_ipv4 "${hosts[NODE_RANK]}")"
   export VLLM_HOST_IP="$ip" VLLM_NIXL_SIDE_CHANNEL_HOST="$ip"
   export VLLM_NIXL_SIDE_CHANNEL_PORT="$((SIDE_CHANNEL_PORT + first * GPUS_PER_NODE))"
@@ -86,10 +90,12 @@ case "$role" in
     ;;
   prefill)
     server_flags 1 "$PREFILL_SERVER_NODES" "$PREFILL_LOCAL" "$PREFILL_PORT"
+    if ((NODE_RANK == first)); then server+=(${PREFILL_HEAD_ARGS[@]+"${PREFILL_HEAD_ARGS[@]}"}); fi
     exec "$@" "${server[@]}"
     ;;
   decode)
     server_flags "$((PREFILL_NODES + 1))" "$DECODE_SERVER_NODES" "$DECODE_LOCAL" "$DECODE_PORT"
+    if ((NODE_RANK == first)); then server+=(${DECODE_HEAD_ARGS[@]+"${DECODE_HEAD_ARGS[@]}"}); fi
     exec "$@" "${server[@]}"
     ;;
   *)

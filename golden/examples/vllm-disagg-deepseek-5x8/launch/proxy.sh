@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Role 'proxy' of job 'deepseek-v3-vllm-pd' (node 0), launcher vllm_disagg.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+set -euo pipefail
+MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export MDC_OUT
+: "${NODE_RANK:?NODE_RANK must be set by the backend}"
+export VLLM_DISAGG_ROLE=proxy
+export VLLM_DISAGG_PREFILL=2
+export VLLM_DISAGG_DECODE=2
+export VLLM_DISAGG_UNIT=nodes
+export MODEL=deepseek-ai/DeepSeek-V3-0324
+export NODE_RANK="${NODE_RANK}"
+export VLLM_USE_DEEP_GEMM=1
+exec bash "${MDC_OUT}/launch/vllm_disagg.sh" proxy python tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --host 0.0.0.0 --port 8000
