@@ -1757,3 +1757,26 @@ def test_cpu_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 if __name__ == "__main__":
     worker()
+
+
+def test_the_flags_read_as_keys_have_megatron_lms_shapes() -> None:
+    """Every flag the megatron launcher reads as a spec key takes its values as Megatron-LM
+    declares it (FLAGS above: a switch, store_false, one typed value, or several)."""
+    from mdc_builtin.launchers.megatron_flags import READING
+
+    checked = 0
+    for flag in READING.table.flags:
+        spec = FLAGS.get(flag.name)
+        if flag.spec_key is None or spec is None:
+            continue
+        checked += 1
+        if spec.kind in (bool, False):  # a switch (the value its key takes: test_flags_as_keys)
+            assert flag.nargs == 0, flag.name
+        elif spec.kind is list:
+            assert flag.nargs == "+", flag.name
+        else:
+            assert flag.nargs == 1, flag.name
+            if spec.kind in (int, float):
+                assert flag.convert("3") == spec.kind("3"), flag.name
+                assert type(flag.convert("3")) is spec.kind, flag.name
+    assert checked >= 30

@@ -16,9 +16,7 @@ from mdc_builtin.launchers.megatron_precision import FP4_FLAGS
 
 #: Megatron-LM's flags that select the same setting as one mdc emits (a second spelling).
 ALIASES: Mapping[str, tuple[str, ...]] = {
-    "--num-virtual-stages-per-pipeline-rank": ("--num-layers-per-virtual-pipeline-stage",),
     "--num-layers": ("--encoder-num-layers",),
-    "--recompute-granularity": ("--recompute-activations",),
     "--tensor-model-parallel-size": ("--model-parallel-size",),
     "--micro-batch-size": ("--batch-size",),
 }
@@ -27,34 +25,6 @@ ALIASES: Mapping[str, tuple[str, ...]] = {
 #: Megatron-LM's switch that turns the interleaved schedule's send/compute overlap off
 #: (dest overlap_p2p_comm, on by default since 2023; forced off without interleaving)
 NO_P2P_OVERLAP = "--no-overlap-p2p-communication"
-
-
-#: Switches mdc owns whether or not it emits them (each has a [megatron] option or a spec key).
-SWITCHES: Mapping[str, str] = {
-    "--sequence-parallel": "[megatron] sequence_parallel",
-    "--use-distributed-optimizer": "[megatron] use_distributed_optimizer",
-    "--overlap-grad-reduce": "[megatron] overlap_grad_reduce",
-    "--overlap-param-gather": "[megatron] overlap_param_gather",
-    NO_P2P_OVERLAP: "[megatron] overlap_p2p_comm",
-    "--tp-comm-overlap": "[megatron] tp_comm_overlap",
-    "--use-tp-pp-dp-mapping": "[parallelism] order",
-    "--recompute-granularity": "[megatron] recompute_granularity",
-    "--recompute-method": "[megatron] recompute_method",
-    "--recompute-num-layers": "[megatron] recompute_num_layers",
-    "--tensor-model-parallel-size": "[parallelism] tp",
-    "--pipeline-model-parallel-size": "[parallelism] pp",
-    "--context-parallel-size": "[parallelism] cp",
-    "--expert-model-parallel-size": "[parallelism] ep",
-    "--expert-tensor-parallel-size": "[parallelism] etp",
-    "--num-virtual-stages-per-pipeline-rank": "[parallelism] vpp",
-    "--decoder-first-pipeline-num-layers": "[megatron] decoder_first_pipeline_num_layers",
-    "--decoder-last-pipeline-num-layers": "[megatron] decoder_last_pipeline_num_layers",
-    "--account-for-embedding-in-pipeline-split": (
-        "[megatron] account_for_embedding_in_pipeline_split"
-    ),
-    "--account-for-loss-in-pipeline-split": "[megatron] account_for_loss_in_pipeline_split",
-    "--pipeline-model-parallel-layout": "[megatron] pipeline_model_parallel_layout",
-}
 
 
 #: the [megatron] keys that place layers on pipeline stages, and their flags
@@ -186,7 +156,7 @@ def flag_of(key: str) -> str:
 NORMALIZATIONS: Mapping[str, str] = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
-#: where the value of a flag mdc emits (other than SWITCHES) comes from
+#: where the value of a flag mdc emits from [batch] and [model] comes from
 SOURCES: Mapping[str, str] = {
     "--micro-batch-size": "[batch] micro_batch_size",
     "--global-batch-size": "[batch] global_batch_size",
@@ -238,7 +208,7 @@ PARALLEL_FLAGS = tuple(
         spec_key=f"/parallelism/{key}",
         nargs=1,
         convert=int,
-        aliases=ALIASES.get(flag, ()) if key != "vpp" else (),
+        aliases=ALIASES.get(flag, ()),
     )
     for flag, key in (
         ("--tensor-model-parallel-size", "tp"),
