@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from mdc.plan.named_models import CATALOGUE_FILE
+from mdc.runtime import PORT_RANGE
 
 
 def shellcheck() -> str:
@@ -35,3 +36,26 @@ def published_model(name: str, **overrides: Any) -> dict[str, Any]:
     path = Path(CATALOGUE_FILE)
     models = tomllib.loads(path.read_text(encoding="utf-8"))
     return {**models[name]["model"], **overrides}
+
+
+def posix_cksum(data: bytes) -> int:
+    """The CRC ``cksum`` prints (POSIX: polynomial 0x04C11DB7, MSB first, the length's
+    octets appended, the result complemented)."""
+    crc = 0
+    length = len(data)
+    tail = bytearray()
+    while length:
+        tail.append(length & 0xFF)
+        length >>= 8
+    for byte in data + bytes(tail):
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7) if crc & 0x80000000 else crc << 1
+            crc &= 0xFFFFFFFF
+    return ~crc & 0xFFFFFFFF
+
+
+def hashed_port(launch_id: str) -> int:
+    """Where a launch script starts looking for a rendezvous port (mdc.runtime.port_lines)."""
+    low, high = PORT_RANGE
+    return low + posix_cksum(launch_id.encode()) % (high - low)

@@ -53,6 +53,7 @@ from mdc.plan.model import (
 )
 from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
 from mdc.runtime import (
+    LAUNCH_ID,
     MASTER_ADDR,
     MASTER_PORT,
     NODE_HOSTS,
@@ -63,7 +64,9 @@ from mdc.runtime import (
     Ref,
     Word,
     around_launch,
+    launch_id_lines,
     out_file,
+    port_lines,
     refs_in,
     shell_join,
     shell_word,
@@ -410,6 +413,7 @@ def script_path(role: str) -> str:
 __all__ = [
     "GROUP_KINDS",
     "ONE_NODE_ROLE",
+    "LAUNCH_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
     "NODE_HOSTS",
@@ -463,8 +467,10 @@ __all__ = [
     "drop_flags",
     "files_written",
     "flag_names",
+    "launch_id_lines",
     "out_file",
     "parse_layout",
+    "port_lines",
     "plain_words",
     "program",
     "read_schema",

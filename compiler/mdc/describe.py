@@ -359,7 +359,8 @@ def explain_text(plan: Plan, launch: Launch) -> str:
             f"{s.dp} x {b.grad_accum_steps} gradient accumulation step(s)"
         )
     port = plan.rendezvous
-    lines.append(f"rendezvous: node 0, port {port.master_port} ({port.port_origin})")
+    where = port.text() if port.derived else f"{port.master_port} (spec)"
+    lines.append(f"rendezvous: node 0, port {where}")
     if plan.disagg:
         d = plan.disagg
         lines.append(

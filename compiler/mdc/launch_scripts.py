@@ -42,7 +42,8 @@ def render_role(plan: Plan, role: Role, env: Mapping[str, Word | EnvValue]) -> A
     lines = [
         "#!/usr/bin/env bash",
         f"# Role {role.name!r} of job {plan.job.name!r} ({span}), launcher {plan.launcher}.",
-        "# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.",
+        "# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS",
+        "# and MDC_LAUNCH_ID set.",
         "set -euo pipefail",
     ]
     words = [v for v in env.values() if not isinstance(v, EnvValue)]

@@ -32,6 +32,12 @@ NODE_HOSTS = Ref("NODE_HOSTS")
 RUNTIME_VARIABLES = (NODE_RANK.name, MASTER_ADDR.name, MASTER_PORT.name, NODE_HOSTS.name)
 #: The absolute path of the compiled ``out/`` tree on the node; the launch script sets it.
 OUT_DIR = Ref("MDC_OUT")
+#: This launch's id, the same in every process of one launch and different for every launch:
+#: the scheduler's job id where there is one, else a fresh one (the backend sets it).
+LAUNCH_ID = Ref("MDC_LAUNCH_ID")
+#: Where a derived rendezvous port falls, [low, high): unprivileged, below Linux's ephemeral
+#: ports; a hash picks the start.
+PORT_RANGE = (20000, 30000)
 
 
 @attrs.frozen
@@ -140,4 +146,57 @@ def around_launch(
     if setup:
         lines.append(f"# [{table}] setup, in order: a failing command stops the job.")
         lines += [shell_join(argv) for argv in setup]
+    return lines
+
+
+def launch_id_lines(scheduler_id: str | None, scheduler: str = "") -> list[str]:
+    """Bash lines exporting ``MDC_LAUNCH_ID``: ``scheduler_id`` (a variable name such as
+    ``SLURM_JOB_ID``), else a fresh id made of the time, this shell's pid and a random number
+    (unique among the launches of one host, and across hosts in practice)."""
+    if scheduler_id is not None:
+        return [
+            f"# This launch's id, exported to every process: {scheduler}'s job id.",
+            f'export {LAUNCH_ID.name}="${{{scheduler_id}:?{scheduler_id} is not set}}"',
+        ]
+    return [
+        "# This launch's id, exported to every process: fresh for every run of this script.",
+        f'{LAUNCH_ID.name}="$(date -u +%Y%m%dT%H%M%SZ)-$$-$RANDOM"',
+        f"export {LAUNCH_ID.name}",
+    ]
+
+
+def port_lines(port: int, derived: bool, probe: str | None) -> list[str]:
+    """Bash lines exporting ``MASTER_PORT``, after those of :func:`launch_id_lines`.
+
+    A port the spec gives is exported as written. A derived one is computed here, at run
+    time, so the script stays the same bytes for every launch: ``cksum`` (POSIX CRC) of the
+    launch id picks a start in :data:`PORT_RANGE`, then, when the bash condition ``probe``
+    holds (this script runs on node 0; ``"true"`` for always), the first port from there
+    that nothing on this host accepts connections on, at 127.0.0.1 or ``MASTER_ADDR`` (as
+    Jupyter steps to a free port). Only node 0 probes; the other nodes are given the result.
+    """
+    if not derived:
+        return [f"export {MASTER_PORT.name}={port}"]
+    low, high = PORT_RANGE
+    span = high - low
+    lines = [
+        f"# The rendezvous port: a hash of the launch id picks a start in {low}-{high - 1};",
+        "# then, on node 0, the first port from there that nothing listens on, so concurrent",
+        "# launches on one host never share it. Every node is given the same port.",
+        f"port=$(({low} + $(printf '%s' \"${LAUNCH_ID.name}\" | cksum | cut -d ' ' -f 1) % {span}))",
+    ]
+    step = [
+        "for ((try = 0; try < 100; try++)); do",
+        '  if ! (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null &&',
+        f'    ! (: <"/dev/tcp/${MASTER_ADDR.name}/$port") 2>/dev/null; then',
+        "    break",
+        "  fi",
+        f"  port=$(({low} + (port - {low} + 1) % {span}))",
+        "done",
+    ]
+    if probe == "true":
+        lines += step
+    elif probe is not None:
+        lines += [f"if {probe}; then", *("  " + line for line in step), "fi"]
+    lines.append(f'export {MASTER_PORT.name}="$port"')
     return lines

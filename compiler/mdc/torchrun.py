@@ -125,7 +125,7 @@ def torchrun_worker_env(plan: Plan, opts: TorchrunOptions | None) -> dict[str, s
     if plan.nnodes == 1 and not plan.elastic:
         node, addr, port = "0", "chosen by torchrun (--standalone)", "chosen by torchrun"
     elif rdzv_backend(opts) == "static":
-        node, addr, port = "NODE_RANK", "node 0", str(plan.rendezvous.master_port)
+        node, addr, port = "NODE_RANK", "node 0", plan.rendezvous.text()
     else:
         node = "the node's place in the c10d rendezvous (join order)"
         addr, port = "chosen by the c10d rendezvous", "chosen by the c10d rendezvous"

@@ -3,12 +3,13 @@
 Each example is compiled with ``mdc.cli.main`` and its ``local/run.sh`` is run
 from the repository root (the examples name ``examples/ddp_check.py`` relative
 to it). ``ddp_check.py`` writes one ``rank-<RANK>.json`` per worker: what
-torchrun gave it, and the result of a gloo all-reduce. The examples use fixed
-or name-derived ports, so these tests must not run in parallel with each other.
+torchrun gave it, and the result of a gloo all-reduce. Some tests use fixed ports,
+so these tests must not run in parallel with each other.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -177,6 +178,7 @@ def test_example_runs_every_rank_once(
     assert worker_env["LOCAL_WORLD_SIZE"] == str(nproc)
     assert worker_env["WORLD_SIZE"] == str(world)
     seen = set()
+    ports = set()
     for rank in range(world):
         report = json.loads((reports / f"rank-{rank}.json").read_text(encoding="utf-8"))
         assert report["RANK"] == report["dist_rank"] == rank, report
@@ -188,11 +190,15 @@ def test_example_runs_every_rank_once(
         assert worker_env["RANK"] == f"GROUP_RANK * {nproc} + LOCAL_RANK"
         assert report["RANK"] == report["GROUP_RANK"] * nproc + report["LOCAL_RANK"], report
         assert report["allreduce"] == world * (world - 1) / 2, report
-        if rendezvous == "static":
-            assert report["master_port"] == plan["rendezvous"]["master_port"], report
-            assert worker_env["MASTER_PORT"] == str(plan["rendezvous"]["master_port"])
+        if rendezvous == "static":  # the example's port is derived at run time
+            assert plan["rendezvous"]["port_origin"] == "derived"
+            assert "MDC_LAUNCH_ID" in worker_env["MASTER_PORT"], worker_env
+            assert 20000 <= report["master_port"] < 30000, report
         seen.add((report["GROUP_RANK"], report["LOCAL_RANK"]))
+        ports.add(report["master_port"])
     assert seen == {(node, local) for node in range(nnodes) for local in range(nproc)}
+    if rendezvous == "static":
+        assert len(ports) == 1, ports  # every node of one launch meets at one port
 
 
 FAILING_PROGRAM = """\
@@ -242,3 +248,91 @@ def test_a_failing_node_stops_the_job_promptly(
     assert seconds < 90, f"run.sh took {seconds:.1f} s to give up after a node failed"
     left = leftovers(token)
     assert not left, "processes left behind after run.sh exited:\n" + "\n".join(left)
+
+
+#: every rank of a launch reports its launch id and port, then waits until the other launch
+#: is running too (its rank 0 has written its file), so both hold their rendezvous at once
+CONCURRENT_PROGRAM = """\
+import json, os, sys, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+total = torch.tensor([1.0])
+dist.all_reduce(total)
+sync = Path(os.environ["MDC_TEST_SYNC"])
+launch = os.environ["MDC_LAUNCH_ID"]
+report = {"launch": launch, "port": int(os.environ["MASTER_PORT"]), "rank": rank,
+          "world": world, "sum": total.item()}
+if rank == 0:
+    (sync / f"{launch}.ready").write_text(json.dumps(report))
+deadline = time.monotonic() + 120
+while len(list(sync.glob("*.ready"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+report["both_running"] = len(list(sync.glob("*.ready"))) == 2
+print("mdc-test-report " + json.dumps(report), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_two_concurrent_launches_of_one_spec_never_collide(
+    compile_spec: Compile, tmp_path: Path, token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One compiled tree run twice at once: each launch gets its own id and port, and its
+    two nodes meet at that port (a static rendezvous, as the ports matter most there)."""
+    program = tmp_path / "launch_report.py"
+    program.write_text(CONCURRENT_PROGRAM, encoding="utf-8")
+    spec = tmp_path / "same.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "job": {"name": "train-92", "command": ["python", str(program)]},
+                "distributed": {
+                    "launcher": "torchrun",
+                    "backend": "local",
+                    "nnodes": 2,
+                    "nproc_per_node": 1,
+                    "accelerator": "cpu",
+                },
+                "torchrun": {"rdzv_backend": "static"},
+            }
+        ),
+        encoding="utf-8",
+    )
+    out, again = tmp_path / "out", tmp_path / "again"
+    plan = compile_spec(spec, out)
+    compile_spec(spec, again)
+    run_sh = (out / "local" / "run.sh").read_bytes()
+    assert run_sh == (again / "local" / "run.sh").read_bytes()  # the script has no port
+    assert str(plan["rendezvous"]["master_port"]).encode() not in run_sh
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    monkeypatch.setenv("MDC_TEST_SYNC", str(sync))  # run_job passes the environment on
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [
+            pool.submit(run_job, out, tmp_path / f"reports-{index}", token) for index in range(2)
+        ]
+        results = [run.result() for run in runs]
+    launches: dict[str, list[dict[str, Any]]] = {}
+    for code, output, seconds in results:
+        assert code == 0, f"run.sh exited {code} after {seconds:.1f} s:\n{excerpt(output)}"
+        reports = [json.loads(line) for line in re.findall(r"mdc-test-report (\{.*\})", output)]
+        assert len(reports) == 2, output[-3000:]
+        assert len({r["launch"] for r in reports}) == 1, reports  # one id for the launch
+        launches[reports[0]["launch"]] = reports
+    assert len(launches) == 2, launches  # two launches, two ids
+    ports = set()
+    for reports in launches.values():
+        assert {r["rank"] for r in reports} == {0, 1}
+        assert all(r["world"] == 2 and r["sum"] == 2.0 for r in reports), reports
+        assert all(r["both_running"] for r in reports), reports
+        assert len({r["port"] for r in reports}) == 1, reports  # both nodes, one port
+        ports.add(reports[0]["port"])
+    assert len(ports) == 2, ports  # the launches never shared a port
+    assert all(20000 <= port < 30000 for port in ports), ports
+    assert not leftovers(token)

@@ -78,8 +78,15 @@ def test_an_indexed_job_of_nnodes_pods_with_a_headless_service(
     pod = job["template"]["spec"]
     assert pod["subdomain"] == docs["Service"]["metadata"]["name"] == "train"
     assert docs["Service"]["spec"]["clusterIP"] == "None"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "train-0.train"
+    # the launch id: <namespace>/<Job name>, the namespace from the downward API, which the
+    # kubelet expands in a later variable's value as $(MDC_NAMESPACE)
+    names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert names.index("MDC_NAMESPACE") < names.index("MDC_LAUNCH_ID")
+    namespace = pod["containers"][0]["env"][names.index("MDC_NAMESPACE")]
+    assert namespace["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["MDC_LAUNCH_ID"] == "$(MDC_NAMESPACE)/" + docs["Job"]["metadata"]["name"]
     assert "NODE_HOSTS" not in env  # node.sh builds it: the Job does not grow with nnodes
     node_sh = docs["ConfigMap"]["data"]["k8s--node.sh"]
     assert pod_node_hosts(node_sh) == ["train-0.train", "train-1.train", "train-2.train"]
@@ -189,7 +196,7 @@ def test_shm_volumes_and_pod_placement(compiler: Compiler, tmp_path: Path) -> No
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["data"] == {"name": "data", "mountPath": "/data", "readOnly": True}
     assert mounts["dshm"]["mountPath"] == "/dev/shm"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "train-0.train.ml.svc.cluster.local"
 
 

@@ -90,8 +90,10 @@ def test_master_and_workers_match_the_operator(
             {"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}
         ]
         assert container["command"] == ["bash", "/mdc/k8s/node.sh"]
-        env = {e["name"]: e["value"] for e in container.get("env", [])}
-        assert env == {}  # MASTER_* come from the operator, NODE_HOSTS from node.sh
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        # MASTER_* come from the operator, NODE_HOSTS from node.sh; the launch id is
+        # <namespace>/<PyTorchJob name>
+        assert env == {"MDC_NAMESPACE": None, "MDC_LAUNCH_ID": "$(MDC_NAMESPACE)/pj"}
         assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
     # WORLD_SIZE as the operator computes it (pods * nprocPerNode) is the plan's world size
     pods = sum(r["replicas"] for r in specs.values())
@@ -130,7 +132,7 @@ def test_elastic_is_workers_only(
         "rdzvPort": 23456,
         "maxRestarts": 2,
     }
-    env = {e["name"]: e["value"] for e in containers(job)["Worker"]["env"]}
+    env = {e["name"]: e.get("value") for e in containers(job)["Worker"]["env"]}
     # PET_RDZV_ENDPOINT = rdzvHost:rdzvPort = the MASTER_ADDR:MASTER_PORT torchrun gets
     assert (
         f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}" == f"{policy['rdzvHost']}:{policy['rdzvPort']}"

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import hashed_port
 
 import mdc
 from mdc import emit
@@ -29,7 +31,7 @@ from mdc_builtin.backends.slurm import apptainer_image, pyxis_image
 
 
 def roles_launch(plan: Plan, options: object) -> Launch:
-    """Each role prints its name, node rank and rendezvous address."""
+    """Each role prints its name, node rank, rendezvous address and launch id."""
     return Launch(
         roles=tuple(
             Role(
@@ -37,7 +39,10 @@ def roles_launch(plan: Plan, options: object) -> Launch:
                 argv=(
                     "bash",
                     "-c",
-                    (f'echo "{r.name} $NODE_RANK $MASTER_ADDR:$MASTER_PORT" >> "$ROLE_LOG"'),
+                    (
+                        f'echo "{r.name} $NODE_RANK $MASTER_ADDR:$MASTER_PORT $MDC_LAUNCH_ID"'
+                        ' >> "$ROLE_LOG"'
+                    ),
                 ),
             )
             for r in plan.roles
@@ -480,6 +485,7 @@ def submit(
     copy.write_text((out / "slurm" / "job.sbatch").read_text(encoding="utf-8"), encoding="utf-8")
     job_env = {
         **env,
+        "SLURM_JOB_ID": "4711",
         "SLURM_JOB_NODELIST": nodelist,
         "SLURM_JOB_NUM_NODES": str(len(nodelist.split(","))),
         "SLURM_SUBMIT_DIR": str(cwd),
@@ -512,13 +518,14 @@ def test_each_node_runs_its_role_with_its_rank(
         key=lambda line: int(line.split()[1]),
     )
     # proxy on node 0, then the prefill nodes, then decode; every node sees node 0's address
+    # the launch id is the job's id; the spec's port stays as written
     assert roles == [
-        "proxy 0 n1:29400",
-        "prefill 1 n1:29400",
-        "prefill 2 n1:29400",
-        "decode 3 n1:29400",
-        "decode 4 n1:29400",
-        "decode 5 n1:29400",
+        "proxy 0 n1:29400 4711",
+        "prefill 1 n1:29400 4711",
+        "prefill 2 n1:29400 4711",
+        "decode 3 n1:29400 4711",
+        "decode 4 n1:29400 4711",
+        "decode 5 n1:29400 4711",
     ]
     srun = (tmp_path / "fake-log" / "srun.args").read_text().splitlines()
     assert srun == [
@@ -530,6 +537,41 @@ def test_each_node_runs_its_role_with_its_rank(
         "bash",
         f"{out}/slurm/node.sh",
     ]
+
+
+@pytest.mark.slow
+def test_a_derived_port_comes_from_the_job_id_and_node_0_probes(
+    compiler: Compiler, tmp_path: Path, fake_slurm: dict[str, str]
+) -> None:
+    """Two jobs of one compiled tree: each job's nodes share one port, derived from its
+    SLURM_JOB_ID; the batch script, on node 0, steps past a port in use there."""
+    data = spec()
+    del data["distributed"]["master_port"]
+    data["distributed"].update(launcher="roles", nnodes=3, accelerator="cpu")
+    out = write(compile_data(compiler, tmp_path, data), tmp_path / "out")
+    log = tmp_path / "fake-log" / "roles"
+
+    def ports(job_id: str, node_name: str) -> set[str]:
+        log.unlink(missing_ok=True)
+        done = submit(
+            out, fake_slurm, out, "n1,n2,n3", SLURM_JOB_ID=job_id, SLURMD_NODENAME=node_name
+        )
+        assert done.returncode == 0, done.stderr
+        lines = [line.split() for line in log.read_text().splitlines()]
+        assert len(lines) == 3 and {line[3] for line in lines} == {job_id}
+        return {line[2].split(":")[1] for line in lines}
+
+    first, second = hashed_port("4711"), hashed_port("4712")
+    assert ports("4711", "n1") == {str(first)} and ports("4712", "n1") == {str(second)}
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            busy.bind(("127.0.0.1", first))
+        except OSError:
+            pytest.skip(f"port {first} is taken on this host")
+        busy.listen()
+        assert ports("4711", "n1") == {str(first + 1)}  # node 0 steps to a free port
+        assert ports("4711", "n2") == {str(first)}  # not on node 0: no probe, the hash
 
 
 @pytest.mark.slow

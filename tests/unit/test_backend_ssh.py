@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -114,7 +115,8 @@ def test_hostfile_lists_the_hosts_in_node_order(compiler: Compiler, tmp_path: Pa
     assert out["ssh/hostfile"] == "gpu2\ngpu1\n10.0.0.7\ngpu3\n"
     assert compiled.plan.hosts == ("gpu2", "gpu1", "10.0.0.7", "gpu3")
     assert "hosts=(gpu2 gpu1 10.0.0.7 gpu3)\n" in out["ssh/launch.sh"]
-    assert "export MASTER_ADDR=gpu2\nexport MASTER_PORT=29400\n" in out["ssh/launch.sh"]
+    assert "export MASTER_ADDR=gpu2\n" in out["ssh/launch.sh"]
+    assert "export MASTER_PORT=29400\n" in out["ssh/launch.sh"]  # the spec's, as written
     assert {a.path: a.executable for a in compiled.tree}["ssh/launch.sh"]
     assert compiled.diagnostics == ()
 
@@ -293,19 +295,25 @@ def test_every_host_runs_its_role_with_its_rank(
         for node, role in enumerate(["proxy", "prefill", "decode", "decode"])
     ]
     args = (tmp_path / "fake-log" / "ssh-h2.args").read_text().splitlines()
-    assert args[:7] == [
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "LogLevel=ERROR",
-        "-tt",
-        "h2",
-        (
+    assert args[:6] == ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-tt", "h2"]
+    command = re.fullmatch(
+        re.escape(
             f"stty -onlcr 2>/dev/null; cd '{out}' && exec env NODE_RANK=2 "
-            "'MASTER_ADDR=h0' MASTER_PORT=29400 'NODE_HOSTS=h0 h1 h2 h3' "
-            "bash 'launch/decode.sh'"
-        ),
-    ]
+            "'MASTER_ADDR=h0' MASTER_PORT=29400 'MDC_LAUNCH_ID="
+        )
+        + r"([^']+)"
+        + re.escape("' 'NODE_HOSTS=h0 h1 h2 h3' bash 'launch/decode.sh'"),
+        args[6],
+    )
+    assert command is not None, args[6]
+    # one launch id, given to every host
+    ids = {
+        re.search(
+            r"'MDC_LAUNCH_ID=([^']+)'", (tmp_path / "fake-log" / f"ssh-{h}.args").read_text()
+        ).group(1)  # type: ignore[union-attr]
+        for h in hosts
+    }
+    assert ids == {command.group(1)}
 
 
 @pytest.mark.slow

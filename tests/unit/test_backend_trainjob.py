@@ -79,8 +79,12 @@ def test_trainer_contract(
     assert trainer["numNodes"] == 4 and trainer["numProcPerNode"] == 8  # integers here
     assert trainer["resourcesPerNode"]["limits"] == {"amd.com/gpu": 8}
     assert trainer["command"] == ["bash", "/mdc/k8s/node.sh"]
-    env = {e["name"]: e["value"] for e in trainer["env"]}
-    assert env == {"MASTER_PORT": "29500"}
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env == {
+        "MASTER_PORT": "29500",
+        "MDC_NAMESPACE": None,  # from the downward API
+        "MDC_LAUNCH_ID": "$(MDC_NAMESPACE)/" + job["metadata"]["name"],
+    }
     assert not any(name.startswith("PET_") for name in env)  # the Trainer's own win anyway
     node_sh = configmap["data"]["k8s--node.sh"]
     assert pod_node_hosts(node_sh) == [f"tj-node-0-{i}.tj" for i in range(4)]

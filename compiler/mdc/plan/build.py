@@ -27,6 +27,7 @@ from mdc.plan.model import (
 )
 from mdc.plan.ranks import RankGrid, complete_order, divisors
 from mdc.plan.stages import Model, StageLayers, layout_vpp, split_layers
+from mdc.runtime import PORT_RANGE
 from mdc.spec import JobSpec, ModelTable
 
 if TYPE_CHECKING:
@@ -35,14 +36,13 @@ if TYPE_CHECKING:
 Locate = Callable[[str], SourceLocation]
 
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
-#: Derived master ports fall in this unprivileged range, below Linux's ephemeral ports.
-PORT_RANGE = (20000, 30000)
 DEFAULT_BACKEND = "local"
 DEFAULT_ACCELERATOR = "nvidia"
 
 
 def derived_port(job_name: str) -> int:
-    """A stable port per job name, so concurrent jobs on one host do not collide."""
+    """A stable port per job name, for manifests that fix it (each pod has its own ports);
+    scripts derive theirs at run time from the launch id instead (mdc.runtime.port_lines)."""
     digest = hashlib.sha256(job_name.encode()).digest()
     low, high = PORT_RANGE
     return low + int.from_bytes(digest[:8], "big") % (high - low)

@@ -104,9 +104,25 @@ class DisaggSplit:
 
 @attrs.frozen(kw_only=True)
 class Rendezvous:
+    #: the port written in the spec; when derived, the port hashed from the job name, which
+    #: backends that fix the port in a manifest use (each pod has its own ports)
     master_port: int
-    #: "spec" when written, "derived" when hashed from the job name
+    #: "spec" when written, "derived" when not: the backend's scripts then derive it at run
+    #: time from the launch id (MDC_LAUNCH_ID), or use master_port where a manifest fixes it
     port_origin: str
+
+    @property
+    def derived(self) -> bool:
+        return self.port_origin == "derived"
+
+    def text(self) -> str:
+        """The port as plan.json's worker env states it."""
+        if not self.derived:
+            return str(self.master_port)
+        return (
+            "chosen at run time from a hash of MDC_LAUNCH_ID, the first free port on node 0 "
+            f"(Kubernetes manifests: {self.master_port})"
+        )
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mdc.api import Artifact, Plan, script_path, shell_word
+from mdc.api import LAUNCH_ID, Artifact, Plan, script_path, shell_word
 
 from .k8s_apply import report_size
 from .k8s_names import configmap_name, metadata
@@ -130,6 +130,16 @@ def field_ref(path: str) -> dict[str, Any]:
     return {"fieldRef": {"fieldPath": path}}
 
 
+def launch_id_env(plan: Plan) -> dict[str, str | Mapping[str, Any]]:
+    """``MDC_LAUNCH_ID`` = ``<namespace>/<object name>``: the apiserver holds one object of a
+    name per namespace at a time, so concurrent launches never share it (the namespace from
+    the downward API, expanded by the kubelet as ``$(MDC_NAMESPACE)``)."""
+    return {
+        "MDC_NAMESPACE": field_ref("metadata.namespace"),
+        LAUNCH_ID.name: f"$(MDC_NAMESPACE)/{plan.job.name}",
+    }
+
+
 def container(
     plan: Plan,
     opts: PodOptions,
@@ -144,8 +154,7 @@ def container(
     if opts.image_pull_policy is not None:
         spec["imagePullPolicy"] = opts.image_pull_policy
     spec["command"] = ["bash", f"{MOUNT}/{NODE_SCRIPT}"]
-    if env:
-        spec["env"] = env_list(env)
+    spec["env"] = env_list({**env, **launch_id_env(plan)})
     if ports:
         spec["ports"] = [{"containerPort": port, "protocol": "TCP"} for port in sorted(set(ports))]
     res = resources(plan, opts)

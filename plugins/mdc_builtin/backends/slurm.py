@@ -2,7 +2,9 @@
 
 ``slurm/job.sbatch`` holds the ``#SBATCH`` directives (from the plan and the
 ``[slurm]`` table), finds the compiled tree, sets ``MASTER_ADDR`` to the first
-host of the allocation and ``MASTER_PORT`` to the plan's port, and runs
+host of the allocation, ``MDC_LAUNCH_ID`` to ``SLURM_JOB_ID`` and ``MASTER_PORT`` to the
+spec's port, else to one derived from the job id (free on node 0, where the script runs),
+and runs
 ``srun --kill-on-bad-exit=1`` with one task per node. Each task runs
 ``slurm/node.sh``, which takes ``NODE_RANK`` from ``SLURM_NODEID`` and runs
 that node's role, ``launch/<role>.sh`` (in a container when asked: pyxis or
@@ -40,6 +42,8 @@ from mdc.api import (
     Severity,
     Word,
     around_launch,
+    launch_id_lines,
+    port_lines,
     read_schema,
     script_path,
     shell_join,
@@ -309,7 +313,14 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
         "fi",
         'export MASTER_ADDR="${hosts[0]}"',
         'export NODE_HOSTS="${hosts[*]}"',
-        f"export MASTER_PORT={plan.rendezvous.master_port}",
+        *launch_id_lines("SLURM_JOB_ID", "SLURM"),
+        # SLURM runs this script on the first node of the allocation, node 0: it probes
+        # there, and srun gives every node the port it chose
+        *port_lines(
+            plan.rendezvous.master_port,
+            plan.rendezvous.derived,
+            probe='[[ "${SLURMD_NODENAME:-}" == "${hosts[0]}" ]]',
+        ),
         'export MDC_OUT="$out"',
         *around_launch(opts.setup, opts.teardown, "slurm"),
     ]

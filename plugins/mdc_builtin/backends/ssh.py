@@ -3,8 +3,8 @@
 ``ssh/hostfile`` lists the hosts in node-rank order. ``ssh/launch.sh``
 starts each node's role (``launch/<role>.sh``) on its host with ``ssh -tt``,
 passing ``NODE_RANK``, ``MASTER_ADDR`` (the first host, or ``[ssh]
-master_addr``) and ``MASTER_PORT``; it waits for all of them, returns the
-first non-zero exit status and stops the others. ``-tt`` gives each remote
+master_addr``), ``MASTER_PORT`` and ``MDC_LAUNCH_ID`` (fresh for each run); it waits
+for all of them, returns the first non-zero exit status and stops the others. ``-tt`` gives each remote
 command a terminal, so when launch.sh stops an ssh client the remote side
 gets SIGHUP and ends too, instead of running on unattended.
 
@@ -34,6 +34,8 @@ from mdc.api import (
     Plan,
     Severity,
     around_launch,
+    launch_id_lines,
+    port_lines,
     read_schema,
     script_path,
     shell_word,
@@ -115,7 +117,13 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         _array("ssh_command", ssh_words(opts)),
         _array("forward", opts.forward_env),
         f"export MASTER_ADDR={shell_word(master_addr(opts))}",
-        f"export MASTER_PORT={plan.rendezvous.master_port}",
+        *launch_id_lines(None),
+        # only where node 0 runs on this machine can the port be probed here
+        *port_lines(
+            plan.rendezvous.master_port,
+            plan.rendezvous.derived,
+            probe="true" if hosts and LOOPBACK.fullmatch(hosts[0]) else None,
+        ),
         'export NODE_HOSTS="${hosts[*]}"',
         "",
         "# One word for the remote shell, in POSIX single quotes.",
@@ -135,6 +143,7 @@ def launch_script(plan: Plan, opts: SshOptions) -> str:
         "    fi",
         "  done",
         '  command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"',
+        '  command+=" $(quote "MDC_LAUNCH_ID=$MDC_LAUNCH_ID")"',
         '  command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"',
         '  command+=" bash $(quote "$2")"',
         '  printf "%s" "$command"',

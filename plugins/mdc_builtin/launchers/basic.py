@@ -124,7 +124,7 @@ def emit(plan: Plan, options: BasicOptions | None) -> Launch:
         "LOCAL_WORLD_SIZE": str(nproc),
         "NODE_RANK": f"the backend's node index, 0..{last}" if last else "0 (the only node)",
         "MASTER_ADDR": "node 0's address (set by the backend)",
-        "MASTER_PORT": str(plan.rendezvous.master_port),
+        "MASTER_PORT": plan.rendezvous.text(),
     }
     return Launch(
         roles=(Role(name="worker", argv=argv, env=env),),

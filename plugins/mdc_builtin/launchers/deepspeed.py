@@ -320,7 +320,7 @@ def _deepspeed_runner(plan: Plan, opts: DeepSpeedOptions) -> _Runner:
             "CROSS_RANK": "NODE_RANK",
             "CROSS_SIZE": str(nnodes),
             "MASTER_ADDR": "node 0",
-            "MASTER_PORT": str(plan.rendezvous.master_port),
+            "MASTER_PORT": plan.rendezvous.text(),
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(nproc))
             + " (set by the deepspeed launcher)",
             "GROUP_RANK": "NODE_RANK (set by mdc, as torchrun would)",

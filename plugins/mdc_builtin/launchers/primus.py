@@ -173,7 +173,7 @@ def _worker_env(plan: Plan, options: PrimusOptions, env: dict[str, Word]) -> dic
         {
             "NODE_RANK": f"the backend's node index, 0..{last}" if last else "0 (the only node)",
             "MASTER_ADDR": "node 0's address (set by the backend)",
-            "MASTER_PORT": str(plan.rendezvous.master_port),
+            "MASTER_PORT": plan.rendezvous.text(),
             "MAD_RUNTIME_NGPUS": f"{nproc} (madengine's name for GPUS_PER_NODE)",
             # run_pretrain.sh / primus-cli start torchrun with --node_rank (static rendezvous)
             "RANK": f"NODE_RANK * {nproc} + LOCAL_RANK (set by the torchrun Primus starts)",

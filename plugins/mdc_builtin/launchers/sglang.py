@@ -167,9 +167,9 @@ def emit(plan: Plan, options: SglangOptions | None) -> Launch:
         if plan.nnodes > 1
         else "0 (the only node)",
         "MASTER_ADDR": "node 0's address (set by the backend)",
-        "MASTER_PORT": f"{plan.rendezvous.master_port} (SGLang's --dist-init-addr port)"
+        "MASTER_PORT": f"{plan.rendezvous.text()} (SGLang's --dist-init-addr port)"
         if plan.nnodes > 1
-        else str(plan.rendezvous.master_port),
+        else plan.rendezvous.text(),
     }
     argv: tuple[Word, ...] = tuple(server_argv(plan, options))
     files: tuple[Artifact, ...] = ()

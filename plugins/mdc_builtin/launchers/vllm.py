@@ -348,11 +348,11 @@ def emit(plan: Plan, options: VllmOptions | None) -> Launch:
         "NODE_RANK": "the backend's node index" if plan.nnodes > 1 else "0 (the only node)",
         "MASTER_ADDR": "node 0's address (set by the backend)",
         "MASTER_PORT": (
-            f"{plan.rendezvous.master_port} (the Ray head's port)"
+            f"{plan.rendezvous.text()} (the Ray head's port)"
             if how == "ray" or spans
-            else f"{plan.rendezvous.master_port} (--data-parallel-rpc-port)"
+            else f"{plan.rendezvous.text()} (--data-parallel-rpc-port)"
             if how == "dp"
-            else str(plan.rendezvous.master_port)
+            else plan.rendezvous.text()
         ),
     }
     if how in ("ray", "dp"):

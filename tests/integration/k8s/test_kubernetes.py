@@ -25,6 +25,7 @@ from validate import (
     CRDS,
     OLDEST,
     is_builtin,
+    kubelet_env,
     newest,
     validate_builtin,
     validate_custom,
@@ -311,13 +312,20 @@ def test_node_script_runs_each_index_as_its_role(compiler: Compiler, tmp_path: P
     compiled = compiler.compile(spec)
     docs = k8s_documents(compiled)
     job = next(d for d in docs if d["kind"] == "Job")
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     hosts = [f"rank-{i}.rank.ml.svc.cluster.local" for i in range(3)]
     # NODE_HOSTS is built by node.sh (below), so the Job does not grow with nnodes
     assert env == {
         "MASTER_ADDR": hosts[0],
         "MASTER_PORT": str(compiled.plan.rendezvous.master_port),
+        "MDC_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "MDC_LAUNCH_ID": "$(MDC_NAMESPACE)/rank",
     }
+    env = kubelet_env(job["spec"]["template"]["spec"]["containers"][0]["env"], "ml")
+    assert env["MDC_LAUNCH_ID"] == "ml/rank"  # <namespace>/<Job name>
     assert job["spec"]["template"]["spec"]["subdomain"] == "rank"
     service = next(d for d in docs if d["kind"] == "Service")
     assert service["spec"]["clusterIP"] == "None"

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 import yaml
-from validate import CRDS, OLDEST, is_builtin, newest, validate_custom, validate_document
+from validate import (
+    CRDS,
+    OLDEST,
+    is_builtin,
+    kubelet_env,
+    newest,
+    validate_custom,
+    validate_document,
+)
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
@@ -104,7 +112,7 @@ def lay_out(docs: list[dict[str, Any]], out: Path, rtype: str) -> dict[str, str]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(docs[0]["data"][item["key"]], encoding="utf-8")
         path.chmod(item["mode"])
-    return {e["name"]: e["value"] for e in pod["containers"][0].get("env", [])}
+    return kubelet_env(pod["containers"][0].get("env", []))
 
 
 def fake_torchrun(tmp_path: Path) -> str:

@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 import yaml
 from test_pytorchjob import retarget
-from validate import CRDS, OLDEST, is_builtin, newest, validate_custom, validate_document
+from validate import (
+    CRDS,
+    OLDEST,
+    is_builtin,
+    kubelet_env,
+    newest,
+    validate_custom,
+    validate_document,
+)
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
@@ -110,7 +118,8 @@ def test_nodes_run_with_the_trainers_env(compiler: Compiler, tmp_path: Path) -> 
         '#!/usr/bin/env bash\necho "$NODE_HOSTS"\necho "$@"\n', encoding="utf-8"
     )
     (bin_dir / "torchrun").chmod(0o755)
-    env = {e["name"]: e["value"] for e in job["spec"]["trainer"]["env"]}
+    env = kubelet_env(job["spec"]["trainer"]["env"])
+    assert env["MDC_LAUNCH_ID"] == "default/" + job["metadata"]["name"]
     for index in range(3):
         trainer = {
             "PET_NNODES": "3",

@@ -242,3 +242,22 @@ def validate_document(doc: Mapping[str, Any], versions: tuple[str, ...] = ()) ->
             for e in validate_builtin(doc, v)
         ]
     return [f"{name} {e}" for e in validate_custom(doc)]
+
+
+def kubelet_env(entries: list[dict[str, Any]], namespace: str = "default") -> dict[str, str]:
+    """A container's ``env`` as its process sees it: the downward API's ``metadata.namespace``
+    resolved, and ``$(NAME)`` in a value replaced by an earlier entry's value (the kubelet's
+    dependent environment variables; an unknown name is left as written)."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        if "valueFrom" in entry:
+            path = entry["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == "metadata.namespace", entry
+            out[entry["name"]] = namespace
+        else:
+            out[entry["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: out.get(m.group(1), m.group(0)),
+                entry["value"],
+            )
+    return out

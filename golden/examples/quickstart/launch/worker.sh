@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'quickstart' (node 0), launcher torchrun.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS
+# and MDC_LAUNCH_ID set.
 set -euo pipefail
 export MAD_MULTI_NODE_RUNNER="torchrun --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 0"
 export NNODES=1

@@ -9,6 +9,9 @@ hosts=(gpu-node-01 gpu-node-02)
 ssh_command=(ssh -o ConnectTimeout=10 -o StrictHostKeyChecking=accept-new -o BatchMode=yes -o LogLevel=ERROR -tt -l trainer)
 forward=(PATH VIRTUAL_ENV HF_HOME)
 export MASTER_ADDR=gpu-node-01
+# This launch's id, exported to every process: fresh for every run of this script.
+MDC_LAUNCH_ID="$(date -u +%Y%m%dT%H%M%SZ)-$$-$RANDOM"
+export MDC_LAUNCH_ID
 export MASTER_PORT=29500
 export NODE_HOSTS="${hosts[*]}"
 
@@ -29,6 +32,7 @@ remote_command() {
     fi
   done
   command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"
+  command+=" $(quote "MDC_LAUNCH_ID=$MDC_LAUNCH_ID")"
   command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"
   command+=" bash $(quote "$2")"
   printf "%s" "$command"

@@ -3,6 +3,9 @@
 set -euo pipefail
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MASTER_ADDR=127.0.0.1
+# This launch's id, exported to every process: fresh for every run of this script.
+MDC_LAUNCH_ID="$(date -u +%Y%m%dT%H%M%SZ)-$$-$RANDOM"
+export MDC_LAUNCH_ID
 export MASTER_PORT=29500
 node_hosts=()
 for ((node = 0; node < 4; node++)); do node_hosts+=(127.0.0.1); done

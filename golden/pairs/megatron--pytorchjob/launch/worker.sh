@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'pair-megatron' (nodes 0-1), launcher megatron.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS
+# and MDC_LAUNCH_ID set.
 set -euo pipefail
 : "${MASTER_ADDR:?MASTER_ADDR must be set by the backend}"
 : "${MASTER_PORT:?MASTER_PORT must be set by the backend}"
