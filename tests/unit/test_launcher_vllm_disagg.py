@@ -472,3 +472,17 @@ def test_head_args_reach_only_a_servers_first_node(tmp_path: Path) -> None:
     head, later = sorted(recorded(env), key=lambda r: "--headless" in r)
     assert "--api-server-count=2" in head and "--headless" not in head
     assert "--api-server-count=2" not in later and "--headless" in later
+
+
+def test_args_are_read_with_vllms_spellings(tmp_path: Path) -> None:
+    """vLLM's FlexibleArgumentParser reads --a_b as --a-b, and argparse takes an unambiguous
+    prefix of a long option: both are the role's size keys."""
+    options = {
+        "prefill": {"args": ["--tensor_parallel_size", "2"]},
+        "decode": {"data_parallel_size": 2, "args": ["--enable-expert", "-tp=1"]},
+    }
+    compiled = compile_(tmp_path, spec(1, 8, options))
+    servers = {s.role: s for s in compiled.launch.servers}
+    assert (servers["prefill"].tp, servers["decode"].tp, servers["decode"].ep) == (2, 1, 2)
+    script = next(f.data.decode() for f in compiled.tree if f.path == "launch/vllm_disagg.sh")
+    assert "--tensor_parallel_size" not in script and "--enable-expert " not in script

@@ -59,6 +59,7 @@ from mdc.api import (
     Word,
     already_set,
     command_pointer,
+    dashes,
     disagreeing,
     disagreement_text,
     drop_flags,
@@ -101,7 +102,8 @@ def _keyed(flag: str, key: str, *aliases: str, convert: Any = None) -> KnownFlag
 #: the flags mdc writes on a server's command line, as vLLM's parser spells them
 #: (vllm/engine/arg_utils.py): a role's sizes and the model are read as their keys (the
 #: pipeline reads the arguments, a value that disagrees with a key written is refused);
-#: the others are compared with what mdc writes for the server
+#: the others are compared with what mdc writes for the server. vLLM's FlexibleArgumentParser
+#: reads --a_b as --a-b, and (argparse's default) takes an unambiguous prefix of a long option
 OWNED_FLAGS = FlagTable(
     [
         _keyed("--model", "/vllm_disagg/model"),
@@ -123,8 +125,11 @@ OWNED_FLAGS = FlagTable(
                 vllm.EXECUTOR_FLAG,
             )
         ),
-    ]
+    ],
+    normalize=dashes,
+    abbreviations=True,
 )
+
 #: where a user passes server flags: every server's, then a role's (vLLM keeps the last)
 READING = FlagReading(
     table=OWNED_FLAGS,
