@@ -735,6 +735,14 @@ CODES: dict[str, Code] = {
         "warning: [workload] is set for a training launcher, which does not read it",
         "remove [workload], or use a serving launcher",
     ),
+    "MDC621": Code(
+        "mdc tune on a serving launcher needs [workload]",
+        "add [workload] input_tokens, output_tokens and concurrency (or request_rate)",
+    ),
+    "MDC622": Code(
+        "mdc tune does not search this serving launcher's deployments",
+        "use a launcher it searches (trtllm, vllm)",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(

@@ -218,3 +218,18 @@ def test_held_out_by_model_the_error_stays_small() -> None:
     for model, errs in serving_fit.held_out(rows, "model").items():
         absolute = sorted(abs(e) for e in errs)
         assert absolute[len(absolute) // 2] <= 0.25, model
+
+
+def test_trtllm_attention_data_parallel_is_the_servers_dp(tmp_path: Path) -> None:
+    """TensorRT-LLM's enable_attention_dp runs attention per tp rank, as SGLang's DP
+    attention: the servers say so (dp = tp), and the model reads each rank's own cache."""
+    plain = compile_(tmp_path, trtllm())
+    data = trtllm()
+    data["trtllm"]["enable_attention_dp"] = True
+    adp = compile_(tmp_path, data)
+    assert [s.dp for s in plain.launch.servers] == [1]
+    assert [s.dp for s in adp.launch.servers] == [8]
+    with_adp = plan_json(adp.plan, adp.launch)["predicted"]
+    without = plan_json(plain.plan, plain.launch)["predicted"]
+    # the latent KV cache is no longer read by all 8 ranks for every request
+    assert with_adp["tpot_ms"] < without["tpot_ms"]

@@ -20,6 +20,10 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
 
     doc, notes = translate(load_file(args.spec))
     out.diagnostics(notes)
+    if _serving(compiler, doc):  # a serving launcher: the deployment search
+        from mdc.tune.serving_report import cmd_tune_serving
+
+        return cmd_tune_serving(args, compiler, doc, out)
     tuner = Tuner(compiler, doc)
     result = tuner.run(top=args.top, headroom=args.headroom / 100)
     if not result.rows:
@@ -55,6 +59,15 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     else:
         out.stdout.write(text(result))
     return ExitCode.OK
+
+
+def _serving(compiler: Compiler, doc: Any) -> bool:
+    """Whether the spec names a serving launcher (the schema check comes later)."""
+    data = doc.data if isinstance(doc.data, dict) else {}
+    dist = data.get("distributed")
+    name = dist.get("launcher") if isinstance(dist, dict) else None
+    reg = compiler.plugins.launchers.get(name) if isinstance(name, str) else None
+    return reg is not None and getattr(reg.record, "workload", None) == "serving"
 
 
 def _positive(text: str) -> int:

@@ -196,7 +196,7 @@ class _Server:
     @property
     def max_batch(self) -> int:
         limit = self.role.max_batch or self.c.max_batch.get(self.dep.launcher, 1024)
-        return max(1, min(limit * self.role.dp, self.capacity_seqs))
+        return min(limit * self.role.dp, self.capacity_seqs)
 
     def bandwidth(self) -> float:
         """Bytes/s of one GPU's link for this server's collectives."""
@@ -308,14 +308,43 @@ def predict(
     dep: Deployment,
     workload: WorkloadTable,
     constants: Constants = DEFAULT,
+    cache: dict[Any, _Server] | None = None,
 ) -> ServingPrediction:
-    """The deployment's TTFT, TPOT and throughput under ``workload``."""
-    servers = [server_of(r, shape, hw, dep, workload, constants) for r in dep.roles]
+    """The deployment's TTFT, TPOT and throughput under ``workload``. A search passes one
+    ``cache`` for all its deployments of one model, accelerator, engine and workload: a
+    server's costs do not depend on how many of it there are."""
+    servers = []
+    for r in dep.roles:
+        key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch)
+        found = cache.get(key) if cache is not None else None
+        if found is None:
+            found = server_of(r, shape, hw, dep, workload, constants)
+            if cache is not None:
+                cache[key] = found
+        servers.append(found if found.role == r else attrs.evolve(found, role=r))
+    if any(s.capacity_seqs < 1 for s in servers):
+        return _unfit(servers)
     if len(servers) == 1:
         return _aggregated(servers[0], workload)
     prefill = next(s for s in servers if s.role.name in PREFILL_ROLES)
     decode = next(s for s in servers if s.role.name in DECODE_ROLES)
     return _disaggregated(prefill, decode, workload)
+
+
+def _unfit(servers: list[_Server]) -> ServingPrediction:
+    """A deployment whose weights leave no room for one request's KV cache: it serves
+    nothing."""
+    return ServingPrediction(
+        ttft_ms=math.inf,
+        tpot_ms=math.inf,
+        output_tokens_per_s_per_gpu=0.0,
+        output_tokens_per_s_per_user=0.0,
+        requests_per_s=0.0,
+        binding="memory",
+        batch={s.role.name: 0 for s in servers},
+        memory_gib={s.role.name: s.memory_gib for s in servers},
+        overloaded=True,
+    )
 
 
 def _context(w: WorkloadTable) -> float:
@@ -412,37 +441,57 @@ def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
 
 
 def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPrediction:
+    """Prefill servers, the KV transfer, decode servers. At a decode batch ``B`` per decode
+    server a step takes ``step(B)``, so the decode servers finish ``X = D x B / (out x
+    step(B))`` requests per second (Little's law); the prefill servers then run at load
+    ``X x service / P`` and a request waits M/D/1's mean before its prefill. A closed loop
+    holds ``D x B + X x TTFT`` requests, which grows with ``B``: the batch is the one that
+    holds ``concurrency``. An open loop's batch is the one whose ``X`` is the rate."""
     inp, out = w.input_tokens, w.output_tokens
     ctx = _context(w)
     service = p.prefill(inp, inp)
     transfer = _kv_transfer(p, d, w)
     prefill_rate = p.role.servers / service
-    cap = d.max_batch
-    gpus = p.role.servers * p.role.gpus + d.role.servers * d.role.gpus
+    cap = float(d.max_batch)
+    decoders = d.role.servers
+    gpus = p.role.servers * p.role.gpus + decoders * d.role.gpus
+
+    def rate_at(batch: float) -> float:
+        return decoders * batch / (out * d.decode_step(batch, ctx))
+
+    # the prefill servers' limit: the batch past which they cannot keep up
+    full = (
+        cap
+        if rate_at(cap) < 0.999 * prefill_rate
+        else _bisect(lambda b: rate_at(b) < 0.999 * prefill_rate, cap)
+    )
     overloaded, binding = False, ""
     if w.request_rate is not None:
-        rate = w.request_rate
+        if rate_at(full) >= w.request_rate:
+            target = w.request_rate
+            batch = _bisect(lambda b: rate_at(b) < target, full)
+        else:
+            batch, overloaded = full, True
     else:
-        # closed loop: the rate whose cycle (TTFT + decode) keeps `concurrency` in flight
-        def in_flight(rate: float) -> float:
-            per = rate / d.role.servers
-            batch = _little(lambda b: per * out * d.decode_step(b, ctx), cap, 24)
-            wait = _mdl_wait(rate / prefill_rate, service)
-            return rate * (service + wait + transfer + out * d.decode_step(batch, ctx))
+        concurrency = float(w.concurrency or 1)
 
-        rate = _solve_rate(in_flight, float(w.concurrency or 1), prefill_rate)
+        def held(batch: float) -> float:
+            rate = rate_at(batch)
+            wait = _mdl_wait(rate / prefill_rate, service)
+            return decoders * batch + rate * (service + wait + transfer)
+
+        batch = (
+            full if held(full) <= concurrency else _bisect(lambda b: held(b) < concurrency, full)
+        )
+    rate = rate_at(batch)
     load = rate / prefill_rate
-    if load >= 0.999:
-        rate, overloaded, binding = 0.999 * prefill_rate, w.request_rate is not None, "queueing"
-    batch = _little(lambda b: rate / d.role.servers * out * d.decode_step(b, ctx), cap)
-    if batch >= cap and rate / d.role.servers * out * d.decode_step(cap, ctx) > cap * 1.001:
-        rate = cap * d.role.servers / (out * d.decode_step(cap, ctx))
-        overloaded = overloaded or w.request_rate is not None
-        binding = "KV capacity" if cap == d.capacity_seqs else "batch limit"
-    load = rate / prefill_rate
-    wait = _mdl_wait(min(load, 0.999), service)
-    if load > 0.85 and not binding:
+    if batch >= full and full < cap and (overloaded or w.request_rate is None):
         binding = "queueing"
+    elif batch >= cap and (overloaded or (w.concurrency or 0) > decoders * cap):
+        binding = "KV capacity" if cap == d.capacity_seqs else "batch limit"
+    elif load > 0.85:
+        binding = "queueing"
+    wait = _mdl_wait(min(load, 0.999), service)
     tpot = d.decode_step(batch, ctx)
     return ServingPrediction(
         ttft_ms=(service + wait + transfer) * 1e3,
@@ -457,18 +506,16 @@ def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPredictio
     )
 
 
-def _solve_rate(in_flight: Any, concurrency: float, limit: float) -> float:
-    """The request rate at which ``in_flight(rate) == concurrency`` (it grows with rate)."""
-    low, high = 0.0, limit * 0.999
-    if in_flight(high) <= concurrency:
-        return high
-    for _ in range(30):
+def _bisect(below: Any, high: float, rounds: int = 30) -> float:
+    """The largest ``b`` in (0, high] with ``below(b)`` true (``below`` holds up to a point)."""
+    low = 0.0
+    for _ in range(rounds):
         mid = (low + high) / 2
-        if in_flight(mid) < concurrency:
+        if below(mid):
             low = mid
         else:
             high = mid
-    return low
+    return max(low, 1e-6)
 
 
 # -- the plan as written ---------------------------------------------------------------

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
+
+from mdc.spec import WorkloadTable
+from mdc.tune.serving_search import Candidate, Result
 
 if TYPE_CHECKING:
     from mdc.api import Launch
@@ -33,3 +37,144 @@ def predicted_lines(plan: Plan, launch: Launch) -> list[str]:
         f"  bound by {p.binding}"
         + ("; overloaded: requests queue without end" if p.overloaded else ""),
     ]
+
+
+# -- mdc tune's serving output -----------------------------------------------------------
+
+HEADER = (
+    f"{'#':>2}  {'deployment':<34} {'GPUs':>5} {'TTFT ms':>8} {'TPOT ms':>8} "
+    f"{'tok/s/user':>10} {'tok/s/GPU':>10} {'GiB/GPU':>8}  binding"
+)
+
+
+def _memory(c: Candidate) -> float:
+    return max(c.prediction.memory_gib.values())
+
+
+def _row(rank: int, c: Candidate) -> str:
+    p = c.prediction
+    mark = "" if c.meets_slo else " (misses SLO)"
+    return (
+        f"{rank:>2}  {c.label():<34} {c.deployment.gpus:>5} {_ms(p.ttft_ms):>8} "
+        f"{_ms(p.tpot_ms):>8} {p.output_tokens_per_s_per_user:>10.1f} "
+        f"{p.output_tokens_per_s_per_gpu:>10.1f} {_memory(c):>8.1f}  {p.binding}{mark}"
+    )
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isinf(value) else f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _workload_words(w: WorkloadTable) -> str:
+    load = (
+        f"{w.concurrency} requests in flight"
+        if w.concurrency is not None
+        else f"{w.request_rate:g} requests/s (Poisson)"
+    )
+    words = f"{w.input_tokens} in / {w.output_tokens} out tokens, {load}"
+    if w.slo is not None:
+        limits = [
+            f"{name} <= {value:g} ms"
+            for name, value in (("TTFT", w.slo.ttft_ms), ("TPOT", w.slo.tpot_ms))
+            if value is not None
+        ]
+        words += f"; SLO {', '.join(limits)}"
+    return words
+
+
+def text(result: Result) -> str:
+    """The ranked table and why the runners-up lost."""
+    lines = [
+        f"mdc tune (serving): {result.generated} deployments of {result.gpus} GPUs searched, "
+        f"{result.fitting} fit memory; {_workload_words(result.workload)}",
+        HEADER,
+    ]
+    lines += [_row(i + 1, c) for i, c in enumerate(result.rows)]
+    if result.refused:
+        refused = ", ".join(f"{code} x{n}" for code, n in sorted(result.refused.items()))
+        lines.append(f"refused by the compiler: {refused}")
+    lines.append(why_line(result))
+    return "\n".join(lines) + "\n"
+
+
+def why_line(result: Result) -> str:
+    """One line: what the best wins by, and on what each runner-up lost."""
+    if not result.rows:
+        return "no deployment compiles"
+    best = result.rows[0]
+    reasons = []
+    for c in result.rows[1:3]:
+        if best.meets_slo and not c.meets_slo:
+            reasons.append(f"{c.label()} misses the SLO")
+            continue
+        less = 1 - c.prediction.output_tokens_per_s_per_gpu / max(
+            best.prediction.output_tokens_per_s_per_gpu, 1e-9
+        )
+        reasons.append(
+            f"{c.label()} gives {less * 100:.0f} % less per GPU ({c.prediction.binding})"
+        )
+    tail = "; ".join(reasons) if reasons else "no runner-up compiles"
+    return f"best: {best.label()}; {tail}"
+
+
+def candidate_json(c: Candidate) -> dict[str, Any]:
+    names = {"server": "server", "prefill": "prefill", "decode": "decode"}
+    roles = {
+        names[r.name]: {**r.to_json(), "max_batch": c.prediction.batch.get(r.name)}
+        for r in c.deployment.roles
+    }
+    return {
+        "launcher": c.deployment.launcher,
+        "mode": c.deployment.mode,
+        "gpus": c.deployment.gpus,
+        "roles": roles,
+        "memory_gib": round(_memory(c), 2),
+        "meets_slo": c.meets_slo,
+        "predicted": c.prediction.to_json(),
+        "spec": dict(c.data),
+    }
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    return {"candidates": [candidate_json(c) for c in result.rows]}
+
+
+def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
+    """``mdc tune SPEC`` for a serving launcher's spec."""
+    from mdc.errors import ExitCode, SpecError
+    from mdc.plan.named_models import name_model
+    from mdc.tune.report import write_spec
+    from mdc.tune.serving_search import ServingTuner
+
+    named, found = name_model(doc)
+    found = [*found, *compiler.checker.check(named)]
+    if any(d.is_error for d in found):
+        raise SpecError(found)
+    tuner = ServingTuner(compiler, doc)
+    result = tuner.run(top=args.top)
+    if not result.rows:
+        print(
+            f"mdc tune: no deployment fits and compiles ({result.generated} searched, "
+            f"{result.fitting} fit memory; refused: {dict(result.refused)})",
+            file=out.stderr,
+        )
+        return ExitCode.SPEC_INVALID
+    if args.write:
+        write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
+    if args.svg:
+        from mdc.emit import write_file
+
+        write_file(args.svg, svg(result).encode("utf-8"), force=args.force, inputs=[args.spec])
+    if out.fmt == "json":
+        out.json(result_json(result))
+    else:
+        out.stdout.write(text(result))
+    return ExitCode.OK
+
+
+def svg(result: Result) -> str:
+    """Throughput per GPU against tokens/s per user: each deployment family's Pareto
+    front its own curve, the TPOT limit as a line, the choice ringed."""
+    from mdc.tune.serving_svg import pareto_svg
+
+    return pareto_svg(result)

@@ -429,6 +429,8 @@ def servers(options: TrtllmOptions, placed: list[Placed]) -> tuple[Server, ...]:
         Server(role="proxy", nodes=(0,), gpus=0, port=options.router_port or DEFAULT_ROUTER_PORT)
     ]
     for p in placed:
+        # attention data parallel: each of the tp ranks runs attention for its own requests
+        attention_dp = role_options(options, p.shape).get("enable_attention_dp") is True
         found.append(
             Server(
                 role=p.shape.role,
@@ -436,6 +438,7 @@ def servers(options: TrtllmOptions, placed: list[Placed]) -> tuple[Server, ...]:
                 gpus=p.shape.gpus,
                 tp=p.shape.tp,
                 pp=p.shape.pp,
+                dp=p.shape.tp if attention_dp else 1,
                 ep=p.shape.ep,
                 port=p.port,
                 first_gpu=p.first_gpu,

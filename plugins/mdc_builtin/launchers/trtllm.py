@@ -404,13 +404,15 @@ def emit(plan: Plan, options: TrtllmOptions | None) -> Launch:
         files=tuple(files),
         worker_env=worker_env,
         endpoint=Endpoint(port=port, every_node=plan.nnodes > 1 and per_node(plan) > 0),
-        servers=servers(plan, port),
+        servers=servers(plan, port, extra_options(opts).get("enable_attention_dp") is True),
     )
 
 
-def servers(plan: Plan, port: int) -> tuple[Server, ...]:
-    """Each server: its nodes, its GPUs there and its port."""
+def servers(plan: Plan, port: int, attention_dp: bool = False) -> tuple[Server, ...]:
+    """Each server: its nodes, its GPUs there and its port; with attention data parallel,
+    its tp ranks each run attention for their own requests (dp = tp)."""
     sizes, gpus = plan.sizes, server_gpus(plan)
+    dp = sizes.tp if attention_dp else 1
     count = per_node(plan)
     role = "server" if plan.world_size == gpus else "replica"
     found: list[Server] = []
@@ -424,6 +426,7 @@ def servers(plan: Plan, port: int) -> tuple[Server, ...]:
                         gpus=gpus,
                         tp=sizes.tp,
                         pp=sizes.pp,
+                        dp=dp,
                         ep=sizes.ep,
                         port=port + k,
                         first_gpu=k * gpus,
@@ -439,6 +442,7 @@ def servers(plan: Plan, port: int) -> tuple[Server, ...]:
                 gpus=gpus,
                 tp=sizes.tp,
                 pp=sizes.pp,
+                dp=dp,
                 ep=sizes.ep,
                 port=port,
             )

@@ -1,0 +1,403 @@
+"""The serving search: every deployment of the spec's GPUs its launcher can run, predicted
+under its [workload], ranked by output throughput per GPU among those meeting the SLO.
+
+A candidate is the spec with its deployment written in the launcher's own keys
+(:data:`WRITERS`): aggregated servers (tp, pp, ep, attention data parallel, and as many
+replicas as the GPUs hold) and, where the launcher runs them, prefill/decode splits (the
+count and sizes of each role). Each is first predicted from its arithmetic
+(:func:`mdc.tune.serving_perf.predict`, with the serving memory estimate deciding what
+fits); then, best first, compiled by the same :class:`~mdc.pipeline.Compiler` as ``mdc
+compile`` and predicted again from the servers the launcher planned (what ``mdc explain``
+shows), until ``top`` of them compile.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from mdc.errors import Finding, SpecError
+from mdc.hardware import Accelerator, with_network
+from mdc.loaders import LoadedDocument
+from mdc.pipeline import Compiler
+from mdc.plan.memory import Shape, resolve_shape
+from mdc.plan.named_models import name_model
+from mdc.spec import JobSpec, WorkloadTable
+from mdc.tune.serving_perf import (
+    DEFAULT,
+    Constants,
+    Deployment,
+    Role,
+    ServingPrediction,
+    deployment_of,
+    predict,
+    predict_plan,
+)
+
+#: compile at most this many refused candidates before giving up on more rows
+MAX_REFUSED = 200
+#: the engine's memory share the arithmetic stage assumes (compile then reads the spec's)
+SHARE = {"trtllm": ("free", 0.9)}
+
+
+@attrs.frozen(kw_only=True)
+class Candidate:
+    deployment: Deployment
+    prediction: ServingPrediction
+    meets_slo: bool
+    #: the spec with the deployment written in (written for the rows compiled)
+    data: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The curve the candidate belongs to in the picture: its mode and server sizes."""
+        return " + ".join(_role_label(r, servers=False) for r in self.deployment.roles)
+
+    def label(self) -> str:
+        return " + ".join(_role_label(r) for r in self.deployment.roles)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        p = self.prediction
+        return (
+            not self.meets_slo,
+            -round(p.output_tokens_per_s_per_gpu, 6),
+            -round(p.output_tokens_per_s_per_user, 6),
+            self.label(),
+        )
+
+
+def _role_label(r: Role, servers: bool = True) -> str:
+    name = {"server": "", "prefill": "P ", "decode": "D "}[r.name]
+    count = f"{r.servers}x " if servers else ""
+    parts = [f"tp{r.tp}"]
+    if r.pp > 1:
+        parts.append(f"pp{r.pp}")
+    if r.dp > 1:
+        parts.append(f"dp{r.dp}" if r.dp != r.tp else "adp")
+    if r.ep > 1:
+        parts.append(f"ep{r.ep}")
+    return f"{name}{count}{'.'.join(parts)}"
+
+
+@attrs.frozen(kw_only=True)
+class Result:
+    rows: tuple[Candidate, ...]
+    #: every candidate predicted (the picture draws them all)
+    predicted: tuple[Candidate, ...]
+    generated: int
+    fitting: int
+    refused: Mapping[str, int]
+    workload: WorkloadTable
+    gpus: int
+
+
+# -- what a launcher can run, written in its keys -------------------------------------
+
+
+def _sizes(gpus: int, nproc: int) -> list[int]:
+    """Server sizes: powers of two up to a node, then whole nodes (powers of two of them)."""
+    out = [s for s in (1, 2, 4, 8, 16, 32, 64) if s <= nproc and nproc % s == 0]
+    nodes = 2
+    while nodes * nproc <= gpus:
+        out.append(nodes * nproc)
+        nodes *= 2
+    return [s for s in out if s <= gpus]
+
+
+def _server_roles(size: int, moe: bool, name: str, servers: int) -> Iterator[Role]:
+    """One server's layouts of ``size`` GPUs: tp over them all, with the experts over tp
+    (ep = tp) and attention data parallel where the model has experts."""
+    yield Role(name=name, servers=servers, gpus=size, tp=size)
+    if moe and size > 1:
+        yield Role(name=name, servers=servers, gpus=size, tp=size, ep=size)
+        yield Role(name=name, servers=servers, gpus=size, tp=size, ep=size, dp=size)
+
+
+def trtllm_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+    """Aggregated replicas over every GPU, and context/generation servers packed over them
+    (the prefill and decode templates: the search chooses their counts)."""
+    for size in _sizes(gpus, nproc):
+        if gpus % size == 0:
+            yield from ((r,) for r in _server_roles(size, moe, "server", gpus // size))
+    if gpus < 2:
+        return
+    for prefill_size in _sizes(gpus, nproc):
+        for decode_size in _sizes(gpus, nproc):
+            for p in _server_roles(prefill_size, moe, "prefill", 0):
+                for d in _server_roles(decode_size, moe, "decode", 0):
+                    yield p, d
+
+
+def trtllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
+    table = data.setdefault("trtllm", {})
+    for role in ("context", "generation"):
+        table.pop(role, None)
+    table.pop("enable_attention_dp", None)
+    parallelism = data.setdefault("parallelism", {})
+    for key in ("tp", "pp", "ep", "dp"):
+        parallelism.pop(key, None)
+    if len(roles) == 1:
+        (r,) = roles
+        parallelism.update({"tp": r.tp, "pp": r.pp, **({"ep": r.ep} if r.ep > 1 else {})})
+        if r.dp > 1:
+            table["enable_attention_dp"] = True
+        return
+    if not parallelism:
+        data.pop("parallelism")
+    for r, name in zip(roles, ("context", "generation"), strict=True):
+        table[name] = {
+            "servers": r.servers,
+            "tp_size": r.tp,
+            **({"pp_size": r.pp} if r.pp > 1 else {}),
+            **({"ep_size": r.ep} if r.ep > 1 else {}),
+            **({"enable_attention_dp": True} if r.dp > 1 else {}),
+        }
+
+
+def vllm_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+    """vLLM behind one API server: dp engines of tp GPUs (experts over all of them)."""
+    for tp in _sizes(gpus, nproc):
+        if gpus % tp:
+            continue
+        dp = gpus // tp
+        yield (Role(name="server", servers=1, gpus=gpus, tp=tp, dp=dp),)
+        if moe and gpus > 1:
+            yield (Role(name="server", servers=1, gpus=gpus, tp=tp, dp=dp, ep=gpus),)
+
+
+def vllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
+    (r,) = roles
+    data["parallelism"] = {"tp": r.tp, "dp": r.dp, **({"ep": r.ep} if r.ep > 1 else {})}
+
+
+Generate = Callable[[int, int, bool], Iterator[tuple[Role, ...]]]
+Write = Callable[[dict[str, Any], tuple[Role, ...]], None]
+#: launcher -> (its deployments of the GPUs, how a deployment is written in its keys)
+WRITERS: Mapping[str, tuple[Generate, Write]] = {
+    "trtllm": (trtllm_deployments, trtllm_write),
+    "vllm": (vllm_deployments, vllm_write),
+}
+
+
+# -- the search ------------------------------------------------------------------------
+
+
+def meets(p: ServingPrediction, w: WorkloadTable) -> bool:
+    slo = w.slo
+    if p.overloaded:
+        return False
+    if slo is None:
+        return True
+    ttft_ok = slo.ttft_ms is None or p.ttft_ms <= slo.ttft_ms
+    tpot_ok = slo.tpot_ms is None or p.tpot_ms <= slo.tpot_ms
+    return ttft_ok and tpot_ok
+
+
+class ServingTuner:
+    """The serving search of one spec (``doc``: as loaded, a named model not yet filled)."""
+
+    def __init__(self, compiler: Compiler, doc: LoadedDocument, constants: Constants = DEFAULT):
+        self.compiler = compiler
+        self.doc = doc
+        self.constants = constants
+        named, _ = name_model(doc)
+        from mdc.convert import structure_spec
+
+        self.spec: JobSpec = structure_spec(named.data, compiler.option_types)  # type: ignore[arg-type]
+
+    def requirements(self) -> tuple[Shape, Accelerator, WorkloadTable]:
+        """What the search needs, or SpecError naming every missing piece."""
+        spec, found = self.spec, []
+        launcher = spec.distributed.launcher
+        if launcher not in WRITERS:
+            found.append(
+                Finding(
+                    code="MDC622",
+                    pointer="/distributed/launcher",
+                    message=f"mdc tune does not search {launcher!r}'s deployments yet",
+                    hint=f"use one of {', '.join(sorted(WRITERS))}",
+                )
+            )
+        if spec.workload is None:
+            found.append(
+                Finding(
+                    code="MDC621",
+                    pointer="/workload",
+                    message="mdc tune on a serving launcher needs [workload]: the prompt and "
+                    "output lengths, and the concurrency or request rate",
+                    hint="add [workload] input_tokens, output_tokens and concurrency",
+                )
+            )
+        hw = self._hardware()
+        if hw is None:
+            found.append(
+                Finding(
+                    code="MDC611",
+                    pointer="/distributed/accelerator_model",
+                    message="mdc tune needs a known accelerator_model to predict serving",
+                    hint='set [distributed] accelerator_model (e.g. "h200")',
+                )
+            )
+        shape = resolve_shape(spec.model) if spec.model is not None else None
+        if shape is None:
+            found.append(
+                Finding(
+                    code="MDC612",
+                    pointer="/model",
+                    message="mdc tune needs a complete [model] table to predict serving",
+                    hint='name a published model: [model] name = "deepseek-ai/DeepSeek-R1"',
+                )
+            )
+        if found:
+            raise SpecError([self.compiler._diag(self.doc, f) for f in found])
+        assert shape is not None and hw is not None and spec.workload is not None
+        return shape, hw, spec.workload
+
+    def _hardware(self) -> Accelerator | None:
+        dist = self.spec.distributed
+        if dist.accelerator_model is None:
+            return None
+        hw = self.compiler.plugins.accelerators().get(dist.accelerator_model)
+        if hw is None:
+            return None
+        return with_network(hw, dist.network, dist.nproc_per_node or 1)
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Every aggregated deployment, and for each pair of prefill and decode servers
+        the split of the GPUs between them (:func:`_split_search`)."""
+        shape, hw, workload = self.requirements()
+        dist = self.spec.distributed
+        launcher = dist.launcher
+        nproc, gpus = dist.nproc_per_node or 1, (dist.nnodes or 1) * (dist.nproc_per_node or 1)
+        generate = WRITERS[launcher][0]
+        share_of, share = SHARE.get(launcher, ("capacity", 0.9))
+        capacity = dist.accelerator_memory_gib or hw.memory_gib
+        cache: dict[Any, Any] = {}
+        fit: dict[Role, bool] = {}
+
+        def candidate(roles: tuple[Role, ...]) -> Candidate:
+            dep = Deployment(
+                launcher=launcher,
+                roles=roles,
+                share=share,
+                share_of=share_of,
+                capacity_gib=capacity,
+                nproc_per_node=nproc,
+            )
+            prediction = predict(shape, hw, dep, workload, self.constants, cache)
+            return Candidate(
+                deployment=dep, prediction=prediction, meets_slo=meets(prediction, workload)
+            )
+
+        def fits(role: Role) -> bool:
+            """Whether one such server holds its weights and one request's KV cache."""
+            alone = attrs.evolve(role, name="server", servers=1)
+            if alone not in fit:
+                fit[alone] = _fits(candidate((alone,)))
+            return fit[alone]
+
+        for roles in generate(gpus, nproc, shape.experts > 0):
+            if not all(fits(r) for r in roles):
+                continue
+            if len(roles) == 1:
+                yield candidate(roles)
+                continue
+            p, d = roles
+            counts = [
+                k
+                for k in range(1, gpus // p.gpus)
+                if (gpus - k * p.gpus) % d.gpus == 0 and gpus > k * p.gpus
+            ]
+
+            def split(k: int, p: Role = p, d: Role = d) -> Candidate:
+                rest = (gpus - k * p.gpus) // d.gpus
+                return candidate((attrs.evolve(p, servers=k), attrs.evolve(d, servers=rest)))
+
+            yield from _split_search(counts, split)
+
+    def written(self, c: Candidate) -> Candidate:
+        """The candidate with its spec: the loaded document with the deployment written in
+        the launcher's keys."""
+        data = copy.deepcopy(self.doc.data)
+        assert isinstance(data, dict)  # the schema check passed: a table
+        WRITERS[self.spec.distributed.launcher][1](data, c.deployment.roles)
+        return attrs.evolve(c, data=data)
+
+    def run(self, top: int = 5) -> Result:
+        workload = self.requirements()[2]
+        everything = list(self.candidates())
+        fitting = sorted((c for c in everything if _fits(c)), key=lambda c: c.key)
+        rows: list[Candidate] = []
+        refused: Counter[str] = Counter()
+        for c in fitting:
+            if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
+                break
+            compiled = self._compiled(self.written(c), refused)
+            if compiled is not None:
+                rows.append(compiled)
+        dist = self.spec.distributed
+        return Result(
+            rows=tuple(sorted(rows, key=lambda c: c.key)),
+            predicted=tuple(fitting),
+            generated=len(everything),
+            fitting=len(fitting),
+            refused=dict(refused),
+            workload=workload,
+            gpus=(dist.nnodes or 1) * (dist.nproc_per_node or 1),
+        )
+
+    def _compiled(self, c: Candidate, refused: Counter[str]) -> Candidate | None:
+        """The candidate as compile plans it, predicted from its servers; None if refused."""
+        doc = attrs.evolve(self.doc, data=c.data)
+        try:
+            compiled = self.compiler.compile_document(doc, tree=False)
+        except SpecError as e:
+            refused.update(d.code for d in e.diagnostics if d.is_error)
+            return None
+        plan, launch = compiled.plan, compiled.launch
+        prediction = predict_plan(plan, launch)
+        dep = deployment_of(plan, launch.servers)
+        if prediction is None or dep is None:
+            refused.update(["unpredicted"])
+            return None
+        assert plan.workload is not None
+        return attrs.evolve(
+            c, deployment=dep, prediction=prediction, meets_slo=meets(prediction, plan.workload)
+        )
+
+
+#: the split search looks at this many prefill counts at a time
+GRID = 10
+
+
+def _split_search(counts: list[int], split: Callable[[int], Candidate]) -> list[Candidate]:
+    """The candidates of the prefill server counts a coarse-to-fine search looks at: a
+    grid over the counts (denser at few prefill servers), then a finer grid between the
+    best one's neighbours, until the counts run out. Whole ranges of splits share one
+    shape (throughput rises while the prefill servers hold back the decode ones, then
+    falls as prefill takes GPUs the decode servers could use), so the best is found in
+    a few dozen predictions instead of one per count."""
+    seen: dict[int, Candidate] = {}
+    low, high = 0, len(counts) - 1
+    while high >= low:
+        if high - low < GRID:
+            for i in range(low, high + 1):
+                seen.setdefault(i, split(counts[i]))
+            break
+        grid = sorted({low + round((high - low) * (j / (GRID - 1)) ** 2) for j in range(GRID)})
+        for i in grid:
+            seen.setdefault(i, split(counts[i]))
+        best = min(grid, key=lambda i: seen[i].key)
+        at = grid.index(best)
+        low, high = grid[max(0, at - 1)], grid[min(len(grid) - 1, at + 1)]
+    return [seen[i] for i in sorted(seen)]
+
+
+def _fits(c: Candidate) -> bool:
+    """Every role's server holds its weights and at least one request's KV cache."""
+    return c.prediction.binding != "memory"

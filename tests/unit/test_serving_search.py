@@ -1,0 +1,150 @@
+"""mdc tune on serving specs: the deployment search, its table, JSON, --write and --svg."""
+
+from __future__ import annotations
+
+import io
+import json
+import tomllib
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mdc.cli import main
+from mdc.describe import plan_json
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tune-serving-r1-16xh200.toml"
+COMPILER = Compiler(load_plugins(autoload=False))
+ROLE_KEYS = {"tp", "pp", "dp", "ep", "servers", "max_batch"}
+PREDICTED_KEYS = {
+    "ttft_ms",
+    "tpot_ms",
+    "output_tokens_per_s_per_gpu",
+    "output_tokens_per_s_per_user",
+    "requests_per_s",
+}
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tuned() -> dict[str, Any]:
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "6")
+    assert code == 0, err
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def _explained(tmp_path: Path, data: dict[str, Any], name: str) -> dict[str, Any]:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    compiled = COMPILER.compile(path, tree=False)
+    return plan_json(compiled.plan, compiled.launch)
+
+
+def test_json_lists_the_candidates_best_first(tuned: dict[str, Any]) -> None:
+    rows = tuned["candidates"]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["launcher"] == "trtllm"
+        assert row["mode"] in ("aggregated", "disaggregated")
+        expected = {"server"} if row["mode"] == "aggregated" else {"prefill", "decode"}
+        assert set(row["roles"]) == expected
+        for role in row["roles"].values():
+            assert set(role) >= ROLE_KEYS
+        assert set(row["predicted"]) >= PREDICTED_KEYS
+        assert row["gpus"] == 16
+        assert row["memory_gib"] <= 141
+    # those meeting the SLO first, each group by output per GPU
+    order = [(not r["meets_slo"], -r["predicted"]["output_tokens_per_s_per_gpu"]) for r in rows]
+    assert order == sorted(order)
+    assert rows[0]["meets_slo"] and rows[0]["predicted"]["tpot_ms"] <= 50
+
+
+def test_every_candidate_compiles_and_explains_to_its_row(
+    tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    for i, row in enumerate(tuned["candidates"]):
+        explained = _explained(tmp_path, row["spec"], f"row{i}")
+        predicted = explained["predicted"]
+        assert {k: predicted[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+
+
+def test_the_search_covers_both_modes(tmp_path: Path) -> None:
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "40")
+    assert code == 0, err
+    modes = {row["mode"] for row in json.loads(out)["candidates"]}
+    assert modes == {"aggregated", "disaggregated"}
+
+
+def test_write_gives_a_spec_that_compiles_to_the_first_row(
+    tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    out_spec = tmp_path / "best.toml"
+    code, _, err = _run("tune", str(EXAMPLE), "--write", str(out_spec), "--format", "json")
+    assert code == 0, err
+    written = tomllib.loads(out_spec.read_text(encoding="utf-8"))
+    best = tuned["candidates"][0]
+    if best["mode"] == "disaggregated":
+        # the split is written out: compile's default rule is never the answer
+        assert written["trtllm"]["context"]["servers"] == best["roles"]["prefill"]["servers"]
+        assert written["trtllm"]["generation"]["tp_size"] == best["roles"]["decode"]["tp"]
+    assert written["model"]["name"] == "deepseek-ai/DeepSeek-R1"  # the spec as the user wrote it
+    explained = _explained(tmp_path, written, "written")
+    assert {k: explained["predicted"][k] for k in PREDICTED_KEYS} == {
+        k: best["predicted"][k] for k in PREDICTED_KEYS
+    }
+
+
+def test_text_names_the_binding_constraint_and_why_the_runners_up_lost() -> None:
+    code, out, err = _run("tune", str(EXAMPLE), "--top", "3")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["#", "deployment", "GPUs"]
+    assert len([line for line in lines if line[:2].strip().isdigit()]) == 3
+    assert lines[-1].startswith("best: ")
+
+
+def test_svg_draws_the_families_the_limit_and_the_choice(tmp_path: Path) -> None:
+    picture = tmp_path / "r1.svg"
+    code, _, err = _run("tune", str(EXAMPLE), "--svg", str(picture))
+    assert code == 0, err
+    root = ET.fromstring(picture.read_text(encoding="utf-8"))
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(f"{ns}polyline")) >= 2  # aggregated and disaggregated families
+    texts = [t.text or "" for t in root.iter(f"{ns}text")]
+    assert "TPOT 50 ms" in texts
+    ringed = [c for c in root.findall(f"{ns}circle") if c.get("r") == "9"]
+    assert len(ringed) == 1
+
+
+def test_without_a_workload_the_search_says_what_is_missing(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text(encoding="utf-8").split("[workload]")[0]
+    spec = tmp_path / "no-workload.toml"
+    spec.write_text(text, encoding="utf-8")
+    code, out, err = _run("tune", str(spec))
+    assert code != 0
+    assert "MDC621" in err and "/workload" in err
+
+
+def test_a_launcher_the_search_does_not_cover_is_named(tmp_path: Path) -> None:
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["distributed"]["launcher"] = "sglang"
+    data["job"]["command"] = ["python3"]
+    data["sglang"] = {"model": "deepseek-ai/DeepSeek-R1"}
+    del data["trtllm"]
+    spec = tmp_path / "sglang.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, _, err = _run("tune", str(spec))
+    assert code != 0
+    assert "MDC622" in err
