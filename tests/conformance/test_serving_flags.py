@@ -11,6 +11,7 @@ pass ``bash -n`` and shellcheck.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 from collections.abc import Sequence
@@ -391,3 +392,18 @@ def test_the_generated_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, path: 
         check=False,
     )
     assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+@pytest.mark.parametrize("launcher", ["vllm", "sglang", "sglang_disagg"])
+def test_the_flags_mdc_reads_have_the_servers_spellings_and_shapes(launcher: str) -> None:
+    """Every flag a serving launcher reads (as a key, or compared with what mdc writes) is
+    one the server's own parser declares (the tables above), under the same spellings, and
+    takes its values as that parser does: a switch, one typed value, or several."""
+    table = importlib.import_module(f"mdc_builtin.launchers.{launcher}").READING.table
+    known = VLLM_FLAGS if launcher == "vllm" else SGLANG_FLAGS
+    for flag in table.flags:
+        (names, kind, extra), *_ = [e for e in known if flag.name in e[0]]
+        assert set(flag.aliases) <= set(names) - {flag.name}, flag.name
+        assert flag.nargs == {"switch": 0, "value": 1, "list": "+"}[kind], flag.name
+        if kind == "value" and extra in (int, float):
+            assert type(flag.convert("3")) is extra, flag.name

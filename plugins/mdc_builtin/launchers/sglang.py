@@ -215,7 +215,7 @@ OWNED_FLAGS = FlagTable(
         nargs=1,
         aliases=aliases,
         spec_key=KEYS[flag][0] if flag in KEYS else None,
-        convert=KEYS[flag][1] if flag in KEYS else str,
+        convert=KEYS[flag][1] if flag in KEYS else int if flag == "--node-rank" else str,
     )
     for flag, (aliases, source) in OWNED.items()
 )

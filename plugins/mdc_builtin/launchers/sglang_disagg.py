@@ -92,8 +92,15 @@ OWNED_FLAGS = FlagTable(
         _keyed("--enable-dp-attention", "enable_dp_attention", nargs=0),
         _keyed("--ep-size", "ep_size", "--expert-parallel-size", convert=int),
         _keyed("--moe-a2a-backend", "moe_a2a_backend"),
-        KnownFlag(name="--nnodes", source="the server's nodes (tp_size / nproc_per_node)", nargs=1),
-        KnownFlag(name="--node-rank", source="the node's place in its server", nargs=1),
+        KnownFlag(
+            name="--nnodes",
+            source="the server's nodes (tp_size / nproc_per_node)",
+            nargs=1,
+            convert=int,
+        ),
+        KnownFlag(
+            name="--node-rank", source="the node's place in its server", nargs=1, convert=int
+        ),
         KnownFlag(
             name="--dist-init-addr",
             source="the server's first node",
@@ -101,10 +108,14 @@ OWNED_FLAGS = FlagTable(
             aliases=("--nccl-init-addr",),
         ),
         KnownFlag(name="--host", source="mdc (0.0.0.0)", nargs=1),
-        KnownFlag(name="--port", source="port (port + the server's first node)", nargs=1),
+        KnownFlag(
+            name="--port", source="port (port + the server's first node)", nargs=1, convert=int
+        ),
         KnownFlag(name="--disaggregation-mode", source="the node's role", nargs=1),
         _keyed("--disaggregation-transfer-backend", "/sglang_disagg/transfer_backend"),
-        KnownFlag(name="--disaggregation-bootstrap-port", source="bootstrap_port", nargs=1),
+        KnownFlag(
+            name="--disaggregation-bootstrap-port", source="bootstrap_port", nargs=1, convert=int
+        ),
     ],
     abbreviations=True,  # SGLang's parser takes an unambiguous prefix of a long option
 )

@@ -459,6 +459,8 @@ KEYED: dict[str, KnownFlag] = {
     ),  # fmt: skip
     "--model": KnownFlag(name="--model", source="[vllm] model", spec_key="/vllm/model", nargs=1),
 }
+#: the int-typed flags among those with no key (vllm/engine/arg_utils.py)
+INT_FLAGS = (DP_LOCAL_FLAG, "--data-parallel-start-rank", "--data-parallel-rpc-port")
 #: flags mdc writes on some nodes only, with values of that node
 PER_NODE_FLAGS = (
     "--data-parallel-start-rank",
@@ -473,6 +475,7 @@ OWNED_FLAGS = FlagTable(
         name=flag,
         source=source,
         nargs=0 if flag in ("--headless", EP_FLAG) else 1,
+        convert=int if flag in INT_FLAGS else str,
         aliases=aliases,
     )
     for flag, (aliases, source) in OWNED.items()
