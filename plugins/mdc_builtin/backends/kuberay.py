@@ -98,7 +98,9 @@ def group_template(
         # KubeRay's head Service takes the head container's ports
         ports = [{"name": "gcs-server", "containerPort": port, "protocol": "TCP"}]
         if endpoint is not None:
-            ports.append({"name": "vllm", "containerPort": endpoint.port, "protocol": "TCP"})
+            if endpoint.port != port:  # one port listed twice is a duplicate hostPort on
+                # the node's network, which the apiserver refuses
+                ports.append({"name": "vllm", "containerPort": endpoint.port, "protocol": "TCP"})
             container["readinessProbe"] = {
                 "httpGet": {"path": endpoint.health_path, "port": endpoint.port},
                 "periodSeconds": 10,

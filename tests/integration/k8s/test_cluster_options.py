@@ -251,3 +251,20 @@ def test_kuberay_head_and_workers(compiler: Compiler, tmp_path: Path, shared_crd
     env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
     assert env["MASTER_ADDR"] == "net-head-svc.serving.svc.cluster.local"
     assert env["MASTER_PORT"] == port
+
+
+def test_kuberay_lists_each_head_port_once_on_the_node_network(
+    compiler: Compiler, tmp_path: Path, shared_crds: Path
+) -> None:
+    # on the node's network every containerPort is a hostPort, and the apiserver refuses a
+    # pod that lists one twice (the Ray GCS and the server given the same port)
+    data = spec_for(tmp_path, "kuberay", "vllm", {"host_network": True})
+    spec = json.loads(data.read_text(encoding="utf-8"))
+    spec["distributed"]["master_port"] = 8080
+    data.write_text(json.dumps(spec), encoding="utf-8")
+    docs = documents(compiler, data)
+    assert checked(docs) == []
+    cluster = next(d for d in docs if d["kind"] == "RayCluster")
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    numbers = [p["containerPort"] for p in head["ports"]]
+    assert numbers == [8080]
