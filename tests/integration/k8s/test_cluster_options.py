@@ -6,6 +6,10 @@ the CRDs in the shared folder), and carries the field each key is documented to 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +272,87 @@ def test_kuberay_lists_each_head_port_once_on_the_node_network(
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     numbers = [p["containerPort"] for p in head["ports"]]
     assert numbers == [8080]
+
+
+def pod_env(entries: list[dict[str, Any]], pod_ip: str) -> dict[str, str]:
+    """A container's env as the kubelet gives it: the downward API's status.podIP and
+    metadata.namespace resolved, ``$(NAME)`` replaced by an earlier entry's value."""
+    fields = {"status.podIP": pod_ip, "metadata.namespace": "serving"}
+    out: dict[str, str] = {}
+    for entry in entries:
+        if "valueFrom" in entry:
+            out[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            out[entry["name"]] = re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: out.get(m.group(1), m.group(0)),
+                entry["value"],
+            )
+    return out
+
+
+def fake_bin(tmp_path: Path, log: Path) -> str:
+    """ray, vllm and python3 that log their arguments (python3 answers Ray's GPU count)."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    scripts = {
+        "ray": f'echo "ray $*" >> {log}',
+        "vllm": f'echo "vllm $*" >> {log}',
+        "python3": "echo 16",
+    }
+    for name, body in scripts.items():
+        (folder / name).write_text(f"#!/usr/bin/env bash\n{body}\n", encoding="utf-8")
+        (folder / name).chmod(0o755)
+    return f"{folder}:{os.environ['PATH']}"
+
+
+@pytest.mark.slow
+def test_kuberay_pods_start_ray_and_the_server(compiler: Compiler, tmp_path: Path) -> None:
+    docs = documents(compiler, REPO / "examples" / "kuberay-vllm-ray-2x8.yaml")
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    cluster = next(d for d in docs if d["kind"] == "RayCluster")
+    groups = {
+        "head": (cluster["spec"]["headGroupSpec"]["template"], "10.0.0.5"),
+        "worker": (cluster["spec"]["workerGroupSpecs"][0]["template"], "10.0.1.7"),
+    }
+    for role, (template, ip) in groups.items():
+        out = tmp_path / role / "mdc"
+        volume = next(v for v in template["spec"]["volumes"] if v["name"] == "mdc")
+        for item in volume["configMap"]["items"]:
+            path = out / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(configmap["data"][item["key"]], encoding="utf-8")
+            path.chmod(item["mode"])
+        log = tmp_path / role / "log"
+        env = pod_env(template["spec"]["containers"][0]["env"], ip)
+        result = subprocess.run(
+            ["bash", str(out / "k8s/node.sh")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**env, "PATH": fake_bin(tmp_path / role, log)},
+        )
+        assert result.returncode == 0, result.stderr
+        lines = log.read_text(encoding="utf-8").splitlines()
+        if role == "head":  # the Ray head at MASTER_PORT on the pod's IP, then the server
+            assert (
+                lines[0] == "ray start --head --node-ip-address=10.0.0.5 --port=6379 --num-gpus=8"
+            )
+            assert lines[1].startswith("vllm serve meta-llama/Llama-3.1-70B-Instruct")
+            assert "--distributed-executor-backend ray" in lines[1]
+        else:  # a worker joins the head through KubeRay's head Service
+            assert lines == [
+                "ray start --address=vllm-llama70b-head-svc.serving.svc.cluster.local:6379 "
+                "--node-ip-address=10.0.1.7 --num-gpus=8 --block"
+            ]
+
+
+@pytest.mark.parametrize("example", ["jobset-roce-4x8.toml", "kuberay-vllm-ray-2x8.yaml"])
+def test_node_scripts_lint(compiler: Compiler, tmp_path: Path, example: str) -> None:
+    docs = documents(compiler, REPO / "examples" / example)
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    path = tmp_path / "node.sh"
+    path.write_text(configmap["data"]["k8s--node.sh"], encoding="utf-8")
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    subprocess.run([str(Path(sys.executable).parent / "shellcheck"), str(path)], check=True)
