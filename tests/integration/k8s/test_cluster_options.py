@@ -356,3 +356,41 @@ def test_node_scripts_lint(compiler: Compiler, tmp_path: Path, example: str) -> 
     path.write_text(configmap["data"]["k8s--node.sh"], encoding="utf-8")
     subprocess.run(["bash", "-n", str(path)], check=True)
     subprocess.run([str(Path(sys.executable).parent / "shellcheck"), str(path)], check=True)
+
+
+@pytest.mark.slow
+def test_jobset_pods_take_their_rank_and_peers(compiler: Compiler, tmp_path: Path) -> None:
+    docs = documents(compiler, REPO / "examples" / "jobset-roce-4x8.toml")
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    jobset = next(d for d in docs if d["kind"] == "JobSet")
+    template = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    out = tmp_path / "mdc"
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "mdc")
+    for item in volume["configMap"]["items"]:
+        path = out / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(configmap["data"][item["key"]], encoding="utf-8")
+        path.chmod(item["mode"])
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "torchrun").write_text(
+        '#!/usr/bin/env bash\necho "$NODE_HOSTS"\necho "$@"\n', encoding="utf-8"
+    )
+    (folder / "torchrun").chmod(0o755)
+    env = pod_env(template["spec"]["containers"][0]["env"], "10.0.0.9")
+    # the Job controller sets JOB_COMPLETION_INDEX in an Indexed Job's pods
+    result = subprocess.run(
+        ["bash", str(out / "k8s/node.sh")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**env, "JOB_COMPLETION_INDEX": "2", "PATH": f"{folder}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    hosts, args = result.stdout.splitlines()
+    domain = "rdma-js.training.svc.cluster.local"
+    assert hosts.split() == [f"rdma-js-node-0-{i}.{domain}" for i in range(4)]
+    words = args.split()
+    assert words[words.index("--node-rank") + 1] == "2"
+    assert words[words.index("--master-addr") + 1] == f"rdma-js-node-0-0.{domain}"
