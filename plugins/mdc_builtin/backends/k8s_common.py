@@ -1,4 +1,5 @@
-"""Pieces shared by the Kubernetes backends (kubernetes, leaderworkerset, pytorchjob, trainjob).
+"""Pieces shared by the Kubernetes backends (kubernetes, jobset, leaderworkerset, pytorchjob,
+trainjob, kuberay).
 
 Plain functions over dicts. Every backend ships the compiled tree's launch files
 in one ConfigMap mounted read-only at :data:`MOUNT` (``/mdc``), so
@@ -11,7 +12,8 @@ that would read back as another type quoted; backends return it as :func:`yaml_f
 This module is what the backends import; the pieces live by concern in
 :mod:`.k8s_options` (the shared table keys), :mod:`.k8s_names` (object names and
 labels), :mod:`.k8s_checks` (the shared findings), :mod:`.k8s_pod` (building
-pods, the ConfigMap and Services) and :mod:`.k8s_yaml` (the writer).
+pods, the ConfigMap and Services), :mod:`.k8s_cluster` and :mod:`.k8s_cluster_checks` (GPU
+networks, queues, gangs, GPU sharing) and :mod:`.k8s_yaml` (the writer).
 
 Shared diagnostics (MDC460-469, MDC442, MDC444, MDC472):
 
@@ -29,6 +31,8 @@ Shared diagnostics (MDC460-469, MDC442, MDC444, MDC472):
 - MDC468 a Service name (the job's) is not a DNS-1035 label
 - MDC469 an object name the backend derives is another job's derived name
 - MDC472 a GPU quantity is not a whole number
+- MDC450-454 the cluster keys (annotations, extended resources, networks, gangs, GPU
+  sharing; see :mod:`.k8s_cluster_checks`)
 """
 
 from __future__ import annotations
