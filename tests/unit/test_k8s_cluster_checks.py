@@ -125,7 +125,12 @@ def test_the_examples_settings_are_taken(compiler: Compiler, tmp_path: Path) -> 
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("host_network", True), ("scheduler_name", "volcano"), ("gang", "volcano")],
+    [
+        ("host_network", True),
+        ("scheduler_name", "volcano"),
+        ("gang", "volcano"),
+        ("gpu_sharing", "volcano-vgpu"),
+    ],
 )
 def test_what_a_trainjob_patch_cannot_set(
     compiler: Compiler, tmp_path: Path, key: str, value: Any

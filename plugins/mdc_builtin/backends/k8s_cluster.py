@@ -32,6 +32,7 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Volcano's scheduler places the pods carrying this annotation as the gang of that PodGroup
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 VOLCANO = "volcano"
+VOLCANO_VGPU = "volcano-vgpu"
 PODGROUP_API = "scheduling.volcano.sh/v1beta1"
 #: a pod on the node's network uses the node's resolver unless told to use the cluster DNS,
 #: and then cannot resolve its peers' names (MASTER_ADDR)
@@ -64,7 +65,7 @@ SHARING = {
         cores="nvidia.com/gpucores",
     ),
     # Volcano's vGPU device plugin: vgpu-number vGPUs, each vgpu-memory MiB and vgpu-cores %
-    "volcano-vgpu": Sharing(
+    VOLCANO_VGPU: Sharing(
         count="volcano.sh/vgpu-number",
         memory="volcano.sh/vgpu-memory",
         memory_unit=MIB,
@@ -146,10 +147,11 @@ def cluster_container(plan: Plan, opts: PodOptions, container: dict[str, Any]) -
 
 
 def scheduler(opts: PodOptions) -> str | None:
-    """The pods' scheduler: the table's, else Volcano's for a Volcano gang."""
+    """The pods' scheduler: the table's, else Volcano's for a Volcano gang or Volcano's vGPUs
+    (its scheduler hands out the devices the vGPU plugin advertises)."""
     if opts.scheduler_name is not None:
         return opts.scheduler_name
-    return VOLCANO if opts.gang == VOLCANO else None
+    return VOLCANO if opts.gang == VOLCANO or opts.gpu_sharing == VOLCANO_VGPU else None
 
 
 def pod_annotations(plan: Plan, opts: PodOptions, *, own_group: bool) -> dict[str, str]:

@@ -197,8 +197,10 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
         ("scheduler_name", "schedulerName"),
         ("host_network", "hostNetwork"),
         ("gang", "a PodGroup (the runtime's podGroupPolicy)"),
+        ("gpu_sharing", "schedulerName: volcano, which Volcano's vGPUs need"),
     ):
-        if getattr(opts, key) not in (None, False):
+        value = getattr(opts, key)
+        if value not in (None, False) and (key != "gpu_sharing" or value == "volcano-vgpu"):
             yield Finding(
                 code="MDC483",
                 pointer=f"/trainjob/{key}",

@@ -234,6 +234,9 @@ def test_gpu_sharing_resource_names(
     resources = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert resources["limits"] == expected
     assert resources["requests"] == {**expected, "memory": "64Gi"}
+    # Volcano's scheduler hands out the devices of its vGPU plugin
+    scheduler = job["spec"]["template"]["spec"].get("schedulerName")
+    assert scheduler == ("volcano" if sharing == "volcano-vgpu" else None)
 
 
 def test_kuberay_head_and_workers(compiler: Compiler, tmp_path: Path, shared_crds: Path) -> None:
