@@ -1765,9 +1765,9 @@ def test_the_flags_read_as_keys_have_megatron_lms_shapes() -> None:
     from mdc_builtin.launchers.megatron_flags import READING
 
     checked = 0
-    for flag in READING.table.flags:
+    for flag in READING.table.flags:  # read as keys, or compared with what mdc writes
         spec = FLAGS.get(flag.name)
-        if flag.spec_key is None or spec is None:
+        if spec is None:
             continue
         checked += 1
         if spec.kind in (bool, False):  # a switch (the value its key takes: test_flags_as_keys)
@@ -1779,4 +1779,8 @@ def test_the_flags_read_as_keys_have_megatron_lms_shapes() -> None:
             if spec.kind in (int, float):
                 assert flag.convert("3") == spec.kind("3"), flag.name
                 assert type(flag.convert("3")) is spec.kind, flag.name
-    assert checked >= 30
+            for sample in {tuple_type: ["(128,0)", "64,0"], moe_freq_type: ["2", "[0,1,1]"]}.get(
+                spec.kind, []
+            ):
+                assert flag.convert(sample) == spec.kind(sample), flag.name
+    assert checked >= 50

@@ -318,3 +318,23 @@ def test_a_flag_that_disagrees_names_both_places(
     (error,) = [d for d in caught.value.diagnostics if d.is_error]
     assert error.code == "MDC323" and error.location.pointer == "/job/command/3"
     assert f'passes {said}, but {key} = "alltoall"' in error.message
+
+
+def test_a_flag_mdc_derives_is_compared_as_megatron_lm_types_it(tmp_path: Path) -> None:
+    """--moe-layer-freq "[0]+[1]*3" is the [0, 1, 1, 1] mdc writes from [model]
+    moe_layer_freq (Megatron-LM evaluates the list expression): written once, by mdc; "[1]*4"
+    is another pattern, refused naming the key it comes from."""
+    data = load_file(HERE / "megatron-latent.json").data
+    assert isinstance(data, dict)
+    data["model"]["moe_layer_freq"] = [0, 1, 1, 1]
+    keyed = compile_data(tmp_path, data, "keyed.json")
+    data["job"]["command"] += ["--moe-layer-freq", "[0]+[1]*3"]
+    flagged = compile_data(tmp_path, data, "flagged.json")
+    (role,) = flagged.launch.roles
+    assert role.argv == keyed.launch.roles[0].argv
+    assert [w for w in role.argv if w == "--moe-layer-freq"] == ["--moe-layer-freq"]
+    data["job"]["command"][-1] = "[1]*4"
+    with pytest.raises(SpecError) as caught:
+        compile_data(tmp_path, data, "other.json")
+    (error,) = [d for d in caught.value.diagnostics if d.is_error]
+    assert error.code == "MDC323" and "from [model] moe_layer_freq" in error.message

@@ -4,6 +4,7 @@ keys are spelled as flags (Megatron-LM core_v0.16.1, megatron/training/arguments
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -287,11 +288,86 @@ BATCH_FLAGS = (
 _KEYED = {f.name for f in (*PARALLEL_FLAGS, ORDER_FLAG, *MODEL_FLAGS, *BATCH_FLAGS)}
 
 
+def tuple_type(value: str) -> tuple[int, ...]:
+    """Megatron-LM's tuple_type: "128,0" or "(128,0)"."""
+    try:
+        return tuple(int(i) for i in value.strip("()").split(","))
+    except ValueError:
+        raise ValueError(value) from None
+
+
+def moe_freq_type(value: str) -> int | list[int]:
+    """Megatron-LM's moe_freq_type: an integer, or a list expression of 0s and 1s such as
+    "[1]*3+[0]" (which Megatron-LM evaluates; read here without evaluating code)."""
+    if value.strip().isdigit():
+        return int(value)
+    try:
+        parsed = _int_list(ast.parse(value.strip(), mode="eval").body)
+    except (SyntaxError, RecursionError):
+        raise ValueError(value) from None
+    if not isinstance(parsed, list):
+        raise ValueError(value)
+    return parsed
+
+
+def _int_list(node: ast.expr) -> int | list[int]:
+    """An expression of int literals, lists of them, + and * (at most a few thousand long)."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.List):
+        items = [_int_list(item) for item in node.elts]
+        if all(isinstance(item, int) for item in items):
+            return [item for item in items if isinstance(item, int)]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
+        left, right = _int_list(node.left), _int_list(node.right)
+        if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
+            return left + right
+        if isinstance(node.op, ast.Mult) and isinstance(left, list) and isinstance(right, int):
+            return _repeated(left, right)
+        if isinstance(left, int) and isinstance(right, int):
+            return left + right if isinstance(node.op, ast.Add) else left * right
+    raise ValueError(ast.dump(node))
+
+
+def _repeated(items: list[int], times: int) -> list[int]:
+    if not 0 <= times * len(items) <= 65536:
+        raise ValueError(f"{times} repeats")
+    return items * times
+
+
+#: how Megatron-LM types the flags mdc writes from another key (arguments.py)
+DERIVED_TYPES: Mapping[str, Callable[[str], Any]] = {
+    "--window-size": tuple_type,
+    "--window-attn-skip-freq": moe_freq_type,
+    "--moe-layer-freq": moe_freq_type,
+    **{
+        flag_of(key): int
+        for key in (
+            "num_query_groups",
+            "kv_channels",
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_head_dim",
+            "qk_pos_emb_head_dim",
+            "v_head_dim",
+            "moe_shared_expert_intermediate_size",
+            "moe_latent_size",
+            "mtp_num_layers",
+            "mamba_state_dim",
+            "mamba_head_dim",
+            "mamba_num_groups",
+            "mamba_num_heads",
+        )
+    },
+}
+
+
 def _derived(flag: str, source: str) -> KnownFlag:
     """A flag mdc writes from a key that is not the flag's own (its value is compared with
-    mdc's); how many values it takes, from Megatron-LM's parser."""
+    mdc's, typed as Megatron-LM types it); how many values it takes, from its parser."""
     switch = flag in ("--group-query-attention", "--is-hybrid-model", "--bf16", "--fp16")
-    return KnownFlag(name=flag, source=source, nargs=0 if switch else 1)
+    convert = DERIVED_TYPES.get(flag, str)
+    return KnownFlag(name=flag, source=source, nargs=0 if switch else 1, convert=convert)
 
 
 #: Every Megatron-LM flag the launcher knows: each read as its spec key wherever the user
