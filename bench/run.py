@@ -477,6 +477,41 @@ def tune_search(tmp: Path, runs: int) -> list[str]:
     return lines
 
 
+#: mdc tune's serving search (every deployment predicted, the best five compiled and
+#: predicted again from their servers), imports and the spec load included
+TUNE_SERVING = """
+import sys, time, resource
+start = time.process_time()
+from mdc.loaders import load_file
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.tune.serving_search import ServingTuner
+tuner = ServingTuner(Compiler(load_plugins(autoload=False)), load_file(sys.argv[1]))
+result = tuner.run(top=5)
+print(time.process_time() - start, result.generated, len(result.rows),
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def serving_tune_search(tmp: Path, runs: int) -> list[str]:
+    """The serving search for DeepSeek-R1 behind TensorRT-LLM on 125 nodes x 8 H200s (1,000
+    GPUs: aggregated servers and prefill/decode splits) and on the example's 2 nodes."""
+    spec = (ROOT / "examples" / "tune-serving-r1-16xh200.toml").read_text(encoding="utf-8")
+    lines = []
+    for nodes in (125, 2):
+        path = tmp / "tune-serving.toml"
+        path.write_text(spec.replace("nnodes = 2\n", f"nnodes = {nodes}\n"), encoding="utf-8")
+        samples = [snippet(TUNE_SERVING, str(path)).split() for _ in range(runs)]
+        cpu_s = statistics.median(float(p[0]) for p in samples)
+        peak = statistics.median(float(p[3]) for p in samples)
+        lines.append(
+            f"| mdc tune (serving): DeepSeek-R1 on {nodes * 8:,} H200s, the whole search "
+            f"({samples[0][1]} deployments predicted, the best {samples[0][2]} compiled), CPU "
+            f"time with imports | {cpu_s:.2f} s | {peak:.0f} MiB peak RSS |"
+        )
+    return lines
+
+
 def artifact_sizes(tmp: Path) -> list[str]:
     paths = []
     for backend in ("slurm", "kubernetes"):
@@ -566,7 +601,7 @@ def main() -> None:
         report += whole_process(tmp, args.runs, peers) + [""]
         report += in_process(tmp, args.runs) + [""]
         report += ["| what | time | memory |", "|---|---|---|", *big_plan(args.runs)]
-        report += [*tune_search(tmp, args.runs), ""]
+        report += [*tune_search(tmp, args.runs), *serving_tune_search(tmp, args.runs), ""]
         report += hand_written_vs_library(args.runs) + [""]
         report += ["Artifact tree size (bytes of every file, torchrun, 8 per node):", ""]
         report += artifact_sizes(tmp) + [""]

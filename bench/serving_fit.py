@@ -145,8 +145,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{measured(row):8.0f} predicted {predicted(row):8.0f} ({err * 100:+.0f} %)"
         )
     print("shipped constants:", summary(errors(rows)))
-    for group, errs in held_out(rows, "model").items():
-        print(f"held out {group}:", summary(errs))
+    for key in ("model", "accelerator_model"):
+        for group, errs in held_out(rows, key).items():
+            print(f"held out {group}:", summary(errs))
     if args.fit:
         c, score = fit(rows)
         print(

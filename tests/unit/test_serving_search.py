@@ -148,3 +148,20 @@ def test_a_launcher_the_search_does_not_cover_is_named(tmp_path: Path) -> None:
     code, _, err = _run("tune", str(spec))
     assert code != 0
     assert "MDC622" in err
+
+
+def test_the_docs_worked_example_and_picture_are_real(tmp_path: Path) -> None:
+    """docs/tune-serving.md prints what `mdc tune` prints for the example today, and its
+    picture is what --svg draws, byte for byte."""
+    import re
+
+    text = (REPO / "docs" / "tune-serving.md").read_text(encoding="utf-8")
+    session = re.search(r"```\n\$ mdc (tune examples/[^\n]+)\n(.*?)```", text, re.DOTALL)
+    assert session, "docs/tune-serving.md shows an `mdc tune` session"
+    argv = [str(REPO / a) if a.startswith("examples/") else a for a in session[1].split()]
+    picture = tmp_path / "r1.svg"
+    code, out, err = _run(*argv, "--svg", str(picture))
+    assert code == 0, err
+    assert out == session[2]
+    shown = REPO / "docs" / "img" / "tune-serving-r1-16xh200.svg"
+    assert picture.read_bytes() == shown.read_bytes()

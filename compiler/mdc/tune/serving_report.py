@@ -164,7 +164,8 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     if args.svg:
         from mdc.emit import write_file
 
-        write_file(args.svg, svg(result).encode("utf-8"), force=args.force, inputs=[args.spec])
+        picture = svg(result, tuner.curves(result))
+        write_file(args.svg, picture.encode("utf-8"), force=args.force, inputs=[args.spec])
     if out.fmt == "json":
         out.json(result_json(result))
     else:
@@ -172,9 +173,9 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     return ExitCode.OK
 
 
-def svg(result: Result) -> str:
-    """Throughput per GPU against tokens/s per user: each deployment family's Pareto
-    front its own curve, the TPOT limit as a line, the choice ringed."""
+def svg(result: Result, curves: Any) -> str:
+    """Throughput per GPU against tokens/s per user: each deployment family's curve over
+    the load, the TPOT limit as a line, the choice ringed (:mod:`mdc.tune.serving_svg`)."""
     from mdc.tune.serving_svg import pareto_svg
 
-    return pareto_svg(result)
+    return pareto_svg(result, curves)

@@ -320,6 +320,28 @@ class ServingTuner:
 
             yield from _split_search(counts, split)
 
+    def curves(self, result: Result, families: int = 8) -> list[tuple[Candidate, list[Candidate]]]:
+        """The best deployment of each of the first ``families`` families (by throughput
+        per GPU), predicted at a ladder of requests in flight: the curve a serving
+        benchmark draws for it."""
+        shape, hw, workload = self.requirements()
+        best: dict[str, Candidate] = {}
+        for c in sorted(result.predicted, key=lambda c: c.key):
+            best.setdefault(c.family, c)
+        chosen = sorted(best.values(), key=lambda c: c.key)[:families]
+        top = max(2 * (workload.concurrency or 0), 1024)
+        ladder = [2**i for i in range(top.bit_length()) if 2**i <= top]
+        cache: dict[Any, Any] = {}
+        out = []
+        for c in chosen:
+            points = []
+            for load in ladder:
+                w = attrs.evolve(workload, concurrency=load, request_rate=None)
+                p = predict(shape, hw, c.deployment, w, self.constants, cache)
+                points.append(attrs.evolve(c, prediction=p, meets_slo=meets(p, workload)))
+            out.append((c, points))
+        return out
+
     def written(self, c: Candidate) -> Candidate:
         """The candidate with its spec: the loaded document with the deployment written in
         the launcher's keys."""

@@ -1,7 +1,8 @@
 """The serving search's picture: output tokens/s per GPU against tokens/s per user, as
 serving benchmarks draw it. Each deployment family (mode and server sizes) is its own
-curve, the Pareto front of its candidates; the TPOT limit is a dashed line (a user is
-served at least 1000 / tpot_ms tokens/s); the choice is ringed."""
+curve: its best deployment at 1, 2, 4, ... requests in flight (the Pareto front of those
+points); the TPOT limit is a dashed line (a user is served at least 1000 / tpot_ms
+tokens/s); the choice, at the workload's load, is ringed."""
 
 from __future__ import annotations
 
@@ -35,20 +36,14 @@ def front(points: Sequence[Candidate]) -> list[Candidate]:
     return sorted(kept, key=lambda c: c.prediction.output_tokens_per_s_per_user)
 
 
-def _families(result: Result) -> list[tuple[str, list[Candidate]]]:
-    groups: dict[str, list[Candidate]] = {}
-    for c in result.predicted:
-        if c.prediction.output_tokens_per_s_per_gpu > 0:
-            groups.setdefault(c.family, []).append(c)
-    ranked = sorted(
-        groups.items(),
-        key=lambda kv: (-max(c.prediction.output_tokens_per_s_per_gpu for c in kv[1]), kv[0]),
-    )
-    return [(name, front(points)) for name, points in ranked[:MAX_FAMILIES]]
+Curves = Sequence[tuple[Candidate, Sequence[Candidate]]]
 
 
-def pareto_svg(result: Result) -> str:
-    families = _families(result)
+def pareto_svg(result: Result, curves: Curves) -> str:
+    families = [
+        (best.family, front([c for c in points if c.prediction.output_tokens_per_s_per_gpu > 0]))
+        for best, points in curves[:MAX_FAMILIES]
+    ]
     drawn = [c for _, points in families for c in points] + list(result.rows[:1])
     x_max = max((c.prediction.output_tokens_per_s_per_user for c in drawn), default=1.0) * 1.1
     y_max = max((c.prediction.output_tokens_per_s_per_gpu for c in drawn), default=1.0) * 1.1
