@@ -486,3 +486,8 @@ def test_args_are_read_with_vllms_spellings(tmp_path: Path) -> None:
     assert (servers["prefill"].tp, servers["decode"].tp, servers["decode"].ep) == (2, 1, 2)
     script = next(f.data.decode() for f in compiled.tree if f.path == "launch/vllm_disagg.sh")
     assert "--tensor_parallel_size" not in script and "--enable-expert " not in script
+
+
+def test_a_role_env_name_is_a_shell_variable_name(tmp_path: Path) -> None:
+    (error,) = errors(tmp_path, spec(1, 2, {"decode": {"env": {"A B": "x"}}}))
+    assert error.location.pointer.startswith("/vllm_disagg/decode/env")
