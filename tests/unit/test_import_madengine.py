@@ -783,6 +783,39 @@ def test_null_values_read_as_absent_and_reported(tmp_path: Path, compiler: Compi
     assert isinstance(k8s, dict) and k8s["kubernetes"]["namespace"] == "default"  # the preset
 
 
+def null_pointers(value: Any, pointer: str = "") -> list[str]:
+    """The JSON pointers of the nulls in ``value``."""
+    if value is None:
+        return [pointer]
+    if not isinstance(value, dict | list):
+        return []
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return [p for key, item in items for p in null_pointers(item, f"{pointer}/{key}")]
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"slurm": {"nodes": 1}, "distributed": {"nnodes": None, "launcher": None, "port": None}},
+        {"k8s": {"gpu_count": 1}, "launcher": {"type": None, "nnodes": None, "master_port": None}},
+        {"slurm": {"nodes": 1, "modules": [None, "rocm"]}, "distributed": {"primus": None}},
+        {"slurm": {"nodes": 1}, "gpu_vendor": None, "MAD_CONTAINER_IMAGE": None, "deploy": None},
+        {"k8s": {"gpu_count": 1, "tolerations": [{"key": None, "operator": "Exists"}]}},
+        {"k8s": {"gpu_count": 1, "node_selector": {"pool": None}}, "env_vars": {"A": None}},
+    ],
+)
+def test_a_null_anywhere_is_reported_never_a_crash(tmp_path: Path, context: dict[str, Any]) -> None:
+    path = tmp_path / "context.json"
+    path.write_text(json.dumps(context), encoding="utf-8")
+    code, _, err = run_cli(
+        "import", "madengine", str(path), "-o", str(tmp_path / "spec.toml"), "--no-plugin-autoload"
+    )
+    assert code == 0, err
+    _, notes = madengine.translate(load_file(path))
+    reported = sorted(n.location.pointer for n in notes if " is null: " in n.message)
+    assert reported == sorted(null_pointers(context))
+
+
 def test_the_job_ttl_difference_is_reported(tmp_path: Path, compiler: Compiler) -> None:
     """madengine writes no ttlSecondsAfterFinished; the import says what mdc's Job does."""
     result = compiled(compiler, "k8s-torchrun-1x2")

@@ -181,10 +181,10 @@ COMMANDS: dict[str, list[str]] = {
 #: the launchers madengine's Kubernetes Job template gives JOB_COMPLETION_INDEX, and on
 #: several nodes POD_INDEX (job.yaml.j2)
 NATIVE_LAUNCHERS = ("torchrun", "deepspeed", "megatron", "torchtitan", "primus")
-#: blocks whose null values read as absent keys (reported)
-NULLABLE_BLOCKS = ("env_vars", "docker_env_vars", "slurm", "k8s", "kubernetes")
 #: k8s keys whose null is madengine's own preset value (k8s/defaults.json): not reported
 NULL_DEFAULTS = ("ttl_seconds_after_finished", "allow_privileged_profiling")
+#: nulls madengine's CLI accepts as "not set" (``timeout``: a number or None): not reported
+QUIET_NULLS = ("/timeout",)
 #: the ttlSecondsAfterFinished mdc's Kubernetes backends write unless the table says (a
 #: week); madengine writes none, so its Jobs stay until deleted
 MDC_DEFAULT_TTL_SECONDS = 7 * 24 * 3600

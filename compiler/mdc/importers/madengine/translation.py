@@ -33,7 +33,6 @@ from .tables import (
     MODEL_KEYS,
     NATIVE_LAUNCHERS,
     NULL_DEFAULTS,
-    NULLABLE_BLOCKS,
     OBJECT_KEYS,
     OWN_DISTRIBUTED,
     OWN_K8S,
@@ -42,6 +41,7 @@ from .tables import (
     PLACEHOLDER,
     PRIMUS_DEFAULT_CONFIG,
     PRIMUS_KEYS,
+    QUIET_NULLS,
     SGLANG_DISAGG_KEYS,
     SLURM_DEFAULT_ENV,
     SLURM_KEYS,
@@ -122,49 +122,58 @@ class _Translation:
         self.env: dict[str, tuple[object, str | None]] = {}
 
     def block(self, key: str) -> dict[str, Any]:
-        """The block ``key`` (empty unless an object); in env and deployment blocks a
-        null value reads as an absent key (see :meth:`nulls`)."""
         value = self.ctx.get(key)
-        if not isinstance(value, dict):
-            return {}
-        if key in NULLABLE_BLOCKS:
-            return {k: v for k, v in value.items() if v is not None}
+        return value if isinstance(value, dict) else {}
+
+    def without_nulls(self, value: Any, pointer: str) -> Any:
+        """``value`` with every JSON null in it left out, each reported at its pointer: mdc
+        reads a null as an absent key (an absent list item)."""
+        if isinstance(value, dict):
+            kept: dict[str, Any] = {}
+            for key, item in value.items():
+                here = f"{pointer}/{escape_token(str(key))}"
+                if item is None:
+                    self.null(here, str(key))
+                else:
+                    kept[key] = self.without_nulls(item, here)
+            return kept
+        if isinstance(value, list):
+            items = []
+            for index, item in enumerate(value):
+                if item is None:
+                    self.null(f"{pointer}/{index}", f"item {index}")
+                else:
+                    items.append(self.without_nulls(item, f"{pointer}/{index}"))
+            return items
         return value
 
-    def nulls(self) -> None:
-        """Report each null value in the env and deployment blocks: mdc reads it as absent."""
-        for block in NULLABLE_BLOCKS:
-            values = self.ctx.get(block)
-            if not isinstance(values, dict):
-                continue
-            for key, value in values.items():
-                pointer = f"/{block}/{escape_token(key)}"
-                if value is not None or (block in ("k8s", "kubernetes") and key in NULL_DEFAULTS):
-                    continue
-                self.b.handled.add(pointer)
-                if block.endswith("env_vars"):
-                    self.b.note(
-                        "MDC505",
-                        pointer,
-                        f"{key} is null: madengine exports it as the text 'None' (its "
-                        "templates render Python's None); mdc does not set it",
-                        hint=f'write the value as a string, e.g. "{key}": ""',
-                    )
-                else:
-                    self.b.note(
-                        "MDC504",
-                        pointer,
-                        f"{key} is null: mdc reads it as absent, so madengine's preset or "
-                        "mdc's default applies (madengine replaces its preset with null, "
-                        "which its templates render as no option or as the text 'None')",
-                        hint="give the key a value, or remove it",
-                    )
+    def null(self, pointer: str, key: str) -> None:
+        self.b.handled.add(pointer)
+        block, _, rest = pointer[1:].partition("/")
+        if pointer in QUIET_NULLS or (block in ("k8s", "kubernetes") and rest in NULL_DEFAULTS):
+            return  # null is madengine's own value there: none set
+        if block in ("env_vars", "docker_env_vars") and "/" not in rest:
+            self.b.note(
+                "MDC505",
+                pointer,
+                f"{key} is null: madengine exports it as the text 'None' (its templates "
+                "render Python's None); mdc does not set it",
+                hint=f'write the value as a string, e.g. "{key}": ""',
+            )
+            return
+        self.b.note(
+            "MDC504",
+            pointer,
+            f"{key} is null: mdc reads it as absent, so mdc's default (or madengine's "
+            "preset, where the report says one applies) takes its place",
+            hint="give it a value, or remove it",
+        )
 
     # the whole translation, in madengine's order of resolution
     def run(self) -> None:
         b = self.b
+        self.ctx = self.without_nulls(self.ctx, "")
         self.target, self.k8s_key = self.resolve_target()
-        self.nulls()
         self.dist = self.block("distributed")
         self.k8s = self.block(self.k8s_key) if self.k8s_key else {}
         self.slurm = self.block("slurm")
@@ -895,7 +904,7 @@ class _Translation:
         self.b.handled.add(f"{src}/{key}")
         self.b.note(
             "MDC504",
-            f"{src}/{key}" if key in self.ctx[src[1:]] else src,  # a null is madengine's
+            f"{src}/{key}" if self.b.has(f"{src}/{key}") else src,  # a null is madengine's
             "madengine writes no ttlSecondsAfterFinished, so its finished Jobs and pods "
             "stay until deleted; mdc's Kubernetes backend deletes them "
             f"{MDC_DEFAULT_TTL_SECONDS} s (a week) after the job finishes",
@@ -1011,9 +1020,9 @@ class _Translation:
             names.append(name)
         given: dict[str, tuple[object, str | None]] = dict(self.env)
         for block in ("env_vars", "docker_env_vars"):
-            if not isinstance(self.ctx.get(block), dict):
+            values = self.ctx.get(block)
+            if not isinstance(values, dict):
                 continue
-            values = self.block(block)
             b.table(("job", "env"), f"/{block}")
             for key, value in values.items():
                 origin = f"/{block}/{escape_token(key)}"
