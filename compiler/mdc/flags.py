@@ -522,6 +522,10 @@ class ReadDocument(LoadedDocument):
             if probe in self.moved:
                 return super().locate(self.moved[probe])
             probe = probe.rsplit("/", 1)[0]
+        if pointer and pointer not in self.values:  # a table only read keys made
+            inside = [moved for read, moved in self.moved.items() if read.startswith(pointer + "/")]
+            if inside:
+                return super().locate(inside[0])
         return super().locate(pointer, key=key)
 
 

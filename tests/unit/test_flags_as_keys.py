@@ -338,3 +338,19 @@ def test_a_flag_mdc_derives_is_compared_as_megatron_lm_types_it(tmp_path: Path) 
         compile_data(tmp_path, data, "other.json")
     (error,) = [d for d in caught.value.diagnostics if d.is_error]
     assert error.code == "MDC323" and "from [model] moe_layer_freq" in error.message
+
+
+def test_a_finding_on_a_table_only_flags_made_points_at_a_flag(tmp_path: Path) -> None:
+    """SGLang takes "--tp" for --tp-size (an unambiguous prefix): [parallelism] tp = 4,
+    which does not fill the node (MDC371, on the table [parallelism] the spec never wrote):
+    located at the flag, not at the top of the file."""
+    data = {
+        "job": {"name": "sg", "command": ["python", "-m", "sglang.launch_server"]},
+        "distributed": {"launcher": "sglang", "nnodes": 1, "nproc_per_node": 8},
+        "sglang": {"model": "m", "args": ["--enable-dp-attention", "--tp", "4"]},
+    }
+    with pytest.raises(SpecError) as caught:
+        compile_data(tmp_path, data)
+    (error,) = [d for d in caught.value.diagnostics if d.is_error]
+    assert (error.code, error.location.pointer) == ("MDC371", "/sglang/args/1")
+    assert error.location.line is not None
