@@ -741,7 +741,7 @@ CODES: dict[str, Code] = {
     ),
     "MDC622": Code(
         "mdc tune does not search this serving launcher's deployments",
-        "use a launcher it searches (trtllm, vllm)",
+        "use a launcher it searches (trtllm, vllm, sglang_disagg, vllm_disagg)",
     ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),

@@ -165,3 +165,37 @@ def test_the_docs_worked_example_and_picture_are_real(tmp_path: Path) -> None:
     assert out == session[2]
     shown = REPO / "docs" / "img" / "tune-serving-r1-16xh200.svg"
     assert picture.read_bytes() == shown.read_bytes()
+
+
+def _as_launcher(launcher: str, nnodes: int) -> dict[str, Any]:
+    """The example's model and workload behind another disaggregated launcher."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    del data["trtllm"]
+    data["distributed"].update(launcher=launcher, nnodes=nnodes)
+    if launcher == "sglang_disagg":
+        data["job"]["command"] = "python3"
+        data["sglang_disagg"] = {"model_path": "deepseek-ai/DeepSeek-R1"}
+    else:
+        data["job"]["command"] = ["vllm", "serve"]
+        data["vllm_disagg"] = {"model": "deepseek-ai/DeepSeek-R1"}
+    return data
+
+
+@pytest.mark.parametrize("launcher", ["sglang_disagg", "vllm_disagg"])
+@pytest.mark.parametrize("nnodes", [2, 5])
+def test_disaggregated_launchers_are_searched(tmp_path: Path, launcher: str, nnodes: int) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_as_launcher(launcher, nnodes)), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "4")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert len(rows) == 4
+    # from 3 nodes the router takes node 0: the servers share the other nodes' GPUs
+    serving = 8 * (nnodes - 1) if nnodes >= 3 else 8 * nnodes
+    for i, row in enumerate(rows):
+        assert row["launcher"] == launcher and row["mode"] == "disaggregated"
+        assert row["gpus"] == serving
+        explained = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: explained[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }

@@ -175,13 +175,108 @@ def vllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
     data["parallelism"] = {"tp": r.tp, "dp": r.dp, **({"ep": r.ep} if r.ep > 1 else {})}
 
 
+def _pd_sizes(gpus: int, nproc: int, nnodes: int) -> list[int]:
+    """Server sizes of a launcher whose roles take whole nodes from 3 nodes on (the router
+    has node 0): up to 2 nodes the servers share the nodes' GPUs."""
+    if nnodes <= 2:
+        return [s for s in _sizes(gpus, nproc) if s <= nproc]
+    return [s for s in _sizes(gpus, nproc) if s % nproc == 0]
+
+
+def sglang_disagg_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+    """Prefill and decode server templates (their counts are searched): tp over the
+    server, the experts over it (--ep-size) and DP attention (--dp-size = tp)."""
+    nnodes = gpus // nproc
+    sizes = _pd_sizes(disagg_gpus(gpus, nproc), nproc, nnodes)
+    for ps in sizes:
+        for ds in sizes:
+            for p in _server_roles(ps, moe, "prefill", 0):
+                for d in _server_roles(ds, moe, "decode", 0):
+                    yield p, d
+
+
+def vllm_disagg_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+    """Prefill and decode server templates: tp engines inside a node, or dp engines of one
+    GPU each with the experts over the server (--enable-expert-parallel)."""
+    nnodes = gpus // nproc
+    sizes = _pd_sizes(disagg_gpus(gpus, nproc), nproc, nnodes)
+
+    def shapes(size: int, name: str) -> Iterator[Role]:
+        if size <= nproc:
+            yield Role(name=name, servers=0, gpus=size, tp=size)
+            if moe and size > 1:
+                yield Role(name=name, servers=0, gpus=size, tp=size, ep=size)
+        if moe and size > 1:
+            yield Role(name=name, servers=0, gpus=size, tp=1, dp=size, ep=size)
+
+    for ps in sizes:
+        for ds in sizes:
+            for p in shapes(ps, "prefill"):
+                for d in shapes(ds, "decode"):
+                    yield p, d
+
+
+def disagg_gpus(gpus: int, nproc: int) -> int:
+    """The GPUs a proxy-on-node-0 launcher's servers get: from 3 nodes the router takes
+    node 0 whole."""
+    return gpus - nproc if gpus // nproc >= 3 else gpus
+
+
+def _split_keys(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
+    """[distributed] prefill_/decode_ nodes (3 nodes or more) or GPUs (up to 2)."""
+    dist = data["distributed"]
+    nproc = dist.get("nproc_per_node", 1)
+    for key in ("prefill_nodes", "decode_nodes", "prefill_gpus", "decode_gpus"):
+        dist.pop(key, None)
+    whole = dist.get("nnodes", 1) >= 3
+    for r in roles:
+        gpus = r.servers * r.gpus
+        if whole:
+            dist[f"{r.name}_nodes"] = gpus // nproc
+        else:
+            dist[f"{r.name}_gpus"] = gpus
+
+
+def sglang_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
+    _split_keys(data, roles)
+    table = data.setdefault("sglang_disagg", {})
+    for r in roles:
+        own = table.setdefault(r.name, {})
+        own.update(
+            {
+                "tp_size": r.tp,
+                "dp_size": r.dp,
+                "enable_dp_attention": r.dp > 1,
+                "ep_size": r.ep,
+            }
+        )
+
+
+def vllm_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
+    _split_keys(data, roles)
+    table = data.setdefault("vllm_disagg", {})
+    for r in roles:
+        own = table.setdefault(r.name, {})
+        own.update(
+            {
+                "tensor_parallel_size": r.tp,
+                "data_parallel_size": r.dp,
+                "enable_expert_parallel": r.ep > 1,
+            }
+        )
+
+
 Generate = Callable[[int, int, bool], Iterator[tuple[Role, ...]]]
 Write = Callable[[dict[str, Any], tuple[Role, ...]], None]
 #: launcher -> (its deployments of the GPUs, how a deployment is written in its keys)
 WRITERS: Mapping[str, tuple[Generate, Write]] = {
     "trtllm": (trtllm_deployments, trtllm_write),
     "vllm": (vllm_deployments, vllm_write),
+    "sglang_disagg": (sglang_disagg_deployments, sglang_disagg_write),
+    "vllm_disagg": (vllm_disagg_deployments, vllm_disagg_write),
 }
+#: launchers whose router takes node 0 from 3 nodes on
+ROUTER_NODE = frozenset({"sglang_disagg", "vllm_disagg"})
 
 
 # -- the search ------------------------------------------------------------------------
@@ -308,14 +403,15 @@ class ServingTuner:
                 yield candidate(roles)
                 continue
             p, d = roles
+            budget = disagg_gpus(gpus, nproc) if launcher in ROUTER_NODE else gpus
             counts = [
                 k
-                for k in range(1, gpus // p.gpus)
-                if (gpus - k * p.gpus) % d.gpus == 0 and gpus > k * p.gpus
+                for k in range(1, budget // p.gpus)
+                if (budget - k * p.gpus) % d.gpus == 0 and budget > k * p.gpus
             ]
 
-            def split(k: int, p: Role = p, d: Role = d) -> Candidate:
-                rest = (gpus - k * p.gpus) // d.gpus
+            def split(k: int, p: Role = p, d: Role = d, budget: int = budget) -> Candidate:
+                rest = (budget - k * p.gpus) // d.gpus
                 return candidate((attrs.evolve(p, servers=k), attrs.evolve(d, servers=rest)))
 
             yield from _split_search(counts, split)
