@@ -488,15 +488,8 @@ def _collect(
 ) -> dict[str, Registered]:
     kind = "launcher" if record_type is LauncherSpec else "backend"
     collected: dict[str, Registered] = {}
-    impls = getattr(manager.hook, hook).get_hookimpls()
-    for impl in sorted(impls, key=lambda i: i.plugin_name):
-        if only is not None and impl.plugin_name != only:
-            continue
-        origin = origins[impl.plugin_name]
-        try:
-            result = impl.function()
-        except Exception as exc:
-            raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
+    for name, result in _each_plugin(manager, origins, hook, only):
+        origin = origins[name]
         if not isinstance(result, (list, tuple)) or not all(
             isinstance(r, record_type) for r in result
         ):
@@ -533,12 +526,8 @@ def _collect_hardware(
 
     hook = "mdc_register_hardware"
     collected: dict[str, tuple[Accelerator, PluginOrigin]] = {}
-    for impl in sorted(manager.hook.mdc_register_hardware.get_hookimpls(), key=_plugin_name):
-        origin = origins[impl.plugin_name]
-        try:
-            result = impl.function()
-        except Exception as exc:
-            raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
+    for name, result in _each_plugin(manager, origins, hook):
+        origin = origins[name]
         if not isinstance(result, (list, tuple)) or not all(
             isinstance(r, Accelerator) for r in result
         ):
@@ -563,5 +552,26 @@ def _collect_hardware(
     return {ident: entry for ident, (entry, _) in sorted(collected.items())}
 
 
-def _plugin_name(impl: Any) -> str:
-    return str(impl.plugin_name)
+def _each_plugin(
+    manager: pluggy.PluginManager,
+    origins: Mapping[str, PluginOrigin],
+    hook: str,
+    only: str | None = None,
+) -> Iterator[tuple[str, Any]]:
+    """Each plugin's answer to ``hook``, by plugin name (or only ``only``'s).
+
+    Each implementation is called through pluggy (a caller of that one plugin), so pluggy's
+    tracing (``MDC_TRACE_PLUGINS``) and hook wrappers see every call; a plugin that raises is
+    named in the :class:`PluginError`.
+    """
+    impls = sorted(getattr(manager.hook, hook).get_hookimpls(), key=lambda i: i.plugin_name)
+    for impl in impls:
+        if only is not None and impl.plugin_name != only:
+            continue
+        others = [i.plugin for i in impls if i is not impl]
+        try:
+            results = manager.subset_hook_caller(hook, remove_plugins=others)()
+        except Exception as exc:
+            origin = origins[impl.plugin_name]
+            raise PluginError(origin, hook, f"{type(exc).__name__}: {exc}") from exc
+        yield impl.plugin_name, results[0] if results else None  # pluggy drops a None

@@ -694,3 +694,27 @@ def test_the_manager_finds_the_hooks_pluggy_finds() -> None:
             manager.register(module, name="p")
         assert _hook_functions(ours) == _hook_functions(plain), module.__name__
     assert len(_hook_functions(ours)["mdc_register_launchers"]) == 1
+
+
+def test_tracing_shows_every_registration_hook_call(
+    tmp_path: Path, declared_builtins: dict[str, list[str]]
+) -> None:
+    """MDC_TRACE_PLUGINS=1: pluggy's own tracing prints each plugin's hook call, as the
+    plugin guide says (hooks are called through pluggy, not as plain functions)."""
+    env = {**os.environ, "MDC_TRACE_PLUGINS": "1"}
+    env.pop("MDC_DISABLE_PLUGIN_AUTOLOAD", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "mdc", "compile", str(REPO / "examples" / "quickstart.toml"),
+         "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = [line.strip() for line in done.stderr.splitlines() if line.strip().endswith("[hook]")]
+    for hook, kind in (
+        ("mdc_register_launchers", "launchers"),
+        ("mdc_register_backends", "backends"),
+    ):
+        started = [c for c in calls if c == f"{hook} [hook]"]
+        finished = [c for c in calls if c.startswith(f"finish {hook} -->")]
+        assert len(started) == len(finished) >= len(declared_builtins[kind])
+    assert any("LauncherSpec(name='torchrun'" in c for c in calls)
