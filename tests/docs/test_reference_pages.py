@@ -87,11 +87,13 @@ def diagnostics_page() -> str:
         "ranges: [Diagnostics](../diagnostics.md). Third-party plugins use MDC900 and up and",
         "document their own.",
     ]
-    out += ["", "| range | codes |", "|---|---|"]
+    # the index: every code with what it says, the range named on its first row
+    out += ["", "| range | code | what it says |", "|---|---|---|"]
     for first, last, title in RANGES:
         used = [c for c in sorted(CODES) if first <= int(c[3:]) <= last]
-        if used:
-            out.append(f"| {title} | {', '.join(f'[{c}](#{c.lower()})' for c in used)} |")
+        for index, code in enumerate(used):
+            meaning = CODES[code].meaning.replace("|", "\\|")
+            out.append(f"| {title if index == 0 else ''} | [{code}](#{code.lower()}) | {meaning} |")
     current = None
     for code in sorted(CODES):
         title = section(code)
