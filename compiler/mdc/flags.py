@@ -576,9 +576,10 @@ def disagreement_text(
 def disagreeing(
     table: FlagTable, words: Sequence[str], emitted: Sequence[object]
 ) -> tuple[list[FlagUse], list[tuple[FlagUse, FlagUse]]]:
-    """The flags of ``table`` in ``words`` that have no key of their own, against the words
-    mdc emits: (those that agree with mdc's value, to be dropped; (user's, mdc's) pairs that
-    disagree). A flag mdc does not emit is neither: the framework reads it as given."""
+    """The flags of ``table`` in ``words`` (those with no key of their own, and those the
+    spec's reading left, e.g. vLLM's --data-parallel-size in replicas mode) against the
+    words mdc emits: (those that agree with mdc's value, to be dropped; (user's, mdc's)
+    pairs that disagree). A flag mdc does not emit is neither: the framework reads it."""
     mine: dict[str, FlagUse] = {}
     for use in table.find(plain_words(emitted)):
         mine[use.flag.name] = use
@@ -586,7 +587,7 @@ def disagreeing(
     differ: list[tuple[FlagUse, FlagUse]] = []
     for use in table.find(words):
         own = mine.get(use.flag.name)
-        if use.flag.spec_key is not None or own is None:
+        if own is None:
             continue
         if use.error is None and _agree(use.value, own.value):
             agree.append(use)

@@ -136,7 +136,9 @@ class Compiler:
         if found:
             raise SpecError([*read, *found, *self._plan_despite(doc, found)])
         if any(d.is_error for d in read):  # the spec as written: its other findings too
-            raise SpecError([*read, *self._findings_of(doc)])
+            said = {(d.code, d.location.pointer) for d in read}  # (each flag's once)
+            others = [d for d in self._findings_of(doc) if (d.code, d.location.pointer) not in said]
+            raise SpecError([*read, *others])
         compiled = self._compile(doc, tree=tree, written=written, read=read)
         return attrs.evolve(compiled, notes=tuple(notes))
 

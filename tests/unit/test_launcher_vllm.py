@@ -484,3 +484,24 @@ def test_an_unresolvable_host_name_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "'no-such-host.invalid' (in NODE_HOSTS) has no IPv4 address after 0 s" in done.stderr
     assert calls == []
+
+
+@pytest.mark.parametrize(("given", "refused"), [("2", False), ("3", True)])
+def test_data_parallel_size_in_replicas_mode_is_each_nodes(
+    tmp_path: Path, given: str, refused: bool
+) -> None:
+    """In replicas mode --data-parallel-size is each node's server's (4 GPUs / tp 2 = 2
+    engines here), not [parallelism] dp: the same value is written once, another refused."""
+    data = spec(
+        {"mode": "replicas", "args": ["--data-parallel-size", given]},
+        nnodes=2,
+        nproc=4,
+        parallelism={"tp": 2, "pp": 1},
+    )
+    if refused:
+        found = [d for d in diagnostics(tmp_path, data) if d.is_error]
+        assert [(d.code, d.location.pointer) for d in found] == [("MDC364", "/vllm/args/0")]
+        assert "mdc writes '--data-parallel-size 2'" in found[0].message
+        return
+    (role,) = compile_(tmp_path, data).launch.roles
+    assert [w for w in role.argv if w == "--data-parallel-size"] == ["--data-parallel-size"]
