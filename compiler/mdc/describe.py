@@ -14,6 +14,7 @@ import attrs
 from mdc.api import Launch
 from mdc.errors import Diagnostic
 from mdc.plan.model import GROUP_KINDS, Plan, Sizes
+from mdc.plan.ranks import GroupSet
 
 if TYPE_CHECKING:
     from mdc.plan.memory import MemoryEstimate
@@ -100,7 +101,7 @@ def plan_json(plan: Plan, launch: Launch) -> dict[str, object]:
         "worker_env": dict(launch.worker_env),
         "warnings": [_finding(d) for d in plan.warnings],
         # a serving job's servers, and their weights and KV cache per GPU when estimated
-        **({"servers": [_plain(server) for server in launch.servers]} if launch.servers else {}),
+        **(_servers_json(plan, launch) if launch.servers else {}),
         **_serving_json(plan),
     }
 
@@ -152,6 +153,9 @@ def server_lines(launch: Launch) -> list[str]:
     if not launch.servers:
         return []
     lines = ["servers:"]
+    with_gpus = [s.nodes for s in launch.servers if s.gpus]
+    # several servers on one node: their lines say which of its GPUs
+    shared = len(set(with_gpus)) < len(with_gpus)
     for server in launch.servers[:MAX_SHOWN]:
         first, last = server.nodes[0], server.nodes[-1]
         nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
@@ -168,11 +172,8 @@ def server_lines(launch: Launch) -> list[str]:
             )
             if value > 1 or name == "tp"
         )
-        shared = len({s.nodes for s in launch.servers if s.gpus}) < len(
-            [s for s in launch.servers if s.gpus]
-        )
         gpus = f"{server.gpus} GPUs"
-        if shared:  # several servers on one node: which of its GPUs
+        if shared:
             last = server.first_gpu + server.gpus - 1
             gpus = f"GPU {last}" if server.gpus == 1 else f"GPUs {server.first_gpu}-{last}"
         lines.append(
@@ -181,6 +182,26 @@ def server_lines(launch: Launch) -> list[str]:
     if len(launch.servers) > MAX_SHOWN:
         lines.append(f"  ... {len(launch.servers) - MAX_SHOWN} more server(s)")
     return lines
+
+
+def _servers_json(plan: Plan, launch: Launch) -> dict[str, object]:
+    """Every server up to MAX_LISTED_RANKS GPUs in the world; beyond, the first MAX_SHOWN
+    servers, each with its first MAX_SHOWN nodes, and the counts (a server, or the list of
+    them, can be as long as the world)."""
+    servers = launch.servers
+    if plan.world_size <= MAX_LISTED_RANKS:
+        return {"servers": [_plain(server) for server in servers]}
+    listed = [
+        {
+            **{
+                k: list(v[:MAX_SHOWN]) if k == "nodes" else _plain(v)
+                for k, v in attrs.asdict(server, recurse=False).items()
+            },
+            "node_count": len(server.nodes),
+        }
+        for server in servers[:MAX_SHOWN]
+    ]
+    return {"servers": listed, "server_count": len(servers)}
 
 
 def _serving_json(plan: Plan) -> dict[str, object]:
@@ -301,9 +322,11 @@ def stage_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def _ranks(ranks: tuple[int, ...], limit: int = 16) -> str:
-    shown = " ".join(map(str, ranks[:limit]))
-    return f"[{shown}{' ...' if len(ranks) > limit else ''}]"
+def _ranks(group_set: GroupSet, index: int, limit: int = 16) -> str:
+    """Group ``index``'s first ``limit`` ranks (only those are computed: a group may hold
+    every rank of a billion-rank world)."""
+    shown = " ".join(map(str, group_set.head(index, limit)))
+    return f"[{shown}{' ...' if group_set.group_size > limit else ''}]"
 
 
 def _size(sizes: Sizes, axis: str) -> str:
@@ -323,7 +346,7 @@ def _group_lines(plan: Plan) -> list[str]:
         group_set = plan.layout.groups(kind)
         if group_set.group_size == 1 and kind not in ("dp", "tp"):
             continue
-        listed = [_ranks(group_set[i]) for i in range(min(group_set.count, MAX_SHOWN))]
+        listed = [_ranks(group_set, i) for i in range(min(group_set.count, MAX_SHOWN))]
         more = f" ... ({group_set.count} groups)" if group_set.count > MAX_SHOWN else ""
         lines.append(f"  {kind:<10} size {group_set.group_size}: {' '.join(listed)}{more}")
     return lines

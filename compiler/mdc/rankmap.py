@@ -21,14 +21,15 @@ picture. Same plan, same bytes: no timestamps, colours by index.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 import attrs
 
 from mdc.api import Server
 from mdc.plan.model import Plan
-from mdc.plan.ranks import RankGrid
+from mdc.plan.ranks import GroupSet, RankGrid
 
 #: Cell fills by value (group, stage or replica number), repeating beyond the last:
 #: ColorBrewer's Set3, twelve light categorical colours that carry black text.
@@ -148,9 +149,10 @@ def _coords(plan: Plan, rank: int) -> str:
     return " ".join(f"{axis}{coordinate(plan, axis, rank)}" for axis, size in sizes if size > 1)
 
 
-def _ranks(ranks: Sequence[int], limit: int = 8) -> str:
-    shown = " ".join(map(str, ranks[:limit]))
-    return f"[{shown}{' ...' if len(ranks) > limit else ''}]"
+def _ranks(group_set: GroupSet, index: int, limit: int = 8) -> str:
+    """Group ``index``'s first ``limit`` ranks, the only ones computed."""
+    shown = " ".join(map(str, group_set.head(index, limit)))
+    return f"[{shown}{' ...' if group_set.group_size > limit else ''}]"
 
 
 def _text(x: int, y: int, text: str, **attrs_: str) -> str:
@@ -365,7 +367,7 @@ def _draw_legend(
     group_set = plan.layout.groups(panel.kind) if panel.colour_by == "group" else None
     labels = [
         f"{panel.noun} {value}"
-        + (f": ranks {_ranks(group_set[value])}" if group_set is not None else "")
+        + (f": ranks {_ranks(group_set, value)}" if group_set is not None else "")
         for value in listed
     ]
     legend_w = 18 + CHAR_W * max(len(label) for label in labels) + 24
@@ -413,7 +415,14 @@ def _server_label(index: int, server: Server) -> str:
 
 def server_at(servers: Sequence[Server], node: int, gpu: int) -> int | None:
     """The index of the server that runs on ``gpu`` of ``node`` (None: no server does)."""
-    for index, server in enumerate(servers):
+    return _server_on(servers, range(len(servers)), node, gpu)
+
+
+def _server_on(
+    servers: Sequence[Server], indices: Iterable[int], node: int, gpu: int
+) -> int | None:
+    for index in indices:
+        server = servers[index]
         if server.gpus == 0 or node not in server.nodes:
             continue
         per_node = server.gpus // len(server.nodes)
@@ -422,16 +431,48 @@ def server_at(servers: Sequence[Server], node: int, gpu: int) -> int | None:
     return None
 
 
+def _servers_of(servers: Sequence[Server], nodes: Iterable[int | None]) -> dict[int, list[int]]:
+    """The servers on each drawn node, in one pass (a job can have millions of servers)."""
+    drawn = {node for node in nodes if node is not None}
+    found: dict[int, list[int]] = {node: [] for node in drawn}
+    for index, server in enumerate(servers):
+        if server.gpus:
+            for node in drawn.intersection(server.nodes):
+                found[node].append(index)
+    return found
+
+
+def _numbers(servers: Sequence[Server], wanted: set[int]) -> dict[int, int]:
+    """Each wanted server's number within its role (the 3rd prefill server is prefill 2)."""
+    seen: Counter[str] = Counter()
+    numbered = {}
+    for index, server in enumerate(servers):
+        if index in wanted:
+            numbered[index] = seen[server.role]
+        seen[server.role] += 1
+    return numbered
+
+
 def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
     """One panel: node rows, each GPU coloured by the server that runs on it."""
     nproc = plan.nproc_per_node
     nodes = _shown(plan.nnodes, MAX_NODES)
     columns = _shown(nproc, MAX_COLUMNS)
-    numbered: dict[int, int] = {}  # server index -> its number within its role
-    for index, server in enumerate(servers):
-        numbered[index] = sum(1 for s in servers[:index] if s.role == server.role)
-    labels = {i: _server_label(numbered[i], s) for i, s in enumerate(servers)}
-    cell_w = max(64, CHAR_W * max(len(f"{s.role} {numbered[i]}") for i, s in enumerate(servers)))
+    on_node = _servers_of(servers, nodes)
+    drawn = {
+        index
+        for node, indices in on_node.items()
+        for local in columns
+        if local is not None
+        for index in [_server_on(servers, indices, node, local)]
+        if index is not None
+    }
+    listed = [i for i, s in enumerate(servers) if i in drawn or not s.gpus][:MAX_LEGEND]
+    numbered = _numbers(servers, drawn | set(listed))  # server index -> number in its role
+    labels = {i: _server_label(numbered[i], servers[i]) for i in numbered}
+    # the widest name of any server: the last one of the role with the most digits
+    per_role = Counter(s.role for s in servers)
+    cell_w = max(64, CHAR_W * max(len(f"{role} {count - 1}") for role, count in per_role.items()))
     cell_w += 10
     cols_w = sum(ELLIPSIS_W if c is None else cell_w for c in columns) + CELL_GAP * (
         len(columns) - 1
@@ -465,7 +506,6 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
     )
     y += 8
     row_h = CELL_H + 2 * ROW_PAD
-    seen: set[int] = set()
     for node in nodes:
         if node is None:
             gap = plan.nnodes - MAX_NODES
@@ -487,9 +527,7 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
                 canvas.add(_text(x + 8, y + ROW_PAD + CELL_H // 2 + 4, "…"))
                 x += ELLIPSIS_W + CELL_GAP
                 continue
-            runs = server_at(servers, node, local)
-            if runs is not None:
-                seen.add(runs)
+            runs = _server_on(servers, on_node[node], node, local)
             _server_cell(
                 canvas, servers, numbered, labels, node, local, runs, x, y + ROW_PAD, cell_w
             )
@@ -502,7 +540,6 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
         canvas.add("</g>")
         y += row_h + ROW_GAP
     canvas.add('<g class="legend">')
-    listed = [i for i, s in enumerate(servers) if i in seen or not s.gpus][:MAX_LEGEND]
     for i in listed:
         fill = colour(i) if servers[i].gpus else "#ffffff"
         canvas.add(

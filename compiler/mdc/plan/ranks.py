@@ -131,6 +131,13 @@ class GroupSet:
             base + _compose(j, self.inner_sizes, self.inner_strides) for j in range(self.group_size)
         )
 
+    def head(self, index: int, count: int) -> tuple[int, ...]:
+        """The first ``count`` ranks of group ``index`` (all when the group is smaller):
+        a listing of a huge group costs what it shows."""
+        base = self.base(index)
+        shown = min(count, self.group_size)
+        return tuple(base + _compose(j, self.inner_sizes, self.inner_strides) for j in range(shown))
+
     def __iter__(self) -> Iterator[tuple[int, ...]]:
         # every group is its base plus the same offsets
         offsets = _all_composed(self.inner_sizes, self.inner_strides)
