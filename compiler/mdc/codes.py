@@ -743,6 +743,10 @@ CODES: dict[str, Code] = {
         "mdc tune does not search this serving launcher's deployments",
         "use a launcher it searches (trtllm, vllm, sglang_disagg, vllm_disagg)",
     ),
+    "MDC623": Code(
+        "[workload] gives both concurrency and request_rate, or neither",
+        "keep one: concurrency (a closed loop) or request_rate (Poisson arrivals)",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(

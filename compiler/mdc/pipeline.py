@@ -39,7 +39,7 @@ from mdc.plan.build import DEFAULT_BACKEND, auto_split, disagg_roles
 from mdc.plan.named_models import name_model
 from mdc.plugin_manager import DISTRIBUTION, PluginSet, Registered
 from mdc.schema import ComposedChecker
-from mdc.spec import EnvValue, JobSpec
+from mdc.spec import EnvValue, JobSpec, WorkloadTable
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -274,7 +274,9 @@ class Compiler:
             findings += [self._diag(doc, f) for f in serving_found]
         if plan is not None and spec.workload is not None:
             plan = attrs.evolve(plan, workload=spec.workload)
-            findings += [self._diag(doc, f) for f in _workload_findings(launcher)]
+            # a damaged [workload] lost the value its schema error names: no second finding
+            found = [] if "workload" in damaged else workload_findings(launcher, spec.workload)
+            findings += [self._diag(doc, f) for f in found]
         if plan is not None and backend.hosts is not None:
             nnodes, hosts_of = plan.nnodes, backend.hosts
             hosts = _call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
@@ -615,11 +617,27 @@ def _whole_servers(plan: Plan, launcher: LauncherSpec, reg: Registered) -> Plan:
     return attrs.evolve(plan, disagg=whole, roles=disagg_roles(whole, plan.nnodes))
 
 
-def _workload_findings(launcher: LauncherSpec) -> list[Finding]:
-    """[workload] describes serving traffic: a training launcher does not read it."""
+def workload_findings(launcher: LauncherSpec, workload: WorkloadTable) -> list[Finding]:
+    """[workload] describes serving traffic: a training launcher does not read it; its load
+    is one of the requests in flight and their arrival rate."""
+    given = [k for k in ("concurrency", "request_rate") if getattr(workload, k) is not None]
+    found = []
+    if len(given) != 1:
+        found.append(
+            Finding(
+                code="MDC623",
+                pointer="/workload/request_rate" if given else "/workload",
+                message="[workload] gives both concurrency and request_rate"
+                if given
+                else "[workload] gives neither concurrency nor request_rate",
+                hint="keep one: concurrency (requests in flight, a closed loop) or "
+                "request_rate (requests per second, Poisson arrivals)",
+            )
+        )
     if launcher.workload == "serving":
-        return []
+        return found
     return [
+        *found,
         Finding(
             code="MDC620",
             pointer="/workload",
@@ -627,7 +645,7 @@ def _workload_findings(launcher: LauncherSpec) -> list[Finding]:
             message=f"[workload] describes serving traffic; the training launcher "
             f"{launcher.name!r} does not read it",
             hint="remove [workload], or use a serving launcher (vllm, sglang, trtllm, ...)",
-        )
+        ),
     ]
 
 

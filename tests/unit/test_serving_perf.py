@@ -135,17 +135,26 @@ def test_a_training_launcher_warns_that_it_does_not_read_the_workload(tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "workload",
+    ("workload", "code", "pointer"),
     [
-        {"input_tokens": 10, "output_tokens": 10},
-        {"input_tokens": 10, "output_tokens": 10, "concurrency": 1, "request_rate": 1.0},
-        {"input_tokens": 10, "output_tokens": 10, "concurrency": 0},
+        ({"input_tokens": 10, "output_tokens": 10}, "MDC623", "/workload"),
+        (
+            {"input_tokens": 10, "output_tokens": 10, "concurrency": 1, "request_rate": 1.0},
+            "MDC623",
+            "/workload/request_rate",
+        ),
+        # the schema's bound, and no second finding on the value it dropped
+        ({"input_tokens": 10, "output_tokens": 10, "concurrency": 0}, "MDC105", None),
     ],
 )
-def test_the_schema_takes_one_load(tmp_path: Path, workload: dict[str, Any]) -> None:
+def test_the_workload_takes_one_load(
+    tmp_path: Path, workload: dict[str, Any], code: str, pointer: str | None
+) -> None:
     with pytest.raises(SpecError) as caught:
         compile_(tmp_path, trtllm(workload=workload))
-    assert any(d.location.pointer.startswith("/workload") for d in caught.value.diagnostics)
+    found = [(d.code, d.location.pointer) for d in caught.value.diagnostics]
+    assert any(c == code and (pointer is None or p == pointer) for c, p in found), found
+    assert len(found) == 1, found
 
 
 # -- the model's behaviour --------------------------------------------------------------

@@ -67,6 +67,7 @@ class Candidate:
             not self.meets_slo,
             -round(p.output_tokens_per_s_per_gpu, 6),
             -round(p.output_tokens_per_s_per_user, 6),
+            round(p.ttft_ms, 6),
             self.label(),
         )
 
@@ -318,6 +319,11 @@ class ServingTuner:
                     hint=f"use one of {', '.join(sorted(WRITERS))}",
                 )
             )
+        if spec.workload is not None:
+            from mdc.pipeline import workload_findings
+
+            launcher_spec = self.compiler.plugins.launcher(launcher)
+            found += workload_findings(launcher_spec, spec.workload)
         if spec.workload is None:
             found.append(
                 Finding(
