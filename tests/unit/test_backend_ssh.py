@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -169,6 +170,18 @@ def test_the_ssh_table_is_needed(compiler: Compiler, tmp_path: Path) -> None:
 def test_hosts_are_names_or_addresses(compiler: Compiler, tmp_path: Path, host: str) -> None:
     found = errors(compiler, tmp_path, spec(["gpu1", host]))
     assert located(found) == [("MDC431", "/ssh/hosts/1")]
+
+
+@pytest.mark.parametrize("host", ["::1", "::ffff:10.0.0.7", "fe80::1%eth0", "gpu1", "10.0.0.7"])
+def test_ipv6_addresses_are_hosts_as_ssh_reads_them(
+    compiler: Compiler, tmp_path: Path, host: str
+) -> None:
+    """An address ssh itself takes as the host name (``ssh -G`` resolves nothing) is a host."""
+    compiled = compiled_of(compiler, tmp_path, spec(["gpu0", host]))
+    assert compiled.plan.hosts == ("gpu0", host)
+    if shutil.which("ssh"):
+        shown = subprocess.run(["ssh", "-G", host], capture_output=True, text=True, check=True)
+        assert f"hostname {host}\n" in shown.stdout
 
 
 def test_a_repeated_host_is_a_warning(compiler: Compiler, tmp_path: Path) -> None:

@@ -42,10 +42,10 @@ from mdc.api import (
     supervise,
 )
 
-HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]*")
+HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
 USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 SSH_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9]*=\S.*", re.DOTALL)
-LOOPBACK = re.compile(r"(localhost|127(\.\d{1,3}){3}|::1)")
+LOOPBACK = re.compile(r"(localhost|(::ffff:)?127(\.\d{1,3}){3}|::1)")
 #: what launch.sh passes to every node itself
 RESERVED = (*RUNTIME_VARIABLES, OUT_DIR.name)
 
