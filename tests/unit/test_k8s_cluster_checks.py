@@ -165,3 +165,19 @@ def test_kuberay_runs_vllm_over_ray_on_two_nodes_or_more(
     data["distributed"]["nnodes"] = 2
     data["parallelism"] = {"tp": 8, "pp": 2}
     assert [c for c, _ in codes(compiler, tmp_path, data) if c == "MDC750"] == []
+
+
+@pytest.mark.parametrize("backend", ["jobset", "kuberay"])
+def test_new_backends_check_service_names_and_the_domain(
+    compiler: Compiler, tmp_path: Path, backend: str
+) -> None:
+    data = spec(backend, cluster_domain="Not_A_Domain")
+    data["job"]["name"] = "9b-run"  # a Service name must start with a letter (DNS-1035)
+    if backend == "kuberay":
+        data["distributed"]["launcher"] = "vllm"
+        data["job"]["command"] = ["vllm", "serve"]
+        data["parallelism"] = {"tp": 8, "pp": 2}
+        data["vllm"] = {"model": "/models/m"}
+    found = codes(compiler, tmp_path, data)
+    assert ("MDC468", "/job/name") in found
+    assert ("MDC473", f"/{backend}/cluster_domain") in found
