@@ -242,3 +242,21 @@ def test_trtllm_attention_data_parallel_is_the_servers_dp(tmp_path: Path) -> Non
     without = plan_json(plain.plan, plain.launch)["predicted"]
     # the latent KV cache is no longer read by all 8 ranks for every request
     assert with_adp["tpot_ms"] < without["tpot_ms"]
+
+
+def test_pipeline_stages_add_up_in_a_decode_step() -> None:
+    """A token passes every stage in turn: tp 4 x pp 2 reads as many weight bytes per GPU
+    as tp 8, but one stage after the other, so a lone request waits for about one more
+    read of tp 8's weight share (the per-step overhead and the all-reduces are alike)."""
+    hw = builtin()["h100-sxm"]
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 4096)
+    work = WorkloadTable(input_tokens=128, output_tokens=128, concurrency=1)
+
+    def tpot(tp: int, pp: int) -> float:
+        role = Role(name="server", servers=1, gpus=tp * pp, tp=tp, pp=pp)
+        dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=80, nproc_per_node=8)
+        return predict(shape, hw, dep, work).tpot_ms
+
+    # Llama 3.1 70B's 70.6e9 one-byte weights over 8 GPUs at 3,350 GB/s
+    share_read_ms = 70.6e9 / 8 / 3350e9 * 1e3
+    assert tpot(4, 2) - tpot(8, 1) > 0.7 * share_read_ms

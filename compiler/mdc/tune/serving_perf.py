@@ -221,18 +221,20 @@ class _Server:
         return t
 
     def decode_parts(self, batch: float, context: float) -> tuple[float, float, float]:
-        """(HBM, compute, communication) seconds of one decode step at ``batch``."""
+        """(HBM, compute, communication) seconds of one decode step at ``batch``: every
+        stage in turn, each on its micro-batch of ``batch / pp`` (a token passes every
+        stage, so pipeline stages add up: the bubble of a decode step)."""
         r, s = self.role, self.shape
-        per_group = batch / r.dp
-        routed = batch if r.ep > 1 else per_group
+        micro = batch / r.dp / r.pp  # one attention group's tokens in one stage's turn
+        routed = micro * r.dp if r.ep > 1 else micro
         touched = 1.0 if not s.experts else 1 - (1 - s.topk / s.experts) ** max(routed, 1)
         bytes_read = self.dense_bytes + self.expert_bytes * touched
-        bytes_read += per_group / max(1, r.pp) * context * self.kv_per_token
+        bytes_read += micro * context * self.kv_per_token
         hbm = bytes_read / (self.hw.memory_bandwidth_gb_s * 1e9 * self.c.hbm_efficiency)
-        # each GPU computes its group's tokens: per_group / attn_tp of them (per stage)
-        flops = self.decode_flops * per_group / (r.attn_tp * r.pp)
+        # each GPU computes its group's tokens on its stage's layers: 1 / (attn_tp x pp)
+        flops = self.decode_flops * micro / (r.attn_tp * r.pp)
         compute = flops / (self._peak() * self.c.decode_efficiency)
-        return hbm, compute, self.comm(per_group)
+        return r.pp * hbm, r.pp * compute, r.pp * self.comm(micro)
 
     def decode_step(self, batch: float, context: float) -> float:
         hbm, compute, comm = self.decode_parts(batch, context)
