@@ -463,8 +463,8 @@ def _put(data: object, key: str, value: Any) -> bool:
 def read_arguments(data: object, reading: FlagReading) -> ReadArguments:
     """``data`` with every flag of ``reading`` that stands for a key read into that key (a
     key not written is set; one written to the same value stays) and its words taken out
-    of the arguments, so mdc emits it once; a flag that disagrees is a finding naming both
-    places, and everything stays as written."""
+    of the arguments, so mdc emits it once; a flag that disagrees (or has a value the
+    framework refuses) is a finding naming both places, and stays as written."""
     reads, findings, words_of = _collect(data, reading)
     result = copy.deepcopy(data)
     moved: dict[str, str] = {}
@@ -483,8 +483,6 @@ def read_arguments(data: object, reading: FlagReading) -> ReadArguments:
             moved[key] = found[-1].pointer
         for read in found:
             dropped.setdefault(read.place.pointer, []).append(read.use)
-    if any(f.severity is Severity.ERROR for f in findings):
-        return ReadArguments(data=data, moved={}, findings=tuple(findings))
     for place in reading.places:
         if place.pointer in dropped:
             _shorten(result, place, words_of[place.pointer], dropped[place.pointer], moved)

@@ -161,8 +161,8 @@ class Compiler:
         reading = self.plugins.launcher(name).arguments
         if reading is None:
             return doc, []
-        doc, found = read_document(doc, reading)
-        return doc, [self._diag(doc, f) for f in found]
+        read, found = read_document(doc, reading)
+        return read, [self._diag(doc, f) for f in found]  # where they are written
 
     def _plan_despite(self, doc: LoadedDocument, found: list[Diagnostic]) -> list[Diagnostic]:
         """Plan findings for a spec whose schema errors lie outside what the plan reads.
