@@ -24,8 +24,9 @@ from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator, with_network
 from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiler
-from mdc.plan.memory import Shape, resolve_shape
+from mdc.plan.memory import GIB, Shape, resolve_shape
 from mdc.plan.named_models import name_model
+from mdc.plan.serving_memory import ServingMemory
 from mdc.spec import JobSpec, WorkloadTable
 from mdc.tune.serving_perf import (
     DEFAULT,
@@ -378,6 +379,11 @@ class ServingTuner:
         generate = WRITERS[launcher][0]
         share_of, share = SHARE.get(launcher, ("capacity", 0.9))
         capacity = dist.accelerator_memory_gib or hw.memory_gib
+        kv_dtype = "auto"
+        written = self._engine_memory()
+        if written is not None:  # the engine's settings as the spec writes them
+            share, share_of, kv_dtype = written.share, written.share_of, written.kv_dtype
+            capacity = written.capacity / GIB
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
 
@@ -387,6 +393,7 @@ class ServingTuner:
                 roles=roles,
                 share=share,
                 share_of=share_of,
+                kv_dtype=kv_dtype,
                 capacity_gib=capacity,
                 nproc_per_node=nproc,
             )
@@ -443,6 +450,16 @@ class ServingTuner:
                 points.append(attrs.evolve(c, prediction=p, meets_slo=meets(p, workload)))
             out.append((c, points))
         return out
+
+    def _engine_memory(self) -> ServingMemory | None:
+        """The serving memory estimate of the spec as written (its engine's memory share
+        and KV-cache dtype, read from the launcher's keys and flags); None when it does
+        not compile as written."""
+        try:
+            plan = self.compiler.compile_document(self.doc, tree=False).plan
+        except SpecError:
+            return None
+        return plan.serving_memory
 
     def written(self, c: Candidate) -> Candidate:
         """The candidate with its spec: the loaded document with the deployment written in

@@ -9,4 +9,4 @@ export TRTLLM_TP_SIZE=8
 export TRTLLM_PP_SIZE=2
 export NNODES=2
 export NPROC_PER_NODE=8
-exec bash "${MDC_OUT}/launch/trtllm-node.sh" trtllm-serve deepseek-ai/DeepSeek-R1 --host 0.0.0.0 --tp_size 8 --pp_size 2 --trust_remote_code
+exec bash "${MDC_OUT}/launch/trtllm-node.sh" trtllm-serve deepseek-ai/DeepSeek-R1 --host 0.0.0.0 --tp_size 8 --pp_size 2 --extra_llm_api_options "${MDC_OUT}/launch/trtllm-extra-llm-api-options.yaml" --trust_remote_code
