@@ -199,3 +199,27 @@ def test_disaggregated_launchers_are_searched(tmp_path: Path, launcher: str, nno
         assert {k: explained[k] for k in PREDICTED_KEYS} == {
             k: row["predicted"][k] for k in PREDICTED_KEYS
         }
+
+
+def test_without_an_slo_the_pareto_front_leads(tmp_path: Path) -> None:
+    spec = tmp_path / "no-slo.toml"
+    spec.write_text(EXAMPLE.read_text(encoding="utf-8").split("[workload.slo]")[0])
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "15")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    front = [r for r in rows if r["pareto_front"]]
+    assert front and rows[: len(front)] == front
+
+    def point(r: dict[str, Any]) -> tuple[float, float]:
+        p = r["predicted"]
+        return p["output_tokens_per_s_per_gpu"], p["output_tokens_per_s_per_user"]
+
+    for r in front:  # none of them is beaten on both axes by a printed row
+        gpu, user = point(r)
+        assert not any(
+            g >= gpu and u >= user and (g, u) != (gpu, user) for g, u in map(point, rows)
+        )
+    # off the front, each is beaten on both axes by one on it
+    for r in rows[len(front) :]:
+        gpu, user = point(r)
+        assert any(g >= gpu and u >= user for g, u in map(point, front))

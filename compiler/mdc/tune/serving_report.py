@@ -53,7 +53,7 @@ def _memory(c: Candidate) -> float:
 
 def _row(rank: int, c: Candidate) -> str:
     p = c.prediction
-    mark = "" if c.meets_slo else " (misses SLO)"
+    mark = " (misses SLO)" if not c.meets_slo else " *" if c.pareto else ""
     return (
         f"{rank:>2}  {c.label():<34} {c.deployment.gpus:>5} {_ms(p.ttft_ms):>8} "
         f"{_ms(p.tpot_ms):>8} {p.output_tokens_per_s_per_user:>10.1f} "
@@ -93,6 +93,11 @@ def text(result: Result) -> str:
     if result.refused:
         refused = ", ".join(f"{code} x{n}" for code, n in sorted(result.refused.items()))
         lines.append(f"refused by the compiler: {refused}")
+    if any(c.pareto for c in result.rows):
+        lines.append(
+            "* on the Pareto front: no deployment gives both more tokens/s per GPU and more "
+            "per user"
+        )
     lines.append(why_line(result))
     return "\n".join(lines) + "\n"
 
@@ -130,6 +135,7 @@ def candidate_json(c: Candidate) -> dict[str, Any]:
         "roles": roles,
         "memory_gib": round(_memory(c), 2),
         "meets_slo": c.meets_slo,
+        "pareto_front": c.pareto,
         "predicted": c.prediction.to_json(),
         "spec": dict(c.data),
     }

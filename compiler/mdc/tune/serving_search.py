@@ -50,6 +50,8 @@ class Candidate:
     deployment: Deployment
     prediction: ServingPrediction
     meets_slo: bool
+    #: without an SLO: no other candidate gives both more per GPU and more per user
+    pareto: bool = False
     #: the spec with the deployment written in (written for the rows compiled)
     data: Mapping[str, Any] = attrs.field(factory=dict)
 
@@ -66,6 +68,7 @@ class Candidate:
         p = self.prediction
         return (
             not self.meets_slo,
+            not self.pareto,
             -round(p.output_tokens_per_s_per_gpu, 6),
             -round(p.output_tokens_per_s_per_user, 6),
             round(p.ttft_ms, 6),
@@ -472,7 +475,10 @@ class ServingTuner:
     def run(self, top: int = 5) -> Result:
         workload = self.requirements()[2]
         everything = list(self.candidates())
-        fitting = sorted((c for c in everything if _fits(c)), key=lambda c: c.key)
+        fitting = [c for c in everything if _fits(c)]
+        if workload.slo is None:  # the front first: each is best at its speed per user
+            fitting = pareto_front(fitting)
+        fitting.sort(key=lambda c: c.key)
         rows: list[Candidate] = []
         refused: Counter[str] = Counter()
         for c in fitting:
@@ -510,6 +516,26 @@ class ServingTuner:
         return attrs.evolve(
             c, deployment=dep, prediction=prediction, meets_slo=meets(prediction, plan.workload)
         )
+
+
+def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates, those on the front of output per GPU against tokens/s per user
+    marked (``pareto``)."""
+    order = sorted(
+        range(len(candidates)),
+        key=lambda i: (
+            -candidates[i].prediction.output_tokens_per_s_per_user,
+            -candidates[i].prediction.output_tokens_per_s_per_gpu,
+        ),
+    )
+    marked = list(candidates)
+    best = -1.0
+    for i in order:
+        per_gpu = candidates[i].prediction.output_tokens_per_s_per_gpu
+        if per_gpu > best:
+            marked[i] = attrs.evolve(candidates[i], pareto=True)
+            best = per_gpu
+    return marked
 
 
 #: the split search looks at this many prefill counts at a time
