@@ -546,7 +546,8 @@ def test_layers_that_do_not_divide_by_pp_get_megatrons_uneven_splits(
         .replace("[batch]", "[parallelism]\npp = 8\n\n[batch]", 1),
         encoding="utf-8",
     )
-    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "3")
+    # no headroom: the three fastest, with no roomier row sought past them
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "3", "--headroom", "0")
     assert code == 0, err
     candidates = json.loads(out)["candidates"]
     assert len(candidates) == 3
@@ -919,3 +920,54 @@ def test_headroom_out_of_range_is_a_usage_error(
 ) -> None:
     code, _, err = _run("tune", str(EXAMPLE), "--headroom", value)
     assert code == 2 and "argument --headroom" in err + capsys.readouterr().err
+
+
+def test_the_attention_knee_is_the_measured_curves() -> None:
+    from mdc.tune import kernels
+
+    # the constant the model reads is the knee fitted to the published points
+    assert DEFAULT.attention_seq_knee == pytest.approx(kernels.attention_seq_knee(), abs=0.5)
+    for curve in kernels.curves("attention"):
+        assert curve["source"].startswith("https://")
+        points = [(float(x), float(y)) for x, y in curve["points"]]
+        plateau, knee = kernels.saturation(points)
+        # the fitted curve passes within 3 % of every published point
+        for x, rate in points:
+            assert plateau * x / (x + knee) == pytest.approx(rate, rel=0.03)
+
+
+@pytest.mark.parametrize("cp", [1, 4])
+def test_attention_slows_with_the_query_tokens_each_kernel_runs(cp: int) -> None:
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64, vocab_size=128256,
+                   seq_length=32768)
+    )  # fmt: skip
+    assert shape is not None
+    hw = builtin()["h100-sxm"]
+    layout = _layout(cp=cp, dp=8 // cp)
+
+    def compute(**constants: float) -> float:
+        c = attrs.evolve(DEFAULT, **constants)
+        p = predict(shape, layout, hw, nproc_per_node=8, constants=c)
+        return p.breakdown["compute"]
+
+    plain = compute(attention_seq_knee=0.0)
+    # the attention's time at the knee-less efficiency: what doubling its peak halves
+    attention = 2 * (
+        plain - compute(attention_seq_knee=0.0, attention_peak=DEFAULT.attention_peak * 2)
+    )
+    knee = DEFAULT.attention_seq_knee
+    # efficiency s'/(s' + knee) over s' = seq / cp query tokens: time grows by knee / s'
+    grown = compute() - plain
+    assert grown / attention == pytest.approx(knee / (32768 / cp), rel=1e-6)
+
+
+def test_a_layout_trading_cp_for_the_micro_batch_is_shown_once(tuned: dict[str, Any]) -> None:
+    # cp 2 at one sequence per micro batch and cp 4 at two run the same tokens per rank in
+    # about the same memory: one choice, the faster (attention's kernels are longer) shown
+    seen = set()
+    for row in tuned["candidates"]:
+        p = row["parallelism"]
+        key = (p["tp"], p["pp"], p["ep"], p["etp"], row["micro_batch_size"] / p["cp"])
+        assert key not in seen, row["layout"]
+        seen.add(key)

@@ -45,6 +45,9 @@ class Constants:
     width_knee: float = 513.2
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
     attention_peak: float = 0.9524
+    #: query tokens per attention kernel (the sequence over cp) at which FlashAttention's
+    #: efficiency halves: measured, not fitted (kernels.toml, docs/tune.md)
+    attention_seq_knee: float = 234.0
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
     elementwise: float = 3.596
     #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
@@ -294,7 +297,8 @@ def predict(
     head_dim = shape.latent.qk_head + shape.latent.rope_head if shape.latent else shape.kv_channels
     attention_peak = (
         hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
-    )
+        * _efficiency([s / L.cp], c.attention_seq_knee)
+    )  # fmt: skip
     t_attention = (
         tokens * stage_layers * attention_share * (1 + again.attention / 3) / L.tp / attention_peak
     )

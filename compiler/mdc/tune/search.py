@@ -15,6 +15,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from fractions import Fraction
 from math import inf
 from typing import Any
 
@@ -747,6 +748,7 @@ class Tuner:
         floors: dict[tuple[Any, ...], int] = {}
         shown: set[tuple[float, int | None]] = set()
         shown_sizes: set[tuple[int, ...]] = set()
+        shown_traded: set[tuple[Any, ...]] = set()
         fitting = 0
         for candidate in ranked:
             if (len(rows) >= top and chosen) or sum(refused.values()) >= MAX_REFUSED:
@@ -780,10 +782,15 @@ class Tuner:
             # training switches: the interleaving depth is a schedule setting of the layout,
             # as recompute is, and its variants lie within a few percent of one another
             sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, candidate.batch.micro_batch_size)
+            # so is one that splits the same tokens per rank over cp instead of the micro
+            # batch (cp 2 at two sequences, cp 1 at one): the same work and about the same
+            # memory, a little slower for attention's shorter kernels; the faster stands
+            traded = (L.tp, L.pp, L.ep, L.etp, Fraction(candidate.batch.micro_batch_size, L.cp))
             if len(rows) >= top and candidate.memory_bytes > roomy:
                 continue  # past the top rows, only a layout that leaves the headroom
             # (which may be a shown layout's sizes with more recompute or sharding)
-            if same in shown or (sizes in shown_sizes and len(rows) < top):
+            repeats = sizes in shown_sizes or traded in shown_traded
+            if same in shown or (repeats and len(rows) < top):
                 shown.add(same)  # its equivalents are that layout's variants too
                 continue
             data = self.spec_data(candidate)
@@ -800,6 +807,7 @@ class Tuner:
             chosen = chosen or candidate.memory_bytes <= roomy
             shown.add(same)
             shown_sizes.add(sizes)
+            shown_traded.add(traded)
         self.walked = walked
         rows.sort(key=lambda r: r.candidate.key)
         return Result(

@@ -1,0 +1,42 @@
+"""The measured kernel curves of ``kernels.toml`` and the knees the model takes from them.
+
+The performance model reads its measured knees as constants (:class:`mdc.tune.perf.Constants`);
+this module fits them to the published points, and a test holds the two equal, so that the
+model's start-up reads no data file and the data stays the source.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from typing import Any
+
+from mdc.package_data import package_text
+
+
+def curves(kind: str) -> list[dict[str, Any]]:
+    """The curves of one kind ("attention") as ``kernels.toml`` lists them."""
+    found: list[dict[str, Any]] = tomllib.loads(package_text("mdc.tune", "kernels.toml"))[kind]
+    return found
+
+
+def saturation(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(plateau, knee) of ``rate = plateau * x / (x + knee)`` fitted to ``points`` by least
+    squares in log space (the knee on a 1-token grid up to 4,096; the plateau in closed
+    form for each knee)."""
+    best: tuple[float, float, float] | None = None
+    for knee in range(0, 4097):
+        logs = [math.log(rate) - math.log(x / (x + knee)) for x, rate in points]
+        level = sum(logs) / len(logs)
+        error = sum((value - level) ** 2 for value in logs)
+        if best is None or error < best[0]:
+            best = (error, math.exp(level), float(knee))
+    assert best is not None
+    return best[1], best[2]
+
+
+def attention_seq_knee() -> float:
+    """The query tokens per FlashAttention kernel at which its throughput halves: the knee
+    of the attention curves, averaged over them."""
+    knees = [saturation([(x, y) for x, y in c["points"]])[1] for c in curves("attention")]
+    return sum(knees) / len(knees)
