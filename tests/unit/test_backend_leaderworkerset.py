@@ -100,6 +100,37 @@ def test_the_leader_service_of_a_disaggregated_job_targets_the_router(
     assert lws["spec"]["startupPolicy"] == "LeaderCreated"
 
 
+def gpus_asked(container: dict[str, Any]) -> int:
+    resources = container.get("resources", {})
+    limit = resources.get("limits", {}).get("nvidia.com/gpu", 0)
+    assert resources.get("requests", {}).get("nvidia.com/gpu", 0) == limit
+    return int(limit)
+
+
+@pytest.mark.parametrize("gpus_per_node", [None, 8])
+def test_the_router_pod_asks_for_no_gpu(
+    compiler: Compiler, tmp_path: Path, gpus_per_node: int | None
+) -> None:
+    """The scheduler is asked for every GPU the servers use and no more: the router, alone
+    on node 0, uses none (unless the table asks for GPUs on every pod)."""
+    data = spec(
+        "sglang_disagg", nnodes=3, **({} if gpus_per_node is None else {"gpus_per_node": 8})
+    )
+    data["job"]["command"] = "python3"
+    data["sglang_disagg"] = {"model_path": "m"}
+    compiled = compiler.compile(write(tmp_path, data))
+    on_node = [
+        sum(s.gpus // len(s.nodes) for s in compiled.launch.servers if node in s.nodes)
+        for node in range(3)
+    ]
+    assert on_node == [0, 8, 8]
+    group = documents(compiler, tmp_path, data)[1]["spec"]["leaderWorkerTemplate"]
+    (leader,) = group["leaderTemplate"]["spec"]["containers"]
+    (worker,) = group["workerTemplate"]["spec"]["containers"]
+    assert gpus_asked(leader) == (on_node[0] if gpus_per_node is None else 8)
+    assert gpus_asked(worker) == on_node[1] == on_node[2]
+
+
 def test_vllm_replicas_on_lws_route_to_every_server(compiler: Compiler, tmp_path: Path) -> None:
     data = spec()
     data["vllm"]["mode"] = "replicas"

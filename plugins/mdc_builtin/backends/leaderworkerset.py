@@ -103,8 +103,15 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
     }
     ports = [master_port] + ([port] if port is not None else [])
     container = k8s.container(plan, opts, name="node", env=env, ports=ports)
+    router_only = _router_only_leader(plan, launch, opts)
+    # a router needs no GPU: the leader's pod asks only for what its servers use
+    leader = (
+        k8s.container(plan, attrs.evolve(opts, gpus_per_node=0), name="node", env=env, ports=ports)
+        if router_only
+        else container
+    )
 
-    def template(probe: bool) -> dict[str, Any]:
+    def template(probe: bool, container: dict[str, Any] = container) -> dict[str, Any]:
         pod = dict(container)
         if probe and endpoint is not None and port is not None:
             # a Service routes to the pod only once the model is loaded
@@ -124,10 +131,10 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
         "size": plan.nnodes,
         "restartPolicy": "RecreateGroupOnPodRestart",
     }
-    if probed and not every_node and plan.nnodes > 1:
+    if (probed and not every_node and plan.nnodes > 1) or router_only:
         # only the leader serves HTTP; the other pods (headless engines, Ray workers,
         # servers' later nodes) have no endpoint to probe
-        group["leaderTemplate"] = template(True)
+        group["leaderTemplate"] = template(probed and not every_node, leader)
     group["workerTemplate"] = template(probed and (every_node or plan.nnodes == 1))
     lws = {
         "apiVersion": API,
@@ -153,6 +160,17 @@ def documents(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> list[
         }
         docs.append(service)
     return docs
+
+
+def _router_only_leader(plan: Plan, launch: Launch, opts: LeaderWorkerSetOptions) -> bool:
+    """Whether node 0, the leader, runs no server that uses a GPU (a disaggregated job's
+    router) while the table leaves gpus_per_node to mdc."""
+    return (
+        plan.nnodes > 1
+        and opts.gpus_per_node is None
+        and any(s.gpus == 0 for s in launch.servers)
+        and not any(s.gpus and 0 in s.nodes for s in launch.servers)
+    )
 
 
 def emit(plan: Plan, launch: Launch, options: LeaderWorkerSetOptions | None) -> list[Artifact]:
