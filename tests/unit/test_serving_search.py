@@ -223,3 +223,33 @@ def test_without_an_slo_the_pareto_front_leads(tmp_path: Path) -> None:
     for r in rows[len(front) :]:
         gpu, user = point(r)
         assert any(g >= gpu and u >= user for g, u in map(point, front))
+
+
+def test_vllm_aggregated_deployments_compile_to_their_rows(tmp_path: Path) -> None:
+    """vLLM: one API server over dp engines of tp GPUs, under an open-loop rate."""
+    data = {
+        "job": {"name": "v70", "command": ["vllm", "serve"]},
+        "distributed": {
+            "launcher": "vllm",
+            "backend": "local",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator_model": "h100-sxm",
+        },
+        "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "seq_length": 4096},
+        "vllm": {"model": "meta-llama/Llama-3.3-70B-Instruct"},
+        "workload": {"input_tokens": 2048, "output_tokens": 512, "request_rate": 2.0},
+    }
+    spec = tmp_path / "v70.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    # bf16 70B: 141 GB of weights need at least 2 of the 80 GB GPUs per engine
+    assert {r["roles"]["server"]["tp"] for r in rows} == {2, 4, 8}
+    for i, row in enumerate(rows):
+        assert row["predicted"]["requests_per_s"] == 2.0  # the rate, carried
+        explained = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: explained[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
