@@ -189,3 +189,40 @@ def test_explain_names_per_op_checkpointing(tmp_path: Path) -> None:
     code, out, err = _run("explain", str(spec), "--format", "json")
     assert code == 0, err
     assert json.loads(out)["memory"]["activations"]["recompute"] == "selective per op"
+
+
+def _seq_len_spec(tmp_path: Path) -> Path:
+    """The example with its sequence length in [torchtitan] seq_len instead of [model]."""
+    text = EXAMPLE.read_text(encoding="utf-8").replace("seq_length = 8192\n", "")
+    text = text.replace('accelerator = "nvidia"', 'accelerator_model = "h100-sxm"')
+    text = text.replace("steps = 1000\n", "steps = 1000\nseq_len = 8192\n")
+    path = tmp_path / "titan.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_torchtitan_seq_len_is_the_sequence_the_estimate_reads(tmp_path: Path) -> None:
+    """[torchtitan] seq_len is the sequence TorchTitan trains on: with a flavor and an
+    accelerator_model, explain shows the same memory estimate and prediction as with
+    [model] seq_length (it was silently lost)."""
+    code, from_table, err = _run("explain", str(_seq_len_spec(tmp_path)), "--format", "json")
+    assert code == 0, err
+    code, from_model, err = _run("explain", str(EXAMPLE), "--format", "json")
+    assert code == 0, err
+    table, model = json.loads(from_table), json.loads(from_model)
+    assert table["memory"] is not None and table["memory"]["bytes"]["total"] > 0
+    # the example names accelerator = "nvidia" (no capacity); its estimate is the same
+    assert table["memory"]["bytes"] == model["memory"]["bytes"]
+    assert table["model"]["seq_length"] == 8192
+    assert "predicted" in table
+
+
+def test_tune_names_only_the_missing_model_keys(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text(encoding="utf-8").replace("seq_length = 8192\n", "")
+    text = text.replace('accelerator = "nvidia"', 'accelerator_model = "h100-sxm"')
+    spec = tmp_path / "titan.toml"
+    spec.write_text(text, encoding="utf-8")
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    assert "error[MDC612]: mdc tune needs [model] seq_length (at /model)" in err
+    assert "num_layers" not in err.split("MDC612", 1)[1].splitlines()[0]

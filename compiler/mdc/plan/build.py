@@ -507,12 +507,14 @@ def _roles(
 def framework_model(model: ModelTable | None, training: TrainingSetup) -> ModelTable | None:
     """[model] with what the launcher's framework fixes (TorchTitan's flavor) filled in
     where it is not written."""
-    if not training.model_shape:
+    if not training.model_shape and (model is None or not training.model_defaults):
         return model
     model = model or ModelTable()
     fields = attrs.fields_dict(ModelTable)
     filled: dict[str, Any] = {
-        k: v for k, v in training.model_shape if k in fields and getattr(model, k) is None
+        k: v
+        for k, v in (*training.model_shape, *training.model_defaults)
+        if k in fields and getattr(model, k) is None
     }
     return attrs.evolve(model, **filled)
 

@@ -162,6 +162,9 @@ class TrainingSetup:
     #: refused; "source" names them
     model_shape: tuple[tuple[str, object], ...] = ()
     model_source: str = ""
+    #: [model] values the launcher's own table sets (TorchTitan's [torchtitan] seq_len for
+    #: seq_length): they fill what [model] leaves out; the launcher checks a disagreement
+    model_defaults: tuple[tuple[str, object], ...] = ()
     #: bytes per weight element when the launcher keeps them in another precision than
     #: [model] dtype (TorchTitan's float32 sharded parameters: 4); None: the dtype's
     weight_bytes: int | None = None

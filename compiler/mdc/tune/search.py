@@ -31,10 +31,12 @@ from mdc.plan.build import DEFAULT_ORDER, framework_model
 from mdc.plan.memory import (
     GIB,
     HEADROOM,
+    REQUIRED_KEYS,
     MemoryEstimate,
     Shape,
     estimate,
     exceeds,
+    missing_keys,
     resolve_shape,
     state_floor,
 )
@@ -42,7 +44,7 @@ from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.plan.named_models import name_model
 from mdc.plan.ranks import divisors
 from mdc.plan.stages import Model, layout_vpp, split_layers
-from mdc.spec import JobSpec
+from mdc.spec import JobSpec, ModelTable
 from mdc.tune.perf import (
     DEFAULT,
     Constants,
@@ -263,13 +265,15 @@ class Tuner:
             )
         shape = resolve_shape(self.model) if self.model is not None else None
         if shape is None:
+            missing = missing_keys(self.model or ModelTable()) or list(REQUIRED_KEYS)
+            names = ", ".join(missing[:-1]) + (" and " if len(missing) > 1 else "") + missing[-1]
             problems.append(
                 _finding(
                     "MDC612",
                     "/model",
-                    "mdc tune needs a [model] table with num_layers, hidden_size, "
-                    "num_attention_heads, vocab_size and seq_length",
-                    "add the missing [model] keys",
+                    f"mdc tune needs [model] {names}"
+                    + ("" if self.model is not None else " (there is no [model] table)"),
+                    f"add {names} to [model]",
                 )
             )
         if spec.batch is None or spec.batch.global_batch_size is None:

@@ -824,6 +824,8 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
+        # the sequence TorchTitan trains on is [torchtitan] seq_len when written
+        model_defaults=(("seq_length", opts.seq_len),) if opts.seq_len is not None else (),
         model_source=source,
         param_offload=offload,
         optimizer_offload=1.0 if offload else 0.0,
