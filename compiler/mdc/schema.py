@@ -130,31 +130,73 @@ def _is_integer(checker: object, instance: object) -> bool:
 
 
 _BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+_NUMERIC = frozenset({"integer", "number"})
+
+#: A number key of a spec is a count, a size, seconds or a ratio, which every framework,
+#: scheduler and apiserver holds in 64 bits (torch's sizes, Kubernetes' int64, SLURM's): past
+#: these no consumer reads it, and mdc's own arithmetic on it overflows
+SIZE_RANGE = (-(2**63), 2**63 - 1)
+_OWN_BOUNDS = {
+    "minimum": ("minimum", "exclusiveMinimum"),
+    "maximum": ("maximum", "exclusiveMaximum"),
+}
+
+
+def _numeric(types: Any) -> bool:
+    return bool(_NUMERIC.intersection(types if isinstance(types, list) else [types]))
 
 
 def _finite(check: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
     """A bound keyword that NaN and the infinities never meet: ``nan >= 1`` is merely false,
-    so jsonschema would let NaN through every range (into ``--monitor-interval nan``)."""
+    so jsonschema would let NaN through every range (into ``--monitor-interval nan``). Where
+    the schema types the value as a number, ``type`` says so once (:func:`_sized`)."""
     from jsonschema.exceptions import ValidationError
 
     def keyword(validator: Any, bound: Any, instance: Any, schema: Any) -> Iterator[Any]:
         if type(instance) is float and not math.isfinite(instance):
-            yield ValidationError(f"{instance} is not within {bound}")
+            if not _numeric(schema.get("type")):
+                yield ValidationError(f"{instance} is not within {bound}")
             return
         yield from check(validator, bound, instance, schema)
 
     return keyword
 
 
+def _sized(check: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """The ``type`` keyword, and for a number a finite value within :data:`SIZE_RANGE` (a
+    range error, MDC105; the schema's own bound on a side, where it has one, says it)."""
+    from jsonschema.exceptions import ValidationError
+
+    def keyword(validator: Any, types: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        found = list(check(validator, types, instance, schema))
+        yield from found
+        if found or not _numeric(types) or not _number(instance):
+            return
+        finite = instance == instance and abs(instance) != math.inf
+        low = instance < SIZE_RANGE[0] or not finite and instance != math.inf
+        if not (low or instance > SIZE_RANGE[1]):
+            return
+        name, bound = ("minimum", SIZE_RANGE[0]) if low else ("maximum", SIZE_RANGE[1])
+        if finite and any(k in schema for k in _OWN_BOUNDS[name]):
+            return
+        yield ValidationError(
+            f"{name} {bound}", validator=name, validator_value=bound, instance=instance
+        )
+
+    return keyword
+
+
 @functools.cache
 def validator_class() -> Any:
-    """Draft 2020-12, except that only true integers are integers and no bound holds NaN or
-    an infinity (imported when first used)."""
+    """Draft 2020-12, except that only true integers are integers, and numbers are finite and
+    within :data:`SIZE_RANGE` (imported when first used)."""
     from jsonschema import Draft202012Validator, validators
 
+    checks = {k: _finite(Draft202012Validator.VALIDATORS[k]) for k in _BOUNDS}
+    checks["type"] = _sized(Draft202012Validator.VALIDATORS["type"])
     return validators.extend(  # type: ignore[no-untyped-call]
         Draft202012Validator,
-        validators={k: _finite(Draft202012Validator.VALIDATORS[k]) for k in _BOUNDS},
+        validators=checks,
         type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer),
     )
 
@@ -452,8 +494,14 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "array": lambda v: isinstance(v, list),
     "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (
+        isinstance(v, int) and not isinstance(v, bool) and SIZE_RANGE[0] <= v <= SIZE_RANGE[1]
+    ),
+    "number": lambda v: (  # NaN: never within
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and SIZE_RANGE[0] <= v <= SIZE_RANGE[1]
+    ),
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
 }

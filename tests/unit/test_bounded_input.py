@@ -292,3 +292,30 @@ def test_no_range_holds_nan_or_an_infinity(value: float) -> None:
     found = checker.check(doc)
     assert [(d.code, d.location.pointer) for d in found] == [("MDC105", "/interval")]
     assert surely_valid(doc.data, checker.schema) is False
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("/model/hidden_size", 10**400),  # an integer key: before, OverflowError (exit 4)
+        ("/model/num_layers", -(2**63) - 1),
+        ("/distributed/accelerator_memory_gib", 1e300),  # a number key: the same
+    ],
+)
+def test_a_number_key_past_64_bits_is_a_range_error(tmp_path: Path, key: str, value: int) -> None:
+    data = json.loads(
+        (Path(__file__).parents[2] / "examples" / "deepspeed-2x2-cpu.json").read_text()
+    )
+    table, name = key.strip("/").split("/")
+    data.setdefault(table, {})[name] = value
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 128}
+    data["model"] = {**model, **data.get("model", {})}
+    data["distributed"]["accelerator_memory_gib"] = data["distributed"].get(
+        "accelerator_memory_gib", 16
+    )
+    spec = spec_file(tmp_path, "big.json", json.dumps(data))
+    with pytest.raises(SpecError) as info:
+        COMPILER.compile(spec)
+    found = [(d.code, d.location.pointer) for d in info.value.diagnostics if d.is_error]
+    assert ("MDC105", key) in found
+    assert all(d.location.line is not None for d in info.value.diagnostics)
