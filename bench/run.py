@@ -537,7 +537,7 @@ def serving_tune_search(tmp: Path, runs: int) -> list[str]:
         peak = statistics.median(float(p[3]) for p in samples)
         lines.append(
             f"| mdc tune (serving): DeepSeek-R1 on {nodes * 8:,} H200s, the whole search "
-            f"({samples[0][1]} deployments predicted, the best {samples[0][2]} compiled), CPU "
+            f"({samples[0][1]} deployments searched, the best {samples[0][2]} compiled), CPU "
             f"time with imports | {cpu_s:.2f} s | {peak:.0f} MiB peak RSS |"
         )
     return lines

@@ -114,27 +114,32 @@ def _sizes(gpus: int, nproc: int) -> list[int]:
     return [s for s in out if s <= gpus]
 
 
-def _server_roles(size: int, moe: bool, name: str, servers: int) -> Iterator[Role]:
+def _server_roles(size: int, experts: int, name: str, servers: int) -> Iterator[Role]:
     """One server's layouts of ``size`` GPUs: tp over them all, with the experts over tp
-    (ep = tp) and attention data parallel where the model has experts."""
+    (ep = tp, where it divides the experts) and attention data parallel."""
     yield Role(name=name, servers=servers, gpus=size, tp=size)
-    if moe and size > 1:
+    if _ep(experts, size):
         yield Role(name=name, servers=servers, gpus=size, tp=size, ep=size)
         yield Role(name=name, servers=servers, gpus=size, tp=size, ep=size, dp=size)
 
 
-def trtllm_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+def _ep(experts: int, size: int) -> bool:
+    """Whether ``size`` GPUs can split the experts evenly (expert parallel over them)."""
+    return experts > 0 and size > 1 and experts % size == 0
+
+
+def trtllm_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tuple[Role, ...]]:
     """Aggregated replicas over every GPU, and context/generation servers packed over them
     (the prefill and decode templates: the search chooses their counts)."""
     for size in _sizes(gpus, nproc):
         if gpus % size == 0:
-            yield from ((r,) for r in _server_roles(size, moe, "server", gpus // size))
+            yield from ((r,) for r in _server_roles(size, experts, "server", gpus // size))
     if gpus < 2:
         return
     for prefill_size in _sizes(gpus, nproc):
         for decode_size in _sizes(gpus, nproc):
-            for p in _server_roles(prefill_size, moe, "prefill", 0):
-                for d in _server_roles(decode_size, moe, "decode", 0):
+            for p in _server_roles(prefill_size, experts, "prefill", 0):
+                for d in _server_roles(decode_size, experts, "decode", 0):
                     yield p, d
 
 
@@ -164,14 +169,14 @@ def trtllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
         }
 
 
-def vllm_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+def vllm_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tuple[Role, ...]]:
     """vLLM behind one API server: dp engines of tp GPUs (experts over all of them)."""
     for tp in _sizes(gpus, nproc):
         if gpus % tp:
             continue
         dp = gpus // tp
         yield (Role(name="server", servers=1, gpus=gpus, tp=tp, dp=dp),)
-        if moe and gpus > 1:
+        if _ep(experts, gpus):
             yield (Role(name="server", servers=1, gpus=gpus, tp=tp, dp=dp, ep=gpus),)
 
 
@@ -188,19 +193,19 @@ def _pd_sizes(gpus: int, nproc: int, nnodes: int) -> list[int]:
     return [s for s in _sizes(gpus, nproc) if s % nproc == 0]
 
 
-def sglang_disagg_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+def sglang_disagg_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tuple[Role, ...]]:
     """Prefill and decode server templates (their counts are searched): tp over the
     server, the experts over it (--ep-size) and DP attention (--dp-size = tp)."""
     nnodes = gpus // nproc
     sizes = _pd_sizes(disagg_gpus(gpus, nproc), nproc, nnodes)
     for ps in sizes:
         for ds in sizes:
-            for p in _server_roles(ps, moe, "prefill", 0):
-                for d in _server_roles(ds, moe, "decode", 0):
+            for p in _server_roles(ps, experts, "prefill", 0):
+                for d in _server_roles(ds, experts, "decode", 0):
                     yield p, d
 
 
-def vllm_disagg_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[Role, ...]]:
+def vllm_disagg_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tuple[Role, ...]]:
     """Prefill and decode server templates: tp engines inside a node, or dp engines of one
     GPU each with the experts over the server (--enable-expert-parallel)."""
     nnodes = gpus // nproc
@@ -209,9 +214,9 @@ def vllm_disagg_deployments(gpus: int, nproc: int, moe: bool) -> Iterator[tuple[
     def shapes(size: int, name: str) -> Iterator[Role]:
         if size <= nproc:
             yield Role(name=name, servers=0, gpus=size, tp=size)
-            if moe and size > 1:
+            if _ep(experts, size):
                 yield Role(name=name, servers=0, gpus=size, tp=size, ep=size)
-        if moe and size > 1:
+        if _ep(experts, size):
             yield Role(name=name, servers=0, gpus=size, tp=1, dp=size, ep=size)
 
     for ps in sizes:
@@ -271,7 +276,8 @@ def vllm_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
         )
 
 
-Generate = Callable[[int, int, bool], Iterator[tuple[Role, ...]]]
+#: (GPUs, GPUs per node, the model's experts) -> deployments (disaggregated: templates)
+Generate = Callable[[int, int, int], Iterator[tuple[Role, ...]]]
 Write = Callable[[dict[str, Any], tuple[Role, ...]], None]
 #: launcher -> (its deployments of the GPUs, how a deployment is written in its keys)
 WRITERS: Mapping[str, tuple[Generate, Write]] = {
@@ -305,6 +311,8 @@ class ServingTuner:
         self.compiler = compiler
         self.doc = doc
         self.constants = constants
+        #: deployments dropped before any prediction: a server holds no request
+        self.unfit = 0
         named, _ = name_model(doc)
         from mdc.convert import structure_spec
 
@@ -412,8 +420,10 @@ class ServingTuner:
                 fit[alone] = _fits(candidate((alone,)))
             return fit[alone]
 
-        for roles in generate(gpus, nproc, shape.experts > 0):
+        self.unfit = 0
+        for roles in generate(gpus, nproc, shape.experts):
             if not all(fits(r) for r in roles):
+                self.unfit += 1
                 continue
             if len(roles) == 1:
                 yield candidate(roles)
@@ -491,7 +501,7 @@ class ServingTuner:
         return Result(
             rows=tuple(sorted(rows, key=lambda c: c.key)),
             predicted=tuple(fitting),
-            generated=len(everything),
+            generated=len(everything) + self.unfit,
             fitting=len(fitting),
             refused=dict(refused),
             workload=workload,
