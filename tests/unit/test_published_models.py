@@ -33,6 +33,7 @@ def test_every_entry_has_its_sources() -> None:
         assert entry["published_params"] > 0, name
         assert set(entry) <= {
             "source",
+            "hf_ids",
             "published_params",
             "params_source",
             "published_active_params",

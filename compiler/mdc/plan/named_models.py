@@ -32,6 +32,8 @@ from mdc.suggest import did_you_mean
 CATALOGUE_FILE = os.path.join(os.path.dirname(__file__), "models.toml")
 #: [model] keys a name sets; the rest of a catalogue table describes the run it came from
 RUN_KEYS = frozenset({"seq_length"})
+#: the [model] keys that name a model: replaced by its keys before the spec is structured
+NAMING_KEYS = ("name", "hf_config")
 
 
 @functools.cache
@@ -76,7 +78,7 @@ def name_model(doc: LoadedDocument) -> tuple[LoadedDocument, list[Diagnostic]]:
     if not isinstance(data, dict) or not isinstance(model := data.get("model"), dict):
         return doc, []
     # a value that is not a string stays for the schema to refuse
-    naming = {k: v for k, v in model.items() if k in ("name", "hf_config") and isinstance(v, str)}
+    naming = {k: v for k, v in model.items() if k in NAMING_KEYS and isinstance(v, str)}
     if not naming:
         return doc, []
     found: list[Diagnostic] = []
