@@ -16,6 +16,7 @@ third-party plugin authors enable, so mdc's goldens and theirs behave alike:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -91,11 +92,19 @@ LOOPBACK = "loopback"
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test in the xdist_group "loopback" also carries the marker ``loopback``: scripts/test
-    runs ``-m "not loopback"`` with a worker per core, then ``-m loopback`` in one process."""
+    runs ``-m "not loopback"`` with a worker per core, then ``-m loopback`` in one process.
+    A test marked ``torch`` skips where torch is not installed."""
+    # the quick tier (scripts/test --quick) installs neither torch nor the frameworks: a test
+    # marked torch then skips, saying so (under CI a skip fails the run: everything is there)
+    no_torch = importlib.util.find_spec("torch") is None
     for item in items:
         groups = {m.kwargs.get("name", *m.args[:1]) for m in item.iter_markers("xdist_group")}
         if LOOPBACK in groups:
             item.add_marker(LOOPBACK)
+        if no_torch and item.get_closest_marker("torch") is not None:
+            item.add_marker(
+                pytest.mark.skip(reason="needs torch and the frameworks (scripts/test)")
+            )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
