@@ -88,7 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from mdc.tune.search import DEFAULT_HEADROOM
 
     default = round(DEFAULT_HEADROOM * 100)
-    parser.add_argument("spec", help="the job spec: model, launcher, nodes, accelerator, batch")
+    parser.add_argument(
+        "spec",
+        help="the job spec: model, launcher, nodes, accelerator, and the batch (training) or "
+        "[workload] (serving)",
+    )
     parser.add_argument(
         "--top", type=_positive, default=5, metavar="N", help="show the N best layouts (default 5)"
     )
@@ -96,7 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--write", metavar="OUT_SPEC", help="write the best layout as a spec (.toml/.yaml/.json)"
     )
     parser.add_argument(
-        "--svg", metavar="FILE", help="draw throughput against memory per GPU as SVG"
+        "--svg",
+        metavar="FILE",
+        help="draw throughput against memory per GPU as SVG (serving: throughput per GPU "
+        "against tokens/s per user)",
     )
     parser.add_argument(
         "--force", action="store_true", help="replace OUT_SPEC and FILE if they exist"
