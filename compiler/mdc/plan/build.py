@@ -666,6 +666,10 @@ def _memory(
     return memory
 
 
+#: MDC250/251 name the nodes of at most this many of a group's ranks
+MAX_SPAN_RANKS = 4096
+
+
 def _span_warnings(
     layout: RankLayout, sizes: Sizes, nproc: int, scale_up_domain: int | None, found: _Findings
 ) -> None:
@@ -683,13 +687,15 @@ def _span_warnings(
         index = groups.group_crossing(boundary)
         if index is None:
             continue
-        ranks = groups[index] if size <= 16 else groups[index][:16]
-        spans = sorted({r // boundary for r in groups[index]})
+        ranks = groups.head(index, 16)
         shown = ", ".join(map(str, ranks)) + (", ..." if size > 16 else "")
+        # the spans of the group's first MAX_SPAN_RANKS ranks only: a group can be the world
+        spans = sorted({r // boundary for r in groups.head(index, MAX_SPAN_RANKS)})
+        more = ", ..." if size > MAX_SPAN_RANKS else ""
         found.add(
             code,
             f"{article} {name} group (ranks {shown}) spans {where} "
-            f"{', '.join(map(str, spans))}: its all-reduces cross the inter-node network",
+            f"{', '.join(map(str, spans))}{more}: its all-reduces cross the inter-node network",
             f"/parallelism/{kind}",
             f"keep {kind} within a node (a divisor of nproc_per_node = {nproc})"
             + (f" or a scale-up domain ({boundary} GPUs)" if rack else "")
