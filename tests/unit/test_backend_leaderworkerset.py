@@ -113,9 +113,9 @@ def test_the_router_pod_asks_for_no_gpu(
 ) -> None:
     """The scheduler is asked for every GPU the servers use and no more: the router, alone
     on node 0, uses none (unless the table asks for GPUs on every pod)."""
-    data = spec(
-        "sglang_disagg", nnodes=3, **({} if gpus_per_node is None else {"gpus_per_node": 8})
-    )
+    data = spec("sglang_disagg", nnodes=3)
+    if gpus_per_node is not None:
+        data["leaderworkerset"]["gpus_per_node"] = gpus_per_node
     data["job"]["command"] = "python3"
     data["sglang_disagg"] = {"model_path": "m"}
     compiled = compiler.compile(write(tmp_path, data))
