@@ -319,3 +319,38 @@ def test_a_number_key_past_64_bits_is_a_range_error(tmp_path: Path, key: str, va
     found = [(d.code, d.location.pointer) for d in info.value.diagnostics if d.is_error]
     assert ("MDC105", key) in found
     assert all(d.location.line is not None for d in info.value.diagnostics)
+
+
+# ---------------------------------------------------------------- long digit strings in text
+
+LONG_DIGITS = "9" * (MAX_INT_DIGITS + 1)
+#: (backend, table text): a quantity or time limit written as text of more digits than
+#: Python converts; the scheduler reads each (caps it, or takes it), so mdc must not crash
+TEXT_NUMBERS = [
+    ("slurm", f'time = "{LONG_DIGITS}"'),
+    ("slurm", f'time = "1-{LONG_DIGITS}:00"'),
+    ("slurm", f'gpus_per_node = "{LONG_DIGITS}"'),
+    ("kubernetes", f'memory = "{LONG_DIGITS}Gi"'),
+    ("kubernetes", f'cpu = "{LONG_DIGITS}"'),
+    ("kubernetes", f'memory = "1e{LONG_DIGITS}"'),
+    ("kubernetes", f'shm_size = "0.{LONG_DIGITS}Ei"'),
+]
+
+
+@pytest.mark.parametrize(("backend", "line"), TEXT_NUMBERS)
+def test_a_long_digit_string_in_a_quantity_or_time_is_read_not_a_crash(
+    tmp_path: Path, backend: str, line: str
+) -> None:
+    # before: ValueError ("Exceeds the limit (4300 digits)") or decimal.Overflow in the
+    # backend's check, reported as a plugin failure (exit 3)
+    spec = tmp_path / "job.toml"
+    spec.write_text(
+        '[job]\nname = "long"\nimage = "img:1"\ncommand = ["python", "train.py"]\n'
+        f'[distributed]\nlauncher = "torchrun"\nbackend = "{backend}"\nnnodes = 1\n'
+        f"nproc_per_node = 1\n[{backend}]\n{line}\n",
+        encoding="utf-8",
+    )
+    try:
+        COMPILER.compile(spec, tree=False)
+    except SpecError as exc:  # a refusal is fine, located at the key
+        assert all(d.location.pointer.startswith(f"/{backend}/") for d in exc.diagnostics)

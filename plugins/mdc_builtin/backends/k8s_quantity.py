@@ -12,6 +12,7 @@ not refused, so they are not refused here either.
 
 from __future__ import annotations
 
+import math
 from decimal import ROUND_UP, Context, Decimal, localcontext
 
 DIGITS = frozenset("0123456789")
@@ -47,7 +48,9 @@ def _suffix(suffix: str) -> tuple[int, int] | None:
         return None
     exponent = suffix[1:]
     body = exponent[1:] if exponent[0] in "+-" else exponent
-    if not body or any(c not in DIGITS for c in body) or not -_INT64 <= int(exponent) < _INT64:
+    if not body or any(c not in DIGITS for c in body) or len(body.lstrip("0")) > 19:
+        return None  # (more than 19 digits is past int64 before Python converts it)
+    if not -_INT64 <= int(exponent) < _INT64:
         return None
     return 10, int(exponent)
 
@@ -83,8 +86,13 @@ def parse_quantity(text: str) -> Decimal | None:
     negative, number, (base, exponent) = split[0], Decimal(split[1]), suffix
     if number == 0:
         return Decimal(0)
-    if base == 10 and abs(exponent) > _FAR:
-        value = MAX if exponent > 0 else NANO
+    # the value's decimal exponent: from 10**20 on it is past the cap (and Decimal would
+    # overflow computing a value of thousands of digits)
+    magnitude = number.adjusted() + exponent * math.log10(base)
+    if base == 10 and exponent < -_FAR:
+        value = NANO
+    elif magnitude > 20:
+        value = MAX
     else:
         with localcontext(Context(prec=len(text) + 2 * _FAR, Emax=4 * _FAR, Emin=-4 * _FAR)):
             value = number * Decimal(base) ** exponent

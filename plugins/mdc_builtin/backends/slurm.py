@@ -604,6 +604,7 @@ def check(plan: Plan, options: SlurmOptions | None) -> Iterator[Finding]:
     if (
         plan.accelerator != "cpu"
         and count is not None
+        and len(count.group(2).lstrip("0")) < 8  # a count past any node's GPUs is no warning
         and int(count.group(2)) < plan.nproc_per_node
     ):
         yield Finding(

@@ -27,6 +27,14 @@ def _int32(value: int) -> int:
     return (value + 2**31) % 2**32 - 2**31
 
 
+def _long(digits: str) -> int:
+    """glibc's ``strtol`` of a signed run of digits: clamped to a ``long`` on overflow (a run
+    too long for one is clamped without converting it: Python refuses over 4,300 digits)."""
+    if len(digits.lstrip("+-").lstrip("0")) > 19:
+        return -_LONG if digits.startswith("-") else _LONG - 1
+    return max(-_LONG, min(int(digits), _LONG - 1))
+
+
 def _scan(text: str, separators: str) -> list[int]:
     """The ``int`` values ``sscanf`` stores for ``%d<sep>%d<sep>...``: it stops at the first
     field or separator that does not match. glibc reads a field as a ``long`` (clamped on
@@ -37,7 +45,7 @@ def _scan(text: str, separators: str) -> list[int]:
         found = _NUMBER.match(text, pos)
         if found is None:
             break
-        values.append(_int32(max(-_LONG, min(int(found.group()), _LONG - 1))))
+        values.append(_int32(_long(found.group())))
         pos = found.end()
         if index == len(separators) or text[pos : pos + 1] != separators[index]:
             break
