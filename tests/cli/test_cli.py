@@ -372,6 +372,8 @@ def test_validate_reports_every_file_in_one_process(
         ["schema", "extra"],
         ["validate", "-p", "torchrun", QUICKSTART],
         ["--no-such-flag"],
+        # a rehearsal's time limit: a positive, finite number of seconds
+        *(["rehearse", "--timeout", t, QUICKSTART] for t in ("nan", "inf", "-1", "0", "soon")),
     ],
     ids=lambda a: " ".join(a) or "no-arguments",
 )

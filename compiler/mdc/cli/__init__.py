@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import shlex
 import sys
@@ -54,6 +55,17 @@ class Output:
 
     def json(self, value: object) -> None:
         print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), file=self.stdout)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse says so for anything else)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
+    return value
 
 
 def _compiler(args: argparse.Namespace) -> Compiler:
@@ -365,7 +377,7 @@ def _rehearse_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=180.0,
         metavar="SECONDS",
         help="stop every process after SECONDS (default 180)",
