@@ -253,3 +253,18 @@ def test_vllm_aggregated_deployments_compile_to_their_rows(tmp_path: Path) -> No
         assert {k: explained[k] for k in PREDICTED_KEYS} == {
             k: row["predicted"][k] for k in PREDICTED_KEYS
         }
+
+
+def test_a_batch_limit_makes_an_aggregated_server_meet_the_tpot_limit(
+    tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    limited = [r for r in tuned["candidates"] if r["spec"]["trtllm"].get("max_batch_size")]
+    assert limited, "the example's aggregated replicas meet 50 ms only with a batch limit"
+    row = limited[0]
+    limit = row["spec"]["trtllm"]["max_batch_size"]
+    assert row["meets_slo"] and row["predicted"]["tpot_ms"] <= 50
+    assert row["predicted"]["binding"] == "batch limit"
+    # the largest limit that meets it: one more request per rank misses
+    data = json.loads(json.dumps(row["spec"]))
+    data["trtllm"]["max_batch_size"] = limit + 1
+    assert _explained(tmp_path, data, "one-more")["predicted"]["tpot_ms"] > 50

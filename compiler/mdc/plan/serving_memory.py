@@ -68,6 +68,9 @@ class ServingSetup:
     #: what ``share`` is a share of: the whole GPU ("capacity": vLLM, SGLang), or what the
     #: weights leave ("free": TensorRT-LLM's free_gpu_memory_fraction, KvCacheConfig)
     share_of: Literal["capacity", "free"] = "capacity"
+    #: the engine's limit on requests running at once, where the spec sets it (TensorRT-LLM
+    #: max_batch_size): what mdc tune's serving model takes as the running batch's bound
+    max_batch: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -86,6 +89,7 @@ class ServingMemory:
     tokens: int
     max_len: int
     sequences: int
+    max_batch: int | None = None
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -127,6 +131,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         tokens=tokens,
         max_len=max_len,
         sequences=tokens // max_len if max_len else 0,
+        max_batch=setup.max_batch,
     )
 
 
@@ -194,7 +199,10 @@ def lines(memory: ServingMemory | None) -> list[str]:
 def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
     if memory is None:
         return None
-    # share_of is written only when it is not the share of the whole GPU
+    # share_of is written only when it is not the share of the whole GPU, max_batch only
+    # where the spec sets it
+    unwritten = {"share_of": "capacity", "max_batch": None}
     return attrs.asdict(
-        memory, filter=lambda field, value: field.name != "share_of" or value != "capacity"
+        memory,
+        filter=lambda field, value: field.name not in unwritten or value != unwritten[field.name],
     )

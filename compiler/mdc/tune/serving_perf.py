@@ -559,6 +559,9 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
     memory = plan.serving_memory
     hw = plan.hardware
     assert hw is not None
+    if memory is not None and memory.max_batch is not None and len(built) == 1:
+        # the engine's batch limit, as the spec sets it (the estimate is of one server)
+        built = [attrs.evolve(built[0], max_batch=memory.max_batch)]
     return Deployment(
         launcher=plan.launcher,
         roles=tuple(built),

@@ -86,7 +86,8 @@ def _role_label(r: Role, servers: bool = True) -> str:
         parts.append(f"dp{r.dp}" if r.dp != r.tp else "adp")
     if r.ep > 1:
         parts.append(f"ep{r.ep}")
-    return f"{name}{count}{'.'.join(parts)}"
+    limit = f" b{r.max_batch}" if r.max_batch is not None else ""
+    return f"{name}{count}{'.'.join(parts)}{limit}"
 
 
 @attrs.frozen(kw_only=True)
@@ -156,6 +157,8 @@ def trtllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
         parallelism.update({"tp": r.tp, "pp": r.pp, **({"ep": r.ep} if r.ep > 1 else {})})
         if r.dp > 1:
             table["enable_attention_dp"] = True
+        if r.max_batch is not None:
+            table["max_batch_size"] = r.max_batch
         return
     if not parallelism:
         data.pop("parallelism")
@@ -390,11 +393,12 @@ class ServingTuner:
         generate = WRITERS[launcher][0]
         share_of, share = SHARE.get(launcher, ("capacity", 0.9))
         capacity = dist.accelerator_memory_gib or hw.memory_gib
-        kv_dtype = "auto"
+        kv_dtype, limit = "auto", None
         written = self._engine_memory()
         if written is not None:  # the engine's settings as the spec writes them
             share, share_of, kv_dtype = written.share, written.share_of, written.kv_dtype
             capacity = written.capacity / GIB
+            limit = written.max_batch
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
 
@@ -426,7 +430,10 @@ class ServingTuner:
                 self.unfit += 1
                 continue
             if len(roles) == 1:
-                yield candidate(roles)
+                whole = candidate((attrs.evolve(roles[0], max_batch=limit),))
+                yield whole
+                if launcher in BATCH_LIMITS:
+                    yield from _batch_limits(whole, workload, candidate)
                 continue
             p, d = roles
             budget = disagg_gpus(gpus, nproc) if launcher in ROUTER_NODE else gpus
@@ -526,6 +533,38 @@ class ServingTuner:
         return attrs.evolve(
             c, deployment=dep, prediction=prediction, meets_slo=meets(prediction, plan.workload)
         )
+
+
+#: launchers whose aggregated servers' running batch the search limits (and writes)
+BATCH_LIMITS = frozenset({"trtllm"})
+
+
+def _batch_limits(
+    whole: Candidate, workload: WorkloadTable, candidate: Callable[[tuple[Role, ...]], Candidate]
+) -> Iterator[Candidate]:
+    """Where a server misses the TPOT limit only for its running batch: the largest engine
+    batch limit (per attention rank) that meets it. The requests past it queue (TTFT)."""
+    slo = workload.slo
+    if slo is None or slo.tpot_ms is None or whole.prediction.tpot_ms <= slo.tpot_ms:
+        return
+    (role,) = whole.deployment.roles
+    batch = whole.prediction.batch.get("server", 0)
+    per_rank = batch // role.dp
+    tpot = slo.tpot_ms
+
+    def limited(n: int) -> Candidate:
+        return candidate((attrs.evolve(role, max_batch=n),))
+
+    if per_rank < 2 or limited(1).prediction.tpot_ms > tpot:
+        return
+    low, high = 1, per_rank - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if limited(mid).prediction.tpot_ms <= tpot:
+            low = mid
+        else:
+            high = mid - 1
+    yield limited(low)
 
 
 def pareto_front(candidates: list[Candidate]) -> list[Candidate]:

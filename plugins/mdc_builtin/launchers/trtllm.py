@@ -643,6 +643,7 @@ def memory_setup(
         share_of="free",
         kv_dtype=str(kv_dtype),
         max_len=opts.max_seq_len,
+        max_batch=opts.max_batch_size,
     )
 
 
