@@ -260,3 +260,22 @@ def test_pipeline_stages_add_up_in_a_decode_step() -> None:
     # Llama 3.1 70B's 70.6e9 one-byte weights over 8 GPUs at 3,350 GB/s
     share_read_ms = 70.6e9 / 8 / 3350e9 * 1e3
     assert tpot(4, 2) - tpot(8, 1) > 0.7 * share_read_ms
+
+
+def test_disaggregated_open_loop_carries_its_rate_or_is_overloaded() -> None:
+    hw, shape = builtin()["h200"], _r1_shape()
+    pd = _deployment(
+        Role(name="prefill", servers=1, gpus=8, tp=8, ep=8, dp=8),
+        Role(name="decode", servers=1, gpus=8, tp=8, ep=8, dp=8),
+    )
+
+    def at(rate: float) -> Any:
+        return predict(
+            shape, hw, pd, WorkloadTable(input_tokens=8192, output_tokens=1024, request_rate=rate)
+        )
+
+    light, heavy = at(0.5), at(200.0)
+    assert not light.overloaded and light.requests_per_s == pytest.approx(0.5, rel=1e-3)
+    # one prefill server takes a few hundred ms per 8k prompt: 200/s is far past it
+    assert heavy.overloaded and heavy.requests_per_s < 20
+    assert light.ttft_ms < heavy.ttft_ms
