@@ -74,6 +74,7 @@ CHANGES: dict[str, Any] = {
     "replicas": 4,
     "pipeline": PipelineSplit(rule="megatron", embedding=True, loss=True),
     "model_shape": (("num_layers", 1),),
+    "model_defaults": (("seq_length", 1024),),
     "model_source": "elsewhere",
     "weight_bytes": 4,
     "layer_weight_bytes": 1,
