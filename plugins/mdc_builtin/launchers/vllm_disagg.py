@@ -502,7 +502,8 @@ def shared_script(plan: Plan, options: VllmDisaggOptions) -> str:
     proxy = [shlex.quote(w) for w in router_words(options)]
     proxy += ["--prefiller-hosts", *hosts["prefill"], "--prefiller-ports", *ports["prefill"]]
     proxy += ["--decoder-hosts", *hosts["decode"], "--decoder-ports", *ports["decode"]]
-    starts[0].append(f'VLLM_DISAGG_ROLE=proxy {" ".join(proxy)} &\npids+=("$!")')
+    # through env: the router's program is a word of the user's, never shell syntax
+    starts[0].append(f'env VLLM_DISAGG_ROLE=proxy {" ".join(proxy)} &\npids+=("$!")')
     if one:
         body, preamble = "\n".join(starts[0]), ""
     else:

@@ -14,7 +14,7 @@ CUDA_VISIBLE_DEVICES=0 VLLM_NIXL_SIDE_CHANNEL_PORT=5600 VLLM_DISAGG_ROLE=prefill
 pids+=("$!")
 CUDA_VISIBLE_DEVICES=1 VLLM_NIXL_SIDE_CHANNEL_PORT=5601 VLLM_DISAGG_ROLE=decode "$@" Qwen/Qwen3-0.6B --tensor-parallel-size 1 --host 0.0.0.0 --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}' --enforce-eager --port 8200 &
 pids+=("$!")
-VLLM_DISAGG_ROLE=proxy python3 toy_proxy_server.py --host 0.0.0.0 --port 8192 --prefiller-hosts 127.0.0.1 --prefiller-ports 8100 --decoder-hosts 127.0.0.1 --decoder-ports 8200 &
+env VLLM_DISAGG_ROLE=proxy python3 toy_proxy_server.py --host 0.0.0.0 --port 8192 --prefiller-hosts 127.0.0.1 --prefiller-ports 8100 --decoder-hosts 127.0.0.1 --decoder-ports 8200 &
 pids+=("$!")
 status=0
 for _ in "${pids[@]}"; do
