@@ -99,7 +99,7 @@ def sharing_resources(plan: Plan, opts: PodOptions) -> dict[str, int]:
     count = gpu_count(plan, opts)
     if sharing is None or count is None:
         return {}
-    cards = int(Decimal(str(count)))
+    cards = int(parse_quantity(str(count)) or 0)  # a quantity the checks took ("-" is 0)
     out: dict[str, int] = {}
     if sharing.count is not None:
         out[sharing.count] = cards
