@@ -606,7 +606,7 @@ CODES: dict[str, Code] = {
     ),
     "MDC453": Code(
         "a Volcano gang sent to another scheduler, or gang_queue without a gang",
-        "remove scheduler_name, or set gang = \"volcano\"",
+        'remove scheduler_name, or set gang = "volcano"',
     ),
     "MDC454": Code(
         "a gpu_memory or gpu_cores the GPU-sharing plugin cannot take: no gpu_sharing, "
