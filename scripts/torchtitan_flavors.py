@@ -3,7 +3,7 @@
 compile and validate never import torch or torchtitan, so the shape of every model flavor
 TorchTitan registers (``get_train_spec(name).model_args``) is read once, here, with the
 pinned torchtitan installed, and stored in
-``plugins/mdc_builtin/launchers/torchtitan_flavors.json``. Each flavor's values are named as
+``plugins/mdc_builtin/launchers/torchtitan/flavors.json``. Each flavor's values are named as
 the spec's ``[model]`` keys. Run it after changing the pinned torchtitan version; the test
 tests/conformance/test_torchtitan_pipeline.py regenerates the facts and compares.
 
@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "plugins/mdc_builtin/launchers/torchtitan_flavors.json"
+OUT = Path(__file__).resolve().parents[1] / "plugins/mdc_builtin/launchers/torchtitan/flavors.json"
 
 
 def _stub_triton() -> None:

@@ -1762,7 +1762,7 @@ if __name__ == "__main__":
 def test_the_flags_read_as_keys_have_megatron_lms_shapes() -> None:
     """Every flag the megatron launcher reads as a spec key takes its values as Megatron-LM
     declares it (FLAGS above: a switch, store_false, one typed value, or several)."""
-    from mdc_builtin.launchers.megatron_flags import READING
+    from mdc_builtin.launchers.megatron.flags import READING
 
     checked = 0
     for flag in READING.table.flags:  # read as keys, or compared with what mdc writes

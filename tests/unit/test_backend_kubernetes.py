@@ -15,7 +15,7 @@ from mdc.api import Artifact
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
-from mdc_builtin.backends import k8s_common as k8s
+from mdc_builtin.backends._k8s import common as k8s
 
 
 @pytest.fixture(scope="module")

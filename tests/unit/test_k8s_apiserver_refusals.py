@@ -21,7 +21,7 @@ import yaml
 from mdc.errors import SpecError
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
-from mdc_builtin.backends import k8s_common as k8s
+from mdc_builtin.backends._k8s import common as k8s
 
 
 @pytest.fixture(scope="module")

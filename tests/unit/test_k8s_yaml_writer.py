@@ -1,4 +1,4 @@
-"""The Kubernetes backends' YAML writer, :func:`k8s_yaml.dump_yaml` (libyaml's emitter).
+"""The Kubernetes backends' YAML writer, :func:`_k8s.yaml.dump_yaml` (libyaml's emitter).
 
 What it must do, for everything the backends write and for any data at all: give text that
 a YAML 1.2 reader (ruamel) and a YAML 1.1 reader (PyYAML, whose quirks kubectl's go-yaml
@@ -24,7 +24,7 @@ from ruamel.yaml import YAML
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
-from mdc_builtin.backends import k8s_common as k8s
+from mdc_builtin.backends._k8s import common as k8s
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_FILES = (
@@ -391,7 +391,7 @@ def test_any_data_reads_back_under_yaml_1_1_and_1_2(docs: list[dict[str, Any]]) 
 def test_importing_the_backends_loads_no_yaml_library() -> None:
     """PyYAML is imported on the first write: validate, which writes nothing, never pays it."""
     code = (
-        "import sys, mdc_builtin.backends.k8s_common\n"
+        "import sys, mdc_builtin.backends._k8s.common\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('ruamel', 'yaml')))"
     )
     out = subprocess.run(

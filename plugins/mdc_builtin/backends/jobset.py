@@ -25,7 +25,7 @@ import attrs
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
 
-from . import k8s_common as k8s
+from ._k8s import common as k8s
 
 API = "jobset.x-k8s.io/v1alpha2"
 #: the replicated job of the nodes; pods are <job>-<this>-0-<index>

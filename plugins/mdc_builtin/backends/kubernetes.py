@@ -32,7 +32,7 @@ import attrs
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
 
-from . import k8s_common as k8s
+from ._k8s import common as k8s
 
 #: the most pods an Indexed Job may run at once: the apiserver refuses a larger parallelism
 #: (pkg/apis/batch/validation, maxParallelismForIndexedJob), and mdc's Job runs nnodes

@@ -31,7 +31,7 @@ import attrs
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
 
-from . import k8s_common as k8s
+from ._k8s import common as k8s
 
 API = "leaderworkerset.x-k8s.io/v1"
 NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"

@@ -38,7 +38,7 @@ import attrs
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
 
-from . import k8s_common as k8s
+from ._k8s import common as k8s
 
 NODE = "node"
 MANAGER = "mdc.dev/launch-files"
