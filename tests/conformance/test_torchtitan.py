@@ -638,7 +638,8 @@ def test_eager_mlp_keeps_what_torchtitans_autograd_saves() -> None:
     from torchtitan.models.llama3 import Transformer, TransformerModelArgs
 
     from mdc.convert import structure
-    from mdc.plan.memory import _part_activations, resolve_shape
+    from mdc.plan.memory import resolve_shape
+    from mdc.plan.memory.activations import part_activations
     from mdc.spec import ModelTable
 
     dim, batch, seq = 256, 2, 32
@@ -665,7 +666,7 @@ def test_eager_mlp_keeps_what_torchtitans_autograd_saves() -> None:
     }  # fmt: skip
     shape = resolve_shape(structure(table, ModelTable))
     assert shape is not None
-    mlp = _part_activations(shape, 1, 1, 1, batch, None, None, masks=False, eager_mlp=True)["mlp"]
+    mlp = part_activations(shape, 1, 1, 1, batch, None, None, masks=False, eager_mlp=True)["mlp"]
     norm_input = 2 * batch * seq * dim  # the norm keeps it; the FeedForward starts after
     assert mlp.full(1) - norm_input == kept == batch * seq * 2 * (dim + 4 * ffn)
 

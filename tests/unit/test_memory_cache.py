@@ -118,9 +118,10 @@ Case = tuple[Shape, Sizes, BatchPlan, TrainingSetup]
 
 
 def _clear() -> None:
-    for piece in vars(memory).values():
-        if hasattr(piece, "cache_clear"):
-            piece.cache_clear()
+    for module in (memory.activations, memory.params, memory.records, memory.spans, memory.state):
+        for piece in vars(module).values():
+            if hasattr(piece, "cache_clear"):
+                piece.cache_clear()
 
 
 def _changed(base: Case) -> list[tuple[str, Case]]:

@@ -14,7 +14,7 @@ from mdc.plan.stages import PipelineSplit, StageLayers
 from mdc.spec import JobTable, ModelTable, WorkloadTable
 
 if TYPE_CHECKING:
-    from mdc.plan.memory import MemoryEstimate
+    from mdc.plan.memory.records import MemoryEstimate
     from mdc.plan.serving_memory import ServingMemory
 
 #: Group kinds the plan exposes, and which grid (dense or expert) each comes from.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from mdc.plan.architecture import Parts
-    from mdc.plan.memory import Shape
+    from mdc.plan.memory.records import Shape
 
 #: a matmul of a block: (its module path in TorchTitan's block, input width, output width,
 #: how tensor parallelism splits it: "column" its output, "row" its input (the output is

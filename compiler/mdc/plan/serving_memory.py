@@ -29,7 +29,8 @@ import attrs
 
 from mdc.errors import Finding, Severity
 from mdc.plan.architecture import Parts
-from mdc.plan.memory import GIB, Shape, _embedding, _layers, _split, gib
+from mdc.plan.memory.params import embedding_params, layer_params, split_width
+from mdc.plan.memory.records import GIB, Shape, gib
 
 #: bytes per element of weights / KV cache by dtype name
 DTYPE_BYTES = {
@@ -96,8 +97,10 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
     tp, pp = setup.tp, max(1, setup.pp)
     per_stage = -(-shape.layers // pp)
     weight_bytes = DTYPE_BYTES.get(shape.dtype, 2)
-    output = 0 if shape.tied and pp == 1 else _split(shape.vocab, tp) * shape.hidden
-    ends = [_embedding(shape, tp) + output] if pp == 1 else [_embedding(shape, tp), output]
+    output = 0 if shape.tied and pp == 1 else split_width(shape.vocab, tp) * shape.hidden
+    ends = (
+        [embedding_params(shape, tp) + output] if pp == 1 else [embedding_params(shape, tp), output]
+    )
     starts = [0] if pp == 1 else [0, shape.layers - per_stage]
     weights, kv = 0, 0
     # "auto" caches in the activations' dtype: an fp8 checkpoint still computes in bf16
@@ -106,7 +109,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
     kv_bytes = DTYPE_BYTES.get(kv_dtype, weight_bytes)
     for start, end in zip(starts, ends, strict=True):
         stop = min(shape.layers, start + per_stage)
-        params = _layers(shape, start, stop, tp, setup.ep, setup.etp)
+        params = layer_params(shape, start, stop, tp, setup.ep, setup.etp)
         weights = max(weights, (params.dense + params.expert + end) * weight_bytes)
         parts: Parts = shape.pattern.parts(start, stop)
         kv = max(kv, parts.attention * _kv_per_layer(shape, tp) * kv_bytes)
