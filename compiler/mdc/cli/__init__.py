@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import shlex
@@ -18,43 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from mdc import __version__
+from mdc.cli.output import Output
 from mdc.emit import OutputError
 from mdc.errors import Diagnostic, ExitCode, InternalError, PluginError, SpecError, sort_diagnostics
 from mdc.pipeline import Compiler
 
-Command = Callable[[argparse.Namespace, "Output"], int]
-
-
-class Output:
-    """Where results (stdout) and diagnostics (stderr) go, in text or JSON.
-
-    ``quiet`` silences the closing summaries (never a diagnostic); colour follows each
-    stream (a terminal, NO_COLOR, FORCE_COLOR).
-    """
-
-    def __init__(self, fmt: str, stdout: TextIO, stderr: TextIO, quiet: bool = False) -> None:
-        self.fmt, self.stdout, self.stderr, self.quiet = fmt, stdout, stderr, quiet
-
-    def colour(self, stream: TextIO) -> bool:
-        from mdc.cli.report import use_colour
-
-        return use_colour(stream)
-
-    def diagnostics(self, items: Sequence[Diagnostic]) -> None:
-        if self.fmt == "text" and items:
-            from mdc.cli.report import paint_diagnostic
-
-            colour = self.colour(self.stderr)
-            for d in sort_diagnostics(items):
-                print(paint_diagnostic(d.render(), colour), file=self.stderr)
-
-    def summary(self, text: str) -> None:
-        """A closing summary on stdout: text format only, and not under ``-q``."""
-        if self.fmt == "text" and not self.quiet:
-            self.stdout.write(text)
-
-    def json(self, value: object) -> None:
-        print(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False), file=self.stdout)
+Command = Callable[[argparse.Namespace, Output], int]
 
 
 def _seconds(text: str) -> float:

@@ -14,7 +14,7 @@ from mdc.importers.madengine import render_spec, translate
 from mdc.loaders import load_file
 
 if TYPE_CHECKING:
-    from mdc.cli import Output
+    from mdc.cli.output import Output
     from mdc.pipeline import Compiler
 
 

@@ -15,7 +15,7 @@ import json
 import re
 
 from mdc.errors import join_pointer
-from mdc.loaders import (
+from mdc.loaders.document import (
     MAX_INT_DIGITS,
     SURROGATE,
     LoadedDocument,

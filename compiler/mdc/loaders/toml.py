@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from mdc.errors import SpecError, escape_pointer_token, join_pointer
-from mdc.loaders import (
+from mdc.loaders.document import (
     MAX_INT_DIGITS,
     LoadedDocument,
     Position,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mdc.errors import SourceLocation, SpecError, escape_pointer_token
-from mdc.loaders import (
+from mdc.loaders.document import (
     MAX_DEPTH,
     MAX_INT_DIGITS,
     SURROGATE,

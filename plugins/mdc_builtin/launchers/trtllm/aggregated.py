@@ -27,7 +27,6 @@ from typing import Any
 
 import attrs
 
-import mdc
 from mdc.api import (
     Artifact,
     Endpoint,
@@ -36,7 +35,6 @@ from mdc.api import (
     FlagUse,
     KnownFlag,
     Launch,
-    LauncherSpec,
     Plan,
     Role,
     Server,
@@ -45,7 +43,6 @@ from mdc.api import (
     Word,
     command_pointer,
     out_file,
-    read_schema,
 )
 
 NODE_SCRIPT = "launch/trtllm-node.sh"
@@ -366,10 +363,6 @@ def _side_by_side(count: int, gpus: int, port: int) -> list[str]:
 
 
 def emit(plan: Plan, options: TrtllmOptions | None) -> Launch:
-    if options is not None and disaggregated(options):
-        from mdc_builtin.launchers import _trtllm_disagg
-
-        return _trtllm_disagg.emit(plan, options)
     resolved = resolve(_opts(options))
     opts = resolved.options
     port = opts.port or DEFAULT_PORT
@@ -550,15 +543,15 @@ def flag_findings(
         )
 
 
+def shared_check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
+    """The findings of both forms."""
+    yield from common_findings(plan, resolve(_opts(options)).options)
+
+
 def check(plan: Plan, options: TrtllmOptions | None) -> Iterator[Finding]:
+    """The aggregated form's own findings."""
     resolved = resolve(_opts(options))
     opts = resolved.options
-    yield from common_findings(plan, opts)
-    if options is not None and disaggregated(options):
-        from mdc_builtin.launchers import _trtllm_disagg
-
-        yield from _trtllm_disagg.check(plan, options)
-        return
     yield from size_findings(plan, "trtllm", "/parallelism")
     yield from mpi_findings(plan, per_node(plan) == 0, "MDC705", "trtllm")
     pointer = "/trtllm/kv_cache_free_gpu_memory_fraction"
@@ -648,29 +641,7 @@ def memory_setup(
 
 
 def serving(plan: Plan, options: TrtllmOptions | None) -> ServingSetup | None:
-    if options is not None and disaggregated(options):
-        from mdc_builtin.launchers import _trtllm_disagg
-
-        return _trtllm_disagg.serving(plan, options)
     opts = resolve(_opts(options)).options
     return memory_setup(
         "TensorRT-LLM", plan.sizes.tp, plan.sizes.pp, plan.sizes.ep, opts, extra_options(opts)
     )
-
-
-@mdc.hookimpl
-def mdc_register_launchers() -> list[LauncherSpec]:
-    return [
-        LauncherSpec(
-            name="trtllm",
-            description="TensorRT-LLM server (trtllm-serve): servers of tp x pp GPUs, side by "
-            "side on a node or over whole nodes (SLURM, srun --mpi=pmix), as replicas",
-            parallelism="model",
-            workload="serving",
-            emit=emit,
-            check=check,
-            serving=serving,
-            schema=read_schema("mdc_schemas", "plugins/trtllm.v1.schema.json"),
-            options_type=TrtllmOptions,
-        )
-    ]

@@ -37,7 +37,7 @@ from mdc.api import (
     out_file,
     shell_word,
 )
-from mdc_builtin.launchers.trtllm import (
+from mdc_builtin.launchers.trtllm.aggregated import (
     DEFAULT_HOST,
     EXTRA_FLAG,
     LLMAPI_LAUNCH,
