@@ -396,9 +396,23 @@ def test_training_setup_for_the_memory_estimate(
     options: dict[str, Any] | None, stage: int, grad_bytes: int
 ) -> None:
     opts = None if options is None else plugin.DeepSpeedOptions(**options)
+    # DeepSpeedZeroConfig turns overlap_comm on by default at stage 3 only, and stage 3
+    # prefetches the weights it gathers
     assert plugin.training(opts) == TrainingSetup(
-        zero_stage=stage, grad_bytes=grad_bytes, levers=plugin.LEVERS
+        zero_stage=stage,
+        grad_bytes=grad_bytes,
+        overlap_grad_reduce=stage == 3,
+        overlap_param_gather=stage == 3,
+        levers=plugin.LEVERS,
     )
+
+
+def test_overlap_comm_as_written_is_the_gradient_overlap() -> None:
+    for stage, written in ((1, True), (2, True), (3, False)):
+        opts = plugin.DeepSpeedOptions(
+            zero_stage=stage, config={"zero_optimization": {"overlap_comm": written}}
+        )
+        assert plugin.training(opts).overlap_grad_reduce is written
 
 
 # ---------------------------------------------------------------- findings

@@ -111,6 +111,10 @@ class Layout:
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
     grad_bytes: int = 4
+    #: share of the optimizer state kept and stepped on the host (ZeRO-Offload)
+    optimizer_offload: float = 0.0
+    #: the weights kept on the host, fetched for every micro batch (ZeRO-Infinity)
+    param_offload: bool = False
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     #: pipeline schedule runs per step, each filling and draining the pipeline (TorchTitan
@@ -540,6 +544,8 @@ def predict(
     shard = group if L.zero_stage >= 1 else 1
     owned = dense_params / shard + expert_params / (expert["dp"] if L.zero_stage >= 1 else 1)
     t_opt = owned * 30 / (hw.memory_bandwidth_gb_s * 1e9)
+    t_host = _host_offload(L, owned, act)
+    t_opt = t_opt * (1 - L.optimizer_offload) + t_host
 
     step = pipeline + t_dp + t_opt
     tokens_step = L.microbatches * L.micro_batch_size * L.dp * s
@@ -564,6 +570,27 @@ def predict(
         bubble=bubble,
         breakdown=breakdown,
     )
+
+
+#: bytes per second a pinned host-device copy reaches over one GPU's PCIe 5.0 x16 link (64 GB/s
+#: each way): set, not fitted (no published run in tests/published offloads)
+HOST_LINK_BYTES_S = 50e9
+#: bytes per second of host memory one GPU's share of the CPUs' Adam step streams (a
+#: two-socket host's DRAM bandwidth over its 8 GPUs): set, not fitted
+HOST_ADAM_BYTES_S = 40e9
+
+
+def _host_offload(L: Layout, owned: float, act: float) -> float:
+    """Seconds per step of ZeRO-Offload and ZeRO-Infinity (DeepSpeed's offload_optimizer,
+    offload_param): the offloaded share of the owned gradients goes to the host, the CPUs
+    run Adam over it (the same 30 bytes per parameter as on the GPU), and the updated
+    16-bit weights come back, after the backward, with nothing to hide behind; offloaded
+    weights are also fetched from the host for every micro batch's forward and backward."""
+    share = L.optimizer_offload
+    t = share * owned * ((L.grad_bytes + act) / HOST_LINK_BYTES_S + 30 / HOST_ADAM_BYTES_S)
+    if L.param_offload:
+        t += 2 * L.microbatches * owned * act / HOST_LINK_BYTES_S
+    return t
 
 
 #: HBM bytes per hidden element and token of the norms and residual adds around attention
@@ -761,6 +788,7 @@ def layout_of(
         recompute_per_op_forced=tuple(t.recompute_per_op_forced),
         recompute_modules=None if t.recompute_modules is None else tuple(t.recompute_modules),
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
+        optimizer_offload=t.optimizer_offload, param_offload=t.param_offload,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,

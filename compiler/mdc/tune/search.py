@@ -140,6 +140,8 @@ class Candidate:
         if L.ep_comm_overlap:
             parts.append("ep-overlap")
         parts.append({0: "ddp", 1: "distopt", 3: "fsdp"}.get(L.zero_stage, f"zero{L.zero_stage}"))
+        if L.optimizer_offload:
+            parts.append("offload-opt" + ("+param" if L.param_offload else ""))
         return " ".join(parts)
 
 
@@ -317,20 +319,33 @@ class Tuner:
         gbs = self.spec.batch.global_batch_size if self.spec.batch else None
         assert gbs is not None
         moe = shape.experts > 0
-        tps = self._choices("parallelism", "tp", [t for t in divisors(world) if domain % t == 0])
+        # a data-parallel launcher (DeepSpeed) splits the model only where the user's script
+        # does (its mpu, its PipelineModule's stages): those sizes are held as written
+        model_split = self.launcher.parallelism == "model"
+        tps = self._choices(
+            "parallelism",
+            "tp",
+            [t for t in divisors(world) if domain % t == 0 and (model_split or t == 1)],
+        )
         if self._training(self._options({})).tp_comm_overlap:
             # --tp-comm-overlap, held as written: Megatron-LM refuses it with tp 1 (MDC321)
             tps = [t for t in tps if t > 1]
         # --overlap-moe-expert-parallel-comm, held as written: Megatron-Core refuses it with
         # ep 1, with pp > 1 without virtual stages, and with an MTP layer on pp 1 (MDC321)
         ep_overlap = self._training(self._options({})).ep_comm_overlap
-        pps = self._choices("parallelism", "pp", [p for p in divisors(world) if p <= shape.layers])
+        pps = self._choices(
+            "parallelism",
+            "pp",
+            [p for p in divisors(world) if p <= shape.layers] if model_split else [1],
+        )
         if ep_overlap and shape.mtp_layers:
             pps = [p for p in pps if p > 1]
         cps = self._choices(
             "parallelism",
             "cp",
-            [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS] or [1],
+            [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS]
+            if model_split
+            else [1],
         )
         micro_batches = self._choices("batch", "micro_batch_size", list(self.space.micro_batches))
         for tp, pp, cp in itertools.product(tps, pps, cps):
@@ -572,7 +587,10 @@ class Tuner:
             etp = self._fixed("parallelism", "etp") or tp
             return [(ep, etp)]
         experts = self.shape.experts
-        eps = self._choices("parallelism", "ep", [e for e in divisors(experts) if world % e == 0])
+        open_eps = [e for e in divisors(experts) if world % e == 0]
+        if self.launcher.parallelism != "model":
+            open_eps = [1]
+        eps = self._choices("parallelism", "ep", open_eps)
         etps = self._choices("parallelism", "etp", sorted({1, tp}))
         return [
             (ep, etp) for ep, etp in itertools.product(eps, etps) if world % (ep * etp * pp) == 0
@@ -794,7 +812,10 @@ class Tuner:
                 continue  # past the top rows, only a layout that leaves the headroom
             # (which may be a shown layout's sizes with more recompute or sharding)
             repeats = sizes in shown_sizes or traded in shown_traded
-            if same in shown or (repeats and len(rows) < top):
+            # a shown layout's sizes again before the top rows are full only where none of
+            # those leaves the headroom and this one does (more sharding, offload, recompute)
+            again = chosen or candidate.memory_bytes > roomy
+            if same in shown or (repeats and len(rows) < top and again):
                 shown.add(same)  # its equivalents are that layout's variants too
                 continue
             data = self.spec_data(candidate)

@@ -39,6 +39,7 @@ from mdc.api import (
     LauncherSpec,
     Plan,
     Role,
+    SearchSpace,
     Severity,
     TorchrunOptions,
     TrainingSetup,
@@ -677,6 +678,43 @@ def _offloaded(opts: DeepSpeedOptions, key: str) -> bool:
     return device in ("cpu", "nvme")
 
 
+def _overlaps(opts: DeepSpeedOptions, stage: int) -> bool:
+    """zero_optimization.overlap_comm as DeepSpeed reads it: as written, else on for stage 3
+    only (DeepSpeedZeroConfig's default)."""
+    zero = opts.config.get("zero_optimization")
+    written = zero.get("overlap_comm") if isinstance(zero, Mapping) else None
+    return bool(written) if isinstance(written, bool) else stage == 3
+
+
+ZERO = "zero_stage"
+OVERLAP = "config.zero_optimization.overlap_comm"
+OFFLOAD_OPTIMIZER = "config.zero_optimization.offload_optimizer.device"
+OFFLOAD_PARAM = "config.zero_optimization.offload_param.device"
+
+
+def search_switches(
+    tp: int, chunk_layers: int, held: Mapping[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """What mdc tune tries in [deepspeed]: ZeRO stages 0-3, each with overlap_comm on (off
+    by default below stage 3), and the host offloads DeepSpeed runs: the optimizer state
+    (stages 1-3) and the weights (stage 3). mdc tune searches only the data-parallel size
+    for a data-parallel launcher (tp, cp and pp are the script's, held as written)."""
+    stages = [held[ZERO]] if held.get(ZERO) is not None else [0, 1, 2, 3]
+    for stage in stages:
+        base: dict[str, Any] = {ZERO: stage}
+        if stage in (1, 2):
+            base[OVERLAP] = True
+        yield base
+        if stage >= 1 and held.get(OFFLOAD_OPTIMIZER) is None:
+            yield {**base, OFFLOAD_OPTIMIZER: "cpu"}
+            if stage == 3 and held.get(OFFLOAD_PARAM) is None:
+                yield {**base, OFFLOAD_OPTIMIZER: "cpu", OFFLOAD_PARAM: "cpu"}
+
+
+#: DeepSpeed's pipeline engine runs one stage per rank (no interleaving)
+SEARCH = SearchSpace(switches=search_switches, interleaves=lambda pp, vpp, held: vpp == 1)
+
+
 def training(options: DeepSpeedOptions | None) -> TrainingSetup:
     """ZeRO (Rajbhandari et al. 2020): stage 1 shards the optimizer state, 2 also the
     gradients (kept in the 16-bit training dtype), 3 also the weights. offload_optimizer
@@ -689,6 +727,8 @@ def training(options: DeepSpeedOptions | None) -> TrainingSetup:
         grad_bytes=4 if opts.precision == "fp32" else 2,
         optimizer_offload=1.0 if stage >= 1 and _offloaded(opts, "offload_optimizer") else 0.0,
         param_offload=stage == 3 and _offloaded(opts, "offload_param"),
+        overlap_grad_reduce=_overlaps(opts, stage),
+        overlap_param_gather=stage == 3,
         levers=LEVERS,
     )
 
@@ -705,6 +745,7 @@ def mdc_register_launchers() -> list[LauncherSpec]:
             emit=emit,
             check=check,
             training=training,
+            search=SEARCH,
             schema=read_schema("mdc_schemas", "plugins/deepspeed.v1.schema.json"),
             options_type=DeepSpeedOptions,
         )
