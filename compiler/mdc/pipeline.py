@@ -16,6 +16,7 @@ from mdc.api import (
     Artifact,
     Finding,
     Launch,
+    LauncherSpec,
     TrainingSetup,
     _reporting,
     _writing_files,
@@ -36,8 +37,9 @@ from mdc.passes.serving import workload_findings as workload_findings  # mdc.tun
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plan.named_models import name_model
-from mdc.plugin_manager import PluginSet
+from mdc.plugin_manager import PluginSet, Registered
 from mdc.schema import ComposedChecker
+from mdc.spec import JobSpec
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -228,17 +230,8 @@ class Compiler:
             )
         spec, hardware, named = accelerator_model(spec, self.plugins)
         findings += [self._diag(doc, f) for f in named]
-        launcher_options = spec.plugin_tables.get(launcher.name)
         backend_options = spec.plugin_tables.get(backend.name)
-        training = TrainingSetup()
-        if launcher.training is not None:
-            training_of, read_command = launcher.training, launcher.read_command
-            trained = launcher_options
-            if read_command is not None:  # the command's overrides, as the framework reads them
-                argv = spec.job.argv
-                trained = call(launcher_reg, "read_command",
-                                lambda: read_command(launcher_options, argv))  # fmt: skip
-            training = call(launcher_reg, "training", lambda: training_of(trained))
+        training = _training(spec, launcher_reg, launcher)
         plan, planned = build_plan(
             spec,
             parallelism=launcher.parallelism,
@@ -281,6 +274,21 @@ class Compiler:
         if plan is None or failed or damaged:
             raise SpecError(findings if plan is None or failed else [])
         plan = attrs.evolve(plan, warnings=tuple(sorted(findings, key=Diagnostic.sort_key)))
+        return self._emit(doc, plan, (launcher_reg, backend_reg), tree=tree, written=written)
+
+    def _emit(
+        self,
+        doc: LoadedDocument,
+        plan: Plan,
+        chosen: tuple[Registered, Registered],
+        *,
+        tree: bool,
+        written: LoadedDocument | None,
+    ) -> Compiled:
+        """The launcher's and the backend's files for a checked plan, and the tree's."""
+        launcher_reg, backend_reg = chosen
+        launcher = self.plugins.launcher(launcher_reg.record.name)
+        backend = self.plugins.backend(backend_reg.record.name)
         launch = call(
             launcher_reg, "emit", lambda: launcher.emit(plan, plan.options.get(launcher.name))
         )
@@ -343,3 +351,18 @@ class Compiler:
             hint=finding.hint,
             location=doc.locate(finding.pointer),
         )
+
+
+def _training(spec: JobSpec, launcher_reg: Registered, launcher: LauncherSpec) -> TrainingSetup:
+    """What the launcher trains with, from its table and the command's overrides."""
+    launcher_options = spec.plugin_tables.get(launcher.name)
+    training = TrainingSetup()
+    if launcher.training is not None:
+        training_of, read_command = launcher.training, launcher.read_command
+        trained = launcher_options
+        if read_command is not None:  # the command's overrides, as the framework reads them
+            argv = spec.job.argv
+            trained = call(launcher_reg, "read_command",
+                           lambda: read_command(launcher_options, argv))  # fmt: skip
+        training = call(launcher_reg, "training", lambda: training_of(trained))
+    return training
