@@ -971,3 +971,18 @@ def test_a_layout_trading_cp_for_the_micro_batch_is_shown_once(tuned: dict[str, 
         key = (p["tp"], p["pp"], p["ep"], p["etp"], row["micro_batch_size"] / p["cp"])
         assert key not in seen, row["layout"]
         seen.add(key)
+
+
+def test_experts_padded_to_capacity_run_and_send_the_padding() -> None:
+    """moe_pad_expert_input_to_capacity: each expert computes, and the all-to-all carries,
+    capacity-factor times the even share of routed tokens; at factor 1 nothing changes."""
+    shape, hw = _moe_shape(), builtin()["h100-sxm"]
+    base = _layout(tp=1, pp=1, ep=8, etp=1, dp=16, microbatches=8, sequence_parallel=False)
+    even = predict(shape, base, hw, nproc_per_node=8).breakdown
+    same = predict(shape, attrs.evolve(base, moe_capacity=1.0), hw, nproc_per_node=8).breakdown
+    assert same == even
+    padded = predict(shape, attrs.evolve(base, moe_capacity=1.5), hw, nproc_per_node=8).breakdown
+    # the routed all-to-all volume is linear in the tokens sent
+    assert padded["ep"] == pytest.approx(1.5 * even["ep"], rel=1e-9)
+    assert padded["compute"] > even["compute"]
+    assert padded["elementwise"] > even["elementwise"]

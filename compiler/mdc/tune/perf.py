@@ -108,6 +108,9 @@ class Layout:
     recompute_per_op_forced: tuple[str, ...] = ()
     #: selective recompute's modules in Megatron-Core's names (None: the attention core)
     recompute_modules: tuple[str, ...] | None = None
+    #: routed tokens each expert runs and receives over the even share: the capacity factor
+    #: where the experts' input is padded to capacity, else 1
+    moe_capacity: float = 1.0
     #: 0 plain, 1 distributed optimizer, 3 FSDP
     zero_stage: int = 1
     grad_bytes: int = 4
@@ -287,14 +290,18 @@ def predict(
     t_expert = 0.0
     # latent MoE: the routed experts, and the tokens sent to them, are latent wide
     routed_width = shape.moe_latent or h
+    # experts padded to their capacity (moe_pad_expert_input_to_capacity) run and receive
+    # capacity-factor times the even share of routed tokens; dropping alone, with tokens
+    # spread evenly over the experts as the model counts them, drops none
+    capacity = L.moe_capacity
     if shape.experts:
-        per_expert_tokens = L.ep * tokens * shape.topk / shape.experts
+        per_expert_tokens = L.ep * tokens * shape.topk / shape.experts * capacity
         expert_eff = gemm_peak * _efficiency(
             [per_expert_tokens, shape.moe_ffn / L.etp, routed_width], c.shape_knee
         )
         # the expert group computes the routed tokens of its tp group: spread over tp ranks
         t_expert = (
-            tokens * stage_layers * expert_share * (1 + again.experts / 3) / L.tp
+            capacity * tokens * stage_layers * expert_share * (1 + again.experts / 3) / L.tp
             / (peak * expert_eff)
         )  # fmt: skip
     # FlashAttention's tiles are head_dim wide: narrow heads run further from the peak
@@ -389,6 +396,7 @@ def predict(
     # token permutation around the experts: memory bound, every routed copy of a token
     t_moe = (
         c.moe_passes
+        * capacity
         * tokens
         / split
         * shape.topk
@@ -424,7 +432,7 @@ def predict(
         inside = min(1.0, domain / ep_span)
         up = hw.scale_up_gb_s * 1e9 * c.link_share
         out = hw.scale_out_gb_s * 1e9 * c.link_share
-        routed = tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
+        routed = capacity * tokens / split * shape.topk * routed_width * act * (L.ep - 1) / L.ep
         if L.dispatcher == "allgather":
             # the allgather dispatcher (Megatron-LM's default) gathers every token of the
             # etp x ep group on each rank and reduce-scatters the outputs back, whatever
@@ -789,6 +797,7 @@ def layout_of(
         recompute_modules=None if t.recompute_modules is None else tuple(t.recompute_modules),
         zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
         optimizer_offload=t.optimizer_offload, param_offload=t.param_offload,
+        moe_capacity=t.moe_capacity_factor or 1.0,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
