@@ -1,6 +1,7 @@
-"""mdc tune on every accelerator of the catalogue, with both launchers that declare a search
-space: a dense 8B model on two nodes gets candidates that fit the accelerator's memory, are
-ranked fastest first, and whose MFU is their model TFLOP/s over that accelerator's peak."""
+"""mdc tune on every accelerator of the catalogue, with the launchers that split the model
+and declare a search space (DeepSpeed's: test_tune_deepspeed.py): a dense 8B model on two
+nodes gets candidates that fit the accelerator's memory, are ranked fastest first, and whose
+MFU is their model TFLOP/s over that accelerator's peak."""
 
 from __future__ import annotations
 
