@@ -47,6 +47,18 @@ PALETTE = (
     "#ccebc5",
     "#ffed6f",
 )
+#: Hatchings laid over the palette once its colours run out: value v is drawn in
+#: PALETTE[v % 12] under hatching (v // 12) % (len(HATCHES) + 1) (0: none), so
+#: 12 * 6 values stay apart by look; past that the cell's label says which.
+HATCHES = (
+    '<path d="M0,8 L8,0" stroke="#333333" stroke-width="1.2"/>',
+    '<path d="M0,0 L8,8" stroke="#333333" stroke-width="1.2"/>',
+    '<circle cx="4" cy="4" r="1.4" fill="#333333"/>',
+    '<path d="M0,4 L8,4" stroke="#333333" stroke-width="1.2"/>',
+    '<path d="M4,0 L4,8" stroke="#333333" stroke-width="1.2"/>',
+)
+#: Values told apart by colour and hatching together.
+DISTINCT = len(PALETTE) * (len(HATCHES) + 1)
 #: Node rows drawn per panel: the first MAX_NODES - 1 and the last.
 MAX_NODES = 8
 #: GPU cells drawn per row: the first MAX_COLUMNS - 1 and the last.
@@ -134,6 +146,35 @@ def panel_value(plan: Plan, panel: Panel, rank: int) -> int:
 
 def colour(value: int) -> str:
     return PALETTE[value % len(PALETTE)]
+
+
+def hatch(value: int) -> int:
+    """Which hatching (1-based; 0 for none) tells ``value`` from the others of its colour."""
+    return (value // len(PALETTE)) % (len(HATCHES) + 1)
+
+
+def _hatch_rect(value: int, x: int, y: int, w: int, h: int, rx: int = 0) -> str:
+    """The hatching laid over a filled rect, or nothing while colours suffice."""
+    which = hatch(value)
+    if which == 0:
+        return ""
+    return (
+        f'<rect class="hatch" x="{x}" y="{y}" width="{w}" height="{h}" rx="{rx}" '
+        f'fill="url(#mdc-hatch-{which})" stroke="none"/>'
+    )
+
+
+def _hatch_defs(body: str) -> str:
+    """The pattern definitions the body uses, in a fixed order."""
+    used = [i for i in range(1, len(HATCHES) + 1) if f"url(#mdc-hatch-{i})" in body]
+    if not used:
+        return ""
+    patterns = "".join(
+        f'<pattern id="mdc-hatch-{i}" width="8" height="8" patternUnits="userSpaceOnUse">'
+        f"{HATCHES[i - 1]}</pattern>"
+        for i in used
+    )
+    return f"<defs>{patterns}</defs>\n"
 
 
 def _shown(count: int, cap: int) -> list[int | None]:
@@ -257,6 +298,7 @@ def rank_map_svg(plan: Plan, servers: Sequence[Server] = ()) -> str:
     title = escape(f"rank map of job {plan.job.name}")
     return (
         f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{title}</title>\n'
+        f"{_hatch_defs(body)}"
         f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
     )
 
@@ -353,6 +395,7 @@ def _draw_cell(
         f"<title>{escape(tip)}</title>"
         f'<rect x="{x}" y="{y}" width="{cell_w}" height="{CELL_H}" rx="3" '
         f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>'
+        + _hatch_rect(value, x, y, cell_w, CELL_H, 3)
         + _text(cx, y + 14, f"r{rank}", text_anchor="middle", font_weight="bold")
         + _text(cx, y + 28, _coords(plan, rank), text_anchor="middle", font_size="10")
         + _text(cx, y + 42, f"{panel.noun} {value}", text_anchor="middle", font_size="10")
@@ -379,14 +422,17 @@ def _draw_legend(
         canvas.add(
             f'<rect class="swatch" x="{x}" y="{row_y + 3}" width="12" height="12" '
             f'fill="{colour(value)}" stroke="#555555" stroke-width="0.75"/>'
+            + _hatch_rect(value, x, row_y + 3, 12, 12)
         )
         canvas.add(_text(x + 18, row_y + 13, label))
     y += (len(listed) + per_line - 1) // per_line * LINE
     notes = []
     if len(values) > len(listed):
         notes.append(f"… {len(values) - len(listed)} more in the picture, not listed")
-    if len(values) > len(PALETTE):
-        notes.append(f"colours repeat every {len(PALETTE)}; the cell says which")
+    if len(values) > DISTINCT:
+        notes.append(f"colour and hatching repeat every {DISTINCT}; the cell says which")
+    elif len(values) > len(PALETTE):
+        notes.append(f"colours repeat every {len(PALETTE)}, hatched after; the cell says which")
     if notes:
         canvas.add(_text(MARGIN, y + 13, "; ".join(notes), font_style="italic"))
         y += LINE

@@ -337,3 +337,36 @@ def test_explain_draws_a_serving_job_as_servers(
     root = parse(target.read_text(encoding="utf-8"))
     assert set(panels(root)) == {"servers"}
     assert set(gpu_cells(root).values()) == {"0"}  # one server of 16 engines over both nodes
+
+
+def _look(cell: ET.Element) -> tuple[str, str]:
+    """What tells a cell apart by eye: its fill and the hatching laid over it."""
+    rects = list(cell.iter(f"{SVG}rect"))
+    hatch = next((r.get("fill", "") for r in rects if r.get("class") == "hatch"), "")
+    return rects[0].get("fill", ""), hatch
+
+
+@pytest.mark.parametrize(("kind", "sizes"), [("cp", {"cp": 2}), ("dp", {"tp": 2})])
+def test_many_groups_stay_apart_by_colour_and_hatching(kind: str, sizes: dict[str, int]) -> None:
+    """8 x 16 ranks in 64 CP groups (or 64 replicas): every group drawn has its own
+    (colour, hatching) pair although the palette has 12 colours; the legend says so."""
+    plan = plan_of(8, 16, **sizes)
+    svg = rank_map_svg(plan)
+    root = parse(svg)
+    looks: dict[int, tuple[str, str]] = {}
+    for cell in cells(panels(root)[kind]):
+        looks.setdefault(int(cell.get("data-value", "-1")), _look(cell))
+    assert len(looks) > len(PALETTE)
+    assert len(set(looks.values())) == len(looks)
+    for value, (fill, hatch) in looks.items():
+        assert fill == PALETTE[value % len(PALETTE)]
+        assert (hatch == "") == (value < len(PALETTE))
+    defined = {f"url(#{p.get('id')})" for p in root.iter(f"{SVG}pattern")}
+    assert {h for _, h in looks.values() if h} <= defined
+    assert any("hatched after" in t for t in texts(panels(root)[kind]))
+    assert rank_map_svg(plan_of(8, 16, **sizes)) == svg
+
+
+def test_few_groups_need_no_hatching() -> None:
+    svg = rank_map_svg(plan_of(2, 8, tp=2, cp=2))
+    assert "<pattern" not in svg and 'class="hatch"' not in svg
