@@ -986,3 +986,93 @@ def test_experts_padded_to_capacity_run_and_send_the_padding() -> None:
     assert padded["ep"] == pytest.approx(1.5 * even["ep"], rel=1e-9)
     assert padded["compute"] > even["compute"]
     assert padded["elementwise"] > even["elementwise"]
+
+
+def _chart(tmp_path: Path, *extra: str) -> Any:
+    import xml.etree.ElementTree as ET
+
+    picture = tmp_path / "tune.svg"
+    code, _, err = _run("tune", str(EXAMPLE), "--svg", str(picture), *extra)
+    assert code == 0, err
+    text = picture.read_text(encoding="utf-8")
+    return text, ET.fromstring(text)
+
+
+def test_chart_labels_never_overlap_on_a_real_search(tmp_path: Path) -> None:
+    """Llama 70B on 64 H100, twelve rows: every drawn label's box (monospace, so
+    characters x CHAR_W wide) lies in the picture and clear of every other."""
+    from mdc.tune.report import CHAR_W, HEIGHT, LABEL_H, WIDTH
+
+    text, root = _chart(tmp_path, "--top", "12")
+    ns = "{http://www.w3.org/2000/svg}"
+    labels = [t for t in root.iter(f"{ns}text") if "label" in t.get("class", "").split()]
+    boxes = []
+    for label in labels:
+        x, baseline = float(label.get("x", "")), float(label.get("y", ""))
+        boxes.append((x, baseline - 10, CHAR_W * len(label.text or ""), LABEL_H))
+    assert any((t.text or "").startswith("best: ") for t in labels)
+    assert len(boxes) >= 4
+    for i, a in enumerate(boxes):
+        assert a[0] >= 0 and a[0] + a[2] <= WIDTH and a[1] >= 0 and a[1] + a[3] <= HEIGHT
+        for b in boxes[i + 1 :]:
+            apart = a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0]
+            assert apart or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1], (a, b)
+    again = tmp_path / "again"
+    again.mkdir()
+    assert _chart(again, "--top", "12")[0] == text  # same search, same bytes
+
+
+def test_chart_axis_hugs_the_limit_and_counts_what_it_clips(tmp_path: Path) -> None:
+    """The memory axis ends at 1.3 x the 79.65 GiB limit (ticks 0..104); the layouts
+    beyond sit on the right edge, and the marker counts exactly those dots."""
+    from mdc.tune.report import LEFT, RIGHT, WIDTH
+
+    _, root = _chart(tmp_path)
+    ns = "{http://www.w3.org/2000/svg}"
+    ticks = [t.text for t in root.iter(f"{ns}text") if t.get("text-anchor") == "middle"]
+    assert "104" in ticks and "0" in ticks
+    edge = float(WIDTH - RIGHT)
+    dots = [c for c in root.iter(f"{ns}circle") if c.get("class") == "point" and c.get("r") == "2"]
+    assert all(LEFT <= float(c.get("cx", "")) <= edge for c in dots)
+    clipped = sum(1 for c in dots if float(c.get("cx", "")) == edge)
+    marker = next(t for t in root.iter(f"{ns}text") if "beyond" in t.get("class", ""))
+    assert clipped > 0 and (marker.text or "").startswith(f"{clipped} more above 104 GiB")
+
+
+def test_chart_pareto_front_tops_every_fitting_layout(tmp_path: Path) -> None:
+    """No dot left of the limit line lies above the drawn front, and the front steps
+    only right and up; the legend names each mark."""
+    _, root = _chart(tmp_path)
+    ns = "{http://www.w3.org/2000/svg}"
+    line = next(p for p in root.iter(f"{ns}polyline") if p.get("class") == "pareto")
+    steps = [tuple(map(float, p.split(","))) for p in line.get("points", "").split()]
+    assert all(b[0] >= a[0] and b[1] <= a[1] for a, b in zip(steps, steps[1:], strict=False))
+    limit = next(ln for ln in root.iter(f"{ns}line") if ln.get("stroke-dasharray") == "6 4")
+    limit_x = float(limit.get("x1", ""))
+    assert steps[-1][0] == limit_x
+    for dot in (c for c in root.iter(f"{ns}circle") if c.get("class") == "point"):
+        cx, cy = float(dot.get("cx", "")), float(dot.get("cy", ""))
+        if cx > limit_x or dot.get("fill") == "none":
+            continue
+        reached = [y for x, y in steps if x <= cx]
+        assert reached and min(reached) <= cy + 0.1, (cx, cy)
+    legend = next(g for g in root.iter(f"{ns}g") if g.get("class") == "legend")
+    words = {t.text for t in legend.iter(f"{ns}text")}
+    assert {"chosen", "Pareto front", "memory limit", "other layout searched"} <= words
+
+
+def test_pareto_front_by_hand() -> None:
+    from mdc.tune.report import pareto_front
+
+    points = [(10.0, 5.0), (20.0, 4.0), (30.0, 9.0), (25.0, 9.5), (90.0, 20.0), (5.0, 1.0)]
+    assert pareto_front(points, 80.0) == [(5.0, 1.0), (10.0, 5.0), (25.0, 9.5)]
+
+
+def test_a_label_with_no_room_is_dropped() -> None:
+    from mdc.tune.report import place_label
+
+    area = (0.0, 0.0, 200.0, 100.0)
+    first = place_label((100.0, 50.0), "#1 tp8", [], area)
+    assert first is not None
+    everything = [area]
+    assert place_label((100.0, 50.0), "#2 tp4", everything, area) is None

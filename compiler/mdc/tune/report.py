@@ -196,21 +196,64 @@ def _merge(doc: Any, data: Mapping[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- picture
 
-WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 460, 70, 30, 40, 50
+WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 760, 500, 70, 30, 40, 90
+#: the memory axis runs to this many times the device's limit; layouts beyond sit at its edge
+SPAN = 1.3
+#: labels are monospace, so a box is exactly CHAR_W per character by LABEL_H
+LABEL_FONT, CHAR_W, LABEL_H = "DejaVu Sans Mono, Menlo, Consolas, monospace", 6.0, 12.0
+FRONT, LIMIT, BEST, RUNNER, OTHER = "#34495e", "#c0392b", "#27ae60", "#2980b9", "#b2babb"
+
+Box = tuple[float, float, float, float]  # left, top, width, height
+
+
+def pareto_front(points: Sequence[tuple[float, float]], limit: float) -> list[tuple[float, float]]:
+    """The layouts no other beats on both counts (less memory, more tokens/s), within
+    ``limit``: by memory, each faster than every one before it."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(p for p in points if p[0] <= limit):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
+
+
+def _overlaps(a: Box, b: Box) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+def place_label(point: tuple[float, float], text: str, taken: list[Box], area: Box) -> Box | None:
+    """The first spot around ``point`` (right, left, above, below) where ``text`` stays
+    inside ``area`` and clear of every box in ``taken``; None where none is free."""
+    px, py = point
+    w, h = CHAR_W * len(text), LABEL_H
+    for dx, dy in (
+        (8, -h - 2),
+        (8, 2),
+        (-8 - w, -h - 2),
+        (-8 - w, 2),
+        (8, -h / 2),
+        (-8 - w, -h / 2),
+    ):
+        box = (round(px + dx, 1), round(py + dy, 1), w, h)
+        inside = area[0] <= box[0] and box[0] + w <= area[0] + area[2]
+        inside = inside and area[1] <= box[1] and box[1] + h <= area[1] + area[3]
+        if inside and not any(_overlaps(box, other) for other in taken):
+            return box
+    return None
 
 
 def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -> str:
-    """Predicted tokens/s/GPU against memory per GPU: every fitting candidate as a dot,
-    the memory limit as a line, the chosen layout ringed, the runners-up labelled."""
+    """Predicted tokens/s/GPU against memory per GPU around the device's limit: every
+    candidate searched as a dot (those far above the limit counted at the right edge),
+    the Pareto front, the chosen layout ringed, the runners-up labelled where room is."""
     points = [((c.memory_bytes or 0) / GIB, c.prediction.tokens_per_s_per_gpu) for c in others]
     rows = [(_memory_gib(r), r.candidate.prediction.tokens_per_s_per_gpu) for r in result.rows]
-    xs = [x for x, _ in points + rows] + [capacity_gib]
-    ys = [y for _, y in points + rows] or [1.0]
-    x_max, y_max = max(xs) * 1.05, max(ys) * 1.1
+    x_max = capacity_gib * SPAN
+    y_max = max([y for _, y in points + rows] or [1.0]) * 1.1
+    plot: Box = (LEFT, TOP, WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM)
 
     def at(x: float, y: float) -> tuple[float, float]:
-        px = LEFT + x / x_max * (WIDTH - LEFT - RIGHT)
-        py = HEIGHT - BOTTOM - y / y_max * (HEIGHT - TOP - BOTTOM)
+        px = LEFT + min(x, x_max) / x_max * plot[2]
+        py = HEIGHT - BOTTOM - y / y_max * plot[3]
         return round(px, 1), round(py, 1)
 
     out = [
@@ -220,6 +263,22 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
         f'<text x="{LEFT}" y="20" font-size="13">mdc tune on {escape(result.hardware.name)}: '
         "predicted throughput against memory per GPU</text>",
     ]
+    taken = _axes(out, at, x_max, y_max, capacity_gib)
+    beyond = sum(1 for x, _ in points + rows if x > x_max)
+    if beyond:
+        taken.append(_beyond_marker(out, at(x_max, y_max), beyond, x_max))
+    for x, y in points:
+        px, py = at(x, y)
+        out.append(f'<circle class="point" cx="{px}" cy="{py}" r="2" fill="{OTHER}"/>')
+    _front_line(out, at, pareto_front(points + rows, capacity_gib), capacity_gib)
+    _rows(out, at, result, rows, taken, plot)
+    _legend(out)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _axes(out: list[str], at: Any, x_max: float, y_max: float, capacity: float) -> list[Box]:
+    """Axes, ticks, titles and the limit line; returns the boxes labels must keep off."""
     x0, y0 = at(0, 0)
     x1, y1 = at(x_max, y_max)
     out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
@@ -230,40 +289,108 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
         out.append(f'<text x="{gx}" y="{y0 + 15}" text-anchor="middle">{x_max * i / 5:.0f}</text>')
         out.append(f'<text x="{x0 - 5}" y="{gy + 4}" text-anchor="end">{y_max * i / 5:.0f}</text>')
     out.append(
-        f'<text x="{(x0 + x1) / 2}" y="{HEIGHT - 12}" text-anchor="middle">'
-        "memory per GPU (GiB)</text>"
+        f'<text x="{(x0 + x1) / 2}" y="{y0 + 32}" text-anchor="middle">memory per GPU (GiB)</text>'
     )
     out.append(
         f'<text x="15" y="{(y0 + y1) / 2}" text-anchor="middle" '
         f'transform="rotate(-90 15 {(y0 + y1) / 2})">tokens/s per GPU</text>'
     )
-    lx, _ = at(capacity_gib, 0)
+    lx, _ = at(capacity, 0)
     out.append(
-        f'<line x1="{lx}" y1="{y0}" x2="{lx}" y2="{y1}" stroke="#c0392b" stroke-dasharray="6 4"/>'
+        f'<line x1="{lx}" y1="{y0}" x2="{lx}" y2="{y1}" stroke="{LIMIT}" stroke-dasharray="6 4"/>'
     )
+    limit_text = f"memory limit {capacity:g} GiB"
     out.append(
-        f'<text x="{lx - 4}" y="{y1 + 12}" text-anchor="end" fill="#c0392b">memory limit '
-        f"{capacity_gib:g} GiB</text>"
+        f'<text class="label" x="{round(lx - 4 - CHAR_W * len(limit_text), 1)}" y="{y1 + 10}" '
+        f'font-family="{LABEL_FONT}" font-size="10" fill="{LIMIT}">{limit_text}</text>'
     )
-    for x, y in points:
-        px, py = at(x, y)
-        out.append(f'<circle cx="{px}" cy="{py}" r="2" fill="#95a5a6"/>')
-    for i, ((x, y), row) in enumerate(zip(rows, result.rows, strict=True)):
-        px, py = at(x, y)
-        label = escape(row.candidate.label())
-        if i == result.best:
-            out.append(
-                f'<circle cx="{px}" cy="{py}" r="7" fill="none" stroke="#27ae60" stroke-width="3"/>'
-            )
-            out.append(
-                f'<text x="{px + 10}" y="{py - 8}" fill="#27ae60" font-weight="bold">'
-                f"best: {label}</text>"
-            )
-        else:
-            out.append(f'<circle cx="{px}" cy="{py}" r="4" fill="#2980b9"/>')
-            out.append(
-                f'<text x="{px + 7}" y="{py + 4 + 12 * (i % 2)}" fill="#2980b9">'
-                f"#{i + 1} {label}</text>"
-            )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return [(round(lx - 4 - CHAR_W * len(limit_text), 1), y1, CHAR_W * len(limit_text), LABEL_H)]
+
+
+def _beyond_marker(out: list[str], corner: tuple[float, float], count: int, x_max: float) -> Box:
+    """Layouts needing more than the axis shows: one arrow at the right edge with their count."""
+    ex, top = corner
+    text = f"{count} more above {x_max:.0f} GiB \u2192"
+    box = (round(ex - CHAR_W * len(text), 1), top + LABEL_H + 2, CHAR_W * len(text), LABEL_H)
+    out.append(
+        f'<text class="label beyond" x="{box[0]}" y="{round(box[1] + 10, 1)}" '
+        f'font-family="{LABEL_FONT}" font-size="10" fill="{OTHER}">{escape(text)}</text>'
+    )
+    return box
+
+
+def _front_line(out: list[str], at: Any, front: list[tuple[float, float]], limit: float) -> None:
+    """The best throughput reachable within each memory budget, as steps up to the limit."""
+    if not front:
+        return
+    steps = [at(*front[0])]
+    for (_, y), (nx, ny) in zip(front, front[1:], strict=False):
+        steps += [at(nx, y), at(nx, ny)]
+    steps.append(at(limit, front[-1][1]))
+    path = " ".join(f"{x},{y}" for x, y in steps)
+    out.append(
+        f'<polyline class="pareto" points="{path}" fill="none" stroke="{FRONT}" '
+        'stroke-width="1.5"/>'
+    )
+
+
+def _rows(
+    out: list[str],
+    at: Any,
+    result: Result,
+    rows: list[tuple[float, float]],
+    taken: list[Box],
+    plot: Box,
+) -> None:
+    """The ranked layouts: markers with their full label on hover, and a drawn label
+    where one fits (the chosen first, then by rank; a crowded one keeps its number only)."""
+    order = [result.best] + [i for i in range(len(rows)) if i != result.best]
+    for i in order:
+        px, py = at(*rows[i])
+        label = result.rows[i].candidate.label()
+        best = i == result.best
+        name = f"best: {label}" if best else f"#{i + 1} {label}"
+        colour = BEST if best else RUNNER
+        marker = (
+            f'<circle class="point" cx="{px}" cy="{py}" r="7" fill="none" stroke="{BEST}" '
+            'stroke-width="3"/>'
+            if best
+            else f'<circle class="point" cx="{px}" cy="{py}" r="4" fill="{RUNNER}"/>'
+        )
+        out.append(f"<g><title>{escape(name)}</title>{marker}</g>")
+        for text in (name, f"#{i + 1}"):
+            box = place_label((px, py), text, taken, plot)
+            if box is not None:
+                taken.append(box)
+                weight = ' font-weight="bold"' if best else ""
+                out.append(
+                    f'<text class="label" x="{box[0]}" y="{round(box[1] + 10, 1)}" '
+                    f'font-family="{LABEL_FONT}" font-size="10" fill="{colour}"{weight}>'
+                    f"{escape(text)}</text>"
+                )
+                break
+
+
+def _legend(out: list[str]) -> None:
+    """One line under the axis title naming each mark."""
+    y = HEIGHT - 22
+    items = [
+        (f'<circle cx="6" cy="-4" r="6" fill="none" stroke="{BEST}" stroke-width="3"/>', "chosen"),
+        (f'<circle cx="6" cy="-4" r="4" fill="{RUNNER}"/>', "runner-up (#rank)"),
+        (f'<circle cx="6" cy="-4" r="2" fill="{OTHER}"/>', "other layout searched"),
+        (
+            f'<polyline points="0,0 6,0 6,-8 14,-8" fill="none" stroke="{FRONT}" '
+            'stroke-width="1.5"/>',
+            "Pareto front",
+        ),
+        (
+            f'<line x1="0" y1="-4" x2="14" y2="-4" stroke="{LIMIT}" stroke-dasharray="4 3"/>',
+            "memory limit",
+        ),
+    ]
+    x = LEFT
+    out.append(f'<g class="legend" transform="translate(0 {y})">')
+    for mark, words in items:
+        out.append(f'<g transform="translate({x} 0)">{mark}<text x="20" y="0">{words}</text></g>')
+        x += 20 + 7 * len(words) + 18
+    out.append("</g>")
