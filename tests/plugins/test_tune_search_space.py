@@ -61,7 +61,7 @@ class TrainerPlugin:
     @mdc.hookimpl
     def mdc_register_launchers(self) -> list[LauncherSpec]:
         common: dict[str, Any] = {
-            "parallelism": "data",
+            "parallelism": "model",  # its sizes are searched, as megatron's are
             "emit": emit,
             "schema": SCHEMA,
             "options_type": TrainerOptions,
