@@ -248,12 +248,12 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
     points = [((c.memory_bytes or 0) / GIB, c.prediction.tokens_per_s_per_gpu) for c in others]
     rows = [(_memory_gib(r), r.candidate.prediction.tokens_per_s_per_gpu) for r in result.rows]
     x_max = capacity_gib * SPAN
-    y_max = max([y for _, y in points + rows] or [1.0]) * 1.1
+    y_lo, y_max = _throughput_range([y for x, y in points + rows if x <= x_max])
     plot: Box = (LEFT, TOP, WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM)
 
     def at(x: float, y: float) -> tuple[float, float]:
         px = LEFT + min(x, x_max) / x_max * plot[2]
-        py = HEIGHT - BOTTOM - y / y_max * plot[3]
+        py = HEIGHT - BOTTOM - (min(max(y, y_lo), y_max) - y_lo) / (y_max - y_lo) * plot[3]
         return round(px, 1), round(py, 1)
 
     out = [
@@ -263,7 +263,7 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
         f'<text x="{LEFT}" y="20" font-size="13">mdc tune on {escape(result.hardware.name)}: '
         "predicted throughput against memory per GPU</text>",
     ]
-    taken = _axes(out, at, x_max, y_max, capacity_gib)
+    taken = _axes(out, at, x_max, (y_lo, y_max), capacity_gib)
     beyond = sum(1 for x, _ in points + rows if x > x_max)
     if beyond:
         taken.append(_beyond_marker(out, at(x_max, y_max), beyond, x_max))
@@ -277,17 +277,31 @@ def svg(result: Result, capacity_gib: float, others: Sequence[Candidate] = ()) -
     return "\n".join(out) + "\n"
 
 
-def _axes(out: list[str], at: Any, x_max: float, y_max: float, capacity: float) -> list[Box]:
+def _throughput_range(ys: list[float]) -> tuple[float, float]:
+    """The throughput axis around the layouts drawn in full: a tenth of their spread
+    below, three tenths above for the labels (a twentieth of the top when all tie)."""
+    if not ys:
+        return 0.0, 1.0
+    low, high = min(ys), max(ys)
+    spread = max(high - low, high * 0.05, 1e-9)
+    return max(0.0, low - 0.1 * spread), high + 0.3 * spread
+
+
+def _axes(
+    out: list[str], at: Any, x_max: float, y_range: tuple[float, float], capacity: float
+) -> list[Box]:
     """Axes, ticks, titles and the limit line; returns the boxes labels must keep off."""
-    x0, y0 = at(0, 0)
+    y_lo, y_max = y_range
+    x0, y0 = at(0, y_lo)
     x1, y1 = at(x_max, y_max)
     out.append(f'<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" stroke="black"/>')
     out.append(f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>')
     for i in range(6):
-        gx, _ = at(x_max * i / 5, 0)
-        _, gy = at(0, y_max * i / 5)
+        gx, _ = at(x_max * i / 5, y_lo)
+        tick = y_lo + (y_max - y_lo) * i / 5
+        _, gy = at(0, tick)
         out.append(f'<text x="{gx}" y="{y0 + 15}" text-anchor="middle">{x_max * i / 5:.0f}</text>')
-        out.append(f'<text x="{x0 - 5}" y="{gy + 4}" text-anchor="end">{y_max * i / 5:.0f}</text>')
+        out.append(f'<text x="{x0 - 5}" y="{gy + 4}" text-anchor="end">{tick:.0f}</text>')
     out.append(
         f'<text x="{(x0 + x1) / 2}" y="{y0 + 32}" text-anchor="middle">memory per GPU (GiB)</text>'
     )
@@ -295,7 +309,7 @@ def _axes(out: list[str], at: Any, x_max: float, y_max: float, capacity: float) 
         f'<text x="15" y="{(y0 + y1) / 2}" text-anchor="middle" '
         f'transform="rotate(-90 15 {(y0 + y1) / 2})">tokens/s per GPU</text>'
     )
-    lx, _ = at(capacity, 0)
+    lx, _ = at(capacity, y_lo)
     out.append(
         f'<line x1="{lx}" y1="{y0}" x2="{lx}" y2="{y1}" stroke="{LIMIT}" stroke-dasharray="6 4"/>'
     )
@@ -311,7 +325,7 @@ def _beyond_marker(out: list[str], corner: tuple[float, float], count: int, x_ma
     """Layouts needing more than the axis shows: one arrow at the right edge with their count."""
     ex, top = corner
     text = f"{count} more above {x_max:.0f} GiB \u2192"
-    box = (round(ex - CHAR_W * len(text), 1), top + LABEL_H + 2, CHAR_W * len(text), LABEL_H)
+    box = (round(ex - 6 - CHAR_W * len(text), 1), top + LABEL_H + 2, CHAR_W * len(text), LABEL_H)
     out.append(
         f'<text class="label beyond" x="{box[0]}" y="{round(box[1] + 10, 1)}" '
         f'font-family="{LABEL_FONT}" font-size="10" fill="{OTHER}">{escape(text)}</text>'
@@ -345,6 +359,10 @@ def _rows(
     """The ranked layouts: markers with their full label on hover, and a drawn label
     where one fits (the chosen first, then by rank; a crowded one keeps its number only)."""
     order = [result.best] + [i for i in range(len(rows)) if i != result.best]
+    for i in order:  # no label covers a ranked layout's marker
+        px, py = at(*rows[i])
+        radius = 7.0 if i == result.best else 4.0
+        taken.append((px - radius, py - radius, 2 * radius, 2 * radius))
     for i in order:
         px, py = at(*rows[i])
         label = result.rows[i].candidate.label()
