@@ -51,11 +51,11 @@ PALETTE = (
 #: PALETTE[v % 12] under hatching (v // 12) % (len(HATCHES) + 1) (0: none), so
 #: 12 * 6 values stay apart by look; past that the cell's label says which.
 HATCHES = (
-    '<path d="M0,8 L8,0" stroke="#333333" stroke-width="1.2"/>',
-    '<path d="M0,0 L8,8" stroke="#333333" stroke-width="1.2"/>',
-    '<circle cx="4" cy="4" r="1.4" fill="#333333"/>',
-    '<path d="M0,4 L8,4" stroke="#333333" stroke-width="1.2"/>',
-    '<path d="M4,0 L4,8" stroke="#333333" stroke-width="1.2"/>',
+    '<path d="M0,8 L8,0" stroke="#000000" stroke-opacity="0.4" stroke-width="1.2"/>',
+    '<path d="M0,0 L8,8" stroke="#000000" stroke-opacity="0.4" stroke-width="1.2"/>',
+    '<circle cx="4" cy="4" r="1.4" fill="#000000" fill-opacity="0.4"/>',
+    '<path d="M0,4 L8,4" stroke="#000000" stroke-opacity="0.4" stroke-width="1.2"/>',
+    '<path d="M4,0 L4,8" stroke="#000000" stroke-opacity="0.4" stroke-width="1.2"/>',
 )
 #: Values told apart by colour and hatching together.
 DISTINCT = len(PALETTE) * (len(HATCHES) + 1)
