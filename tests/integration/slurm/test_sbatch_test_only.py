@@ -119,7 +119,7 @@ def test_sbatch_accepts_the_batch_script(
     # "sbatch: Job N to start at ... on nodes node[1-2] in partition debug"
     started = re.search(r"Job \d+ to start at \S+ using \d+ processors on nodes (\S+)", done.stderr)
     assert started, done.stderr
-    expected = f"node[1-{nodes}]"
+    expected = "node1" if nodes == 1 else f"node[1-{nodes}]"  # sbatch's hostlist form
     assert started.group(1) == expected, done.stderr
 
 

@@ -117,7 +117,9 @@ def test_the_old_header_gets_the_minimum(jobs: Any, token: Any, tmp_path: Path) 
 def test_each_nodes_task_gets_every_cpu_of_its_node(
     jobs: Any, token: Any, tmp_path: Path, slurm_cluster: Any
 ) -> None:
-    out = compile_probe(tmp_path, nnodes=2)
+    """exclusive = true (a CPU job's default is one CPU per rank, which leaves a GPU node's
+    GPUs to others): the one task of each node gets all of its CPUs."""
+    out = compile_probe(tmp_path, nnodes=2, exclusive=True)
     assert "#SBATCH --exclusive\n" in (out / "slurm" / "job.sbatch").read_text()
     folder = tmp_path / "probes"
     folder.mkdir()

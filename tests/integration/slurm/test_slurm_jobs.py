@@ -332,6 +332,9 @@ def test_megatron_groups_form_on_slurm(
         batch={"global_batch_size": 16, "micro_batch_size": 2},
         megatron={"extra_args": ["--distributed-backend", "gloo"]},
         torchrun={"rdzv_backend": "static"},
+        # 4 ranks on the emulated nodes' fewer CPUs: whole nodes, not a CPU job's default of
+        # one CPU per rank, which sbatch refuses there
+        slurm={"exclusive": True},
     )
     out, probes = tmp_path / "out", tmp_path / "probes"
     probes.mkdir()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'mpi-local-1x4' (node 0), launcher mpirun.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS
+# and MDC_LAUNCH_ID set.
 set -euo pipefail
 MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MDC_OUT

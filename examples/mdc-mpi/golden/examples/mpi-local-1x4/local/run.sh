@@ -3,7 +3,21 @@
 set -euo pipefail
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MASTER_ADDR=127.0.0.1
-export MASTER_PORT=23709
+# This launch's id, exported to every process: fresh for every run of this script.
+MDC_LAUNCH_ID="$(date -u +%Y%m%dT%H%M%SZ)-$$-$RANDOM"
+export MDC_LAUNCH_ID
+# The rendezvous port: a hash of the launch id picks a start in 20000-29999;
+# then, on node 0, the first port from there that nothing listens on, so concurrent
+# launches on one host never share it. Every node is given the same port.
+port=$((20000 + $(printf '%s' "$MDC_LAUNCH_ID" | cksum | cut -d ' ' -f 1) % 10000))
+for ((try = 0; try < 100; try++)); do
+  if ! (: <"/dev/tcp/127.0.0.1/$port") 2>/dev/null &&
+    ! (: <"/dev/tcp/$MASTER_ADDR/$port") 2>/dev/null; then
+    break
+  fi
+  port=$((20000 + (port - 20000 + 1) % 10000))
+done
+export MASTER_PORT="$port"
 node_hosts=()
 for ((node = 0; node < 1; node++)); do node_hosts+=(127.0.0.1); done
 export NODE_HOSTS="${node_hosts[*]}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Role 'worker' of job 'mpi-slurm-2x8' (nodes 0-1), launcher mpirun.
-# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT and NODE_HOSTS set.
+# The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS
+# and MDC_LAUNCH_ID set.
 set -euo pipefail
 MDC_OUT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MDC_OUT

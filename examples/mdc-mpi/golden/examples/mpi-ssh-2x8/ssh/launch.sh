@@ -9,7 +9,14 @@ hosts=(gpu-a gpu-b)
 ssh_command=(ssh -o BatchMode=yes -o LogLevel=ERROR -tt -p 2222)
 forward=()
 export MASTER_ADDR=gpu-a
-export MASTER_PORT=22305
+# This launch's id, exported to every process: fresh for every run of this script.
+MDC_LAUNCH_ID="$(date -u +%Y%m%dT%H%M%SZ)-$$-$RANDOM"
+export MDC_LAUNCH_ID
+# The rendezvous port: a hash of the launch id picks a start in 20000-29999;
+# then, on node 0, the first port from there that nothing listens on, so concurrent
+# launches on one host never share it. Every node is given the same port.
+port=$((20000 + $(printf '%s' "$MDC_LAUNCH_ID" | cksum | cut -d ' ' -f 1) % 10000))
+export MASTER_PORT="$port"
 export NODE_HOSTS="${hosts[*]}"
 
 # One word for the remote shell, in POSIX single quotes.
@@ -29,6 +36,7 @@ remote_command() {
     fi
   done
   command+=" NODE_RANK=$1 $(quote "MASTER_ADDR=$MASTER_ADDR") MASTER_PORT=$MASTER_PORT"
+  command+=" $(quote "MDC_LAUNCH_ID=$MDC_LAUNCH_ID")"
   command+=" $(quote "NODE_HOSTS=$NODE_HOSTS")"
   command+=" bash $(quote "$2")"
   printf "%s" "$command"
