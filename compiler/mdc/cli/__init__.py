@@ -8,7 +8,6 @@ script and raises ``SystemExit``.
 from __future__ import annotations
 
 import argparse
-import gc
 import math
 import os
 import shlex
@@ -523,9 +522,4 @@ def _quiet_stdout() -> None:
 
 
 def run() -> None:
-    # A command's process ends when it is done: what the imports built (modules, classes,
-    # schemas) lives until then, so the cyclic collector is told not to walk it again
-    # (mdc.__main__ keeps the collector off while importing; it is on for the command).
-    gc.freeze()
-    gc.enable()
     raise SystemExit(main())
