@@ -15,7 +15,6 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from json.encoder import encode_basestring as _json_string
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -125,13 +124,8 @@ class Artifact:
     @classmethod
     def json(cls, path: str, value: object) -> Artifact:
         """Sorted keys, two-space indent; lists of integers (rank groups) on one line."""
-        try:
-            text = _json_text(value, "\n")
-        except _NotPlain:  # e.g. keys that are not strings: json's own rules
-            text = _NUMBER_LIST.sub(
-                _one_line, json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-            )
-        return cls.text(path, text)
+        text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        return cls.text(path, _NUMBER_LIST.sub(_one_line, text))
 
 
 _NUMBER_LIST = re.compile(r"\[\n\s+(-?\d+(?:,\n\s+-?\d+)*)\n\s*\]")
@@ -139,37 +133,6 @@ _NUMBER_LIST = re.compile(r"\[\n\s+(-?\d+(?:,\n\s+-?\d+)*)\n\s*\]")
 
 def _one_line(match: re.Match[str]) -> str:
     return "[" + ", ".join(n.strip() for n in match.group(1).split(",")) + "]"
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _json_text(value: object, newline: str) -> str:
-    """What ``json.dumps(indent=2, sort_keys=True)`` then :func:`_one_line` give, written
-    directly: json's indenting encoder is pure Python and was most of a compile's time.
-    ``newline`` is a line break and the current indent."""
-    inner = newline + "  "
-    if isinstance(value, dict):
-        if not all(type(k) is str for k in value):
-            raise _NotPlain
-        members = [f"{_json_string(k)}: {_json_text(value[k], inner)}" for k in sorted(value)]
-        return "{" + inner + ("," + inner).join(members) + newline + "}" if members else "{}"
-    if isinstance(value, (list, tuple)):
-        if value and (
-            all(type(v) is int for v in value)
-            or all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        ):
-            return "[" + ", ".join(map(int.__repr__, value)) + "]"
-        items = [_json_text(v, inner) for v in value]
-        return "[" + inner + ("," + inner).join(items) + newline + "]" if items else "[]"
-    if type(value) is str:
-        return _json_string(value)
-    if type(value) is int:
-        return int.__repr__(value)
-    if value is None or type(value) is bool:  # not a dict lookup: 0.0 == False
-        return "null" if value is None else "true" if value else "false"
-    return json.dumps(value, ensure_ascii=False)
 
 
 @attrs.frozen(kw_only=True)
