@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -243,69 +242,11 @@ def config_toml(plan: Plan, options: TorchtitanOptions | None) -> str:
             "in launch/worker.sh."
         ),
     ]
-    sections = {name: values for name, values in config.items() if values}
-    try:
-        return toml_text(comments, sections)
-    except _NotPlain:
-        return toml_text_by_tomlkit(comments, sections)
-
-
-# TOML is written by a small writer for plain values (importing tomlkit costs more than a
-# whole compile); tomlkit writes anything else. Both give the same bytes where both apply.
-
-
-class _NotPlain(Exception):
-    """A value the small writer leaves to tomlkit (tables in lists, escapes, inf, ...)."""
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+    return toml_text(comments, {name: values for name, values in config.items() if values})
 
 
 def toml_text(comments: Sequence[str], sections: Mapping[str, Mapping[str, Any]]) -> str:
-    """Comment lines, then one table per section; raises :class:`_NotPlain`."""
-    lines = [f"# {comment}" for comment in comments]
-    for name, values in sections.items():
-        _toml_table([name], values, lines)
-    return "\n".join(lines) + "\n"
-
-
-def _toml_table(path: list[str], values: Mapping[str, Any], lines: list[str]) -> None:
-    plain = [(k, v) for k, v in values.items() if not isinstance(v, Mapping)]
-    tables = [(k, v) for k, v in values.items() if isinstance(v, Mapping)]
-    if not values or list(values) != [k for k, _ in [*plain, *tables]]:
-        raise _NotPlain  # an empty table, or a value after a table: tomlkit's layout
-    if plain:  # a table of tables only gets no header of its own
-        lines += ["", "[" + ".".join(map(_toml_key, path)) + "]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in plain]
-    for key, table in tables:
-        _toml_table([*path, key], table, lines)
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
-
-
-def _toml_string(text: str) -> str:
-    if not text.isprintable() or '"' in text or "\\" in text:
-        raise _NotPlain
-    return f'"{text}"'
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
-    if type(value) is float and math.isfinite(value):
-        return repr(value)
-    if type(value) is str:
-        return _toml_string(value)
-    if type(value) is list and not any(isinstance(v, (list, Mapping)) for v in value):
-        return "[" + ", ".join(map(_toml_value, value)) + "]"
-    raise _NotPlain
-
-
-def toml_text_by_tomlkit(comments: Sequence[str], sections: Mapping[str, Mapping[str, Any]]) -> str:
+    """Comment lines, then one table per section, as tomlkit writes them."""
     import tomlkit
 
     def table(values: Mapping[str, Any]) -> Any:
