@@ -1,7 +1,7 @@
 """mdc benchmarks: mdc against its peers on the same work, the million-rank plan, artifact
 sizes and where `mdc validate` spends its imports.
 
-    .venv/bin/python bench/run.py [--runs N]
+    .venv/bin/python -m bench.run [--runs N]
 
 Run it with the project's venv (``scripts/test`` creates it). The first run creates
 ``bench/.venv`` and pip-installs the peers there (check-jsonschema and torchx, pinned

@@ -1,6 +1,6 @@
 """Fit and check mdc tune's serving model on published measurements (bench/serving_data.toml).
 
-    .venv/bin/python bench/serving_fit.py [--fit]
+    .venv/bin/python -m bench.serving_fit [--fit]
 
 Prints, per measurement, the predicted and published output throughput per GPU, and the
 error summary: all rows at the shipped constants, and held out by model (each model's

@@ -1,6 +1,6 @@
 """Fit mdc tune's throughput constants on published measured runs, and report the error.
 
-    .venv/bin/python bench/tune_fit.py [--refit]
+    .venv/bin/python -m bench.tune_fit [--refit]
 
 Every megatron-launcher row of ``tests/published/runs.toml`` with a measured TFLOP/s or
 tokens/s per GPU becomes a case: the spec the published-runs test compiles for it, compiled,
@@ -24,29 +24,22 @@ shipped constants), FSDP-style and GPU generation.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import statistics
-import sys
-import tomllib
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import attrs
 
-ROOT = Path(__file__).resolve().parent.parent
-PUBLISHED = ROOT / "tests" / "published"
-
-from mdc.errors import SpecError  # noqa: E402
-from mdc.hardware import builtin  # noqa: E402
-from mdc.loaders import LoadedDocument  # noqa: E402
-from mdc.pipeline import Compiler  # noqa: E402
-from mdc.plan.memory import Shape  # noqa: E402
-from mdc.plan.ranks import divisors  # noqa: E402
-from mdc.plugin_manager import load_plugins  # noqa: E402
-from mdc.tune.flops import token_flops  # noqa: E402
-from mdc.tune.perf import DEFAULT, Constants, PlanInputs, plan_inputs  # noqa: E402
+from bench.published import MODELS, RUNS, spec_of
+from mdc.errors import SpecError
+from mdc.hardware import builtin
+from mdc.loaders import LoadedDocument
+from mdc.pipeline import Compiler
+from mdc.plan.memory import Shape
+from mdc.plan.ranks import divisors
+from mdc.plugin_manager import load_plugins
+from mdc.tune.flops import token_flops
+from mdc.tune.perf import DEFAULT, Constants, PlanInputs, plan_inputs
 
 #: the paper whose TFLOP/s count all keys of the attention (and the recomputed pass)
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
@@ -56,15 +49,6 @@ FITTED = (
     "elementwise", "link_share", "ep_exposed",
     "moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us",
 )  # fmt: skip
-
-
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @attrs.frozen(kw_only=True)
@@ -115,13 +99,11 @@ def overlaps(run: dict[str, Any], inputs: PlanInputs) -> PlanInputs:
     return attrs.evolve(inputs, layout=layout)
 
 
-def compiled(
-    run: dict[str, Any], compiler: Compiler, published: Any, *, fits: bool = False
-) -> PlanInputs | None:
+def compiled(run: dict[str, Any], compiler: Compiler, *, fits: bool = False) -> PlanInputs | None:
     """The row's spec compiled as mdc compile does, and the model's inputs from its plan
     (None where it does not compile, or with ``fits``, where its memory estimate does not
     fit)."""
-    document = LoadedDocument(path=f"{run['id']}.json", data=published.spec_of(run), values={},
+    document = LoadedDocument(path=f"{run['id']}.json", data=spec_of(run), values={},
                               keys={})  # fmt: skip
     try:
         plan = compiler.compile_document(document, tree=False).plan
@@ -190,9 +172,7 @@ def family(source: str) -> str:
 UNSTATED = ("micro_batch_size", "vpp")
 
 
-def variants(
-    run: dict[str, Any], shape: Shape, compiler: Compiler, published: Any
-) -> list[PlanInputs]:
+def variants(run: dict[str, Any], shape: Shape, compiler: Compiler) -> list[PlanInputs]:
     """The row with its ``unstated`` settings (micro batch, virtual stages) set otherwise, as
     the source's authors could have set them: each value that divides (micro batches: the
     sequences of a data-parallel replica; virtual stages: a stage's layers), kept where the
@@ -211,7 +191,7 @@ def variants(
                 variant["micro_batch_size"] = micro
             if vpp is not None and vpp > 1:
                 variant["vpp"] = vpp
-            inputs = compiled(variant, compiler, published, fits=True)
+            inputs = compiled(variant, compiler, fits=True)
             if inputs is not None:
                 found.append(inputs)
     return found
@@ -220,22 +200,20 @@ def variants(
 def cases(launchers: tuple[str, ...] = ("megatron",)) -> list[Case]:
     """Every measured row of ``launchers`` whose model the published models table describes
     (the fit's: Megatron-LM's; TorchTitan's rows are predicted, never fitted)."""
-    published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
-    runs = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))["run"]
     found = []
-    for run in sorted(runs, key=lambda r: r["id"]):
+    for run in sorted(RUNS, key=lambda r: r["id"]):
         stated = run.get("measured", {})
         tokens_only = "tflops_per_gpu" not in stated and "tokens_per_s_per_gpu" in stated
         if not (tokens_only or "tflops_per_gpu" in stated) or "global_batch_size" not in run:
             continue
         if run["accelerator_model"] not in builtin() or run["launcher"] not in launchers:
             continue  # the model is of Megatron-Core's schedules and kernels
-        if run["model"] not in published.MODELS:
+        if run["model"] not in MODELS:
             continue
-        inputs = compiled(run, compiler, published)
+        inputs = compiled(run, compiler)
         if inputs is None:
-            continue  # a row mdc refuses (published.AWAITING): mdc predicts nothing for it
+            continue  # a row mdc refuses (bench.published.AWAITING): mdc predicts nothing for it
         shape = inputs.shape
         if shape.dsv4 is not None:
             # DeepSeek-V4's compressed sparse attention, its indexer and the hyper-connections
@@ -259,9 +237,7 @@ def cases(launchers: tuple[str, ...] = ("megatron",)) -> list[Case]:
                 count_recompute=bool(run["measured"].get("flops_include_recompute")),
                 measured=float(measured),
                 source_flops=flops_of_source,
-                variants=tuple(variants(run, shape, compiler, published))
-                if run.get("unstated")
-                else (),
+                variants=tuple(variants(run, shape, compiler)) if run.get("unstated") else (),
                 family=family(run["source"]),
                 moe=shape.experts > 0,
                 launcher=run["launcher"],

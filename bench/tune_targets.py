@@ -1,6 +1,6 @@
 """mdc tune against published layouts: Megatron-LM's Table 1 and NVIDIA's recipes.
 
-    .venv/bin/python bench/tune_targets.py [--only table1|recipes] [--rows SUBSTR,...]
+    .venv/bin/python -m bench.tune_targets [--only table1|recipes] [--rows SUBSTR,...]
 
 * Narayanan et al. 2021, Table 1: each row's model, GPU count, batch, full recompute and
   data-parallel implementation as its row states them, with tp, pp, the virtual stages and
@@ -17,22 +17,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
-import tomllib
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PUBLISHED = ROOT / "tests" / "published"
-
-from mdc.errors import SpecError  # noqa: E402
-from mdc.loaders import LoadedDocument  # noqa: E402
-from mdc.pipeline import Compiler  # noqa: E402
-from mdc.plugin_manager import load_plugins  # noqa: E402
-from mdc.tune.search import Tuner  # noqa: E402
+from bench.published import AWAITING, RUNS, spec_of
+from mdc.errors import SpecError
+from mdc.loaders import LoadedDocument
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
+from mdc.tune.search import Tuner
 
 NARAYANAN = "https://arxiv.org/abs/2104.04473"
 OPEN = ("tp", "pp", "cp", "ep", "etp", "vpp")
@@ -40,18 +33,8 @@ OPEN = ("tp", "pp", "cp", "ep", "etp", "vpp")
 PARALLEL = ("tp", "pp", "cp", "ep")
 
 
-def _module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def runs() -> list[dict[str, Any]]:
-    data = tomllib.loads((PUBLISHED / "runs.toml").read_text(encoding="utf-8"))
-    return sorted(data["run"], key=lambda r: r["id"])
+    return sorted(RUNS, key=lambda r: r["id"])
 
 
 def _picked(run: dict[str, Any], rows: str) -> bool:
@@ -59,8 +42,8 @@ def _picked(run: dict[str, Any], rows: str) -> bool:
     return any(part in run["id"] for part in rows.split(","))
 
 
-def _spec(run: dict[str, Any], published: ModuleType) -> dict[str, Any]:
-    spec: dict[str, Any] = published.spec_of(run)
+def _spec(run: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = spec_of(run)
     spec["distributed"]["accelerator_model"] = run["accelerator_model"]
     return spec
 
@@ -71,7 +54,7 @@ def _tuner(compiler: Compiler, run: dict[str, Any], spec: dict[str, Any]) -> Tun
 
 
 def table1(
-    compiler: Compiler, published: ModuleType, rows: str = "", *, hold_dp: bool = False
+    compiler: Compiler, rows: str = "", *, hold_dp: bool = False
 ) -> list[tuple[str, tuple[int, int], Any]]:
     """(row, the paper's (tp, pp), mdc's best (tp, pp) or None); ``hold_dp``: with the row's
     data-parallel size held, as a spec that sets ``[parallelism] dp`` holds it."""
@@ -79,7 +62,7 @@ def table1(
     for run in runs():
         if run["source"] != NARAYANAN or not _picked(run, rows):
             continue
-        spec = _spec(run, published)
+        spec = _spec(run)
         for key in ("tp", "pp", "vpp"):
             spec["parallelism"].pop(key, None)
         if hold_dp:
@@ -112,18 +95,18 @@ def _rank(result: Any, want: dict[str, int], keys: tuple[str, ...]) -> int | Non
     return None
 
 
-def recipes(compiler: Compiler, published: ModuleType, rows: str = "") -> list[dict[str, Any]]:
+def recipes(compiler: Compiler, rows: str = "") -> list[dict[str, Any]]:
     """Per compiling recipe row: its rank in mdc tune's top 5 (None: not there), whether the
     published layout fits the plan's estimate, and the best layout mdc found."""
     found = []
     for run in runs():
         if not _picked(run, rows):
             continue
-        if not run["id"].startswith(("mbridge", "nemo")) or run["id"] in published.AWAITING:
+        if not run["id"].startswith(("mbridge", "nemo")) or run["id"] in AWAITING:
             continue  # NVIDIA's recipes (Megatron-Bridge, NeMo) that compile today
         if "measured" not in run:
             continue
-        spec = _spec(run, published)
+        spec = _spec(run)
         try:
             compiled = compiler.compile_document(
                 LoadedDocument(path="x.json", data=spec, values={}, keys={}), tree=False
@@ -177,11 +160,10 @@ def main() -> None:
         "--rows", default="", help="only the rows whose id contains one of these (comma-separated)"
     )
     args = parser.parse_args()
-    published = _module(PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
     if args.only != "recipes":
         for hold_dp, how in ((False, ""), (True, ", with the paper's data-parallel size held")):
-            rows = table1(compiler, published, args.rows, hold_dp=hold_dp)
+            rows = table1(compiler, args.rows, hold_dp=hold_dp)
             same = sum(1 for _, paper, mine in rows if paper == mine)
             print(
                 f"Table 1{how}: the searched best (tp, pp) equals the paper's in {same} of "
@@ -191,7 +173,7 @@ def main() -> None:
                 print(f"  {ident}: paper {paper}, mdc {mine}")
     if args.only == "table1":
         return
-    found = recipes(compiler, published, args.rows)
+    found = recipes(compiler, args.rows)
     top = sum(1 for r in found if r["rank"] is not None)
     parallel = sum(1 for r in found if r["parallel_rank"] is not None)
     fit = sum(1 for r in found if r["fits"])

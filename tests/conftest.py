@@ -17,12 +17,14 @@ third-party plugin authors enable, so mdc's goldens and theirs behave alike:
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.tools import CRD_PLACES, REPO
 
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
 from mdc.testing import (  # re-exported for the tests that import them from here
     PLUGIN_VARIABLES,
     Golden,
@@ -36,7 +38,6 @@ from mdc.testing import (  # re-exported for the tests that import them from her
 #: the golden harness and its --update-golden option, as plugin authors get them
 pytest_plugins = ["mdc.testing"]
 
-REPO = Path(__file__).resolve().parent.parent
 GOLDEN_ROOT = REPO / "golden"
 
 __all__ = [
@@ -66,14 +67,6 @@ def declared_builtins() -> dict[str, list[str]]:
     for name, target in declared["project"]["entry-points"]["mdc"].items():
         kinds[target.split(".")[1]].append(name)
     return {kind: sorted(names) for kind, names in kinds.items()}
-
-
-#: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
-#: ../shared/crds beside the checkout, then the workspace's (for clones made elsewhere)
-CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
-    REPO.parent / "shared" / "crds",
-    Path("/work/shared/crds"),
-]
 
 
 @pytest.fixture(scope="session")
@@ -119,6 +112,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr
         reporter.write_line(f"{report.nodeid}: {reason}")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="module")
+def compiler() -> Compiler:
+    """mdc's own plugins only (none installed elsewhere), one compiler per test module. A
+    module that needs other plugins (a test plugin, some blocked) defines its own."""
+    return Compiler(load_plugins(autoload=False))
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""What several tiers share: finding the command-line tools some tests run (one place, one
-rule for every tier), and the published models' [model] tables."""
+"""What several tiers share: the repository's root, where the CRDs are, finding the
+command-line tools some tests run (one place, one rule for every tier), and the published
+models' [model] tables."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tomllib
@@ -13,6 +15,15 @@ import pytest
 
 from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.runtime import PORT_RANGE
+
+#: the checkout's root (tests/ is directly under it)
+REPO = Path(__file__).resolve().parent.parent
+
+#: where the CRD schemas and upstream samples may be, outside the project (never copied into
+#: it): $MDC_CRDS if set, else ``shared/crds`` beside the checkout (CONTRIBUTING.md)
+CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
+    REPO.parent / "shared" / "crds"
+]
 
 
 def shellcheck() -> str:

@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc.loaders import MAX_BYTES
 from mdc.testing import subprocess_env
 
 pytestmark = pytest.mark.usefixtures("no_ambient_plugins")
 
-REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "examples" / "quickstart.toml"
 #: Python's default limit on converting an integer to or from decimal text
 MAX_INT_DIGITS = 4300

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
+from tests.tools import REPO
 
 import mdc
 from mdc.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 SPEC_SUFFIXES = (".toml", ".yaml", ".json")
 QUICKSTART = "examples/quickstart.toml"
 DIAGNOSTIC_SPECS = sorted((REPO / "golden" / "diagnostics").glob("*/spec.*"))

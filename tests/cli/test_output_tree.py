@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc import emit
 from mdc.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "examples" / "quickstart.toml")
 SLURM = str(REPO / "examples" / "slurm-torchrun-2x8.toml")
 TUNE = str(REPO / "examples" / "tune-llama70b-64xh100.toml")

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 PRE_COMMIT = Path(sys.executable).parent / "pre-commit"
 #: what pip needs to build and install mdc, and the hook manifest
 PACKAGE_FILES = (

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.cli.specs import EXCLUDE, find_specs
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = str(REPO / "examples" / "quickstart.toml")
 PLUGINS = load_plugins(autoload=False)
 PAIRS = REPO / "tests" / "golden" / "pairs"

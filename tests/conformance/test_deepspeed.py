@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration import test_local_run
+from tests.tools import REPO
 
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
@@ -67,7 +69,6 @@ pytestmark = pytest.mark.torch
 #: deepspeed.comm's own ``torch`` name hides this submodule from ``import ... as``
 ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
 
-REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted(p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json"))
 #: every example that uses the deepspeed launcher, whatever its backend
 EXAMPLES = [p for p in SPECS if load_file(p).data["distributed"]["launcher"] == "deepspeed"]
@@ -655,17 +656,8 @@ def test_zero_with_pipeline_rule_is_deepspeeds() -> None:
 # ---------------------------------------------------------------- real runs on this CPU
 
 
-def _local_run_helpers() -> types.ModuleType:
-    """tests/integration/test_local_run.py: how real runs start local/run.sh and clean up."""
-    path = REPO / "tests" / "integration" / "test_local_run.py"
-    found = importlib.util.spec_from_file_location("mdc_local_run_helpers", path)
-    assert found is not None and found.loader is not None
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
-
-
-LOCAL_RUN = _local_run_helpers()
+#: how real runs start local/run.sh and clean up
+LOCAL_RUN = test_local_run
 #: the fixture that marks every process a run starts and kills what a failed run leaves
 token = LOCAL_RUN.token
 #: the first DeepSpeed run on a machine JIT-builds its CPU comm kernel (about 90 s on 2 cores)

@@ -70,6 +70,7 @@ from mdc.cli import main
 
 pytestmark = pytest.mark.torch
 
+#: not tests.tools.REPO: this module also runs as a script, where tests/ is not importable
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(
     p

@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
 from mdc.api import Concat, Ref, Word
 from mdc.emit import write_tree
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 OTHERS = (
     "torchrun",
     "basic",

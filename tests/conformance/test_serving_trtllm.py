@@ -23,12 +23,12 @@ from typing import Any
 import click
 import pytest
 import yaml
+from tests.tools import REPO
 
 from mdc.emit import write_tree
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 FACTS = json.loads((Path(__file__).parent / "data" / "trtllm.json").read_text("utf-8"))
 COMPILER = Compiler(load_plugins(autoload=False))
 TYPES = {"str": click.STRING, "int": click.INT, "float": click.FLOAT}

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
 IMG = REPO / "docs" / "img"
 
 

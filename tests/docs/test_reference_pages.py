@@ -26,6 +26,7 @@ import pytest
 
 from mdc.codes import CODES, RANGES, section
 
+#: not tests.tools.REPO: this module also runs as a script, where tests/ is not importable
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "reference"
 WRITE = ".venv/bin/python tests/docs/test_reference_pages.py --write"

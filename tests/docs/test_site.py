@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.tools import REPO
 
 
 @pytest.mark.slow

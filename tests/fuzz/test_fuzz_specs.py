@@ -39,14 +39,13 @@ from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema  # type: ignore[import-not-found,unused-ignore]
 from ruamel.yaml import YAML
+from tests.tools import REPO
 
 import mdc.cli
 from mdc.cli import main
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
-
-REPO = Path(__file__).resolve().parents[2]
 
 PLUGINS = load_plugins(autoload=False)
 COMPILER = Compiler(PLUGINS)

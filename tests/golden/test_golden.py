@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.testing import subprocess_env
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 GOLDEN = REPO / "golden"
 SPEC_SUFFIXES = (".toml", ".yaml", ".yml", ".json")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc import emit
 from mdc.errors import SpecError
@@ -21,7 +22,6 @@ from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 BASES = Path(__file__).resolve().parent / "pairs"
 GOLDEN = REPO / "golden" / "pairs"
 

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
 
 CompileSpec = Callable[[str | Path, Path], dict[str, Any]]
 

@@ -42,14 +42,13 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
 from mdc.errors import SpecError, join_pointer
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(
     p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".yml", ".json")
 )

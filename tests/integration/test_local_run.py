@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.rehearse.process import processes_with
 
@@ -35,7 +36,6 @@ pytest.importorskip(
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.xdist_group("loopback")]
 
-REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
 Compile = Callable[..., dict[str, Any]]
 #: the venv's bin: torchrun lives next to the interpreter running the tests

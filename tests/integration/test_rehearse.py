@@ -23,7 +23,6 @@ import mdc.rehearse
 import mdc.rehearse.serving
 from mdc.cli import main
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 from mdc.rehearse import RehearseError, rehearse
 from mdc.rehearse.process import processes_with
 
@@ -75,11 +74,6 @@ WORLDS: list[tuple[str, int, int, str, dict[str, Any]]] = [
     ("deepspeed", 4, 2, "slurm", {"deepspeed": {"runner": "deepspeed", "zero_stage": 1}}),
     ("torchrun", 1, 2, "local", {}),  # --standalone: the workers' MASTER_ADDR is localhost
 ]
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def _spec(

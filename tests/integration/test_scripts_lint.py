@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
-REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
 Compile = Callable[..., dict[str, Any]]
 EXAMPLES = sorted(

@@ -30,12 +30,12 @@ from typing import Any
 
 import attrs
 import pytest
+from tests.tools import REPO
 
 from mdc.rehearse.process import processes_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
-REPO = Path(__file__).resolve().parents[2]
 Compile = Callable[..., dict[str, Any]]
 VENV_BIN = Path(sys.executable).parent
 TOKEN_VARIABLE = "MDC_TEST_RUN_TOKEN"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.loaders import load_file
@@ -33,7 +34,6 @@ torchrun = pytest.importorskip(
 
 pytestmark = pytest.mark.torch
 
-REPO = Path(__file__).resolve().parents[2]
 #: the compile_spec fixture (tests/integration/conftest.py)
 Compile = Callable[..., dict[str, Any]]
 #: the examples whose launcher is torchrun (the other launchers' conformance tests cover theirs)

@@ -15,17 +15,16 @@ import json
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.plugin_manager import DISTRIBUTION, GROUP
 from mdc.testing import subprocess_env
 
-REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "examples" / "mdc-mpi"
 PROJECT = tomllib.loads((PLUGIN / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 SPEC = PLUGIN / "examples" / "mpi-local-1x4.toml"

@@ -25,6 +25,7 @@ import pytest
 
 from mdc.plugin_manager import PluginSet
 
+#: not tests.tools.REPO: this module also runs as a script, where tests/ is not importable
 REPO = Path(__file__).resolve().parents[2]
 HOOKSPECS = REPO / "compiler" / "mdc" / "hookspecs.py"
 GUIDE = REPO / "docs" / "plugin-guide.md"

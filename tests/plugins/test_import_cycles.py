@@ -13,7 +13,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tools import REPO
+
 ROOTS = (REPO / "compiler", REPO / "plugins")
 PACKAGES = ("mdc", "mdc_builtin")
 

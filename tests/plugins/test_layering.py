@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CORE = REPO / "compiler" / "mdc"
 BUILTINS = REPO / "plugins" / "mdc_builtin"
 #: what a plugin may import from the mdc package

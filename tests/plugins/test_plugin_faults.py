@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.errors import ExitCode
 
-REPO = Path(__file__).resolve().parents[2]
 DISTRIBUTION, VERSION = "faultplug", "2.5"
 
 PLUGIN_SOURCE = '''\

@@ -17,14 +17,13 @@ from typing import Any
 
 import attrs
 import pytest
+from tests.tools import REPO
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Launch, LauncherSpec, Plan, Role
 from mdc.errors import PluginError, PluginOrigin, SpecError
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import PluginSet, load_plugins
-
-REPO = Path(__file__).resolve().parents[2]
 
 FAKE_SCHEMA = {
     "type": "object",

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
+from tests.tools import REPO
 
 import mdc
 from mdc.api import Launch, LauncherSpec, Plan, Role, SearchSpace, TrainingSetup
@@ -21,7 +22,6 @@ from mdc.pipeline import Compiler
 from mdc.plugin_manager import PluginOrigin, load_plugins
 from mdc.tune.search import Tuner
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
 
 

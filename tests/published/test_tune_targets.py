@@ -16,15 +16,13 @@ the issue's threshold: it turns into an error the day the threshold is reached.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from bench import tune_fit, tune_targets
 
-ROOT = Path(__file__).resolve().parents[2]
+from mdc.pipeline import Compiler
+from mdc.plugin_manager import load_plugins
 
 # one worker computes the fixtures (a tune search per published recipe) once, under
 # pytest-xdist; they are session-scoped because a worker may run other modules' tests between
@@ -32,33 +30,18 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.xdist_group("tune-targets")
 
 
-def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def accuracy() -> float:
-    fit = _module("tune_fit")
-    return float(fit.within(fit.cases(), fit.DEFAULT))
+    return float(tune_fit.within(tune_fit.cases(), tune_fit.DEFAULT))
 
 
 @pytest.fixture(scope="session")
 def targets() -> dict[str, Any]:
-    from mdc.pipeline import Compiler
-    from mdc.plugin_manager import load_plugins
-
-    module = _module("tune_targets")
-    published = module._module(module.PUBLISHED / "test_published_runs.py", "published_runs")
     compiler = Compiler(load_plugins(autoload=False))
     return {
-        "table1": module.table1(compiler, published),
-        "table1_dp_held": module.table1(compiler, published, hold_dp=True),
-        "recipes": module.recipes(compiler, published),
+        "table1": tune_targets.table1(compiler),
+        "table1_dp_held": tune_targets.table1(compiler, hold_dp=True),
+        "recipes": tune_targets.recipes(compiler),
     }
 
 

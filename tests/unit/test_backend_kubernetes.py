@@ -14,13 +14,7 @@ import yaml
 from mdc.api import Artifact
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 from mdc_builtin.backends._k8s import common as k8s
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(

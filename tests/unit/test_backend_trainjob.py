@@ -23,14 +23,8 @@ import yaml
 
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 
 RUNTIME_SAMPLE = "examples/clustertrainingruntime-torch-distributed.yaml"
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(**extra: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import attrs
 import cattrs
 import pytest
+from tests.tools import REPO
 
 from mdc.convert import SCALARS, structure, structure_spec
 from mdc.errors import InternalError
@@ -23,7 +24,6 @@ from mdc.plan.named_models import name_model
 from mdc.plugin_manager import load_plugins
 from mdc.spec import CORE_TABLES, EnvValue, JobSpec
 
-REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted(
     p
     for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")

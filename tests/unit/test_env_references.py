@@ -13,14 +13,8 @@ import pytest
 
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 
 HOSTILE = "/opt/it's $(id) `x`/lib"
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def compile_env(compiler: Compiler, tmp_path: Path, env: dict[str, Any]) -> Compiled:

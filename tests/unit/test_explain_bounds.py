@@ -19,7 +19,6 @@ import pytest
 from mdc.describe import MAX_SHOWN, explain_text, plan_json
 from mdc.pipeline import Compiled, Compiler
 from mdc.plan.ranks import GroupSet
-from mdc.plugin_manager import load_plugins
 from mdc.rankmap import MAX_LEGEND, rank_map_svg
 
 MAX_NODES = 1_048_576  # the schema's maxima
@@ -27,11 +26,6 @@ MAX_NPROC = 1_024
 WORLD = MAX_NODES * MAX_NPROC
 #: explain's output for any world stays below this (it is a few kilobytes)
 BOUND = 64 * 1024
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.api import FlagReading, KnownFlag
 from mdc.errors import SpecError
@@ -26,7 +27,6 @@ from mdc.loaders import load_file
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("megatron", "vllm", "sglang", "sglang_disagg")
 COMPILER = Compiler(load_plugins(autoload=False))
 HERE = Path(__file__).resolve().parent / "flags_as_keys"

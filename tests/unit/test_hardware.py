@@ -7,12 +7,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.hardware import builtin, schema_errors
 from mdc.package_data import package_text
 
-REPO = Path(__file__).resolve().parents[2]
 REQUIRED = (
     "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "b300",
     "gb200", "gb300", "mi300x", "mi325x", "mi355x",

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
 from mdc.api import Concat, Ref
 from mdc.cli import main
@@ -31,22 +31,15 @@ from mdc.importers import translate as translate_any
 from mdc.importers.madengine import tables as madengine_tables
 from mdc.loaders import load_file
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 from mdc.spec import EnvValue
 from mdc.testing import Golden
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN_ROOT = REPO / "golden"
 
 FIXTURES = Path("tests/fixtures/madengine")
 CASES = sorted(p.stem for p in (REPO / FIXTURES).glob("*.json"))
 #: the fixtures whose values are wrong for mdc (they import, and compile with errors)
 BROKEN = {"typo", "wrong-values"}
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 @pytest.fixture(autouse=True)

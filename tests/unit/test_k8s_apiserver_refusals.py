@@ -20,13 +20,7 @@ import yaml
 
 from mdc.errors import SpecError
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 from mdc_builtin.backends._k8s import common as k8s
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(backend: str = "kubernetes", nnodes: int = 2, **table: Any) -> dict[str, Any]:

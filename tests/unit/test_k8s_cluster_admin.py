@@ -15,7 +15,6 @@ import yaml
 
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 
 #: the apiserver's Service name rule (RFC 1035 label, k8s.io/apimachinery IsDNS1035Label):
 #: https://kubernetes.io/docs/concepts/overview/working-with-objects/names/#rfc-1035-label-names
@@ -27,11 +26,6 @@ FILES = {
     "pytorchjob": "pytorchjob/job.yaml",
     "trainjob": "trainjob/job.yaml",
 }
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(backend: str, name: str = "train", **table: Any) -> dict[str, Any]:

@@ -11,12 +11,6 @@ import pytest
 
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(backend: str = "kubernetes", **table: Any) -> dict[str, Any]:

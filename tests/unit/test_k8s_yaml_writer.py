@@ -21,12 +21,12 @@ import yaml as pyyaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
+from tests.tools import REPO
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 from mdc_builtin.backends._k8s import common as k8s
 
-REPO = Path(__file__).resolve().parents[2]
 K8S_FILES = (
     "kubernetes/job.yaml",
     "pytorchjob/job.yaml",

@@ -23,7 +23,6 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plan.memory import GIB
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 COMPILER = Compiler(load_plugins(autoload=False))
 MODEL = "org/some-model"
 #: meta-llama/Llama-3.1-8B's config.json (huggingface.co/meta-llama/Llama-3.1-8B)

@@ -22,17 +22,11 @@ from tests.tools import published_model
 from mdc.api import MemoryEstimate
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 from mdc.tune.perf import predict_plan
 
 #: Llama 3 70B (80 layers, untied embeddings), in bf16
 LLAMA3_70B: dict[str, Any] = published_model("llama3-70b", dtype="bf16")
 EMBEDDINGS = 2 * 128256 * 8192  # input and output
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(

@@ -29,7 +29,6 @@ from mdc.api import MemoryEstimate
 from mdc.cli import main
 from mdc.errors import SpecError
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 
 GIB = 1 << 30
 #: Llama 3 70B (80 layers, untied embeddings), in bf16
@@ -44,11 +43,6 @@ CLASSIC: dict[str, Any] = {
     "seq_length": S,
     "dtype": "bf16",
 }
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(

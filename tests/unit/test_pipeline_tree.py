@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.tools import REPO
 
 from mdc.loaders import FORMATS
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted(
     p
     for folder in (REPO / "examples", REPO / "examples" / "mdc-mpi" / "examples")
@@ -22,6 +22,7 @@ SPECS = sorted(
 
 @pytest.fixture(scope="module")
 def compiler() -> Compiler:
+    """With the plugins installed here: mdc-mpi's examples need the example plugin."""
     return Compiler(load_plugins())
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.convert import structure_spec
@@ -25,7 +26,6 @@ from mdc.plan import Plan, build_plan
 from mdc.plugin_manager import load_plugins
 from mdc.rankmap import MAX_COLUMNS, MAX_NODES, PALETTE, rank_map_svg
 
-REPO = Path(__file__).resolve().parents[2]
 SVG = "{http://www.w3.org/2000/svg}"
 NOUNS = {"tp": "TP group", "pp": "stage", "dp": "replica", "cp": "CP group", "ep": "EP group"}
 

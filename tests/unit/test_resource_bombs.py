@@ -17,15 +17,9 @@ from mdc.errors import Diagnostic, SpecError
 from mdc.loaders import MAX_BYTES
 from mdc.loaders.yaml import MAX_DEPTH, MAX_VALUES
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 
 #: peak Python allocation while refusing a bomb; the documents themselves are at most 4 MiB
 PEAK_LIMIT = 64 * 2**20
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def peak_while(action: Callable[[], object]) -> tuple[object, int]:

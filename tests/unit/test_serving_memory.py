@@ -17,7 +17,6 @@ from mdc.plan.serving_memory import ServingSetup, estimate
 from mdc.plugin_manager import load_plugins
 from mdc.spec import ModelTable
 
-REPO = Path(__file__).resolve().parents[2]
 MODELS = tomllib.loads(Path(CATALOGUE_FILE).read_text("utf-8"))
 COMPILER = Compiler(load_plugins(autoload=False))
 

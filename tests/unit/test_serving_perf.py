@@ -4,11 +4,11 @@ behaviour, and its error on the published measurements it is fitted on."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench import serving_fit
 
 from mdc.describe import explain_text, plan_json
 from mdc.errors import SpecError
@@ -17,10 +17,6 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.spec import WorkloadTable
 from mdc.tune.serving_perf import Deployment, Role, predict
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-import serving_fit  # noqa: E402
 
 COMPILER = Compiler(load_plugins(autoload=False))
 R1 = {"name": "deepseek-ai/DeepSeek-R1", "dtype": "fp8", "seq_length": 9216}

@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.describe import plan_json
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-serving-r1-16xh200.toml"
 COMPILER = Compiler(load_plugins(autoload=False))
 ROLE_KEYS = {"tp", "pp", "dp", "ep", "servers", "max_batch"}

@@ -18,7 +18,6 @@ import pytest
 
 from mdc.errors import SpecError
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 from mdc_builtin.backends.slurm_time import INFINITE, time_minutes
 
 #: (--time, the minutes it is): every documented form, fields past their clock range (SLURM
@@ -55,11 +54,6 @@ REFUSED_TIMES = [
     "-0:30",
     "1-:3:4",
 ]
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def errors(compiler: Compiler, tmp_path: Path, slurm: dict[str, Any]) -> list[tuple[str, str]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.hardware import builtin
@@ -22,7 +23,6 @@ from mdc.spec import ModelTable
 from mdc.tune.flops import token_flops
 from mdc.tune.perf import DEFAULT, Layout, predict, stage_params
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
 
 

@@ -17,7 +17,6 @@ from mdc.cli import main
 from mdc.hardware import builtin
 from mdc.plan.named_models import CATALOGUE_FILE
 
-REPO = Path(__file__).resolve().parents[2]
 #: Llama-3-8B's shape (with its source) from the published runs' models, for Megatron-LM;
 #: TorchTitan builds the model from its flavor
 MODELS = tomllib.loads(Path(CATALOGUE_FILE).read_text("utf-8"))

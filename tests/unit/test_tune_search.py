@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
@@ -17,7 +18,6 @@ from mdc.plugin_manager import load_plugins
 from mdc.tune import search
 from mdc.tune.search import Candidate, Result, Tuner
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
 MODELS = Path(CATALOGUE_FILE)
 

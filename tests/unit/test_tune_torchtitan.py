@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.cli import main
 from mdc.hardware import builtin
@@ -19,7 +20,6 @@ from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.spec import ModelTable
 from mdc.tune.perf import Layout, layout_of, predict
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "torchtitan-llama3-8b-4x8.toml"
 
 

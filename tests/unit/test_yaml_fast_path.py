@@ -22,12 +22,11 @@ import yaml as pyyaml  # type: ignore[import-untyped,unused-ignore]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
+from tests.tools import REPO
 
 import mdc.loaders.yaml as loader
 from mdc.errors import Diagnostic, SpecError
 from mdc.loaders.yaml import MAX_DEPTH, MAX_VALUES, parse, parse_thorough, read_fast
-
-REPO = Path(__file__).resolve().parents[2]
 
 Outcome = tuple[object, ...] | list[Diagnostic]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from validate import OLDEST, newest, validate_document
+from tests.integration.k8s.validate import OLDEST, newest, validate_document
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins

@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-from validate import validate_document
+from tests.integration.k8s.validate import validate_document
+from tests.tools import REPO
 
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = (
     "k8s-infiniband-8x8.toml",
     "k8s-efa-p5-4x8.toml",
@@ -40,11 +39,6 @@ NETWORK = {
     "capabilities": ["IPC_LOCK"],
     "queue": "team-a",
 }
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def documents(compiler: Compiler, path: Path) -> list[dict[str, Any]]:

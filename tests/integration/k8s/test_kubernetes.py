@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.tools import shellcheck
-from validate import (
+from tests.integration.k8s.validate import (
     CRDS,
     OLDEST,
     is_builtin,
@@ -31,11 +30,10 @@ from validate import (
     validate_custom,
     validate_document,
 )
+from tests.tools import REPO, shellcheck
 
 from mdc.pipeline import Compiled, Compiler
-from mdc.plugin_manager import load_plugins
 
-REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = REPO / "examples"
 K8S_FILES = ("kubernetes/job.yaml", "leaderworkerset/lws.yaml")
 
@@ -46,11 +44,6 @@ def k8s_examples() -> list[Path]:
         if path.suffix in (".toml", ".yaml", ".json") and path.stem.startswith(("k8s-", "lws-")):
             found.append(path)
     return found
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def compile_at_repo(compiler: Compiler, spec: Path, monkeypatch: pytest.MonkeyPatch) -> Compiled:

@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 import yaml
-from validate import CRDS, OLDEST, is_builtin, newest, validate_custom, validate_document
+from tests.integration.k8s.validate import (
+    CRDS,
+    OLDEST,
+    is_builtin,
+    newest,
+    validate_custom,
+    validate_document,
+)
 
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
 
 INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def disagg_spec(**lws: Any) -> dict[str, Any]:

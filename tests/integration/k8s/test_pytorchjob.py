@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from validate import (
+from tests.integration.k8s.validate import (
     CRDS,
     OLDEST,
     is_builtin,
@@ -24,16 +24,9 @@ from validate import (
     validate_custom,
     validate_document,
 )
+from tests.tools import REPO
 
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import load_plugins
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def compiler() -> Compiler:
-    return Compiler(load_plugins(autoload=False))
 
 
 def spec(**extra: Any) -> dict[str, Any]:

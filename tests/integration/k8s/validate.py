@@ -4,15 +4,16 @@
   ``kubernetes-validate`` wheel ships, used with ``jsonschema`` directly so that
   every error is collected (its own ``validate()`` stops at the first).
 - Custom resources: the served version's ``openAPIV3Schema`` of the CRD in
-  ``../shared/crds/<group>/<Kind>.yaml`` (relative to the repository), made
+  ``<CRDS>/<group>/<Kind>.yaml`` (``tests.tools.CRD_PLACES``: $MDC_CRDS or
+  ``../shared/crds`` beside the checkout), made
   strict the way the apiserver is with strict field validation: every object
   that has ``properties`` is closed, a required field that has a default counts
   as present, ``nullable`` allows null, int-or-string allows both, and list-map
   keys must be unique.
 
-Import it from a test in this directory (the conftest puts it on ``sys.path``)::
+Import it from a test::
 
-    from validate import validate_builtin, validate_custom, validate_document
+    from tests.integration.k8s.validate import validate_builtin, validate_custom, validate_document
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import re
 from collections.abc import Iterator, Mapping
 from importlib import resources
@@ -30,15 +30,10 @@ from typing import Any
 import jsonschema
 import yaml
 from referencing import Registry, Resource
+from tests.tools import CRD_PLACES
 
-REPO = Path(__file__).resolve().parents[3]
-#: where the CRDs may be, outside the project (never copied into it): $MDC_CRDS, then
-#: ../shared/crds beside the checkout, then the workspace's (as tests/conftest.py's
-#: shared_crds fixture looks; this module is imported outside pytest's fixtures too)
-CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
-    REPO.parent / "shared" / "crds",
-    Path("/work/shared/crds"),
-]
+#: the CRDs, found as tests/conftest.py's shared_crds fixture finds them (this module is
+#: imported outside pytest's fixtures too)
 CRDS = next((p for p in CRD_PLACES if p.is_dir()), CRD_PLACES[0])
 #: the oldest Kubernetes version mdc's manifests must validate against
 OLDEST = "1.30"

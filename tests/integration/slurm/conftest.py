@@ -33,7 +33,6 @@ from mdc.rehearse.process import processes_with
 slurm_cluster = cluster.slurm_cluster
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 #: the venv's bin: torchrun lives next to the interpreter running the tests
 VENV_BIN = Path(sys.executable).parent
 #: marks every process a job starts (sbatch passes the environment on), to find leftovers

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
@@ -23,7 +23,6 @@ from mdc.plugin_manager import load_plugins
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 Compile = Callable[..., dict[str, Any]]
 
 REGISTERED = set(load_plugins(autoload=False).launchers)

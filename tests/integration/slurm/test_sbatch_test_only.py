@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
@@ -30,7 +31,6 @@ from mdc.plugin_manager import load_plugins
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 SPECS = HERE / "specs"
 Compile = Callable[..., dict[str, Any]]
 

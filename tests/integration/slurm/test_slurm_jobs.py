@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import REPO
 
 import mdc
 from mdc import emit
@@ -27,7 +28,6 @@ from mdc.plugin_manager import load_plugins
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
