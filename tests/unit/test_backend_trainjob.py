@@ -6,7 +6,7 @@ PET_NPROC_PER_NODE = numProcPerNode, PET_NODE_RANK = the Job completion index,
 PET_MASTER_ADDR = ``<job>-node-0-0.<job>`` and PET_MASTER_PORT = 29500
 (ContainerTrainerPort), taking precedence over the TrainJob's own env; the
 torch-distributed runtime's replicated job and container are both ``node``
-(/work/shared/crds/examples); the v1alpha1 TrainJob has ``runtimePatches``
+(the CRDs' upstream samples, ``examples/`` in tests.tools.CRD_PLACES); the v1alpha1 TrainJob has ``runtimePatches``
 (no podSpecOverrides) with volumes and containers[].volumeMounts.
 (Schema validation of every document: tests/integration/k8s/test_trainjob.py.)
 """

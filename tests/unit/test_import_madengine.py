@@ -5,7 +5,7 @@ shape, one realistic use each. Every one imports to a golden spec and report
 (golden/imports/<case>/), and compiles with mdc's own plugins; the deliberately wrong
 ones fail with errors located in the JSON file, at positions computed here from the
 JSON text. The compiled artifacts are checked against madengine's env contract
-(/work/shared/madengine.md §3-§6), with the expected values derived from madengine's
+(docs/madengine.md), with the expected values derived from madengine's
 rules (TP = G, PP = N, the auto split, ...), not read back from mdc's output.
 """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tools import REPO
 
 SOURCES = sorted((REPO / "compiler" / "mdc").rglob("*.py")) + sorted(
     (REPO / "plugins" / "mdc_builtin").rglob("*.py")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.tools import REPO
+
 TUNE = REPO / "compiler" / "mdc" / "tune"
 
 
