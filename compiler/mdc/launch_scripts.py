@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mdc.api import (
-    OUT_DIR,
-    RUNTIME_VARIABLES,
-    Artifact,
-    Launch,
-    Role,
-    Word,
-    refs_in,
-    script_path,
-    shell_join,
-    shell_word,
-)
+from mdc.api import OUT_DIR, RUNTIME_VARIABLES, Artifact, Launch, Role, Word
+from mdc.api.files import script_path
+from mdc.api.shell import refs_in, shell_join, shell_word
 from mdc.plan.model import Plan
 from mdc.spec import EnvValue
 

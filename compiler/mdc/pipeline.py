@@ -12,18 +12,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from mdc import emit
-from mdc.api import (
-    Artifact,
-    Finding,
-    Launch,
-    LauncherSpec,
-    TrainingSetup,
-    _reporting,
-    _writing_files,
-)
+from mdc.api import Artifact, Finding, Launch, LauncherSpec, TrainingSetup, _reporting
+from mdc.api.files import writing_files
 from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, SpecError, escape_pointer_token
-from mdc.flags import read_document
 from mdc.hardware import with_network
 from mdc.importers import translate
 from mdc.launch_scripts import render_launch
@@ -32,6 +24,7 @@ from mdc.passes.accelerator import accelerator_model, tensor_core_findings
 from mdc.passes.calls import call
 from mdc.passes.contract import launch_findings, plugin_findings, unread_tables
 from mdc.passes.env import env_findings
+from mdc.passes.flags import read_document
 from mdc.passes.serving import serving_memory_findings, whole_servers
 from mdc.passes.serving import workload_findings as workload_findings  # mdc.tune imports it here
 from mdc.plan import Plan, build_plan
@@ -108,7 +101,7 @@ class Compiler:
         A foreign config (madengine's) is translated first; what the translation dropped
         or reinterpreted comes back with the result's diagnostics. ``tree=False`` runs every
         check and every plugin hook but renders neither plan.json nor the manifest, and the
-        backend's emit runs with :func:`mdc.api.files_written` False.
+        backend's emit runs with :func:`mdc.api.files.files_written` False.
         """
         doc, notes = translate(load_file(path))
         try:
@@ -305,7 +298,7 @@ class Compiler:
         )
         call(launcher_reg, "emit", lambda: emit.check_paths(launched.files))
         # without a tree the backend's files are dropped; what it reports joins the findings
-        with _writing_files(tree), _reporting() as reported:
+        with writing_files(tree), _reporting() as reported:
             scheduler = call(
                 backend_reg,
                 "emit",

@@ -1,4 +1,5 @@
-"""mdc.flags reads a framework's flags as argparse reads them, checked against argparse.
+"""mdc.api.flags and mdc.passes.flags read a framework's flags as argparse reads them,
+checked against argparse.
 
 Each case parses the same words with a real ``argparse.ArgumentParser`` built from the
 table (the framework's own parser is built the same way: store, store_true/store_const,
@@ -13,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from mdc.flags import ArgPlace, FlagReading, FlagTable, KnownFlag, dashes, read_arguments
+from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag, dashes
+from mdc.passes.flags import read_arguments
 
 FLAGS = [
     KnownFlag(

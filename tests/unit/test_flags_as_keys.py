@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from tests.tools import REPO
 
-from mdc.api import FlagReading, KnownFlag
+from mdc.api.flags import FlagReading, KnownFlag
 from mdc.errors import SpecError
 from mdc.loaders import load_file
 from mdc.pipeline import Compiled, Compiler

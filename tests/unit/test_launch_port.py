@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from tests.tools import hashed_port, posix_cksum, shellcheck
 
-from mdc.runtime import PORT_RANGE, launch_id_lines, port_lines
+from mdc.api.shell import launch_id_lines, port_lines
+from mdc.runtime import PORT_RANGE
 
 
 def run_lines(lines: list[str], launch_id: str | None = None) -> dict[str, str]:

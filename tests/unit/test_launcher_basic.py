@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from tests.tools import shellcheck
 
-from mdc.api import Concat, Ref, shell_word
+from mdc.api import Concat, Ref
+from mdc.api.shell import shell_word
 from mdc.errors import Diagnostic, SpecError
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from tests.tools import published_model
 
-from mdc.api import MemoryEstimate
 from mdc.errors import SpecError
 from mdc.pipeline import Compiled, Compiler
+from mdc.plan.memory import MemoryEstimate
 from mdc.tune.perf import predict_plan
 
 #: Llama 3 70B (80 layers, untied embeddings), in bf16

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from tests.tools import published_model
 
-from mdc.api import MemoryEstimate
 from mdc.cli import main
 from mdc.errors import SpecError
 from mdc.pipeline import Compiler
+from mdc.plan.memory import MemoryEstimate
 
 GIB = 1 << 30
 #: Llama 3 70B (80 layers, untied embeddings), in bf16

@@ -30,7 +30,8 @@ from typing import Any
 import attrs
 
 import mdc
-from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, read_schema
+from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
+from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 

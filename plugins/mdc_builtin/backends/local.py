@@ -10,19 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import mdc
-from mdc.api import (
-    Artifact,
-    BackendSpec,
-    Finding,
-    Launch,
-    Plan,
-    Severity,
-    launch_id_lines,
-    port_lines,
-    script_path,
-    shell_word,
-    supervise,
-)
+from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan, Severity
+from mdc.api.files import script_path
+from mdc.api.shell import launch_id_lines, port_lines, shell_word, supervise
 
 LOOPBACK = "127.0.0.1"
 

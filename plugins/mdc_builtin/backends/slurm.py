@@ -31,24 +31,9 @@ from collections.abc import Iterator, Sequence
 import attrs
 
 import mdc
-from mdc.api import (
-    Artifact,
-    BackendSpec,
-    Concat,
-    Finding,
-    Launch,
-    Plan,
-    Ref,
-    Severity,
-    Word,
-    around_launch,
-    launch_id_lines,
-    port_lines,
-    read_schema,
-    script_path,
-    shell_join,
-    shell_word,
-)
+from mdc.api import Artifact, BackendSpec, Concat, Finding, Launch, Plan, Ref, Severity, Word
+from mdc.api.files import read_schema, script_path
+from mdc.api.shell import around_launch, launch_id_lines, port_lines, shell_join, shell_word
 
 from .slurm_time import time_minutes
 

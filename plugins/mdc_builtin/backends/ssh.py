@@ -33,14 +33,9 @@ from mdc.api import (
     Launch,
     Plan,
     Severity,
-    around_launch,
-    launch_id_lines,
-    port_lines,
-    read_schema,
-    script_path,
-    shell_word,
-    supervise,
 )
+from mdc.api.files import read_schema, script_path
+from mdc.api.shell import around_launch, launch_id_lines, port_lines, shell_word, supervise
 
 HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")
 USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")

@@ -33,11 +33,9 @@ from mdc.api import (
     Role,
     Severity,
     Word,
-    out_file,
-    read_schema,
-    shell_word,
-    supervise,
 )
+from mdc.api.files import read_schema
+from mdc.api.shell import out_file, shell_word, supervise
 
 SPAWNER = "launch/spawn.sh"
 #: the arguments every process gets, spelled as TLaunch's basic mode passes them

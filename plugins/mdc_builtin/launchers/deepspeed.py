@@ -41,12 +41,14 @@ from mdc.api import (
     Role,
     SearchSpace,
     Severity,
-    TorchrunOptions,
     TrainingSetup,
     Word,
-    out_file,
+)
+from mdc.api.files import read_schema
+from mdc.api.shell import out_file
+from mdc.api.torchrun import (
+    TorchrunOptions,
     program,
-    read_schema,
     runner_env,
     runner_worker_env,
     torchrun_argv,

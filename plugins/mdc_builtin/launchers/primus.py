@@ -34,9 +34,9 @@ from mdc.api import (
     Role,
     Severity,
     Word,
-    read_schema,
-    shell_join,
 )
+from mdc.api.files import read_schema
+from mdc.api.shell import shell_join
 
 #: BACKEND values Primus's launch scripts know, by lower-cased name (madengine's token map).
 #: run_pretrain.sh tests ``"$BACKEND" = "MaxText"`` literally, so that one keeps its capitals.

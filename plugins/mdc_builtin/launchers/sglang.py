@@ -23,14 +23,10 @@ from mdc.api import (
     MASTER_ADDR,
     MASTER_PORT,
     NODE_RANK,
-    ArgPlace,
     Artifact,
     Concat,
     Endpoint,
     Finding,
-    FlagReading,
-    FlagTable,
-    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -39,14 +35,20 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+)
+from mdc.api.files import read_schema
+from mdc.api.flags import (
+    ArgPlace,
+    FlagReading,
+    FlagTable,
+    KnownFlag,
     command_pointer,
     disagreeing,
     disagreement_text,
     drop_flags,
-    out_file,
     plain_words,
-    read_schema,
 )
+from mdc.api.shell import out_file
 from mdc_builtin.launchers._addresses import ipv4_function
 
 NODE_SCRIPT = "launch/sglang-node.sh"

@@ -35,13 +35,9 @@ import mdc
 from mdc.api import (
     NODE_RANK,
     ONE_NODE_ROLE,
-    ArgPlace,
     Artifact,
     Endpoint,
     Finding,
-    FlagReading,
-    FlagTable,
-    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -49,14 +45,20 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+)
+from mdc.api import Server as ApiServer
+from mdc.api.files import read_schema
+from mdc.api.flags import (
+    ArgPlace,
+    FlagReading,
+    FlagTable,
+    KnownFlag,
     disagreeing,
     disagreement_text,
     drop_flags,
-    out_file,
     plain_words,
-    read_schema,
 )
-from mdc.api import Server as ApiServer
+from mdc.api.shell import out_file
 from mdc_builtin.launchers._addresses import ipv4_function
 from mdc_builtin.launchers._supervise import supervising_script
 

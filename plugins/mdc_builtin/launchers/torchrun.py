@@ -3,7 +3,7 @@
 Single node: ``--standalone``. Several nodes: c10d rendezvous at node 0 by
 default (node ranks follow join order), or static rendezvous with the
 backend's node rank (fixed RANK per node). Elastic jobs use ``MIN:MAX``.
-The command line itself is built by :func:`mdc.api.torchrun_argv`, which the
+The command line itself is built by :func:`mdc.api.torchrun.torchrun_argv`, which the
 launchers that run on torchrun share.
 
 The env is madengine's contract for torchrun: ``MAD_MULTI_NODE_RUNNER`` (the
@@ -17,15 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import mdc
-from mdc.api import (
-    Finding,
-    Launch,
-    LauncherSpec,
-    Plan,
-    Role,
+from mdc.api import Finding, Launch, LauncherSpec, Plan, Role, Word
+from mdc.api.files import read_schema
+from mdc.api.torchrun import (
     TorchrunOptions,
-    Word,
-    read_schema,
     runner_worker_env,
     torchrun_argv,
     torchrun_env,

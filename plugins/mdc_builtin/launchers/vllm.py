@@ -36,14 +36,9 @@ from mdc.api import (
     MASTER_ADDR,
     MASTER_PORT,
     NODE_RANK,
-    PER_NODE,
-    ArgPlace,
     Artifact,
     Endpoint,
     Finding,
-    FlagReading,
-    FlagTable,
-    KnownFlag,
     Launch,
     LauncherSpec,
     Plan,
@@ -52,17 +47,23 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
+)
+from mdc.api.files import read_schema
+from mdc.api.flags import (
+    PER_NODE,
+    ArgPlace,
+    FlagReading,
+    FlagTable,
+    KnownFlag,
     command_pointer,
     dashes,
     disagreeing,
     disagreement_text,
     drop_flags,
     flag_names,
-    out_file,
     plain_words,
-    read_schema,
-    shell_word,
 )
+from mdc.api.shell import out_file, shell_word
 from mdc_builtin.launchers._addresses import ipv4_function
 
 NODE_SCRIPT = "launch/vllm-node.sh"

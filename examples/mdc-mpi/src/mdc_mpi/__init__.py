@@ -48,10 +48,9 @@ from mdc.api import (
     Role,
     Severity,
     Word,
-    out_file,
-    read_schema,
-    shell_word,
 )
+from mdc.api.files import read_schema
+from mdc.api.shell import out_file, shell_word
 
 __version__ = "0.1.0"
 

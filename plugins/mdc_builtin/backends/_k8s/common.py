@@ -40,7 +40,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from mdc.api import Artifact, Finding, Plan, files_written
+from mdc.api import Artifact, Finding, Plan
+from mdc.api.files import files_written
 
 from . import checks
 from .apply import (

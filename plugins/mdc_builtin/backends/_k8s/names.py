@@ -9,7 +9,8 @@ from typing import Any
 
 import attrs
 
-from mdc.api import Finding, Plan, shell_word
+from mdc.api import Finding, Plan
+from mdc.api.shell import shell_word
 
 from .options import PodOptions
 

@@ -105,7 +105,7 @@ class PodOptions:
 def pod_options_schema() -> dict[str, Any]:
     """The JSON Schema ``properties`` of :class:`PodOptions` (from kubernetes.v1.schema.json),
     for other Kubernetes backends' schemas to merge."""
-    from mdc.api import read_schema
+    from mdc.api.files import read_schema
 
     full = read_schema("mdc_schemas", "plugins/kubernetes.v1.schema.json")
     names = {f.name for f in attrs.fields(PodOptions)}

@@ -7,7 +7,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mdc.api import LAUNCH_ID, Artifact, Plan, script_path, shell_word
+from mdc.api import LAUNCH_ID, Artifact, Plan
+from mdc.api.files import script_path
+from mdc.api.shell import shell_word
 
 from .apply import report_size
 from .names import configmap_name, metadata

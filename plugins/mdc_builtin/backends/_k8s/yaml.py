@@ -8,7 +8,7 @@ something other than a string, so libyaml quotes those too.
 
 libyaml is used rather than a writer of mdc's own: on the goldens a hand-written writer was
 about 0.4 ms a file faster (0.61 against 1.00 ms of CPU), too little to keep one. PyYAML is
-imported on the first write. validate and explain write no files (``mdc.api.files_written``
+imported on the first write. validate and explain write no files (``mdc.api.files.files_written``
 is False): documents :func:`plainly_writable` holds writable are not written then, and any
 others are, so the writer's refusals (a float value) stay checks of every command.
 """

@@ -20,7 +20,8 @@ keys.
 from __future__ import annotations
 
 import mdc
-from mdc.api import LauncherSpec, read_schema
+from mdc.api import LauncherSpec
+from mdc.api.files import read_schema
 from mdc_builtin.launchers.megatron.emit import emit
 from mdc_builtin.launchers.megatron.flags import READING
 from mdc_builtin.launchers.megatron.options import MegatronOptions, resolved_options

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from mdc.api import Finding, KnownFlag, Severity
+from mdc.api import Finding, Severity
+from mdc.api.flags import KnownFlag
 
 #: TransformerConfig's defaults for the two counts
 DEFAULT_COUNT = 1

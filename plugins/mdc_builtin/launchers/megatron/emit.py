@@ -5,15 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from mdc.api import (
-    Launch,
-    ModelTable,
-    Plan,
-    Role,
+from mdc.api import Launch, ModelTable, Plan, Role, Word
+from mdc.api.flags import disagreeing, drop_flags
+from mdc.api.torchrun import (
     TorchrunOptions,
-    Word,
-    disagreeing,
-    drop_flags,
     program,
     runner_worker_env,
     torchrun_argv,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 
-from mdc.api import ArgPlace, FlagReading, FlagTable, KnownFlag
+from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag
 from mdc_builtin.launchers.megatron.bf16_layers import BF16_LAYER_FLAGS
 from mdc_builtin.launchers.megatron.optimizer import OPTIMIZER_FLAGS
 from mdc_builtin.launchers.megatron.precision import FP4_FLAGS

@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Sequence
 
-from mdc.api import Finding, Plan, Severity, command_pointer
+from mdc.api import Finding, Plan, Severity
+from mdc.api.flags import command_pointer
 from mdc_builtin.launchers.megatron.bf16_layers import bf16_layer_rules
 from mdc_builtin.launchers.megatron.optimizer import optimizer_rules
 from mdc_builtin.launchers.megatron.options import (

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from mdc.api import Finding, KnownFlag, Plan
+from mdc.api import Finding, Plan
+from mdc.api.flags import KnownFlag
 from mdc_builtin.launchers.megatron.words import value_after
 
 #: Megatron-LM core_v0.16.1's --optimizer choices

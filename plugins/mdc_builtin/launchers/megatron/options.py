@@ -66,7 +66,7 @@ def resolved_options(options: MegatronOptions | None) -> MegatronOptions:
 
 def resolve(opts: MegatronOptions) -> MegatronOptions:
     """The options as Megatron-LM reads them. (The flags of extra_args and the command that
-    stand for a key were read into the spec before it was checked: mdc.flags.)"""
+    stand for a key were read into the spec before it was checked: mdc.passes.flags.)"""
     return _moe_layer_recompute(opts)
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
-from mdc.api import Finding, KnownFlag, Severity
+from mdc.api import Finding, Severity
+from mdc.api.flags import KnownFlag
 
 #: TransformerConfig.fp4 and fp4_recipe's choices (megatron-core 0.16.1)
 FP4_FORMATS = ("e2m1",)

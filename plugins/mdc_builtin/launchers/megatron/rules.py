@@ -7,15 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
-from mdc.api import (
-    Finding,
-    Plan,
-    Severity,
-    command_pointer,
-    disagreeing,
-    disagreement_text,
-    torchrun_findings,
-)
+from mdc.api import Finding, Plan, Severity
+from mdc.api.flags import command_pointer, disagreeing, disagreement_text
+from mdc.api.torchrun import torchrun_findings
 from mdc_builtin.launchers.megatron.connections import connection_rules
 from mdc_builtin.launchers.megatron.emit import (
     DEFAULT_ORDER,

@@ -25,27 +25,27 @@ import mdc
 from mdc.api import (
     Artifact,
     Finding,
-    FlagTable,
-    KnownFlag,
     Launch,
     LauncherSpec,
     PipelineSplit,
     Plan,
     Role,
     Severity,
-    TorchrunOptions,
     TrainingSetup,
     Word,
-    command_pointer,
-    out_file,
+)
+from mdc.api.files import read_schema
+from mdc.api.flags import FlagTable, KnownFlag, command_pointer
+from mdc.api.shell import out_file
+from mdc.api.stages import torchtitan_shares
+from mdc.api.torchrun import (
+    TorchrunOptions,
     program,
-    read_schema,
     runner_worker_env,
     torchrun_argv,
     torchrun_env,
     torchrun_findings,
     torchrun_worker_env,
-    torchtitan_shares,
 )
 from mdc_builtin.launchers.torchtitan.overrides import (
     MEMORY_OVERRIDES,

@@ -11,7 +11,8 @@ from typing import Any
 
 import attrs
 
-from mdc.api import Finding, FlagTable, KnownFlag, Plan, command_pointer
+from mdc.api import Finding, Plan
+from mdc.api.flags import FlagTable, KnownFlag, command_pointer
 
 
 def override_name(word: str) -> str:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import mdc
-from mdc.api import Finding, Launch, LauncherSpec, Plan, ServingSetup, read_schema
+from mdc.api import Finding, Launch, LauncherSpec, Plan, ServingSetup
+from mdc.api.files import read_schema
 from mdc_builtin.launchers.trtllm import aggregated, disagg
 from mdc_builtin.launchers.trtllm.aggregated import TrtllmOptions, disaggregated
 

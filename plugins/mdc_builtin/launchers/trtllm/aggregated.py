@@ -31,9 +31,6 @@ from mdc.api import (
     Artifact,
     Endpoint,
     Finding,
-    FlagTable,
-    FlagUse,
-    KnownFlag,
     Launch,
     Plan,
     Role,
@@ -41,9 +38,9 @@ from mdc.api import (
     ServingSetup,
     Severity,
     Word,
-    command_pointer,
-    out_file,
 )
+from mdc.api.flags import FlagTable, FlagUse, KnownFlag, command_pointer
+from mdc.api.shell import out_file
 
 NODE_SCRIPT = "launch/trtllm-node.sh"
 EXTRA_FILE = "launch/trtllm-extra-llm-api-options.yaml"

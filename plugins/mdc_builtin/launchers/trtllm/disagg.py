@@ -24,19 +24,8 @@ from typing import Any
 
 import attrs
 
-from mdc.api import (
-    Artifact,
-    Endpoint,
-    Finding,
-    Launch,
-    Plan,
-    Role,
-    Server,
-    ServingSetup,
-    Word,
-    out_file,
-    shell_word,
-)
+from mdc.api import Artifact, Endpoint, Finding, Launch, Plan, Role, Server, ServingSetup, Word
+from mdc.api.shell import out_file, shell_word
 from mdc_builtin.launchers.trtllm.aggregated import (
     DEFAULT_HOST,
     EXTRA_FLAG,

@@ -1,15 +1,25 @@
-"""The plugin surface: everything a launcher or backend plugin may import.
+"""The plugin contract: what a launcher or backend plugin registers, receives and returns.
 
-A launcher turns the :class:`Plan` into a :class:`Launch`: per-role command
-lines and environment, plus launcher config files. mdc renders each role as
-``launch/<role>.sh``. A backend turns the plan and the launch into scheduler
-files that start ``launch/<role>.sh`` on every node of that role, with the
-:data:`RUNTIME_VARIABLES` set.
+A plugin implements the hooks of :mod:`mdc.hookspecs` with ``@mdc.hookimpl`` and imports
+only ``mdc`` and this package. The hooks return :class:`LauncherSpec` and
+:class:`BackendSpec` records (and :class:`Accelerator` entries). A launcher's ``emit`` turns
+the :class:`Plan` into a :class:`Launch`: per-role command lines of run-time words
+(:data:`Word`) and environment, plus launcher config files. mdc renders each role as
+``launch/<role>.sh``. A backend's ``emit`` turns the plan and the launch into scheduler
+files (:class:`Artifact`) that start ``launch/<role>.sh`` on every node of that role, with
+the :data:`RUNTIME_VARIABLES` set. Problems are :class:`Finding` records, returned by a
+``check`` or given to :func:`report`; never exceptions.
+
+Helpers a plugin may use live beside the contract, each documented in its module:
+:mod:`mdc.api.shell` (run-time words as bash, the scripts' supervision, launch id and port
+lines), :mod:`mdc.api.torchrun` (torchrun and madengine runner commands),
+:mod:`mdc.api.flags` (a framework's flags, read as spec keys: :class:`~mdc.api.flags.FlagReading`),
+:mod:`mdc.api.files` (schema fragments, launch-script paths, whether files are written) and
+:mod:`mdc.api.stages` (the pipeline-split rules).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -20,37 +30,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from mdc.errors import Diagnostic, Finding, Severity
-from mdc.flags import (
-    PER_NODE,
-    ArgPlace,
-    FlagReading,
-    FlagTable,
-    FlagUse,
-    KnownFlag,
-    already_set,
-    command_pointer,
-    dashes,
-    disagreeing,
-    disagreement_text,
-    drop_flags,
-    flag_names,
-    plain_words,
-)
 from mdc.hardware import Accelerator
-from mdc.package_data import package_text
-from mdc.plan.model import (
-    GROUP_KINDS,
-    ONE_NODE_ROLE,
-    BatchPlan,
-    DisaggSplit,
-    NodeRole,
-    Plan,
-    RankLayout,
-    Rendezvous,
-    Sizes,
-    TrainingSetup,
-)
-from mdc.plan.stages import PipelineSplit, StageLayers, StageRun, parse_layout, torchtitan_shares
+from mdc.plan.model import ONE_NODE_ROLE, Plan, TrainingSetup
+from mdc.plan.stages import PipelineSplit
 from mdc.runtime import (
     LAUNCH_ID,
     MASTER_ADDR,
@@ -62,49 +44,23 @@ from mdc.runtime import (
     Concat,
     Ref,
     Word,
-    around_launch,
-    launch_id_lines,
-    out_file,
-    port_lines,
-    refs_in,
-    shell_join,
-    shell_word,
-    supervise,
 )
 from mdc.spec import JobTable, ModelTable
-from mdc.torchrun import (
-    RUNNER_VARIABLE,
-    TorchrunOptions,
-    program,
-    runner_env,
-    runner_worker_env,
-    torchrun_argv,
-    torchrun_env,
-    torchrun_findings,
-    torchrun_worker_env,
-)
 
 if TYPE_CHECKING:
-    from mdc.plan.memory import MemoryEstimate
+    from mdc.api.flags import FlagReading
     from mdc.plan.serving_memory import ServingSetup
-
-#: Public names whose modules load only when first used: the memory estimates (and the
-#: fractions arithmetic behind them) cost a spec without a [model] nothing.
-_LAZY = {
-    "MemoryEstimate": "mdc.plan.memory",
-    "ServingSetup": "mdc.plan.serving_memory",
-}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    """``ServingSetup`` loads its module when first used: the serving memory estimate (and
+    the fractions arithmetic behind it) costs a training spec nothing."""
+    if name != "ServingSetup":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
+    from mdc.plan.serving_memory import ServingSetup
 
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    globals()[name] = ServingSetup
+    return ServingSetup
 
 
 @attrs.frozen(kw_only=True)
@@ -301,31 +257,6 @@ class BackendSpec:
     reads: tuple[str, ...] = ()
 
 
-#: False while a backend's emit runs for a command that writes no tree (see files_written)
-_FILES_WRITTEN: ContextVar[bool] = ContextVar("mdc_files_written", default=True)
-
-
-def files_written() -> bool:
-    """Whether the files a backend's ``emit`` returns are written (``mdc compile``).
-
-    False while ``mdc validate`` and ``mdc explain`` run it: they check the files' paths
-    and drop the files, so a backend may leave out what only the bytes need (e.g. the
-    YAML text of ``Artifact(path=..., data=b"")``), as long as it still raises every
-    error that producing them would raise.
-    """
-    return _FILES_WRITTEN.get()
-
-
-@contextmanager
-def _writing_files(written: bool) -> Iterator[None]:
-    """Run a backend's emit with :func:`files_written` answering ``written``."""
-    token = _FILES_WRITTEN.set(written)
-    try:
-        yield
-    finally:
-        _FILES_WRITTEN.reset(token)
-
-
 #: what report() collects while the pipeline runs a backend's emit (None: not running)
 _REPORTED: ContextVar[list[Finding] | None] = ContextVar("mdc_reported", default=None)
 
@@ -357,97 +288,35 @@ def _reporting() -> Iterator[list[Finding]]:
         _REPORTED.reset(token)
 
 
-def read_schema(package: str, resource: str) -> dict[str, Any]:
-    """Load a JSON Schema fragment shipped as package data of ``package``."""
-    loaded: dict[str, Any] = json.loads(package_text(package, resource))
-    return loaded
-
-
-@functools.cache  # asked for each role by the launcher's scripts and again by the backend
-def script_path(role: str) -> str:
-    """Where mdc writes the launch script of ``role``, relative to ``out/``."""
-    if "/" not in role:  # a plain name, pathlib's answer without importing it
-        return f"launch/{role}.sh"
-    from pathlib import PurePosixPath
-
-    return str(PurePosixPath("launch") / f"{role}.sh")
-
-
 __all__ = [
-    "GROUP_KINDS",
-    "ONE_NODE_ROLE",
     "LAUNCH_ID",
     "MASTER_ADDR",
     "MASTER_PORT",
     "NODE_HOSTS",
     "NODE_RANK",
+    "ONE_NODE_ROLE",
     "OUT_DIR",
-    "RUNNER_VARIABLE",
     "RUNTIME_VARIABLES",
     "Accelerator",
     "Artifact",
     "BackendSpec",
-    "BatchPlan",
     "Concat",
     "Diagnostic",
-    "DisaggSplit",
     "Endpoint",
-    "Server",
-    "ServingSetup",
     "Finding",
-    "PER_NODE",
-    "ArgPlace",
-    "FlagReading",
-    "FlagTable",
-    "FlagUse",
     "JobTable",
-    "KnownFlag",
     "Launch",
     "LauncherSpec",
-    "MemoryEstimate",
     "ModelTable",
-    "NodeRole",
     "PipelineSplit",
     "Plan",
-    "RankLayout",
     "Ref",
-    "Rendezvous",
     "Role",
     "SearchSpace",
+    "Server",
+    "ServingSetup",
     "Severity",
-    "Sizes",
-    "StageLayers",
-    "StageRun",
-    "TorchrunOptions",
     "TrainingSetup",
     "Word",
-    "already_set",
-    "command_pointer",
-    "around_launch",
-    "dashes",
-    "disagreeing",
-    "disagreement_text",
-    "drop_flags",
-    "files_written",
-    "flag_names",
-    "launch_id_lines",
-    "out_file",
-    "parse_layout",
-    "plain_words",
-    "port_lines",
-    "program",
-    "read_schema",
     "report",
-    "refs_in",
-    "runner_env",
-    "runner_worker_env",
-    "script_path",
-    "shell_join",
-    "shell_word",
-    "supervise",
-    "torchrun_argv",
-    "torchrun_env",
-    "torchrun_findings",
-    "torchrun_worker_env",
-    "torchtitan_shares",
 ]

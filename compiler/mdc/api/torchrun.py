@@ -1,8 +1,9 @@
-"""torchrun command lines, for every launcher that starts its workers with torchrun.
+"""Helpers for plugins: torchrun command lines, for every launcher that starts its workers
+with torchrun.
 
-Part of the plugin surface (re-exported by :mod:`mdc.api`): the torchrun,
-megatron and torchtitan launchers, and any third-party launcher built on
-torchrun, share one way of writing the agent's flags and the worker env.
+Not part of the contract (:mod:`mdc.api`): the torchrun, megatron and torchtitan
+launchers, and any third-party launcher built on torchrun, share one way of writing the
+agent's flags and the worker env.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
-from mdc.errors import Finding, Severity
-from mdc.plan.model import Plan
-from mdc.runtime import MASTER_ADDR, MASTER_PORT, NODE_RANK, Concat, Ref, Word
+from mdc.api import MASTER_ADDR, MASTER_PORT, NODE_RANK, Concat, Finding, Plan, Ref, Severity, Word
 
 PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 #: madengine's runner prefix: its model scripts run ``$MAD_MULTI_NODE_RUNNER script.py args``
@@ -261,3 +260,16 @@ def torchrun_findings(plan: Plan, opts: TorchrunOptions | None) -> Iterator[Find
                 hint="use a value of letters, digits and @%+=:,./-_ if a script uses "
                 f"{RUNNER_VARIABLE}; mdc's own launch command is not affected",
             )
+
+
+__all__ = [
+    "RUNNER_VARIABLE",
+    "TorchrunOptions",
+    "program",
+    "runner_env",
+    "runner_worker_env",
+    "torchrun_argv",
+    "torchrun_env",
+    "torchrun_findings",
+    "torchrun_worker_env",
+]
