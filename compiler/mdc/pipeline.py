@@ -25,8 +25,7 @@ from mdc.passes.calls import call
 from mdc.passes.contract import launch_findings, plugin_findings, unread_tables
 from mdc.passes.env import env_findings
 from mdc.passes.flags import read_document
-from mdc.passes.serving import serving_memory_findings, whole_servers
-from mdc.passes.serving import workload_findings as workload_findings  # mdc.tune imports it here
+from mdc.passes.serving import serving_memory_findings, whole_servers, workload_findings
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plan.named_models import name_model

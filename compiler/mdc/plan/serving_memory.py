@@ -112,7 +112,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         params = layer_params(shape, start, stop, tp, setup.ep, setup.etp)
         weights = max(weights, (params.dense + params.expert + end) * weight_bytes)
         parts: Parts = shape.pattern.parts(start, stop)
-        kv = max(kv, parts.attention * _kv_per_layer(shape, tp) * kv_bytes)
+        kv = max(kv, parts.attention * kv_per_layer(shape, tp) * kv_bytes)
     capacity = int(capacity_gib * GIB)
     share = Fraction(setup.share).limit_denominator(1000)
     if setup.share_of == "free":
@@ -138,7 +138,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
     )
 
 
-def _kv_per_layer(shape: Shape, tp: int) -> int:
+def kv_per_layer(shape: Shape, tp: int) -> int:
     """KV cache elements per token of one attention layer on one tp rank."""
     if shape.latent is not None:
         return shape.latent.kv_lora + shape.latent.rope_head

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mdc.hardware import Accelerator
-from mdc.plan.memory import GIB, Shape, _layers
-from mdc.plan.serving_memory import DTYPE_BYTES, ServingSetup, _kv_per_layer, estimate
+from mdc.plan.memory import GIB, Shape
+from mdc.plan.memory.params import layer_params
+from mdc.plan.serving_memory import DTYPE_BYTES, ServingSetup, estimate, kv_per_layer
 from mdc.spec import WorkloadTable
 from mdc.tune.flops import token_flops
 
@@ -276,7 +277,7 @@ def server_of(
         share_of="free" if dep.share_of == "free" else "capacity",
     )
     memory = estimate(shape, setup, dep.capacity_gib)
-    params = _layers(shape, 0, -(-shape.layers // pp), tp, ep, etp)
+    params = layer_params(shape, 0, -(-shape.layers // pp), tp, ep, etp)
     wbytes = DTYPE_BYTES.get(shape.dtype, 2)
     dense = memory.weights - params.expert * wbytes
     per_seq = w.input_tokens + w.output_tokens
@@ -435,7 +436,7 @@ def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
     every prefill GPU sends its share at once."""
     shape = p.shape
     kv_bytes = DTYPE_BYTES.get(p.dep.kv_dtype, 2) if p.dep.kv_dtype != "auto" else 2
-    per_token = shape.pattern.parts(0, shape.layers).attention * _kv_per_layer(shape, 1)
+    per_token = shape.pattern.parts(0, shape.layers).attention * kv_per_layer(shape, 1)
     total = w.input_tokens * per_token * kv_bytes
     one_node = p.dep.gpus <= p.dep.nproc_per_node
     gb_s = p.hw.scale_up_gb_s if one_node else p.hw.scale_out_gb_s

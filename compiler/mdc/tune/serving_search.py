@@ -335,7 +335,7 @@ class ServingTuner:
                 )
             )
         if spec.workload is not None:
-            from mdc.pipeline import workload_findings
+            from mdc.passes.serving import workload_findings
 
             launcher_spec = self.compiler.plugins.launcher(launcher)
             found += workload_findings(launcher_spec, spec.workload)

@@ -111,7 +111,6 @@ from __future__ import annotations
 from mdc.plan.memory.check import Context, plan_memory
 from mdc.plan.memory.estimate import estimate, exceeds, stage_estimates
 from mdc.plan.memory.params import active_parameter_count, parameter_count
-from mdc.plan.memory.params import layer_params as _layers  # the name mdc.tune still imports
 from mdc.plan.memory.records import (
     GIB,
     HEADROOM,
@@ -132,7 +131,6 @@ __all__ = [
     "Context",
     "MemoryEstimate",
     "Shape",
-    "_layers",
     "active_parameter_count",
     "estimate",
     "exceeds",

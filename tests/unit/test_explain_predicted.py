@@ -1,0 +1,37 @@
+"""`mdc explain`'s predicted lines for a serving job say what plan.json's predicted block holds
+(the lines are written by mdc.describe, which imports no search: no import cycle)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+from tests.tools import REPO
+
+from mdc.cli import main
+
+SPEC = REPO / "examples" / "tune-serving-r1-16xh200.toml"
+
+
+def explain(*options: str) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["explain", str(SPEC), *options], stdout=out, stderr=err) == 0, err.getvalue()
+    return out.getvalue()
+
+
+def test_the_serving_lines_say_the_predicted_block() -> None:
+    predicted = json.loads(explain("--format", "json"))["predicted"]
+    text = explain()
+    lines = text[text.index("predicted on") :].splitlines()[:4]
+    assert lines[0].startswith("predicted on NVIDIA H200")
+    assert "8192 in / 1024 out tokens, 256 requests in flight" in lines[0]
+    ttft, tpot, per_user = map(
+        float, re.findall(r"TTFT ([\d.]+) ms, TPOT ([\d.]+) ms \(([\d.]+) tokens/s", lines[1])[0]
+    )
+    assert round(predicted["ttft_ms"]) == ttft
+    assert round(predicted["tpot_ms"], 1) == tpot
+    assert round(predicted["output_tokens_per_s_per_user"], 1) == per_user
+    batch = ", ".join(f"{role} {size}" for role, size in predicted["batch"].items())
+    assert lines[2].endswith(f"running batch per server: {batch}")
+    assert lines[3] == f"  bound by {predicted['binding']}"
