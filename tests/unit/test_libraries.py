@@ -32,3 +32,16 @@ def test_the_cyclic_collector_is_left_to_python() -> None:
     # gc.disable while importing and gc.freeze saved 2-6 % of a validate or compile
     users = [str(p.relative_to(REPO)) for p in SOURCES if "gc" in _imported(p)]
     assert users == []
+
+
+def test_no_private_module_of_a_library_is_imported() -> None:
+    """A library's underscore modules may change in any release (PyYAML's ``yaml._yaml``:
+    its public ``yaml.CBaseLoader`` gives the same libyaml events)."""
+    private = sorted(
+        f"{path.relative_to(REPO)}: {name}"
+        for path in SOURCES
+        for name in _imported(path)
+        if not name.startswith(("mdc", "_"))
+        and any(part.startswith("_") and part != "__future__" for part in name.split(".")[1:])
+    )
+    assert private == []

@@ -644,8 +644,8 @@ def test_columns_count_characters_not_bytes() -> None:
 def test_without_libyaml_the_thorough_path_reads_everything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A fresh copy of the loader, imported where ``yaml._yaml`` cannot be."""
-    monkeypatch.setitem(sys.modules, "yaml._yaml", None)
+    """A fresh copy of the loader, imported where PyYAML has no libyaml (no CBaseLoader)."""
+    monkeypatch.delattr(pyyaml, "CBaseLoader")
     spec = importlib.util.spec_from_file_location("mdc_yaml_without_libyaml", loader.__file__)
     assert spec is not None and spec.loader is not None
     copy = importlib.util.module_from_spec(spec)
