@@ -1,11 +1,11 @@
 """Structuring: mdc's own structurer gives what a cattrs converter gives, for every example
-spec and for every kind of type an options class may use."""
+spec, for every kind of type an options class may use, and for tables drawn from each
+table's schema (any value the schema lets through, keys present or not)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,15 +14,18 @@ from typing import Any, Literal
 import attrs
 import cattrs
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from tests.fuzz.test_fuzz_specs import SCHEMA, from_fragment
 from tests.tools import REPO
 
-from mdc.convert import SCALARS, structure, structure_spec
+from mdc.convert import cattrs_converter, structure, structure_spec
 from mdc.errors import InternalError
 from mdc.importers import translate
 from mdc.loaders import FORMATS, load_file
 from mdc.plan.named_models import name_model
 from mdc.plugin_manager import load_plugins
-from mdc.spec import CORE_TABLES, EnvValue, JobSpec
+from mdc.schema import validator_class
+from mdc.spec import CORE_TABLES, JobSpec
 
 SPECS = sorted(
     p
@@ -33,29 +36,8 @@ SPECS = sorted(
 
 
 def reference_converter() -> cattrs.Converter:
-    """The cattrs converter mdc structured with before it had its own structurer."""
-    converter = cattrs.Converter(forbid_extra_keys=True)
-    converter.register_structure_hook(
-        str | tuple[str, ...], lambda value, _: value if isinstance(value, str) else tuple(value)
-    )
-    converter.register_structure_hook_func(
-        lambda tp: (
-            typing.get_origin(tp) in (types.UnionType, typing.Union)  # type: ignore[comparison-overlap]
-            and tp != (str | None)
-            and all(a in SCALARS for a in typing.get_args(tp))
-        ),
-        lambda value, _: value,
-    )
-    # a number or a list of numbers ([model] moe_layer_freq, window_attn_skip_freq)
-    converter.register_structure_hook(
-        int | tuple[int, ...] | None,
-        lambda value, _: tuple(value) if isinstance(value, list) else value,
-    )
-    # a [job] env value: a literal string or its explicit form (a table)
-    converter.register_structure_hook(
-        str | EnvValue,
-        lambda value, _: converter.structure(value, EnvValue) if isinstance(value, dict) else value,
-    )
+    """cattrs, with the hooks for the unions it cannot decide alone (mdc.convert's)."""
+    converter: cattrs.Converter = cattrs_converter()
     return converter
 
 
@@ -196,3 +178,33 @@ def test_data_the_model_refuses_is_an_internal_error(
 ) -> None:
     with pytest.raises(InternalError, match="does not fit the model"):
         structure_spec(data, option_types)
+
+
+def _outcome(structure_it: Any) -> tuple[str, object]:
+    try:
+        return "structured", structure_it()
+    except Exception:  # noqa: BLE001 - either refusal will do; both must refuse
+        return "refused", None
+
+
+TABLES = sorted({*CORE_TABLES, *load_plugins(autoload=False).option_types()})
+
+
+@pytest.mark.parametrize("name", TABLES)
+def test_tables_the_schema_accepts_structure_as_cattrs_does(
+    name: str, option_types: dict[str, Any]
+) -> None:
+    tp = CORE_TABLES.get(name) or option_types[name]
+    if tp is None:  # the plugin takes its table as plain data
+        return
+    schema = SCHEMA["properties"][name]
+    validator = validator_class()(schema)
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(from_fragment(schema))
+    def check(value: Any) -> None:
+        assume(validator.is_valid(value))
+        mine = _outcome(lambda: structure(value, tp))
+        assert mine == _outcome(lambda: reference_converter().structure(value, tp))
+
+    check()
