@@ -184,6 +184,12 @@ def _scan(group: str) -> list[EntryPoint] | None:
     would cost as much as the rest of plugin discovery. ``None`` when ``sys.path`` holds
     something other than directories (zip files) or another finder lists distributions:
     then importlib.metadata is asked.
+
+    It stays because it pays for itself (bench/run.py, "hand-written pieces against their
+    libraries", CPU time of the whole process): with importlib.metadata, validate of
+    examples/quickstart.toml took 141 instead of 111 ms (the scan saves 21 %), compile of
+    the bench's 2x8 torchrun spec 153 instead of 129 ms (16 %). Differential tests against
+    importlib.metadata: tests/plugins/test_plugin_manager.py.
     """
     from importlib.machinery import PathFinder
 

@@ -717,3 +717,57 @@ def test_tracing_shows_every_registration_hook_call(
         finished = [c for c in calls if c.startswith(f"finish {hook} -->")]
         assert len(started) == len(finished) >= len(declared_builtins[kind])
     assert any("LauncherSpec(name='torchrun'" in c for c in calls)
+
+
+#: distributions laid out as installers and hands leave them: (folder, file -> text)
+ODD_DISTRIBUTIONS = [
+    # the same name twice, spelled differently: the first on the path wins
+    [
+        ("Twin_Plug-1.0.dist-info", {"entry_points.txt": "[mdc]\ntwin = first_mod\n"}),
+        ("twin.plug-2.0.dist-info", {"entry_points.txt": "[mdc]\ntwin = second_mod\n"}),
+    ],
+    # spaces, blank lines, comments, other groups around ours, a value with extras
+    [
+        (
+            "spaced-0.1.dist-info",
+            {
+                "entry_points.txt": "\n[console_scripts]\nx=y\n\n  [ mdc ]  \n"
+                "  spaced   =   pkg.mod : obj.attr  [one, two]\n# one\n"
+            },
+        )
+    ],
+    # a group named like ours with a suffix, and ours empty
+    [("near-1.0.dist-info", {"entry_points.txt": "[mdc.extra]\nnear = near_mod\n[mdc]\n"})],
+    # a header block with folded lines and headers after the blank line
+    [
+        (
+            "folded-3.0.dist-info",
+            {
+                "entry_points.txt": "[mdc]\nfolded = folded_mod\n",
+                "METADATA": "Metadata-Version: 2.1\nName: folded\nSummary: two\n  lines\n"
+                "Version: 3.0\n\nVersion: 9\n",
+            },
+        )
+    ],
+]
+
+
+@pytest.mark.parametrize("layout", ODD_DISTRIBUTIONS, ids=["twins", "spaced", "near", "folded"])
+def test_the_scan_agrees_with_importlib_metadata_on_odd_layouts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, layout: list[tuple[str, dict[str, str]]]
+) -> None:
+    from mdc.plugin_manager import _from_metadata, _scan
+
+    site = tmp_path / "site"
+    for folder, files in layout:
+        (site / folder).mkdir(parents=True)
+        name, version = folder.rsplit(".", 1)[0].split("-")
+        files = {"METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", **files}
+        for file, text in files.items():
+            (site / folder / file).write_text(text)
+    monkeypatch.syspath_prepend(str(site))
+    scanned = _scan("mdc")
+    assert scanned is not None
+    ours = sorted((e.name, e.value, e.distribution, e.version) for e in scanned)
+    library = sorted((e.name, e.value, e.distribution, e.version) for e in _from_metadata("mdc"))
+    assert ours == library
