@@ -363,7 +363,7 @@ def in_process(tmp: Path, runs: int) -> list[str]:
     samples = [json.loads(snippet(IN_PROCESS, *files)) for _ in range(runs)]
 
     def m(key: str) -> float:
-        return statistics.median(s[key] for s in samples) * 1000
+        return float(statistics.median(s[key] for s in samples)) * 1000
 
     return [
         "| in one process, CPU time (median of runs) | ms |",

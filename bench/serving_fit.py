@@ -72,7 +72,7 @@ def predicted(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
 
 
 def measured(row: Mapping[str, Any]) -> float:
-    gpus = row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1)
+    gpus: int = row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1)
     return float(row["output_tokens_per_s"]) / gpus
 
 

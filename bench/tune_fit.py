@@ -224,7 +224,7 @@ def cases(launchers: tuple[str, ...] = ("megatron",)) -> list[Case]:
                 shape, window=inputs.window, window_skip=inputs.window_skip
             ).total
             measured = stated["tokens_per_s_per_gpu"] * per_token / 1e12
-            flops_of_source = per_token
+            flops_of_source: float | None = per_token
         else:
             measured = stated["tflops_per_gpu"]
             flops_of_source = source_flops(run)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from typing import Any
 
@@ -79,6 +80,11 @@ def _sizes(L: Any) -> dict[str, int]:
             "mbs": L.micro_batch_size}  # fmt: skip
 
 
+def _has_sizes(want: dict[str, int], group: Any) -> bool:
+    """Whether a layout class's candidates have the sizes ``want``."""
+    return _class_sizes(group) == want
+
+
 def _class_sizes(group: Any) -> dict[str, int]:
     """:func:`_sizes` of every candidate of a layout class (without predicting them)."""
     s = group.sizes
@@ -134,7 +140,7 @@ def recipes(compiler: Compiler, rows: str = "") -> list[dict[str, Any]]:
         gap = None
         own = [
             c.prediction.tokens_per_s_per_gpu
-            for c in tuner.candidates(lambda group, want=want: _class_sizes(group) == want)
+            for c in tuner.candidates(functools.partial(_has_sizes, want))
         ]
         if own and result.rows:
             top = result.rows[0].candidate.prediction.tokens_per_s_per_gpu

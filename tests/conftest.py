@@ -104,7 +104,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Under CI every tier runs: scripts/test installs what each needs, so a skip is a failure."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     skipped = reporter.stats.get("skipped", []) if reporter is not None else []
-    if not in_ci() or exitstatus != pytest.ExitCode.OK or not skipped:
+    if reporter is None or not in_ci() or exitstatus != pytest.ExitCode.OK or not skipped:
         return
     reporter.ensure_newline()
     reporter.section("skipped under CI (a failure: every tier must run)")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from mdc.loaders import LoadedDocument
 from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.runtime import PORT_RANGE
 
@@ -24,6 +25,12 @@ REPO = Path(__file__).resolve().parent.parent
 CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
     REPO.parent / "shared" / "crds"
 ]
+
+
+def spec_data(document: LoadedDocument) -> dict[str, Any]:
+    """A loaded spec's tables, typed for the tests that index them (its top is a mapping)."""
+    assert isinstance(document.data, dict), document.path
+    return document.data
 
 
 def shellcheck() -> str:

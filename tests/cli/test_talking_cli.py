@@ -52,8 +52,8 @@ def run(*argv: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
 
 def supported_pairs() -> list[tuple[str, str]]:
     pairs = []
-    for backend, registered in sorted(PLUGINS.backends.items()):
-        runs = registered.record.launchers
+    for backend in sorted(PLUGINS.backends):
+        runs = PLUGINS.backend(backend).launchers
         for launcher in sorted(PLUGINS.launchers):
             if runs is None or launcher in runs:
                 pairs.append((launcher, backend))
@@ -68,7 +68,7 @@ def test_every_backend_names_a_next_command_for_a_file_it_wrote(
     backend: str, tmp_path: Path
 ) -> None:
     """The next command runs a file of the tree, from where the summary says to run it."""
-    record = PLUGINS.backends[backend].record
+    record = PLUGINS.backend(backend)
     assert record.run_command and "{out}" in record.run_command
     launcher = next(launcher for launcher, b in supported_pairs() if b == backend)
     spec = tmp_path / "spec.toml"

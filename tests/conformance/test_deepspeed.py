@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 from tests.integration import test_local_run
-from tests.tools import REPO
+from tests.tools import REPO, spec_data
 
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
@@ -71,7 +71,7 @@ ds_comm_torch = importlib.import_module("deepspeed.comm.torch")
 
 SPECS = sorted(p for p in (REPO / "examples").iterdir() if p.suffix in (".toml", ".yaml", ".json"))
 #: every example that uses the deepspeed launcher, whatever its backend
-EXAMPLES = [p for p in SPECS if load_file(p).data["distributed"]["launcher"] == "deepspeed"]
+EXAMPLES = [p for p in SPECS if spec_data(load_file(p))["distributed"]["launcher"] == "deepspeed"]
 MASTER_ADDR = "10.0.0.1"
 PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 
@@ -456,8 +456,7 @@ def check_compiled(
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = load_file(path).data
-    return data
+    return spec_data(load_file(path))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])

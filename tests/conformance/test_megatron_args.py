@@ -751,9 +751,9 @@ def spec(
         },
         "parallelism": parallelism,
     }
-    for key, value in (("model", model), ("batch", batch), ("megatron", megatron)):
-        if value is not None:
-            data[key] = value
+    for key, table in (("model", model), ("batch", batch), ("megatron", megatron)):
+        if table is not None:
+            data[key] = table
     return data
 
 

@@ -21,7 +21,7 @@ from unittest import mock
 import pytest
 
 from mdc.convert import structure_spec
-from mdc.errors import SourceLocation
+from mdc.errors import Diagnostic, SourceLocation
 from mdc.plan import GROUP_KINDS, Plan, build_plan
 
 with warnings.catch_warnings():
@@ -218,7 +218,7 @@ def _classify() -> tuple[list[Case], list[tuple[Case, str]]]:
 ACCEPTED, REJECTED = _classify()
 
 
-def mdc_plan(case: Case) -> tuple[Plan | None, tuple]:
+def mdc_plan(case: Case) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     nproc = gcd(case.world, 8)
     data = {
         "job": {"name": "conformance", "command": "train.py"},

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.conformance.test_serving_flags import (
-    REPO,
     SGLANG_FLAGS,
     SGLANG_PROGRAMS,
     VLLM_FLAGS,
     VLLM_PROGRAMS,
     parse,
 )
+from tests.tools import REPO
 
 from mdc.emit import write_tree
 from mdc.pipeline import Compiled, Compiler

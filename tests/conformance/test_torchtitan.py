@@ -178,9 +178,9 @@ def spec(
         # a model the user registers with TorchTitan (not in its registry): [model] gives
         # its shape, free of a registered flavor's
         torchtitan = {"model": "my_llm", "flavor": "custom", **(torchtitan or {})}
-    for key, value in (("model", model), ("batch", batch), ("torchtitan", torchtitan)):
-        if value is not None:
-            data[key] = value
+    for key, table in (("model", model), ("batch", batch), ("torchtitan", torchtitan)):
+        if table is not None:
+            data[key] = table
     return data
 
 

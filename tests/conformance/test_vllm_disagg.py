@@ -35,7 +35,6 @@ from typing import Any
 
 import pytest
 from tests.conformance.test_serving_flags import (
-    REPO,
     VLLM_FLAGS,
     VLLM_PROGRAMS,
     Flag,
@@ -43,16 +42,17 @@ from tests.conformance.test_serving_flags import (
     parser_of,
 )
 from tests.conformance.test_serving_recipes import VLLM_EP_NODE_0, VLLM_EP_NODE_1
-from tests.tools import shellcheck
+from tests.tools import REPO, shellcheck
 
 from mdc.emit import write_tree
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
+from mdc_builtin.launchers.vllm_disagg import VllmDisaggOptions
 
 COMPILER = Compiler(load_plugins(autoload=False))
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-KV_FIELDS = {
+KV_FIELDS: dict[str, tuple[type, ...]] = {
     "kv_connector": (str, type(None)),
     "engine_id": (str, type(None)),
     "kv_buffer_device": (str, type(None)),
@@ -187,7 +187,9 @@ def test_one_host_is_the_documented_basic_usage(tmp_path: Path) -> None:
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    router = compiled.plan.options["vllm_disagg"].router_command
+    options = compiled.plan.options["vllm_disagg"]
+    assert isinstance(options, VllmDisaggOptions)
+    router = options.router_command
     assert router == ("python3", "toy_proxy_server.py")
     helper = out / "launch" / "vllm_disagg.sh"
     script = helper.read_text(encoding="utf-8").replace("python3 toy_proxy_server.py", "python")

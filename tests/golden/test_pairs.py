@@ -43,7 +43,7 @@ COMPILER = Compiler(PLUGINS)
 
 
 def runs(launcher: str, backend: str) -> bool:
-    allowed = PLUGINS.backends[backend].record.launchers
+    allowed = PLUGINS.backend(backend).launchers
     return allowed is None or launcher in allowed
 
 

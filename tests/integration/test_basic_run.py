@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from tests.integration.test_local_run import (
-    REPO,
     TOKEN_VARIABLE,
     VENV_BIN,
     excerpt,
@@ -30,6 +29,7 @@ from tests.integration.test_local_run import (
     run_job,
     token,
 )
+from tests.tools import REPO
 
 # Real processes on loopback ports: one xdist worker runs every such test, in turn.
 pytestmark = pytest.mark.xdist_group("loopback")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import REPO
+from tests.tools import REPO, spec_data
 
 from mdc.cli import main
 from mdc.loaders import load_file
@@ -41,7 +41,7 @@ EXAMPLES = sorted(
     p
     for p in (REPO / "examples").iterdir()
     if p.suffix in (".toml", ".yaml", ".yml", ".json")
-    and load_file(p).data["distributed"]["launcher"] == "torchrun"
+    and spec_data(load_file(p))["distributed"]["launcher"] == "torchrun"
 )
 NODE_RANK, MASTER_ADDR = 1, "10.0.0.1"
 #: a spec without a [torchrun] table means these

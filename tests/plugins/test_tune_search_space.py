@@ -16,10 +16,10 @@ from tests.tools import REPO
 
 import mdc
 from mdc.api import Launch, LauncherSpec, Plan, Role, SearchSpace, TrainingSetup
-from mdc.errors import SpecError
+from mdc.errors import PluginOrigin, SpecError
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
-from mdc.plugin_manager import PluginOrigin, load_plugins
+from mdc.plugin_manager import load_plugins
 from mdc.tune.search import Tuner
 
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"

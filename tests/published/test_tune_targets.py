@@ -23,6 +23,7 @@ from bench import tune_fit, tune_targets
 
 from mdc.pipeline import Compiler
 from mdc.plugin_manager import load_plugins
+from mdc.tune.perf import DEFAULT
 
 # one worker computes the fixtures (a tune search per published recipe) once, under
 # pytest-xdist; they are session-scoped because a worker may run other modules' tests between
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.xdist_group("tune-targets")
 
 @pytest.fixture(scope="session")
 def accuracy() -> float:
-    return float(tune_fit.within(tune_fit.cases(), tune_fit.DEFAULT))
+    return float(tune_fit.within(tune_fit.cases(), DEFAULT))
 
 
 @pytest.fixture(scope="session")

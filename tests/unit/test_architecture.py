@@ -258,7 +258,7 @@ def test_pattern_length_refused_exactly_when_megatron_core_refuses(
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from megatron.core.ssm.mamba_hybrid_layer_allocation import (  # type: ignore[import-untyped]
+        from megatron.core.ssm.mamba_hybrid_layer_allocation import (
             allocate_layers,
         )
 
@@ -276,10 +276,10 @@ def test_pattern_length_refused_exactly_when_megatron_core_refuses(
 def test_moe_layer_list_refused_exactly_when_megatron_core_refuses(freq: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        from megatron.core.models.gpt.gpt_layer_specs import (  # type: ignore[import-untyped]
+        from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_decoder_layer_specs,
         )
-        from megatron.core.transformer.transformer_config import (  # type: ignore[import-untyped]
+        from megatron.core.transformer.transformer_config import (
             TransformerConfig,
         )
 

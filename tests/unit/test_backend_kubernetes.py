@@ -251,7 +251,7 @@ def test_an_image_is_required(compiler: Compiler, tmp_path: Path) -> None:
 def test_names_are_never_renamed(compiler: Compiler, tmp_path: Path) -> None:
     found = errors(compiler, tmp_path, spec(namespace="Team_A.Dev"))
     assert codes(found) == [("MDC461", "/kubernetes/namespace")]
-    assert "'team-a-dev'" in found[0].hint
+    assert "'team-a-dev'" in (found[0].hint or "")
 
 
 def test_an_elastic_job_cannot_be_an_indexed_job(compiler: Compiler, tmp_path: Path) -> None:

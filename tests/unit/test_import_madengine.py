@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.tools import REPO, shellcheck
+from tests.tools import REPO, shellcheck, spec_data
 
 from mdc.api import Concat, Ref
 from mdc.cli import main
@@ -289,7 +289,7 @@ def literal(word: object) -> object:
 def text_of(word: object) -> str:
     """A word with its run-time values shown as ${NAME}."""
     parts = word.parts if isinstance(word, Concat) else (word,)
-    return "".join(p if isinstance(p, str) else f"${{{p.name}}}" for p in parts)
+    return "".join(f"${{{p.name}}}" if isinstance(p, Ref) else str(p) for p in parts)
 
 
 def runner_words(value: object) -> list[str]:
@@ -701,8 +701,7 @@ def test_each_loss_is_reproduced_or_reported(case: str, pointer: str, said: str)
 
 def test_what_is_reproduced_is_in_the_spec() -> None:
     def spec(case: str) -> dict[str, Any]:
-        data: dict[str, Any] = madengine.translate(load_file(fixture(case)))[0].data
-        return data
+        return spec_data(madengine.translate(load_file(fixture(case)))[0])
 
     assert spec("k8s-megatron-4x8")["kubernetes"]["host_ipc"] is True
     assert spec("k8s-torchrun-1x2")["kubernetes"].get("host_ipc") is None  # one node

@@ -154,7 +154,7 @@ def test_whole_gpu_quantities_in_any_spelling_pass(
 
 
 def node_hosts(docs: list[dict[str, Any]]) -> str:
-    node_sh = of_kind(docs, "ConfigMap")["data"]["k8s--node.sh"]
+    node_sh: str = of_kind(docs, "ConfigMap")["data"]["k8s--node.sh"]
     return next(line for line in node_sh.splitlines() if "node_hosts+=" in line)
 
 
@@ -216,7 +216,7 @@ def test_cpu_and_memory_are_requests_unless_guaranteed(
 ) -> None:
     def resources(**table: Any) -> dict[str, Any]:
         docs = documents(compiler, tmp_path, spec(backend, cpu=32, memory="256Gi", **table))
-        found = [c["resources"] for c in _containers(docs)]
+        found: list[dict[str, Any]] = [c["resources"] for c in _containers(docs)]
         assert found and all(r == found[0] for r in found)
         return found[0]
 

@@ -328,7 +328,8 @@ def test_keys_that_are_not_strings_are_written_as_strings() -> None:
     assert text == "---\n'1': a\n'False': b\nNone: c\nd: 2\n"
     assert read_both(text) == ([{"1": "a", "False": "b", "None": "c", "d": 2}],) * 2
     # keys equal as strings: one entry, where the first stood, with the last value
-    assert k8s.dump_yaml([{1: "a", "x": 0, "1": "b"}]) == "---\n'1': b\nx: 0\n"
+    mixed: dict[Any, Any] = {1: "a", "x": 0, "1": "b"}
+    assert k8s.dump_yaml([mixed]) == "---\n'1': b\nx: 0\n"
 
 
 def test_values_it_cannot_write_are_refused() -> None:

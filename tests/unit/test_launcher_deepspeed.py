@@ -361,7 +361,7 @@ def test_without_a_batch_table_each_rank_takes_one_sample_per_step(tmp_path: Pat
 def test_precision_comes_from_the_table_or_else_the_model(
     tmp_path: Path, options: dict[str, Any], model: dict[str, Any] | None, bf16: bool, fp16: bool
 ) -> None:
-    tables = {"model": model} if model else {}
+    tables: dict[str, Any] = {"model": model} if model else {}
     config = ds_config(compile_(tmp_path, spec(options, nnodes=1, **tables)))
     assert (config["bf16"]["enabled"], config["fp16"]["enabled"]) == (bf16, fp16)
 

@@ -457,6 +457,7 @@ def test_explain_and_plan_json_describe_servers(tmp_path: Path) -> None:
 
     compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
     servers = plan_json(compiled.plan, compiled.launch)["servers"]
+    assert isinstance(servers, list)
     assert [(s["role"], s["nodes"], s["gpus"], s["tp"], s["port"]) for s in servers] == [
         ("router", [0], 0, 1, 8000),
         ("prefill", [1, 2], 16, 16, 30001),

@@ -225,7 +225,9 @@ def test_memory_setup_is_the_tighter_role(tmp_path: Path) -> None:
         "decode": {"tensor_parallel_size": 2, "args": ["--max-model-len", "4096"]},
     }
     compiled = compile_(tmp_path, spec(1, 8, options))
-    setup = vllm_disagg.serving(compiled.plan, compiled.plan.options["vllm_disagg"])
+    read = compiled.plan.options["vllm_disagg"]
+    assert isinstance(read, vllm_disagg.VllmDisaggOptions)
+    setup = vllm_disagg.serving(compiled.plan, read)
     assert setup is not None
     assert (setup.engine, setup.tp, setup.share, setup.max_len) == ("vLLM (decode)", 2, 0.8, 4096)
 
@@ -366,7 +368,9 @@ def test_memory_setup_is_the_smaller_engine(tmp_path: Path) -> None:
         "decode": {"tensor_parallel_size": 2, "data_parallel_size": 4},
     }
     compiled = compile_(tmp_path, spec(3, 8, options))
-    setup = vllm_disagg.serving(compiled.plan, compiled.plan.options["vllm_disagg"])
+    read = compiled.plan.options["vllm_disagg"]
+    assert isinstance(read, vllm_disagg.VllmDisaggOptions)
+    setup = vllm_disagg.serving(compiled.plan, read)
     assert setup is not None and (setup.engine, setup.tp) == ("vLLM (decode)", 2)
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests.tools import spec_data
 
 from mdc.errors import SpecError
-from mdc.loaders import load_text
+from mdc.loaders import LoadedDocument, load_text
 
 TEXT = """\
 job:
@@ -20,12 +21,12 @@ distributed:
 """
 
 
-def parse(text: str):
+def parse(text: str) -> LoadedDocument:
     return load_text(text, "spec.yaml", "yaml")
 
 
 def test_yaml_12_scalars_stay_what_they_say() -> None:
-    data = parse(TEXT).data
+    data = spec_data(parse(TEXT))
     assert data["job"]["env"]["FLAG"] == "yes"  # YAML 1.1 would make it True
     assert data["distributed"]["port"] == 15 and type(data["distributed"]["port"]) is int
     assert data["distributed"]["when"] == "2024-01-02"

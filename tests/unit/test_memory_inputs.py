@@ -225,7 +225,11 @@ def test_the_optimizer_step_copies_16_bit_gradients_to_fp32(
         assert m.total == state + max(m.activations, m.step_gradients)
     reduced = estimate_of(compiler, tmp_path, spec("megatron", {"grad_reduce_in_bf16": True}))
     assert reduced.step_gradients > 0
-    for table in ({}, {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"}):
+    tables: list[dict[str, Any]] = [
+        {},
+        {"use_precision_aware_optimizer": True, "main_grads_dtype": "bf16"},
+    ]
+    for table in tables:
         assert estimate_of(compiler, tmp_path, spec("megatron", table)).step_gradients == 0
 
 

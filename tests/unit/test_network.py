@@ -77,6 +77,7 @@ def test_tune_ranks_on_the_spec_s_network(tmp_path: Path) -> None:
         doc = load_file(_write(tmp_path, spec, f"{label}.toml"))
         rows[label] = Tuner(COMPILER, doc).run(top=1).rows[0]
     thin = rows["thin"].compiled.plan
+    assert thin.hardware is not None
     assert thin.hardware.scale_out_gb_s == pytest.approx(400 / 8 / 8)
     # the best layout on a thin network is predicted no faster than on the full one
     best = {k: predict_plan(r.compiled.plan) for k, r in rows.items()}

@@ -10,7 +10,7 @@ import pytest
 from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, Severity, SourceLocation
 from mdc.plan import Plan, build_plan
-from mdc.plan.build import PORT_RANGE
+from mdc.runtime import PORT_RANGE
 
 
 def job(
@@ -470,7 +470,8 @@ def test_disaggregated_on_one_or_two_nodes_splits_the_gpus() -> None:
 
 @pytest.mark.parametrize("key", ["prefill_nodes", "decode_nodes"])
 def test_disaggregated_split_needs_both_counts(key: str) -> None:
-    d = only("MDC210", job(nnodes=5, **{key: 2}), disaggregated=True)
+    counts: dict[str, Any] = {key: 2}
+    d = only("MDC210", job(nnodes=5, **counts), disaggregated=True)
     assert d.location.pointer == f"/distributed/{key}"
 
 

@@ -236,6 +236,7 @@ def test_trtllm_attention_data_parallel_is_the_servers_dp(tmp_path: Path) -> Non
     assert [s.dp for s in adp.launch.servers] == [8]
     with_adp = plan_json(adp.plan, adp.launch)["predicted"]
     without = plan_json(plain.plan, plain.launch)["predicted"]
+    assert isinstance(with_adp, dict) and isinstance(without, dict)
     # the latent KV cache is no longer read by all 8 ranks for every request
     assert with_adp["tpot_ms"] < without["tpot_ms"]
 

@@ -26,7 +26,8 @@ from tests.tools import REPO
 
 import mdc.loaders.yaml as loader
 from mdc.errors import Diagnostic, SpecError
-from mdc.loaders.yaml import MAX_DEPTH, MAX_VALUES, parse, parse_thorough, read_fast
+from mdc.loaders.document import MAX_DEPTH
+from mdc.loaders.yaml import MAX_VALUES, parse, parse_thorough, read_fast
 
 Outcome = tuple[object, ...] | list[Diagnostic]
 

@@ -219,7 +219,7 @@ def test_hostile_strings_read_back_exactly(
     compiler: Compiler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env = {f"V{i}": value for i, value in enumerate(HOSTILE)}
-    data = {
+    data: dict[str, Any] = {
         "job": {
             "name": "hostile",
             "image": "registry.local:5000/team/img:1.0@sha256:" + "a" * 64,

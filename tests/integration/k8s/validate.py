@@ -179,7 +179,7 @@ def _set_items(validator: Any, kind: Any, instance: Any, schema: Any) -> Iterato
             yield jsonschema.ValidationError("duplicate entries in a set list")
 
 
-StrictValidator = jsonschema.validators.extend(
+StrictValidator = jsonschema.validators.extend(  # type: ignore[no-untyped-call]
     jsonschema.Draft202012Validator,
     {"x-kubernetes-list-map-keys": _list_map_keys, "x-kubernetes-list-type": _set_items},
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import REPO, shellcheck
+from tests.tools import REPO, shellcheck, spec_data
 
 from mdc.loaders import load_file
 from mdc.plugin_manager import load_plugins
@@ -29,7 +29,7 @@ REGISTERED = set(load_plugins(autoload=False).launchers)
 SPECS = sorted(
     p
     for p in (HERE / "specs").glob("*.toml")
-    if load_file(p).data["distributed"]["launcher"] in REGISTERED
+    if spec_data(load_file(p))["distributed"]["launcher"] in REGISTERED
 )
 EXAMPLES = sorted(
     p
@@ -63,7 +63,7 @@ def lint(out: Path) -> None:
 def test_launcher_compiles_for_backend(
     spec: Path, backend: str, compile_spec: Compile, tmp_path: Path
 ) -> None:
-    data = load_file(spec).data
+    data = spec_data(load_file(spec))
     data["distributed"]["backend"] = backend
     nnodes = data["distributed"]["nnodes"]
     if backend != "slurm":

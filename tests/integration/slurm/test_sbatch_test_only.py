@@ -67,11 +67,8 @@ def test_examples_and_specs_are_found() -> None:
 
 
 def test_every_launcher_has_a_slurm_spec() -> None:
-    wanted = {
-        name
-        for name, reg in load_plugins(autoload=False).launchers.items()
-        if not reg.record.disaggregated
-    }
+    plugins = load_plugins(autoload=False)
+    wanted = {name for name in plugins.launchers if not plugins.launcher(name).disaggregated}
     have = {launcher_of(p) for p in SPECS.glob("*.toml")}
     assert wanted <= have, f"no spec in {SPECS.relative_to(REPO)} for: {sorted(wanted - have)}"
 

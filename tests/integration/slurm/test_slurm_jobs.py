@@ -148,7 +148,7 @@ def test_torchrun_static_ranks_follow_slurm_node_ids(
     nproc, world = plan["nproc_per_node"], plan["world_size"]
     found = {r["dist_rank"]: r for r in reports(probes)}
     assert sorted(found) == list(range(world))
-    hosts = {}
+    hosts: dict[int, set[str]] = {}
     for rank, report in found.items():
         node = int(report["NODE_RANK"])
         assert report["SLURM_NODEID"] == report["SLURM_PROCID"] == report["NODE_RANK"]
