@@ -1,21 +1,23 @@
 """Fit and check mdc tune's serving model on published measurements (bench/serving_data.toml).
 
-    .venv/bin/python -m bench.serving_fit [--fit]
+    .venv/bin/python -m bench.serving_fit [--fit] [--rows]
 
-Prints, per measurement, the predicted and published output throughput per GPU, and the
-error summary: all rows at the shipped constants, and held out by model (each model's
-rows predicted with constants fitted on the other models' rows). ``--fit`` searches the
-constants' grid on every row and prints the best.
+Prints the error of output throughput per GPU, TTFT and TPOT: every row at the shipped
+constants, by family (dense or MoE, GPU vendor, launcher), and held out by source (each
+source's rows predicted with the constants fitted on the other sources' rows). ``--rows``
+prints every row's prediction; ``--fit`` prints the grid's best constants on every row.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
+import math
 import statistics
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +28,30 @@ from mdc.hardware import Accelerator, builtin
 from mdc.plan.memory import Shape, resolve_shape
 from mdc.plan.named_models import architecture
 from mdc.spec import ModelTable, WorkloadTable
-from mdc.tune.serving_perf import DEFAULT, Constants, Deployment, Role, predict
+from mdc.tune.serving_perf import DEFAULT, Constants, Deployment, Role, ServingPrediction, predict
 
 DATA = Path(__file__).with_name("serving_data.toml")
 #: an offline run ("max"): every request queued at once
 OFFLINE = 1_000_000
+#: the measured quantities: the row's key and how a prediction gives it
+METRICS: dict[str, Callable[[Mapping[str, Any], ServingPrediction], float]] = {
+    "throughput": lambda row, p: p.output_tokens_per_s_per_gpu,
+    "ttft": lambda row, p: p.ttft_ms,
+    "tpot": lambda row, p: p.tpot_ms,
+}
 
 
 def measurements(path: Path = DATA) -> list[dict[str, Any]]:
     data = tomllib.loads(path.read_text())
     sources = data["sources"]
-    return [{**sources[row["source"]], **row} for row in data["measurement"]]
+    rows = []
+    for row in data["measurement"]:
+        source = {k: v for k, v in sources[row["source"]].items() if k not in ("url", "what")}
+        rows.append({**source, **row})
+    return rows
 
 
+@functools.cache
 def _shape(model: str, dtype: str, seq: int) -> Shape:
     table = structure({**architecture(model), "dtype": dtype, "seq_length": seq}, ModelTable)
     shape = resolve_shape(table)
@@ -46,13 +59,33 @@ def _shape(model: str, dtype: str, seq: int) -> Shape:
     return shape
 
 
-def predicted(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
-    """The model's output tokens/s per GPU for one measurement."""
+def family(row: Mapping[str, Any]) -> dict[str, str]:
+    """The row's families: mode, dense or MoE, GPU vendor, launcher."""
+    experts = _shape(row["model"], row["dtype"], 4096).experts
+    return {
+        "mode": "disaggregated" if row.get("prefill_servers") else "aggregated",
+        "model": "MoE" if experts else "dense",
+        "vendor": row.get("vendor", "nvidia"),
+        "launcher": row["launcher"],
+    }
+
+
+def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> ServingPrediction:
+    """The model's prediction for one measurement, at its layout and load."""
     hw: Accelerator = builtin()[row["accelerator_model"]]
     inp, out = row["input_tokens"], row["output_tokens"]
     shape = _shape(row["model"], row["dtype"], inp + out)
     tp, pp, ep = row.get("tp", 1), row.get("pp", 1), row.get("ep", 1)
-    role = Role(name="server", servers=row.get("servers", 1), gpus=tp * pp, tp=tp, pp=pp, ep=ep)
+    role = Role(
+        name="server",
+        servers=row.get("servers", 1),
+        gpus=tp * pp,
+        tp=tp,
+        pp=pp,
+        dp=row.get("dp", 1),
+        ep=ep,
+        max_batch=row.get("max_batch"),
+    )
     dep = Deployment(
         launcher=row["launcher"],
         roles=(role,),
@@ -68,20 +101,35 @@ def predicted(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
         output_tokens=out,
         concurrency=OFFLINE if load == "max" else int(load),
     )
-    return predict(shape, hw, dep, workload, constants).output_tokens_per_s_per_gpu
+    return predict(shape, hw, dep, workload, constants)
 
 
-def measured(row: Mapping[str, Any]) -> float:
-    gpus: int = row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1)
-    return float(row["output_tokens_per_s"]) / gpus
+def measured(row: Mapping[str, Any], metric: str = "throughput") -> float | None:
+    if metric == "throughput":
+        gpus = row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1)
+        return float(row["output_tokens_per_s"]) / gpus
+    value = row.get(f"{metric}_ms")
+    return None if value is None else float(value)
 
 
-def errors(rows: Iterable[Mapping[str, Any]], constants: Constants = DEFAULT) -> list[float]:
-    """Signed relative errors, (predicted - measured) / measured."""
-    return [predicted(r, constants) / measured(r) - 1 for r in rows]
+def errors(
+    rows: Iterable[Mapping[str, Any]],
+    constants: Constants = DEFAULT,
+    metric: str = "throughput",
+) -> list[float]:
+    """Signed relative errors, (predicted - measured) / measured, of the rows that publish
+    ``metric``."""
+    out = []
+    for row in rows:
+        truth = measured(row, metric)
+        if truth is not None:
+            out.append(METRICS[metric](row, prediction(row, constants)) / truth - 1)
+    return out
 
 
 def summary(errs: Sequence[float]) -> str:
+    if not errs:
+        return "no rows"
     absolute = [abs(e) for e in errs]
     within = sum(a <= 0.30 for a in absolute) / len(absolute)
     twice = sum(1 / 2 <= 1 + e <= 2 for e in errs) / len(errs)
@@ -108,51 +156,95 @@ def constants_of(hbm: float, prefill: float, overhead_ms: float) -> Constants:
     )
 
 
-def fit(rows: Sequence[Mapping[str, Any]]) -> tuple[Constants, float]:
-    """The grid's constants of the least median |log error| on ``rows``."""
-    import math
+def score(rows: Sequence[Mapping[str, Any]], c: Constants) -> float:
+    """The fit's loss: the median |log error| of each metric the rows publish, summed."""
+    total = 0.0
+    for metric in METRICS:
+        errs = [e for e in errors(rows, c, metric) if e > -1]
+        if errs:
+            total += statistics.median(abs(math.log(1 + e)) for e in errs)
+    return total
 
+
+def fit(rows: Sequence[Mapping[str, Any]]) -> tuple[Constants, float]:
+    """The grid's constants of the least loss on ``rows``."""
     best: tuple[float, Constants] | None = None
     for values in itertools.product(*GRID.values()):
         c = constants_of(*values)
-        score = statistics.median(abs(math.log(1 + e)) for e in errors(rows, c))
-        if best is None or score < best[0]:
-            best = (score, c)
+        loss = score(rows, c)
+        if best is None or loss < best[0]:
+            best = (loss, c)
     assert best is not None
     return best[1], best[0]
 
 
-def held_out(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, list[float]]:
-    """Each group's errors with constants fitted on the other groups' rows."""
+def held_out(
+    rows: Sequence[Mapping[str, Any]], key: str = "source"
+) -> dict[str, tuple[Constants, list[Mapping[str, Any]]]]:
+    """Each group's rows with the constants fitted on the other groups' rows."""
     out = {}
     for group in sorted({r[key] for r in rows}):
         train = [r for r in rows if r[key] != group]
         test = [r for r in rows if r[key] == group]
         c, _ = fit(train)
-        out[group] = errors(test, c)
+        out[group] = (c, test)
     return out
+
+
+def held_out_errors(
+    rows: Sequence[Mapping[str, Any]], metric: str, key: str = "source"
+) -> dict[str, list[float]]:
+    return {g: errors(test, c, metric) for g, (c, test) in held_out(rows, key).items()}
+
+
+def report(rows: Sequence[Mapping[str, Any]]) -> None:
+    """Every metric: at the shipped constants by family, held out by source."""
+    folds = held_out(rows, "source")
+    for metric in METRICS:
+        print(f"== {metric}")
+        print("  shipped constants, all:", summary(errors(rows, DEFAULT, metric)))
+        for axis in ("model", "vendor", "launcher"):
+            for value in sorted({family(r)[axis] for r in rows}):
+                group = [r for r in rows if family(r)[axis] == value]
+                errs = errors(group, DEFAULT, metric)
+                if errs:
+                    print(f"  shipped constants, {value}:", summary(errs))
+        pooled: list[tuple[Mapping[str, Any], float]] = []
+        for source, (c, test) in folds.items():
+            errs = errors(test, c, metric)
+            if errs:
+                print(f"  held out {source}:", summary(errs))
+            pooled += [(r, e) for r in test for e in errors([r], c, metric)]
+        print("  held out by source, pooled:", summary([e for _, e in pooled]))
+        for axis in ("model", "vendor"):
+            for value in sorted({family(r)[axis] for r, _ in pooled}):
+                errs = [e for r, e in pooled if family(r)[axis] == value]
+                print(f"  held out by source, {value}:", summary(errs))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fit", action="store_true", help="search the grid on every row")
+    parser.add_argument("--rows", action="store_true", help="print every row's prediction")
     args = parser.parse_args(argv)
     rows = measurements()
-    for row, err in zip(rows, errors(rows), strict=True):
-        print(
-            f"{row['model']:<16} {row['accelerator_model']:<9} tp{row.get('tp', 1)} "
-            f"{row['input_tokens']:>5}/{row['output_tokens']:<5} measured "
-            f"{measured(row):8.0f} predicted {predicted(row):8.0f} ({err * 100:+.0f} %)"
-        )
-    print("shipped constants:", summary(errors(rows)))
-    for key in ("model", "accelerator_model"):
-        for group, errs in held_out(rows, key).items():
-            print(f"held out {group}:", summary(errs))
+    if args.rows:
+        for row in rows:
+            p = prediction(row)
+            print(
+                f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "
+                f"{row['accelerator_model']:<8} tp{row.get('tp', 1)} "
+                f"{row['input_tokens']:>5}/{row['output_tokens']:<5} c={row['concurrency']!s:<4} "
+                f"tok/s/GPU {measured(row):7.0f} -> {p.output_tokens_per_s_per_gpu:7.0f}  "
+                f"TTFT {row.get('ttft_ms', math.nan):9.0f} -> {p.ttft_ms:9.0f}  "
+                f"TPOT {row.get('tpot_ms', math.nan):6.1f} -> {p.tpot_ms:6.1f}"
+            )
+    report(rows)
     if args.fit:
-        c, score = fit(rows)
+        c, loss = fit(rows)
         print(
             f"fit on all rows: {c.hbm_efficiency=} {c.prefill_efficiency=} "
-            f"{c.step_overhead_s['trtllm']=} (median |log error| {score:.3f})"
+            f"{c.step_overhead_s['trtllm']=} (loss {loss:.3f})"
         )
     return 0
 
