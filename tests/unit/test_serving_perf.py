@@ -3,10 +3,13 @@ behaviour, and its error on the published measurements it is fitted on."""
 
 from __future__ import annotations
 
+import functools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from bench import serving_fit
 
@@ -16,7 +19,7 @@ from mdc.hardware import builtin
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_perf import Deployment, Role, predict
+from mdc.tune.serving_perf import DEFAULT, Deployment, Role, predict, server_of
 
 COMPILER = Compiler(load_plugins(autoload=False))
 R1 = {"name": "deepseek-ai/DeepSeek-R1", "dtype": "fp8", "seq_length": 9216}
@@ -208,21 +211,95 @@ def test_disaggregated_decode_runs_without_prefill_interference() -> None:
 # -- the fit ----------------------------------------------------------------------------
 
 
-def test_the_published_throughputs_are_reproduced() -> None:
-    """Output throughput per GPU on every published row (docs/tune-serving.md's table)."""
-    errs = serving_fit.errors(serving_fit.measurements())
-    absolute = sorted(abs(e) for e in errs)
-    assert len(errs) >= 40
-    assert absolute[len(absolute) // 2] <= 0.10
-    assert sum(a <= 0.30 for a in absolute) / len(absolute) >= 0.85
-    assert all(0.5 <= 1 + e <= 2 for e in errs)
+def _median(errs: list[float]) -> float:
+    return statistics.median(abs(e) for e in errs)
 
 
-def test_held_out_by_model_the_error_stays_small() -> None:
-    rows = serving_fit.measurements()
-    for model, errs in serving_fit.held_out(rows, "model").items():
-        absolute = sorted(abs(e) for e in errs)
-        assert absolute[len(absolute) // 2] <= 0.25, model
+@functools.cache
+def _rows() -> tuple[dict[str, Any], ...]:
+    return tuple(serving_fit.measurements())
+
+
+@functools.cache
+def _held_out() -> dict[str, dict[str, list[float]]]:
+    """Each source's errors per metric, with the constants fitted on the other sources."""
+    folds = serving_fit.held_out(list(_rows()))
+    return {
+        source: {m: serving_fit.errors(test, c, m) for m in serving_fit.METRICS}
+        for source, (c, test) in folds.items()
+    }
+
+
+def test_the_shipped_constants_are_the_fit_on_the_fitted_sources() -> None:
+    fitted = [r for r in _rows() if r.get("fit", True)]
+    c, _ = serving_fit.fit(fitted)
+    assert (c.hbm_efficiency, c.prefill_efficiency, c.overhead("trtllm")) == (
+        DEFAULT.hbm_efficiency,
+        DEFAULT.prefill_efficiency,
+        DEFAULT.overhead("trtllm"),
+    )
+
+
+def test_the_fitted_sources_are_reproduced() -> None:
+    """Throughput, TTFT and TPOT on the rows the constants are fitted on
+    (docs/tune-serving.md's table)."""
+    fitted = [r for r in _rows() if r.get("fit", True)]
+    throughput = serving_fit.errors(fitted, DEFAULT, "throughput")
+    assert len(throughput) >= 60
+    assert _median(throughput) <= 0.07
+    assert sum(abs(e) <= 0.30 for e in throughput) / len(throughput) >= 0.80
+    assert _median(serving_fit.errors(fitted, DEFAULT, "ttft")) <= 0.25
+    assert _median(serving_fit.errors(fitted, DEFAULT, "tpot")) <= 0.06
+
+
+#: the median |error| of each source's rows held out (fitted on the others): floors the
+#: model must keep (docs/tune-serving.md reports them, and why some are far off)
+HELD_OUT_FLOORS = {
+    ("trtllm-perf-overview", "throughput"): 0.12,
+    ("nim-benchmarking", "throughput"): 0.05,
+    ("nim-benchmarking", "ttft"): 0.25,
+    ("nim-benchmarking", "tpot"): 0.06,
+    ("amd-rocm-performance-results", "throughput"): 0.80,
+    ("dstack-deepseek-r1", "tpot"): 0.70,
+}
+
+
+@pytest.mark.parametrize(("source", "metric"), sorted(HELD_OUT_FLOORS))
+def test_held_out_by_source_the_error_keeps_its_floor(source: str, metric: str) -> None:
+    errs = _held_out()[source][metric]
+    assert errs, (source, metric)
+    assert _median(errs) <= HELD_OUT_FLOORS[source, metric]
+
+
+def test_ttft_below_the_knee_counts_the_wait_for_the_prefill() -> None:
+    """NIM's Llama 3.3 70B on 2 H100 at 5 to 50 requests in flight: every request has a
+    slot, yet prompts that arrive together wait for each other's prefill (a 5,000-token
+    prompt fills a step's 8,192-token budget alone). Without that wait TTFT came 33 to
+    55 % short."""
+    rows = [r for r in _rows() if r["source"] == "nim-benchmarking" and 5 <= r["concurrency"] <= 50]
+    errs = serving_fit.errors(rows, DEFAULT, "ttft")
+    assert len(errs) == 3
+    assert all(abs(e) <= 0.30 for e in errs), errs
+
+
+def test_attention_data_parallel_without_expert_parallel_splits_the_experts() -> None:
+    """SGLang's --enable-dp-attention (and TensorRT-LLM's enable_attention_dp) over tp 8
+    without expert parallel keeps the experts tensor parallel over the server's 8 GPUs;
+    vLLM's data-parallel engines without expert parallel are replicas of their tp."""
+    hw, shape = builtin()["h200"], _r1_shape()
+    work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=16)
+
+    def server(launcher: str, dp: int) -> Any:
+        role = Role(name="server", servers=1, gpus=8, tp=8 // dp if launcher == "vllm" else 8)
+        role = attrs.evolve(role, dp=dp)
+        dep = _deployment(role, launcher=launcher)
+        return server_of(role, shape, hw, dep, work, DEFAULT), predict(shape, hw, dep, work)
+
+    (tp8, _), (adp, adp_prediction) = server("sglang", 1), server("sglang", 8)
+    assert adp.expert_bytes == tp8.expert_bytes
+    assert adp_prediction.output_tokens_per_s_per_gpu > 0
+    replica, _ = server("vllm", 8)
+    assert replica.expert_bytes == pytest.approx(8 * tp8.expert_bytes, rel=0.01)
 
 
 def test_trtllm_attention_data_parallel_is_the_servers_dp(tmp_path: Path) -> None:

@@ -68,7 +68,7 @@ class Constants:
             "vllm_disagg": 2.0e-3,
             "sglang": 1.6e-3,
             "sglang_disagg": 1.6e-3,
-            "trtllm": 1.0e-3,
+            "trtllm": 0.5e-3,
         }
     )
     #: the running batch an engine allows unless told (vLLM --max-num-seqs, SGLang's
@@ -265,7 +265,7 @@ def server_of(
 ) -> _Server:
     tp, pp = role.attn_tp, role.pp
     ep = role.ep
-    etp = max(1, role.gpus // (pp * ep)) if ep > 1 else tp
+    etp = max(1, role.gpus // (pp * ep)) if ep > 1 or _moe_over_server(dep.launcher) else tp
     setup = ServingSetup(
         engine=dep.launcher,
         tp=tp,
@@ -296,6 +296,14 @@ def server_of(
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
+
+
+def _moe_over_server(launcher: str) -> bool:
+    """Whether the experts split over the whole server's GPUs without expert parallel:
+    TensorRT-LLM's and SGLang's attention data parallel keeps the MoE tensor parallel over
+    the server (moe_tensor_parallel_size, --tp-size); vLLM's data-parallel engines without
+    expert parallel are replicas, each with its own copy over its tp GPUs."""
+    return not launcher.startswith("vllm")
 
 
 def _forward_flops(shape: Shape, context: int, causal: bool) -> float:
@@ -391,10 +399,11 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
             binding = "KV capacity" if cap == s.capacity_seqs else "batch limit"
     tpot = step(batch)
     first = ttft(batch)
-    cycle = first + (out - 1) * tpot
-    requests = n * batch / cycle
+    requests = n * batch / (first + (out - 1) * tpot)
     if w.concurrency is not None and w.concurrency > batch * n:
         queue_wait = (w.concurrency - batch * n) / requests
+    elif w.concurrency is not None:
+        queue_wait, requests = _closed_prefill_wait(n * batch, first, tpot, out, inp, s)
     if w.request_rate is not None and not overloaded:
         requests = w.request_rate
     return ServingPrediction(
@@ -408,6 +417,24 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         memory_gib={s.role.name: s.memory_gib},
         overloaded=overloaded,
     )
+
+
+def _closed_prefill_wait(
+    held: float, first: float, tpot: float, out: int, inp: int, s: _Server
+) -> tuple[float, float]:
+    """A closed loop's wait for the prefill (and its requests/s) while every request has a
+    slot: prompts that arrive together queue for a step's prefill budget of
+    ``chunk_tokens``, which takes ``floor(chunk / input)`` whole prompts (at least one).
+    Each prompt holds the server's prefill for ``first`` over that count and waits M/D/1's
+    mean at that load; the loop's requests/s counts the wait (a few rounds of the fixed
+    point)."""
+    service = first / max(1, s.c.chunk_tokens // inp)
+    servers = s.role.servers
+    wait, requests = 0.0, held / (first + (out - 1) * tpot)
+    for _ in range(4):
+        wait = _mdl_wait(min(requests / servers * service, 0.95), service)
+        requests = held / (first + wait + (out - 1) * tpot)
+    return wait, requests
 
 
 def _little(needed: Any, cap: float, rounds: int = 40) -> float:
