@@ -21,7 +21,6 @@ import importlib
 import os
 import re
 import sys
-import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -396,38 +395,13 @@ def _load_builtin(
     return found[ep.name]
 
 
-#: what pluggy can take a hook implementation from (see pluggy's ``_static_hook_attr``)
-_HOOKABLE = (types.FunctionType, types.MethodType, staticmethod, classmethod)
-
-
-class _PluginManager(pluggy.PluginManager):
-    """pluggy's manager, told at once that a module's other names are no hooks.
-
-    ``register`` asks :meth:`parse_hookimpl_opts` about every name of a plugin, and pluggy
-    looks each up with ``inspect.getattr_static``, which was a tenth of loading a built-in
-    plugin. A module's names are its ``__dict__``, so a value there that no hook can be (a
-    class, a constant, an imported module), or a plain function without the marker
-    ``@mdc.hookimpl`` sets on it, is answered here; pluggy judges the rest.
-    """
-
-    def parse_hookimpl_opts(self, plugin: object, name: str) -> Any:
-        if isinstance(plugin, ModuleType):
-            value = vars(plugin).get(name)
-            if not isinstance(value, _HOOKABLE):
-                return None
-            marker = self.project_name + "_impl"  # the attribute pluggy reads the options from
-            if type(value) is types.FunctionType and not hasattr(value, marker):
-                return None
-        return super().parse_hookimpl_opts(plugin, name)
-
-
 def _manager(
     eps: Sequence[EntryPoint],
     extra: Sequence[tuple[str, object, PluginOrigin]],
     trace: Callable[[str], Any] | None,
 ) -> tuple[pluggy.PluginManager, dict[str, PluginOrigin]]:
     """A plugin manager with ``eps`` imported and ``extra`` registered."""
-    manager = _PluginManager(GROUP)
+    manager = pluggy.PluginManager(GROUP)
     manager.add_hookspecs(hookspecs)
     if trace is not None:
         manager.trace.root.setwriter(trace)

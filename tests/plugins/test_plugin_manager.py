@@ -640,61 +640,6 @@ def test_validate_imports_only_what_the_spec_needs(
     )
 
 
-def _hook_functions(manager: Any) -> dict[str, list[tuple[str, Any]]]:
-    return {
-        name: [(impl.plugin_name, impl.function) for impl in caller.get_hookimpls()]
-        for name, caller in vars(manager.hook).items()
-        if not name.startswith("_")
-    }
-
-
-def test_the_manager_finds_the_hooks_pluggy_finds() -> None:
-    """mdc's manager answers for a module's non-hook names itself; the hooks it registers
-    are pluggy's own choice, for every built-in, the example plugin and odd modules."""
-    import importlib
-    import types
-
-    import pluggy
-
-    from mdc import hookspecs
-    from mdc.plugin_manager import _PluginManager, discover
-
-    class Holder:
-        @mdc.hookimpl
-        def mdc_register_launchers(self) -> list[LauncherSpec]:
-            return []
-
-        @staticmethod
-        @mdc.hookimpl
-        def mdc_register_backends() -> list[BackendSpec]:
-            return []
-
-    odd = types.ModuleType("odd")
-    odd.mdc_register_launchers = Holder().mdc_register_launchers  # type: ignore[attr-defined]
-    odd.mdc_register_backends = Holder.__dict__["mdc_register_backends"]  # type: ignore[attr-defined]
-    odd.Holder = Holder  # type: ignore[attr-defined]
-    odd.mdc_register_hardware = 3  # type: ignore[attr-defined]
-
-    def mdc_unmarked() -> None:  # the project's prefix, but no marker
-        return None
-
-    def marked_oddly() -> None:
-        return None
-
-    marked_oddly.mdc_impl = "not options"  # type: ignore[attr-defined]
-    odd.mdc_unmarked = mdc_unmarked  # type: ignore[attr-defined]
-    odd.marked_oddly = marked_oddly  # type: ignore[attr-defined]
-    modules = [importlib.import_module(ep.value) for ep in discover(autoload=True)]
-    assert len(modules) >= 17
-    for module in [*modules, odd]:
-        plain, ours = pluggy.PluginManager("mdc"), _PluginManager("mdc")
-        for manager in (plain, ours):
-            manager.add_hookspecs(hookspecs)
-            manager.register(module, name="p")
-        assert _hook_functions(ours) == _hook_functions(plain), module.__name__
-    assert len(_hook_functions(ours)["mdc_register_launchers"]) == 1
-
-
 def test_tracing_shows_every_registration_hook_call(
     tmp_path: Path, declared_builtins: dict[str, list[str]]
 ) -> None:

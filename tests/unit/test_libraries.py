@@ -45,3 +45,13 @@ def test_no_private_module_of_a_library_is_imported() -> None:
         and any(part.startswith("_") and part != "__future__" for part in name.split(".")[1:])
     )
     assert private == []
+
+
+def test_plugins_are_registered_by_pluggy_itself() -> None:
+    """No subclass answering pluggy's "is this name a hook?": it saved 3-4 % of a validate."""
+    import pluggy
+
+    from mdc.plugin_manager import _manager
+
+    manager, _ = _manager([], [], None)
+    assert type(manager) is pluggy.PluginManager
