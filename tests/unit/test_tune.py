@@ -669,9 +669,11 @@ def test_few_tokens_per_expert_stream_the_expert_weights() -> None:
 
 
 def test_fp4_gemms_reach_fp4_peak_of_the_share_the_others_reach() -> None:
-    """B200's fp4 peak is 4x its bf16 one: the GEMM time G at fp4 is a quarter of bf16's,
-    and fp4_peak 0.5 doubles it. The attention stays at the bf16 peak, so compute(bf16) -
-    compute(fp4) = 3 G and compute(fp4, 0.5) - compute(fp4, 1) = G."""
+    """B200's fp4 peak is 4x its bf16 one, and fp4 GEMMs run at fp8's measured level
+    (B200: 3432.5 of 4500 TFLOP/s in fp8, 1745 of 2250 in bf16, kernels.toml): the
+    GEMM time G4 at fp4 is r = (1745/2250) / (4 * 3432.5/4500) of bf16's Gb, and fp4_peak 0.5
+    doubles it. The attention stays at the bf16 peak, so compute(bf16) - compute(fp4) =
+    Gb - G4 = G4 (1 - r)/r and compute(fp4, 0.5) - compute(fp4, 1) = G4."""
     shape, hw = _moe_shape(), builtin()["b200"]
     layout = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=1, sequence_parallel=False)
 
@@ -682,8 +684,9 @@ def test_fp4_gemms_reach_fp4_peak_of_the_share_the_others_reach() -> None:
         ).breakdown["compute"]
 
     assert compute("bf16", 0.5) == compute("bf16", 1.0)  # only fp4 GEMMs take it
-    three_g = compute("bf16", 1.0) - compute("fp4", 1.0)
-    assert compute("fp4", 0.5) - compute("fp4", 1.0) == pytest.approx(three_g / 3, rel=1e-9)
+    r = (1745 / 2250) / (4 * 3432.5 / 4500)
+    g4 = (compute("bf16", 1.0) - compute("fp4", 1.0)) * r / (1 - r)
+    assert compute("fp4", 0.5) - compute("fp4", 1.0) == pytest.approx(g4, rel=1e-3)
 
 
 def test_every_local_expert_costs_a_fixed_time_per_layer_and_pass() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
+
+import pytest
 
 from tests.tools import REPO
 
@@ -46,3 +49,45 @@ def test_every_term_is_short_and_names_its_formula() -> None:
         if not name.startswith("_") and name not in ("span", "hbm", "moe_layers"):
             doc = ast.get_docstring(node)
             assert doc and len(doc) > 60, f"{name}: its formula and data in a docstring"
+
+
+def test_the_gemm_levels_are_the_measured_table() -> None:
+    from mdc.hardware import builtin
+    from mdc.tune import kernels, terms
+
+    measured = kernels.gemm_levels()
+    assert set(measured) == set(terms.GEMM_LEVEL)
+    for key, level in measured.items():
+        assert terms.GEMM_LEVEL[key] == pytest.approx(level, abs=1e-4), key
+    table = tomllib.loads((TUNE / "kernels.toml").read_text(encoding="utf-8"))["gemm"]
+    assert table["url"].startswith("https://")
+    catalogue = builtin()
+    assert {acc for acc, *_ in table["points"]} | set(table["stand_in"]) <= set(catalogue)
+
+
+def test_gemms_run_at_each_accelerators_measured_share_of_its_peak() -> None:
+    from mdc.hardware import builtin
+    from mdc.tune import terms
+    from mdc.tune.perf import DEFAULT
+
+    hw = builtin()
+
+    def share(acc: str, precision: str) -> float:
+        rate = terms.gemm_rate(hw[acc], precision, DEFAULT, 0.0)
+        return rate / (hw[acc].peak_tflops(precision) * 1e12)
+
+    # the table's TFLOP/s over the datasheet peaks: A100 271.2 of 312, H100 794.5 of 989.4
+    # in bf16 and 1402.6 of 1978.9 in fp8, GB200 1822 of 2500
+    assert share("a100-80gb", "bf16") / share("h100-sxm", "bf16") == pytest.approx(
+        (271.2 / 312) / (794.5 / 989.4), rel=1e-3
+    )
+    assert share("h100-sxm", "fp8") / share("h100-sxm", "bf16") == pytest.approx(
+        (1402.6 / 1978.9) / (794.5 / 989.4), rel=1e-3
+    )
+    assert share("gb300", "bf16") == share("gb200", "bf16")  # its stand-in
+    assert share("gb200", "bf16") / share("h100-sxm", "bf16") == pytest.approx(
+        (1822 / 2500) / (794.5 / 989.4), rel=1e-3
+    )
+    # fp4 at fp8's level times fp4_peak; fp16 at bf16's
+    assert share("b200", "fp4") == pytest.approx(DEFAULT.fp4_peak * share("b200", "fp8"))
+    assert share("b200", "fp16") == share("b200", "bf16")

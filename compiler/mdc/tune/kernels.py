@@ -40,3 +40,28 @@ def attention_seq_knee() -> float:
     of the attention curves, averaged over them."""
     knees = [saturation([(x, y) for x, y in c["points"]])[1] for c in curves("attention")]
     return sum(knees) / len(knees)
+
+
+def gemm_levels() -> dict[tuple[str, str], float]:
+    """{(accelerator, precision): its GEMM level}: the measured maximum achievable matmul
+    TFLOP/s over the catalogue's dense peak, relative to the reference accelerator's
+    (``kernels.toml``'s ``[gemm]``); an accelerator the table does not list takes its
+    stand-in's level, fp8 where it has none of its own takes bf16's."""
+    from mdc.hardware import builtin
+
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["gemm"]
+    catalogue = builtin()
+    share = {
+        (acc, precision): tflops / catalogue[acc].peak_tflops(precision)
+        for acc, precision, tflops, *_ in table["points"]
+    }
+    reference = share[tuple(table["reference"])]
+    levels = {key: value / reference for key, value in share.items()}
+    for acc, stand_in in table["stand_in"].items():
+        for precision in ("bf16", "fp8"):
+            if (stand_in, precision) in levels and (acc, precision) not in levels:
+                levels[acc, precision] = levels[stand_in, precision]
+    for acc, _ in list(levels):
+        if (acc, "fp8") not in levels and "fp8" in catalogue[acc].dense_tflops:
+            levels[acc, "fp8"] = levels[acc, "bf16"]
+    return dict(sorted(levels.items()))

@@ -148,7 +148,7 @@ def predict(
         step_time_s=step,
         tokens_per_s_per_gpu=tokens_step / step / world,
         model_tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
+        mfu=tflops * 1e12 / terms.gemm_rate(hw, precision, constants, bf16_share, measured=False),
         bubble=fill / slots,
         breakdown=breakdown,
     )

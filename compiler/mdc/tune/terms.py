@@ -98,13 +98,53 @@ class Step:
 # ---- compute
 
 
-def gemm_rate(hw: Accelerator, precision: str, c: Constants, bf16_share: float) -> float:
-    """FLOP/s peak of the layers' GEMMs: the dense peak of ``precision`` (the catalogue's
-    vendor datasheet figure), times ``fp4_peak`` for FP4 (fitted); with ``bf16_share`` of
-    the layers in bf16 (--first-last-layers-bf16) the harmonic mean of the two peaks."""
-    peak = hw.peak_tflops(precision) * 1e12 * (c.fp4_peak if precision == "fp4" else 1.0)
-    if bf16_share:  # the layers' GEMM time: each share at its own peak
-        slow = hw.peak_tflops("bf16") * 1e12
+#: {(accelerator, precision): GEMM level}: the measured maximum achievable matmul TFLOP/s
+#: over the catalogue's peak, relative to the H100 SXM's in bf16 (kernels.toml's [gemm], a
+#: test holds these equal to mdc.tune.kernels.gemm_levels(); read here, not parsed at start-up)
+GEMM_LEVEL: dict[tuple[str, str], float] = {
+    ("a100-40gb", "bf16"): 1.0825,
+    ("a100-80gb", "bf16"): 1.0825,
+    ("b200", "bf16"): 0.9658,
+    ("b200", "fp8"): 0.9499,
+    ("b300", "bf16"): 0.9791,
+    ("b300", "fp8"): 0.9280,
+    ("gb200", "bf16"): 0.9076,
+    ("gb200", "fp8"): 0.9005,
+    ("gb300", "bf16"): 0.9076,
+    ("gb300", "fp8"): 0.9005,
+    ("h100-sxm", "bf16"): 1.0000,
+    ("h100-sxm", "fp8"): 0.8826,
+    ("h200", "bf16"): 1.0000,
+    ("h200", "fp8"): 0.9146,
+    ("mi300x", "bf16"): 0.6367,
+    ("mi300x", "fp8"): 0.6367,
+    ("mi325x", "bf16"): 0.7476,
+    ("mi325x", "fp8"): 0.7476,
+    ("mi355x", "bf16"): 0.7744,
+    ("mi355x", "fp8"): 0.7744,
+}
+
+
+def gemm_level(hw: Accelerator, precision: str) -> float:
+    """The measured GEMM level of ``hw`` in ``precision`` (:data:`GEMM_LEVEL`): fp16 at
+    bf16's, fp4 at fp8's (its own loss is ``fp4_peak``); 1 for an accelerator not measured."""
+    key = {"fp16": "bf16", "fp4": "fp8"}.get(precision, precision)
+    return GEMM_LEVEL.get((hw.id, key)) or GEMM_LEVEL.get((hw.id, "bf16"), 1.0)
+
+
+def gemm_rate(
+    hw: Accelerator, precision: str, c: Constants, bf16_share: float, *, measured: bool = True
+) -> float:
+    """FLOP/s of the layers' GEMMs at the level ``gemm_peak`` calls 1: the dense peak of
+    ``precision`` (the catalogue's datasheet figure) times the accelerator's measured GEMM
+    level in it (:func:`gemm_level`), times ``fp4_peak`` for FP4 (fitted); with
+    ``bf16_share`` of the layers in bf16 (--first-last-layers-bf16) the harmonic mean of
+    the two rates. Without ``measured``: the datasheet's (what MFU is counted against)."""
+    fp4 = c.fp4_peak if precision == "fp4" else 1.0
+    level = gemm_level(hw, precision) if measured else 1.0
+    peak = hw.peak_tflops(precision) * 1e12 * fp4 * level
+    if bf16_share:  # the layers' GEMM time: each share at its own rate
+        slow = hw.peak_tflops("bf16") * 1e12 * (gemm_level(hw, "bf16") if measured else 1.0)
         peak = 1 / ((1 - bf16_share) / peak + bf16_share / slow)
     return peak
 
