@@ -7,7 +7,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from tests.tools import REPO
 
 TUNE = REPO / "compiler" / "mdc" / "tune"
