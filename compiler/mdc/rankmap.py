@@ -499,41 +499,31 @@ def _numbers(servers: Sequence[Server], wanted: set[int]) -> dict[int, int]:
     return numbered
 
 
+@attrs.frozen
+class _ServerDrawing:
+    """What the server map's cells and legend are drawn from."""
+
+    servers: Sequence[Server]
+    #: the servers on each drawn node
+    on_node: dict[int, list[int]]
+    #: server index -> its number within its role
+    numbered: dict[int, int]
+    #: server index -> its legend line
+    labels: dict[int, str]
+    #: the servers the legend lists
+    listed: list[int]
+    cell_w: int
+
+
 def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
     """One panel: node rows, each GPU coloured by the server that runs on it."""
-    nproc = plan.nproc_per_node
     nodes = _shown(plan.nnodes, MAX_NODES)
-    columns = _shown(nproc, MAX_COLUMNS)
-    on_node = _servers_of(servers, nodes)
-    drawn = {
-        index
-        for node, indices in on_node.items()
-        for local in columns
-        if local is not None
-        for index in [_server_on(servers, indices, node, local)]
-        if index is not None
-    }
-    listed = [i for i, s in enumerate(servers) if i in drawn or not s.gpus][:MAX_LEGEND]
-    numbered = _numbers(servers, drawn | set(listed))  # server index -> number in its role
-    labels = {i: _server_label(numbered[i], servers[i]) for i in numbered}
-    # the widest name of any server: the last one of the role with the most digits
-    per_role = Counter(s.role for s in servers)
-    cell_w = max(64, CHAR_W * max(len(f"{role} {count - 1}") for role, count in per_role.items()))
-    cell_w += 10
-    cols_w = sum(ELLIPSIS_W if c is None else cell_w for c in columns) + CELL_GAP * (
+    columns = _shown(plan.nproc_per_node, MAX_COLUMNS)
+    drawing = _server_drawing(servers, nodes, columns)
+    cols_w = sum(ELLIPSIS_W if c is None else drawing.cell_w for c in columns) + CELL_GAP * (
         len(columns) - 1
     )
-    gpu_servers = [s for s in servers if s.gpus]
-    header = [
-        f"server map: job {plan.job.name} ({plan.launcher} on {plan.backend})",
-        f"{plan.nnodes} node(s) x {nproc} GPU(s); {len(gpu_servers)} server(s)"
-        + "".join(f", {s.role} on node {s.nodes[0]}" for s in servers if not s.gpus),
-        "cell: GPU / the server that runs on it; hover for details",
-    ]
-    if None in nodes:
-        header.append(f"drawn: nodes 0..{MAX_NODES - 2} and {plan.nnodes - 1} of {plan.nnodes}")
-    if None in columns:
-        header.append(f"drawn: GPUs 0..{MAX_COLUMNS - 2} and {nproc - 1} of {nproc} per node")
+    header = _servers_header(plan, servers, nodes, columns)
     title = "servers: colour = server"
     width = max(
         2 * MARGIN + LABEL_W + cols_w + 2 * ROW_PAD,
@@ -550,8 +540,80 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
     canvas.add(
         _text(MARGIN, y, title, font_size="13", font_weight="bold", **{"class": "panel-title"})
     )
-    y += 8
+    y = _draw_server_rows(canvas, plan, drawing, nodes, columns, y + 8)
+    y = _draw_server_legend(canvas, drawing, y)
+    canvas.add("</g>")
+    height = y + MARGIN
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
+        f'monospace" font-size="11">'
+    )
+    body = "\n".join(canvas.parts)
+    doc_title = escape(f"server map of job {plan.job.name}")
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{doc_title}</title>\n'
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
+    )
+
+
+def _server_drawing(
+    servers: Sequence[Server], nodes: list[int | None], columns: list[int | None]
+) -> _ServerDrawing:
+    """The servers drawn on the shown nodes and GPUs, their numbers, labels and cell width."""
+    on_node = _servers_of(servers, nodes)
+    drawn = {
+        index
+        for node, indices in on_node.items()
+        for local in columns
+        if local is not None
+        for index in [_server_on(servers, indices, node, local)]
+        if index is not None
+    }
+    listed = [i for i, s in enumerate(servers) if i in drawn or not s.gpus][:MAX_LEGEND]
+    numbered = _numbers(servers, drawn | set(listed))
+    # the widest name of any server: the last one of the role with the most digits
+    per_role = Counter(s.role for s in servers)
+    cell_w = max(64, CHAR_W * max(len(f"{role} {count - 1}") for role, count in per_role.items()))
+    return _ServerDrawing(
+        servers=servers,
+        on_node=on_node,
+        numbered=numbered,
+        labels={i: _server_label(numbered[i], servers[i]) for i in numbered},
+        listed=listed,
+        cell_w=cell_w + 10,
+    )
+
+
+def _servers_header(
+    plan: Plan, servers: Sequence[Server], nodes: list[int | None], columns: list[int | None]
+) -> list[str]:
+    nproc = plan.nproc_per_node
+    gpu_servers = [s for s in servers if s.gpus]
+    header = [
+        f"server map: job {plan.job.name} ({plan.launcher} on {plan.backend})",
+        f"{plan.nnodes} node(s) x {nproc} GPU(s); {len(gpu_servers)} server(s)"
+        + "".join(f", {s.role} on node {s.nodes[0]}" for s in servers if not s.gpus),
+        "cell: GPU / the server that runs on it; hover for details",
+    ]
+    if None in nodes:
+        header.append(f"drawn: nodes 0..{MAX_NODES - 2} and {plan.nnodes - 1} of {plan.nnodes}")
+    if None in columns:
+        header.append(f"drawn: GPUs 0..{MAX_COLUMNS - 2} and {nproc - 1} of {nproc} per node")
+    return header
+
+
+def _draw_server_rows(
+    canvas: _Canvas,
+    plan: Plan,
+    drawing: _ServerDrawing,
+    nodes: list[int | None],
+    columns: list[int | None],
+    y: int,
+) -> int:
+    """A row per shown node, a cell per shown GPU; returns the y below them."""
     row_h = CELL_H + 2 * ROW_PAD
+    cell_w = drawing.cell_w
     for node in nodes:
         if node is None:
             gap = plan.nnodes - MAX_NODES
@@ -573,10 +635,8 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
                 canvas.add(_text(x + 8, y + ROW_PAD + CELL_H // 2 + 4, "…"))
                 x += ELLIPSIS_W + CELL_GAP
                 continue
-            runs = _server_on(servers, on_node[node], node, local)
-            _server_cell(
-                canvas, servers, numbered, labels, node, local, runs, x, y + ROW_PAD, cell_w
-            )
+            runs = _server_on(drawing.servers, drawing.on_node[node], node, local)
+            _server_cell(canvas, drawing, node, local, runs, x, y + ROW_PAD)
             x += cell_w + CELL_GAP
         frame_w = x - CELL_GAP + ROW_PAD - x0
         canvas.add(
@@ -585,6 +645,12 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
         )
         canvas.add("</g>")
         y += row_h + ROW_GAP
+    return y
+
+
+def _draw_server_legend(canvas: _Canvas, drawing: _ServerDrawing, y: int) -> int:
+    """A swatch and label per listed server, and how many are not; returns the y below."""
+    servers, listed = drawing.servers, drawing.listed
     canvas.add('<g class="legend">')
     for i in listed:
         fill = colour(i) if servers[i].gpus else "#ffffff"
@@ -592,7 +658,7 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
             f'<rect class="swatch" x="{MARGIN}" y="{y + 3}" width="12" height="12" '
             f'fill="{fill}" stroke="#555555" stroke-width="0.75"/>'
         )
-        canvas.add(_text(MARGIN + 18, y + 13, labels[i]))
+        canvas.add(_text(MARGIN + 18, y + 13, drawing.labels[i]))
         y += LINE
     if len(servers) > len(listed):
         canvas.add(
@@ -605,34 +671,19 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
         )
         y += LINE
     canvas.add("</g>")
-    canvas.add("</g>")
-    height = y + MARGIN
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
-        f'monospace" font-size="11">'
-    )
-    body = "\n".join(canvas.parts)
-    doc_title = escape(f"server map of job {plan.job.name}")
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{doc_title}</title>\n'
-        f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
-    )
+    return y
 
 
 def _server_cell(
-    canvas: _Canvas,
-    servers: Sequence[Server],
-    numbered: dict[int, int],
-    labels: dict[int, str],
-    node: int,
-    gpu: int,
-    index: int | None,
-    x: int,
-    y: int,
-    cell_w: int,
+    canvas: _Canvas, drawing: _ServerDrawing, node: int, gpu: int, index: int | None, x: int, y: int
 ) -> None:
     """A GPU: the colour and name of its server, or grey when no server runs on it."""
+    servers, numbered, labels, cell_w = (
+        drawing.servers,
+        drawing.numbered,
+        drawing.labels,
+        drawing.cell_w,
+    )
     if index is None:
         tip, fill, role, sizes = f"node {node}, GPU {gpu}: no server", "#f0f0f0", "unused", ""
     else:

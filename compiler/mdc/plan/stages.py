@@ -281,103 +281,130 @@ def _megatron_uneven(
     split: PipelineSplit, layers: int, pp: int, vpp: int | None
 ) -> tuple[StageLayers | None, list[Finding]]:
     """TransformerConfig's checks for --decoder-first/last-pipeline-num-layers, in its order."""
-    findings: list[Finding] = []
-    for key in ("embedding", "loss"):
-        if getattr(split, key):
-            findings.append(
-                Finding(
-                    code="MDC227",
-                    message=f"account_for_{key}_in_pipeline_split cannot be combined with "
-                    "decoder_first_pipeline_num_layers or decoder_last_pipeline_num_layers "
-                    "(megatron-core: 'num_layers_in_first_pipeline_stage and "
-                    "num_layers_in_last_pipeline_stage cannot be set at the same time with "
-                    "account_for_embedding_in_pipeline_split and "
-                    "account_for_loss_in_pipeline_split')",
-                    pointer=split.pointer(key),
-                    hint=f"remove account_for_{key}_in_pipeline_split, or the first/last "
-                    "stage layer counts",
-                )
-            )
+    findings = _accounting_beside_counts(split) or _end_counts_against_vpp(split, vpp)
     if findings:
         return None, findings
-    middle_layers, middle_stages = layers, pp
-    for name, value in (("first", split.first), ("last", split.last)):
-        if value is None:
-            continue
-        if vpp is not None and value % vpp:
-            findings.append(
-                Finding(
-                    code="MDC227",
-                    message=f"decoder_{name}_pipeline_num_layers ({value}) must be divisible "
-                    f"by vpp ({vpp}) (megatron-core: 'number of layers at {name} stage ... "
-                    "must be divisible by virtual pipeline parallel degree')",
-                    pointer=split.pointer(name),
-                    hint=f"use a multiple of {vpp}",
-                )
-            )
-        middle_layers -= value
-        middle_stages -= 1
-    if findings:
-        return None, findings
-    given = " and ".join(
-        f"decoder_{n}_pipeline_num_layers ({v})"
-        for n, v in (("first", split.first), ("last", split.last))
-        if v is not None
+    ends = [(n, v) for n, v in (("first", split.first), ("last", split.last)) if v is not None]
+    middle = _Middle(
+        layers=layers - sum(v for _, v in ends),
+        stages=pp - len(ends),
+        given=" and ".join(f"decoder_{n}_pipeline_num_layers ({v})" for n, v in ends),
+        pointer=split.pointer("first" if split.first is not None else "last"),
     )
-    pointer = split.pointer("first" if split.first is not None else "last")
-    if bool(middle_layers) != bool(middle_stages):
-        return None, [
-            Finding(
-                code="MDC227",
-                message=f"with {given}, {middle_layers} layer(s) remain for "
-                f"{middle_stages} middle pipeline stage(s) (megatron-core: 'Mismatch: "
-                "middle layers remaining but middle PP stages available')",
-                pointer=pointer,
-                hint=f"the first and last stages must hold all {layers} layers when pp = {pp}"
-                if middle_stages <= 0
-                else "leave layers for the middle stages",
-            )
-        ]
-    if middle_stages and middle_layers % middle_stages:
-        return None, [
-            Finding(
-                code="MDC227",
-                message=f"with {given}, the {middle_layers} remaining layers do not divide "
-                f"over the {middle_stages} middle pipeline stages (megatron-core: 'number of "
-                "layers at middle stage must be divisible by the middle pipeline model "
-                "parallel size')",
-                pointer=pointer,
-                hint=_uneven_hint(layers, pp, split),
-            )
-        ]
-    per_middle = middle_layers // middle_stages if middle_stages > 0 else 0
-    if middle_stages and vpp is not None and per_middle % vpp:
-        return None, [
-            Finding(
-                code="MDC227",
-                message=f"each middle pipeline stage holds {per_middle} layers, not divisible "
-                f"by vpp ({vpp}) (megatron-core: 'number of layers on each middle pipeline "
-                "rank must be divisible by virtual pipeline parallel degree')",
-                pointer="/parallelism/vpp",
-                hint="change vpp, or the first/last stage layer counts",
-            )
-        ]
-    if middle_stages > 0 and per_middle < 0:
+    refused = _middle_refused(split, layers, pp, vpp, middle)
+    if refused is not None:
+        return None, [refused]
+    return _uneven_stages(split, layers, pp, vpp, middle)
+
+
+def _accounting_beside_counts(split: PipelineSplit) -> list[Finding]:
+    """The embedding or loss accounted as a layer beside first/last stage counts."""
+    return [
+        Finding(
+            code="MDC227",
+            message=f"account_for_{key}_in_pipeline_split cannot be combined with "
+            "decoder_first_pipeline_num_layers or decoder_last_pipeline_num_layers "
+            "(megatron-core: 'num_layers_in_first_pipeline_stage and "
+            "num_layers_in_last_pipeline_stage cannot be set at the same time with "
+            "account_for_embedding_in_pipeline_split and "
+            "account_for_loss_in_pipeline_split')",
+            pointer=split.pointer(key),
+            hint=f"remove account_for_{key}_in_pipeline_split, or the first/last "
+            "stage layer counts",
+        )
+        for key in ("embedding", "loss")
+        if getattr(split, key)
+    ]
+
+
+def _end_counts_against_vpp(split: PipelineSplit, vpp: int | None) -> list[Finding]:
+    """A first or last stage count that the virtual stages do not divide."""
+    return [
+        Finding(
+            code="MDC227",
+            message=f"decoder_{name}_pipeline_num_layers ({value}) must be divisible "
+            f"by vpp ({vpp}) (megatron-core: 'number of layers at {name} stage ... "
+            "must be divisible by virtual pipeline parallel degree')",
+            pointer=split.pointer(name),
+            hint=f"use a multiple of {vpp}",
+        )
+        for name, value in (("first", split.first), ("last", split.last))
+        if value is not None and vpp is not None and value % vpp
+    ]
+
+
+@attrs.frozen
+class _Middle:
+    """What the first/last stage counts leave to the middle stages."""
+
+    layers: int
+    #: pp less the stages given a count (negative: pp 1 with both counts)
+    stages: int
+    #: the counts given, for messages
+    given: str
+    pointer: str
+
+    @property
+    def per_stage(self) -> int:
+        return self.layers // self.stages if self.stages > 0 else 0
+
+
+def _middle_refused(
+    split: PipelineSplit, layers: int, pp: int, vpp: int | None, middle: _Middle
+) -> Finding | None:
+    """The first of megatron-core's checks of the middle stages that fails, if any."""
+    given, pointer, per_middle = middle.given, middle.pointer, middle.per_stage
+    if bool(middle.layers) != bool(middle.stages):
+        return Finding(
+            code="MDC227",
+            message=f"with {given}, {middle.layers} layer(s) remain for "
+            f"{middle.stages} middle pipeline stage(s) (megatron-core: 'Mismatch: "
+            "middle layers remaining but middle PP stages available')",
+            pointer=pointer,
+            hint=f"the first and last stages must hold all {layers} layers when pp = {pp}"
+            if middle.stages <= 0
+            else "leave layers for the middle stages",
+        )
+    if middle.stages and middle.layers % middle.stages:
+        return Finding(
+            code="MDC227",
+            message=f"with {given}, the {middle.layers} remaining layers do not divide "
+            f"over the {middle.stages} middle pipeline stages (megatron-core: 'number of "
+            "layers at middle stage must be divisible by the middle pipeline model "
+            "parallel size')",
+            pointer=pointer,
+            hint=_uneven_hint(layers, pp, split),
+        )
+    if middle.stages and vpp is not None and per_middle % vpp:
+        return Finding(
+            code="MDC227",
+            message=f"each middle pipeline stage holds {per_middle} layers, not divisible "
+            f"by vpp ({vpp}) (megatron-core: 'number of layers on each middle pipeline "
+            "rank must be divisible by virtual pipeline parallel degree')",
+            pointer="/parallelism/vpp",
+            hint="change vpp, or the first/last stage layer counts",
+        )
+    if middle.stages > 0 and per_middle < 0:
         # TransformerConfig lets this through (a negative multiple of the middle stages);
         # get_num_layers_to_build would then build a negative number of layers
-        return None, [
-            Finding(
-                code="MDC227",
-                message=f"{given} add up to more than num_layers ({layers}): each middle "
-                f"stage would hold {per_middle} layers",
-                pointer=pointer,
-                hint=f"the first and last stages can hold at most {layers} layers together",
-            )
-        ]
+        return Finding(
+            code="MDC227",
+            message=f"{given} add up to more than num_layers ({layers}): each middle "
+            f"stage would hold {per_middle} layers",
+            pointer=pointer,
+            hint=f"the first and last stages can hold at most {layers} layers together",
+        )
+    return None
+
+
+def _uneven_stages(
+    split: PipelineSplit, layers: int, pp: int, vpp: int | None, middle: _Middle
+) -> tuple[StageLayers, list[Finding]]:
+    """The stages megatron-core builds, and a warning where they are not every layer."""
     v = vpp or 1
 
     def chunks_of(rank: int) -> tuple[int, ...]:
-        count = per_middle
+        count = middle.per_stage
         if rank == 0 and split.first is not None:
             count = split.first
         if rank == pp - 1 and split.last is not None:
@@ -392,9 +419,9 @@ def _megatron_uneven(
             Finding(
                 code="MDC227",
                 severity=Severity.WARNING,
-                message=f"with {given} and pp = {pp}, megatron-core builds {built} of the "
-                f"{layers} layers",
-                pointer=pointer,
+                message=f"with {middle.given} and pp = {pp}, megatron-core builds {built} of "
+                f"the {layers} layers",
+                pointer=middle.pointer,
                 hint="remove the first/last stage layer counts when pp = 1",
             )
         ]
