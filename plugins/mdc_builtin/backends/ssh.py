@@ -179,6 +179,21 @@ def hosts(nnodes: int, options: SshOptions | None) -> Sequence[str] | None:
 
 def check(plan: Plan, options: SshOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
+    yield from _host_findings(plan, options, opts)
+    yield from _option_findings(opts)
+    yield from _master_findings(opts)
+    if plan.job.image:
+        yield Finding(
+            code="MDC436",
+            pointer="/job/image",
+            severity=Severity.WARNING,
+            message="the ssh backend runs on the hosts' own software; [job] image is not used",
+            hint="run in a container from your command, or use a backend that starts containers",
+        )
+
+
+def _host_findings(plan: Plan, options: SshOptions | None, opts: SshOptions) -> Iterator[Finding]:
+    """The hosts: one per node, each a host name, each machine once."""
     count = len(opts.hosts)
     if count != plan.nnodes:
         if options is None:
@@ -217,6 +232,10 @@ def check(plan: Plan, options: SshOptions | None) -> Iterator[Finding]:
                 "refuses repeated hosts)",
             )
         seen.setdefault(host, index)
+
+
+def _option_findings(opts: SshOptions) -> Iterator[Finding]:
+    """The login name, the ssh options, the remote directory and the forwarded names."""
     if opts.user is not None and not USER.fullmatch(opts.user):
         yield Finding(
             code="MDC438",
@@ -249,6 +268,10 @@ def check(plan: Plan, options: SshOptions | None) -> Iterator[Finding]:
                 "every node itself",
                 hint=f"remove it; {', '.join(RESERVED)} come from the plan",
             )
+
+
+def _master_findings(opts: SshOptions) -> Iterator[Finding]:
+    """MASTER_ADDR: a host name, and one the other hosts reach."""
     master = opts.master_addr
     if master is not None and not HOST.fullmatch(master):
         yield Finding(
@@ -270,14 +293,6 @@ def check(plan: Plan, options: SshOptions | None) -> Iterator[Finding]:
             message=f"MASTER_ADDR would be {master or opts.hosts[0]!r}, a loopback "
             "address, but some hosts are other machines: they cannot reach it",
             hint="name node 0 by an address the other hosts reach, or set [ssh] master_addr",
-        )
-    if plan.job.image:
-        yield Finding(
-            code="MDC436",
-            pointer="/job/image",
-            severity=Severity.WARNING,
-            message="the ssh backend runs on the hosts' own software; [job] image is not used",
-            hint="run in a container from your command, or use a backend that starts containers",
         )
 
 

@@ -126,34 +126,9 @@ def part_activations(
     # every part keeps its norm's input, its first matrix's input and a dropout mask
     kept_in = act + gemm_in + (1 if masks else 0)
     inputs = kept_in * tokens * h
-    latent = shape.latent
-    attention_modules: tuple[tuple[str, Fraction], ...] = (norm_output,)
-    dsv4 = shape.dsv4
-    if dsv4 is not None and latent is not None:
-        # DeepSeek-V4: Q before and after its norm and rope, the one shared K = V head, the
-        # attention output (the grouped projection's input) and the o_groups x o_lora
-        # output projection's input; the compressed query and the kv head, each a norm
-        # input and a projection input
-        q = Fraction(shape.heads * latent.v_head, t)
-        grouped = Fraction(dsv4.o_groups * dsv4.o_lora, t)
-        split = act * tokens * (3 * q + 2 * latent.v_head + grouped)
-        inputs += act * tokens * (2 * latent.q_lora + 2 * latent.v_head)
-        attention_modules += (("mla_up_proj", act * tokens * 2 * q),)
-    elif latent is not None:
-        # Q and K of qk + rope width, V and the projection input of v width, per head; the
-        # replicated compressed q and kv (each a norm input and an up-projection input)
-        q = Fraction(shape.heads * (latent.qk_head + latent.rope_head), t)
-        v = Fraction(shape.heads * latent.v_head, t)
-        split = act * tokens * (2 * q + 2 * v)
-        inputs += act * tokens * (2 * latent.q_lora + 2 * latent.kv_lora + latent.rope_head)
-        # recompute_modules "mla_up_proj": Megatron-Core discards the up-projected Q, K and V
-        # once core attention has run and recomputes them from the latents for its backward
-        attention_modules += (("mla_up_proj", act * tokens * (2 * q + v)),)
-    else:
-        d = shape.kv_channels
-        q = Fraction(shape.heads * d, t)
-        kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
-        split = act * tokens * (2 * q + 2 * kv)
+    split, latents, mla_up = _attention_terms(shape, t, act, tokens)
+    inputs += latents
+    attention_modules = (norm_output, *mla_up)
     scores = 0 if shape.flash else (2 * act + 1) * Fraction(shape.heads, t) * tokens * shape.seq
     mlp = tokens * ffn_bytes * Fraction(shape.ffn, t)
     if shape.streams:
@@ -193,6 +168,39 @@ def part_activations(
             modules=(norm_output,),
         )
     return parts
+
+
+def _attention_terms(
+    shape: Shape, t: int, act: int, tokens: Fraction
+) -> tuple[Fraction, Fraction, tuple[tuple[str, Fraction], ...]]:
+    """Attention's activations split over tp, the replicated ones its latents add (MLA), and
+    the up-projections recompute_modules "mla_up_proj" discards (MLA)."""
+    latent = shape.latent
+    dsv4 = shape.dsv4
+    if dsv4 is not None and latent is not None:
+        # DeepSeek-V4: Q before and after its norm and rope, the one shared K = V head, the
+        # attention output (the grouped projection's input) and the o_groups x o_lora
+        # output projection's input; the compressed query and the kv head, each a norm
+        # input and a projection input
+        q = Fraction(shape.heads * latent.v_head, t)
+        grouped = Fraction(dsv4.o_groups * dsv4.o_lora, t)
+        split = act * tokens * (3 * q + 2 * latent.v_head + grouped)
+        latents = act * tokens * (2 * latent.q_lora + 2 * latent.v_head)
+        return split, latents, (("mla_up_proj", act * tokens * 2 * q),)
+    if latent is not None:
+        # Q and K of qk + rope width, V and the projection input of v width, per head; the
+        # replicated compressed q and kv (each a norm input and an up-projection input)
+        q = Fraction(shape.heads * (latent.qk_head + latent.rope_head), t)
+        v = Fraction(shape.heads * latent.v_head, t)
+        split = act * tokens * (2 * q + 2 * v)
+        latents = act * tokens * (2 * latent.q_lora + 2 * latent.kv_lora + latent.rope_head)
+        # recompute_modules "mla_up_proj": Megatron-Core discards the up-projected Q, K and V
+        # once core attention has run and recomputes them from the latents for its backward
+        return split, latents, (("mla_up_proj", act * tokens * (2 * q + v)),)
+    d = shape.kv_channels
+    q = Fraction(shape.heads * d, t)
+    kv = Fraction(shape.groups * d, t) if shape.groups % t == 0 else Fraction(d)
+    return act * tokens * (2 * q + 2 * kv), Fraction(0), ()
 
 
 def intermediates_of(shape: Shape) -> int:

@@ -211,39 +211,64 @@ def plan_memory(
     stages: StageLayers | None = None,
 ) -> tuple[MemoryEstimate | None, list[Finding]]:
     """The estimate (None without a complete [model]) and the fit findings (MDC260-262)."""
-    pointer = "/distributed/accelerator_memory_gib"
     capacity = int(capacity_gib * GIB) if capacity_gib is not None else None
-    if model is None:
-        if capacity is None:
-            return None, []
-        return None, [
-            Finding(
-                code="MDC261",
-                severity=Severity.WARNING,
-                pointer=pointer,
-                message=f"accelerator_memory_gib = {number_text(capacity_gib or 0)} is set but there "
-                "is no [model] table, so no memory check is made",
-                hint=f"add a [model] table with {', '.join(REQUIRED_KEYS)}",
-            )
-        ]
-    shape = resolve_shape(model)
+    shape = resolve_shape(model) if model is not None else None
     if shape is None:
-        if capacity is None:
+        if capacity_gib is None:
             return None, []
-        missing = missing_keys(model)
-        return None, [
-            Finding(
-                code="MDC261",
-                severity=Severity.WARNING,
-                pointer="/model",
-                message=f"accelerator_memory_gib = {number_text(capacity_gib or 0)} is set but [model] "
-                f"lacks {', '.join(missing)}, so no memory estimate or check is made",
-                hint=f"add {', '.join(missing)} to [model]",
-            )
-        ]
+        return None, [_no_check(model, capacity_gib)]
     found = estimate(shape, sizes, batch, training, capacity, stages)
-    if capacity is None:
+    if capacity is None or capacity_gib is None:
         return found, []
+    fit = _Fit(shape, sizes, batch, training, context, capacity, capacity_gib)
+    return found, _fit_findings(found, fit)
+
+
+def _no_check(model: ModelTable | None, capacity_gib: float) -> Finding:
+    """MDC261: a memory limit given without the complete [model] the check needs."""
+    if model is None:
+        return Finding(
+            code="MDC261",
+            severity=Severity.WARNING,
+            pointer="/distributed/accelerator_memory_gib",
+            message=f"accelerator_memory_gib = {number_text(capacity_gib or 0)} is set but there "
+            "is no [model] table, so no memory check is made",
+            hint=f"add a [model] table with {', '.join(REQUIRED_KEYS)}",
+        )
+    missing = missing_keys(model)
+    return Finding(
+        code="MDC261",
+        severity=Severity.WARNING,
+        pointer="/model",
+        message=f"accelerator_memory_gib = {number_text(capacity_gib or 0)} is set but [model] "
+        f"lacks {', '.join(missing)}, so no memory estimate or check is made",
+        hint=f"add {', '.join(missing)} to [model]",
+    )
+
+
+@attrs.frozen
+class _Fit:
+    """What a fit finding's hint evaluates its levers against."""
+
+    shape: Shape
+    sizes: Sizes
+    batch: BatchPlan | None
+    training: TrainingSetup
+    context: Context
+    capacity: int
+    capacity_gib: float
+
+    def hint(self, capacity: int, fits: str = "fits") -> str:
+        return _hint(
+            self.shape, self.sizes, self.batch, self.training, self.context, capacity, fits
+        )
+
+
+def _fit_findings(found: MemoryEstimate, fit: _Fit) -> list[Finding]:
+    """MDC260 where the model state alone exceeds the limit; MDC262 where the estimate
+    passes the headroom."""
+    pointer = "/distributed/accelerator_memory_gib"
+    capacity = fit.capacity
     peak = (
         f"activations {gib(found.activations)}"
         if found.activations >= found.step_gradients
@@ -260,13 +285,13 @@ def plan_memory(
         else f"per GPU on pipeline stage {found.stage_rank} ({found.stage}, "
         f"{found.stage_layers} layers)"
     )
-    limit = f"accelerator_memory_gib = {number_text(capacity_gib or 0)}"
+    limit = f"accelerator_memory_gib = {number_text(fit.capacity_gib or 0)}"
     # Only the model state (weights, gradients, optimizer) refuses: the sharding that sizes it
     # is the spec's. Activations depend on kernels and fusions no spec states, so a total
     # over the limit is a warning: an estimate must not block a layout that really runs.
     state = found.weights + found.gradients + found.optimizer
     if state > capacity:
-        return found, [
+        return [
             Finding(
                 code="MDC260",
                 pointer=pointer,
@@ -274,12 +299,12 @@ def plan_memory(
                 f"{gib(found.weights)} + gradients {gib(found.gradients)} + optimizer "
                 f"{gib(found.optimizer)}), more than {limit} (with activations, an "
                 f"estimated {gib(found.total)})",
-                hint=_hint(shape, sizes, batch, training, context, capacity),
+                hint=fit.hint(capacity),
             )
         ]
     if found.total > capacity * HEADROOM:
         share = found.total * 100 // capacity
-        return found, [
+        return [
             Finding(
                 code="MDC262",
                 severity=Severity.WARNING,
@@ -293,15 +318,7 @@ def plan_memory(
                     else "the CUDA/ROCm context, communication buffers and fragmentation are "
                     "not counted and may not fit"
                 ),
-                hint=_hint(
-                    shape,
-                    sizes,
-                    batch,
-                    training,
-                    context,
-                    int(capacity * HEADROOM),
-                    f"under {HEADROOM * 100}%",
-                ),
+                hint=fit.hint(int(capacity * HEADROOM), f"under {HEADROOM * 100}%"),
             )
         ]
-    return found, []
+    return []

@@ -373,6 +373,22 @@ def _option_name(arg: str) -> str | None:
 def check(plan: Plan, options: MpirunOptions | None) -> Iterator[Finding]:
     opts = _opts(options)
     how = starter(plan, opts)
+    yield from _placement_findings(plan, how)
+    yield from _unused_keys(opts, how)
+    yield from _repeated_options(plan, opts, how)
+    first = plan.job.argv[0].rsplit("/", 1)[-1] if plan.job.argv else ""
+    if first in LAUNCHERS:
+        yield Finding(
+            code="MDC906",
+            pointer="/job/command",
+            message=f"the command starts with {first}; the mpirun launcher starts "
+            f"the {plan.world_size} ranks itself, so each would start more",
+            hint='give the program only, e.g. ["python", "train.py"]',
+        )
+
+
+def _placement_findings(plan: Plan, how: str) -> Iterator[Finding]:
+    """Where the job runs against how it starts: the backend, elasticity, the starter."""
     if plan.backend in POD_BACKENDS:
         yield Finding(
             code="MDC900",
@@ -429,6 +445,10 @@ def check(plan: Plan, options: MpirunOptions | None) -> Iterator[Finding]:
             hint="remove starter (srun is the default on slurm), or add "
             'mca = { plm_slurm_args = "--overlap" } and oversubscribe = true',
         )
+
+
+def _unused_keys(opts: MpirunOptions, how: str) -> Iterator[Finding]:
+    """The [mpirun] keys of the starter the job does not use."""
     unused = (
         ["mpirun", "bind_to", "allow_run_as_root", "oversubscribe", "mca", "export"]
         if how == "srun"
@@ -444,6 +464,10 @@ def check(plan: Plan, options: MpirunOptions | None) -> Iterator[Finding]:
                 message=f"[mpirun] {key} is not used: the job starts with {how}",
                 hint=f"remove {key}, or set starter to the launcher it is for",
             )
+
+
+def _repeated_options(plan: Plan, opts: MpirunOptions, how: str) -> Iterator[Finding]:
+    """extra_args that repeat what mdc writes, and exports forwarded already."""
     own = SRUN_OWN if how == "srun" else MPIRUN_OWN
     for index, arg in enumerate(opts.extra_args):
         name = _option_name(arg)
@@ -470,15 +494,6 @@ def check(plan: Plan, options: MpirunOptions | None) -> Iterator[Finding]:
                 "(MASTER_ADDR, MASTER_PORT and every [job] env name are)",
                 hint=f"remove {name!r} from export",
             )
-    first = plan.job.argv[0].rsplit("/", 1)[-1] if plan.job.argv else ""
-    if first in LAUNCHERS:
-        yield Finding(
-            code="MDC906",
-            pointer="/job/command",
-            message=f"the command starts with {first}; the mpirun launcher starts "
-            f"the {plan.world_size} ranks itself, so each would start more",
-            hint='give the program only, e.g. ["python", "train.py"]',
-        )
 
 
 @mdc.hookimpl
