@@ -26,9 +26,8 @@ def test_the_serving_lines_say_the_predicted_block() -> None:
     lines = text[text.index("predicted on") :].splitlines()[:4]
     assert lines[0].startswith("predicted on NVIDIA H200")
     assert "8192 in / 1024 out tokens, 256 requests in flight" in lines[0]
-    ttft, tpot, per_user = map(
-        float, re.findall(r"TTFT ([\d.]+) ms, TPOT ([\d.]+) ms \(([\d.]+) tokens/s", lines[1])[0]
-    )
+    said = re.findall(r"TTFT ([\d,.]+) ms, TPOT ([\d,.]+) ms \(([\d,.]+) tokens/s", lines[1])
+    ttft, tpot, per_user = (float(number.replace(",", "")) for number in said[0])
     assert round(predicted["ttft_ms"]) == ttft
     assert round(predicted["tpot_ms"], 1) == tpot
     assert round(predicted["output_tokens_per_s_per_user"], 1) == per_user
