@@ -285,128 +285,177 @@ class SchemaChecker:
         return found
 
     def _diagnose(self, error: ValidationError, doc: LoadedDocument) -> Iterator[Diagnostic]:
-        path = list(error.absolute_path)
-        pointer = join_pointer(path)
-        keyword = str(error.validator)
-        schema = error.schema if isinstance(error.schema, dict) else {}
+        failure = _Failure(error, doc)
+        return _DIAGNOSES.get(failure.keyword, _invalid)(failure)
 
-        def diag(
-            message: str, hint: str | None = None, at: str = pointer, key: bool = False
-        ) -> Diagnostic:
-            return Diagnostic(
-                severity=Severity.ERROR,
-                code=CODES.get(keyword, "MDC100"),
-                message=message,
-                hint=hint,
-                location=doc.locate(at, key=key),
-            )
 
-        if keyword == "additionalProperties" and isinstance(error.instance, dict):
-            allowed = sorted(schema.get("properties", {}))
-            for extra in sorted(k for k in error.instance if k not in allowed):
-                near = did_you_mean(extra, allowed, cutoff=0.6)
-                hint = (
-                    f"did you mean {near!r}?"
-                    if near
-                    else (f"allowed keys: {', '.join(allowed)}" if allowed else None)
-                )
-                yield diag(
-                    f"unknown key {extra!r} {_table_name(path)}",
-                    hint,
-                    join_pointer([*path, extra]),
-                    key=True,
-                )
-        elif keyword == "required":
-            missing = str(error.message).split("'")[1]
-            description = schema.get("properties", {}).get(missing, {}).get("description")
-            yield diag(f"missing required key {missing!r} {_table_name(path)}", description)
-        elif keyword == "type":
-            expected = error.validator_value
-            names = [
-                TYPE_NAMES.get(str(t), str(t))
-                for t in (expected if isinstance(expected, list) else [expected])
-            ]
-            yield diag(
-                f"expected {' or '.join(names)}, got {_got(error.instance)}",
-                (schema.get("description") or _quote_hint(expected, error.instance))
-                if path
-                else None,
-            )
-        elif keyword in ("enum", "const"):
-            choices = [
-                str(c)
-                for c in cast(
-                    "list[Any]",
-                    error.validator_value if keyword == "enum" else [error.validator_value],
-                )
-            ]
-            near = did_you_mean(str(error.instance), choices)
-            hint = f"did you mean {near!r}?" if near else None
-            kind = PLUGIN_FIELDS.get(pointer)
-            if not choices:  # plugin names, and every plugin of that kind blocked or absent
-                yield diag(
-                    f"{_short(error.instance)} is not available: no plugin of this kind is loaded",
-                    "see `mdc plugins`; was it blocked with -p no:NAME?",
-                )
-                return
-            if kind is not None and near is None:
-                yield Diagnostic(
-                    severity=Severity.ERROR,
-                    code="MDC107",
-                    message=f"no {kind} named {_short(error.instance)} is installed "
-                    f"(installed: {', '.join(choices)})",
-                    hint=f"`mdc plugins` lists the installed {kind}s; a third-party {kind} "
-                    "is a distribution to pip install beside mdc (entry point group `mdc`), "
-                    "and -p no:NAME or MDC_BLOCK_PLUGINS may have blocked it",
-                    location=doc.locate(pointer),
-                )
-                return
-            yield diag(f"{_short(error.instance)} is not one of: {', '.join(choices)}", hint)
-        elif keyword in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
-            op = {
-                "minimum": ">=",
-                "exclusiveMinimum": ">",
-                "maximum": "<=",
-                "exclusiveMaximum": "<",
-            }[keyword]
-            yield diag(
-                f"must be {op} {error.validator_value}, got {_short(error.instance)}",
-                schema.get("description"),
-            )
-        elif keyword == "oneOf":
-            options = [
-                sub.schema.get("type")
-                for sub in error.context or []
-                if isinstance(sub.schema, dict)
-            ]
-            names = [TYPE_NAMES.get(str(t), str(t)) for t in dict.fromkeys(options) if t]
-            yield diag(
-                f"expected {' or '.join(names) or 'another value'}, got {_got(error.instance)}",
-                schema.get("description"),
-            )
-        elif keyword == "propertyNames":
-            yield diag(
-                f"invalid name {_short(error.instance)}",
-                f"names must match {cast(Any, error.validator_value).get('pattern', 'the schema')}",
-                join_pointer([*path, str(error.instance)]),
-                key=True,
-            )
-        elif keyword == "pattern":
-            yield diag(
-                f"{_short(error.instance)} does not match {error.validator_value}",
-                schema.get("description"),
-            )
-        elif keyword in ("minLength", "maxLength"):
-            bound = "at least" if keyword == "minLength" else "at most"
-            yield diag(
-                f"{_short(error.instance)} must be {bound} {error.validator_value} characters long",
-                schema.get("description"),
-            )
-        else:
-            yield diag(
-                f"{_short(error.instance)} is invalid: {keyword} {_short(error.validator_value)}",
-                schema.get("description"),
-            )
+class _Failure:
+    """One jsonschema error, as its diagnostics say it: where, which keyword, which schema."""
+
+    def __init__(self, error: ValidationError, doc: LoadedDocument) -> None:
+        self.error = error
+        self.doc = doc
+        self.path = list(error.absolute_path)
+        self.pointer = join_pointer(self.path)
+        self.keyword = str(error.validator)
+        self.schema: dict[str, Any] = error.schema if isinstance(error.schema, dict) else {}
+
+    def diag(
+        self, message: str, hint: str | None = None, at: str | None = None, key: bool = False
+    ) -> Diagnostic:
+        return Diagnostic(
+            severity=Severity.ERROR,
+            code=CODES.get(self.keyword, "MDC100"),
+            message=message,
+            hint=hint,
+            location=self.doc.locate(self.pointer if at is None else at, key=key),
+        )
+
+
+def _unknown_keys(f: _Failure) -> Iterator[Diagnostic]:
+    """additionalProperties: each unknown key, with the nearest known one."""
+    if not isinstance(f.error.instance, dict):
+        yield from _invalid(f)
+        return
+    allowed = sorted(f.schema.get("properties", {}))
+    for extra in sorted(k for k in f.error.instance if k not in allowed):
+        near = did_you_mean(extra, allowed, cutoff=0.6)
+        hint = (
+            f"did you mean {near!r}?"
+            if near
+            else (f"allowed keys: {', '.join(allowed)}" if allowed else None)
+        )
+        yield f.diag(
+            f"unknown key {extra!r} {_table_name(f.path)}",
+            hint,
+            join_pointer([*f.path, extra]),
+            key=True,
+        )
+
+
+def _missing_key(f: _Failure) -> Iterator[Diagnostic]:
+    missing = str(f.error.message).split("'")[1]
+    description = f.schema.get("properties", {}).get(missing, {}).get("description")
+    yield f.diag(f"missing required key {missing!r} {_table_name(f.path)}", description)
+
+
+def _wrong_type(f: _Failure) -> Iterator[Diagnostic]:
+    expected = f.error.validator_value
+    names = [
+        TYPE_NAMES.get(str(t), str(t))
+        for t in (expected if isinstance(expected, list) else [expected])
+    ]
+    yield f.diag(
+        f"expected {' or '.join(names)}, got {_got(f.error.instance)}",
+        (f.schema.get("description") or _quote_hint(expected, f.error.instance))
+        if f.path
+        else None,
+    )
+
+
+def _not_a_choice(f: _Failure) -> Iterator[Diagnostic]:
+    """enum and const; a plugin name that names no installed plugin is MDC107."""
+    error = f.error
+    choices = [
+        str(c)
+        for c in cast(
+            "list[Any]",
+            error.validator_value if f.keyword == "enum" else [error.validator_value],
+        )
+    ]
+    near = did_you_mean(str(error.instance), choices)
+    hint = f"did you mean {near!r}?" if near else None
+    kind = PLUGIN_FIELDS.get(f.pointer)
+    if not choices:  # plugin names, and every plugin of that kind blocked or absent
+        yield f.diag(
+            f"{_short(error.instance)} is not available: no plugin of this kind is loaded",
+            "see `mdc plugins`; was it blocked with -p no:NAME?",
+        )
+        return
+    if kind is not None and near is None:
+        yield Diagnostic(
+            severity=Severity.ERROR,
+            code="MDC107",
+            message=f"no {kind} named {_short(error.instance)} is installed "
+            f"(installed: {', '.join(choices)})",
+            hint=f"`mdc plugins` lists the installed {kind}s; a third-party {kind} "
+            "is a distribution to pip install beside mdc (entry point group `mdc`), "
+            "and -p no:NAME or MDC_BLOCK_PLUGINS may have blocked it",
+            location=f.doc.locate(f.pointer),
+        )
+        return
+    yield f.diag(f"{_short(error.instance)} is not one of: {', '.join(choices)}", hint)
+
+
+_BOUND_SIGNS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
+
+
+def _out_of_range(f: _Failure) -> Iterator[Diagnostic]:
+    yield f.diag(
+        f"must be {_BOUND_SIGNS[f.keyword]} {f.error.validator_value}, got {_short(f.error.instance)}",
+        f.schema.get("description"),
+    )
+
+
+def _none_of_the_types(f: _Failure) -> Iterator[Diagnostic]:
+    """oneOf: the types its branches take."""
+    options = [
+        sub.schema.get("type") for sub in f.error.context or [] if isinstance(sub.schema, dict)
+    ]
+    names = [TYPE_NAMES.get(str(t), str(t)) for t in dict.fromkeys(options) if t]
+    yield f.diag(
+        f"expected {' or '.join(names) or 'another value'}, got {_got(f.error.instance)}",
+        f.schema.get("description"),
+    )
+
+
+def _bad_name(f: _Failure) -> Iterator[Diagnostic]:
+    """propertyNames: the key itself is located."""
+    yield f.diag(
+        f"invalid name {_short(f.error.instance)}",
+        f"names must match {cast(Any, f.error.validator_value).get('pattern', 'the schema')}",
+        join_pointer([*f.path, str(f.error.instance)]),
+        key=True,
+    )
+
+
+def _no_match(f: _Failure) -> Iterator[Diagnostic]:
+    yield f.diag(
+        f"{_short(f.error.instance)} does not match {f.error.validator_value}",
+        f.schema.get("description"),
+    )
+
+
+def _bad_length(f: _Failure) -> Iterator[Diagnostic]:
+    bound = "at least" if f.keyword == "minLength" else "at most"
+    yield f.diag(
+        f"{_short(f.error.instance)} must be {bound} {f.error.validator_value} characters long",
+        f.schema.get("description"),
+    )
+
+
+def _invalid(f: _Failure) -> Iterator[Diagnostic]:
+    """Any other keyword: named with its value."""
+    yield f.diag(
+        f"{_short(f.error.instance)} is invalid: {f.keyword} {_short(f.error.validator_value)}",
+        f.schema.get("description"),
+    )
+
+
+#: the diagnostics of each JSON Schema keyword's failure
+_DIAGNOSES: dict[str, Callable[[_Failure], Iterator[Diagnostic]]] = {
+    "additionalProperties": _unknown_keys,
+    "required": _missing_key,
+    "type": _wrong_type,
+    "enum": _not_a_choice,
+    "const": _not_a_choice,
+    **dict.fromkeys(_BOUND_SIGNS, _out_of_range),
+    "oneOf": _none_of_the_types,
+    "propertyNames": _bad_name,
+    "pattern": _no_match,
+    "minLength": _bad_length,
+    "maxLength": _bad_length,
+}
 
 
 def _quote_hint(expected: object, value: object) -> str | None:
