@@ -747,6 +747,12 @@ CODES: dict[str, Code] = {
         "[workload] gives both concurrency and request_rate, or neither",
         "keep one: concurrency (a closed loop) or request_rate (Poisson arrivals)",
     ),
+    "MDC624": Code(
+        '[model] dtype = "fp4" is an FP4 checkpoint to serve; a training launcher does not '
+        "train from one",
+        'serve it (vllm, sglang, trtllm, ...), or train in FP4 from dtype = "bf16" with the '
+        "launcher's FP4 recipe (Megatron's fp4_format)",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(

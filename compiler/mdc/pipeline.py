@@ -25,7 +25,12 @@ from mdc.passes.calls import call
 from mdc.passes.contract import launch_findings, plugin_findings, unread_tables
 from mdc.passes.env import env_findings
 from mdc.passes.flags import read_document
-from mdc.passes.serving import serving_memory_findings, whole_servers, workload_findings
+from mdc.passes.serving import (
+    fp4_findings,
+    serving_memory_findings,
+    whole_servers,
+    workload_findings,
+)
 from mdc.plan import Plan, build_plan
 from mdc.plan.build import DEFAULT_BACKEND
 from mdc.plan.named_models import name_model
@@ -243,6 +248,7 @@ class Compiler:
                 known = self.plugins.accelerators()
                 refused = tensor_core_findings(spec, training, hardware, known)
                 findings += [self._diag(doc, f) for f in refused]
+        findings += [self._diag(doc, f) for f in fp4_findings(launcher, spec)]
         if plan is not None and launcher.workload == "serving":
             plan, serving_found = serving_memory_findings(plan, launcher, spec, launcher_reg)
             findings += [self._diag(doc, f) for f in serving_found]

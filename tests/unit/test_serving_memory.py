@@ -103,6 +103,22 @@ def test_weights_beyond_the_gpu_are_an_error(tmp_path: Path) -> None:
     assert fits is not None and fits.sequences > 1
 
 
+def test_an_fp4_checkpoint_packs_its_layers_in_nine_sixteenths_of_a_byte(
+    tmp_path: Path,
+) -> None:
+    """NVFP4: 16 4-bit values share one FP8 scale (4.5 bits a weight); the checkpoints keep
+    the embedding and the output layer unquantized (bf16). Llama 3.1 8B's are untied:
+    2 x vocab x hidden weights."""
+    table = model("llama3.1-8b")
+    ends = 2 * table["vocab_size"] * table["hidden_size"]
+    bf16 = compile_(tmp_path, [], 80, model={**table, "dtype": "bf16"}).plan.serving_memory
+    fp4 = compile_(tmp_path, [], 80, model={**table, "dtype": "fp4"}).plan.serving_memory
+    assert bf16 is not None and fp4 is not None
+    layers = bf16.weights // 2 - ends
+    assert fp4.weights == pytest.approx(layers * 9 / 16 + ends * 2, abs=1)
+    assert fp4.kv_dtype == "bf16"  # "auto" caches in the activations' dtype
+
+
 def test_mla_caches_the_compressed_latent_on_every_tp_rank() -> None:
     """DeepSeek-V3 (config.json): kv_lora_rank 512, qk_rope_head_dim 64, 61 layers."""
     table = MODELS["deepseek-v3"]["model"]

@@ -282,6 +282,27 @@ def test_ttft_below_the_knee_counts_the_wait_for_the_prefill() -> None:
     assert all(abs(e) <= 0.30 for e in errs), errs
 
 
+@pytest.mark.parametrize(("accelerator", "ratio"), [("b200", 0.5), ("h200", 2.0)])
+def test_an_fp4_checkpoint_prefills_at_the_chips_fp4_peak(accelerator: str, ratio: float) -> None:
+    """B200's dense FP4 peak is twice its FP8 one; H200 has no FP4 tensor cores, so the
+    4-bit weights are widened and the GEMMs run at its bf16 peak, half its FP8 one."""
+    hw = builtin()[accelerator]
+    work = WorkloadTable(input_tokens=4096, output_tokens=512, concurrency=8)
+    role = Role(name="server", servers=1, gpus=1, tp=1)
+    dep = _deployment(role, launcher="vllm")
+
+    def server(dtype: str) -> Any:
+        shape = serving_fit._shape("llama3.1-8b", dtype, 4608)
+        return server_of(role, shape, hw, dep, work, DEFAULT)
+
+    fp4, fp8 = server("fp4"), server("fp8")
+    assert fp4.prefill_compute(4096, 4096) / fp8.prefill_compute(4096, 4096) == pytest.approx(
+        ratio, rel=1e-3
+    )
+    # and it reads fewer weight bytes each decode step
+    assert fp4.decode_parts(1, 4352)[0] < fp8.decode_parts(1, 4352)[0]
+
+
 def test_attention_data_parallel_without_expert_parallel_splits_the_experts() -> None:
     """SGLang's --enable-dp-attention (and TensorRT-LLM's enable_attention_dp) over tp 8
     without expert parallel keeps the experts tensor parallel over the server's 8 GPUs;

@@ -59,6 +59,24 @@ def workload_findings(launcher: LauncherSpec, workload: WorkloadTable) -> list[F
     ]
 
 
+def fp4_findings(launcher: LauncherSpec, spec: JobSpec) -> list[Finding]:
+    """[model] dtype = "fp4" names an FP4 checkpoint (NVFP4, MXFP4) that a serving engine
+    reads as it is; no training launcher starts from one (training in FP4 quantizes a bf16
+    model around its GEMMs: Megatron's fp4_format)."""
+    if spec.model is None or spec.model.dtype != "fp4" or launcher.workload == "serving":
+        return []
+    return [
+        Finding(
+            code="MDC624",
+            pointer="/model/dtype",
+            message=f'[model] dtype = "fp4" is an FP4 checkpoint to serve; the training '
+            f"launcher {launcher.name!r} does not train from one",
+            hint="serve it with a serving launcher (vllm, sglang, trtllm, ...), or train in FP4 "
+            "from dtype = \"bf16\" with the launcher's FP4 recipe (Megatron's fp4_format)",
+        )
+    ]
+
+
 def serving_memory_findings(
     plan: Plan, launcher: LauncherSpec, spec: JobSpec, reg: Registered
 ) -> tuple[Plan, list[Finding]]:

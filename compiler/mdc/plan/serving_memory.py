@@ -6,12 +6,14 @@ and the KV cache. Per GPU of the heaviest pipeline stage:
 
 * weights: the stage's layers split over tp (experts over ep, each split over etp), the
   embedding on the first stage and the output layer on the last; ``dtype`` fp8 weights
-  take one byte;
+  take one byte; an fp4 checkpoint's (NVFP4: 4-bit values under an FP8 scale per 16, so
+  9/16 byte; MXFP4's 8-bit scale per 32 takes less) layers take 9/16 byte and its
+  embedding and output layer, which the checkpoints keep unquantized, two;
 * KV cache per token: per attention layer of the stage, 2 x the KV heads one tp rank holds
   (at least one: a head is replicated when there are fewer than tp) x head_dim bytes, or
   with multi-latent attention the compressed ``kv_lora_rank + qk_pos_emb_head_dim`` per
   token, which every tp rank holds; in the KV dtype (``fp8``: one byte; ``auto``: the
-  activations', bf16 for an fp8 checkpoint);
+  activations', bf16 for an fp8 or fp4 checkpoint);
 * the cache: ``share x capacity - weights``, an upper bound (activations and CUDA graphs
   take some of it), in tokens and in sequences of ``max_model_len``.
 
@@ -46,6 +48,15 @@ DTYPE_BYTES = {
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
 }
+
+
+def weight_bytes(dtype: str) -> Fraction:
+    """Bytes per weight of the transformer layers of a checkpoint in ``dtype``."""
+    return FP4_LAYER_BYTES if dtype == "fp4" else Fraction(DTYPE_BYTES.get(dtype, 2))
+
+
+#: an fp4 checkpoint's layers: NVFP4 packs 16 4-bit values under one FP8 scale
+FP4_LAYER_BYTES = Fraction(9, 16)
 
 
 @attrs.frozen(kw_only=True)
@@ -96,7 +107,9 @@ class ServingMemory:
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
     tp, pp = setup.tp, max(1, setup.pp)
     per_stage = -(-shape.layers // pp)
-    weight_bytes = DTYPE_BYTES.get(shape.dtype, 2)
+    layer_bytes = weight_bytes(shape.dtype)
+    # an fp4 checkpoint keeps its embedding and output layer in bf16
+    end_bytes = 2 if shape.dtype == "fp4" else layer_bytes
     output = 0 if shape.tied and pp == 1 else split_width(shape.vocab, tp) * shape.hidden
     ends = (
         [embedding_params(shape, tp) + output] if pp == 1 else [embedding_params(shape, tp), output]
@@ -104,13 +117,14 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
     starts = [0] if pp == 1 else [0, shape.layers - per_stage]
     weights, kv = 0, 0
     # "auto" caches in the activations' dtype: an fp8 checkpoint still computes in bf16
-    auto = "bf16" if shape.dtype == "fp8" else shape.dtype
+    auto = "bf16" if shape.dtype in ("fp8", "fp4") else shape.dtype
     kv_dtype = setup.kv_dtype if setup.kv_dtype != "auto" else auto
-    kv_bytes = DTYPE_BYTES.get(kv_dtype, weight_bytes)
+    kv_bytes = DTYPE_BYTES.get(kv_dtype, DTYPE_BYTES.get(shape.dtype, 2))
     for start, end in zip(starts, ends, strict=True):
         stop = min(shape.layers, start + per_stage)
         params = layer_params(shape, start, stop, tp, setup.ep, setup.etp)
-        weights = max(weights, (params.dense + params.expert + end) * weight_bytes)
+        stage = int((params.dense + params.expert) * layer_bytes + end * end_bytes)
+        weights = max(weights, stage)
         parts: Parts = shape.pattern.parts(start, stop)
         kv = max(kv, parts.attention * kv_per_layer(shape, tp) * kv_bytes)
     capacity = int(capacity_gib * GIB)

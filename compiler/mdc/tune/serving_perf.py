@@ -33,7 +33,13 @@ import attrs
 from mdc.hardware import Accelerator
 from mdc.plan.memory import GIB, Shape
 from mdc.plan.memory.params import layer_params
-from mdc.plan.serving_memory import DTYPE_BYTES, ServingSetup, estimate, kv_per_layer
+from mdc.plan.serving_memory import (
+    DTYPE_BYTES,
+    ServingSetup,
+    estimate,
+    kv_per_layer,
+    weight_bytes,
+)
 from mdc.spec import WorkloadTable
 from mdc.tune.flops import token_flops
 
@@ -256,7 +262,9 @@ class _Server:
         return max(self.prefill_compute(tokens, prompt), steps * read) + overhead
 
     def _peak(self) -> float:
-        dtype = "fp8" if self.shape.dtype == "fp8" else "bf16"
+        """The GEMMs' peak: an fp8 checkpoint's fp8, an fp4 one's fp4 where the chip has FP4
+        tensor cores (else its bf16: the 4-bit weights widened, as on Hopper), else bf16."""
+        dtype = self.shape.dtype if self.shape.dtype in ("fp8", "fp4") else "bf16"
         return self.hw.peak_tflops(dtype) * 1e12
 
 
@@ -278,8 +286,8 @@ def server_of(
     )
     memory = estimate(shape, setup, dep.capacity_gib)
     params = layer_params(shape, 0, -(-shape.layers // pp), tp, ep, etp)
-    wbytes = DTYPE_BYTES.get(shape.dtype, 2)
-    dense = memory.weights - params.expert * wbytes
+    expert_bytes = float(params.expert * weight_bytes(shape.dtype))
+    dense = memory.weights - expert_bytes
     per_seq = w.input_tokens + w.output_tokens
     groups = role.dp
     return _Server(
@@ -288,8 +296,8 @@ def server_of(
         hw=hw,
         dep=dep,
         c=c,
-        dense_bytes=float(max(0, dense)),
-        expert_bytes=float(params.expert * wbytes),
+        dense_bytes=max(0.0, dense),
+        expert_bytes=expert_bytes,
         kv_per_token=float(memory.kv_per_token),
         capacity_seqs=groups * memory.tokens // per_seq,
         memory_gib=(memory.weights + memory.cache) / GIB,
