@@ -586,8 +586,15 @@ class _Translation:
 
     # launcher tables
     def launcher_options(self, launcher: object) -> None:
-        b, dist = self.b, self.dist
-        nnodes, nproc = self.nnodes, self.nproc
+        self.model_placeholder(launcher)
+        self.layout_as_madengine_runs_it(launcher)
+        self.sglang_disagg_notes(launcher)
+        self.sglang_disagg_split(launcher)
+        self.primus(launcher)
+
+    def model_placeholder(self, launcher: object) -> None:
+        """A serving launcher's model key, which madengine's scripts choose themselves."""
+        b = self.b
         if launcher in MODEL_KEYS:
             table, key = str(launcher), MODEL_KEYS[str(launcher)]
             b.put((table, key), f"{PLACEHOLDER}/model", None)
@@ -598,6 +605,10 @@ class _Translation:
                 f"needs [{table}] {key}, set to a placeholder",
                 hint=f"set [{table}] {key}",
             )
+
+    def layout_as_madengine_runs_it(self, launcher: object) -> None:
+        """The sizes and rendezvous madengine's scripts use where mdc's defaults differ."""
+        b, nnodes, nproc = self.b, self.nnodes, self.nproc
         if launcher == "vllm" and nnodes > 1:
             b.put(("vllm", "mode"), "replicas", None)
             b.put(("parallelism", "tp"), nproc, None)
@@ -649,6 +660,10 @@ class _Translation:
                 "--master_addr (a static rendezvous); mdc keeps it: [torchrun] "
                 'rdzv_backend = "static"',
             )
+
+    def sglang_disagg_notes(self, launcher: object) -> None:
+        """What madengine's sglang-disagg runs that mdc's runs otherwise."""
+        b, nnodes = self.b, self.nnodes
         if launcher == "sglang_disagg" and self.nnodes < 3 and self.nnodes_origin:
             b.note(
                 "MDC504",
@@ -683,6 +698,10 @@ class _Translation:
                 "mdc runs sglang_router on port 8000 and server i on 30000 + i",
                 hint='for an SGLang without sglang_router set [sglang_disagg] router = "mini_lb"',
             )
+
+    def sglang_disagg_split(self, launcher: object) -> None:
+        """distributed.sglang_disagg: a custom prefill/decode split, as madengine reads it."""
+        b, dist = self.b, self.dist
         disagg = dist.get("sglang_disagg")
         if "sglang_disagg" in dist:
             split = disagg if isinstance(disagg, dict) else {}
@@ -719,6 +738,10 @@ class _Translation:
                         )
                 b.handled.add("/distributed/sglang_disagg")
             self.unknown_keys("/distributed/sglang_disagg", split, SGLANG_DISAGG_KEYS)
+
+    def primus(self, launcher: object) -> None:
+        """distributed.primus: the Primus config, madengine's default where none is given."""
+        b, dist = self.b, self.dist
         primus = dist.get("primus")
         if launcher == "primus":
             opts = primus if isinstance(primus, dict) else {}
@@ -758,47 +781,7 @@ class _Translation:
         b.table(table, src)
         multi_node = self.k8s_multi_node()
         multi = multi_node or self.k8s_multi_gpu()
-        b.put(
-            (*table, "namespace"),
-            k8s.get("namespace", "default"),
-            f"{src}/namespace" if "namespace" in k8s else None,
-        )
-        defaults = ['namespace "default"'] if "namespace" not in k8s else []
-        policy = k8s.get("image_pull_policy", "Always")
-        b.put(
-            (*table, "image_pull_policy"),
-            policy,
-            f"{src}/image_pull_policy" if "image_pull_policy" in k8s else None,
-        )
-        if "image_pull_policy" not in k8s:
-            defaults.append('image_pull_policy "Always"')
-        b.put(
-            (*table, "backoff_limit"),
-            k8s.get("backoff_limit", 3),
-            f"{src}/backoff_limit" if "backoff_limit" in k8s else None,
-        )
-        if "backoff_limit" not in k8s:
-            defaults.append(
-                "backoff_limit 3 (mdc's own default is 0: a distributed job whose "
-                "pod failed cannot continue)"
-            )
-        memory, cpu = ("64Gi", 16) if multi else ("16Gi", 8)
-        for key, preset in (("memory", memory), ("cpu", cpu)):
-            if key in k8s:
-                b.put((*table, key), k8s[key], f"{src}/{key}")
-            else:
-                b.put((*table, key), preset, None)
-                defaults.append(
-                    f"{key} {json.dumps(preset)} (the "
-                    f"{'multi' if multi else 'single'}-GPU profile's request)"
-                )
-        if defaults:
-            b.note(
-                "MDC503",
-                src,
-                "madengine's Kubernetes presets give " + "; ".join(defaults),
-                hint="set them in k8s to change them",
-            )
+        self.k8s_presets(multi)
         if multi_node:
             b.put((*table, "host_ipc"), True, None)
             b.note(
@@ -854,6 +837,52 @@ class _Translation:
             else:
                 b.note("MDC500", "/timeout", f"timeout {timeout!r}: no limit")
         self.unknown_keys(src, k8s, K8S_KEYS)
+
+    def k8s_presets(self, multi: bool) -> None:
+        """The namespace, pull policy, retries and requests madengine's presets give."""
+        b, k8s, src = self.b, self.k8s, f"/{self.k8s_key}"
+        table = ("kubernetes",)
+        b.put(
+            (*table, "namespace"),
+            k8s.get("namespace", "default"),
+            f"{src}/namespace" if "namespace" in k8s else None,
+        )
+        defaults = ['namespace "default"'] if "namespace" not in k8s else []
+        policy = k8s.get("image_pull_policy", "Always")
+        b.put(
+            (*table, "image_pull_policy"),
+            policy,
+            f"{src}/image_pull_policy" if "image_pull_policy" in k8s else None,
+        )
+        if "image_pull_policy" not in k8s:
+            defaults.append('image_pull_policy "Always"')
+        b.put(
+            (*table, "backoff_limit"),
+            k8s.get("backoff_limit", 3),
+            f"{src}/backoff_limit" if "backoff_limit" in k8s else None,
+        )
+        if "backoff_limit" not in k8s:
+            defaults.append(
+                "backoff_limit 3 (mdc's own default is 0: a distributed job whose "
+                "pod failed cannot continue)"
+            )
+        memory, cpu = ("64Gi", 16) if multi else ("16Gi", 8)
+        for key, preset in (("memory", memory), ("cpu", cpu)):
+            if key in k8s:
+                b.put((*table, key), k8s[key], f"{src}/{key}")
+            else:
+                b.put((*table, key), preset, None)
+                defaults.append(
+                    f"{key} {json.dumps(preset)} (the "
+                    f"{'multi' if multi else 'single'}-GPU profile's request)"
+                )
+        if defaults:
+            b.note(
+                "MDC503",
+                src,
+                "madengine's Kubernetes presets give " + "; ".join(defaults),
+                hint="set them in k8s to change them",
+            )
 
     def tolerations(self, value: object, origin: str) -> None:
         b = self.b
