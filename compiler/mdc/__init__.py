@@ -1,6 +1,7 @@
 """mdc: compile one declarative spec into checked launch artifacts for distributed ML jobs.
 
-Plugin authors import ``hookimpl`` from here and their types from :mod:`mdc.api`.
+Plugin authors import ``hookimpl`` from here, the contract's records from :mod:`mdc.api`
+and the helpers they use from its modules (:mod:`mdc.api.shell`, :mod:`mdc.api.torchrun`, ...).
 """
 
 from __future__ import annotations
