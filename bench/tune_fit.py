@@ -46,7 +46,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 #: fitted constants, and the factor range each may move in
 FITTED = (
     "gemm_peak", "shape_knee", "width_knee", "attention_peak",
-    "elementwise", "link_share", "ep_exposed",
+    "elementwise", "ep_exposed",
     "moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us",
 )  # fmt: skip
 

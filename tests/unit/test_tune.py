@@ -205,7 +205,7 @@ def test_interleaved_chunks_sync_their_data_parallel_buffers_in_warm_up_and_cool
     per forward-and-backward chunk step; that last chunk's share hides behind one micro batch,
     as the whole stage's does without interleaving. Hidden time still pays the overlap tax."""
     shape, hw = _dense_70b(), builtin()["h100-sxm"]
-    for m in (8, 2):  # micro batches: 8 fill the warm-up, 2 leave it short
+    for m in (8, 1):  # micro batches: 8 fill the warm-up, 1 leaves it short
         layout = _layout(dp=8, vpp=5, microbatches=m)  # dp members on 8 nodes: over the NIC
         traffic = predict(shape, attrs.evolve(layout, overlap_grad_reduce=False), hw,
                           nproc_per_node=8).breakdown["dp"]  # fmt: skip
@@ -217,7 +217,7 @@ def test_interleaved_chunks_sync_their_data_parallel_buffers_in_warm_up_and_cool
         assert b["dp"] == pytest.approx(exposed + DEFAULT.overlap_tax * (traffic - exposed))
         flat = predict(shape, attrs.evolve(layout, vpp=1), hw, nproc_per_node=8).breakdown["dp"]
         assert b["dp"] < flat
-    assert exposed > 0  # two micro batches' warm-up does not cover four chunks' traffic
+    assert exposed > 0  # one micro batch's warm-up does not cover four chunks' traffic
 
 
 def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
@@ -228,10 +228,11 @@ def test_recompute_costs_time_and_tp_across_nodes_costs_more() -> None:
     assert full.step_time_s > none.step_time_s * 1.2
     inside = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=8)
     across = predict(shape, _layout(tp=8, dp=2), hw, nproc_per_node=4)
-    # H100: 450 GB/s NVLink inside a node; across nodes of 4, a tp group of 8 has 4 members
-    # per node, so its traffic leaves over 4 NICs of 50 GB/s: 200 GB/s (and the slower
-    # backward collectives may outlast the weight-gradient GEMM they hide behind)
-    assert across.breakdown["tp"] >= inside.breakdown["tp"] * 450 / 200 * (1 - 1e-9)
+    # H100: 450 GB/s NVLink inside a node at NCCL's 370/450; across nodes of 4, a tp group of
+    # 8 has 4 members per node, so its traffic leaves over 4 NICs of 50 GB/s at 47/50: 188
+    # GB/s (and the slower backward collectives may outlast the weight-gradient GEMM they
+    # hide behind)
+    assert across.breakdown["tp"] >= inside.breakdown["tp"] * 370 / 188 * (1 - 1e-9)
 
 
 def test_backward_tp_collectives_hide_behind_the_weight_gradient_gemm() -> None:
@@ -645,7 +646,7 @@ def test_expert_gradients_cross_the_nic_once_ep_fills_the_node() -> None:
     rack = predict(shape, attrs.evolve(layout, ep=64), hw, nproc_per_node=8).breakdown["dp"]
     # expert parameters per GPU with ep 8: 8 local experts x 8 layers x 3 x 1024 x 2048
     local = 8 * 8 * 3 * 1024 * 2048
-    share = DEFAULT.link_share
+    share = DEFAULT.nic_share
     # fp32 gradients reduce-scattered and bf16 parameters gathered over 8 members, 1 NIC each
     expert_nic = local * 7 / 8 * (4 + 2) / (hw.scale_out_gb_s * 1e9 * share)
     # ep 64 leaves no expert gradient to reduce: what remains is the dense traffic
@@ -769,7 +770,8 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     plain = predict(shape, wide, hw, nproc_per_node=8, constants=once).breakdown["ep"]
     flex = attrs.evolve(wide, dispatcher="flex")
     dedup = predict(shape, flex, hw, nproc_per_node=8, constants=once).breakdown["ep"]
-    up, out = hw.scale_up_gb_s, hw.scale_out_gb_s
+    # each link at NCCL's measured share of it
+    up, out = hw.scale_up_gb_s * DEFAULT.link_share, hw.scale_out_gb_s * DEFAULT.nic_share
     copies = 4 * 31 / 32  # routed copies of a token that leave its GPU
     hit = 1 - math.comb(48, 4) / math.comb(64, 4)
     expected = (copies / up + 3 * hit / out) / (copies * (1 / 4 / up + 3 / 4 / out))
@@ -875,22 +877,22 @@ _H100_GIB = 81559 / 1024
 
 
 def test_rows_above_the_headroom_are_marked_and_not_chosen(tmp_path: Path) -> None:
-    # a margin of 20 %: the fastest layout (64.4 GiB) eats into it
-    tuned = _tuned_json("--headroom", "20")
-    limit = _H100_GIB * 0.8
+    # a margin of 21 %: the fastest layout (63.6 GiB) eats into it
+    tuned = _tuned_json("--headroom", "21")
+    limit = _H100_GIB * 0.79
     rows = tuned["candidates"]
     assert [r["above_headroom"] for r in rows] == [r["memory_gib"] > limit for r in rows]
     assert rows[0]["above_headroom"], "the example's fastest layout sits above 80 %"
     roomy = next(r for r in rows if not r["above_headroom"])
     assert tuned["chosen"] == roomy["rank"] > 1
     out_spec = tmp_path / "chosen.toml"
-    code, _, err = _run("tune", str(EXAMPLE), "--headroom", "20", "--write", str(out_spec))
+    code, _, err = _run("tune", str(EXAMPLE), "--headroom", "21", "--write", str(out_spec))
     assert code == 0, err
     written = tomllib.loads(out_spec.read_text(encoding="utf-8"))
     for axis in ("tp", "pp", "cp"):
         assert written["parallelism"][axis] == roomy["parallelism"][axis]
     assert written["batch"]["micro_batch_size"] == roomy["micro_batch_size"]
-    code, text, _ = _run("tune", str(EXAMPLE), "--headroom", "20")
+    code, text, _ = _run("tune", str(EXAMPLE), "--headroom", "21")
     marked = [int(line.split()[0]) for line in text.splitlines() if re.match(r" ?\d+ .*\d! ", line)]
     assert marked == [r["rank"] for r in rows if r["above_headroom"]]  # the text marks them too
     assert f"the fastest that leaves it is #{roomy['rank']}, which --write writes" in text
@@ -910,8 +912,8 @@ def test_the_default_headroom_is_where_compile_warns_and_zero_marks_nothing() ->
 
 
 def test_when_no_top_row_leaves_the_headroom_the_walk_finds_one() -> None:
-    tuned = _tuned_json("--headroom", "30")
-    limit = _H100_GIB * 0.7
+    tuned = _tuned_json("--headroom", "35")
+    limit = _H100_GIB * 0.65
     rows = tuned["candidates"]
     assert all(r["memory_gib"] > limit for r in rows[:5])
     assert len(rows) == 6 and rows[5]["memory_gib"] <= limit and tuned["chosen"] == 6

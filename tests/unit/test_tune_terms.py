@@ -90,3 +90,30 @@ def test_gemms_run_at_each_accelerators_measured_share_of_its_peak() -> None:
     # fp4 at fp8's level times fp4_peak; fp16 at bf16's
     assert share("b200", "fp4") == pytest.approx(DEFAULT.fp4_peak * share("b200", "fp8"))
     assert share("b200", "fp16") == share("b200", "bf16")
+
+
+def test_the_link_shares_are_nccls_measured_bus_bandwidths() -> None:
+    from mdc.tune import kernels
+    from mdc.tune.perf import DEFAULT
+
+    shares = kernels.link_shares()
+    # NVLink 4: 370 of 450 GB/s; NDR InfiniBand: 47 of 50 GB/s per NIC
+    assert shares == {"scale-up": pytest.approx(370 / 450), "scale-out": pytest.approx(47 / 50)}
+    assert DEFAULT.link_share == pytest.approx(shares["scale-up"], rel=1e-4)
+    assert DEFAULT.nic_share == pytest.approx(shares["scale-out"], rel=1e-4)
+    assert all(c["source"].startswith("https://") for c in kernels.curves("collective"))
+
+
+def test_a_group_across_nodes_reaches_its_nics_measured_share() -> None:
+    from mdc.hardware import builtin
+    from mdc.tune import terms
+    from mdc.tune.perf import DEFAULT
+
+    hw = builtin()["h100-sxm"]
+    # inside the node: NVLink at its share; 16 ranks 8 apart over 2 nodes: one NIC each
+    assert terms.bandwidth(8, 1, 8, hw, DEFAULT) == pytest.approx(370e9, rel=1e-4)
+    assert terms.bandwidth(16, 8, 8, hw, DEFAULT) == pytest.approx(47e9, rel=1e-4)
+    # tp-like neighbours spanning two nodes: each node's 8 members send over 8 NICs,
+    # up to the NVLink share
+    assert terms.bandwidth(16, 1, 8, hw, DEFAULT) == pytest.approx(370e9, rel=1e-4)
+    assert terms.bandwidth(32, 4, 8, hw, DEFAULT) == pytest.approx(2 * 47e9, rel=1e-4)

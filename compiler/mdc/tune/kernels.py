@@ -65,3 +65,9 @@ def gemm_levels() -> dict[tuple[str, str], float]:
         if (acc, "fp8") not in levels and "fp8" in catalogue[acc].dense_tflops:
             levels[acc, "fp8"] = levels[acc, "bf16"]
     return dict(sorted(levels.items()))
+
+
+def link_shares() -> dict[str, float]:
+    """{"scale-up" | "scale-out": NCCL's bus bandwidth over the line rate} (``kernels.toml``'s
+    ``[[collective]]``): the model's ``link_share`` and ``nic_share``."""
+    return {c["link"]: c["bus_gb_s"] / c["line_rate_gb_s"] for c in curves("collective")}

@@ -17,19 +17,22 @@ class Constants:
     gemm_peak: float = 0.6455
     #: token dimension (M) at which a GEMM's efficiency halves: d / (d + knee); also every
     #: dimension of the routed experts' grouped GEMMs, and FlashAttention's head dimension
-    shape_knee: float = 391.8
+    shape_knee: float = 417.1
     #: weight dimension (N, K) of a dense GEMM at which its efficiency halves, sharper:
     #: d^2 / (d^2 + knee^2), so a weight a few tiles wide runs near the peak
-    width_knee: float = 641.4
+    width_knee: float = 765.7
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
-    attention_peak: float = 1
+    attention_peak: float = 1.0
     #: query tokens per attention kernel (the sequence over cp) at which FlashAttention's
     #: efficiency halves: measured, not fitted (kernels.toml, docs/tune.md)
     attention_seq_knee: float = 234.0
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 2.529
-    #: share of link bandwidth collectives reach (NCCL bus bandwidth / link rate)
-    link_share: float = 0.6813
+    elementwise: float = 2.351
+    #: share of the scale-up link's rate NCCL's collectives reach (bus bandwidth over the
+    #: line rate), measured: kernels.toml's [collective] (set, not fitted)
+    link_share: float = 370 / 450  # NVLink 4: 370 of 450 GB/s
+    #: share of a NIC's rate NCCL's collectives reach across nodes, measured likewise
+    nic_share: float = 47 / 50  # NDR InfiniBand: 47 of 50 GB/s
     #: share of the forward tensor-parallel collectives not hidden behind GEMMs (the
     #: backward ones overlap the weight-gradient GEMM: see predict); set, not fitted: the
     #: measured rows leave it open (docs/tune.md), the recipes' own layouts pin it
@@ -39,20 +42,20 @@ class Constants:
     overlap_tax: float = 0.2
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
-    ep_exposed: float = 0.9239
+    ep_exposed: float = 1.0
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 0.5387
+    moe_passes: float = 0.9454
     #: HBM passes over each token's Mamba inner-width vector per Mamba layer (conv1d, SSD
     #: scan kernels, gated norm), forward and backward
-    mamba_passes: float = 388
+    mamba_passes: float = 396.2
     #: share of its dense peak an FP4 GEMM reaches, relative to a bf16 or fp8 GEMM's: the
     #: NVFP4 recipe quantizes around every GEMM (16-element blocks under two scales, random
     #: Hadamard transforms of the weight-gradient inputs, stochastically rounded gradients)
     fp4_peak: float = 0.6773
     #: microseconds each local expert costs per MoE layer and pass whatever its tokens
     #: (its grouped-GEMM group, its own quantization and scaling kernels)
-    expert_overhead_us: float = 39.69
+    expert_overhead_us: float = 42.96
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}

@@ -302,7 +302,7 @@ def tp_comm(st: Step, t_dense: float) -> float:
     if L.tp <= 1:
         return 0.0
     again = st.again
-    bw = bandwidth(st.span("dense", "tp"), 1, st.domain, st.hw, c.link_share)
+    bw = bandwidth(st.span("dense", "tp"), 1, st.domain, st.hw, c)
     one = 2 * (L.tp - 1) / L.tp * st.tokens * shape.hidden * ACT / bw
     # a third of the layer's dense GEMM time: its forward, or its weight gradient
     third = t_dense / (1 + again.dense / 3) / 3 / max(st.stage_layers, 1)
@@ -336,9 +336,7 @@ def cp_comm(st: Step, t_attention: float) -> float:
     shape, L = st.shape, st.layout
     if L.cp <= 1:
         return 0.0
-    bw = bandwidth(
-        st.span("dense", "cp"), st.stride["dense"]["cp"], st.domain, st.hw, st.c.link_share
-    )
+    bw = bandwidth(st.span("dense", "cp"), st.stride["dense"]["cp"], st.domain, st.hw, st.c)
     kv = st.tokens * 2 * shape.groups * shape.kv_channels / min(L.tp, shape.groups) * ACT
     ring = 3 * (L.cp - 1) * kv / bw * st.stage_layers
     return max(0.0, ring - t_attention)
@@ -348,7 +346,7 @@ def ep_comm(st: Step, compute: float) -> float:
     """Expert parallelism's dispatch and combine, forward and backward (4 per MoE layer, 2
     more per recomputed one): the routed copies' bytes ``capacity * tokens * topk *
     width * 2 * (ep-1)/ep`` over the scale-up links for the share of the ep group in the
-    domain, over the NICs for the rest (``link_share``, fitted); the allgather dispatcher
+    domain, over the NICs for the rest (``link_share``, ``nic_share``: measured); the allgather dispatcher
     gathers the etp x ep group's tokens; the flex one (DeepEP) sends a token once per
     remote domain holding one of its experts. ``ep_exposed`` (fitted) of it is exposed;
     with overlap_moe_expert_parallel_comm what the compute covers costs the overlap tax."""
@@ -357,7 +355,7 @@ def ep_comm(st: Step, compute: float) -> float:
         return 0.0
     inside = min(1.0, st.domain / st.span("expert", "ep"))
     up = st.hw.scale_up_gb_s * 1e9 * c.link_share
-    out = st.hw.scale_out_gb_s * 1e9 * c.link_share
+    out = st.hw.scale_out_gb_s * 1e9 * c.nic_share
     width = st.routed_width
     routed = st.capacity * st.tokens / st.split * shape.topk * width * ACT * (L.ep - 1) / L.ep
     if L.dispatcher == "allgather":
@@ -388,8 +386,7 @@ def pp_p2p(st: Step, compute: float) -> float:
     L, c = st.layout, st.c
     if L.pp <= 1:
         return 0.0
-    bw = bandwidth(st.span("dense", "pp"), st.stride["dense"]["pp"], st.domain, st.hw,
-                   c.link_share)  # fmt: skip
+    bw = bandwidth(st.span("dense", "pp"), st.stride["dense"]["pp"], st.domain, st.hw, c)
     t_p2p = 2 * L.vpp * st.tokens * st.shape.hidden * ACT / st.split / bw
     if L.vpp > 1 and L.overlap_p2p:
         # the interleaved schedule overlaps its sends and receives with the next chunk's
@@ -443,15 +440,14 @@ def dp_comm(
     # the gradient group is dp x cp: its closest members are cp's (or dp's) neighbours
     inner = st.stride["dense"]["cp" if L.cp > 1 else "dp"]
     outer = max(st.span("dense", "dp"), st.span("dense", "cp"))
-    bw = bandwidth(outer, inner, st.domain, st.hw, c.link_share)
+    bw = bandwidth(outer, inner, st.domain, st.hw, c)
     # the expert weights reduce over the expert-data-parallel group, whose members lie
     # ep * etp ranks apart: one per scale-up domain once ep fills it, so each GPU's own
     # NIC carries its experts' gradients (Megatron-Core's expert_data_parallel_group)
     edp = st.expert["dp"]
     ebw = bw
     if edp > 1:
-        ebw = bandwidth(st.span("expert", "dp"), st.stride["expert"]["dp"], st.domain, st.hw,
-                        c.link_share)  # fmt: skip
+        ebw = bandwidth(st.span("expert", "dp"), st.stride["expert"]["dp"], st.domain, st.hw, c)
     ring = (group - 1) / group
     ering = (edp - 1) / edp if edp > 1 else 0.0
     # the bytes the expert group moves, in the dense group's bandwidth (one time term)
@@ -547,15 +543,17 @@ def _domain_hit(experts: int, topk: int, domains: float) -> float:
     return 1.0 - miss
 
 
-def bandwidth(span: int, stride: int, domain: int, hw: Accelerator, share: float) -> float:
+def bandwidth(span: int, stride: int, domain: int, hw: Accelerator, c: Constants) -> float:
     """Bytes/s per GPU of a collective over a group whose members lie ``stride`` ranks apart
-    within ``span`` consecutive ranks. Inside one scale-up domain: the scale-up link. Across
-    domains, NCCL's rings and trees send each domain's share over all its members' NICs at
-    once: the k members a domain holds reach k NICs' bandwidth (up to the scale-up link)."""
+    within ``span`` consecutive ranks. Inside one scale-up domain: the scale-up link at
+    ``link_share``. Across domains, NCCL's rings and trees send each domain's share over all
+    its members' NICs at once: the k members a domain holds reach k NICs' bandwidth at
+    ``nic_share`` (up to the scale-up link's). Both shares measured (kernels.toml)."""
+    up = hw.scale_up_gb_s * 1e9 * c.link_share
     if span <= domain:
-        return hw.scale_up_gb_s * 1e9 * share
+        return up
     members = max(1, domain // stride)
-    return min(hw.scale_up_gb_s, hw.scale_out_gb_s * members) * 1e9 * share
+    return min(up, hw.scale_out_gb_s * 1e9 * c.nic_share * members)
 
 
 def scale_up_domain(hw: Accelerator, nproc_per_node: int) -> int:
