@@ -338,11 +338,19 @@ def _errors(items: list[tuple[Case, float]]) -> str:
     return f"| {len(errors)} | {statistics.fmean(errors) * 100:.1f} % | {inside * 100:.1f} % |"
 
 
-def source_report(fitted: list[Case], others: list[Case], rounds: int = 6) -> str:
-    """Error by group, each fitted row predicted with its source family held out of the fit
-    (:func:`held_out_by_source`), the unfitted launchers' rows at the shipped constants."""
+def held_out_pairs(
+    fitted: list[Case], others: list[Case], rounds: int = 6
+) -> list[tuple[Case, float]]:
+    """(row, predicted TFLOP/s): each fitted row predicted with its source family held out
+    of the fit (:func:`held_out_by_source`), the unfitted launchers' rows at the shipped
+    constants."""
     loso = held_out_by_source(fitted, rounds)
-    pairs = [(c, loso[c.id]) for c in fitted] + [(c, c.predicted()) for c in others]
+    return [(c, loso[c.id]) for c in fitted] + [(c, c.predicted()) for c in others]
+
+
+def source_report(fitted: list[Case], others: list[Case], rounds: int = 6) -> str:
+    """Error by group of :func:`held_out_pairs`."""
+    pairs = held_out_pairs(fitted, others, rounds)
     groups: list[tuple[str, Any]] = [
         ("source family", lambda c: c.family),
         ("dense / MoE", lambda c: "MoE" if c.moe else "dense"),
