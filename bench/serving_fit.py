@@ -28,7 +28,15 @@ from mdc.hardware import Accelerator, builtin
 from mdc.plan.memory import Shape, resolve_shape
 from mdc.plan.named_models import architecture
 from mdc.spec import ModelTable, WorkloadTable
-from mdc.tune.serving_perf import DEFAULT, Constants, Deployment, Role, ServingPrediction, predict
+from mdc.tune.serving_perf import (
+    DEFAULT,
+    Constants,
+    Deployment,
+    Role,
+    ServingPrediction,
+    predict,
+    server_of,
+)
 
 DATA = Path(__file__).with_name("serving_data.toml")
 #: an offline run ("max"): every request queued at once
@@ -65,7 +73,7 @@ def family(row: Mapping[str, Any]) -> dict[str, str]:
     """The row's families: mode, dense or MoE, GPU vendor, launcher."""
     experts = _shape(row["model"], row["dtype"], 4096).experts
     return {
-        "mode": "disaggregated" if row.get("prefill_servers") else "aggregated",
+        "mode": "disaggregated" if row.get("role") else "aggregated",
         "model": "MoE" if experts else "dense",
         "vendor": row.get("vendor", "nvidia"),
         "launcher": row["launcher"],
@@ -106,7 +114,49 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
     return predict(shape, hw, dep, workload, constants)
 
 
+def role_rate(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
+    """Tokens/s per GPU of one role measured alone: a prefill server's prompt tokens at
+    ``tokens_per_gpu`` a step, or a decode server's generated tokens at ``batch_per_gpu``
+    running requests (its KV capacity with "max") and a mean context of ``context_tokens``."""
+    hw: Accelerator = builtin()[row["accelerator_model"]]
+    gpus = int(row["gpus"])
+    prompt = int(row.get("input_tokens", row.get("context_tokens", 1)))
+    context = int(row.get("context_tokens", prompt))
+    shape = _shape(row["model"], row["dtype"], context + 1)
+    role = Role(
+        name=row["role"],
+        servers=1,
+        gpus=gpus,
+        tp=row.get("tp", gpus),
+        dp=row.get("dp", 1),
+        ep=row.get("ep", 1),
+    )
+    dep = Deployment(
+        launcher=row["launcher"],
+        roles=(role,),
+        kv_dtype=row.get("kv_dtype", "auto"),
+        capacity_gib=hw.memory_gib,
+        nproc_per_node=row.get("nproc_per_node", 8),
+    )
+    if row["role"] == "prefill":
+        work = WorkloadTable(input_tokens=prompt, output_tokens=1, concurrency=1)
+        server = server_of(role, shape, hw, dep, work, constants)
+        tokens = float(row["tokens_per_gpu"]) * gpus
+        return tokens / server.prefill(tokens, prompt) / gpus
+    # a decode step at the mean context: the workload's context with no output to add
+    work = WorkloadTable(input_tokens=context, output_tokens=1, concurrency=1)
+    server = server_of(role, shape, hw, dep, work, constants)
+    load = row["batch_per_gpu"]
+    batch = float(server.capacity_seqs if load == "max" else load * gpus)
+    return batch / server.decode_step(batch, context) / gpus
+
+
 def measured(row: Mapping[str, Any], metric: str = "throughput") -> float | None:
+    if row.get("role"):
+        if metric != "throughput":
+            return None
+        done = row.get("output_tokens_per_s", row.get("input_tokens_per_s"))
+        return float(done) / int(row["gpus"])
     if metric == "throughput":
         gpus = int(row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1))
         return float(row["output_tokens_per_s"]) / gpus
@@ -124,7 +174,11 @@ def errors(
     out = []
     for row in rows:
         truth = measured(row, metric)
-        if truth is not None:
+        if truth is None:
+            continue
+        if row.get("role"):
+            out.append(role_rate(row, constants) / truth - 1)
+        else:
             out.append(METRICS[metric](row, prediction(row, constants)) / truth - 1)
     return out
 
@@ -143,8 +197,8 @@ def summary(errs: Sequence[float]) -> str:
 
 #: the grid --fit searches: HBM efficiency, prefill efficiency, TensorRT-LLM's step overhead
 GRID = {
-    "hbm_efficiency": (0.6, 0.7, 0.8, 0.9),
-    "prefill_efficiency": (0.3, 0.4, 0.5, 0.6),
+    "hbm_efficiency": (0.6, 0.65, 0.7, 0.75, 0.8),
+    "prefill_efficiency": (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8),
     "trtllm_overhead_ms": (0.5, 1.0, 2.0, 4.0),
 }
 
@@ -246,6 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = measurements()
     if args.rows:
         for row in rows:
+            if row.get("role"):
+                print(
+                    f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "
+                    f"{row['accelerator_model']:<8} {row['role']} of {row['gpus']} GPUs "
+                    f"tok/s/GPU {measured(row):7.0f} -> {role_rate(row):7.0f}"
+                )
+                continue
             p = prediction(row)
             print(
                 f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "

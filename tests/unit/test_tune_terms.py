@@ -64,6 +64,19 @@ def test_the_gemm_levels_are_the_measured_table() -> None:
     assert {acc for acc, *_ in table["points"]} | set(table["stand_in"]) <= set(catalogue)
 
 
+def test_the_hbm_levels_are_the_measured_table() -> None:
+    """The serving model's HBM level: each accelerator's BabelStream Triad over its
+    catalogue bandwidth, relative to the H100 SXM's (H100 2.97 of 3.35 TB/s, MI300X 4.09 of
+    5.3: 0.870 of the H100's share)."""
+    from mdc.tune import kernels, terms
+
+    measured = kernels.hbm_levels()
+    assert set(measured) == set(terms.HBM_LEVEL)
+    for key, level in measured.items():
+        assert terms.HBM_LEVEL[key] == pytest.approx(level, abs=1e-4), key
+    assert measured["mi300x"] == pytest.approx((4.09 / 5.3) / (2.97 / 3.35), rel=1e-9)
+
+
 def test_gemms_run_at_each_accelerators_measured_share_of_its_peak() -> None:
     from mdc.hardware import builtin
     from mdc.tune import terms

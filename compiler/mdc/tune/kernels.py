@@ -71,3 +71,18 @@ def link_shares() -> dict[str, float]:
     """{"scale-up" | "scale-out": NCCL's bus bandwidth over the line rate} (``kernels.toml``'s
     ``[[collective]]``): the model's ``link_share`` and ``nic_share``."""
     return {c["link"]: c["bus_gb_s"] / c["line_rate_gb_s"] for c in curves("collective")}
+
+
+def hbm_levels() -> dict[str, float]:
+    """{accelerator: its HBM level}: the measured BabelStream Triad bandwidth over the
+    catalogue's HBM bandwidth, relative to the reference accelerator's (``kernels.toml``'s
+    ``[hbm]``)."""
+    from mdc.hardware import builtin
+
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["hbm"]
+    catalogue = builtin()
+    share = {
+        acc: tb_s * 1e3 / catalogue[acc].memory_bandwidth_gb_s for acc, tb_s, _ in table["points"]
+    }
+    reference = share[table["reference"]]
+    return {acc: value / reference for acc, value in sorted(share.items())}

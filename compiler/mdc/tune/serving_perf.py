@@ -42,6 +42,7 @@ from mdc.plan.serving_memory import (
 )
 from mdc.spec import WorkloadTable
 from mdc.tune.flops import token_flops
+from mdc.tune.terms import gemm_level, hbm_level
 
 if TYPE_CHECKING:
     from mdc.api import Launch
@@ -59,7 +60,7 @@ class Constants:
     #: share of the HBM bandwidth a decode step's reads reach
     hbm_efficiency: float = 0.7
     #: share of the dense tensor peak a prefill's GEMMs and attention reach
-    prefill_efficiency: float = 0.6
+    prefill_efficiency: float = 0.75
     #: share of the peak a decode step's (small) GEMMs reach
     decode_efficiency: float = 0.3
     #: latency of one all-reduce and of one all-to-all, seconds
@@ -74,7 +75,7 @@ class Constants:
             "vllm_disagg": 2.0e-3,
             "sglang": 1.6e-3,
             "sglang_disagg": 1.6e-3,
-            "trtllm": 0.5e-3,
+            "trtllm": 1.0e-3,
         }
     )
     #: the running batch an engine allows unless told (vLLM --max-num-seqs, SGLang's
@@ -223,9 +224,26 @@ class _Server:
             per = self.c.allreduce_latency_s + 2 * (n - 1) / n * act / self.bandwidth()
             t += 2 * stage.attention * per
         if r.ep > 1 and stage.moe:
-            sent = act / r.attn_tp * s.topk * (r.ep - 1) / r.ep
-            t += 2 * stage.moe * (self.c.alltoall_latency_s + sent / self.bandwidth())
+            t += stage.moe * self.alltoall(tokens_per_group / r.attn_tp)
         return t
+
+    def alltoall(self, tokens: float) -> float:
+        """Seconds of one MoE layer's dispatch and combine of ``tokens`` tokens from one GPU:
+        each token goes once to every other rank holding one of its top-k experts (the
+        expected distinct ranks of k uniform draws over ep), dispatched in the checkpoint's
+        weight bytes (DeepEP and TensorRT-LLM's all-to-all send FP8 or FP4 activations) and
+        combined in bf16. Past the scale-up domain a token crosses the scale-out network once
+        per other node (DeepEP's internode kernels forward inside the node over NVLink)."""
+        ep, k = self.role.ep, self.shape.topk
+        per_node = max(1, min(self.dep.nproc_per_node, self.hw.scale_up_domain))
+        if ep <= per_node or ep <= self.hw.scale_up_domain:
+            peers, gb_s = ep, self.hw.scale_up_gb_s
+        else:
+            peers, gb_s = -(-ep // per_node), self.hw.scale_out_gb_s
+        others = peers * (1 - (1 - 1 / peers) ** k) * (peers - 1) / peers
+        per_token = self.shape.hidden * (float(weight_bytes(self.shape.dtype)) + 2)
+        wire = tokens * per_token * others / (gb_s * 1e9 * self.c.link_efficiency)
+        return 2 * self.c.alltoall_latency_s + wire
 
     def decode_parts(self, batch: float, context: float) -> tuple[float, float, float]:
         """(HBM, compute, communication) seconds of one decode step at ``batch``: every
@@ -237,7 +255,7 @@ class _Server:
         touched = 1.0 if not s.experts else 1 - (1 - s.topk / s.experts) ** max(routed, 1)
         bytes_read = self.dense_bytes + self.expert_bytes * touched
         bytes_read += micro * context * self.kv_per_token
-        hbm = bytes_read / (self.hw.memory_bandwidth_gb_s * 1e9 * self.c.hbm_efficiency)
+        hbm = bytes_read / self.hbm_rate()
         # each GPU computes its group's tokens on its stage's layers: 1 / (attn_tp x pp)
         flops = self.decode_flops * micro / (r.attn_tp * r.pp)
         compute = flops / (self._peak() * self.c.decode_efficiency)
@@ -256,16 +274,25 @@ class _Server:
     def prefill(self, tokens: float, prompt: int) -> float:
         """Seconds one server takes to prefill ``tokens`` prompt tokens alone."""
         weights = (self.dense_bytes + self.expert_bytes) * self.role.pp
-        read = weights / (self.hw.memory_bandwidth_gb_s * 1e9 * self.c.hbm_efficiency)
+        read = weights / self.hbm_rate()
         steps = max(1, math.ceil(tokens / self.c.chunk_tokens))
         overhead = steps * self.c.overhead(self.dep.launcher)
         return max(self.prefill_compute(tokens, prompt), steps * read) + overhead
 
+    def hbm_rate(self) -> float:
+        """Bytes/s a decode step reads: the catalogue's bandwidth at the accelerator's
+        measured HBM level (BabelStream, relative to the H100's) times the fitted e_hbm."""
+        gb_s = self.hw.memory_bandwidth_gb_s * hbm_level(self.hw)
+        return gb_s * 1e9 * self.c.hbm_efficiency
+
     def _peak(self) -> float:
         """The GEMMs' peak: an fp8 checkpoint's fp8, an fp4 one's fp4 where the chip has FP4
-        tensor cores (else its bf16: the 4-bit weights widened, as on Hopper), else bf16."""
+        tensor cores (else its bf16: the 4-bit weights widened, as on Hopper), else bf16; at
+        the accelerator's measured GEMM level in it (kernels.toml's [gemm], relative to the
+        H100's bf16)."""
         dtype = self.shape.dtype if self.shape.dtype in ("fp8", "fp4") else "bf16"
-        return self.hw.peak_tflops(dtype) * 1e12
+        precision = dtype if dtype in self.hw.dense_tflops else "bf16"
+        return self.hw.peak_tflops(dtype) * 1e12 * gemm_level(self.hw, precision)
 
 
 def server_of(

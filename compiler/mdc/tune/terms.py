@@ -132,6 +132,21 @@ def gemm_level(hw: Accelerator, precision: str) -> float:
     return GEMM_LEVEL.get((hw.id, key)) or GEMM_LEVEL.get((hw.id, "bf16"), 1.0)
 
 
+#: {accelerator: HBM level}: the measured BabelStream Triad bandwidth over the catalogue's,
+#: relative to the H100 SXM's (kernels.toml's [hbm], a test holds these equal to
+#: mdc.tune.kernels.hbm_levels())
+HBM_LEVEL: dict[str, float] = {
+    "h100-sxm": 1.0000,
+    "h200": 0.9752,
+    "mi300x": 0.8704,
+}
+
+
+def hbm_level(hw: Accelerator) -> float:
+    """The measured HBM level of ``hw`` (:data:`HBM_LEVEL`); 1 for one not measured."""
+    return HBM_LEVEL.get(hw.id, 1.0)
+
+
 def gemm_rate(
     hw: Accelerator, precision: str, c: Constants, bf16_share: float, *, measured: bool = True
 ) -> float:
