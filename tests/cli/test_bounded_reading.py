@@ -74,6 +74,7 @@ SPECIAL: dict[str, tuple[Callable[[Path], None], str]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "suffix"),
     [
@@ -120,6 +121,7 @@ def test_a_huge_file_is_not_read_past_the_cap(tmp_path: Path) -> None:
     assert f"specs are limited to {MAX_BYTES}" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "text"),
     [
@@ -151,6 +153,7 @@ def test_integers_up_to_the_limit_whatever_the_environment_says(tmp_path: Path) 
     assert "error[MDC105]: must be <= " in result.stderr
 
 
+@pytest.mark.slow
 def test_python_m_mdc_imports_nothing_from_the_working_directory(tmp_path: Path) -> None:
     # before: `python -m mdc` put the working directory first on sys.path, so these ran
     marker = tmp_path / "imported"

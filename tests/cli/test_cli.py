@@ -501,6 +501,7 @@ def bad_inputs(folder: Path) -> list[Path]:
     ]
 
 
+@pytest.mark.slow
 def test_bad_inputs_never_print_a_traceback(tmp_path: Path) -> None:
     problems = []
     for path in bad_inputs(tmp_path):
@@ -581,6 +582,7 @@ def test_a_spec_may_name_its_schema_for_editors(tmp_path: Path) -> None:
     assert code == 1 and "error[MDC102]: expected a string" in err and "/$schema" in err
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_is_not_an_error(clean_env: Callable[..., dict[str, str]]) -> None:
     """`mdc schema | head -1`: the reader stops early; mdc exits quietly."""
     result = subprocess.run(

@@ -390,6 +390,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 def test_two_compiles_creating_one_new_output_both_succeed(
     tmp_path: Path, clean_env: Callable[..., dict[str, str]]
 ) -> None:
@@ -446,6 +447,7 @@ INPUT_OF = {
 COMMANDS = sorted(INPUT_OF)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_an_existing_file_is_replaced_only_with_force(tmp_path: Path, command: str) -> None:
     argv = file_commands(tmp_path)[command]
@@ -459,6 +461,7 @@ def test_an_existing_file_is_replaced_only_with_force(tmp_path: Path, command: s
     assert target.read_text() != "mine\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_the_input_is_never_overwritten(tmp_path: Path, command: str) -> None:
     argv = file_commands(tmp_path)[command]
@@ -471,6 +474,7 @@ def test_the_input_is_never_overwritten(tmp_path: Path, command: str) -> None:
         assert given.read_bytes() == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_folder_or_a_path_under_a_file_is_a_named_error(tmp_path: Path, command: str) -> None:
     argv = file_commands(tmp_path)[command]
@@ -482,6 +486,7 @@ def test_a_folder_or_a_path_under_a_file_is_a_named_error(tmp_path: Path, comman
     assert code == 2 and f"{tmp_path / 'file'} is a file, not a folder" in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_device_is_written_into_not_replaced(tmp_path: Path, command: str) -> None:
     """``--svg /dev/null`` (or /dev/stdout) writes into the stream; the device stays."""
@@ -493,6 +498,7 @@ def test_a_device_is_written_into_not_replaced(tmp_path: Path, command: str) -> 
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_missing_parent_folder_is_created(tmp_path: Path, command: str) -> None:
     argv = file_commands(tmp_path)[command]

@@ -31,6 +31,7 @@ def test_rank_map_picture_is_current(golden: Any, tmp_path: Path) -> None:
     assert "(img/rankmap-torchrun-hybrid-16x8.svg)" in (REPO / "docs" / "cli.md").read_text()
 
 
+@pytest.mark.slow
 def test_tune_picture_is_current(golden: Any, tmp_path: Path) -> None:
     picture = tmp_path / "tune.svg"
     _run("tune", "examples/tune-llama70b-64xh100.toml", "--svg", str(picture))

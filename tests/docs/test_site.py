@@ -91,6 +91,7 @@ def test_readme_compile_sessions_are_real(tmp_path: Path, monkeypatch: pytest.Mo
         assert files == written, command
 
 
+@pytest.mark.slow
 def test_tune_worked_example_is_real() -> None:
     """docs/tune.md's worked example prints what `mdc tune` prints for its spec today."""
     import io

@@ -13,6 +13,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from tests.tools import REPO
 
 ROOTS = (REPO / "compiler", REPO / "plugins")
@@ -105,6 +106,7 @@ def test_no_import_cycle() -> None:
     assert found == [], "\n".join(" <-> ".join(c) for c in found)
 
 
+@pytest.mark.slow
 def test_the_graph_sees_function_level_imports() -> None:
     """describe's predictions import mdc.tune inside functions; the graph counts them."""
     edges = graph()

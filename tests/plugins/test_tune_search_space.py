@@ -113,6 +113,7 @@ def test_the_launchers_switches_are_searched_and_written_to_its_table(
     assert "megatron" not in result.rows[0].data
 
 
+@pytest.mark.slow
 def test_a_key_the_spec_holds_is_not_searched(compiler: Compiler, tmp_path: Path) -> None:
     result = _tuner(compiler, tmp_path, "trainer", shard_weights=False).run(top=20)
     assert result.rows

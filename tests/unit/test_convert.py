@@ -190,6 +190,7 @@ def _outcome(structure_it: Any) -> tuple[str, object]:
 TABLES = sorted({*CORE_TABLES, *load_plugins(autoload=False).option_types()})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TABLES)
 def test_tables_the_schema_accepts_structure_as_cattrs_does(
     name: str, option_types: dict[str, Any]

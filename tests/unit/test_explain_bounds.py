@@ -99,6 +99,7 @@ def test_explain_at_the_schemas_maximum_shows_few_ranks(
     assert f"{MAX_NODES - 8} in between are left out" in svg
 
 
+@pytest.mark.slow
 def test_a_server_as_wide_as_the_world_is_listed_by_its_counts(
     compiler: Compiler, tmp_path: Path, no_whole_groups: None
 ) -> None:

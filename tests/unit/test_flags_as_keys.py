@@ -156,6 +156,7 @@ def cases(path: Path) -> Iterator[tuple[str, str, list[str], str]]:
                 yield key, place.pointer, spelled, flag.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", BASES, ids=lambda p: p.name)
 def test_a_key_given_as_its_flag_compiles_to_the_same_tree(path: Path, tmp_path: Path) -> None:
     data = load_file(path).data

@@ -111,6 +111,7 @@ def test_report_is_located_in_the_json(case: str) -> None:
 # --- compiling -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(set(CASES) - BROKEN))
 def test_fixture_compiles(compiler: Compiler, case: str) -> None:
     result = compiled(compiler, case)

@@ -70,6 +70,7 @@ def test_there_are_kubernetes_goldens() -> None:
     assert set(K8S_FILES) <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", golden_yaml_files(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_golden_reads_the_same_under_both_readers_and_is_written_again(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
@@ -375,6 +376,7 @@ def documents(strings: st.SearchStrategy[str]) -> st.SearchStrategy[list[dict[st
     return st.lists(st.dictionaries(strings, nodes, max_size=5), min_size=1, max_size=3)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=300,
     deadline=None,
@@ -429,6 +431,7 @@ def test_a_structure_inside_itself_is_left_to_the_writer() -> None:
     assert not k8s.plainly_writable([{"a": inner}])
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(docs=documents(_STRINGS))
 def test_what_is_called_plainly_writable_is_written(docs: list[dict[str, Any]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 from tests.tools import REPO
 
 SOURCES = sorted((REPO / "compiler" / "mdc").rglob("*.py")) + sorted(
@@ -28,12 +29,14 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_the_cyclic_collector_is_left_to_python() -> None:
     # gc.disable while importing and gc.freeze saved 2-6 % of a validate or compile
     users = [str(p.relative_to(REPO)) for p in SOURCES if "gc" in _imported(p)]
     assert users == []
 
 
+@pytest.mark.slow
 def test_no_private_module_of_a_library_is_imported() -> None:
     """A library's underscore modules may change in any release (PyYAML's ``yaml._yaml``:
     its public ``yaml.CBaseLoader`` gives the same libyaml events)."""

@@ -35,6 +35,7 @@ def assert_parses_or_located_error(text: str, fmt: str) -> None:
                 assert col is not None and 1 <= col <= len(lines[line - 1]) + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(TOKENS))
 @settings(max_examples=300, deadline=None)
 @given(text=st.text())
@@ -42,6 +43,7 @@ def test_random_text_never_escapes(fmt: str, text: str) -> None:
     assert_parses_or_located_error(text, fmt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(TOKENS))
 @settings(max_examples=400, deadline=None)
 @given(data=st.data())

@@ -186,6 +186,7 @@ DATA = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(DATA, st.sampled_from([None, 0, 2, "\t"]), st.booleans())
 def test_round_trip_through_json_dumps(

@@ -428,6 +428,7 @@ STATEMENT = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(st.lists(STATEMENT, min_size=1, max_size=6).map("\n".join))
 def test_redefinition_rules_match_tomllib(text: str) -> None:

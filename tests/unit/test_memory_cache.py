@@ -141,6 +141,7 @@ def test_every_training_field_has_a_change() -> None:
     assert set(BATCH_CHANGES) == set(attrs.fields_dict(BatchPlan))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base", sorted(BASES))
 @pytest.mark.parametrize("model", sorted(SHAPES))
 def test_an_estimate_from_full_caches_equals_one_from_empty_caches(model: str, base: str) -> None:

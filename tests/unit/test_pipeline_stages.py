@@ -96,6 +96,7 @@ def plan_of(out: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- published
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "nodes", "sizes", "megatron"),
     [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -55,6 +56,7 @@ def valid_jobs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @FEW
 @given(valid_jobs())
 def test_valid_sizes_give_a_plan_whose_groups_partition_the_world(data: dict[str, Any]) -> None:
@@ -148,6 +150,7 @@ ANY_JOB = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(ANY_JOB, st.sampled_from(("model", "data")), st.booleans())
 def test_build_plan_never_raises(

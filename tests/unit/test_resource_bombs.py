@@ -49,6 +49,7 @@ def alias_bomb() -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_yaml_alias_bomb_is_refused_before_it_expands(compiler: Compiler, tmp_path: Path) -> None:
     spec = tmp_path / "bomb.yaml"
     spec.write_text(alias_bomb())
@@ -70,6 +71,7 @@ def test_a_few_aliases_are_fine(compiler: Compiler, tmp_path: Path) -> None:
     assert [(d.code, d.location.pointer) for d in found] == [("MDC101", "/x-unused")]
 
 
+@pytest.mark.slow
 def test_a_50_mb_file_is_refused_without_reading_it(compiler: Compiler, tmp_path: Path) -> None:
     spec = tmp_path / "huge.toml"
     with spec.open("w") as handle:
@@ -88,6 +90,7 @@ def nestings(depth: int) -> Iterator[tuple[str, str]]:
     yield "deep.toml", "a = " + "[" * depth + "]" * depth + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "text"), list(nestings(10_000)), ids=lambda v: v[:12])
 def test_10000_deep_nesting_is_refused(
     name: str, text: str, compiler: Compiler, tmp_path: Path

@@ -311,6 +311,7 @@ def full_schema() -> dict[str, Any]:
     return Compiler(load_plugins(autoload=False)).schema
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SPEC_FILES, ids=lambda p: str(p.relative_to(REPO_ROOT)))
 def test_the_quick_check_never_passes_what_jsonschema_rejects(
     path: Path, full_schema: dict[str, Any]

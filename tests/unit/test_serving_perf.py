@@ -231,6 +231,7 @@ def _held_out() -> dict[str, dict[str, list[float]]]:
     }
 
 
+@pytest.mark.slow
 def test_the_shipped_constants_are_the_fit_on_the_fitted_sources() -> None:
     fitted = [r for r in _rows() if r.get("fit", True)]
     c, _ = serving_fit.fit(fitted)
@@ -267,6 +268,7 @@ HELD_OUT_FLOORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source", "metric"), sorted(HELD_OUT_FLOORS))
 def test_held_out_by_source_the_error_keeps_its_floor(source: str, metric: str) -> None:
     errs = _held_out()[source][metric]

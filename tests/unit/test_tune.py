@@ -63,6 +63,7 @@ def _tuned_with(megatron: str, tmp_path: Path, top: int) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_every_printed_candidate_compiles(tuned: dict[str, Any], tmp_path: Path) -> None:
     candidates = tuned["candidates"]
     assert isinstance(candidates, list) and len(candidates) == 6
@@ -75,6 +76,7 @@ def test_every_printed_candidate_compiles(tuned: dict[str, Any], tmp_path: Path)
         assert candidate["memory_gib"] <= 81559 / 1024
 
 
+@pytest.mark.slow
 def test_write_output_compiles_and_is_the_first_row(tuned: dict[str, Any], tmp_path: Path) -> None:
     out_spec = tmp_path / "best.toml"
     code, _, err = _run("tune", str(EXAMPLE), "--write", str(out_spec))
@@ -90,6 +92,7 @@ def test_write_output_compiles_and_is_the_first_row(tuned: dict[str, Any], tmp_p
     assert code == 0, err
 
 
+@pytest.mark.slow
 def test_ranking_is_deterministic_and_sorted(tuned: dict[str, Any]) -> None:
     again = _run("tune", str(EXAMPLE), "--format", "json", "--top", "6")[1]
     assert json.loads(again) == tuned
@@ -101,6 +104,7 @@ def test_ranking_is_deterministic_and_sorted(tuned: dict[str, Any]) -> None:
         assert set(c["parallelism"]) == {"tp", "pp", "cp", "ep", "etp", "vpp", "dp"}
 
 
+@pytest.mark.slow
 def test_text_output_explains_the_runners_up() -> None:
     code, out, _ = _run("tune", str(EXAMPLE), "--top", "3")
     assert code == 0
@@ -120,6 +124,7 @@ def test_held_fixed_parallelism_is_kept(tmp_path: Path) -> None:
     assert {c["parallelism"]["tp"] for c in json.loads(out)["candidates"]} == {8}
 
 
+@pytest.mark.slow
 def test_svg_marks_the_limit_and_the_choice(tmp_path: Path) -> None:
     picture = tmp_path / "tune.svg"
     code, _, _ = _run("tune", str(EXAMPLE), "--svg", str(picture))
@@ -387,6 +392,7 @@ def test_tp_comm_overlap_leaves_the_expert_layers_collectives() -> None:
     assert overlapped == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "written", ["tp_comm_overlap = true", 'extra_args = ["--tp-comm-overlap"]']
 )
@@ -463,6 +469,7 @@ def test_explain_predicts_what_tune_printed(tuned: dict[str, Any], tmp_path: Pat
     assert "predicted on NVIDIA H100 SXM5 80GB" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flag", "key", "term", "without"),
     [
@@ -518,6 +525,7 @@ def test_held_fixed_sizes_no_layout_can_use_get_the_compilers_own_finding(
     assert code == 1 and "tp3.toml:19:6: error[MDC201]" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_write_in_other_formats_compiles(suffix: str, tmp_path: Path) -> None:
     out_spec = tmp_path / f"best{suffix}"
@@ -578,6 +586,7 @@ def test_layers_that_do_not_divide_by_pp_get_megatrons_uneven_splits(
         assert predicted == candidate["predicted"], candidate["layout"]
 
 
+@pytest.mark.slow
 def test_megatron_fp4_on_a_bf16_model_is_predicted_at_the_fp4_peak(tmp_path: Path) -> None:
     """NVFP4 is written as [megatron] fp4_format on a bf16 model (Megatron's --bf16
     --fp4-format e2m1): tune and explain take the fp4 peak for it, not bf16's."""
@@ -814,6 +823,7 @@ moe_token_dispatcher_type = "alltoall"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("written", "mtp"), [("overlap_moe_expert_parallel_comm = true", 0),
                          ('extra_args = ["--overlap-moe-expert-parallel-comm"]', 0),
@@ -876,6 +886,7 @@ def _tuned_json(*extra: str) -> dict[str, Any]:
 _H100_GIB = 81559 / 1024
 
 
+@pytest.mark.slow
 def test_rows_above_the_headroom_are_marked_and_not_chosen(tmp_path: Path) -> None:
     # a margin of 21 %: the fastest layout (63.6 GiB) eats into it
     tuned = _tuned_json("--headroom", "21")
@@ -898,6 +909,7 @@ def test_rows_above_the_headroom_are_marked_and_not_chosen(tmp_path: Path) -> No
     assert f"the fastest that leaves it is #{roomy['rank']}, which --write writes" in text
 
 
+@pytest.mark.slow
 def test_the_default_headroom_is_where_compile_warns_and_zero_marks_nothing() -> None:
     tuned = _tuned_json()
     assert tuned["headroom"] == pytest.approx(0.10)
@@ -911,6 +923,7 @@ def test_the_default_headroom_is_where_compile_warns_and_zero_marks_nothing() ->
     assert [r["layout"] for r in plain["candidates"]] == [r["layout"] for r in tuned["candidates"]]
 
 
+@pytest.mark.slow
 def test_when_no_top_row_leaves_the_headroom_the_walk_finds_one() -> None:
     tuned = _tuned_json("--headroom", "35")
     limit = _H100_GIB * 0.65
@@ -1003,6 +1016,7 @@ def _chart(tmp_path: Path, *extra: str) -> Any:
     return text, ET.fromstring(text)
 
 
+@pytest.mark.slow
 def test_chart_labels_never_overlap_on_a_real_search(tmp_path: Path) -> None:
     """Llama 70B on 64 H100, twelve rows: every drawn label's box (monospace, so
     characters x CHAR_W wide) lies in the picture and clear of every other."""
@@ -1027,6 +1041,7 @@ def test_chart_labels_never_overlap_on_a_real_search(tmp_path: Path) -> None:
     assert _chart(again, "--top", "12")[0] == text  # same search, same bytes
 
 
+@pytest.mark.slow
 def test_chart_axis_hugs_the_limit_and_counts_what_it_clips(tmp_path: Path) -> None:
     """The memory axis ends at 1.3 x the 79.65 GiB limit (ticks 0..104); the layouts
     beyond sit on the right edge, and the marker counts exactly those dots."""
@@ -1047,6 +1062,7 @@ def test_chart_axis_hugs_the_limit_and_counts_what_it_clips(tmp_path: Path) -> N
     assert 0 < min(levels) < max(levels) < 2 * min(levels)
 
 
+@pytest.mark.slow
 def test_chart_pareto_front_tops_every_fitting_layout(tmp_path: Path) -> None:
     """No dot left of the limit line lies above the drawn front, and the front steps
     only right and up; the legend names each mark."""

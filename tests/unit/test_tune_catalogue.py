@@ -42,6 +42,7 @@ def _spec(launcher: str, accelerator: str, gpus_per_node: int) -> dict[str, Any]
     return spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["megatron", "torchtitan"])
 @pytest.mark.parametrize("accelerator", sorted(builtin()))
 def test_every_accelerator_gets_ranked_candidates_that_fit_it(

@@ -74,6 +74,7 @@ def _shown(result: Result) -> tuple[Any, ...]:
     return (rows, result.generated, result.fitting, result.estimated, result.refused)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_bounded_ranking_is_the_exhaustive_sort(name: str, tmp_path: Path) -> None:
     tuner = _tuner(name, tmp_path)
@@ -84,6 +85,7 @@ def test_bounded_ranking_is_the_exhaustive_sort(name: str, tmp_path: Path) -> No
     assert _seen(list(ranked)) == _seen(everything)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_search_result_equals_the_exhaustive_one(name: str, tmp_path: Path) -> None:
     tuner = _tuner(name, tmp_path)
@@ -97,6 +99,7 @@ def test_search_result_equals_the_exhaustive_one(name: str, tmp_path: Path) -> N
     assert bounded.estimated > bounded.fitting
 
 
+@pytest.mark.slow
 def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +113,7 @@ def test_a_bound_the_model_breaks_falls_back_to_the_exhaustive_ranking(
     assert _shown(tuner.run(top=4)) == _shown(exhaustive)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
     name: str, tmp_path: Path
@@ -142,6 +146,7 @@ def _layout(candidate: Candidate) -> tuple[int, ...]:
     return (L.tp, L.pp, L.cp, L.ep, L.etp, L.micro_batch_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dense-uneven", "dense-fp8"])
 def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_path: Path) -> None:
     tuner = _tuner(name, tmp_path)
@@ -164,6 +169,7 @@ def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_p
     assert interleaved
 
 
+@pytest.mark.slow
 def test_virtual_stage_depths_wait_under_one_prediction(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,6 +204,7 @@ def _recompute_modules(tuner: Tuner, sizes: tuple[int, int, int]) -> set[tuple[s
     }
 
 
+@pytest.mark.slow
 def test_selective_recompute_modules_are_searched_where_the_model_has_them(
     tmp_path: Path,
 ) -> None:
@@ -220,6 +227,7 @@ def test_selective_recompute_modules_are_searched_where_the_model_has_them(
     assert held == {("core_attn",)}
 
 
+@pytest.mark.slow
 def test_a_recompute_module_trades_time_for_memory_and_compiles(tmp_path: Path) -> None:
     tuner = _tuner("dense-uneven", tmp_path)
     pairs: dict[tuple[Any, ...], dict[tuple[str, ...] | None, Candidate]] = {}

@@ -51,6 +51,7 @@ def _tuned(spec: Path, top: int = 12) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_checkpointing_is_searched_and_the_best_compiles_as_predicted(tmp_path: Path) -> None:
     spec = _open_spec(tmp_path)
     result = _tuned(spec)

@@ -99,6 +99,7 @@ def test_the_repository_has_yaml_to_compare() -> None:
     assert {"examples", "golden"} <= names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", repo_yaml(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_repository_yaml_reads_the_same(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
@@ -271,6 +272,7 @@ def decorate(text: str, seed: int) -> str:
     return joined.replace("\n", "\r\n") if rng.random() < 0.2 else joined
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     data=specs,
@@ -310,6 +312,7 @@ ordinary_specs = st.dictionaries(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(data=ordinary_specs, flow=st.sampled_from([False, True, None]), seed=st.integers(0, 99))
 def test_ordinary_specs_take_the_fast_path(
@@ -394,6 +397,7 @@ PREFIXES = [
 ]
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(prefix=st.sampled_from(PREFIXES), tokens=st.lists(st.sampled_from(NEAR), max_size=30))
 def test_near_miss_text_reads_the_same(prefix: str, tokens: list[str]) -> None:
@@ -600,6 +604,7 @@ def test_nesting_up_to_the_limit_is_taken_and_deeper_declined() -> None:
     assert f"deeper than {MAX_DEPTH}" in diagnostic.message
 
 
+@pytest.mark.slow
 def test_values_up_to_the_limit_are_taken_and_more_declined() -> None:
     def flat(count: int) -> str:  # "" and "/a" and count items
         return "a: [" + ", ".join(["1"] * count) + "]\n"
