@@ -60,7 +60,7 @@ class Constants:
     #: share of the HBM bandwidth a decode step's reads reach
     hbm_efficiency: float = 0.7
     #: share of the dense tensor peak a prefill's GEMMs and attention reach
-    prefill_efficiency: float = 0.75
+    prefill_efficiency: float = 0.7
     #: share of the peak a decode step's (small) GEMMs reach
     decode_efficiency: float = 0.3
     #: latency of one all-reduce and of one all-to-all, seconds
@@ -200,6 +200,9 @@ class _Server:
     #: forward FLOPs of one decoding token (at the mean context) and of one prompt token
     decode_flops: float
     prefill_flops: float
+    #: of them, the attention kernel's FLOPs of one decoding token (run at the KV cache's
+    #: precision; MLA in its absorbed form, as the kernels that read the latent cache run it)
+    decode_attention_flops: float = 0.0
 
     @property
     def max_batch(self) -> int:
@@ -257,8 +260,10 @@ class _Server:
         bytes_read += micro * context * self.kv_per_token
         hbm = bytes_read / self.hbm_rate()
         # each GPU computes its group's tokens on its stage's layers: 1 / (attn_tp x pp)
-        flops = self.decode_flops * micro / (r.attn_tp * r.pp)
-        compute = flops / (self._peak() * self.c.decode_efficiency)
+        share = micro / (r.attn_tp * r.pp)
+        gemms = (self.decode_flops - self.decode_attention_flops) * share / self._peak()
+        attention = self.decode_attention_flops * share / self._attention_peak()
+        compute = (gemms + attention) / self.c.decode_efficiency
         return r.pp * hbm, r.pp * compute, r.pp * self.comm(micro)
 
     def decode_step(self, batch: float, context: float) -> float:
@@ -284,6 +289,13 @@ class _Server:
         measured HBM level (BabelStream, relative to the H100's) times the fitted e_hbm."""
         gb_s = self.hw.memory_bandwidth_gb_s * hbm_level(self.hw)
         return gb_s * 1e9 * self.c.hbm_efficiency
+
+    def _attention_peak(self) -> float:
+        """The decode attention kernel's peak: an fp8 KV cache's fp8 (FlashMLA, TensorRT-LLM's
+        and FlashInfer's FP8 kernels), else bf16; at the measured GEMM level."""
+        kv = self.dep.kv_dtype if self.dep.kv_dtype in self.hw.dense_tflops else "bf16"
+        kv = "fp8" if kv == "fp8" else "bf16"
+        return self.hw.peak_tflops(kv) * 1e12 * gemm_level(self.hw, kv)
 
     def _peak(self) -> float:
         """The GEMMs' peak: an fp8 checkpoint's fp8, an fp4 one's fp4 where the chip has FP4
@@ -329,6 +341,7 @@ def server_of(
         capacity_seqs=groups * memory.tokens // per_seq,
         memory_gib=(memory.weights + memory.cache) / GIB,
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
+        decode_attention_flops=_decode_attention_flops(shape, _context(w)),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
 
@@ -339,6 +352,19 @@ def _moe_over_server(launcher: str) -> bool:
     the server (moe_tensor_parallel_size, --tp-size); vLLM's data-parallel engines without
     expert parallel are replicas, each with its own copy over its tp GPUs."""
     return not launcher.startswith("vllm")
+
+
+def _decode_attention_flops(shape: Shape, context: float) -> float:
+    """The attention kernel's FLOPs of one decoding token over ``context`` keys: scores and
+    values per head; multi-latent attention in its absorbed form (each head scores the
+    latent and rope dims of every cached token and sums the latent: 2 x keys x heads x
+    (2 kv_lora + rope)), else token_flops' attention (its forward third)."""
+    layers = shape.pattern.parts(0, shape.layers).attention
+    latent = shape.latent
+    if latent is not None:
+        return 2.0 * context * shape.heads * (2 * latent.kv_lora + latent.rope_head) * layers
+    f = token_flops(attrs.evolve(shape, seq=max(1, int(context))), causal=False)
+    return f.attention / 3
 
 
 def _forward_flops(shape: Shape, context: int, causal: bool) -> float:
