@@ -1,7 +1,9 @@
 """mdc tune against published runs: the issue's targets, computed over tests/published.
 
 * throughput: predicted model TFLOP/s per GPU within +-20 % of the measured value
-  (bench/tune_fit.py builds each measured row's case; target: 80 % of the rows);
+  (bench/tune_fit.py builds each measured row's case; target: 80 % of the rows), and held
+  out by source family (each family's rows predicted by constants fitted without it: 80 %
+  of all rows, 70 % of the MoE rows, 75 % of the FSDP-style rows, mean error 15 %);
 * Narayanan et al. 2021, Table 1: the searched best (tp, pp) equals the paper's
   (bench/tune_targets.py; target: 8 of 10 rows), also read with each row's data-parallel
   size held;
@@ -88,8 +90,10 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # MoE constants fitted again; 85.4 % (268 of 314; held out 84.6 %) once attention's kernels
     # run at the measured sequence knee (attention_seq_knee, fitted to kernels.toml's curve);
     # 87.3 % (held out 85.6 %) once GEMMs run at each accelerator's measured level
-    # (kernels.toml's [gemm]) and the eleven constants were fitted again
-    assert accuracy >= 0.80
+    # (kernels.toml's [gemm]) and the eleven constants were fitted again; 87.3 % (274 of 314;
+    # held out 86.5 %) once the collectives run at NCCL's measured share of each link and
+    # the other ten were fitted again. The floor holds that level
+    assert accuracy >= 0.87 >= 0.80
 
 
 @pytest.fixture(scope="session")
@@ -195,7 +199,8 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # (expert_overhead_us 11.2 to 32.6 us); 152 once attention's kernels run at the measured
     # sequence knee (attention_seq_knee) and a layout that splits the same tokens per rank
     # over cp instead of the micro batch counts as the faster one's variant (137 with the
-    # knee alone: those cp variants, no longer exact ties, crowded the top 5)
+    # knee alone: those cp variants, no longer exact ties, crowded the top 5); 152 still with
+    # the measured GEMM levels and link shares
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.52
 
 
@@ -223,6 +228,7 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # explain predicts them; 219 once attention runs at the measured sequence knee and a
     # layout that splits the same tokens per rank over cp instead of the micro batch counts
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
-    # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1
+    # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
+    # link shares
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
