@@ -271,8 +271,7 @@ def fit(train: list[Case], start: Constants = DEFAULT, rounds: int = 6) -> Const
         for name in FITTED:
             for step in range(-4, 5):
                 value = getattr(best, name) * math.exp(span * step / 4)
-                if name in ("gemm_peak", "attention_peak", "fp4_peak",
-                            "link_share", "tp_exposed", "ep_exposed"):  # fmt: skip
+                if name in ("gemm_peak", "attention_peak", "fp4_peak", "ep_exposed"):
                     value = min(value, 1.0)
                 trial = attrs.evolve(best, **{name: value})
                 trial_loss = loss(trial, train)
