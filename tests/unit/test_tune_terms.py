@@ -35,7 +35,8 @@ def test_predict_reads_in_one_screen_and_calls_the_terms() -> None:
     }
     expected = {
         "dense_gemms", "expert_gemms", "attention", "output_layer", "elementwise", "tp_comm",
-        "cp_comm", "ep_comm", "pp_p2p", "moe_permute", "mamba", "expert_weights",
+        "cp_comm", "ep_comm", "pp_p2p", "moe_permute", "expert_overhead", "mamba",
+        "expert_weights",
         "bubble_slots", "dp_comm", "optimizer",
     }  # fmt: skip
     assert expected <= called

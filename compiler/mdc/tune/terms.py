@@ -262,24 +262,29 @@ def elementwise(st: Step) -> float:
 
 def moe_permute(st: Step) -> float:
     """Token permutation around the experts, memory bound: ``moe_passes`` (fitted) HBM
-    passes over each routed copy of a token's hidden vector per MoE layer; plus
-    ``expert_overhead_us`` (fitted) per local expert, MoE layer and GEMM pass (forward,
-    the two backward GEMMs, each recomputed forward)."""
-    shape, L, c = st.shape, st.layout, st.c
+    passes over each routed copy of a token's hidden vector per MoE layer."""
+    shape, c = st.shape, st.c
     if not shape.experts and not st.parts.moe:
         return 0.0
-    moe_layers = st.moe_layers
-    t = (
+    return (
         c.moe_passes * st.capacity * st.tokens / st.split * shape.topk * st.routed_width * ACT
-        * moe_layers / st.hbm()
+        * st.moe_layers / st.hbm()
     )  # fmt: skip
-    if shape.experts:
-        # every local expert adds fixed work per pass: ep 1 on 8 GPUs runs 8x the groups of ep 8
-        t += (
-            c.expert_overhead_us * 1e-6 * shape.experts / L.ep * moe_layers
-            * (3 + st.again.experts)
-        )  # fmt: skip
-    return t
+
+
+def expert_overhead(st: Step) -> float:
+    """Megatron-Core's fixed cost per local expert, a framework overhead fitted end to end:
+    ``expert_overhead_us`` per local expert (E/ep), MoE layer and GEMM pass (forward, the
+    two backward GEMMs, each recomputed forward), whatever its tokens (each expert is a
+    group of Transformer Engine's grouped GEMM with its own quantization and scaling
+    kernels): ep 1 on 8 GPUs runs 8x the groups of ep 8."""
+    shape = st.shape
+    if not shape.experts:
+        return 0.0
+    return (
+        st.c.expert_overhead_us * 1e-6 * shape.experts / st.layout.ep * st.moe_layers
+        * (3 + st.again.experts)
+    )  # fmt: skip
 
 
 def mamba(st: Step) -> float:
