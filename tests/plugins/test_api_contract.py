@@ -43,6 +43,7 @@ CONTRACT = {
     "TrainingSetup",
     "PipelineSplit",
     "ServingSetup",
+    "StepLimits",
     "Accelerator",
     "ONE_NODE_ROLE",
     # the run-time words of a launch script, and what a backend sets

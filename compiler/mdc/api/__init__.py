@@ -49,18 +49,19 @@ from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
     from mdc.api.flags import FlagReading
-    from mdc.plan.serving_memory import ServingSetup
+    from mdc.plan.serving_memory import ServingSetup, StepLimits
 
 
 def __getattr__(name: str) -> Any:
-    """``ServingSetup`` loads its module when first used: the serving memory estimate (and
-    the fractions arithmetic behind it) costs a training spec nothing."""
-    if name != "ServingSetup":
+    """``ServingSetup`` and ``StepLimits`` load their module when first used: the serving
+    memory estimate (and the fractions arithmetic behind it) costs a training spec nothing."""
+    if name not in ("ServingSetup", "StepLimits"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from mdc.plan.serving_memory import ServingSetup
+    from mdc.plan import serving_memory
 
-    globals()[name] = ServingSetup
-    return ServingSetup
+    found = getattr(serving_memory, name)
+    globals()[name] = found
+    return found
 
 
 @attrs.frozen(kw_only=True)
@@ -316,6 +317,7 @@ __all__ = [
     "Server",
     "ServingSetup",
     "Severity",
+    "StepLimits",
     "TrainingSetup",
     "Word",
     "report",

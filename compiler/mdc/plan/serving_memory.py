@@ -24,6 +24,7 @@ engine's own profiling out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Literal
 
@@ -60,6 +61,19 @@ FP4_LAYER_BYTES = Fraction(9, 16)
 
 
 @attrs.frozen(kw_only=True)
+class StepLimits:
+    """An engine's per-step limits where the spec sets them, per attention group (a vLLM
+    engine, an SGLang or TensorRT-LLM attention data-parallel rank)."""
+
+    #: requests running at once (vLLM --max-num-seqs, SGLang --max-running-requests,
+    #: TensorRT-LLM max_batch_size)
+    max_batch: int | None = None
+    #: tokens one step takes, prompt chunks included (vLLM --max-num-batched-tokens,
+    #: SGLang --chunked-prefill-size, TensorRT-LLM max_num_tokens)
+    step_tokens: int | None = None
+
+
+@attrs.frozen(kw_only=True)
 class ServingSetup:
     """What a serving launcher tells the check about one server and its engine."""
 
@@ -83,6 +97,10 @@ class ServingSetup:
     #: the engine's limit on requests running at once, where the spec sets it (TensorRT-LLM
     #: max_batch_size): what mdc tune's serving model takes as the running batch's bound
     max_batch: int | None = None
+    #: the engine's per-step token budget, where the spec sets it (:class:`StepLimits`)
+    step_tokens: int | None = None
+    #: a disaggregated job's limits per role ("prefill", "decode"), where the spec sets them
+    roles: Mapping[str, StepLimits] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -102,6 +120,8 @@ class ServingMemory:
     max_len: int
     sequences: int
     max_batch: int | None = None
+    step_tokens: int | None = None
+    roles: Mapping[str, StepLimits] = attrs.field(factory=dict)
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -149,6 +169,8 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         max_len=max_len,
         sequences=tokens // max_len if max_len else 0,
         max_batch=setup.max_batch,
+        step_tokens=setup.step_tokens,
+        roles={name: limits for name, limits in setup.roles.items() if limits != StepLimits()},
     )
 
 
@@ -216,9 +238,14 @@ def lines(memory: ServingMemory | None) -> list[str]:
 def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
     if memory is None:
         return None
-    # share_of is written only when it is not the share of the whole GPU, max_batch only
-    # where the spec sets it
-    unwritten = {"share_of": "capacity", "max_batch": None}
+    # share_of is written only when it is not the share of the whole GPU, the limits only
+    # where the spec sets them
+    unwritten: dict[str, object] = {
+        "share_of": "capacity",
+        "max_batch": None,
+        "step_tokens": None,
+        "roles": {},
+    }
     return attrs.asdict(
         memory,
         filter=lambda field, value: field.name not in unwritten or value != unwritten[field.name],

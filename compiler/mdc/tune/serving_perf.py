@@ -35,6 +35,7 @@ from mdc.plan.memory import GIB, Shape
 from mdc.plan.memory.params import layer_params
 from mdc.plan.serving_memory import (
     DTYPE_BYTES,
+    ServingMemory,
     ServingSetup,
     estimate,
     kv_per_layer,
@@ -107,8 +108,11 @@ class Role:
     #: attention groups inside the server (vLLM data-parallel engines, SGLang DP attention)
     dp: int = 1
     ep: int = 1
-    #: the engine's running-batch limit (None: the launcher's default)
+    #: the engine's running-batch limit per attention group (None: the launcher's default)
     max_batch: int | None = None
+    #: the tokens one step takes per attention group, prompt chunks included (None: the
+    #: launcher's default, :attr:`Constants.chunk_tokens`)
+    step_tokens: int | None = None
 
     @property
     def attn_tp(self) -> int:
@@ -209,6 +213,12 @@ class _Server:
         limit = self.role.max_batch or self.c.max_batch.get(self.dep.launcher, 1024)
         return min(limit * self.role.dp, self.capacity_seqs)
 
+    @property
+    def step_tokens(self) -> int:
+        """The prompt tokens one step prefills: the engine's budget as the spec sets it,
+        else the launcher's default."""
+        return self.role.step_tokens or self.c.chunk_tokens
+
     def bandwidth(self) -> float:
         """Bytes/s of one GPU's link for this server's collectives."""
         gpus = self.role.gpus
@@ -280,7 +290,7 @@ class _Server:
         """Seconds one server takes to prefill ``tokens`` prompt tokens alone."""
         weights = (self.dense_bytes + self.expert_bytes) * self.role.pp
         read = weights / self.hbm_rate()
-        steps = max(1, math.ceil(tokens / self.c.chunk_tokens))
+        steps = max(1, math.ceil(tokens / self.step_tokens))
         overhead = steps * self.c.overhead(self.dep.launcher)
         return max(self.prefill_compute(tokens, prompt), steps * read) + overhead
 
@@ -387,7 +397,7 @@ def predict(
     server's costs do not depend on how many of it there are."""
     servers = []
     for r in dep.roles:
-        key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch)
+        key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch, r.step_tokens)
         found = cache.get(key) if cache is not None else None
         if found is None:
             found = server_of(r, shape, hw, dep, workload, constants)
@@ -441,8 +451,8 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         return s.decode_step(batch, ctx) + s.prefill_compute(batch * inp / out, inp)
 
     def ttft(batch: float) -> float:
-        chunks = max(1, math.ceil(inp / s.c.chunk_tokens))
-        chunk = min(inp, s.c.chunk_tokens)
+        chunks = max(1, math.ceil(inp / s.step_tokens))
+        chunk = min(inp, s.step_tokens)
         return chunks * (s.decode_step(batch, ctx) + s.prefill_compute(chunk, inp))
 
     queue_wait, overloaded, binding = 0.0, False, ""
@@ -485,11 +495,11 @@ def _closed_prefill_wait(
 ) -> tuple[float, float]:
     """A closed loop's wait for the prefill (and its requests/s) while every request has a
     slot: prompts that arrive together queue for a step's prefill budget of
-    ``chunk_tokens``, which takes ``floor(chunk / input)`` whole prompts (at least one).
+    ``step_tokens``, which takes ``floor(chunk / input)`` whole prompts (at least one).
     Each prompt holds the server's prefill for ``first`` over that count and waits M/D/1's
     mean at that load; the loop's requests/s counts the wait (a few rounds of the fixed
     point)."""
-    service = first / max(1, s.c.chunk_tokens // inp)
+    service = first / max(1, s.step_tokens // inp)
     servers = s.role.servers
     wait, requests = 0.0, held / (first + (out - 1) * tpot)
     for _ in range(4):
@@ -648,9 +658,8 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
     memory = plan.serving_memory
     hw = plan.hardware
     assert hw is not None
-    if memory is not None and memory.max_batch is not None and len(built) == 1:
-        # the engine's batch limit, as the spec sets it (the estimate is of one server)
-        built = [attrs.evolve(built[0], max_batch=memory.max_batch)]
+    if memory is not None:
+        built = [with_limits(r, memory) for r in built]
     return Deployment(
         launcher=plan.launcher,
         roles=tuple(built),
@@ -660,6 +669,17 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
         capacity_gib=memory.capacity / GIB if memory is not None else hw.memory_gib,
         nproc_per_node=plan.nproc_per_node,
     )
+
+
+def with_limits(role: Role, memory: ServingMemory) -> Role:
+    """The role with the engine's per-step limits as the spec sets them: an aggregated
+    server's from the estimate's own, a disaggregated role's from its entry."""
+    if role.name == "server":
+        return attrs.evolve(role, max_batch=memory.max_batch, step_tokens=memory.step_tokens)
+    limits = memory.roles.get(role.name)
+    if limits is None:
+        return role
+    return attrs.evolve(role, max_batch=limits.max_batch, step_tokens=limits.step_tokens)
 
 
 def predict_plan(plan: Plan, launch: Launch) -> ServingPrediction | None:

@@ -37,6 +37,7 @@ from mdc.tune.serving_perf import (
     deployment_of,
     predict,
     predict_plan,
+    with_limits,
 )
 
 #: compile at most this many refused candidates before giving up on more rows
@@ -393,12 +394,11 @@ class ServingTuner:
         generate = WRITERS[launcher][0]
         share_of, share = SHARE.get(launcher, ("capacity", 0.9))
         capacity = dist.accelerator_memory_gib or hw.memory_gib
-        kv_dtype, limit = "auto", None
+        kv_dtype = "auto"
         written = self._engine_memory()
         if written is not None:  # the engine's settings as the spec writes them
             share, share_of, kv_dtype = written.share, written.share_of, written.kv_dtype
             capacity = written.capacity / GIB
-            limit = written.max_batch
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
 
@@ -429,8 +429,10 @@ class ServingTuner:
             if not all(fits(r) for r in roles):
                 self.unfit += 1
                 continue
+            if written is not None:  # the per-step limits the spec sets, by role
+                roles = tuple(with_limits(r, written) for r in roles)
             if len(roles) == 1:
-                whole = candidate((attrs.evolve(roles[0], max_batch=limit),))
+                whole = candidate(roles)
                 yield whole
                 if launcher in BATCH_LIMITS:
                     yield from _batch_limits(whole, workload, candidate)

@@ -313,6 +313,22 @@ MEMORY_FLAGS = FlagTable(
         KnownFlag(
             name="--context-length", source="[sglang] args", key="max_len", nargs=1, convert=int
         ),
+        # the scheduler's per-step limits: running requests, and the tokens of one prefill
+        # chunk
+        KnownFlag(
+            name="--max-running-requests",
+            source="[sglang] args",
+            key="max_batch",
+            nargs=1,
+            convert=int,
+        ),
+        KnownFlag(
+            name="--chunked-prefill-size",
+            source="[sglang] args",
+            key="step_tokens",
+            nargs=1,
+            convert=int,
+        ),
     ]
 )
 #: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
@@ -335,6 +351,8 @@ def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
         else "assumed; SGLang sizes --mem-fraction-static itself",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
+        max_batch=values.get("max_batch"),
+        step_tokens=values.get("step_tokens"),
     )
 
 

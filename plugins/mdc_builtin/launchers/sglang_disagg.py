@@ -44,6 +44,7 @@ from mdc.api import (
     Role,
     ServingSetup,
     Severity,
+    StepLimits,
     Word,
 )
 from mdc.api import Server as ApiServer
@@ -912,8 +913,35 @@ MEMORY_FLAGS = FlagTable(
         KnownFlag(
             name="--context-length", source="server_args", key="max_len", nargs=1, convert=int
         ),
+        KnownFlag(
+            name="--max-running-requests",
+            source="server_args",
+            key="max_batch",
+            nargs=1,
+            convert=int,
+        ),
+        KnownFlag(
+            name="--chunked-prefill-size",
+            source="server_args",
+            key="step_tokens",
+            nargs=1,
+            convert=int,
+        ),
     ]
 )
+
+
+def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
+    """One role's per-step limits per DP attention rank: with DP attention SGLang divides
+    --max-running-requests and --chunked-prefill-size by --dp-size (server_args.py)."""
+    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    ranks = shape.dp if shape.dp_attention else 1
+
+    def per_rank(key: str) -> int | None:
+        value = values.get(key)
+        return None if value is None else max(1, value // ranks)
+
+    return StepLimits(max_batch=per_rank("max_batch"), step_tokens=per_rank("step_tokens"))
 
 
 def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | None:
@@ -936,6 +964,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         else "assumed; SGLang sizes --mem-fraction-static itself",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
+        roles={each.role: step_limits(options, each) for each in shapes},
     )
 
 

@@ -664,6 +664,18 @@ MEMORY_FLAGS = FlagTable(
         KnownFlag(
             name="--max-model-len", source="[vllm] args", key="max_len", nargs=1, convert=int
         ),
+        # the per-step limits of each engine (SchedulerConfig): the running requests and
+        # the tokens one step schedules, prompt chunks included
+        KnownFlag(
+            name="--max-num-seqs", source="[vllm] args", key="max_batch", nargs=1, convert=int
+        ),
+        KnownFlag(
+            name="--max-num-batched-tokens",
+            source="[vllm] args",
+            key="step_tokens",
+            nargs=1,
+            convert=int,
+        ),
     ]
 )
 
@@ -686,6 +698,8 @@ def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:
         else "vLLM's default --gpu-memory-utilization",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
+        max_batch=values.get("max_batch"),
+        step_tokens=values.get("step_tokens"),
     )
 
 

@@ -51,6 +51,7 @@ from mdc.api import (
     Role,
     ServingSetup,
     Severity,
+    StepLimits,
     Word,
 )
 from mdc.api import Server as ApiServer
@@ -886,6 +887,12 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
     shapes = [server(plan, options, role) for role in ("decode", "prefill")]
     shape = min(shapes, key=lambda s: s.tp)
     values, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *shape.args])
+    roles = {}
+    for each in shapes:  # each role's engines' per-step limits
+        own, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *each.args])
+        roles[each.role] = StepLimits(
+            max_batch=own.get("max_batch"), step_tokens=own.get("step_tokens")
+        )
     share = values.get("share")
     # vLLM's expert-parallel group is tp x dp of one server; each engine holds its share
     ep = shape.gpus if shape.ep else 1
@@ -900,6 +907,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         else "vLLM's default --gpu-memory-utilization",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
+        roles=roles,
     )
 
 

@@ -634,6 +634,7 @@ def memory_setup(
         kv_dtype=str(kv_dtype),
         max_len=opts.max_seq_len,
         max_batch=opts.max_batch_size,
+        step_tokens=opts.max_num_tokens,
     )
 
 

@@ -24,7 +24,18 @@ from typing import Any
 
 import attrs
 
-from mdc.api import Artifact, Endpoint, Finding, Launch, Plan, Role, Server, ServingSetup, Word
+from mdc.api import (
+    Artifact,
+    Endpoint,
+    Finding,
+    Launch,
+    Plan,
+    Role,
+    Server,
+    ServingSetup,
+    StepLimits,
+    Word,
+)
 from mdc.api.shell import out_file, shell_word
 from mdc_builtin.launchers.trtllm.aggregated import (
     DEFAULT_HOST,
@@ -442,7 +453,7 @@ def serving(plan: Plan, options: TrtllmOptions) -> ServingSetup | None:
         return None
     shapes = [shape(options, role) for role in ("generation", "context")]
     tight = min(shapes, key=lambda s: s.gpus)
-    return memory_setup(
+    setup = memory_setup(
         f"TensorRT-LLM ({tight.role})",
         tight.tp,
         tight.pp,
@@ -450,3 +461,12 @@ def serving(plan: Plan, options: TrtllmOptions) -> ServingSetup | None:
         tight.options,
         role_options(options, tight),
     )
+    # each role's per-step limits (max_batch_size, max_num_tokens: its table's, else
+    # [trtllm]'s), by the model's names of the roles
+    roles = {
+        {"context": "prefill", "generation": "decode"}[s.role]: StepLimits(
+            max_batch=s.options.max_batch_size, step_tokens=s.options.max_num_tokens
+        )
+        for s in shapes
+    }
+    return attrs.evolve(setup, roles=roles)
