@@ -294,7 +294,11 @@ def test_the_memory_estimate_takes_the_fraction_of_what_the_weights_leave(
     assert memory is not None and memory.engine == "TensorRT-LLM"
     # Llama-3.1-8B in bf16: 8.03e9 parameters x 2 bytes; half of what they leave of 80 GiB
     assert memory.weights == pytest.approx(8.03e9 * 2, rel=0.01)
-    assert memory.cache == pytest.approx(0.5 * (80 * GIB - memory.weights), abs=1)
+    # and of the activations of the step it profiles first: 8192 tokens (max_num_tokens'
+    # default) x (2 x 4096 + 3 x 14336) bf16 elements
+    assert memory.workspace == 8192 * (2 * 4096 + 3 * 14336) * 2
+    left = 80 * GIB - memory.weights - memory.workspace
+    assert memory.cache == pytest.approx(0.5 * left, abs=1)
     # 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes per token
     assert memory.kv_per_token == 32 * 8 * 128 * 2 * 2
     assert memory.max_len == 8192
@@ -464,7 +468,10 @@ def test_a_disaggregated_job_is_estimated_by_its_tighter_role(tmp_path: Path) ->
     assert memory is not None and memory.engine == "TensorRT-LLM (generation)"
     # a generation server of tp 2: half of each layer, 4 of the 8 KV heads per GPU
     assert memory.kv_per_token == 32 * 4 * 128 * 2 * 2
-    assert memory.cache == pytest.approx(0.6 * (80 * GIB - memory.weights), abs=1)
+    # the step's activations hold half the MLP intermediate per GPU
+    assert memory.workspace == 8192 * (2 * 4096 + 3 * 14336 // 2) * 2
+    left = 80 * GIB - memory.weights - memory.workspace
+    assert memory.cache == pytest.approx(0.6 * left, abs=1)
 
 
 def test_a_size_flag_in_the_shared_args_of_a_disaggregated_job_is_refused(

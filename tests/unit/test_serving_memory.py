@@ -59,17 +59,36 @@ ISSUE_10517 = {
 
 def test_llama_8b_weights_and_kv_per_token_match_vllms_log(tmp_path: Path) -> None:
     r = ISSUE_10517
-    memory = compile_(tmp_path, ["--max-model-len", "29000"], r["total"]).plan.serving_memory
+    # vLLM of then profiled a step of max(--max-model-len, 2048) tokens (chunked prefill
+    # off below 32k): the same step as --max-num-batched-tokens 29000 today
+    args = ["--max-model-len", "29000", "--max-num-batched-tokens", "29000"]
+    memory = compile_(tmp_path, args, r["total"]).plan.serving_memory
     assert memory is not None
     assert memory.weights / GIB == pytest.approx(r["weights"], rel=0.005)
     # vLLM's cache of 2.89 GiB held 23648 tokens: its bytes per token (to the log's rounding)
     assert memory.kv_per_token == pytest.approx(r["kv_cache"] * GIB / r["tokens"], rel=0.002)
-    # the estimate's cache is what vLLM split between its KV cache, the activation peak of
-    # its profiling run (peak_torch - weights) and non-torch memory (to the 0.03 GiB by
-    # which the counted weights fall short of the loaded ones, and the log's rounding)
+    # the profiled step's activations: the peak of vLLM's profiling run over the weights
+    # (2.99 GiB, its sampler's logits included), to 10 %
+    assert memory.profiled_tokens == 29000
+    assert memory.workspace / GIB == pytest.approx(r["peak_torch"] - r["weights"], rel=0.10)
+    # the estimate's share is what vLLM split between its KV cache, the activation peak of
+    # its profiling run and non-torch memory (to the 0.03 GiB by which the counted weights
+    # fall short of the loaded ones, and the log's rounding)
     used = r["kv_cache"] + (r["peak_torch"] - r["weights"]) + r["non_torch"]
-    assert memory.cache / GIB == pytest.approx(used, abs=0.05)
+    assert (memory.cache + memory.workspace) / GIB == pytest.approx(used, abs=0.05)
     assert memory.cache / GIB >= r["kv_cache"]  # an upper bound of the KV cache
+
+
+def test_a_bigger_step_budget_costs_kv_room(tmp_path: Path) -> None:
+    """vLLM takes the profiled step's activations out of its cache: 16,384 tokens per step
+    leave the cache 8,192 tokens' activations fewer bytes than 8,192 do (the default)."""
+    default = compile_(tmp_path, [], 80).plan.serving_memory
+    big = compile_(tmp_path, ["--max-num-batched-tokens", "16384"], 80).plan.serving_memory
+    assert default is not None and big is not None
+    assert default.profiled_tokens == 8192 and big.profiled_tokens == 16384
+    assert big.workspace == 2 * default.workspace
+    assert default.cache - big.cache == pytest.approx(default.workspace, abs=1)
+    assert big.tokens < default.tokens
 
 
 def test_a_cache_shorter_than_one_sequence_is_a_warning(tmp_path: Path) -> None:

@@ -14,8 +14,14 @@ and the KV cache. Per GPU of the heaviest pipeline stage:
   with multi-latent attention the compressed ``kv_lora_rank + qk_pos_emb_head_dim`` per
   token, which every tp rank holds; in the KV dtype (``fp8``: one byte; ``auto``: the
   activations', bf16 for an fp8 or fp4 checkpoint);
-* the cache: ``share x capacity - weights``, an upper bound (activations and CUDA graphs
-  take some of it), in tokens and in sequences of ``max_model_len``.
+* a step's activations, where the engine profiles a step before it sizes its cache (vLLM
+  runs ``--max-num-batched-tokens`` dummy tokens, TensorRT-LLM ``max_num_tokens``, and take
+  the peak out of the cache; SGLang's ``--mem-fraction-static`` holds weights and cache
+  only): per token the MLP's gate/up output and its activated product (``3 F``, ``F`` the
+  widest MLP intermediate one GPU holds per token) beside the residual and the normed input
+  (``2 hidden``), in bf16: ``tokens x (2 hidden + 3 F) x 2`` bytes (:func:`step_workspace`);
+* the cache: ``share x capacity - weights - activations``, an upper bound (CUDA graphs
+  and non-torch memory take some of it), in tokens and in sequences of ``max_model_len``.
 
 Only the weights can make it an error (MDC280: they exceed the whole GPU); a cache that
 cannot hold one full-length sequence is a warning (MDC281), since the estimate leaves the
@@ -101,6 +107,10 @@ class ServingSetup:
     step_tokens: int | None = None
     #: a disaggregated job's limits per role ("prefill", "decode"), where the spec sets them
     roles: Mapping[str, StepLimits] = attrs.field(factory=dict)
+    #: the tokens of the step the engine profiles before it sizes its KV cache (vLLM,
+    #: TensorRT-LLM: the step budget, as set or by default); None: the engine's share
+    #: leaves the activations out (SGLang)
+    profiled_tokens: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -122,6 +132,9 @@ class ServingMemory:
     max_batch: int | None = None
     step_tokens: int | None = None
     roles: Mapping[str, StepLimits] = attrs.field(factory=dict)
+    #: the profiled step's activations (bytes), taken out of the cache
+    workspace: int = 0
+    profiled_tokens: int | None = None
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -149,10 +162,13 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         kv = max(kv, parts.attention * kv_per_layer(shape, tp) * kv_bytes)
     capacity = int(capacity_gib * GIB)
     share = Fraction(setup.share).limit_denominator(1000)
+    workspace = 0
+    if setup.profiled_tokens is not None:
+        workspace = step_workspace(shape, setup.profiled_tokens, tp, setup.ep, setup.etp)
     if setup.share_of == "free":
-        cache = int(share * max(0, capacity - weights))
+        cache = int(share * max(0, capacity - weights - workspace))
     else:
-        cache = max(0, int(share * capacity) - weights)
+        cache = max(0, int(share * capacity) - weights - workspace)
     tokens = cache // kv if kv else 0
     max_len = setup.max_len or shape.seq
     return ServingMemory(
@@ -171,7 +187,27 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         max_batch=setup.max_batch,
         step_tokens=setup.step_tokens,
         roles={name: limits for name, limits in setup.roles.items() if limits != StepLimits()},
+        workspace=workspace,
+        profiled_tokens=setup.profiled_tokens,
     )
+
+
+#: bytes of one activation element: the engines compute in bf16 (fp8 and fp4 checkpoints too)
+ACTIVATION_BYTES = 2
+
+
+def step_workspace(shape: Shape, tokens: int, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """The activation peak of one step of ``tokens`` tokens on one GPU: ``tokens x (2 hidden
+    + 3 F) x 2`` bytes, ``F`` the widest MLP intermediate one GPU holds per token (a dense
+    MLP's ``ffn / tp``; an MoE layer's routed ``topk x moe_ffn / (ep x etp)``, its tokens
+    spread over the ep ranks, plus the shared expert's ``shared_ffn / etp``). Checked on
+    vLLM's profiling peak for Llama-3.1-8B (tests/unit/test_serving_memory.py)."""
+    parts = shape.pattern.parts(0, shape.layers)
+    widest = Fraction(shape.ffn, tp) if parts.mlp or not shape.experts else Fraction(0)
+    if shape.experts and parts.moe:
+        moe = Fraction(shape.topk * shape.moe_ffn, ep * etp) + Fraction(shape.shared_ffn, etp)
+        widest = max(widest, moe)
+    return int(tokens * (2 * shape.hidden + 3 * widest) * ACTIVATION_BYTES)
 
 
 def kv_per_layer(shape: Shape, tp: int) -> int:
@@ -211,11 +247,19 @@ def findings(memory: ServingMemory) -> list[Finding]:
     return found
 
 
+def _activations(m: ServingMemory) -> str:
+    """explain's words for the profiled step's activations (none where not profiled)."""
+    if m.profiled_tokens is None:
+        return ""
+    return f"a step's activations {gib(m.workspace)} ({m.profiled_tokens} tokens), "
+
+
 def _cache_sum(m: ServingMemory) -> str:
     """How the cache was found, in words."""
+    taken = f" - {gib(m.workspace)} of activations" if m.workspace else ""
     if m.share_of == "free":
-        return f"{m.share:g} x ({gib(m.capacity)} - {gib(m.weights)} of weights)"
-    return f"{m.share:g} x {gib(m.capacity)} - {gib(m.weights)} of weights"
+        return f"{m.share:g} x ({gib(m.capacity)} - {gib(m.weights)} of weights{taken})"
+    return f"{m.share:g} x {gib(m.capacity)} - {gib(m.weights)} of weights{taken}"
 
 
 def lines(memory: ServingMemory | None) -> list[str]:
@@ -229,7 +273,7 @@ def lines(memory: ServingMemory | None) -> list[str]:
         if m.share_of == "capacity"
         else f"serving memory per GPU (estimate, {m.engine}): {gib(m.capacity)}; the KV cache "
         f"takes {m.share:g} of what the weights leave ({m.share_source})",
-        f"  weights {gib(m.weights)}, KV cache up to {gib(m.cache)}: "
+        f"  weights {gib(m.weights)}, {_activations(m)}KV cache up to {gib(m.cache)}: "
         f"{m.kv_per_token} bytes per token ({m.kv_dtype}), about {m.tokens} tokens",
         f"  {m.sequences} full-length sequences of {m.max_len} tokens",
     ]
@@ -245,6 +289,8 @@ def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
         "max_batch": None,
         "step_tokens": None,
         "roles": {},
+        "workspace": 0,
+        "profiled_tokens": None,
     }
     return attrs.asdict(
         memory,

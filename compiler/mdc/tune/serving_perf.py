@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 #: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
 PREFILL_ROLES = frozenset({"prefill", "context"})
 DECODE_ROLES = frozenset({"decode", "generation"})
+#: the launchers whose engines profile a step of their token budget and take its
+#: activations out of the KV cache (SGLang's memory share leaves them out)
+PROFILING = frozenset({"vllm", "vllm_disagg", "trtllm"})
 
 
 @attrs.frozen(kw_only=True)
@@ -163,7 +166,7 @@ class ServingPrediction:
     binding: str
     #: the running batch of each role's server
     batch: Mapping[str, int]
-    #: each role's memory per GPU (weights + the cache the engine takes), GiB
+    #: each role's memory per GPU (weights, a step's activations, the cache), GiB
     memory_gib: Mapping[str, float]
     #: False where the prefill servers (or the aggregated servers) cannot keep up
     overloaded: bool = False
@@ -332,6 +335,7 @@ def server_of(
         share=dep.share,
         kv_dtype=dep.kv_dtype,
         share_of="free" if dep.share_of == "free" else "capacity",
+        profiled_tokens=role.step_tokens or c.chunk_tokens if dep.launcher in PROFILING else None,
     )
     memory = estimate(shape, setup, dep.capacity_gib)
     params = layer_params(shape, 0, -(-shape.layers // pp), tp, ep, etp)
@@ -349,7 +353,7 @@ def server_of(
         expert_bytes=expert_bytes,
         kv_per_token=float(memory.kv_per_token),
         capacity_seqs=groups * memory.tokens // per_seq,
-        memory_gib=(memory.weights + memory.cache) / GIB,
+        memory_gib=(memory.weights + memory.workspace + memory.cache) / GIB,
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         decode_attention_flops=_decode_attention_flops(shape, _context(w)),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),

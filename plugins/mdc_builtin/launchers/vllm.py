@@ -680,6 +680,12 @@ MEMORY_FLAGS = FlagTable(
 )
 
 
+#: the tokens of one step unless --max-num-batched-tokens says: vLLM's default for its
+#: OpenAI server on a GPU of 70 GiB or more (EngineArgs' usage-context defaults; 2048 on
+#: smaller ones)
+DEFAULT_STEP_TOKENS = 8192
+
+
 def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:
     """One engine's sizes: tp x pp GPUs; with expert parallelism whole experts over ep."""
     opts = _opts(options)
@@ -700,6 +706,8 @@ def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:
         max_len=values.get("max_len"),
         max_batch=values.get("max_batch"),
         step_tokens=values.get("step_tokens"),
+        # vLLM profiles a step of its budget and takes its activations out of the cache
+        profiled_tokens=values.get("step_tokens", DEFAULT_STEP_TOKENS),
     )
 
 

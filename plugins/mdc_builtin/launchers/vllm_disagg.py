@@ -908,6 +908,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
         roles=roles,
+        profiled_tokens=values.get("step_tokens", vllm.DEFAULT_STEP_TOKENS),
     )
 
 

@@ -53,6 +53,8 @@ LLMAPI_LAUNCH = "trtllm-llmapi-launch"
 MPI_BACKENDS = ("slurm",)
 #: the default of --kv_cache_free_gpu_memory_fraction (serve.py)
 DEFAULT_FREE_FRACTION = 0.9
+#: the default of --max_num_tokens (serve.py): the tokens of one step
+DEFAULT_MAX_NUM_TOKENS = 8192
 
 #: serve.py's click options mdc writes from a key, each with its other spellings and
 #: the option field it is read into (a copy in the arguments is read as the key)
@@ -635,6 +637,8 @@ def memory_setup(
         max_len=opts.max_seq_len,
         max_batch=opts.max_batch_size,
         step_tokens=opts.max_num_tokens,
+        # the engine profiles a step of max_num_tokens before it sizes the KV cache
+        profiled_tokens=opts.max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
     )
 
 
