@@ -21,9 +21,12 @@ from mdc.runtime import PORT_RANGE
 REPO = Path(__file__).resolve().parent.parent
 
 #: where the CRD schemas and upstream samples may be, outside the project (never copied into
-#: it): $MDC_CRDS if set, else ``shared/crds`` beside the checkout (CONTRIBUTING.md)
+#: it): $MDC_CRDS if set, else ``shared/crds`` beside the checkout or beside a folder above it,
+#: else the workplace's /work/shared/crds, where a clone made elsewhere finds them
+#: (CONTRIBUTING.md)
 CRD_PLACES = [Path(p) for p in (os.environ.get("MDC_CRDS"),) if p] + [
-    REPO.parent / "shared" / "crds"
+    *(folder / "shared" / "crds" for folder in REPO.parents),
+    Path("/work/shared/crds"),
 ]
 
 
