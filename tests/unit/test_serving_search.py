@@ -269,3 +269,67 @@ def test_a_batch_limit_makes_an_aggregated_server_meet_the_tpot_limit(tmp_path: 
     data = json.loads(json.dumps(row["spec"]))
     data["trtllm"]["max_batch_size"] = limit + 1
     assert _explained(tmp_path, data, "one-more")["predicted"]["tpot_ms"] > 50
+
+
+def test_aggregated_servers_take_their_best_token_budget(tmp_path: Path) -> None:
+    """Each aggregated layout is listed at the step budget (2k, 8k or 16k tokens) that
+    serves best, the budget on its row and written as TensorRT-LLM's max_num_tokens; the
+    row compiles and explains to itself, and no other budget does better there."""
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "15")
+    assert code == 0, err
+    aggregated = [r for r in json.loads(out)["candidates"] if r["mode"] == "aggregated"]
+    assert aggregated
+    for i, row in enumerate(aggregated):
+        budget = row["roles"]["server"]["step_tokens"]
+        assert budget in (2048, 8192, 16384)
+        assert row["spec"]["trtllm"]["max_num_tokens"] == budget
+        explained = _explained(tmp_path, row["spec"], f"row{i}")
+        assert explained["serving_memory"]["step_tokens"] == budget
+        predicted = explained["predicted"]
+        assert {k: predicted[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+        for other in {2048, 8192, 16384} - {budget}:
+            data = json.loads(json.dumps(row["spec"]))
+            data["trtllm"]["max_num_tokens"] = other
+            there = _explained(tmp_path, data, f"row{i}-{other}")["predicted"]
+            assert there["output_tokens_per_s_per_gpu"] <= predicted["output_tokens_per_s_per_gpu"]
+
+
+def test_a_budget_the_spec_sets_is_kept(tmp_path: Path) -> None:
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["trtllm"]["max_num_tokens"] = 4096
+    spec = tmp_path / "set.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "15")
+    assert code == 0, err
+    aggregated = [r for r in json.loads(out)["candidates"] if r["mode"] == "aggregated"]
+    assert aggregated
+    assert {r["roles"]["server"]["step_tokens"] for r in aggregated} == {4096}
+    assert {r["spec"]["trtllm"]["max_num_tokens"] for r in aggregated} == {4096}
+
+
+def test_vllm_limits_are_written_as_its_flags(tmp_path: Path) -> None:
+    """vLLM's chosen budget and batch limit go into [vllm] args as --max-num-batched-tokens
+    and --max-num-seqs (replacing the spec's own copies), and the rows compile to
+    themselves."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    del data["trtllm"]
+    data["job"]["command"] = ["vllm", "serve"]
+    data["distributed"]["launcher"] = "vllm"
+    data["vllm"] = {"model": "deepseek-ai/DeepSeek-R1", "args": ["--max-num-seqs=999"]}
+    spec = tmp_path / "vllm.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "4")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert rows
+    for i, row in enumerate(rows):
+        args = row["spec"]["vllm"]["args"]
+        assert "--max-num-seqs=999" not in args
+        budget = args[args.index("--max-num-batched-tokens") + 1]
+        assert int(budget) == row["roles"]["server"]["step_tokens"]
+        explained = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: explained[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }

@@ -130,6 +130,7 @@ class Role:
             "servers": self.servers,
             "gpus_per_server": self.gpus,
             "max_batch": self.max_batch,
+            "step_tokens": self.step_tokens,
         }
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from mdc.api.flags import FlagTable, KnownFlag, drop_flags
 from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator, with_network
 from mdc.loaders import LoadedDocument
@@ -88,7 +89,13 @@ def _role_label(r: Role, servers: bool = True) -> str:
     if r.ep > 1:
         parts.append(f"ep{r.ep}")
     limit = f" b{r.max_batch}" if r.max_batch is not None else ""
-    return f"{name}{count}{'.'.join(parts)}{limit}"
+    budget = f" t{_tokens(r.step_tokens)}" if r.step_tokens is not None else ""
+    return f"{name}{count}{'.'.join(parts)}{limit}{budget}"
+
+
+def _tokens(n: int) -> str:
+    """A token budget in the labels: 2k, 16k, or the count where it is no whole k."""
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 @attrs.frozen(kw_only=True)
@@ -160,6 +167,8 @@ def trtllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
             table["enable_attention_dp"] = True
         if r.max_batch is not None:
             table["max_batch_size"] = r.max_batch
+        if r.step_tokens is not None:
+            table["max_num_tokens"] = r.step_tokens
         return
     if not parallelism:
         data.pop("parallelism")
@@ -184,9 +193,30 @@ def vllm_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tuple[Role
             yield (Role(name="server", servers=1, gpus=gpus, tp=tp, dp=dp, ep=gpus),)
 
 
+#: vLLM's per-step limits as the search writes them into [vllm] args (each engine's)
+VLLM_LIMITS = FlagTable(
+    [
+        KnownFlag(name="--max-num-seqs", source="[vllm] args", key="max_batch", nargs=1),
+        KnownFlag(
+            name="--max-num-batched-tokens", source="[vllm] args", key="step_tokens", nargs=1
+        ),
+    ]
+)
+
+
 def vllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
     (r,) = roles
     data["parallelism"] = {"tp": r.tp, "dp": r.dp, **({"ep": r.ep} if r.ep > 1 else {})}
+    table = data.setdefault("vllm", {})
+    args = list(table.get("args", []))
+    _, uses = VLLM_LIMITS.read(args)
+    args = drop_flags(args, uses)
+    if r.max_batch is not None:
+        args += ["--max-num-seqs", str(r.max_batch)]
+    if r.step_tokens is not None:
+        args += ["--max-num-batched-tokens", str(r.step_tokens)]
+    if args:
+        table["args"] = args
 
 
 def _pd_sizes(gpus: int, nproc: int, nnodes: int) -> list[int]:
@@ -315,7 +345,8 @@ class ServingTuner:
         self.compiler = compiler
         self.doc = doc
         self.constants = constants
-        #: deployments dropped before any prediction: a server holds no request
+        #: deployments searched but not listed: a server that holds no request (dropped
+        #: before any prediction), a server layout at the token budgets not chosen
         self.unfit = 0
         named, _ = name_model(doc)
         from mdc.convert import structure_spec
@@ -432,7 +463,16 @@ class ServingTuner:
             if written is not None:  # the per-step limits the spec sets, by role
                 roles = tuple(with_limits(r, written) for r in roles)
             if len(roles) == 1:
-                whole = candidate(roles)
+                # each server layout at its best token budget, then its batch limit
+                budgets = _budgets(launcher, roles[0])
+                self.unfit += len(budgets) - 1  # counted as searched, not listed
+                whole = min(
+                    (
+                        candidate((attrs.evolve(roles[0], step_tokens=budget),))
+                        for budget in budgets
+                    ),
+                    key=lambda c: c.key,
+                )
                 yield whole
                 if launcher in BATCH_LIMITS:
                     yield from _batch_limits(whole, workload, candidate)
@@ -538,7 +578,20 @@ class ServingTuner:
 
 
 #: launchers whose aggregated servers' running batch the search limits (and writes)
-BATCH_LIMITS = frozenset({"trtllm"})
+BATCH_LIMITS = frozenset({"trtllm", "vllm"})
+#: the per-step token budgets the search tries on an aggregated server that the spec leaves
+#: open (vLLM --max-num-batched-tokens, TensorRT-LLM max_num_tokens; 8192 is both
+#: engines' default): a bigger one prefills a prompt in fewer steps (TTFT) but its
+#: activations take KV-cache room
+STEP_BUDGETS = (2048, 8192, 16384)
+
+
+def _budgets(launcher: str, role: Role) -> tuple[int | None, ...]:
+    """The budgets to try: the spec's own where it sets one, else :data:`STEP_BUDGETS`
+    where the launcher's search writes them."""
+    if role.step_tokens is not None or launcher not in BATCH_LIMITS:
+        return (role.step_tokens,)
+    return STEP_BUDGETS
 
 
 def _batch_limits(
