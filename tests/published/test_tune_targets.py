@@ -2,8 +2,9 @@
 
 * throughput: predicted model TFLOP/s per GPU within +-20 % of the measured value
   (bench/tune_fit.py builds each measured row's case; target: 80 % of the rows), and held
-  out by source family (each family's rows predicted by constants fitted without it: 80 %
-  of all rows, 70 % of the MoE rows, 75 % of the FSDP-style rows, mean error 15 %);
+  out by source family (each family's rows predicted by constants fitted without it, every
+  constant the family informs started neutral: 80 % of all rows, 70 % of the MoE rows, 75 %
+  of the FSDP-style rows, mean error 15 %);
 * Narayanan et al. 2021, Table 1: the searched best (tp, pp) equals the paper's
   (bench/tune_targets.py; target: 8 of 10 rows), also read with each row's data-parallel
   size held;
@@ -34,8 +35,8 @@ pytestmark = pytest.mark.xdist_group("tune-targets")
 
 
 @pytest.fixture(scope="session")
-def accuracy() -> float:
-    return float(tune_fit.within(tune_fit.cases(), DEFAULT))
+def accuracy(fitted_cases: list[tune_fit.Case]) -> float:
+    return float(tune_fit.within(fitted_cases, DEFAULT))
 
 
 @pytest.fixture(scope="session")
@@ -97,30 +98,70 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
 
 
 @pytest.fixture(scope="session")
-def by_source() -> list[tuple[tune_fit.Case, float]]:
+def fitted_cases() -> list[tune_fit.Case]:
+    return tune_fit.cases()
+
+
+@pytest.fixture(scope="session")
+def by_source(fitted_cases: list[tune_fit.Case]) -> list[tuple[tune_fit.Case, float]]:
     """Each fitted row predicted by constants fitted without its source family, TorchTitan's
     rows at the shipped constants (bench/tune_fit.py --by-source)."""
-    return tune_fit.held_out_pairs(tune_fit.cases(), tune_fit.cases(("torchtitan",)))
+    return tune_fit.held_out_pairs(fitted_cases, tune_fit.cases(("torchtitan",)))
+
+
+def test_held_out_fold_starts_neutral_where_its_family_informs(
+    fitted_cases: list[tune_fit.Case],
+) -> None:
+    # The shipped constants were fitted on every family: a fold that holds NVIDIA's
+    # summaries out must not start from them where those rows moved them, or the MoE,
+    # Mamba and NVFP4 constants (informed by no other family) carry the held-out rows'
+    # fit into their own prediction
+    nvidia = [c for c in fitted_cases if c.family == "NVIDIA performance summaries"]
+    start, reset = tune_fit.fold_start(nvidia)
+    assert set(reset) == set(tune_fit.FITTED)
+    for name in ("moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us", "gemm_peak"):
+        assert getattr(start, name) == tune_fit.NEUTRAL[name] != getattr(DEFAULT, name)
+    # a dense family's fold keeps the constants its rows never move where they were
+    paper = [c for c in fitted_cases if c.family == "Megatron-LM paper (2021)"]
+    start, reset = tune_fit.fold_start(paper)
+    assert {"moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us"}.isdisjoint(reset)
+    assert start.mamba_passes == DEFAULT.mamba_passes
+    assert "gemm_peak" in reset
 
 
 def _within(pairs: list[tuple[tune_fit.Case, float]]) -> float:
     return sum(abs(p / c.measured - 1) <= 0.2 for c, p in pairs) / len(pairs)
 
 
-def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
+def _error(pairs: list[tuple[tune_fit.Case, float]]) -> float:
+    return sum(abs(p / c.measured - 1) for c, p in pairs) / len(pairs)
+
+
+def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     # The issue's targets, judged on rows whose source the fit did not see: 80 % of all rows
     # within 20 %, 70 % of the MoE rows, 75 % of the FSDP-style ones, mean error <= 15 %.
-    # Met once the GEMMs ran at each accelerator's measured level and the collectives at
-    # NCCL's measured share of each link (73.0 %, 59.9 %, 73.3 % and 16.4 % before; 76.1 %,
-    # 63.8 %, 80.0 % and 16.4 % with the GEMM levels alone). The floors hold today's levels:
-    # 82.8 % (270 of 326), MoE 74.0 % (131 of 177), FSDP-style 83.3 % (25 of 30), 14.6 %.
+    # Read with each fold starting from the shipped constants, they were met: 82.8 %, MoE
+    # 74.0 %, FSDP-style 83.3 %, 14.6 % (73.0 %, 59.9 %, 73.3 % and 16.4 % before the
+    # measured GEMM levels and link shares). That reading leaked: the constants only
+    # NVIDIA's summaries inform (the MoE, Mamba and NVFP4 ones) kept, in the fold that holds
+    # those summaries out, the values fitted on them. With every constant a held-out family
+    # informs started neutral (bench.tune_fit.fold_start), 60.7 % (198 of 326), MoE 42.4 %
+    # (75 of 177), FSDP-style 76.7 % (23 of 30), 29.2 %: the floors hold that level, the
+    # FSDP-style target still met
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
-    error = sum(abs(p / c.measured - 1) for c, p in by_source) / len(by_source)
-    assert _within(by_source) >= 0.82 >= 0.80
-    assert _within(moe) >= 0.73 >= 0.70
-    assert _within(fsdp) >= 0.83 >= 0.75
-    assert error <= 0.147 <= 0.15
+    assert _within(by_source) >= 0.60
+    assert _within(moe) >= 0.42
+    assert _within(fsdp) >= 0.76 >= 0.75
+    assert _error(by_source) <= 0.293
+
+
+@pytest.mark.xfail(reason="held out by source: 60.7 % within 20 %, MoE 42.4 %", strict=True)
+def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
+    moe = [(c, p) for c, p in by_source if c.moe]
+    assert _within(by_source) >= 0.80
+    assert _within(moe) >= 0.70
+    assert _error(by_source) <= 0.15
 
 
 def test_table1_floor(targets: dict[str, Any]) -> None:
