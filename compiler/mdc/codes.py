@@ -753,6 +753,11 @@ CODES: dict[str, Code] = {
         'serve it (vllm, sglang, trtllm, ...), or train in FP4 from dtype = "bf16" with the '
         "launcher's FP4 recipe (Megatron's fp4_format)",
     ),
+    "MDC625": Code(
+        "the step budget --max-num-batched-tokens is below vLLM's --max-num-seqs, which it "
+        "refuses (every running request takes a token of each step)",
+        "raise --max-num-batched-tokens to --max-num-seqs or more, or lower --max-num-seqs",
+    ),
     # trtllm, trtllm_disagg
     "MDC700": Code("no [trtllm] model", "set [trtllm] model"),
     "MDC701": Code(

@@ -12,6 +12,7 @@ import pytest
 from bench import serving_fit
 
 from mdc.describe import plan_json
+from mdc.errors import SpecError
 from mdc.hardware import builtin
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
@@ -203,3 +204,53 @@ def test_vllm_disaggregated_roles_read_their_own_args(tmp_path: Path) -> None:
     block = plan_json(compiled.plan, compiled.launch)["predicted"]
     assert isinstance(block, dict)
     assert block["batch"]["decode"] <= 32
+
+
+def _errors(tmp_path: Path, data: dict[str, Any]) -> list[Any]:
+    with pytest.raises(SpecError) as caught:
+        compile_(tmp_path, data)
+    return [d for d in caught.value.diagnostics if d.is_error]
+
+
+def test_vllm_refuses_a_step_budget_below_its_request_cap(tmp_path: Path) -> None:
+    """vLLM's SchedulerConfig raises when max_num_batched_tokens < max_num_seqs; mdc says so
+    at the budget's word, and passes the budget equal to the cap."""
+    (error,) = _errors(tmp_path, vllm("--max-num-seqs", "1024", "--max-num-batched-tokens", "512"))
+    assert error.code == "MDC625"
+    assert error.location.pointer == "/vllm/args/2"
+    assert "512 below --max-num-seqs 1024" in error.message
+    compile_(tmp_path, vllm("--max-num-seqs", "1024", "--max-num-batched-tokens=1024"))
+
+
+def test_vllm_disagg_checks_each_roles_engines_once(tmp_path: Path) -> None:
+    data = spec(
+        "vllm_disagg",
+        {
+            "tensor_parallel_size": 8,
+            "args": ["--max-num-seqs", "256"],
+            "decode": {"args": ["--max-num-batched-tokens", "128"]},
+        },
+        parallelism={},
+    )
+    data["distributed"].update(nnodes=2, prefill_gpus=8, decode_gpus=8)
+    data["job"]["command"] = ["vllm", "serve"]
+    (error,) = _errors(tmp_path, data)
+    assert error.code == "MDC625"
+    assert error.location.pointer == "/vllm_disagg/decode/args/0"
+
+
+def test_the_search_gives_vllm_no_budget_below_its_cap(tmp_path: Path) -> None:
+    """With --max-num-seqs 4096 the search tries only the budgets vLLM accepts (8k, 16k),
+    and every row it prints compiles."""
+    from mdc.loaders import load_file
+    from mdc.tune.serving_search import ServingTuner
+
+    data = vllm("--max-num-seqs", "4096")
+    data["workload"] = {**WORKLOAD, "concurrency": 4096}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    result = ServingTuner(COMPILER, load_file(path)).run(top=4)
+    assert result.rows and not result.refused
+    for row in [*result.rows, *result.predicted]:
+        (role,) = row.deployment.roles
+        assert role.step_tokens in (8192, 16384)

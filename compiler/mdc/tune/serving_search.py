@@ -464,7 +464,7 @@ class ServingTuner:
                 roles = tuple(with_limits(r, written) for r in roles)
             if len(roles) == 1:
                 # each server layout at its best token budget, then its batch limit
-                budgets = _budgets(launcher, roles[0])
+                budgets = _budgets(launcher, roles[0], self.constants)
                 self.unfit += len(budgets) - 1  # counted as searched, not listed
                 whole = min(
                     (
@@ -586,11 +586,15 @@ BATCH_LIMITS = frozenset({"trtllm", "vllm"})
 STEP_BUDGETS = (2048, 8192, 16384)
 
 
-def _budgets(launcher: str, role: Role) -> tuple[int | None, ...]:
+def _budgets(launcher: str, role: Role, c: Constants) -> tuple[int | None, ...]:
     """The budgets to try: the spec's own where it sets one, else :data:`STEP_BUDGETS`
-    where the launcher's search writes them."""
+    where the launcher's search writes them; vLLM's none below its request cap, which it
+    refuses (MDC625)."""
     if role.step_tokens is not None or launcher not in BATCH_LIMITS:
         return (role.step_tokens,)
+    if launcher == "vllm":
+        cap = role.max_batch or c.max_batch.get(launcher, 1024)
+        return tuple(b for b in STEP_BUDGETS if b >= cap) or (None,)
     return STEP_BUDGETS
 
 
@@ -613,6 +617,8 @@ def _batch_limits(
     if per_rank < 2 or limited(1).prediction.tpot_ms > tpot:
         return
     low, high = 1, per_rank - 1
+    if whole.deployment.launcher == "vllm" and role.step_tokens is not None:
+        high = min(high, role.step_tokens)  # vLLM refuses a cap above its budget (MDC625)
     while low < high:
         mid = (low + high + 1) // 2
         if limited(mid).prediction.tpot_ms <= tpot:

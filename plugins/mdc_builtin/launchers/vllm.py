@@ -26,7 +26,7 @@ from ``launch/vllm-node.sh``, ``--data-parallel-address`` (node 0's IPv4 address
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -622,6 +622,7 @@ def check(plan: Plan, options: VllmOptions | None) -> Iterator[Finding]:
             hint="remove cp (or set it to 1)",
         )
     yield from _clash_findings(plan, opts)
+    yield from step_limit_findings(list(opts.args), lambda i: f"/vllm/args/{i}")
     argv = plan.job.argv
     if tuple(argv[:2]) != SERVE and not any("vllm.entrypoints" in w for w in argv):
         yield Finding(
@@ -684,6 +685,24 @@ MEMORY_FLAGS = FlagTable(
 #: OpenAI server on a GPU of 70 GiB or more (EngineArgs' usage-context defaults; 2048 on
 #: smaller ones)
 DEFAULT_STEP_TOKENS = 8192
+
+
+def step_limit_findings(words: list[str], pointer: Callable[[int], str]) -> Iterator[Finding]:
+    """vLLM refuses a step budget below its running-request cap (SchedulerConfig: each
+    running request takes at least one token of every step); ``pointer`` maps a word's
+    index in ``words`` to its JSON pointer."""
+    values, uses = MEMORY_FLAGS.read(words)
+    budget, cap = values.get("step_tokens"), values.get("max_batch")
+    if budget is None or cap is None or budget >= cap:
+        return
+    index = [u.index for u in uses if u.flag.key == "step_tokens"][-1]
+    yield Finding(
+        code="MDC625",
+        pointer=pointer(index),
+        message=f"vLLM refuses --max-num-batched-tokens {budget} below --max-num-seqs {cap}: "
+        "every running request takes a token of each step",
+        hint=f"raise --max-num-batched-tokens to {cap} or more, or lower --max-num-seqs",
+    )
 
 
 def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:

@@ -877,6 +877,25 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
             hint='use command = ["vllm", "serve"]',
         )
     yield from _port_findings(plan, options)
+    yield from _step_limit_findings(options)
+
+
+def _step_limit_findings(options: VllmDisaggOptions) -> Iterator[Finding]:
+    """vLLM's step budget against its request cap in each role's engines ([vllm_disagg]
+    args, then the role's own), once per place."""
+    shared = list(options.args)
+    found: dict[tuple[str, str], Finding] = {}
+    for role in ("prefill", "decode"):
+
+        def pointer(i: int, role: str = role) -> str:
+            if i < len(shared):
+                return f"/vllm_disagg/args/{i}"
+            return f"/vllm_disagg/{role}/args/{i - len(shared)}"
+
+        words = [*shared, *getattr(options, role).args]
+        for finding in vllm.step_limit_findings(words, pointer):
+            found.setdefault((finding.pointer, finding.message), finding)
+    yield from found.values()
 
 
 def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | None:
