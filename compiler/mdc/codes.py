@@ -145,7 +145,7 @@ CODES: dict[str, Code] = {
     ),
     "MDC210": Code(
         "prefill_nodes and decode_nodes (up to 2 nodes: prefill_gpus and decode_gpus) are not "
-        "both given, do not add up to nnodes - 1 (the job's GPUs), or do not fit the node count",
+        "both given, do not add up to nnodes (the job's GPUs), or do not fit the node count",
         "give both so that they add up, or neither for the automatic split",
     ),
     "MDC211": Code(

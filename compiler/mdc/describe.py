@@ -422,8 +422,8 @@ def explain_text(plan: Plan, launch: Launch) -> str:
             f"disaggregated serving ({d.origin} split): the router and {d.prefill} prefill, "
             f"{d.decode} decode GPUs on {plural_nodes(plan.nnodes)}"
             if d.unit == "gpus"
-            else f"disaggregated serving ({d.origin} split): 1 proxy, {d.prefill} prefill, "
-            f"{d.decode} decode node(s)"
+            else f"disaggregated serving ({d.origin} split): {d.prefill} prefill, "
+            f"{d.decode} decode node(s), the router beside node 0's prefill server"
         )
     lines.append("nodes:")
     shown = list(range(min(plan.nnodes, MAX_SHOWN)))

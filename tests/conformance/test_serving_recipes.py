@@ -237,7 +237,7 @@ def test_sglang_pd_with_two_node_servers_is_the_documented_deepseek_command(
     tmp_path: Path,
 ) -> None:
     data = tomllib.loads(
-        (REPO / "examples" / "sglang-disagg-deepseek-5x8.toml").read_text(encoding="utf-8")
+        (REPO / "examples" / "sglang-disagg-deepseek-4x8.toml").read_text(encoding="utf-8")
     )
     data["sglang_disagg"]["server_args"] += ["--disaggregation-ib-device", "mlx5_0"]
     data["distributed"]["backend"] = "local"

@@ -248,7 +248,7 @@ def run_node(
 
 
 def test_four_machines_are_the_documented_multi_instance_setup(tmp_path: Path) -> None:
-    compiled, out = compile_example("vllm-disagg-5x8.toml", tmp_path)
+    compiled, out = compile_example("vllm-disagg-4x8.toml", tmp_path)
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -294,7 +294,7 @@ ALL2ALL = {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}
 
 
 def test_deepseek_is_the_documented_expert_parallel_split(tmp_path: Path) -> None:
-    compiled, out = compile_example("vllm-disagg-deepseek-5x8.toml", tmp_path)
+    compiled, out = compile_example("vllm-disagg-deepseek-4x8.toml", tmp_path)
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
@@ -329,7 +329,7 @@ def test_the_rebuilt_parsers_are_strict() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["vllm-disagg-1x2.toml", "vllm-disagg-5x8.toml"])
+@pytest.mark.parametrize("name", ["vllm-disagg-1x2.toml", "vllm-disagg-4x8.toml"])
 def test_the_examples_scripts_pass_bash_n_and_shellcheck(tmp_path: Path, name: str) -> None:
     _, out = compile_example(name, tmp_path)
     scripts = sorted(str(p) for p in out.rglob("*.sh"))

@@ -340,7 +340,7 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ("sglang_disagg", 5, "slurm", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}),
     (
         "sglang_disagg",
-        5,
+        4,
         "local",
         {
             "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
@@ -379,7 +379,7 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         "kubernetes",
         {"sglang": {"model": "deepseek-ai/DeepSeek-V3"}, "parallelism": {"tp": 16, "pp": 1}},
     ),
-    # vllm_disagg: one node (servers side by side), two nodes, and 5 nodes whose decode
+    # vllm_disagg: one node (servers side by side), two nodes, and 4 nodes whose decode
     # server spans two nodes (data parallel, the later node headless)
     (
         "vllm_disagg",
@@ -395,7 +395,7 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
     ),
     (
         "vllm_disagg",
-        5,
+        4,
         "slurm",
         {
             "vllm_disagg": {
@@ -407,6 +407,7 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         },
     ),
 ]
+ROUTER_MODULES = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
 COMMANDS = {
     "vllm_disagg": ["vllm", "serve"],
     "sglang_disagg": "python3",
@@ -490,46 +491,49 @@ def test_serving_roles_and_addresses(
         ]
         assert {e["argv"][1] for e in records[1]} == {"sglang.launch_server"}
     elif launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
-        router = records[0][0]["argv"]
+        (router,) = [e["argv"] for e in records[0] if e["argv"][1] in ROUTER_MODULES]
         assert router[router.index("--prefill") :] == [
             "--prefill",
-            "http://127.0.0.2:30001",
-            "8999",
+            "http://127.0.0.1:30000",
+            "8998",
             "--decode",
-            "http://127.0.0.4:30003",
+            "http://127.0.0.3:30002",
         ]
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
-        for node, first in ((1, 1), (2, 1), (3, 3), (4, 3)):
-            argv = records[node][0]["argv"]
+        for node, first in ((0, 0), (1, 0), (2, 2), (3, 2)):
+            (argv,) = [e["argv"] for e in records[node] if e["argv"][1] == "sglang.launch_server"]
             assert argv[argv.index("--nnodes") + 1] == "2"
             assert argv[argv.index("--node-rank") + 1] == str(node - first)
             assert argv[argv.index("--dist-init-addr") + 1] == f"127.0.0.{first + 1}:{port + first}"
-    elif launcher == "sglang_disagg":  # 5 nodes: proxy 0, prefill 1, decode 2-4
-        router = records[0][0]["argv"]
+    elif launcher == "sglang_disagg":  # 5 nodes: prefill 0-1 (the router on 0), decode 2-4
+        (router,) = [e["argv"] for e in records[0] if e["argv"][1] in ROUTER_MODULES]
         assert router[:2] == ["-m", "sglang_router.launch_router"]
-        assert router[router.index("--prefill") + 1] == "http://127.0.0.2:30001"
+        assert [router[i + 1] for i, w in enumerate(router) if w == "--prefill"] == [
+            "http://127.0.0.1:30000",
+            "http://127.0.0.2:30001",
+        ]
         assert [router[i + 1] for i, w in enumerate(router) if w == "--decode"] == [
             "http://127.0.0.3:30002",
             "http://127.0.0.4:30003",
             "http://127.0.0.5:30004",
         ]
-    if launcher == "vllm_disagg" and nnodes == 5:  # the proxy lists each server's first node
+    if launcher == "vllm_disagg" and nnodes == 4:  # the proxy lists each server's first node
         (proxy,) = [e["argv"] for e in records[0] if e["argv"][0].endswith("toy_proxy_server.py")]
         assert proxy[proxy.index("--prefiller-hosts") :] == [
             "--prefiller-hosts",
+            "127.0.0.1",
             "127.0.0.2",
-            "127.0.0.3",
             "--prefiller-ports",
+            "8100",
             "8101",
-            "8102",
             "--decoder-hosts",
-            "127.0.0.4",
+            "127.0.0.3",
             "--decoder-ports",
-            "8103",
+            "8102",
         ]
-        (later,) = [e for e in records[4] if e["program"] == "vllm"]
+        (later,) = [e for e in records[3] if e["program"] == "vllm"]
         assert (
-            "--headless" in later["argv"] and later["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5624"
+            "--headless" in later["argv"] and later["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5616"
         )
     if launcher == "sglang":  # every node is told node 0's address and the plan's port
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
@@ -606,9 +610,10 @@ def test_vllm_disagg_proxy_list_to_a_wrong_node_is_caught(
     )
     assert not outcome.ok
     assert (
-        "the proxy's --prefiller-hosts ['127.0.0.3'] and --prefiller-ports ['8101'] reach "
-        "(node, port) [(2, '8101')]; the prefill servers run at [(1, '8101')]" in outcome.findings
-    )
+        "the proxy's --prefiller-hosts ['127.0.0.1', '127.0.0.3'] and --prefiller-ports "
+        "['8100', '8101'] reach (node, port) [(0, '8100'), (2, '8101')]; the prefill servers "
+        "run at [(0, '8100'), (1, '8101')]" in outcome.findings
+    ), outcome.findings
 
 
 def test_shims_pass_shellcheck(tmp_path: Path) -> None:
@@ -651,11 +656,11 @@ def test_vllm_engines_pointed_at_a_wrong_head_are_caught(
 def test_a_server_node_pointed_at_another_servers_head_is_caught(
     tmp_path: Path, compiler: Compiler
 ) -> None:
-    """Node 2 (second node of the prefill server) sees NODE_HOSTS in another order."""
+    """Node 1 (second node of the prefill server) sees NODE_HOSTS in another order."""
     spec = _serving_spec(
         tmp_path,
         "sglang_disagg",
-        5,
+        4,
         "local",
         {
             "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
@@ -664,10 +669,10 @@ def test_a_server_node_pointed_at_another_servers_head_is_caught(
     )
 
     def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
-        if index != 2:
+        if index != 1:
             return env
         hosts = env["NODE_HOSTS"].split()
-        hosts[1], hosts[3] = hosts[3], hosts[1]
+        hosts[0], hosts[2] = hosts[2], hosts[0]
         return {**env, "NODE_HOSTS": " ".join(hosts)}
 
     outcome = rehearse(
@@ -675,7 +680,7 @@ def test_a_server_node_pointed_at_another_servers_head_is_caught(
     )
     assert not outcome.ok
     assert any(
-        f.startswith("node 2 (prefill): --dist-init-addr 127.0.0.4:") and "is node 3" in f
+        f.startswith("node 1 (prefill): --dist-init-addr 127.0.0.3:") and "is node 2" in f
         for f in outcome.findings
     ), outcome.findings
 

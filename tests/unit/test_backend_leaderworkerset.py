@@ -102,11 +102,12 @@ def gpus_asked(container: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("gpus_per_node", [None, 8])
-def test_the_router_pod_asks_for_no_gpu(
+def test_every_pod_asks_for_its_servers_gpus(
     compiler: Compiler, tmp_path: Path, gpus_per_node: int | None
 ) -> None:
-    """The scheduler is asked for every GPU the servers use and no more: the router, alone
-    on node 0, uses none (unless the table asks for GPUs on every pod)."""
+    """The scheduler is asked for every GPU the servers use and no more: the router runs on
+    the leader beside the first prefill server and uses none, so every pod is a server's
+    and asks for that server's GPUs (the table's gpus_per_node, where it sets one)."""
     data = spec("sglang_disagg", nnodes=3)
     if gpus_per_node is not None:
         data["leaderworkerset"]["gpus_per_node"] = gpus_per_node
@@ -117,7 +118,9 @@ def test_the_router_pod_asks_for_no_gpu(
         sum(s.gpus // len(s.nodes) for s in compiled.launch.servers if node in s.nodes)
         for node in range(3)
     ]
-    assert on_node == [0, 8, 8]
+    assert on_node == [8, 8, 8]
+    (router,) = [s for s in compiled.launch.servers if s.role == "router"]
+    assert (router.nodes, router.gpus) == ((0,), 0)
     group = documents(compiler, tmp_path, data)[1]["spec"]["leaderWorkerTemplate"]
     (leader,) = group["leaderTemplate"]["spec"]["containers"]
     (worker,) = group["workerTemplate"]["spec"]["containers"]

@@ -257,9 +257,9 @@ def _issue_vllm(flags: bool) -> dict[str, Any]:
 
 
 def _issue_sglang(flags: bool) -> dict[str, Any]:
-    """examples/sglang-disagg-deepseek-5x8.toml, DP attention and the MoE all-to-all as
+    """examples/sglang-disagg-deepseek-4x8.toml, DP attention and the MoE all-to-all as
     SGLang's server flags."""
-    data = load_file(REPO / "examples/sglang-disagg-deepseek-5x8.toml").data
+    data = load_file(REPO / "examples/sglang-disagg-deepseek-4x8.toml").data
     assert isinstance(data, dict)
     if flags:
         table = data["sglang_disagg"]

@@ -445,7 +445,7 @@ def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
         "SGLANG_DISAGG_MODE": "enabled",
         "SGLANG_DISAGG_PREFILL_NODES": "4",
         "SGLANG_DISAGG_DECODE_NODES": "2",
-        "SGLANG_DISAGG_TOTAL_NODES": "7",
+        "SGLANG_DISAGG_TOTAL_NODES": "6",  # madengine's 7 less its proxy's node
         "SGLANG_TP_SIZE": "8",
         "PREFILL_COUNT": "4",
         "DECODE_COUNT": "2",
@@ -454,7 +454,7 @@ def test_env_contract_sglang_disagg(compiler: Compiler) -> None:
     assert {k: env[k] for k in expected} == expected
     assert isinstance(env["SGLANG_NODE_RANK"], Ref)
     # madengine's Kubernetes POD_INDEX / TOTAL_PODS / POD_IP and SLURM SGLANG_NODE_IPS
-    assert (env["POD_INDEX"], env["TOTAL_PODS"]) == (Ref("NODE_RANK"), "7")
+    assert (env["POD_INDEX"], env["TOTAL_PODS"]) == (Ref("NODE_RANK"), "6")
     worker_env = compiled(compiler, "slurm-sglang-disagg-7").launch.worker_env
     assert {"POD_IP", "SGLANG_NODE_IPS"} <= set(worker_env)
 
@@ -686,7 +686,8 @@ def test_kubernetes_block_name_and_timeout(tmp_path: Path, compiler: Compiler) -
     [
         ("k8s-megatron-4x8", "/k8s", "hostIPC: true"),
         ("k8s-sglang-disagg-2", "", "--trust-remote-code"),
-        ("slurm-sglang-disagg-7", "", "NNODES = 7"),
+        ("slurm-sglang-disagg-7", "", "exports NNODES (slurm.nodes"),
+        ("slurm-sglang-disagg-7", "/distributed/nnodes", "the servers' 6 nodes"),
         ("k8s-torchrun-1x2", "/k8s", "POD_INDEX"),
         ("k8s-native-1gpu", "/k8s", "appends --world_size 1 --rank 0"),
         ("slurm-multi-3x8", "/distributed/launcher", "has no mdc equivalent"),
@@ -707,7 +708,9 @@ def test_what_is_reproduced_is_in_the_spec() -> None:
     assert spec("k8s-megatron-4x8")["kubernetes"]["host_ipc"] is True
     assert spec("k8s-torchrun-1x2")["kubernetes"].get("host_ipc") is None  # one node
     assert spec("k8s-sglang-disagg-2")["sglang_disagg"]["server_args"] == ["--trust-remote-code"]
-    assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "7"
+    # madengine's 7 nodes hold its proxy's node; mdc's router runs beside a server: 6
+    assert spec("slurm-sglang-disagg-7")["job"]["env"]["NNODES"] == "6"
+    assert spec("slurm-sglang-disagg-7")["distributed"]["nnodes"] == 6
     assert spec("slurm-multi-3x8")["slurm"]["sbatch_args"] == ["--reservation=mad-bench"]
     # madengine's Job template exports POD_INDEX for the PyTorch-native launchers and
     # primus only when nnodes > 1 (job.yaml.j2: `{% if nnodes > 1 %}`)
@@ -869,3 +872,33 @@ def test_a_shell_script_under_torchrun_is_a_warning(
     )
     codes = [d.code for d in compiler.compile(spec).diagnostics]
     assert ("MDC252" in codes) == warned, codes
+
+
+def test_disagg_on_madengine_3_nodes_splits_two_nodes_gpus(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """madengine's 3-node sglang-disagg is 1 proxy + 1 prefill + 1 decode node; mdc runs the
+    router beside the prefill server, on 2 nodes, where the split is of GPUs: the same
+    servers, one node each."""
+    path = tmp_path / "disagg.json"
+    split = {"prefill_nodes": 1, "decode_nodes": 1}
+    path.write_text(
+        json.dumps(
+            {
+                "slurm": {"nodes": 3, "gpus_per_node": 8},
+                "distributed": {"launcher": "sglang-disagg", "sglang_disagg": split},
+            }
+        ),
+        encoding="utf-8",
+    )
+    data: dict[str, Any] = madengine.translate(load_file(path))[0].data
+    dist = data["distributed"]
+    assert (dist["nnodes"], dist["prefill_gpus"], dist["decode_gpus"]) == (2, 8, 8)
+    assert "prefill_nodes" not in dist
+    result = compiler.compile(path)
+    assert not [d for d in result.diagnostics if d.is_error]
+    servers = [s for s in result.launch.servers if s.gpus]
+    assert [(s.role, s.nodes, s.gpus) for s in servers] == [
+        ("prefill", (0,), 8),
+        ("decode", (1,), 8),
+    ]

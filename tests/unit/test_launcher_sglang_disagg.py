@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -49,13 +50,14 @@ SERVER_FLAGS = {
 }
 TRANSFER_BACKENDS = {"mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"}
 ROUTER_FLAGS = {"--pd-disaggregation", "--prefill", "--decode", "--host", "--port", "--policy"}
-#: the issue's proof: nnodes -> (prefill, decode)
+#: the issue's proof, madengine's: its nnodes (one of them the proxy's) -> (prefill, decode)
 ISSUE_SPLITS = {3: (1, 1), 5: (1, 3), 7: (2, 4), 11: (4, 6)}
 
 
 def expected_split(nnodes: int) -> tuple[int, int]:
-    prefill = max(1, (nnodes - 1) * 2 // 5)
-    return prefill, nnodes - 1 - prefill
+    """madengine's split of the servers' nodes; mdc's router takes none of them."""
+    prefill = max(1, nnodes * 2 // 5)
+    return prefill, nnodes - prefill
 
 
 def spec(
@@ -98,19 +100,20 @@ def write_tree(compiled: Compiled, root: Path) -> Path:
 
 
 def test_formula_gives_the_issues_numbers() -> None:
-    assert {n: expected_split(n) for n in ISSUE_SPLITS} == ISSUE_SPLITS
+    """madengine's nnodes counts its proxy's node: the servers' nodes are one fewer."""
+    assert {n: expected_split(n - 1) for n in ISSUE_SPLITS} == ISSUE_SPLITS
 
 
-@pytest.mark.parametrize("nnodes", sorted(ISSUE_SPLITS))
+@pytest.mark.parametrize("nnodes", [3, 4, 6, 10])
 def test_automatic_split(tmp_path: Path, nnodes: int) -> None:
+    """Every node holds a server: prefill from node 0, decode after; no proxy node."""
     prefill, decode = expected_split(nnodes)
     compiled = compile_(tmp_path, spec(nnodes))
     assert compiled.plan.disagg is not None
     assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (prefill, decode)
     assert {r.name: list(r.nodes) for r in compiled.plan.roles} == {
-        "proxy": [0],
-        "prefill": list(range(1, 1 + prefill)),
-        "decode": list(range(1 + prefill, nnodes)),
+        "prefill": list(range(prefill)),
+        "decode": list(range(prefill, nnodes)),
     }
     for role in compiled.launch.roles:
         env = dict(role.env)
@@ -122,14 +125,32 @@ def test_automatic_split(tmp_path: Path, nnodes: int) -> None:
 
 
 def test_custom_split(tmp_path: Path) -> None:
-    compiled = compile_(tmp_path, spec(7, prefill_nodes=4, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(6, prefill_nodes=4, decode_nodes=2))
     assert compiled.plan.disagg is not None
     assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (4, 2)
 
 
 def test_a_split_that_does_not_add_up(tmp_path: Path) -> None:
     (bad,) = errors(tmp_path, spec(7, prefill_nodes=3, decode_nodes=2))
-    assert bad.code == "MDC210" and "(7)" in bad.message and "got 6" in bad.message
+    assert bad.code == "MDC210" and "(7)" in bad.message and "got 5" in bad.message
+    assert bad.location.pointer == "/distributed/prefill_nodes"
+
+
+def test_a_split_that_leaves_a_node_for_the_router_says_the_nnodes(tmp_path: Path) -> None:
+    """A spec of the layout that gave the router a node of its own (prefill + decode =
+    nnodes - 1) is told the node count that holds just the servers."""
+    (bad,) = errors(tmp_path, spec(7, prefill_nodes=4, decode_nodes=2))
+    assert bad.code == "MDC210" and bad.location.pointer == "/distributed/nnodes"
+    assert bad.hint == "set nnodes = 6 (the servers' nodes)"
+    # 1 + 1 servers' nodes: 2 nodes, where the split is of GPUs
+    (bad,) = errors(tmp_path, spec(3, 8, prefill_nodes=1, decode_nodes=1))
+    assert bad.location.pointer == "/distributed/nnodes"
+    assert "nnodes = 2 with prefill_gpus = 8 and decode_gpus = 8" in (bad.hint or "")
+    compiled = compile_(tmp_path, spec(2, 8, prefill_gpus=8, decode_gpus=8))
+    assert [(s.role, s.nodes) for s in compiled.launch.servers if s.gpus] == [
+        ("prefill", (0,)),
+        ("decode", (1,)),
+    ]
 
 
 def test_missing_table(tmp_path: Path) -> None:
@@ -151,8 +172,11 @@ def test_commands_use_sglangs_flags(tmp_path: Path) -> None:
         assert argv[argv.index("--model-path") + 1] == "org/model"
         backend = argv[argv.index("--disaggregation-transfer-backend") + 1]
         assert backend == "nixl" and backend in TRANSFER_BACKENDS
-    router = [str(w) for w in compiled.launch.role("proxy").argv]
+    (script,) = [f.data.decode() for f in compiled.tree if f.path == "launch/sglang_disagg.sh"]
+    (line,) = [x for x in script.splitlines() if x.startswith("ROUTER=(")]
+    router = shlex.split(line[len("ROUTER=(") : -1])
     at = router.index("sglang_router.launch_router")
+    assert router[: at + 1] == ["python3", "-m", "sglang_router.launch_router"]
     assert {w for w in router[at:] if w.startswith("--")} <= ROUTER_FLAGS
 
 
@@ -173,10 +197,10 @@ def test_tp_size(tmp_path: Path) -> None:
 
 def test_a_server_over_two_nodes_needs_roles_of_whole_servers(tmp_path: Path) -> None:
     """tp_size 16 on 8-GPU nodes: each server spans 2 nodes, so 3 prefill nodes are refused."""
-    (error,) = errors(tmp_path, spec(6, 8, {"tp_size": 16}, prefill_nodes=3, decode_nodes=2))
+    (error,) = errors(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=3, decode_nodes=2))
     assert error.code == "MDC387" and error.location.pointer == "/distributed/prefill_nodes"
     assert "spans 2 nodes (16 GPUs)" in error.message and "e.g. 2" in (error.hint or "")
-    compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
     (script,) = [f.data.decode() for f in compiled.tree if f.path == "launch/sglang_disagg.sh"]
     assert "PREFILL_SERVER_NODES=2" in script and "DECODE_SERVER_NODES=2" in script
 
@@ -230,7 +254,8 @@ def test_ports_stay_below_65536(tmp_path: Path) -> None:
     compile_(tmp_path, spec(nnodes, options={"port": 65535 - (nnodes - 1)}))
     (error,) = errors(tmp_path, spec(nnodes, options={"port": 65535 - (nnodes - 1) + 1}))
     assert error.code == "MDC381" and "65536" in error.message
-    (error,) = errors(tmp_path, spec(nnodes, options={"bootstrap_port": 65535 - 4 + 1}))
+    # 4 prefill nodes (the automatic split of 11), nodes 0-3: bootstrap_port + 3
+    (error,) = errors(tmp_path, spec(nnodes, options={"bootstrap_port": 65535 - 3 + 1}))
     assert error.code == "MDC381" and "bootstrap_port" in error.message
 
 
@@ -253,7 +278,7 @@ def test_scripts_pass_bash_n_and_shellcheck(tmp_path: Path) -> None:
     for options in ({}, {"router": "mini_lb"}):
         root = write_tree(compile_(tmp_path, spec(7, options=options)), tmp_path / "out")
         scripts = sorted(str(p) for p in root.rglob("*.sh"))
-        assert len(scripts) == 5
+        assert len(scripts) == 4  # run.sh, prefill.sh, decode.sh, sglang_disagg.sh
         for script in scripts:
             subprocess.run(["bash", "-n", script], check=True)
         subprocess.run([shellcheck(), *scripts], check=True)
@@ -272,7 +297,13 @@ def stand_in_path(tmp_path: Path) -> dict[str, str]:
     python.chmod(python.stat().st_mode | stat.S_IXUSR)
     record = tmp_path / "record"
     record.mkdir()
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_DIR": str(record)}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RECORD_DIR": str(record),
+        # these stand-ins serve no /health: the router starts without waiting for them
+        "MDC_READY_SECONDS": "0",
+    }
 
 
 def recorded(env: dict[str, str]) -> dict[str, list[str]]:
@@ -297,18 +328,18 @@ def test_local_backend_runs_every_role(tmp_path: Path) -> None:
     runs = recorded(env)
     names = (
         ["proxy-0"]
-        + [f"prefill-{i}" for i in range(1, 1 + prefill)]
-        + [f"decode-{i}" for i in range(1 + prefill, nnodes)]
+        + [f"prefill-{i}" for i in range(prefill)]
+        + [f"decode-{i}" for i in range(prefill, nnodes)]
     )
     assert sorted(runs) == sorted(names)
     expected_router = ["--pd-disaggregation", "--host", "0.0.0.0", "--port", "8000"]
-    for i in range(1, 1 + prefill):
+    for i in range(prefill):
         expected_router += ["--prefill", f"http://127.0.0.1:{base + i}", str(boot + i)]
-    for i in range(1 + prefill, nnodes):
+    for i in range(prefill, nnodes):
         expected_router += ["--decode", f"http://127.0.0.1:{base + i}"]
     assert after(runs["proxy-0"], "sglang_router.launch_router") == expected_router
-    for i in range(1, nnodes):
-        mode = "prefill" if i <= prefill else "decode"
+    for i in range(nnodes):
+        mode = "prefill" if i < prefill else "decode"
         argv = after(runs[f"{mode}-{i}"], "sglang.launch_server")
         assert argv[argv.index("--port") + 1] == str(base + i)
         assert argv[argv.index("--disaggregation-mode") + 1] == mode
@@ -316,6 +347,67 @@ def test_local_backend_runs_every_role(tmp_path: Path) -> None:
             assert argv[argv.index("--disaggregation-bootstrap-port") + 1] == str(boot + i)
         else:
             assert "--disaggregation-bootstrap-port" not in argv
+
+
+READY_STAND_IN = """#!/usr/bin/env bash
+# a server: listens a moment later and answers GET /health once; the router: logs itself
+log="$RECORD_DIR/log"
+if [[ " $* " == *" sglang.launch_server "* ]]; then
+  args=("$@")
+  for ((i = 0; i < ${{#args[@]}}; i++)); do
+    if [[ "${{args[i]}}" == --port ]]; then port="${{args[i + 1]}}"; fi
+  done
+  sleep 1
+  echo "server $port" >> "$log"
+  exec {python} -c '
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+with HTTPServer(("127.0.0.1", int(sys.argv[1])), Health) as server:
+    server.handle_request()
+' "$port"
+fi
+echo "router $SGLANG_DISAGG_ROLE" >> "$log"
+"""
+
+
+def free_ports(count: int) -> int:
+    """A base port with ``count`` free ports from it (as far as a bind can tell now)."""
+    import socket
+
+    for base in range(30000 + os.getpid() % 2000 * 10, 60000, 97):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free ports")
+
+
+@pytest.mark.slow
+def test_the_router_starts_once_every_server_is_ready(tmp_path: Path) -> None:
+    """3 nodes of the local backend: the router on node 0 beside the prefill server starts
+    only after every server (node 0's too) answers GET /health, with no time limit set."""
+    import sys
+
+    base = free_ports(6)
+    options = {"port": base, "bootstrap_port": base + 3, "router_port": base + 5}
+    root = write_tree(compile_(tmp_path, spec(3, 1, options)), tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    del env["MDC_READY_SECONDS"]
+    stand_in = READY_STAND_IN.format(python=shlex.quote(sys.executable))
+    (Path(env["PATH"].split(":")[0]) / "python3").write_text(stand_in, encoding="utf-8")
+    subprocess.run(["bash", str(root / "local" / "run.sh")], env=env, check=True, timeout=90)
+    log = (Path(env["RECORD_DIR"]) / "log").read_text(encoding="utf-8").splitlines()
+    assert sorted(log[:3]) == [f"server {base + i}" for i in range(3)]
+    assert log[3:] == ["router proxy"]
 
 
 @pytest.mark.slow
@@ -332,9 +424,14 @@ def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
         "MASTER_PORT": "29500",
         "NODE_HOSTS": " ".join(hosts),
     }
-    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True, timeout=30)
+    subprocess.run(
+        ["bash", str(root / "launch" / "prefill.sh")], env=run_env, check=True, timeout=30
+    )
     argv = after(recorded(env)["proxy-0"], "sglang_router.launch_router")
     assert argv[argv.index("--prefill") :] == [
+        "--prefill",
+        "http://10.0.0.1:30000",
+        "8998",
         "--prefill",
         "http://localhost:30001",
         "8999",
@@ -347,7 +444,7 @@ def test_router_urls_come_from_node_hosts(tmp_path: Path) -> None:
     ]
     wrong = {**run_env, "NODE_HOSTS": "10.0.0.1 localhost"}
     done = subprocess.run(
-        ["bash", str(root / "launch" / "proxy.sh")],
+        ["bash", str(root / "launch" / "prefill.sh")],
         env=wrong,
         check=False,
         capture_output=True,
@@ -370,8 +467,6 @@ def test_mini_lb(tmp_path: Path) -> None:
         "MASTER_PORT": "29500",
         "NODE_HOSTS": "10.0.0.1 localhost 10.0.0.3",
     }
-    subprocess.run(["bash", str(root / "launch" / "proxy.sh")], env=run_env, check=True, timeout=30)
-    run_env["NODE_RANK"] = "1"
     subprocess.run(
         ["bash", str(root / "launch" / "prefill.sh")], env=run_env, check=True, timeout=30
     )
@@ -382,11 +477,13 @@ def test_mini_lb(tmp_path: Path) -> None:
         "--port",
         "8000",
         "--prefill",
+        "http://10.0.0.1:30000",
+        "--decode",
         "http://localhost:30001",
         "--decode",
         "http://10.0.0.3:30002",
     ]
-    prefill = runs["prefill-1"]
+    prefill = runs["prefill-0"]
     assert prefill[prefill.index("--disaggregation-bootstrap-port") + 1] == "8998"
 
 
@@ -426,7 +523,7 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
         "NODE_HOSTS": hosts,
         "MDC_RESOLVE_SECONDS": "0",
     }
-    for rank, role in ((0, "proxy"), (1, "prefill"), (3, "decode")):
+    for rank, role in ((0, "prefill"), (1, "decode"), (3, "decode")):
         subprocess.run(
             ["bash", str(root / "launch" / f"{role}.sh")],
             env={**run_env, "NODE_RANK": str(rank)},
@@ -434,8 +531,9 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
             timeout=30,
         )
     assert recorded(env) == {
-        "proxy-0": ["0", "4", "10.0.0.1", ips],
-        "prefill-1": ["1", "4", "127.0.0.1", ips],
+        "proxy-0": ["0", "4", "10.0.0.1", ips],  # the router beside node 0's server
+        "prefill-0": ["0", "4", "10.0.0.1", ips],
+        "decode-1": ["1", "4", "127.0.0.1", ips],
         "decode-3": ["3", "4", "10.0.0.4", ips],
     }
     unresolved = {**run_env, "NODE_RANK": "3", "NODE_HOSTS": "10.0.0.1 a b no-such-host.invalid"}
@@ -452,26 +550,27 @@ def test_node_addresses_come_from_node_hosts(tmp_path: Path) -> None:
 
 
 def test_explain_and_plan_json_describe_servers(tmp_path: Path) -> None:
-    """5 x 8 with tp_size 16: a router and one prefill and one decode server of 2 nodes."""
+    """4 x 8 with tp_size 16: one prefill and one decode server of 2 nodes, and the router
+    (no GPU) on node 0 beside the prefill server."""
     from mdc.describe import explain_text, plan_json
 
-    compiled = compile_(tmp_path, spec(5, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 8, {"tp_size": 16}, prefill_nodes=2, decode_nodes=2))
     servers = plan_json(compiled.plan, compiled.launch)["servers"]
     assert isinstance(servers, list)
     assert [(s["role"], s["nodes"], s["gpus"], s["tp"], s["port"]) for s in servers] == [
         ("router", [0], 0, 1, 8000),
-        ("prefill", [1, 2], 16, 16, 30001),
-        ("decode", [3, 4], 16, 16, 30003),
+        ("prefill", [0, 1], 16, 16, 30000),
+        ("decode", [2, 3], 16, 16, 30002),
     ]
     text = explain_text(compiled.plan, compiled.launch)
-    assert "  prefill: nodes 1-2, 16 GPUs (tp 16), HTTP on node 1 port 30001" in text
+    assert "  prefill: nodes 0-1, 16 GPUs (tp 16), HTTP on node 0 port 30000" in text
 
 
 def test_the_automatic_split_gives_each_role_whole_servers(tmp_path: Path) -> None:
-    """5 x 8 with tp 16: servers of 2 nodes. The plain split (1 prefill, 3 decode nodes)
+    """4 x 8 with tp 16: servers of 2 nodes. The plain split (1 prefill, 3 decode nodes)
     holds no whole server; the nearest that does is 2 and 2."""
-    for key in ("sglang_disagg", "parallelism"):  # tp_size, or [parallelism] tp (router excluded)
-        data = spec(5, 8)
+    for key in ("sglang_disagg", "parallelism"):  # tp_size, or [parallelism] tp
+        data = spec(4, 8)
         if key == "sglang_disagg":
             data[key]["tp_size"] = 16
         else:
@@ -481,8 +580,8 @@ def test_the_automatic_split_gives_each_role_whole_servers(tmp_path: Path) -> No
         assert (compiled.plan.disagg.prefill, compiled.plan.disagg.decode) == (2, 2)
         assert [(s.role, s.nodes) for s in compiled.launch.servers] == [
             ("router", (0,)),
-            ("prefill", (1, 2)),
-            ("decode", (3, 4)),
+            ("prefill", (0, 1)),
+            ("decode", (2, 3)),
         ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -125,9 +126,13 @@ def test_server_commands(tmp_path: Path) -> None:
         assert set(config) <= KV_FIELDS
         assert config["kv_connector"] == "NixlConnector" and config["kv_role"] in KV_ROLES
         assert config["kv_connector_extra_config"] == {"backends": ["UCX"]}
-    proxy = argv_of(compiled, "proxy")
-    at = proxy.index("toy-proxy")
-    assert {w for w in proxy[at:] if w.startswith("--")} <= PROXY_FLAGS
+    # the proxy runs beside node 0's prefill server: its words are in the helper
+    script = next(f.data.decode() for f in compiled.tree if f.path == "launch/vllm_disagg.sh")
+    (line,) = [x for x in script.splitlines() if x.startswith("PROXY=(")]
+    proxy = shlex.split(line[len("PROXY=(") : -1])
+    assert proxy[0] == "toy-proxy"
+    assert {w for w in proxy if w.startswith("--")} <= PROXY_FLAGS
+    assert {"--prefiller-hosts", "--decoder-ports"} <= set(script.split()) & PROXY_FLAGS
 
 
 def test_size_flags_in_args_are_read_as_keys(tmp_path: Path) -> None:
@@ -189,22 +194,24 @@ def test_an_engine_wider_than_a_node(tmp_path: Path) -> None:
 def test_roles_hold_whole_servers(tmp_path: Path) -> None:
     """tp 8 x dp 2 on 8-GPU nodes: a server spans 2 nodes, so 3 prefill nodes are refused."""
     options = {"data_parallel_size": 2}
-    (error,) = errors(tmp_path, spec(6, 8, options, prefill_nodes=3, decode_nodes=2))
+    (error,) = errors(tmp_path, spec(5, 8, options, prefill_nodes=3, decode_nodes=2))
     assert error.code == "MDC722" and error.location.pointer == "/distributed/prefill_nodes"
-    compiled = compile_(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 8, options, prefill_nodes=2, decode_nodes=2))
     assert [(s.role, s.nodes, s.gpus) for s in compiled.launch.servers] == [
         ("router", (0,), 0),
-        ("prefill", (1, 2), 16),
-        ("decode", (3, 4), 16),
+        ("prefill", (0, 1), 16),
+        ("decode", (2, 3), 16),
     ]
 
 
-def test_the_proxy_takes_no_gpu(tmp_path: Path) -> None:
+def test_the_proxy_takes_no_gpu_and_no_node(tmp_path: Path) -> None:
+    """The proxy runs on node 0 beside a prefill server: every GPU the job asks for serves."""
     compiled = compile_(tmp_path, spec(7, 8))
     (router,) = [s for s in compiled.launch.servers if s.role == "router"]
     assert router.gpus == 0 and router.nodes == (0,)
     served = sum(s.gpus for s in compiled.launch.servers)
-    assert served == (7 - 1) * 8
+    assert served == 7 * 8
+    assert any(s.gpus and 0 in s.nodes for s in compiled.launch.servers)
 
 
 def test_ports(tmp_path: Path) -> None:
@@ -267,7 +274,13 @@ def stand_ins(tmp_path: Path) -> dict[str, str]:
         program.chmod(program.stat().st_mode | stat.S_IXUSR)
     record = tmp_path / "record"
     record.mkdir()
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD_DIR": str(record)}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RECORD_DIR": str(record),
+        # these stand-ins serve no /health: the proxy starts without waiting for them
+        "MDC_READY_SECONDS": "0",
+    }
 
 
 def recorded(env: dict[str, str]) -> list[list[str]]:
@@ -322,40 +335,43 @@ def run_role(root: Path, env: dict[str, str], role: str, rank: int, hosts: list[
 
 @pytest.mark.slow
 def test_nodes_get_their_place_from_node_hosts(tmp_path: Path) -> None:
-    """5 nodes of 4 GPUs, prefill tp 4 (a node each), decode tp 2 x dp 4 (two nodes)."""
+    """4 nodes of 4 GPUs, prefill tp 4 (a node each), decode tp 2 x dp 4 (two nodes); the
+    proxy on node 0 beside the first prefill server."""
     options = {"prefill": {"tensor_parallel_size": 4}, "decode": {"tensor_parallel_size": 2}}
     options["decode"]["data_parallel_size"] = 4
-    compiled = compile_(tmp_path, spec(5, 4, options, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 4, options, prefill_nodes=2, decode_nodes=2))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_ins(tmp_path)
-    hosts = ["10.0.0.1", "10.0.0.2", "fd00::3", "10.0.0.4", "10.0.0.5"]
-    run_role(root, env, "proxy", 0, hosts)
-    (proxy,) = recorded(env)
-    assert words_after(proxy, "--prefiller-hosts") == ["10.0.0.2", "[fd00::3]"]
-    assert words_after(proxy, "--prefiller-ports") == ["8101", "8102"]
-    assert words_after(proxy, "--decoder-hosts") == ["10.0.0.4"]
-    assert words_after(proxy, "--decoder-ports") == ["8103"]
-    run_role(root, env, "prefill", 2, hosts)
+    hosts = ["10.0.0.1", "fd00::2", "10.0.0.3", "10.0.0.4"]
+    run_role(root, env, "prefill", 0, hosts)
+    (proxy,) = [r for r in recorded(env) if "serve" not in r]
+    assert proxy[0] == "ENV CUDA_VISIBLE_DEVICES="  # no GPU of its own
+    assert words_after(proxy, "--prefiller-hosts") == ["10.0.0.1", "[fd00::2]"]
+    assert words_after(proxy, "--prefiller-ports") == ["8100", "8101"]
+    assert words_after(proxy, "--decoder-hosts") == ["10.0.0.3"]
+    assert words_after(proxy, "--decoder-ports") == ["8102"]
+    run_role(root, env, "prefill", 1, hosts)
+    run_role(root, env, "decode", 2, hosts)
     run_role(root, env, "decode", 3, hosts)
-    run_role(root, env, "decode", 4, hosts)
-    runs = {value(r, "--port"): r for r in recorded(env) if "--headless" not in r}
-    prefill = runs["8102"]
-    assert "ENV VLLM_NIXL_SIDE_CHANNEL_HOST=fd00::3" in prefill
-    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5608" in prefill  # 5600 + node 2 x 4 GPUs
+    served = [r for r in recorded(env) if "serve" in r]
+    runs = {value(r, "--port"): r for r in served if "--headless" not in r}
+    assert sorted(runs) == ["8100", "8101", "8102"]
+    prefill = runs["8101"]
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_HOST=fd00::2" in prefill
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5604" in prefill  # 5600 + node 1 x 4 GPUs
     assert "--data-parallel-address" not in prefill
-    head, tail = runs["8103"], [r for r in recorded(env) if "--headless" in r]
-    assert "serve" in head
+    head, tail = runs["8102"], [r for r in served if "--headless" in r]
     assert value(head, "--data-parallel-size") == "4"
     assert value(head, "--data-parallel-size-local") == "2"
-    assert value(head, "--data-parallel-address") == "10.0.0.4"
-    assert value(head, "--data-parallel-rpc-port") == "29503"
+    assert value(head, "--data-parallel-address") == "10.0.0.3"
+    assert value(head, "--data-parallel-rpc-port") == "29502"
     assert "--headless" not in head
     (later,) = tail
     assert value(later, "--data-parallel-start-rank") == "2"
-    assert value(later, "--data-parallel-address") == "10.0.0.4"
-    # both nodes of the decode server count NIXL ports from its first GPU: 5600 + 3 x 4
-    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in head
-    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5612" in later
+    assert value(later, "--data-parallel-address") == "10.0.0.3"
+    # both nodes of the decode server count NIXL ports from its first GPU: 5600 + 2 x 4
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5608" in head
+    assert "ENV VLLM_NIXL_SIDE_CHANNEL_PORT=5608" in later
 
 
 def test_memory_setup_is_the_smaller_engine(tmp_path: Path) -> None:
@@ -406,8 +422,8 @@ def test_vllms_own_refusal_of_a_tp_that_splits_heads(tmp_path: Path) -> None:
             {"prefill_gpus": 3, "decode_gpus": 5},
             [9100, 9101, 9102, 9200, 9201, 9202, 9203, 9204],
         ),
-        # 5 nodes: prefill nodes 1-2 from 9100, decode nodes 3-4 from 9200
-        (5, {"prefill_nodes": 2, "decode_nodes": 2}, [9100, 9101, 9200, 9201]),
+        # 4 nodes: prefill nodes 0-1 from 9100, decode nodes 2-3 from 9200
+        (4, {"prefill_nodes": 2, "decode_nodes": 2}, [9100, 9101, 9200, 9201]),
     ],
 )
 def test_a_role_port_is_its_first_servers(
@@ -421,17 +437,17 @@ def test_a_role_port_is_its_first_servers(
 @pytest.mark.slow
 def test_role_ports_reach_the_nodes_and_the_proxy(tmp_path: Path) -> None:
     options = {"prefill": {"port": 9100}, "decode": {"port": 9200}}
-    compiled = compile_(tmp_path, spec(5, 4, options, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 4, options, prefill_nodes=2, decode_nodes=2))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_ins(tmp_path)
-    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
-    for role, node in (("proxy", 0), ("prefill", 2), ("decode", 3)):
+    hosts = [f"10.0.0.{i}" for i in range(1, 5)]
+    for role, node in (("prefill", 0), ("prefill", 1), ("decode", 2)):
         run_role(root, env, role, node, hosts)
     runs = recorded(env)
     (proxy,) = [r for r in runs if "serve" not in r]
     assert words_after(proxy, "--prefiller-ports") == ["9100", "9101"]
     assert words_after(proxy, "--decoder-ports") == ["9200", "9201"]
-    assert sorted(value(r, "--port") for r in runs if "serve" in r) == ["9101", "9200"]
+    assert sorted(value(r, "--port") for r in runs if "serve" in r) == ["9100", "9101", "9200"]
 
 
 def test_role_env_and_head_args_on_one_node(tmp_path: Path) -> None:
@@ -459,7 +475,7 @@ def test_role_env_reaches_the_roles_nodes(tmp_path: Path) -> None:
 def test_api_server_count_on_a_server_over_nodes_belongs_in_head_args(tmp_path: Path) -> None:
     """vLLM refuses --api-server-count with --headless (ServeSubcommand.cmd)."""
     options = {"decode": {"data_parallel_size": 2, "args": ["--api-server-count=2"]}}
-    (error,) = errors(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    (error,) = errors(tmp_path, spec(4, 8, options, prefill_nodes=2, decode_nodes=2))
     assert error.code == "MDC731" and error.location.pointer == "/vllm_disagg/decode/args/0"
     assert "head_args" in (error.hint or "")
 
@@ -467,12 +483,12 @@ def test_api_server_count_on_a_server_over_nodes_belongs_in_head_args(tmp_path: 
 @pytest.mark.slow
 def test_head_args_reach_only_a_servers_first_node(tmp_path: Path) -> None:
     options = {"decode": {"data_parallel_size": 2, "head_args": ["--api-server-count=2"]}}
-    compiled = compile_(tmp_path, spec(5, 8, options, prefill_nodes=2, decode_nodes=2))
+    compiled = compile_(tmp_path, spec(4, 8, options, prefill_nodes=2, decode_nodes=2))
     root = write_tree(compiled, tmp_path / "out")
     env = stand_ins(tmp_path)
-    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    hosts = [f"10.0.0.{i}" for i in range(1, 5)]
+    run_role(root, env, "decode", 2, hosts)
     run_role(root, env, "decode", 3, hosts)
-    run_role(root, env, "decode", 4, hosts)
     head, later = sorted(recorded(env), key=lambda r: "--headless" in r)
     assert "--api-server-count=2" in head and "--headless" not in head
     assert "--api-server-count=2" not in later and "--headless" in later

@@ -428,10 +428,12 @@ def roles_by_node(plan: Plan) -> list[str]:
 @pytest.mark.parametrize(
     ("nnodes", "prefill", "decode"),
     [
-        (3, 1, 1),
-        (5, 1, 3),
-        (7, 2, 4),
-        (11, 4, 6),
+        # madengine's numbers (3: 1+1, 5: 1+3, 7: 2+4, 11: 4+6) on the servers' nodes, its
+        # node count less the proxy's node: the router runs beside a server
+        (4, 1, 3),
+        (6, 2, 4),
+        (10, 4, 6),
+        (3, 1, 2),
     ],
 )
 def test_automatic_disaggregated_split(nnodes: int, prefill: int, decode: int) -> None:
@@ -442,14 +444,14 @@ def test_automatic_disaggregated_split(nnodes: int, prefill: int, decode: int) -
         decode,
         "auto",
     )
-    assert roles_by_node(plan) == ["proxy"] + ["prefill"] * prefill + ["decode"] * decode
+    assert roles_by_node(plan) == ["prefill"] * prefill + ["decode"] * decode
 
 
 def test_custom_disaggregated_split() -> None:
-    plan = built(job(nnodes=6, prefill_nodes=3, decode_nodes=2), disaggregated=True)
+    plan = built(job(nnodes=5, prefill_nodes=3, decode_nodes=2), disaggregated=True)
     assert plan.disagg is not None and plan.disagg.origin == "spec"
-    assert roles_by_node(plan) == ["proxy", "prefill", "prefill", "prefill", "decode", "decode"]
-    assert plan.role_of_name("decode").nodes == range(4, 6)
+    assert roles_by_node(plan) == ["prefill", "prefill", "prefill", "decode", "decode"]
+    assert plan.role_of_name("decode").nodes == range(3, 5)
 
 
 def test_disaggregated_on_one_or_two_nodes_splits_the_gpus() -> None:
@@ -478,7 +480,11 @@ def test_disaggregated_split_needs_both_counts(key: str) -> None:
 def test_custom_split_must_add_up() -> None:
     d = only("MDC210", job(nnodes=6, prefill_nodes=2, decode_nodes=2), disaggregated=True)
     assert "prefill_nodes (2)" in d.message and "decode_nodes (2)" in d.message
-    assert "nnodes (6)" in d.message and "got 5" in d.message  # 2 + 2 + 1 proxy
+    assert "nnodes (6)" in d.message and "got 4" in d.message
+    assert d.location.pointer == "/distributed/prefill_nodes"
+    # the layout that gave the router a node: nnodes is the one to change
+    d = only("MDC210", job(nnodes=5, prefill_nodes=2, decode_nodes=2), disaggregated=True)
+    assert d.location.pointer == "/distributed/nnodes" and "nnodes = 4" in (d.hint or "")
 
 
 def test_split_keys_need_a_disaggregated_launcher() -> None:

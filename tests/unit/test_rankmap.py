@@ -184,7 +184,7 @@ def test_roles_and_hosts_label_the_rows() -> None:
     root = parse(rank_map_svg(compiled.plan))
     labels = texts(next(iter(panels(root).values())))
     roles = [compiled.plan.role_of(n).name for n in range(compiled.plan.nnodes)]
-    assert roles[0] == "proxy" and "decode" in roles
+    assert roles[0] == "prefill" and "decode" in roles  # the router beside node 0's server
     for node, role in enumerate(roles):
         index = labels.index(f"node {node}")
         assert role in labels[index + 1]
@@ -295,23 +295,22 @@ def gpu_cells(root: ET.Element) -> dict[tuple[int, int], str]:
 
 
 def test_a_disaggregated_job_is_drawn_as_its_servers(tmp_path: Path) -> None:
-    """5 x 8, tp 16: the router node runs no server (no replica drawn there); each server's
-    16 GPUs over its 2 nodes are one colour."""
+    """4 x 8, tp 16: each server's 16 GPUs over its 2 nodes are one colour; the router runs
+    on node 0 beside the prefill server, on no GPU (no replica drawn for it)."""
     data = {
         "job": {"name": "pd", "command": "python3"},
-        "distributed": {"launcher": "sglang_disagg", "nnodes": 5, "nproc_per_node": 8},
+        "distributed": {"launcher": "sglang_disagg", "nnodes": 4, "nproc_per_node": 8},
         "sglang_disagg": {"model_path": "m", "tp_size": 16},
     }
     compiled = serving_compiled(data, tmp_path)
     root = parse(rank_map_svg(compiled.plan, compiled.launch.servers))
     assert set(panels(root)) == {"servers"}
     cells_ = gpu_cells(root)
-    assert {cells_[(0, g)] for g in range(8)} == {""}  # the router's node
-    assert {cells_[(n, g)] for n in (1, 2) for g in range(8)} == {"1"}  # prefill 0
-    assert {cells_[(n, g)] for n in (3, 4) for g in range(8)} == {"2"}  # decode 0
+    assert {cells_[(n, g)] for n in (0, 1) for g in range(8)} == {"1"}  # prefill 0
+    assert {cells_[(n, g)] for n in (2, 3) for g in range(8)} == {"2"}  # decode 0
     words = texts(root)
     assert "router: node 0, port 8000 (no GPU)" in words
-    assert "prefill 0: nodes 1-2, tp 16, port 30001" in words
+    assert "prefill 0: nodes 0-1, tp 16, port 30000" in words
     assert not any("replica" in w for w in words)
 
 

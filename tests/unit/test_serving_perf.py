@@ -98,7 +98,7 @@ def test_disaggregated_spec_is_predicted_from_its_roles(tmp_path: Path) -> None:
         distributed={
             "launcher": "sglang_disagg",
             "backend": "local",
-            "nnodes": 5,
+            "nnodes": 4,
             "nproc_per_node": 8,
             "accelerator_model": "h200",
             "prefill_nodes": 2,

@@ -190,8 +190,8 @@ def test_disaggregated_launchers_are_searched(tmp_path: Path, launcher: str, nno
     assert code == 0, err
     rows = json.loads(out)["candidates"]
     assert len(rows) == 4
-    # from 3 nodes the router takes node 0: the servers share the other nodes' GPUs
-    serving = 8 * (nnodes - 1) if nnodes >= 3 else 8 * nnodes
+    # the router runs beside a server: every GPU of the job serves
+    serving = 8 * nnodes
     for i, row in enumerate(rows):
         assert row["launcher"] == launcher and row["mode"] == "disaggregated"
         assert row["gpus"] == serving

@@ -66,8 +66,8 @@ def layout(plan: Plan) -> str:
                 f"{split.decode} decode GPUs"
             )
         return (
-            f"{nodes} x {plan.nproc_per_node}: 1 proxy, {split.prefill} prefill, "
-            f"{split.decode} decode"
+            f"{nodes} x {plan.nproc_per_node}: {split.prefill} prefill, {split.decode} decode, "
+            "router on node 0"
         )
     sizes = plan.sizes
     axes = [

@@ -139,9 +139,9 @@ def build_plan(
             "/distributed/min_nnodes",
             f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
         )
-    # a disaggregated job's proxy node runs the router, on no GPU: the servers' sizes
-    # divide the other nodes' GPUs (one node: all its GPUs)
-    gpus = nproc * (nnodes - 1 if disaggregated and nnodes > 2 else nnodes)
+    # a disaggregated job's router runs beside a server (no node of its own): the
+    # servers' sizes divide every GPU of the job
+    gpus = nproc * nnodes
     sizes, layout = _parallel(
         spec, gpus, nnodes, nproc, parallelism, found, disaggregated or serving
     )
@@ -405,8 +405,8 @@ def _batch_without_dp(spec: JobSpec, found: _Findings) -> None:
 
 
 def auto_split(total: int, units: tuple[int, int] = (1, 1)) -> tuple[int, int]:
-    """The automatic prefill/decode split of ``total`` nodes after the proxy (or of one
-    node's GPUs): about 40% prefill, each role whole servers of ``units`` (prefill, decode)
+    """The automatic prefill/decode split of ``total`` nodes (or of one or two nodes'
+    GPUs): about 40% prefill, each role whole servers of ``units`` (prefill, decode)
     nodes or GPUs when such a split exists."""
     target = max(1, total * 2 // 5)
     prefill_unit, decode_unit = units
@@ -416,14 +416,14 @@ def auto_split(total: int, units: tuple[int, int] = (1, 1)) -> tuple[int, int]:
 
 
 def disagg_roles(split: DisaggSplit, nnodes: int) -> tuple[NodeRole, ...]:
-    """The plan roles of a split: the proxy, prefill and decode nodes, or (a split of GPUs)
-    one role for every node, each running its servers and node 0 also the router."""
+    """The plan roles of a split: the prefill nodes (node 0 also runs the router, on no
+    GPU of its own), then the decode nodes; or (a split of GPUs) one role for every node,
+    each running its servers and node 0 also the router."""
     if split.unit == "gpus":
         return (NodeRole(name=ONE_NODE_ROLE, first_node=0, count=nnodes),)
     return (
-        NodeRole(name="proxy", first_node=0, count=1),
-        NodeRole(name="prefill", first_node=1, count=split.prefill),
-        NodeRole(name="decode", first_node=1 + split.prefill, count=split.decode),
+        NodeRole(name="prefill", first_node=0, count=split.prefill),
+        NodeRole(name="decode", first_node=split.prefill, count=split.decode),
     )
 
 
@@ -442,9 +442,10 @@ def _roles(
                 f"remove {key}",
             )
         return (NodeRole(name="worker", first_node=0, count=nnodes),), None
-    # up to 2 nodes the servers share the nodes (the router on node 0 beside them) and
-    # the split is of GPUs; from 3 the router has node 0 and the roles whole nodes
-    unit, total = ("gpus", nproc * nnodes) if nnodes <= 2 else ("nodes", nnodes - 1)
+    # up to 2 nodes the servers share the nodes and the split is of GPUs; from 3 the roles
+    # take whole nodes. Either way the router runs on node 0 beside the first prefill
+    # server (as SGLang's and vLLM's multi-node recipes run it): no node of its own
+    unit, total = ("gpus", nproc * nnodes) if nnodes <= 2 else ("nodes", nnodes)
     wrong = [k for k in given if not k.endswith(unit)]
     for key in wrong:
         right = (
@@ -482,26 +483,44 @@ def _roles(
         prefill = getattr(dist, f"prefill_{unit}") or 0
         decode = getattr(dist, f"decode_{unit}") or 0
         if prefill + decode != total:
-            auto = auto_split(total)
-            whole = (
-                f"+ 1 proxy must equal nnodes ({nnodes}), but got {prefill + decode + 1}"
-                if unit == "nodes"
-                else f"must equal the job's GPUs ({nnodes} x {nproc} = {total}), but got "
-                f"{prefill + decode}"
-            )
-            found.add(
-                "MDC210",
-                f"prefill_{unit} ({prefill}) + decode_{unit} ({decode}) {whole}",
-                f"/distributed/prefill_{unit}",
-                f"e.g. prefill_{unit} = {auto[0]} and decode_{unit} = {auto[1]} (the automatic "
-                "split)",
-            )
+            _split_sum_finding(unit, prefill, decode, nnodes, nproc, found)
             return (), None
         split = DisaggSplit(prefill=prefill, decode=decode, origin="spec", unit=unit)
     else:
         prefill, decode = auto_split(total)
         split = DisaggSplit(prefill=prefill, decode=decode, origin="auto", unit=unit)
     return disagg_roles(split, nnodes), split
+
+
+def _split_sum_finding(
+    unit: str, prefill: int, decode: int, nnodes: int, nproc: int, found: _Findings
+) -> None:
+    """MDC210: the split does not add up; a split of nnodes - 1 nodes is the layout that
+    gave the router a node of its own, whose fix is the smaller nnodes."""
+    total = nnodes if unit == "nodes" else nnodes * nproc
+    auto = auto_split(total)
+    hint = f"e.g. prefill_{unit} = {auto[0]} and decode_{unit} = {auto[1]} (the automatic split)"
+    pointer = f"/distributed/prefill_{unit}"
+    if unit == "gpus":
+        whole = f"must equal the job's GPUs ({nnodes} x {nproc} = {total}), but got "
+        whole += str(prefill + decode)
+    else:
+        whole = (
+            f"must equal nnodes ({nnodes}), but got {prefill + decode}: the router runs on "
+            "the first prefill node and takes no node of its own"
+        )
+        if prefill + decode == nnodes - 1:
+            pointer = "/distributed/nnodes"
+            hint = (
+                f"set nnodes = {prefill + decode} (the servers' nodes)"
+                if prefill + decode > 2
+                else f"set nnodes = 2 with prefill_gpus = {prefill * nproc} and decode_gpus = "
+                f"{decode * nproc} instead of prefill_nodes and decode_nodes (up to 2 nodes "
+                "the split is of GPUs)"
+            )
+    found.add(
+        "MDC210", f"prefill_{unit} ({prefill}) + decode_{unit} ({decode}) {whole}", pointer, hint
+    )
 
 
 def framework_model(model: ModelTable | None, training: TrainingSetup) -> ModelTable | None:

@@ -109,7 +109,59 @@ def record(program: str, argv: list[str]) -> int:
     }
     with (folder / f"node-{node}.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(entry, sort_keys=True) + "\n")
-    return 0
+    port = _probed_port(program, argv)
+    return 0 if port is None else _answer_health(port)
+
+
+#: seconds a disaggregated server's shim waits for the router's readiness probe
+HEALTH_WAIT_SECONDS = 300
+#: the servers' default HTTP ports (vLLM's, SGLang's)
+DEFAULT_PORTS = {"vllm": 8000, "python": 30000}
+
+
+def _probed_port(program: str, argv: list[str]) -> int | None:
+    """The HTTP port of a disaggregated job's server, which its router probes (GET /health)
+    before it starts: a server's first node (not vLLM's headless engines, not SGLang's later
+    ranks); None for every other program."""
+    role = os.environ.get("SGLANG_DISAGG_ROLE") or os.environ.get("VLLM_DISAGG_ROLE")
+    if role not in ("prefill", "decode"):
+        return None
+    vllm_api = program == "vllm" and argv[:1] == ["serve"] and "--headless" not in argv
+    sglang_head = (
+        program == "python"
+        and argv[1:2] == ["sglang.launch_server"]
+        and (_value(argv, "--node-rank") or "0") == "0"
+    )
+    if not (vllm_api or sglang_head):
+        return None
+    return int(_value(argv, "--port") or DEFAULT_PORTS[program])
+
+
+def _answer_health(port: int) -> int:
+    """Stand in for a server that became ready: answer GET /health with 200 once (the
+    router's probe), then end; 1 when no probe came in HEALTH_WAIT_SECONDS."""
+    import time
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    answered: list[bool] = []
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            if ok:
+                answered.append(True)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    deadline = time.monotonic() + HEALTH_WAIT_SECONDS
+    with HTTPServer(("", port), Health) as server:
+        server.timeout = 1
+        while not answered and time.monotonic() < deadline:
+            server.handle_request()
+    return 0 if answered else 1
 
 
 def read_records(results: Path) -> dict[int, list[dict[str, Any]]]:
@@ -330,29 +382,31 @@ def _check_disagg(
 ) -> list[str]:
     found: list[str] = []
     servers: dict[int, dict[str, Any]] = {}
+    routers: dict[int, dict[str, Any]] = {}
     for node, entries in sorted(records.items()):
         role = _role_of(plan, node)
-        server = _server(entries)
+        started = [e for e in entries if e["program"] == "python" and len(e["argv"]) > 1]
+        for entry in started:
+            if entry["argv"][1] in ROUTERS:
+                routers[node] = entry
+        server = next((e for e in started if e["argv"][1] == "sglang.launch_server"), None)
         if server is None:
-            found.append(f"node {node} (role {role}): no sglang server or router")
+            found.append(f"node {node} (role {role}): no sglang server")
             continue
         servers[node] = server
-        module, argv = server["argv"][1], server["argv"]
+        argv = server["argv"]
         seen_role = server["env"].get("SGLANG_DISAGG_ROLE")
         if seen_role != role:
             found.append(f"node {node}: SGLANG_DISAGG_ROLE is {seen_role!r}, plan role {role!r}")
-        if role == "proxy" and module not in ROUTERS:
-            found.append(f"node {node} (proxy) runs {module}, not a router")
-        if role in ("prefill", "decode"):
-            mode = _value(argv, "--disaggregation-mode")
-            if module != "sglang.launch_server" or mode != role:
-                found.append(f"node {node} ({role}) runs {module} --disaggregation-mode {mode}")
-            found += _check_server_nodes(plan, node, role, argv, node_at)
-    routers = [n for n, s in servers.items() if s["argv"][1] in ROUTERS]
-    if routers != [0]:
-        found.append(f"the router runs on node(s) {routers}, the plan puts it on node 0")
+        mode = _value(argv, "--disaggregation-mode")
+        if mode != role:
+            found.append(f"node {node} ({role}) runs --disaggregation-mode {mode}")
+        found += _check_server_nodes(plan, node, str(role), argv, node_at)
+    # the router runs on node 0 beside the first prefill server, in its own role
+    if list(routers) != [0] or routers[0]["env"].get("SGLANG_DISAGG_ROLE") != "proxy":
+        found.append(f"the router runs on node(s) {list(routers)}, the plan puts it on node 0")
         return found
-    argv = servers[0]["argv"]
+    argv = routers[0]["argv"]
     pointed: dict[str, list[int]] = {"prefill": [], "decode": []}
     for i, word in enumerate(argv):
         if word not in ("--prefill", "--decode") or i + 1 >= len(argv):

@@ -231,7 +231,7 @@ def sglang_disagg_deployments(gpus: int, nproc: int, experts: int) -> Iterator[t
     """Prefill and decode server templates (their counts are searched): tp over the
     server, the experts over it (--ep-size) and DP attention (--dp-size = tp)."""
     nnodes = gpus // nproc
-    sizes = _pd_sizes(disagg_gpus(gpus, nproc), nproc, nnodes)
+    sizes = _pd_sizes(gpus, nproc, nnodes)
     for ps in sizes:
         for ds in sizes:
             for p in _server_roles(ps, experts, "prefill", 0):
@@ -243,7 +243,7 @@ def vllm_disagg_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tup
     """Prefill and decode server templates: tp engines inside a node, or dp engines of one
     GPU each with the experts over the server (--enable-expert-parallel)."""
     nnodes = gpus // nproc
-    sizes = _pd_sizes(disagg_gpus(gpus, nproc), nproc, nnodes)
+    sizes = _pd_sizes(gpus, nproc, nnodes)
 
     def shapes(size: int, name: str) -> Iterator[Role]:
         if size <= nproc:
@@ -258,12 +258,6 @@ def vllm_disagg_deployments(gpus: int, nproc: int, experts: int) -> Iterator[tup
             for p in shapes(ps, "prefill"):
                 for d in shapes(ds, "decode"):
                     yield p, d
-
-
-def disagg_gpus(gpus: int, nproc: int) -> int:
-    """The GPUs a proxy-on-node-0 launcher's servers get: from 3 nodes the router takes
-    node 0 whole."""
-    return gpus - nproc if gpus // nproc >= 3 else gpus
 
 
 def _split_keys(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
@@ -320,8 +314,6 @@ WRITERS: Mapping[str, tuple[Generate, Write]] = {
     "sglang_disagg": (sglang_disagg_deployments, sglang_disagg_write),
     "vllm_disagg": (vllm_disagg_deployments, vllm_disagg_write),
 }
-#: launchers whose router takes node 0 from 3 nodes on
-ROUTER_NODE = frozenset({"sglang_disagg", "vllm_disagg"})
 
 
 # -- the search ------------------------------------------------------------------------
@@ -478,7 +470,7 @@ class ServingTuner:
                     yield from _batch_limits(whole, workload, candidate)
                 continue
             p, d = roles
-            budget = disagg_gpus(gpus, nproc) if launcher in ROUTER_NODE else gpus
+            budget = gpus  # the router runs beside a server, on no GPU of its own
             counts = [
                 k
                 for k in range(1, budget // p.gpus)

@@ -42,3 +42,48 @@ def ipv4_function() -> list[str]:
         "  done",
         "}",
     ]
+
+
+#: seconds between two rounds of the router's readiness probes
+READY_POLL_SECONDS = 5
+
+
+def ready_functions() -> list[str]:
+    """Bash lines defining ``ready HOST PORT PATH`` (whether the server there answers GET
+    PATH with HTTP 200) and ``wait_ready HOST PORT PATH`` (until it does). Bash's own
+    ``/dev/tcp``, since a serving image need not have curl. The router of a disaggregated
+    job starts only once every server is ready, so that it never fails on a server still
+    loading its model (and, beside a server, never stops that server with it). The wait
+    has no limit unless ``MDC_READY_SECONDS`` sets one, after which the router starts
+    anyway (0: at once)."""
+    return [
+        "# ready HOST PORT PATH: whether the server at HOST:PORT answers GET PATH with 200",
+        "ready() {",
+        "  local fd line",
+        '  exec {fd}<>"/dev/tcp/$1/$2" || return 1',
+        '  printf \'GET %s HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n\' "$3" "$1" >&"$fd" || true',
+        '  IFS= read -r -t 10 line <&"$fd" || line=""',
+        "  exec {fd}>&-",
+        '  [[ "$line" =~ ^HTTP/[0-9.]+\\ 200 ]]',
+        "}",
+        "# wait_ready HOST PORT PATH: until that server is ready (at most MDC_READY_SECONDS)",
+        "wait_ready() {",
+        '  local waited=0 limit="${MDC_READY_SECONDS:-}"',
+        '  until [[ "$limit" == 0 ]] || ready "$1" "$2" "$3" 2>/dev/null; do',
+        '    if [[ -n "$limit" ]] && ((waited >= limit)); then',
+        '      echo "mdc: $1:$2 is not ready after $limit s (MDC_READY_SECONDS); starting the router" >&2',
+        "      return 0",
+        "    fi",
+        '    echo "mdc: waiting for the server at $1:$2 ($3) before starting the router" >&2',
+        f"    sleep {READY_POLL_SECONDS}",
+        f"    waited=$((waited + {READY_POLL_SECONDS}))",
+        "  done",
+        "}",
+    ]
+
+
+def wait_line(node: int | None, port: int) -> str:
+    """A router function's line waiting for the server on ``port`` of node ``node`` (its
+    name from the script's ``hosts``), or of this one node (None: 127.0.0.1)."""
+    host = "127.0.0.1" if node is None else '"${hosts[' + str(node) + ']}"'
+    return f"  wait_ready {host} {port} /health"

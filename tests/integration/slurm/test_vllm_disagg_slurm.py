@@ -1,10 +1,11 @@
 """vllm_disagg on a real SLURM: every node runs its role with the words and NIXL variables
 the plan gives it.
 
-A 4-node job (2 CPU "GPUs" each): node 0 the proxy, node 1 a prefill server of tp 2, nodes
-2-3 one decode server of 4 data-parallel engines over both (the later node headless). ``vllm``
-and the proxy are stand-ins on PATH that record their arguments and environment and exit,
-so the job completes once every node has run its part.
+A 3-node job (2 CPU "GPUs" each): node 0 a prefill server of tp 2 and, beside it, the proxy;
+nodes 1-2 one decode server of 4 data-parallel engines over both (the later node headless).
+``vllm`` and the proxy are stand-ins on PATH that record their arguments and environment; a
+server's first node answers the proxy's readiness probe (GET /health) once and ends, so the
+job completes once every node has run its part and the proxy has waited for the servers.
 """
 
 from __future__ import annotations
@@ -19,13 +20,27 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
 STAND_IN = """#!/usr/bin/env bash
-{python} -c 'import json, os, sys
+exec {python} -c '
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
 keys = ("NODE_RANK", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-        "VLLM_HOST_IP", "VLLM_DISAGG_ROLE")
-record = {{"argv": sys.argv[1:], "env": {{k: os.environ.get(k) for k in keys}}}}
-name = os.path.join(os.environ["RECORD_DIR"], os.environ["NODE_RANK"] + ".json")
+        "VLLM_HOST_IP", "VLLM_DISAGG_ROLE", "CUDA_VISIBLE_DEVICES")
+program, argv = sys.argv[1], sys.argv[2:]
+record = {{"argv": argv, "env": {{k: os.environ.get(k) for k in keys}}}}
+name = os.path.join(os.environ["RECORD_DIR"], os.environ["NODE_RANK"] + "-" + program + ".json")
 with open(name, "w") as out:
-    json.dump(record, out)' "$@"
+    json.dump(record, out)
+if program == "vllm" and "--headless" not in argv:
+    # a server ready at once: it answers the proxy readiness probe, then ends
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    with HTTPServer(("", int(argv[argv.index("--port") + 1])), Health) as server:
+        server.handle_request()
+' "$(basename "$0")" "$@"
 """
 
 
@@ -58,7 +73,7 @@ def test_every_node_runs_its_vllm_disagg_role(
         "distributed": {
             "launcher": "vllm_disagg",
             "backend": "slurm",
-            "nnodes": 4,
+            "nnodes": 3,
             "nproc_per_node": 2,
             "accelerator": "cpu",
             "master_port": 29815,
@@ -80,30 +95,30 @@ def test_every_node_runs_its_vllm_disagg_role(
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     finished = jobs.wait(jobs.submit(out, env), timeout=120)
     assert (finished.state, finished.exit_code) == ("COMPLETED", "0:0"), finished.log[-4000:]
-    runs = {int(p.stem): json.loads(p.read_text()) for p in record.glob("*.json")}
-    assert sorted(runs) == [0, 1, 2, 3]
-    assert [runs[n]["env"]["VLLM_DISAGG_ROLE"] for n in range(4)] == [
-        "proxy",
-        "prefill",
-        "decode",
-        "decode",
-    ]
-    proxy, prefill, head, later = (runs[n]["argv"] for n in range(4))
-    hosts = {n: runs[n]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] for n in (1, 2, 3)}
+    runs = {p.stem: json.loads(p.read_text()) for p in record.glob("*.json")}
+    # node 0 runs the prefill server and, beside it, the proxy: no node of its own
+    assert sorted(runs) == ["0-toy-proxy", "0-vllm", "1-vllm", "2-vllm"]
+    roles = [runs[k]["env"]["VLLM_DISAGG_ROLE"] for k in sorted(runs)]
+    assert roles == ["proxy", "prefill", "decode", "decode"]
+    proxy, prefill, head, later = (runs[k]["argv"] for k in sorted(runs))
+    hosts = {n: runs[f"{n}-vllm"]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] for n in (0, 1, 2)}
     # the proxy names each server by the address its NIXL side channel listens on
-    assert values(proxy, "--prefiller-hosts") == [hosts[1]]
-    assert values(proxy, "--prefiller-ports") == ["8101"]
-    assert values(proxy, "--decoder-hosts") == [hosts[2]]
-    assert values(proxy, "--decoder-ports") == ["8102"]
-    assert value(prefill, "--tensor-parallel-size") == "2" and value(prefill, "--port") == "8101"
-    assert runs[1]["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5602"  # 5600 + node 1 x 2 GPUs
-    for node, argv in ((2, head), (3, later)):
+    assert values(proxy, "--prefiller-hosts") == [hosts[0]]
+    assert values(proxy, "--prefiller-ports") == ["8100"]
+    assert values(proxy, "--decoder-hosts") == [hosts[1]]
+    assert values(proxy, "--decoder-ports") == ["8101"]
+    assert value(prefill, "--tensor-parallel-size") == "2" and value(prefill, "--port") == "8100"
+    assert runs["0-vllm"]["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"  # node 0 x 2 GPUs
+    for node, argv in ((1, head), (2, later)):
         assert value(argv, "--data-parallel-size") == "4"
         assert value(argv, "--data-parallel-size-local") == "2"
-        assert value(argv, "--data-parallel-address") == hosts[2]
-        assert value(argv, "--data-parallel-rpc-port") == str(29815 + 2)
-        assert runs[node]["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5604"
+        assert value(argv, "--data-parallel-address") == hosts[1]
+        assert value(argv, "--data-parallel-rpc-port") == str(29815 + 1)
+        assert runs[f"{node}-vllm"]["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5602"
     assert "--headless" not in head
     assert "--headless" in later and value(later, "--data-parallel-start-rank") == "2"
+    # each server's stand-in ends only after answering one GET /health: the job's completing
+    # shows the proxy probed both servers (it starts only after they answer)
+    assert "is not ready after" not in finished.log
     left = token.leftovers()
     assert not left, "processes left behind after the job:\n" + "\n".join(left)

@@ -120,6 +120,8 @@ class _Translation:
         self.b = b
         self.ctx: dict[str, Any] = b.src.data  # type: ignore[assignment]
         self.env: dict[str, tuple[object, str | None]] = {}
+        #: the node count as madengine reads it (sglang-disagg's counts its proxy's node)
+        self.madengine_nnodes: object = None
 
     def block(self, key: str) -> dict[str, Any]:
         value = self.ctx.get(key)
@@ -183,6 +185,9 @@ class _Translation:
         launcher, launcher_origin = self.resolve_launcher()
         nnodes, nnodes_origin = self.resolve_nnodes()
         nproc, nproc_origin = self.resolve_nproc()
+        self.madengine_nnodes = nnodes
+        if launcher == "sglang_disagg" and isinstance(nnodes, int) and nnodes >= 3:
+            nnodes = self.router_beside_servers(nnodes, nnodes_origin)
         b.put(("job", "name"), self.name, None)
         self.launcher = launcher
         self.job(launcher)
@@ -400,6 +405,18 @@ class _Translation:
         count = self.k8s.get("gpu_count")
         counted = isinstance(count, int | float) and not isinstance(count, bool) and count > 1
         return counted or bool(self.dist.get("enabled")) or "launcher" in self.dist
+
+    def router_beside_servers(self, nnodes: int, origin: str | None) -> int:
+        """madengine gives sglang-disagg's proxy a node of its own (1 + prefill + decode
+        nodes); mdc runs the router beside the first prefill server, on the servers' nodes."""
+        self.b.note(
+            "MDC504",
+            origin or "",
+            f"madengine runs sglang-disagg's proxy on a node of its own ({nnodes} nodes: 1 "
+            f"proxy + {nnodes - 1} for the servers); mdc runs the router beside the first "
+            f"prefill server, so the job asks for the servers' {nnodes - 1} nodes",
+        )
+        return nnodes - 1
 
     # counts (§3)
     def resolve_nnodes(self) -> tuple[Any, str | None]:
@@ -664,7 +681,8 @@ class _Translation:
     def sglang_disagg_notes(self, launcher: object) -> None:
         """What madengine's sglang-disagg runs that mdc's runs otherwise."""
         b, nnodes = self.b, self.nnodes
-        if launcher == "sglang_disagg" and self.nnodes < 3 and self.nnodes_origin:
+        few = isinstance(self.madengine_nnodes, int) and self.madengine_nnodes < 3
+        if launcher == "sglang_disagg" and few and self.nnodes_origin:
             b.note(
                 "MDC504",
                 self.nnodes_origin,
@@ -686,8 +704,9 @@ class _Translation:
             b.note(
                 "MDC503",
                 "",
-                f"madengine's SLURM job exports NNODES = {nnodes} (slurm.nodes) to the model "
-                "script; mdc's sglang_disagg launcher sets no NNODES, so [job] env keeps it",
+                "madengine's SLURM job exports NNODES (slurm.nodes, its node count) to the "
+                "model script; mdc's sglang_disagg launcher sets no NNODES, so [job] env "
+                f"keeps it as the job's node count, {nnodes}",
             )
         if launcher == "sglang_disagg" and self.target == "kubernetes":
             b.note(
@@ -713,16 +732,15 @@ class _Translation:
                 )
             elif "prefill_nodes" in split and "decode_nodes" in split:
                 b.table(("distributed",), "/distributed")
-                b.put(
-                    ("distributed", "prefill_nodes"),
-                    split["prefill_nodes"],
-                    "/distributed/sglang_disagg/prefill_nodes",
-                )
-                b.put(
-                    ("distributed", "decode_nodes"),
-                    split["decode_nodes"],
-                    "/distributed/sglang_disagg/decode_nodes",
-                )
+                # on 2 nodes (madengine's 3, less its proxy node) mdc splits GPUs
+                gpus = self.nnodes == 2 and self.madengine_nnodes == 3
+                for role in ("prefill", "decode"):
+                    value = split[f"{role}_nodes"]
+                    if gpus and isinstance(value, int) and not isinstance(value, bool):
+                        key, value = f"{role}_gpus", value * self.nproc
+                    else:
+                        key = f"{role}_nodes"
+                    b.put(("distributed", key), value, f"/distributed/sglang_disagg/{role}_nodes")
                 b.handled.add("/distributed/sglang_disagg")
             else:
                 for key in SGLANG_DISAGG_KEYS:
@@ -732,8 +750,9 @@ class _Translation:
                             f"/distributed/sglang_disagg/{key}",
                             "madengine "
                             "ignores a custom split unless both prefill_nodes and "
-                            "decode_nodes are given; mdc keeps the automatic split "
-                            "(prefill = max(1, (nnodes-1)*2//5))",
+                            "decode_nodes are given; mdc keeps the automatic split, "
+                            "madengine's (prefill = max(1, (nnodes-1)*2//5) of madengine's "
+                            "nnodes, which count the proxy's node)",
                             hint="give both",
                         )
                 b.handled.add("/distributed/sglang_disagg")

@@ -8,7 +8,7 @@ export MDC_OUT
 : "${NODE_RANK:?NODE_RANK must be set by the backend}"
 export SGLANG_DISAGG_MODE=enabled
 export SGLANG_DISAGG_ROLE=decode
-export SGLANG_DISAGG_PREFILL_NODES=1
+export SGLANG_DISAGG_PREFILL_NODES=2
 export SGLANG_DISAGG_DECODE_NODES=3
 export SGLANG_DISAGG_TOTAL_NODES=5
 export SGLANG_DISAGG_TRANSFER_BACKEND=mooncake
@@ -17,7 +17,7 @@ export SGLANG_NODE_RANK="${NODE_RANK}"
 export MODEL_PATH=meta-llama/Llama-3.1-8B-Instruct
 export POD_INDEX="${NODE_RANK}"
 export TOTAL_PODS=5
-export PREFILL_COUNT=1
+export PREFILL_COUNT=2
 export DECODE_COUNT=3
 export TP_SIZE=8
 exec bash "${MDC_OUT}/launch/sglang_disagg.sh" decode python3 -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --disaggregation-mode decode --tp-size 8 --host 0.0.0.0 --disaggregation-transfer-backend mooncake --trust-remote-code

@@ -27,14 +27,10 @@ stop() { kill "${pids[@]}" 2>/dev/null || true; }
 trap 'stop; wait || true; exit 130' INT
 trap 'stop; wait || true; exit 143' TERM
 for ((node = 0; node < 1; node++)); do
-  NODE_RANK="$node" bash "$out"/launch/proxy.sh &
-  pids+=("$!")
-done
-for ((node = 1; node < 2; node++)); do
   NODE_RANK="$node" bash "$out"/launch/prefill.sh &
   pids+=("$!")
 done
-for ((node = 2; node < 3; node++)); do
+for ((node = 1; node < 3; node++)); do
   NODE_RANK="$node" bash "$out"/launch/decode.sh &
   pids+=("$!")
 done

@@ -48,14 +48,10 @@ stop() { kill "${pids[@]}" 2>/dev/null || true; }
 trap 'stop; wait || true; exit 130' INT
 trap 'stop; wait || true; exit 143' TERM
 for ((node = 0; node < 1; node++)); do
-  "${ssh_command[@]}" "${hosts[node]}" "$(remote_command "$node" launch/proxy.sh)" </dev/null &
-  pids+=("$!")
-done
-for ((node = 1; node < 2; node++)); do
   "${ssh_command[@]}" "${hosts[node]}" "$(remote_command "$node" launch/prefill.sh)" </dev/null &
   pids+=("$!")
 done
-for ((node = 2; node < 3; node++)); do
+for ((node = 1; node < 3; node++)); do
   "${ssh_command[@]}" "${hosts[node]}" "$(remote_command "$node" launch/decode.sh)" </dev/null &
   pids+=("$!")
 done

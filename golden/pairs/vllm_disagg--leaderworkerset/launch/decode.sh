@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Role 'decode' of job 'pair-vllm-disagg' (node 2), launcher vllm_disagg.
+# Role 'decode' of job 'pair-vllm-disagg' (nodes 1-2), launcher vllm_disagg.
 # The backend runs this once per node with NODE_RANK, MASTER_ADDR, MASTER_PORT, NODE_HOSTS
 # and MDC_LAUNCH_ID set.
 set -euo pipefail
@@ -8,7 +8,7 @@ export MDC_OUT
 : "${NODE_RANK:?NODE_RANK must be set by the backend}"
 export VLLM_DISAGG_ROLE=decode
 export VLLM_DISAGG_PREFILL=1
-export VLLM_DISAGG_DECODE=1
+export VLLM_DISAGG_DECODE=2
 export VLLM_DISAGG_UNIT=nodes
 export MODEL=Qwen/Qwen3-32B
 export NODE_RANK="${NODE_RANK}"

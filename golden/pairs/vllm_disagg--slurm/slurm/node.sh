@@ -12,8 +12,7 @@ if [[ "${SLURM_LOCALID:-0}" != 0 ]]; then
 fi
 out="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export NODE_RANK="$SLURM_NODEID"
-if ((NODE_RANK < 1)); then script=launch/proxy.sh
-elif ((NODE_RANK < 2)); then script=launch/prefill.sh
+if ((NODE_RANK < 1)); then script=launch/prefill.sh
 else script=launch/decode.sh
 fi
 exec bash "${out}/${script}"
