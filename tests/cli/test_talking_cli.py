@@ -112,7 +112,8 @@ def test_disaggregated_serving_shows_its_roles(tmp_path: Path) -> None:
         r["name"]: r["count"]
         for r in json.loads((tmp_path / "out" / "plan.json").read_text())["roles"]
     }
-    shown = f"{roles['proxy']} proxy, {roles['prefill']} prefill, {roles['decode']} decode"
+    assert "proxy" not in roles  # the router runs beside node 0's prefill server
+    shown = f"{roles['prefill']} prefill, {roles['decode']} decode, router on node 0"
     assert stdout.splitlines()[0].endswith(f": 7 nodes x 8: {shown}")
 
 

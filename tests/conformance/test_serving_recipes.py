@@ -56,7 +56,14 @@ VLLM_DEFAULTS = {
 }
 
 
-def run_node(out: Path, compiled: Compiled, node: int, hosts: list[str], port: int) -> list[str]:
+def run_node(
+    out: Path,
+    compiled: Compiled,
+    node: int,
+    hosts: list[str],
+    port: int,
+    extra: dict[str, str] | None = None,
+) -> list[str]:
     """The argv node ``node``'s server program receives, through the generated scripts."""
     (role,) = [r for r in compiled.plan.roles if node in r.nodes]
     env = {
@@ -66,6 +73,7 @@ def run_node(out: Path, compiled: Compiled, node: int, hosts: list[str], port: i
         "MASTER_PORT": str(port),
         "NODE_HOSTS": " ".join(hosts),
         "MDC_RESOLVE_SECONDS": "0",
+        **(extra or {}),
     }
     script = (out / "launch" / f"{role.name}.sh").read_text(encoding="utf-8")
     # the last line execs the server; print its words instead, one per NUL
@@ -242,17 +250,32 @@ def test_sglang_pd_with_two_node_servers_is_the_documented_deepseek_command(
     data["sglang_disagg"]["server_args"] += ["--disaggregation-ib-device", "mlx5_0"]
     data["distributed"]["backend"] = "local"
     del data["slurm"]
+    import sys
+
     compiled = compile_data(tmp_path, data)
     out = tmp_path / "out"
     write_tree(out, compiled.tree)
-    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
+    # node 0 also runs the router (python3 -m sglang_router...): a python3 that records it;
+    # the stand-ins serve no /health, so the router does not wait for them
+    bin_dir, record = tmp_path / "bin", tmp_path / "router.jsonl"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(
+        ROUTER_RECORDER.format(python=sys.executable), encoding="utf-8"
+    )
+    (bin_dir / "python3").chmod(0o755)
+    extra = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RECORD": str(record),
+        "MDC_READY_SECONDS": "0",
+    }
+    hosts = [f"10.0.0.{i}" for i in range(1, 5)]
     port = compiled.plan.rendezvous.master_port
-    nodes = {n: run_node(out, compiled, n, hosts, port) for n in range(5)}
+    nodes = {n: run_node(out, compiled, n, hosts, port, extra) for n in range(4)}
     for node, role, rank, first in (
-        (1, "prefill", 0, 1),
-        (2, "prefill", 1, 1),
-        (3, "decode", 0, 3),
-        (4, "decode", 1, 3),
+        (0, "prefill", 0, 0),
+        (1, "prefill", 1, 0),
+        (2, "decode", 0, 2),
+        (3, "decode", 1, 2),
     ):
         mine = sglang_namespace(nodes[node])
         theirs = sglang_namespace(
@@ -277,14 +300,14 @@ def test_sglang_pd_with_two_node_servers_is_the_documented_deepseek_command(
         assert extra == {k: v for k, v in SGLANG_DOC_DEFAULTS.items() if k in extra}, (
             f"node {node}: mdc adds {extra}"
         )
-    router = nodes[0]
+    (router,) = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
     assert router[:3] == ["python3", "-m", "sglang_router.launch_router"]
     assert router[router.index("--prefill") :] == [
         "--prefill",
-        "http://10.0.0.2:30001",
-        "8999",
+        "http://10.0.0.1:30000",
+        "8998",
         "--decode",
-        "http://10.0.0.4:30003",
+        "http://10.0.0.3:30002",
     ]
 
 
@@ -322,6 +345,11 @@ SGLANG_SERVER_DEFAULTS = {
     "host": "0.0.0.0",
 }
 
+ROUTER_RECORDER = """#!/usr/bin/env bash
+exec {python} -c 'import json, os, sys
+with open(os.environ["RECORD"], "a") as out:
+    out.write(json.dumps(["python3", *sys.argv[1:]]) + "\\n")' "$@"
+"""
 RECORDER = """#!/usr/bin/env bash
 exec {python} -c 'import json, os, sys
 with open(os.environ["RECORD"], "a") as out:
@@ -353,7 +381,8 @@ def test_sglang_pd_on_one_node_is_the_documented_llama_command(tmp_path: Path) -
         record = out / "runs.jsonl"
         subprocess.run(
             ["bash", str(out / "launch" / "sglang_disagg.sh"), str(recorder)],
-            env={**os.environ, "RECORD": str(record)},
+            # the recorders serve no /health: the router does not wait for them
+            env={**os.environ, "RECORD": str(record), "MDC_READY_SECONDS": "0"},
             check=True,
             timeout=60,
         )

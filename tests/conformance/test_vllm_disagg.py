@@ -187,6 +187,7 @@ def test_one_host_is_the_documented_basic_usage(tmp_path: Path) -> None:
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env["MDC_READY_SECONDS"] = "0"  # the recorders serve no /health: no wait for them
     options = compiled.plan.options["vllm_disagg"]
     assert isinstance(options, VllmDisaggOptions)
     router = options.router_command
@@ -252,19 +253,24 @@ def test_four_machines_are_the_documented_multi_instance_setup(tmp_path: Path) -
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
-    for node in range(5):
+    env["MDC_READY_SECONDS"] = "0"  # the recorders serve no /health: no wait for them
+    hosts = [f"10.0.0.{i}" for i in range(1, 5)]
+    for node in range(4):  # the proxy runs on node 0 beside the first prefill server
         run_node(out, compiled, node, hosts, env)
     runs = runs_of(record)
     (proxy,) = [r for r in runs if r["argv"][0] == "python"]
     servers = {}
     for node, role in (
+        (0, "kv_producer"),
         (1, "kv_producer"),
-        (2, "kv_producer"),
+        (2, "kv_consumer"),
         (3, "kv_consumer"),
-        (4, "kv_consumer"),
     ):
-        (mine,) = [r for r in runs if r["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") == hosts[node]]
+        (mine,) = [
+            r
+            for r in runs
+            if r["argv"][0] == "vllm" and r["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") == hosts[node]
+        ]
         assert mine["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(5600 + node * 8)
         parsed = server_args(mine["argv"])
         theirs = server_args(MULTI.format(role=role).split())
@@ -274,13 +280,13 @@ def test_four_machines_are_the_documented_multi_instance_setup(tmp_path: Path) -
         assert parsed["port"] == 8100 + node  # the server on node i serves on port + i
         servers[node] = parsed["port"]
     documented = proxy_args(
-        MULTI_PROXY.format(p1=hosts[1], p2=hosts[2], d1=hosts[3], d2=hosts[4]).split()
+        MULTI_PROXY.format(p1=hosts[0], p2=hosts[1], d1=hosts[2], d2=hosts[3]).split()
     )
     mine = proxy_args(proxy["argv"])
     for key in ("port", "prefiller_hosts", "decoder_hosts"):
         assert mine[key] == documented[key], key
-    assert mine["prefiller_ports"] == [servers[1], servers[2]]
-    assert mine["decoder_ports"] == [servers[3], servers[4]]
+    assert mine["prefiller_ports"] == [servers[0], servers[1]]
+    assert mine["decoder_ports"] == [servers[2], servers[3]]
     assert proxy["argv"][1] == "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
 
 
@@ -298,14 +304,18 @@ def test_deepseek_is_the_documented_expert_parallel_split(tmp_path: Path) -> Non
     record = tmp_path / "runs.jsonl"
     bin_dir = bin_with_recorders(tmp_path)
     env = {**os.environ, "RECORD": str(record), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    hosts = [f"10.0.0.{i}" for i in range(1, 6)]
-    for node in range(5):
+    env["MDC_READY_SECONDS"] = "0"  # the recorders serve no /health: no wait for them
+    hosts = [f"10.0.0.{i}" for i in range(1, 5)]
+    for node in range(4):
         run_node(out, compiled, node, hosts, env)
     runs = runs_of(record)
-    for role, first in (("prefill", 1), ("decode", 3)):
+    for role, first in (("prefill", 0), ("decode", 2)):
         for node, documented in ((first, VLLM_EP_NODE_0), (first + 1, VLLM_EP_NODE_1)):
             (mine,) = [
-                r for r in runs if r["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") == hosts[node]
+                r
+                for r in runs
+                if r["argv"][0] == "vllm"
+                and r["env"].get("VLLM_NIXL_SIDE_CHANNEL_HOST") == hosts[node]
             ]
             assert mine["env"]["VLLM_ALL2ALL_BACKEND"] == ALL2ALL[role]
             assert mine["env"]["VLLM_USE_DEEP_GEMM"] == "1"

@@ -631,3 +631,16 @@ def test_a_serving_servers_tp_over_nodes_is_no_warning() -> None:
     assert "MDC250" in codes(trained)
     plan, served = plan_of(data, parallelism="model", serving=True)
     assert plan is not None and "MDC250" not in codes(served)
+
+
+def test_a_serving_ep_below_tp_must_divide_it() -> None:
+    """A serving engine splits an MoE layer's tp GPUs into ep x (tp / ep): ep 3 of tp 8 is
+    refused as the engines refuse it (TensorRT-LLM's Mapping, SGLang's moe_tp_size), with the
+    ep values that divide tp, not as a world size that etp x ep does not divide."""
+    spec = job(nnodes=1, nproc=8, parallelism={"tp": 8, "ep": 3})
+    d = only("MDC203", spec, parallelism="model", serving=True)
+    assert d.location.pointer == "/parallelism/ep"
+    assert "ep (3) does not divide tp (8)" in d.message and "moe_ep_size" in d.message
+    assert (d.hint or "").startswith("ep can be one of 1, 2, 4, 8")
+    # ep 4 of tp 8: moe_tp 2 x moe_ep 4 = 8, accepted
+    assert built(job(nnodes=1, nproc=8, parallelism={"tp": 8, "ep": 4}), serving=True)

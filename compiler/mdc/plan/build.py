@@ -240,6 +240,9 @@ def _parallel(
         )
     expert_size = etp * ep * pp
     etp_from = "tp / ep" if serving and ep > 1 else "tp"
+    if serving and par.etp is None and 1 < ep < tp and tp % ep:
+        _ep_inside_tp(found, tp, ep)
+        return None, None
     if world % expert_size:
         options = list(divisors(world // (etp * pp))) if world % (etp * pp) == 0 else []
         hint = (
@@ -490,6 +493,21 @@ def _roles(
         prefill, decode = auto_split(total)
         split = DisaggSplit(prefill=prefill, decode=decode, origin="auto", unit=unit)
     return disagg_roles(split, nnodes), split
+
+
+def _ep_inside_tp(found: _Findings, tp: int, ep: int) -> None:
+    """MDC203 as the serving engines refuse it: an MoE layer's tp GPUs split into ep x
+    (tp / ep) (TensorRT-LLM's Mapping: moe_tp_size x moe_ep_size == tp_size; SGLang's
+    moe_tp_size = tp_size / ep_size), so an ep below tp divides it."""
+    found.add(
+        "MDC203",
+        f"ep ({ep}) does not divide tp ({tp}): the serving engine splits each MoE layer's "
+        f"{tp} tensor-parallel GPUs into ep x (tp / ep) (TensorRT-LLM: moe_tp_size x "
+        "moe_ep_size must equal tp_size; SGLang: moe_tp_size = tp_size / ep_size)",
+        "/parallelism/ep",
+        f"ep can be one of {_listing(list(divisors(tp)))}, or a multiple of tp across "
+        "data-parallel ranks where the engine allows it",
+    )
 
 
 def _split_sum_finding(

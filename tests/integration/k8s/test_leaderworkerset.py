@@ -102,7 +102,8 @@ def test_each_pod_of_a_group_runs_its_role_with_the_groups_hosts(
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
     leader = "pd-1.pd.serve"  # group 1 of LeaderWorkerSet pd, as LWS names it
     hosts = [leader, "pd-1-1.pd.serve", "pd-1-2.pd.serve", "pd-1-3.pd.serve"]
-    roles = {0: "proxy", 1: "prefill", 2: "decode", 3: "decode"}
+    # 4 nodes, the automatic split: 1 prefill (the leader, which also runs the router), 3 decode
+    roles = {0: "prefill", 1: "decode", 2: "decode", 3: "decode"}
     for index in range(4):
         result = subprocess.run(
             ["bash", str(out / "k8s/node.sh")],
