@@ -891,7 +891,7 @@ def test_disagg_on_madengine_3_nodes_splits_two_nodes_gpus(
         ),
         encoding="utf-8",
     )
-    data: dict[str, Any] = madengine.translate(load_file(path))[0].data
+    data = spec_data(madengine.translate(load_file(path))[0])
     dist = data["distributed"]
     assert (dist["nnodes"], dist["prefill_gpus"], dist["decode_gpus"]) == (2, 8, 8)
     assert "prefill_nodes" not in dist
