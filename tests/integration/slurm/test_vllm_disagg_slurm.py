@@ -44,6 +44,22 @@ if program == "vllm" and "--headless" not in argv:
 """
 
 
+def free_base(count: int) -> int:
+    """A base port with ``count`` ports free after it on this host, where the emulated nodes
+    run (the stand-ins listen there; a fixed port may be another test's)."""
+    import socket
+
+    for base in range(20000 + os.getpid() % 500 * 20, 40000, 37):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free ports")
+
+
 def value(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
@@ -82,6 +98,8 @@ def test_every_node_runs_its_vllm_disagg_role(
         },
         "vllm_disagg": {
             "model": "m",
+            "port": (base := free_base(3)),
+            "router_port": base + 2,
             "router_command": ["toy-proxy"],
             "prefill": {"tensor_parallel_size": 2},
             "decode": {"tensor_parallel_size": 1, "data_parallel_size": 4},
@@ -104,10 +122,10 @@ def test_every_node_runs_its_vllm_disagg_role(
     hosts = {n: runs[f"{n}-vllm"]["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] for n in (0, 1, 2)}
     # the proxy names each server by the address its NIXL side channel listens on
     assert values(proxy, "--prefiller-hosts") == [hosts[0]]
-    assert values(proxy, "--prefiller-ports") == ["8100"]
+    assert values(proxy, "--prefiller-ports") == [str(base)]
     assert values(proxy, "--decoder-hosts") == [hosts[1]]
-    assert values(proxy, "--decoder-ports") == ["8101"]
-    assert value(prefill, "--tensor-parallel-size") == "2" and value(prefill, "--port") == "8100"
+    assert values(proxy, "--decoder-ports") == [str(base + 1)]
+    assert value(prefill, "--tensor-parallel-size") == "2" and value(prefill, "--port") == str(base)
     assert runs["0-vllm"]["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"  # node 0 x 2 GPUs
     for node, argv in ((1, head), (2, later)):
         assert value(argv, "--data-parallel-size") == "4"
