@@ -288,17 +288,22 @@ def rank_map_svg(plan: Plan, servers: Sequence[Server] = ()) -> str:
     for panel in panels:
         y = _draw_panel(canvas, plan, panel, nodes, columns, cell_w, y, width)
 
-    height = y + MARGIN
+    body = "\n".join(canvas.parts)
+    return _svg_document(
+        width, y + MARGIN, f"rank map of job {plan.job.name}", body, _hatch_defs(body)
+    )
+
+
+def _svg_document(width: int, height: int, title: str, body: str, defs: str = "") -> str:
+    """The picture's SVG file: its size, a title, ``defs`` and a white ground under ``body``."""
     head = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
         f'monospace" font-size="11">'
     )
-    body = "\n".join(canvas.parts)
-    title = escape(f"rank map of job {plan.job.name}")
     return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{title}</title>\n'
-        f"{_hatch_defs(body)}"
+        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{escape(title)}</title>\n'
+        f"{defs}"
         f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
     )
 
@@ -543,18 +548,8 @@ def _servers_svg(plan: Plan, servers: Sequence[Server]) -> str:
     y = _draw_server_rows(canvas, plan, drawing, nodes, columns, y + 8)
     y = _draw_server_legend(canvas, drawing, y)
     canvas.add("</g>")
-    height = y + MARGIN
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, '
-        f'monospace" font-size="11">'
-    )
     body = "\n".join(canvas.parts)
-    doc_title = escape(f"server map of job {plan.job.name}")
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n{head}\n<title>{doc_title}</title>\n'
-        f'<rect width="{width}" height="{height}" fill="#ffffff"/>\n{body}\n</svg>\n'
-    )
+    return _svg_document(width, y + MARGIN, f"server map of job {plan.job.name}", body)
 
 
 def _server_drawing(
