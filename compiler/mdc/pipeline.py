@@ -24,7 +24,6 @@ from mdc.passes.accelerator import accelerator_model, tensor_core_findings
 from mdc.passes.calls import call
 from mdc.passes.contract import launch_findings, plugin_findings, unread_tables
 from mdc.passes.env import env_findings
-from mdc.passes.flags import read_document
 from mdc.passes.serving import (
     fp4_findings,
     serving_memory_findings,
@@ -149,6 +148,10 @@ class Compiler:
         reading = self.plugins.launcher(name).arguments
         if reading is None:
             return doc, []
+        # only a launcher whose arguments set keys needs the reading pass (and the flag
+        # tables' classes it imports)
+        from mdc.passes.flags import read_document
+
         read, found = read_document(doc, reading)
         return read, [self._diag(doc, f) for f in found]  # where they are written
 

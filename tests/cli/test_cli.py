@@ -445,6 +445,28 @@ def test_validate_imports_only_what_it_uses(clean_env: Callable[..., dict[str, s
     assert len(specs) > 30 and done.stdout == "[]\n"
 
 
+def test_compile_imports_the_flag_reading_only_for_a_launcher_that_reads_flags(
+    tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
+    """torchrun's arguments set no spec key: its compile never imports the flag tables."""
+    code = (
+        "import sys; from mdc.cli import main\n"
+        "assert main(['compile', '-q', sys.argv[1], '-o', sys.argv[2]]) == 0\n"
+        "print(sorted(m for m in ('mdc.api.flags', 'mdc.passes.flags') if m in sys.modules))"
+    )
+    quickstart = str(REPO / "examples" / "quickstart.toml")
+    done = subprocess.run(
+        [sys.executable, "-c", code, quickstart, str(tmp_path / "out")],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout == "[]\n"
+
+
 def test_a_path_with_a_trailing_slash_is_named(tmp_path: Path) -> None:
     stderr = io.StringIO()
     assert main(["compile", f"{tmp_path}/", "-o", str(tmp_path / "out")], stderr=stderr) == 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag, dashes
+from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag, dashes, disagreeing
 from mdc.passes.flags import read_arguments
 
 FLAGS = [
@@ -134,3 +134,17 @@ def test_a_disagreement_names_both_places_and_reads_nothing() -> None:
     assert read.data == data and read.moved == {}
     data = {"p": {"tp": 8}, "job": {"command": ["run", "--tp-size", "8"]}}
     assert read_arguments(data, reading).data == {"p": {"tp": 8}, "job": {"command": ["run"]}}
+
+
+class _Unread(list[object]):
+    """mdc's words, which a check without any flag of the table in the user's must not read."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("mdc's words were read")
+
+
+def test_disagreeing_reads_mdcs_words_only_for_a_flag_of_the_users() -> None:
+    table = FlagTable(FLAGS)
+    assert disagreeing(table, ["train.py", "--lr", "3"], _Unread(["--tp-size", "2"])) == ([], [])
+    agree, differ = disagreeing(table, ["--tp-size", "2", "--sp"], ["--tp-size", "4"])
+    assert agree == [] and [(u.value, o.value) for u, o in differ] == [(2, 4)]

@@ -334,12 +334,15 @@ def disagreeing(
     spec's reading left, e.g. vLLM's --data-parallel-size in replicas mode) against the
     words mdc emits: (those that agree with mdc's value, to be dropped; (user's, mdc's)
     pairs that disagree). A flag mdc does not emit is neither: the framework reads it."""
+    uses = table.find(words)
+    if not uses:  # mdc's words (the longer list) need no reading
+        return [], []
     mine: dict[str, FlagUse] = {}
     for use in table.find(plain_words(emitted)):
         mine[use.flag.name] = use
     agree: list[FlagUse] = []
     differ: list[tuple[FlagUse, FlagUse]] = []
-    for use in table.find(words):
+    for use in uses:
         own = mine.get(use.flag.name)
         if own is None:
             continue
