@@ -22,7 +22,7 @@ PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 RUNNER_VARIABLE = "MAD_MULTI_NODE_RUNNER"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class TorchrunOptions:
     """The ``[torchrun]`` table; launchers built on torchrun accept the same keys."""
 

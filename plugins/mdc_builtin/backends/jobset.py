@@ -33,7 +33,7 @@ API = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "node"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class JobSetOptions(k8s.PodOptions):
     """The ``[jobset]`` table: the shared pod keys plus the JobSet's policies."""
 

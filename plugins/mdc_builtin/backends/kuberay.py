@@ -56,7 +56,7 @@ RANK_LINES = (
 )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class KubeRayOptions(k8s.PodOptions):
     """The ``[kuberay]`` table: the shared pod keys plus the cluster's DNS domain."""
 

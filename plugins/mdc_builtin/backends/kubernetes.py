@@ -40,7 +40,7 @@ from ._k8s import common as k8s
 MAX_INDEXED_PARALLELISM = 100_000
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class KubernetesOptions(k8s.PodOptions):
     """The ``[kubernetes]`` table."""
 

@@ -40,7 +40,7 @@ INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 SERVING = ("sglang", "sglang_disagg", "trtllm", "vllm", "vllm_disagg")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class LeaderWorkerSetOptions(k8s.PodOptions):
     """The ``[leaderworkerset]`` table."""
 

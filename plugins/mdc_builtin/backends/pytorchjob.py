@@ -60,7 +60,7 @@ RANK_LINES = ('export NODE_RANK="${RANK:-}"  # the operator: 0 on the Master, 1.
 ELASTIC_RANK_LINES = ('export NODE_RANK="${HOSTNAME##*-}"  # the pod <job>-worker-<index>',)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class PyTorchJobOptions(k8s.PodOptions):
     """The ``[pytorchjob]`` table: the shared pod keys plus the job's run policy."""
 

@@ -102,7 +102,7 @@ IMAGE_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://")
 OUT = Ref("out")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class ContainerOptions:
     """``[slurm.container]``: run each node's task in ``[job] image``."""
 
@@ -110,7 +110,7 @@ class ContainerOptions:
     mounts: tuple[str, ...] = ()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class SlurmOptions:
     """The ``[slurm]`` table."""
 

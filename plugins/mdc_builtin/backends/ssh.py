@@ -45,7 +45,7 @@ LOOPBACK = re.compile(r"(localhost|(::ffff:)?127(\.\d{1,3}){3}|::1)")
 RESERVED = (*RUNTIME_VARIABLES, OUT_DIR.name)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class SshOptions:
     """The ``[ssh]`` table."""
 

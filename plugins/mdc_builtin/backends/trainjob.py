@@ -52,7 +52,7 @@ RANK_LINES = (
 )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class TrainJobOptions(k8s.PodOptions):
     """The ``[trainjob]`` table: the shared pod keys plus the runtime reference."""
 

@@ -45,7 +45,7 @@ RANK_FLAG = "--rank"
 INIT_METHOD_FLAG = "--init_method"
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class BasicOptions:
     """The ``[basic]`` table."""
 

@@ -152,7 +152,7 @@ ZERO_KEYS = frozenset(
 LAUNCHER_COMMANDS = ("deepspeed", "torchrun")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class DeepSpeedOptions:
     """The ``[deepspeed]`` table; None means "not given"."""
 

@@ -54,7 +54,7 @@ PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 PLAIN_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class PrimusOptions:
     """The ``[primus]`` table."""
 

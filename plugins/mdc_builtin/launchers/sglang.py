@@ -69,7 +69,7 @@ OWNED: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class SglangOptions:
     """The ``[sglang]`` table."""
 

@@ -158,7 +158,7 @@ PER_SERVER = (
 PYTHON = re.compile(r"^python(\d+(\.\d+)*)?$")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class RoleOptions:
     """``[sglang_disagg.prefill]`` / ``[sglang_disagg.decode]``: one role's servers."""
 
@@ -170,7 +170,7 @@ class RoleOptions:
     args: tuple[str, ...] = ()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class SglangDisaggOptions:
     """The ``[sglang_disagg]`` table."""
 

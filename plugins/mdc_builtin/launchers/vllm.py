@@ -107,7 +107,7 @@ OWNED: dict[str, tuple[tuple[str, ...], str]] = {
 HEAD_ONLY = ("--api-server-count", "-asc")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class VllmOptions:
     """The ``[vllm]`` table."""
 

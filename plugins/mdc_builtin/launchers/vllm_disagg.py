@@ -152,7 +152,7 @@ READING = FlagReading(
 )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class RoleOptions:
     """``[vllm_disagg.prefill]`` / ``[vllm_disagg.decode]``: one role's servers."""
 
@@ -169,7 +169,7 @@ class RoleOptions:
     env: dict[str, str] = attrs.field(factory=dict)
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class VllmDisaggOptions:
     """The ``[vllm_disagg]`` table."""
 

@@ -50,7 +50,7 @@ class Volume:
     read_only: bool = False
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class PodOptions:
     """Pod-level keys every Kubernetes backend's table accepts (subclass it for your table)."""
 

@@ -8,7 +8,7 @@ from mdc_builtin.launchers.megatron.optimizer import is_muon
 from mdc_builtin.launchers.megatron.words import passes
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class MegatronOptions:
     """The ``[megatron]`` table; ``None`` means "not given"."""
 

@@ -95,7 +95,7 @@ DERIVED_KEYS: Mapping[tuple[str, str], str] = {
 }
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class TorchtitanOptions:
     """The ``[torchtitan]`` table; ``None`` means "not given"."""
 

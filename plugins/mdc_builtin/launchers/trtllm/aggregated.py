@@ -122,7 +122,7 @@ def flag_table(where: str, role: bool = False) -> FlagTable:
 FLAGS = flag_table("trtllm")
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class RoleOptions:
     """``[trtllm.context]`` / ``[trtllm.generation]``: one role's servers of a disaggregated
     job; unset limits and options are [trtllm]'s."""
@@ -140,7 +140,7 @@ class RoleOptions:
     args: tuple[str, ...] = ()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)  # options are read, never shown
 class TrtllmOptions:
     """The ``[trtllm]`` table."""
 
