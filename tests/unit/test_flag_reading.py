@@ -148,3 +148,15 @@ def test_disagreeing_reads_mdcs_words_only_for_a_flag_of_the_users() -> None:
     assert disagreeing(table, ["train.py", "--lr", "3"], _Unread(["--tp-size", "2"])) == ([], [])
     agree, differ = disagreeing(table, ["--tp-size", "2", "--sp"], ["--tp-size", "4"])
     assert agree == [] and [(u.value, o.value) for u, o in differ] == [(2, 4)]
+
+
+def test_a_spec_without_a_keyed_flag_is_not_copied() -> None:
+    reading = FlagReading(
+        table=FlagTable(FLAGS),
+        places=(ArgPlace(pointer="/t/args", where="args", table="/t"),),
+        code="X1",
+        framework="F",
+    )
+    data = {"t": {"args": ["--seed", "1"]}, "p": {"tp": 2}}
+    read = read_arguments(data, reading)
+    assert read.data is data and read.moved == {} and read.findings == ()

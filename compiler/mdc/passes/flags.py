@@ -193,6 +193,8 @@ def read_arguments(data: object, reading: FlagReading) -> ReadArguments:
     of the arguments, so mdc emits it once; a flag that disagrees (or has a value the
     framework refuses) is a finding naming both places, and stays as written."""
     reads, findings, words_of = _collect(data, reading)
+    if not reads:  # no flag stands for a key: nothing changes, so nothing to copy
+        return ReadArguments(data=data, moved={}, findings=tuple(findings))
     result = copy.deepcopy(data)
     moved: dict[str, str] = {}
     dropped: dict[str, list[FlagUse]] = {}
