@@ -80,3 +80,21 @@ def hashed_port(launch_id: str) -> int:
     """Where a launch script starts looking for a rendezvous port (mdc.runtime.port_lines)."""
     low, high = PORT_RANGE
     return low + posix_cksum(launch_id.encode()) % (high - low)
+
+
+def free_base(count: int) -> int:
+    """A base port with ``count`` ports free after it on every address of this host, for
+    stand-in servers that listen on consecutive ports (a fixed port such as a framework's
+    default may be another test's, or another run's, on a shared host). The range lies above
+    the launch scripts' hashed rendezvous ports (PORT_RANGE)."""
+    import socket
+
+    for base in range(40000 + os.getpid() % 500 * 40, 60000, 41):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError(f"no {count} consecutive free ports on this host")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import free_base
 
 import mdc.rehearse
 import mdc.rehearse.serving
@@ -407,6 +408,8 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         },
     ),
 ]
+#: launchers whose servers' stand-ins listen on their HTTP ports
+DISAGG = ("sglang_disagg", "vllm_disagg")
 ROUTER_MODULES = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
 COMMANDS = {
     "vllm_disagg": ["vllm", "serve"],
@@ -417,8 +420,12 @@ COMMANDS = {
 
 
 def _serving_spec(
-    tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
+    tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any], port: int = 0
 ) -> Path:
+    """The spec; a disaggregated job's servers count their HTTP ports up from ``port`` (their
+    stand-ins listen there for the router's /health probe: a fixed port may be taken)."""
+    if launcher in DISAGG:
+        extra = {**extra, launcher: {**extra[launcher], "port": port}}
     data: dict[str, Any] = {
         "job": {
             "name": f"rh-{launcher.replace('_', '-')}",
@@ -448,7 +455,8 @@ def _serving_spec(
 def test_serving_roles_and_addresses(
     tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
 ) -> None:
-    spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra)
+    base = free_base(16) if launcher in DISAGG else 0
+    spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra, base)
     stdout, stderr = io.StringIO(), io.StringIO()
     keep = tmp_path / "out"
     code = main(
@@ -466,11 +474,11 @@ def test_serving_roles_and_addresses(
         router = runs["proxy:sglang_router.launch_router"]
         assert router[router.index("--prefill") :] == [
             "--prefill",
-            "http://127.0.0.1:30000",
+            f"http://127.0.0.1:{base}",
             "8998",
             *[
                 w
-                for port in (30001, 30002, 30003)
+                for port in (base + 1, base + 2, base + 3)
                 for w in ("--decode", f"http://127.0.0.1:{port}")
             ],
         ]
@@ -482,22 +490,22 @@ def test_serving_roles_and_addresses(
             for e in records[0]
             if e["argv"][1] == "sglang.launch_server"
         )
-        assert placed == [("30000", "0"), ("30001", "2"), ("30002", "4"), ("30003", "6")]
+        assert placed == [(str(base + i), str(2 * i)) for i in range(4)]
     elif launcher == "sglang_disagg" and nnodes == 2:  # servers on both, router on node 0
         (router,) = [e["argv"] for e in records[0] if e["argv"][1] == "sglang_router.launch_router"]
         decode = [router[i + 1] for i, w in enumerate(router) if w == "--decode"]
-        assert decode == ["http://127.0.0.1:30003"] + [
-            f"http://127.0.0.2:{port}" for port in (30004, 30005, 30006, 30007)
+        assert decode == [f"http://127.0.0.1:{base + 3}"] + [
+            f"http://127.0.0.2:{base + i}" for i in (4, 5, 6, 7)
         ]
         assert {e["argv"][1] for e in records[1]} == {"sglang.launch_server"}
     elif launcher == "sglang_disagg" and "tp_size" in extra[launcher]:  # servers of 2 nodes
         (router,) = [e["argv"] for e in records[0] if e["argv"][1] in ROUTER_MODULES]
         assert router[router.index("--prefill") :] == [
             "--prefill",
-            "http://127.0.0.1:30000",
+            f"http://127.0.0.1:{base}",
             "8998",
             "--decode",
-            "http://127.0.0.3:30002",
+            f"http://127.0.0.3:{base + 2}",
         ]
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
         for node, first in ((0, 0), (1, 0), (2, 2), (3, 2)):
@@ -509,13 +517,13 @@ def test_serving_roles_and_addresses(
         (router,) = [e["argv"] for e in records[0] if e["argv"][1] in ROUTER_MODULES]
         assert router[:2] == ["-m", "sglang_router.launch_router"]
         assert [router[i + 1] for i, w in enumerate(router) if w == "--prefill"] == [
-            "http://127.0.0.1:30000",
-            "http://127.0.0.2:30001",
+            f"http://127.0.0.1:{base}",
+            f"http://127.0.0.2:{base + 1}",
         ]
         assert [router[i + 1] for i, w in enumerate(router) if w == "--decode"] == [
-            "http://127.0.0.3:30002",
-            "http://127.0.0.4:30003",
-            "http://127.0.0.5:30004",
+            f"http://127.0.0.3:{base + 2}",
+            f"http://127.0.0.4:{base + 3}",
+            f"http://127.0.0.5:{base + 4}",
         ]
     if launcher == "vllm_disagg" and nnodes == 4:  # the proxy lists each server's first node
         (proxy,) = [e["argv"] for e in records[0] if e["argv"][0].endswith("toy_proxy_server.py")]
@@ -524,12 +532,12 @@ def test_serving_roles_and_addresses(
             "127.0.0.1",
             "127.0.0.2",
             "--prefiller-ports",
-            "8100",
-            "8101",
+            str(base),
+            str(base + 1),
             "--decoder-hosts",
             "127.0.0.3",
             "--decoder-ports",
-            "8102",
+            str(base + 2),
         ]
         (later,) = [e for e in records[3] if e["program"] == "vllm"]
         assert (
@@ -564,8 +572,14 @@ def test_serving_roles_and_addresses(
 
 def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compiler) -> None:
     """The router's node sees NODE_HOSTS in another order: its URLs reach the wrong roles."""
+    base = free_base(5)
     spec = _serving_spec(
-        tmp_path, "sglang_disagg", 5, "local", {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}}
+        tmp_path,
+        "sglang_disagg",
+        5,
+        "local",
+        {"sglang_disagg": {"model_path": "Qwen/Qwen3-8B"}},
+        base,
     )
 
     def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
@@ -580,11 +594,11 @@ def test_serving_url_to_a_wrong_role_is_caught(tmp_path: Path, compiler: Compile
     )
     assert not outcome.ok
     assert (
-        "router --prefill http://127.0.0.3:30001 points at node 2, whose role is decode"
+        f"router --prefill http://127.0.0.3:{base + 1} points at node 2, whose role is decode"
         in outcome.findings
     )
     assert (
-        "router --decode http://127.0.0.2:30002 points at node 1, whose role is prefill"
+        f"router --decode http://127.0.0.2:{base + 2} points at node 1, whose role is prefill"
         in outcome.findings
     )
 
@@ -594,8 +608,9 @@ def test_vllm_disagg_proxy_list_to_a_wrong_node_is_caught(
 ) -> None:
     """Node 0 sees NODE_HOSTS with nodes 1 and 2 swapped: the proxy lists the prefill
     server's port at the decode node's address."""
+    base = free_base(5)
     spec = _serving_spec(
-        tmp_path, "vllm_disagg", 5, "local", {"vllm_disagg": {"model": "Qwen/Qwen3-8B"}}
+        tmp_path, "vllm_disagg", 5, "local", {"vllm_disagg": {"model": "Qwen/Qwen3-8B"}}, base
     )
 
     def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
@@ -611,8 +626,8 @@ def test_vllm_disagg_proxy_list_to_a_wrong_node_is_caught(
     assert not outcome.ok
     assert (
         "the proxy's --prefiller-hosts ['127.0.0.1', '127.0.0.3'] and --prefiller-ports "
-        "['8100', '8101'] reach (node, port) [(0, '8100'), (2, '8101')]; the prefill servers "
-        "run at [(0, '8100'), (1, '8101')]" in outcome.findings
+        f"['{base}', '{base + 1}'] reach (node, port) [(0, '{base}'), (2, '{base + 1}')]; the "
+        f"prefill servers run at [(0, '{base}'), (1, '{base + 1}')]" in outcome.findings
     ), outcome.findings
 
 
