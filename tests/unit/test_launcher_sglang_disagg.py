@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.tools import shellcheck
+from tests.tools import free_base, shellcheck
 
 from mdc.api import Ref
 from mdc.errors import Diagnostic, SpecError
@@ -376,28 +376,13 @@ echo "router $SGLANG_DISAGG_ROLE" >> "$log"
 """
 
 
-def free_ports(count: int) -> int:
-    """A base port with ``count`` free ports from it (as far as a bind can tell now)."""
-    import socket
-
-    for base in range(30000 + os.getpid() % 2000 * 10, 60000, 97):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free ports")
-
-
 @pytest.mark.slow
 def test_the_router_starts_once_every_server_is_ready(tmp_path: Path) -> None:
     """3 nodes of the local backend: the router on node 0 beside the prefill server starts
     only after every server (node 0's too) answers GET /health, with no time limit set."""
     import sys
 
-    base = free_ports(6)
+    base = free_base(6)
     options = {"port": base, "bootstrap_port": base + 3, "router_port": base + 5}
     root = write_tree(compile_(tmp_path, spec(3, 1, options)), tmp_path / "out")
     env = stand_in_path(tmp_path)

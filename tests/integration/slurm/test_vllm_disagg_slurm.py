@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.tools import free_base
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("loopback")]
 
@@ -42,22 +43,6 @@ if program == "vllm" and "--headless" not in argv:
         server.handle_request()
 ' "$(basename "$0")" "$@"
 """
-
-
-def free_base(count: int) -> int:
-    """A base port with ``count`` ports free after it on this host, where the emulated nodes
-    run (the stand-ins listen there; a fixed port may be another test's)."""
-    import socket
-
-    for base in range(20000 + os.getpid() % 500 * 20, 40000, 37):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no free ports")
 
 
 def value(argv: list[str], flag: str) -> str:
