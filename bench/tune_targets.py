@@ -143,6 +143,7 @@ def recipes(compiler: Compiler, rows: str = "") -> list[dict[str, Any]]:
         rank = _rank(result, want, whole)
         parallel_rank = _rank(result, want, PARALLEL)
         best = result.rows[0].candidate.label() if result.rows else None
+        best_sizes = _sizes(result.rows[0].candidate.layout) if result.rows else None
         # how much slower the model predicts the published layout than its own best
         # (the published sizes with the switches mdc would pick for them)
         gap = None
@@ -160,11 +161,31 @@ def recipes(compiler: Compiler, rows: str = "") -> list[dict[str, Any]]:
                 "parallel_rank": parallel_rank,
                 "fits": fits,
                 "want": want,
+                "stated": whole,
                 "best": best,
+                "best_sizes": best_sizes,
                 "gap": gap,
             }
         )
     return found
+
+
+#: the settings a miss is grouped by, in :func:`_sizes`' names
+SETTINGS = ("tp", "pp", "vpp", "cp", "ep", "mbs")
+
+
+def misses(found: list[dict[str, Any]]) -> dict[tuple[str, ...], list[str]]:
+    """The recipe rows whose parallel sizes are not in the top 5, grouped by the settings in
+    which mdc's best differs from the published layout (of those the source states: its
+    micro batch or virtual stages left open are not compared)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for r in found:
+        if r["parallel_rank"] is not None or r["best_sizes"] is None:
+            continue
+        want, best = r["want"], r["best_sizes"]
+        differ = tuple(k for k in SETTINGS if k in r["stated"] and want[k] != best[k])
+        groups.setdefault(differ, []).append(r["id"])
+    return dict(sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
 
 
 def main() -> None:
@@ -202,6 +223,9 @@ def main() -> None:
             f"  predicted slower than mdc's best: median {statistics.median(gaps):.1%}, "
             f"within 5 % for {within} of {len(gaps)}"
         )
+    print("  parallel sizes not in the top 5, by the settings mdc's best differs in:")
+    for differ, ids in misses(found).items():
+        print(f"    {' '.join(differ) or 'none'}: {len(ids)}: {', '.join(ids)}")
     for r in found:
         gap = "-" if r["gap"] is None else f"{r['gap']:.1%}"
         print(f"  {r['id']}: rank {r['rank']} (sizes {r['parallel_rank']}), fits {r['fits']}, {gap} slower, "

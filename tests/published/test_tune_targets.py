@@ -273,3 +273,41 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # link shares
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
+
+
+def _row(
+    ident: str, want: dict[str, int], best: dict[str, int], rank: int | None
+) -> dict[str, Any]:
+    stated = tuple(want)
+    full = {"tp": 1, "pp": 1, "vpp": 1, "cp": 1, "ep": 1, "mbs": 1}
+    return {"id": ident, "parallel_rank": rank, "want": {**full, **want},
+            "stated": stated, "best_sizes": {**full, **best}}  # fmt: skip
+
+
+def test_recipe_misses_grouped_by_the_settings_that_differ() -> None:
+    found = [
+        _row(
+            "a",
+            {"tp": 2, "pp": 8, "ep": 32, "mbs": 1},
+            {"tp": 2, "pp": 1, "ep": 64, "mbs": 1},
+            None,
+        ),
+        _row("b", {"tp": 1, "pp": 4, "ep": 32}, {"tp": 1, "pp": 1, "ep": 64, "mbs": 2}, None),
+        _row("c", {"tp": 4, "pp": 8}, {"tp": 4, "pp": 4}, None),
+        _row("d", {"tp": 4, "pp": 8}, {"tp": 4, "pp": 4}, 3),  # sizes in the top 5
+    ]
+    # b leaves its micro batch open: mdc's 2 is not a difference
+    assert tune_targets.misses(found) == {("pp", "ep"): ["a", "b"], ("pp",): ["c"]}
+
+
+def test_recipe_misses_cover_every_row_outside_the_top_5(targets: dict[str, Any]) -> None:
+    recipes = targets["recipes"]
+    groups = tune_targets.misses(recipes)
+    outside = sorted(r["id"] for r in recipes if r["parallel_rank"] is None)
+    assert sorted(i for ids in groups.values() for i in ids) == outside
+    by_id = {r["id"]: r for r in recipes}
+    for differ, ids in groups.items():
+        for ident in ids:
+            want, best = by_id[ident]["want"], by_id[ident]["best_sizes"]
+            assert any(want[k] != best[k] for k in ("tp", "pp", "cp", "ep")), ident
+            assert all(want[k] != best[k] for k in differ), ident
