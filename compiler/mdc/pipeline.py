@@ -215,8 +215,7 @@ class Compiler:
         backend = self.plugins.backend(backend_name)
         findings: list[Diagnostic] = list(read)
         runs = backend.launchers
-        unsupported = runs is not None and launcher.name not in runs
-        if runs is not None and unsupported:
+        if unsupported := runs is not None and launcher.name not in runs:
             findings.append(
                 self._diag(
                     doc,
@@ -224,7 +223,7 @@ class Compiler:
                         code="MDC231",
                         pointer="/distributed/backend",
                         message=f"backend {backend.name!r} does not run launcher {launcher.name!r}",
-                        hint=f"it runs: {', '.join(sorted(runs))}",
+                        hint=f"it runs: {', '.join(sorted(runs or ()))}",
                     ),
                 )
             )
@@ -240,6 +239,7 @@ class Compiler:
             serving=launcher.workload == "serving",
             training=training,
             scale_up_domain=hardware.scale_up_domain if hardware is not None else None,
+            fixed_port=backend.fixed_port,
         )
         findings += planned
         if plan is not None and launcher.server_units is not None:

@@ -17,6 +17,7 @@ import pytest
 from tests.tools import hashed_port, posix_cksum, shellcheck
 
 from mdc.api.shell import launch_id_lines, port_lines
+from mdc.pipeline import Compiler
 from mdc.runtime import PORT_RANGE
 
 
@@ -114,3 +115,50 @@ def test_the_lines_pass_shellcheck(tmp_path: Path) -> None:
         )
         done = subprocess.run([shellcheck(), str(script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("backend", ["local", "slurm", "kubernetes", "pytorchjob"])
+def test_plan_json_states_the_port_the_backend_uses(
+    compiler: Compiler, tmp_path: Path, backend: str
+) -> None:
+    """plan.json's worker env names the port where the backend fixes one (a Kubernetes
+    manifest carries it) and the run-time choice where its scripts pick it; neither names
+    the other's."""
+    import json
+
+    import yaml
+
+    data = {
+        "job": {"name": "port-check", "image": "img:1", "command": ["python", "train.py"]},
+        "distributed": {"launcher": "torchrun", "backend": backend, "nnodes": 2},
+        "torchrun": {"rdzv_backend": "static"},  # the worker env then states the port
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    tree = {a.path: a.data.decode() for a in compiler.compile(path).tree}
+    plan = json.loads(tree["plan.json"])
+    stated, hashed = plan["worker_env"]["MASTER_PORT"], plan["rendezvous"]["master_port"]
+    manifest = tree.get(f"{backend}/job.yaml")
+    if manifest is None:  # the scripts pick the port: no number is promised
+        assert stated.startswith("chosen at run time from a hash of MDC_LAUNCH_ID"), stated
+        assert "manifest" not in stated and str(hashed) not in stated, stated
+        return
+    ports = {
+        str(port["containerPort"])
+        for doc in yaml.safe_load_all(manifest)
+        if doc and doc["kind"] != "ConfigMap"
+        for port in _all(doc, "ports")
+        if "containerPort" in port
+    }
+    assert ports == {stated.split(",")[0]} == {str(hashed)}, (ports, stated)
+    assert "fixed in the manifests" in stated and "MDC_LAUNCH_ID" not in stated
+
+
+def _all(value: object, key: str) -> list[dict[str, object]]:
+    """Every item of every ``key`` list anywhere in ``value``."""
+    if isinstance(value, dict):
+        found = list(value.get(key) or []) if isinstance(value.get(key), list) else []
+        return found + [x for v in value.values() for x in _all(v, key)]
+    if isinstance(value, list):
+        return [x for v in value for x in _all(v, key)]
+    return []

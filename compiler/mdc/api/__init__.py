@@ -256,6 +256,10 @@ class BackendSpec:
     run_command: str | None = None
     #: other plugins' tables this backend reads besides its own (e.g. ``("torchrun",)``)
     reads: tuple[str, ...] = ()
+    #: whether the manifests it renders fix the master port (a container port, a pod env
+    #: value): a port the spec leaves out is then the one hashed from the job name, not one
+    #: the launch script picks at run time (plan.json's worker env says which)
+    fixed_port: bool = False
 
 
 #: what report() collects while the pipeline runs a backend's emit (None: not running)

@@ -114,6 +114,7 @@ def build_plan(
     serving: bool = False,
     training: TrainingSetup | None = None,
     scale_up_domain: int | None = None,
+    fixed_port: bool = False,
 ) -> tuple[Plan | None, tuple[Diagnostic, ...]]:
     """Resolve and check ``spec`` for a launcher with the given traits.
 
@@ -192,6 +193,7 @@ def build_plan(
         rendezvous=Rendezvous(
             master_port=port or derived_port(spec.job.name),
             port_origin="spec" if port else "derived",
+            fixed=fixed_port,
         ),
         roles=roles,
         disagg=disagg,

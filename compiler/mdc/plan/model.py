@@ -110,19 +110,20 @@ class Rendezvous:
     #: "spec" when written, "derived" when not: the backend's scripts then derive it at run
     #: time from the launch id (MDC_LAUNCH_ID), or use master_port where a manifest fixes it
     port_origin: str
+    #: whether the backend's manifests fix the port (its record's ``fixed_port``)
+    fixed: bool = False
 
     @property
     def derived(self) -> bool:
         return self.port_origin == "derived"
 
     def text(self) -> str:
-        """The port as plan.json's worker env states it."""
+        """The port as plan.json's worker env states it, for the backend that runs it."""
         if not self.derived:
             return str(self.master_port)
-        return (
-            "chosen at run time from a hash of MDC_LAUNCH_ID, the first free port on node 0 "
-            f"(Kubernetes manifests: {self.master_port})"
-        )
+        if self.fixed:
+            return f"{self.master_port}, hashed from the job name, fixed in the manifests"
+        return "chosen at run time from a hash of MDC_LAUNCH_ID, the first free port on node 0"
 
 
 @attrs.frozen(kw_only=True, cache_hash=True)

@@ -172,5 +172,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             options_type=JobSetOptions,
             launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
             run_command="kubectl apply -f {out}/jobset/jobset.yaml",
+            fixed_port=True,  # the manifests carry the master port
         )
     ]

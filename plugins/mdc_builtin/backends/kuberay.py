@@ -211,5 +211,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             options_type=KubeRayOptions,
             launchers=("vllm",),
             run_command="kubectl apply -f {out}/kuberay/raycluster.yaml",
+            fixed_port=True,  # the manifests carry the master port
         )
     ]

@@ -178,5 +178,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             options_type=KubernetesOptions,
             launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
             run_command="kubectl apply -f {out}/kubernetes/job.yaml",
+            fixed_port=True,  # the manifests carry the master port
         )
     ]

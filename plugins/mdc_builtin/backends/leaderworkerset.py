@@ -207,5 +207,6 @@ def mdc_register_backends() -> list[BackendSpec]:
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
             run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",
+            fixed_port=True,  # the manifests carry the master port
         )
     ]

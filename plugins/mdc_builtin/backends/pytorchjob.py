@@ -228,6 +228,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             check=check,
             launchers=LAUNCHERS,
             run_command="kubectl apply -f {out}/pytorchjob/job.yaml",
+            fixed_port=True,  # the manifests carry the master port
             schema=schema(),
             options_type=PyTorchJobOptions,
             description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "

@@ -227,6 +227,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             check=check,
             launchers=LAUNCHERS,
             run_command="kubectl apply -f {out}/trainjob/job.yaml",
+            fixed_port=True,  # the manifests carry the master port
             schema=schema(),
             options_type=TrainJobOptions,
             description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "
