@@ -1,0 +1,82 @@
+"""What the serving memory check reads: the tighter role's servers and the engine settings
+in the servers' arguments."""
+
+from __future__ import annotations
+
+from mdc.api import Plan, ServingSetup, StepLimits
+from mdc.api.flags import FlagTable, KnownFlag
+from mdc_builtin.launchers.sglang_disagg.options import SglangDisaggOptions
+from mdc_builtin.launchers.sglang_disagg.servers import Server, server
+
+#: the engine settings the serving memory check reads from the servers' arguments
+MEMORY_FLAGS = FlagTable(
+    [
+        KnownFlag(
+            name="--mem-fraction-static",
+            source="server_args",
+            key="share",
+            nargs=1,
+            convert=float,
+        ),
+        KnownFlag(name="--kv-cache-dtype", source="server_args", key="kv_dtype", nargs=1),
+        KnownFlag(
+            name="--context-length", source="server_args", key="max_len", nargs=1, convert=int
+        ),
+        KnownFlag(
+            name="--max-running-requests",
+            source="server_args",
+            key="max_batch",
+            nargs=1,
+            convert=int,
+        ),
+        KnownFlag(
+            name="--chunked-prefill-size",
+            source="server_args",
+            key="step_tokens",
+            nargs=1,
+            convert=int,
+        ),
+    ]
+)
+
+
+def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
+    """One role's per-step limits per DP attention rank: with DP attention SGLang divides
+    --max-running-requests and --chunked-prefill-size by --dp-size (server_args.py)."""
+    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    ranks = shape.dp if shape.dp_attention else 1
+
+    def per_rank(key: str) -> int | None:
+        value = values.get(key)
+        return None if value is None else max(1, value // ranks)
+
+    return StepLimits(max_batch=per_rank("max_batch"), step_tokens=per_rank("step_tokens"))
+
+
+def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | None:
+    """The tighter role's servers (fewer GPUs; decode on a tie) for the memory check."""
+    if options is None or plan.disagg is None:
+        return None
+    shapes = [server(plan, options, role) for role in ("decode", "prefill")]
+    shape = min(shapes, key=lambda s: s.gpus)
+    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    share = values.get("share")
+    ep = shape.ep or 1
+    return ServingSetup(
+        engine=f"SGLang ({shape.role})",
+        tp=shape.tp,
+        ep=ep,
+        etp=max(1, shape.tp // ep),
+        share=share if share is not None else ASSUMED_SHARE,
+        share_source="--mem-fraction-static"
+        if share is not None
+        else "assumed; SGLang sizes --mem-fraction-static itself",
+        kv_dtype=values.get("kv_dtype", "auto"),
+        max_len=values.get("max_len"),
+        roles={each.role: step_limits(options, each) for each in shapes},
+    )
+
+
+#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
+#: assumes this share
+ASSUMED_SHARE = 0.9
