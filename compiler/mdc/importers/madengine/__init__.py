@@ -21,14 +21,20 @@ bug mdc does not copy. Errors (madengine refuses these too): MDC530 both
 that must be an object is not, MDC533 not a madengine context at all.
 
 The modules: :mod:`.tables` (madengine's keys, presets and why keys are dropped),
-:mod:`.builder` (the spec, its source map and the report), :mod:`.translation`
-(detection and translation), :mod:`.render` (the spec as text). The command,
-``mdc import madengine``, is :mod:`mdc.cli.import_madengine`.
+:mod:`.builder` (the spec, its source map and the report), :mod:`.detection` (is this
+a madengine context), :mod:`.translation` (the entry point and the order of the steps),
+whose steps are :mod:`.context` (the blocks, nulls and unknown keys every step reads),
+:mod:`.resolution` (target, vendor, name, launcher, counts), :mod:`.launch` ([job], the
+master port, the launcher's tables), :mod:`.backends` ([kubernetes], [slurm]),
+:mod:`.environment` ([job] env) and :mod:`.leftovers` (the report on the keys left),
+and :mod:`.render` (the spec as text). The command, ``mdc import madengine``, is
+:mod:`mdc.cli.import_madengine`.
 """
 
 from __future__ import annotations
 
+from .detection import detect
 from .render import render_spec
-from .translation import detect, translate
+from .translation import translate
 
 __all__ = ["detect", "render_spec", "translate"]
