@@ -7,6 +7,7 @@ import shlex
 
 from mdc.api import Plan
 from mdc_builtin.launchers._addresses import ipv4_function, ready_functions, wait_line
+from mdc_builtin.launchers._disagg import node_cases
 from mdc_builtin.launchers._supervise import supervising_script
 from mdc_builtin.launchers.sglang_disagg.options import SglangDisaggOptions
 from mdc_builtin.launchers.sglang_disagg.servers import (
@@ -176,13 +177,7 @@ def shared_script(plan: Plan, options: SglangDisaggOptions) -> str:
         body = "\n".join(starts[0])
         hosts = ""
     else:
-        cases = "\n".join(
-            f"  {node})\n"
-            + "".join(f"    {line}\n" for part in lines for line in part.split("\n"))
-            + "    ;;"
-            for node, lines in starts.items()
-        )
-        body = f'case "${{NODE_RANK:?NODE_RANK is not set}}" in\n{cases}\nesac'
+        body = node_cases(starts, '"${NODE_RANK:?NODE_RANK is not set}"')
         hosts = """read -r -a hosts <<< "${NODE_HOSTS:?NODE_HOSTS is not set}"
 # url NODE PORT: a server's URL by its node's name in NODE_HOSTS
 url() {

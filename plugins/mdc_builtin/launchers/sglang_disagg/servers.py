@@ -3,13 +3,12 @@ router's, where each server runs (over whole nodes, or side by side on one or tw
 
 from __future__ import annotations
 
-import math
-
 import attrs
 
 from mdc.api import NODE_RANK, Plan
 from mdc.api import Server as ApiServer
 from mdc.api.flags import disagreeing, drop_flags
+from mdc_builtin.launchers._disagg import split_units
 from mdc_builtin.launchers.sglang_disagg.options import (
     OWNED_FLAGS,
     PER_SERVER,
@@ -210,10 +209,4 @@ def server_units(plan: Plan, options: SglangDisaggOptions | None) -> tuple[int, 
     if options is None:
         return 1, 1
     prefill, decode = (server(plan, options, role) for role in ("prefill", "decode"))
-    if plan.nnodes == 1:
-        return prefill.gpus, decode.gpus
-    if plan.nnodes == 2:
-        # servers side by side over both nodes: the decode servers start where prefill
-        # ends, which must be a multiple of theirs too to keep each inside a node
-        return math.lcm(prefill.gpus, decode.gpus), decode.gpus
-    return prefill.nodes, decode.nodes
+    return split_units(plan.nnodes, prefill, decode)

@@ -7,6 +7,7 @@ import shlex
 
 from mdc.api import Plan
 from mdc_builtin.launchers._addresses import ipv4_function, ready_functions, wait_line
+from mdc_builtin.launchers._disagg import node_cases
 from mdc_builtin.launchers._supervise import supervising_script
 from mdc_builtin.launchers.vllm_disagg.options import (
     ROLES,
@@ -185,13 +186,7 @@ def shared_script(plan: Plan, options: VllmDisaggOptions) -> str:
     if one:
         body, preamble = "\n".join(starts[0]), ""
     else:
-        cases = "\n".join(
-            f"  {node})\n"
-            + "".join(f"    {line}\n" for part in lines for line in part.split("\n"))
-            + "    ;;"
-            for node, lines in starts.items()
-        )
-        body = f'case "$NODE_RANK" in\n{cases}\nesac'
+        body = node_cases(starts, '"$NODE_RANK"')
         preamble = "\n".join(
             [
                 'read -r -a hosts <<< "${NODE_HOSTS:?NODE_HOSTS is not set}"',

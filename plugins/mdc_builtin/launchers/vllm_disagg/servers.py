@@ -5,7 +5,6 @@ ports."""
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 import attrs
@@ -14,6 +13,7 @@ from mdc.api import NODE_RANK, Plan
 from mdc.api import Server as ApiServer
 from mdc.api.flags import PER_NODE, disagreeing, drop_flags
 from mdc_builtin.launchers import vllm
+from mdc_builtin.launchers._disagg import split_units
 from mdc_builtin.launchers.vllm_disagg.options import (
     CONNECTOR,
     OWNED_FLAGS,
@@ -229,10 +229,4 @@ def server_units(plan: Plan, options: VllmDisaggOptions | None) -> tuple[int, in
     if options is None:
         return 1, 1
     prefill, decode = (server(plan, options, role) for role in ROLES)
-    if plan.nnodes == 1:
-        return prefill.gpus, decode.gpus
-    if plan.nnodes == 2:
-        # side by side over both nodes: decode starts where prefill ends, which must be a
-        # multiple of its size too to keep each server inside a node
-        return math.lcm(prefill.gpus, decode.gpus), decode.gpus
-    return prefill.nodes, decode.nodes
+    return split_units(plan.nnodes, prefill, decode)
