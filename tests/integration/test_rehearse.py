@@ -1,10 +1,12 @@
 """``mdc rehearse``: compiled jobs really play on this CPU, and the probe catches wiring bugs.
 
 Each world (2x2, 2x4, 4x2) runs with the torchrun, megatron and deepspeed launchers on
-the local, slurm, ssh, kubernetes, pytorchjob and trainjob backends; every rank's probe checks its ranks, env and the
-launcher's arguments against plan.json and all-reduces inside every group. The broken
-cases inject a backend mapping bug (two nodes swap NODE_RANK) and tamper with the plan
-the probe reads, and must be reported rank by rank.
+the local, slurm, ssh, kubernetes, pytorchjob, trainjob and jobset backends; every rank's
+probe checks its ranks, env and the launcher's arguments against plan.json and all-reduces
+inside every group. The broken cases inject a backend mapping bug (two nodes swap
+NODE_RANK) and tamper with the plan the probe reads, and must be reported rank by rank.
+The serving launchers play against stand-ins (vLLM's Ray cluster also as kuberay's head
+and worker pods).
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ WORLDS: list[tuple[str, int, int, str, dict[str, Any]]] = [
     ),  # deepspeed's runner
     ("deepspeed", 4, 2, "slurm", {"deepspeed": {"runner": "deepspeed", "zero_stage": 1}}),
     ("torchrun", 1, 2, "local", {}),  # --standalone: the workers' MASTER_ADDR is localhost
+    ("torchrun", 2, 2, "jobset", {"parallelism": {"tp": 2}}),
 ]
 
 
@@ -156,12 +159,13 @@ def test_world_plays(
     seen = json.loads((keep / "rehearse" / "rank-0.json").read_text("utf-8"))["env"]
     if backend == "slurm":  # slurm/node.sh ran, with srun's variables
         assert seen["SLURM_NODEID"] == seen["NODE_RANK"]
-    if backend in ("kubernetes", "pytorchjob", "trainjob"):  # the pod's node.sh ran
+    if backend in ("kubernetes", "pytorchjob", "trainjob", "jobset"):  # the pod's node.sh ran
         assert (keep / "rehearse" / "pod" / "k8s" / "node.sh").is_file()
         index = {
             "kubernetes": "JOB_COMPLETION_INDEX",
             "pytorchjob": "RANK",
             "trainjob": "PET_NODE_RANK",
+            "jobset": "JOB_COMPLETION_INDEX",
         }[backend]
         assert f'export NODE_RANK="${index}"' in (
             keep / "rehearse" / "pod" / "k8s" / "node.sh"
@@ -374,6 +378,13 @@ SERVING: list[tuple[str, int, str, dict[str, Any]]] = [
         "local",
         {"vllm": {"model": "deepseek-ai/DeepSeek-V3-0324"}, "parallelism": {"tp": 16, "pp": 1}},
     ),
+    # a RayCluster: the head pod is node 0, each worker pod node 1 to its node.sh
+    (
+        "vllm",
+        3,
+        "kuberay",
+        {"vllm": {"model": "meta-llama/Llama-3.1-70B-Instruct"}, "parallelism": {"tp": 8, "pp": 3}},
+    ),
     (
         "sglang",
         2,
@@ -420,11 +431,17 @@ COMMANDS = {
 
 
 def _serving_spec(
-    tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any], port: int = 0
+    tmp_path: Path,
+    launcher: str,
+    nnodes: int,
+    backend: str,
+    extra: dict[str, Any],
+    port: int | None = None,
 ) -> Path:
     """The spec; a disaggregated job's servers count their HTTP ports up from ``port`` (their
     stand-ins listen there for the router's /health probe: a fixed port may be taken)."""
     if launcher in DISAGG:
+        assert port is not None, "a disaggregated job's stand-ins need free ports (free_base)"
         extra = {**extra, launcher: {**extra[launcher], "port": port}}
     data: dict[str, Any] = {
         "job": {
@@ -456,7 +473,7 @@ def test_serving_roles_and_addresses(
     tmp_path: Path, launcher: str, nnodes: int, backend: str, extra: dict[str, Any]
 ) -> None:
     base = free_base(16) if launcher in DISAGG else 0
-    spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra, base)
+    spec = _serving_spec(tmp_path, launcher, nnodes, backend, extra, base or None)
     stdout, stderr = io.StringIO(), io.StringIO()
     keep = tmp_path / "out"
     code = main(
@@ -543,6 +560,13 @@ def test_serving_roles_and_addresses(
         assert (
             "--headless" in later["argv"] and later["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5616"
         )
+    if backend == "kuberay":  # each pod's node.sh ran, with its group's env and its own IP
+        assert (keep / "rehearse" / "pod" / "k8s" / "node.sh").is_file()
+        for node in range(nnodes):
+            seen = next(e["env"] for e in records[node] if e["program"] == "ray")
+            assert (seen["NODE_RANK"], seen["NODE_HOSTS"]) == (
+                ("0", "127.0.0.1") if node == 0 else ("1", f"127.0.0.1 127.0.0.{node + 1}")
+            ), (node, seen)
     if launcher == "sglang":  # every node is told node 0's address and the plan's port
         port = json.loads((keep / "plan.json").read_text("utf-8"))["rendezvous"]["master_port"]
         for node, entries in records.items():
@@ -681,6 +705,7 @@ def test_a_server_node_pointed_at_another_servers_head_is_caught(
             "sglang_disagg": {"model_path": "deepseek-ai/DeepSeek-V3-0324", "tp_size": 16},
             "distributed": {"prefill_nodes": 2, "decode_nodes": 2},
         },
+        free_base(4),
     )
 
     def reorder(index: int, env: dict[str, str]) -> dict[str, str]:

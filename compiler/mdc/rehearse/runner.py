@@ -140,6 +140,7 @@ def nodes_for(
             pod = _pod_entry(tree, backend, results)
             if pod is not None:  # the pod's own entry, with what the pod's env would hold
                 script, reads = pod
+                env.update(_group_env(tree, backend, index, hosts[index]))
                 env.update(runtime)
                 wanted = {"NODE_RANK": str(index), "MASTER_ADDR": hosts[0]}
                 env.update({source: wanted[target] for target, source in reads.items()})
@@ -175,7 +176,10 @@ def nodes_for(
 
 #: pod backends whose node.sh reads the node's index and node 0's address from the pod's
 #: env (leaderworkerset derives NODE_HOSTS from DNS names, so it runs launch/<role>.sh)
-POD_BACKENDS = ("kubernetes", "pytorchjob", "trainjob")
+POD_BACKENDS = ("kubernetes", "pytorchjob", "trainjob", "jobset", "kuberay")
+#: backends whose pods differ by the template they come from, not by an index: the key of
+#: node 0's template and of the other nodes' (a list of groups) in the manifest's spec
+POD_GROUPS = {"kuberay": ("headGroupSpec", "workerGroupSpecs")}
 POD_EXPORT = re.compile(
     r'^export (NODE_RANK|MASTER_ADDR)="\$\{?([A-Z_][A-Z0-9_]*)(:-)?\}?"', re.MULTILINE
 )
@@ -189,11 +193,7 @@ def _pod_entry(tree: Path, backend: str, results: Path) -> tuple[Path, dict[str,
     pod = results / "pod"
     script = pod / "k8s" / "node.sh"
     if not script.is_file():
-        from ruamel.yaml import YAML
-
-        documents = []
-        for path in sorted((tree / backend).glob("*.yaml")):
-            documents += [d for d in YAML(typ="safe").load_all(path.read_text("utf-8")) if d]
+        documents = _documents(tree, backend)
         data: dict[str, str] = {}
         for doc in documents:
             if doc.get("kind") == "ConfigMap":
@@ -207,6 +207,39 @@ def _pod_entry(tree: Path, backend: str, results: Path) -> tuple[Path, dict[str,
             return None
     reads = {m[1]: m[2] for m in POD_EXPORT.finditer(script.read_text(encoding="utf-8"))}
     return script, reads
+
+
+def _documents(tree: Path, backend: str) -> list[dict[str, Any]]:
+    from ruamel.yaml import YAML
+
+    documents = []
+    for path in sorted((tree / backend).glob("*.yaml")):
+        documents += [d for d in YAML(typ="safe").load_all(path.read_text("utf-8")) if d]
+    return documents
+
+
+def _group_env(tree: Path, backend: str, index: int, host: str) -> dict[str, str]:
+    """What the pod template of node ``index``'s group sets (POD_GROUPS: the head's on node
+    0, the first worker group's on the others): its literal values (not those the kubelet
+    expands, as on the other pod backends), and the pod's IP (downward API
+    ``status.podIP``) as the node's loopback address; {} for other backends."""
+    if backend not in POD_GROUPS:
+        return {}
+    head, workers = POD_GROUPS[backend]
+    env: dict[str, str] = {}
+    for doc in _documents(tree, backend):
+        spec = doc.get("spec") or {}
+        group = spec.get(head) if index == 0 else (spec.get(workers) or [None])[0]
+        if not isinstance(group, dict):
+            continue
+        for container in group["template"]["spec"]["containers"]:
+            for item in container.get("env") or []:
+                field = ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+                if "value" in item and "$(" not in str(item["value"]):  # kubelet-expanded
+                    env[item["name"]] = str(item["value"])
+                elif field == "status.podIP":
+                    env[item["name"]] = host
+    return env
 
 
 def _items(value: object) -> list[tuple[str, str]]:
