@@ -508,30 +508,29 @@ def test_each_node_runs_its_role_with_its_rank(
 ) -> None:
     data = spec()
     data["distributed"].update(
-        launcher="roles", nnodes=6, prefill_nodes=2, decode_nodes=3, accelerator="cpu"
+        launcher="roles", nnodes=5, prefill_nodes=2, decode_nodes=3, accelerator="cpu"
     )
     out = write(compile_data(compiler, tmp_path, data), tmp_path / "out")
-    done = submit(out, fake_slurm, out, "n1,n2,n3,n4,n5,n6")
+    done = submit(out, fake_slurm, out, "n1,n2,n3,n4,n5")
     assert done.returncode == 0, done.stderr
     roles = sorted(
         (tmp_path / "fake-log" / "roles").read_text().splitlines(),
         key=lambda line: int(line.split()[1]),
     )
-    # proxy on node 0, then the prefill nodes, then decode; every node sees node 0's address
-    # the launch id is the job's id; the spec's port stays as written
+    # the prefill nodes first (node 0 also runs the router), then decode; every node sees
+    # node 0's address; the launch id is the job's id; the spec's port stays as written
     assert roles == [
-        "proxy 0 n1:29400 4711",
+        "prefill 0 n1:29400 4711",
         "prefill 1 n1:29400 4711",
-        "prefill 2 n1:29400 4711",
+        "decode 2 n1:29400 4711",
         "decode 3 n1:29400 4711",
         "decode 4 n1:29400 4711",
-        "decode 5 n1:29400 4711",
     ]
     srun = (tmp_path / "fake-log" / "srun.args").read_text().splitlines()
     assert srun == [
         "--kill-on-bad-exit=1",
-        "--nodes=6",
-        "--ntasks=6",
+        "--nodes=5",
+        "--ntasks=5",
         "--ntasks-per-node=1",
         "--cpus-per-task=8",  # a CPU job: one CPU per rank, which srun does not inherit
         "bash",

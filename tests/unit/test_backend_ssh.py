@@ -302,10 +302,10 @@ def test_every_host_runs_its_role_with_its_rank(
     done = run_launch(out, {**fake_ssh, "FORWARDED": "not forwarded"})
     assert done.returncode == 0, done.stderr
     lines = role_log(tmp_path).splitlines()
-    # 4 nodes: proxy, then max(1, 3 * 2 // 5) = 1 prefill node, then 2 decode nodes
+    # 4 nodes: max(1, 4 * 2 // 5) = 1 prefill node (node 0, also the router's), 3 decode
     assert lines == [
         f"{role} {node} h0:29400 h{node} {out} unset"
-        for node, role in enumerate(["proxy", "prefill", "decode", "decode"])
+        for node, role in enumerate(["prefill", "decode", "decode", "decode"])
     ]
     args = (tmp_path / "fake-log" / "ssh-h2.args").read_text().splitlines()
     assert args[:6] == ["-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-tt", "h2"]
