@@ -7,8 +7,10 @@ to a page or an anchor that does not exist, a link that leaves the site, a page 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,119 @@ def test_readme_links_exist() -> None:
             if "://" in target:
                 continue
             assert (REPO / target).exists(), f"{name} links to {target}, which does not exist"
+
+
+#: the folders of the repository a page names paths under
+ROOTED = re.compile(
+    r"(?<![\w./<>{}$-])"
+    r"((?:compiler|plugins|schemas|examples|golden|tests|bench|scripts|docs|\.ci)/[\w./-]*)"
+)
+#: paths the pages name that are not the repository's, by whose they are
+ELSEWHERE = {
+    "bench/.venv": "made by `python -m bench.run`",
+    "bench/results/": "written by `python -m bench.run`",
+    "examples/run_pretrain.sh": "Primus's repository",
+    "examples/megatron/configs/": "Primus's repository",
+    "examples/torchtitan/configs/": "Primus's repository",
+    "examples/sc21/": "Megatron-LM's repository",
+    "tests/v1/kv_connector/nixl_integration/": "vLLM's repository",
+}
+#: paths the plugin guide names inside the example plugin's package, where they are
+IN_PACKAGE = {"schemas/mpirun.v1.schema.json": "examples/mdc-mpi/src/mdc_mpi"}
+PAGES = ["README.md", "CONTRIBUTING.md"] + sorted(
+    p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")
+)
+
+
+def _line(text: str, start: int) -> int:
+    return text.count("\n", 0, start) + 1
+
+
+def test_paths_named_exist() -> None:
+    """Every repository path a page names (`compiler/...`, `examples/...`, ...) exists."""
+    missing = []
+    for page in PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for match in ROOTED.finditer(text):
+            path = match.group(1).rstrip(".")
+            if text[match.end() : match.end() + 1] in "<{*" or (REPO / path).exists():
+                continue
+            if path in IN_PACKAGE and (REPO / IN_PACKAGE[path] / path).exists():
+                continue
+            if not any(path.startswith(other) for other in ELSEWHERE):
+                missing.append(f"{page}:{_line(text, match.start())}: {path}")
+    assert not missing, "pages name paths that do not exist:\n" + "\n".join(missing)
+
+
+def _repository_names() -> set[str]:
+    """Every file and folder of the checkout, as a path from its root."""
+    names: set[str] = set()
+    skip = {"site", "__pycache__", "node_modules", "out"}
+    for root, dirs, files in os.walk(REPO):
+        dirs[:] = [
+            d
+            for d in dirs
+            if d not in skip and not d.endswith(".egg-info") and (d == ".ci" or d[0] != ".")
+        ]
+        here = Path(root).relative_to(REPO).as_posix()
+        names.update(n if here == "." else f"{here}/{n}" for n in dirs + files)
+    return names
+
+
+#: words of CONTRIBUTING.md shaped like paths that are no file of the repository
+NOT_FILES = {"out/": "what `mdc compile` writes", "ruamel.yaml": "a library"}
+SHAPED = (".py", ".toml", ".json", ".md", ".sh", ".yaml", ".yml")
+
+
+def test_contributing_map_names_what_is_there() -> None:
+    """Each file or folder CONTRIBUTING.md's map and tables name (`pipeline.py`, `plan/`,
+    `tune/terms.py`, ...; relative to the package they sit in) is one the repository has."""
+    names = _repository_names()
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    text = re.sub(r"\]\(([^)]*)\)", r" \1 ", text)  # a link's target, as a word of its own
+    missing = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in line.split():
+            word = word.strip("(),:;`'\"|")
+            if word in NOT_FILES or not word.strip("/") or any(c in word for c in "<>*{}$=[]"):
+                continue
+            if not (word.endswith("/") or word.endswith(SHAPED)):
+                continue
+            tail = word.rstrip("/").removeprefix("./")
+            if tail not in names and not any(n.endswith("/" + tail) for n in names):
+                missing.append(f"CONTRIBUTING.md:{number}: {word}")
+    assert not missing, "CONTRIBUTING.md names what is not there:\n" + "\n".join(missing)
+
+
+def test_module_names_exist() -> None:
+    """Every `mdc.` dotted name a page gives (a module, or a name in one) is importable."""
+    dotted = re.compile(r"\bmdc(?:_builtin)?(?:\.[A-Za-z_]\w*)+")
+    missing = []
+    for page in PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
+        for match in dotted.finditer(text):
+            name = match.group(0)
+            if name.endswith((".json", ".toml", ".yaml")):  # a file, as mdc.schema.json
+                continue
+            if not _resolves(name):
+                missing.append(f"{page}:{_line(text, match.start())}: {name}")
+    assert not missing, "pages name modules or names that do not exist:\n" + "\n".join(missing)
+
+
+def _resolves(name: str) -> bool:
+    """`a.b.c` is a module, or a module's attribute path."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
 
 
 def test_readme_is_the_front_door() -> None:

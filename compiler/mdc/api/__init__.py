@@ -197,7 +197,7 @@ class LauncherSpec:
     schema: Mapping[str, Any] | None = None
     #: attrs class the ``[<name>]`` table is structured into (None: a plain dict)
     options_type: type | None = None
-    #: splits nodes into proxy, prefill and decode roles
+    #: splits nodes into prefill and decode roles (node 0 also runs the router)
     disaggregated: bool = False
     #: "serving" launchers get no training memory estimate
     workload: Literal["training", "serving"] = "training"
