@@ -388,6 +388,24 @@ def test_disaggregated_open_loop_carries_its_rate_or_is_overloaded() -> None:
     assert light.ttft_ms < heavy.ttft_ms
 
 
+def test_a_closed_loop_past_the_decode_batch_waits_for_its_first_token() -> None:
+    """256 requests in flight, a decode server that runs at most 16 of them: the others
+    wait, and the loop holds all 256 (Little's law: running + rate x TTFT)."""
+    hw, shape = builtin()["h200"], _r1_shape()
+    pd = _deployment(
+        Role(name="prefill", servers=1, gpus=8, tp=8, ep=8),
+        Role(name="decode", servers=1, gpus=8, tp=8, ep=8, max_batch=16),
+        launcher="trtllm",
+    )
+    work = WorkloadTable(input_tokens=8192, output_tokens=1024, concurrency=256)
+    p = predict(shape, hw, pd, work)
+    assert p.batch["decode"] == 16 and p.binding == "batch limit"
+    held = p.batch["decode"] + p.requests_per_s * p.ttft_ms / 1e3
+    assert held == pytest.approx(256, rel=1e-3)
+    # 240 requests waiting take more than a few prefills' time
+    assert p.ttft_ms > 10_000
+
+
 def test_decode_reads_hbm_at_the_accelerators_measured_level() -> None:
     """MI300X's BabelStream Triad reaches 4.09 of its 5.3 TB/s, the H100's 2.97 of 3.35:
     a decode step reads at the catalogue bandwidth times that share relative to the

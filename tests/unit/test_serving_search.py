@@ -99,6 +99,10 @@ def test_write_gives_a_spec_that_compiles_to_the_first_row(
         # the split is written out: compile's default rule is never the answer
         assert written["trtllm"]["context"]["servers"] == best["roles"]["prefill"]["servers"]
         assert written["trtllm"]["generation"]["tp_size"] == best["roles"]["decode"]["tp"]
+        # and the prefill role's step budget, in its own table
+        budget = best["roles"]["prefill"]["step_tokens"]
+        assert budget in (2048, 8192, 16384)
+        assert written["trtllm"]["context"]["max_num_tokens"] == budget
     assert written["model"]["name"] == "deepseek-ai/DeepSeek-R1"  # the spec as the user wrote it
     explained = _explained(tmp_path, written, "written")
     assert {k: explained["predicted"][k] for k in PREDICTED_KEYS} == {
@@ -333,3 +337,107 @@ def test_vllm_limits_are_written_as_its_flags(tmp_path: Path) -> None:
         assert {k: explained[k] for k in PREDICTED_KEYS} == {
             k: row["predicted"][k] for k in PREDICTED_KEYS
         }
+
+
+def _tuned_with(tmp_path: Path, data: dict[str, Any], top: int = 15) -> list[dict[str, Any]]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", str(top))
+    assert code == 0, err
+    rows: list[dict[str, Any]] = json.loads(out)["candidates"]
+    return rows
+
+
+def test_the_prefill_role_takes_the_budget_that_prefills_a_prompt_in_one_step(
+    tmp_path: Path,
+) -> None:
+    """16k-token prompts: the context servers' max_num_tokens is 16k (one step per prompt),
+    written in [trtllm.context]; the row compiles and explains to itself, and the engine's
+    default 8k budget serves less."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["workload"].update(input_tokens=16384)
+    data["model"]["seq_length"] = 16384 + 1024
+    data["workload"]["slo"]["tpot_ms"] = 40
+    rows = [r for r in _tuned_with(tmp_path, data, top=3) if r["mode"] == "disaggregated"]
+    assert rows
+    for i, row in enumerate(rows):
+        assert row["roles"]["prefill"]["step_tokens"] == 16384
+        assert row["spec"]["trtllm"]["context"]["max_num_tokens"] == 16384
+        predicted = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: predicted[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+        smaller = json.loads(json.dumps(row["spec"]))
+        smaller["trtllm"]["context"]["max_num_tokens"] = 8192
+        there = _explained(tmp_path, smaller, f"row{i}-8k")["predicted"]
+        assert there["output_tokens_per_s_per_gpu"] < predicted["output_tokens_per_s_per_gpu"]
+
+
+def test_a_decode_batch_limit_makes_a_split_meet_the_tpot_limit(tmp_path: Path) -> None:
+    """At TPOT <= 35 ms the decode servers meet the limit only with a batch limit: the
+    largest one that meets it, written as [trtllm.generation] max_batch_size (per attention
+    rank); the row compiles and explains to itself, and one more request per rank misses."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["workload"]["slo"]["tpot_ms"] = 35
+    rows = _tuned_with(tmp_path, data)
+    limited = [
+        r
+        for r in rows
+        if r["mode"] == "disaggregated" and "max_batch_size" in r["spec"]["trtllm"]["generation"]
+    ]
+    assert limited
+    for i, row in enumerate(limited):
+        limit = row["spec"]["trtllm"]["generation"]["max_batch_size"]
+        decode = row["roles"]["decode"]
+        assert decode["max_batch"] == limit * decode["dp"]  # the running batch, at the limit
+        assert row["meets_slo"] and row["predicted"]["binding"] == "batch limit"
+        predicted = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: predicted[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+        more = json.loads(json.dumps(row["spec"]))
+        more["trtllm"]["generation"]["max_batch_size"] = limit + 1
+        assert _explained(tmp_path, more, f"row{i}-more")["predicted"]["tpot_ms"] > 35
+
+
+def test_limits_the_spec_sets_are_kept_on_the_roles(tmp_path: Path) -> None:
+    """[trtllm] max_num_tokens and max_batch_size hold for the context and generation
+    servers too: the search keeps them there."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["trtllm"].update(max_num_tokens=4096, max_batch_size=32)
+    rows = [r for r in _tuned_with(tmp_path, data) if r["mode"] == "disaggregated"]
+    assert rows
+    for row in rows:
+        assert row["roles"]["prefill"]["step_tokens"] == 4096
+        assert row["roles"]["decode"]["step_tokens"] == 4096
+        assert row["roles"]["decode"]["max_batch"] <= 32 * row["roles"]["decode"]["dp"]
+        table = row["spec"]["trtllm"]
+        assert table["max_num_tokens"] == 4096 and table["max_batch_size"] == 32
+        for role in ("context", "generation"):
+            assert table[role].get("max_num_tokens", 4096) == 4096
+            assert table[role].get("max_batch_size", 32) == 32
+
+
+def test_vllm_disagg_role_limits_are_written_as_each_roles_flags(tmp_path: Path) -> None:
+    """vllm_disagg: the prefill engines' budget as --max-num-batched-tokens in
+    [vllm_disagg.prefill] args, the decode engines' limit as --max-num-seqs in
+    [vllm_disagg.decode] args; the rows explain to themselves."""
+    data = _as_launcher("vllm_disagg", 2)
+    data["workload"]["slo"]["tpot_ms"] = 35
+    rows = _tuned_with(tmp_path, data, top=6)
+    assert rows
+    limited = 0
+    for i, row in enumerate(rows):
+        prefill = row["spec"]["vllm_disagg"]["prefill"]["args"]
+        budget = prefill[prefill.index("--max-num-batched-tokens") + 1]
+        assert int(budget) == row["roles"]["prefill"]["step_tokens"]
+        decode = row["spec"]["vllm_disagg"]["decode"]
+        if "--max-num-seqs" in decode["args"]:
+            limited += 1
+            cap = int(decode["args"][decode["args"].index("--max-num-seqs") + 1])
+            assert row["roles"]["decode"]["max_batch"] == cap * decode["data_parallel_size"]
+        predicted = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: predicted[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+    assert limited

@@ -400,6 +400,25 @@ def predict(
     """The deployment's TTFT, TPOT and throughput under ``workload``. A search passes one
     ``cache`` for all its deployments of one model, accelerator, engine and workload: a
     server's costs do not depend on how many of it there are."""
+    servers = _servers(shape, hw, dep, workload, constants, cache)
+    if any(s.capacity_seqs < 1 for s in servers):
+        return _unfit(servers)
+    if len(servers) == 1:
+        return _aggregated(servers[0], workload)
+    prefill = next(s for s in servers if s.role.name in PREFILL_ROLES)
+    decode = next(s for s in servers if s.role.name in DECODE_ROLES)
+    return _disaggregated(prefill, decode, workload)
+
+
+def _servers(
+    shape: Shape,
+    hw: Accelerator,
+    dep: Deployment,
+    workload: WorkloadTable,
+    constants: Constants,
+    cache: dict[Any, _Server] | None,
+) -> list[_Server]:
+    """The deployment's roles' servers, from ``cache`` where it has them."""
     servers = []
     for r in dep.roles:
         key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch, r.step_tokens)
@@ -409,13 +428,22 @@ def predict(
             if cache is not None:
                 cache[key] = found
         servers.append(found if found.role == r else attrs.evolve(found, role=r))
-    if any(s.capacity_seqs < 1 for s in servers):
-        return _unfit(servers)
-    if len(servers) == 1:
-        return _aggregated(servers[0], workload)
-    prefill = next(s for s in servers if s.role.name in PREFILL_ROLES)
-    decode = next(s for s in servers if s.role.name in DECODE_ROLES)
-    return _disaggregated(prefill, decode, workload)
+    return servers
+
+
+def prefill_seconds(
+    shape: Shape,
+    hw: Accelerator,
+    dep: Deployment,
+    workload: WorkloadTable,
+    constants: Constants = DEFAULT,
+    cache: dict[Any, _Server] | None = None,
+) -> float:
+    """Seconds one server of the deployment's first role takes to prefill a prompt alone:
+    all a disaggregated prediction reads of the prefill role's step budget (its rate and
+    the TTFT)."""
+    (server, *_) = _servers(shape, hw, dep, workload, constants, cache)
+    return server.prefill(workload.input_tokens, workload.input_tokens)
 
 
 def _unfit(servers: list[_Server]) -> ServingPrediction:
@@ -599,8 +627,13 @@ def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPredictio
         binding = "queueing"
     wait = _mdl_wait(min(load, 0.999), service)
     tpot = d.decode_step(batch, ctx)
+    ttft = service + wait + transfer
+    if w.concurrency is not None:
+        # a closed loop holds ``concurrency`` requests: those past the decode servers'
+        # batches wait for their first token (Little's law), as in an aggregated server
+        ttft = max(ttft, (w.concurrency - decoders * batch) / rate)
     return ServingPrediction(
-        ttft_ms=(service + wait + transfer) * 1e3,
+        ttft_ms=ttft * 1e3,
         tpot_ms=tpot * 1e3,
         output_tokens_per_s_per_gpu=rate * out / gpus,
         output_tokens_per_s_per_user=1 / tpot,
@@ -678,12 +711,12 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
 
 def with_limits(role: Role, memory: ServingMemory) -> Role:
     """The role with the engine's per-step limits as the spec sets them: an aggregated
-    server's from the estimate's own, a disaggregated role's from its entry."""
-    if role.name == "server":
-        return attrs.evolve(role, max_batch=memory.max_batch, step_tokens=memory.step_tokens)
+    server's from the estimate's own, a disaggregated role's from its entry (a spec written
+    aggregated has none: its roles take the server's, as TensorRT-LLM's context and
+    generation servers take [trtllm]'s)."""
     limits = memory.roles.get(role.name)
-    if limits is None:
-        return role
+    if role.name == "server" or limits is None:
+        return attrs.evolve(role, max_batch=memory.max_batch, step_tokens=memory.step_tokens)
     return attrs.evolve(role, max_batch=limits.max_batch, step_tokens=limits.step_tokens)
 
 

@@ -10,21 +10,26 @@ from mdc.tune.serving_search import Candidate, Result
 
 # -- mdc tune's serving output -----------------------------------------------------------
 
-HEADER = (
-    f"{'#':>2}  {'deployment':<34} {'GPUs':>5} {'TTFT ms':>8} {'TPOT ms':>8} "
-    f"{'tok/s/user':>10} {'tok/s/GPU':>10} {'GiB/GPU':>8}  binding"
-)
+#: the deployment column's least width (labels past it widen it for the whole table)
+LABEL_WIDTH = 34
+
+
+def _header(width: int) -> str:
+    return (
+        f"{'#':>2}  {'deployment':<{width}} {'GPUs':>5} {'TTFT ms':>8} {'TPOT ms':>8} "
+        f"{'tok/s/user':>10} {'tok/s/GPU':>10} {'GiB/GPU':>8}  binding"
+    )
 
 
 def _memory(c: Candidate) -> float:
     return max(c.prediction.memory_gib.values())
 
 
-def _row(rank: int, c: Candidate) -> str:
+def _row(rank: int, c: Candidate, width: int) -> str:
     p = c.prediction
     mark = " (misses SLO)" if not c.meets_slo else " *" if c.pareto else ""
     return (
-        f"{rank:>2}  {c.label():<34} {c.deployment.gpus:>5} {_ms(p.ttft_ms):>8} "
+        f"{rank:>2}  {c.label():<{width}} {c.deployment.gpus:>5} {_ms(p.ttft_ms):>8} "
         f"{_ms(p.tpot_ms):>8} {p.output_tokens_per_s_per_user:>10.1f} "
         f"{p.output_tokens_per_s_per_gpu:>10.1f} {_memory(c):>8.1f}  {p.binding}{mark}"
     )
@@ -56,9 +61,10 @@ def text(result: Result) -> str:
     lines = [
         f"mdc tune (serving): {result.generated} deployments of {result.gpus} GPUs searched, "
         f"{result.fitting} fit memory; {_workload_words(result.workload)}",
-        HEADER,
     ]
-    lines += [_row(i + 1, c) for i, c in enumerate(result.rows)]
+    width = max([LABEL_WIDTH, *(len(c.label()) for c in result.rows)])
+    lines.append(_header(width))
+    lines += [_row(i + 1, c, width) for i, c in enumerate(result.rows)]
     if result.refused:
         refused = ", ".join(f"{code} x{n}" for code, n in sorted(result.refused.items()))
         lines.append(f"refused by the compiler: {refused}")

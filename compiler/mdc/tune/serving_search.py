@@ -38,6 +38,7 @@ from mdc.tune.serving_perf import (
     deployment_of,
     predict,
     predict_plan,
+    prefill_seconds,
     with_limits,
 )
 
@@ -179,6 +180,8 @@ def trtllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
             **({"pp_size": r.pp} if r.pp > 1 else {}),
             **({"ep_size": r.ep} if r.ep > 1 else {}),
             **({"enable_attention_dp": True} if r.dp > 1 else {}),
+            **({"max_batch_size": r.max_batch} if r.max_batch is not None else {}),
+            **({"max_num_tokens": r.step_tokens} if r.step_tokens is not None else {}),
         }
 
 
@@ -207,7 +210,12 @@ VLLM_LIMITS = FlagTable(
 def vllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
     (r,) = roles
     data["parallelism"] = {"tp": r.tp, "dp": r.dp, **({"ep": r.ep} if r.ep > 1 else {})}
-    table = data.setdefault("vllm", {})
+    _write_limits(data.setdefault("vllm", {}), r)
+
+
+def _write_limits(table: dict[str, Any], r: Role) -> None:
+    """The role's per-step limits as vLLM flags at the end of ``table``'s args (the copies
+    there replaced)."""
     args = list(table.get("args", []))
     _, uses = VLLM_LIMITS.read(args)
     args = drop_flags(args, uses)
@@ -302,6 +310,7 @@ def vllm_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
                 "enable_expert_parallel": r.ep > 1,
             }
         )
+        _write_limits(own, r)
 
 
 #: (GPUs, GPUs per node, the model's experts) -> deployments (disaggregated: templates)
@@ -424,9 +433,10 @@ class ServingTuner:
             capacity = written.capacity / GIB
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
+        budgeted: dict[Role, Role] = {}
 
-        def candidate(roles: tuple[Role, ...]) -> Candidate:
-            dep = Deployment(
+        def deployment(roles: tuple[Role, ...]) -> Deployment:
+            return Deployment(
                 launcher=launcher,
                 roles=roles,
                 share=share,
@@ -435,10 +445,18 @@ class ServingTuner:
                 capacity_gib=capacity,
                 nproc_per_node=nproc,
             )
+
+        def candidate(roles: tuple[Role, ...]) -> Candidate:
+            dep = deployment(roles)
             prediction = predict(shape, hw, dep, workload, self.constants, cache)
             return Candidate(
                 deployment=dep, prediction=prediction, meets_slo=meets(prediction, workload)
             )
+
+        def seconds(role: Role) -> float:
+            """A server's seconds to prefill one prompt alone."""
+            dep = deployment((role,))
+            return prefill_seconds(shape, hw, dep, workload, self.constants, cache)
 
         def fits(role: Role) -> bool:
             """Whether one such server holds its weights and one request's KV cache."""
@@ -470,6 +488,10 @@ class ServingTuner:
                     yield from _batch_limits(whole, workload, candidate)
                 continue
             p, d = roles
+            if launcher in ROLE_LIMITS and p.step_tokens is None:
+                if p not in budgeted:  # a prefill server's budget is every pairing's
+                    budgeted[p] = self._prefill_budget(p, launcher, seconds, fits)
+                p = budgeted[p]
             budget = gpus  # the router runs beside a server, on no GPU of its own
             counts = [
                 k
@@ -481,7 +503,28 @@ class ServingTuner:
                 rest = (budget - k * p.gpus) // d.gpus
                 return candidate((attrs.evolve(p, servers=k), attrs.evolve(d, servers=rest)))
 
-            yield from _split_search(counts, split)
+            splits = _split_search(counts, split)
+            yield from splits
+            if launcher in ROLE_LIMITS and d.max_batch is None and splits:
+                yield from _decode_limits(counts, splits, workload, split)
+
+    def _prefill_budget(
+        self, p: Role, launcher: str, seconds: Callable[[Role], float], fits: Callable[[Role], bool]
+    ) -> Role:
+        """The prefill role at the step budget that prefills a prompt soonest (fewer steps:
+        fewer weight reads and step overheads), the smaller on a tie (its activations take
+        less of the cache). A disaggregated prediction reads the prefill budget only through
+        that time (the prefill servers' rate and the TTFT), so this budget is every split's
+        and every decode server's best; the others count as searched."""
+        tried = [
+            attrs.evolve(p, step_tokens=b)
+            for b in _budgets(launcher, p, self.constants)
+            if fits(attrs.evolve(p, step_tokens=b))
+        ]
+        if not tried:
+            return p
+        self.unfit += len(tried) - 1
+        return min(tried, key=lambda r: (seconds(r), r.step_tokens or 0))
 
     def curves(self, result: Result, families: int = 8) -> list[tuple[Candidate, list[Candidate]]]:
         """The best deployment of each of the first ``families`` families (by throughput
@@ -571,6 +614,10 @@ class ServingTuner:
 
 #: launchers whose aggregated servers' running batch the search limits (and writes)
 BATCH_LIMITS = frozenset({"trtllm", "vllm"})
+#: disaggregated launchers whose per-role limits the search tries and writes: the
+#: prefill role's step budget, the decode role's batch limit (TensorRT-LLM's context and
+#: generation tables, vLLM's prefill and decode args)
+ROLE_LIMITS = frozenset({"trtllm", "vllm_disagg"})
 #: the per-step token budgets the search tries on an aggregated server that the spec leaves
 #: open (vLLM --max-num-batched-tokens, TensorRT-LLM max_num_tokens; 8192 is both
 #: engines' default): a bigger one prefills a prompt in fewer steps (TTFT) but its
@@ -582,9 +629,9 @@ def _budgets(launcher: str, role: Role, c: Constants) -> tuple[int | None, ...]:
     """The budgets to try: the spec's own where it sets one, else :data:`STEP_BUDGETS`
     where the launcher's search writes them; vLLM's none below its request cap, which it
     refuses (MDC625)."""
-    if role.step_tokens is not None or launcher not in BATCH_LIMITS:
+    if role.step_tokens is not None or launcher not in BATCH_LIMITS | ROLE_LIMITS:
         return (role.step_tokens,)
-    if launcher == "vllm":
+    if launcher.startswith("vllm"):
         cap = role.max_batch or c.max_batch.get(launcher, 1024)
         return tuple(b for b in STEP_BUDGETS if b >= cap) or (None,)
     return STEP_BUDGETS
@@ -618,6 +665,40 @@ def _batch_limits(
         else:
             high = mid - 1
     yield limited(low)
+
+
+def _decode_limits(
+    counts: list[int],
+    splits: list[Candidate],
+    workload: WorkloadTable,
+    split: Callable[..., Candidate],
+) -> Iterator[Candidate]:
+    """Where the best split misses the TPOT limit only for its decode batch: the largest
+    decode batch limit (per attention rank) that meets it, and the splits searched again
+    under it (the requests past it wait for a decode slot: TTFT)."""
+    slo = workload.slo
+    best = min(splits, key=lambda c: c.key)
+    if slo is None or slo.tpot_ms is None or best.prediction.tpot_ms <= slo.tpot_ms:
+        return
+    p, d = best.deployment.roles
+    per_rank = best.prediction.batch.get("decode", 0) // d.dp
+    k = p.servers
+
+    def limited(n: int, k: int = k) -> Candidate:
+        return split(k, attrs.evolve(p, servers=0), attrs.evolve(d, servers=0, max_batch=n))
+
+    if per_rank < 2 or limited(1).prediction.tpot_ms > slo.tpot_ms:
+        return
+    low, high = 1, per_rank - 1
+    if best.deployment.launcher.startswith("vllm") and d.step_tokens is not None:
+        high = min(high, d.step_tokens)  # vLLM refuses a cap above its budget (MDC625)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if limited(mid).prediction.tpot_ms <= slo.tpot_ms:
+            low = mid
+        else:
+            high = mid - 1
+    yield from _split_search(counts, lambda k: limited(low, k))
 
 
 def pareto_front(candidates: list[Candidate]) -> list[Candidate]:
