@@ -155,8 +155,13 @@ def check_launch(
         assert config.rdzv_backend == ("static" if static else "c10d")
     if static:
         shown = plan["worker_env"]["MASTER_PORT"]
-        if plan["rendezvous"]["port_origin"] == "derived":  # chosen when the launch starts
-            assert "MDC_LAUNCH_ID" in shown and str(port) in shown
+        if plan["rendezvous"]["port_origin"] == "derived":
+            # chosen when the launch starts where mdc's scripts start the nodes; fixed in the
+            # manifests on the Kubernetes backends
+            if plan["backend"] in ("local", "slurm", "ssh"):
+                assert "MDC_LAUNCH_ID" in shown and str(port) not in shown, shown
+            else:
+                assert shown == f"{port}, hashed from the job name, fixed in the manifests"
         else:
             assert shown == str(port)
 
