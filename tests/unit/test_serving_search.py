@@ -418,24 +418,43 @@ def test_limits_the_spec_sets_are_kept_on_the_roles(tmp_path: Path) -> None:
             assert table[role].get("max_batch_size", 32) == 32
 
 
-def test_vllm_disagg_role_limits_are_written_as_each_roles_flags(tmp_path: Path) -> None:
-    """vllm_disagg: the prefill engines' budget as --max-num-batched-tokens in
-    [vllm_disagg.prefill] args, the decode engines' limit as --max-num-seqs in
-    [vllm_disagg.decode] args; the rows explain to themselves."""
-    data = _as_launcher("vllm_disagg", 2)
+#: each disaggregated launcher's flags for the prefill budget and the decode batch limit
+ROLE_FLAGS = {
+    "vllm_disagg": ("--max-num-batched-tokens", "--max-num-seqs"),
+    "sglang_disagg": ("--chunked-prefill-size", "--max-running-requests"),
+}
+
+
+def _ranks(launcher: str, role: dict[str, Any]) -> int:
+    """SGLang divides its limits over the DP attention ranks (vLLM's are each engine's)."""
+    if launcher == "sglang_disagg" and role.get("enable_dp_attention"):
+        return int(role["dp_size"])
+    return 1
+
+
+@pytest.mark.parametrize("launcher", ["vllm_disagg", "sglang_disagg"])
+def test_role_limits_are_written_as_each_roles_flags(tmp_path: Path, launcher: str) -> None:
+    """The prefill engines' budget in [LAUNCHER.prefill] args, the decode engines' batch
+    limit in [LAUNCHER.decode] args (SGLang's times its DP attention ranks); the rows
+    explain to themselves."""
+    data = _as_launcher(launcher, 2)
     data["workload"]["slo"]["tpot_ms"] = 35
     rows = _tuned_with(tmp_path, data, top=6)
     assert rows
+    budget_flag, cap_flag = ROLE_FLAGS[launcher]
     limited = 0
     for i, row in enumerate(rows):
-        prefill = row["spec"]["vllm_disagg"]["prefill"]["args"]
-        budget = prefill[prefill.index("--max-num-batched-tokens") + 1]
-        assert int(budget) == row["roles"]["prefill"]["step_tokens"]
-        decode = row["spec"]["vllm_disagg"]["decode"]
-        if "--max-num-seqs" in decode["args"]:
+        prefill = row["spec"][launcher]["prefill"]
+        budget = int(prefill["args"][prefill["args"].index(budget_flag) + 1])
+        assert budget == row["roles"]["prefill"]["step_tokens"] * _ranks(launcher, prefill)
+        decode = row["spec"][launcher]["decode"]
+        if cap_flag in decode.get("args", []):
             limited += 1
-            cap = int(decode["args"][decode["args"].index("--max-num-seqs") + 1])
-            assert row["roles"]["decode"]["max_batch"] == cap * decode["data_parallel_size"]
+            cap = int(decode["args"][decode["args"].index(cap_flag) + 1])
+            # the running batch at the limit: the whole server's
+            per_engine = cap // _ranks(launcher, decode)
+            engines = row["roles"]["decode"]["dp"]
+            assert row["roles"]["decode"]["max_batch"] == per_engine * engines
         predicted = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
         assert {k: predicted[k] for k in PREDICTED_KEYS} == {
             k: row["predicted"][k] for k in PREDICTED_KEYS

@@ -213,16 +213,23 @@ def vllm_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
     _write_limits(data.setdefault("vllm", {}), r)
 
 
-def _write_limits(table: dict[str, Any], r: Role) -> None:
-    """The role's per-step limits as vLLM flags at the end of ``table``'s args (the copies
-    there replaced)."""
+def _write_limits(table: dict[str, Any], r: Role, flags: FlagTable = VLLM_LIMITS) -> None:
+    """The role's per-step limits as the engine's ``flags`` at the end of ``table``'s args
+    (the copies there replaced); SGLang's per DP attention rank, times the ranks (it divides
+    them by --dp-size)."""
     args = list(table.get("args", []))
-    _, uses = VLLM_LIMITS.read(args)
+    _, uses = flags.read(args)
     args = drop_flags(args, uses)
-    if r.max_batch is not None:
-        args += ["--max-num-seqs", str(r.max_batch)]
-    if r.step_tokens is not None:
-        args += ["--max-num-batched-tokens", str(r.step_tokens)]
+    sglang = flags is SGLANG_LIMITS
+    ranks = r.dp if sglang else 1
+    names = (
+        ("--max-running-requests", "--chunked-prefill-size")
+        if sglang
+        else ("--max-num-seqs", "--max-num-batched-tokens")
+    )
+    for name, value in zip(names, (r.max_batch, r.step_tokens), strict=True):
+        if value is not None:
+            args += [name, str(value * ranks)]
     if args:
         table["args"] = args
 
@@ -283,6 +290,15 @@ def _split_keys(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
             dist[f"{r.name}_gpus"] = gpus
 
 
+#: SGLang's per-step limits as the search writes them into a role's args
+SGLANG_LIMITS = FlagTable(
+    [
+        KnownFlag(name="--max-running-requests", source="args", key="max_batch", nargs=1),
+        KnownFlag(name="--chunked-prefill-size", source="args", key="step_tokens", nargs=1),
+    ]
+)
+
+
 def sglang_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
     _split_keys(data, roles)
     table = data.setdefault("sglang_disagg", {})
@@ -296,6 +312,7 @@ def sglang_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
                 "ep_size": r.ep,
             }
         )
+        _write_limits(own, r, SGLANG_LIMITS)
 
 
 def vllm_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
@@ -617,7 +634,7 @@ BATCH_LIMITS = frozenset({"trtllm", "vllm"})
 #: disaggregated launchers whose per-role limits the search tries and writes: the
 #: prefill role's step budget, the decode role's batch limit (TensorRT-LLM's context and
 #: generation tables, vLLM's prefill and decode args)
-ROLE_LIMITS = frozenset({"trtllm", "vllm_disagg"})
+ROLE_LIMITS = frozenset({"trtllm", "vllm_disagg", "sglang_disagg"})
 #: the per-step token budgets the search tries on an aggregated server that the spec leaves
 #: open (vLLM --max-num-batched-tokens, TensorRT-LLM max_num_tokens; 8192 is both
 #: engines' default): a bigger one prefills a prompt in fewer steps (TTFT) but its
