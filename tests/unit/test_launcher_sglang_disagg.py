@@ -828,3 +828,30 @@ def test_two_nodes_run_their_servers_and_node_0_the_router(tmp_path: Path) -> No
         "http://node-b:30003",
     ]
     assert len(runs) == 5
+
+
+@pytest.mark.slow
+def test_an_argument_holding_a_line_break_reaches_the_server_as_written(tmp_path: Path) -> None:
+    """The node script's case indents its lines; a line break inside a quoted argument
+    is part of the argument, not a line of the script, and stays as written."""
+    name = "first line\nsecond line"
+    options = {"port": free_base(2), "server_args": ["--served-model-name", name]}
+    compiled = compile_(tmp_path, spec(2, 2, options))
+    root = write_tree(compiled, tmp_path / "out")
+    env = stand_in_path(tmp_path)
+    (tmp_path / "bin" / "python3").write_text(
+        '#!/usr/bin/env bash\nprintf \'%s\\0\' "$@" > "$RECORD_DIR/$SGLANG_DISAGG_ROLE-$BASHPID"\n',
+        encoding="utf-8",
+    )
+    subprocess.run(["bash", str(root / "local" / "run.sh")], env=env, check=True, timeout=60)
+    servers = [
+        argv
+        for argv in (
+            p.read_text(encoding="utf-8").split("\0")[:-1]
+            for p in Path(env["RECORD_DIR"]).iterdir()
+        )
+        if "sglang.launch_server" in argv
+    ]
+    assert len(servers) == 2  # a prefill server on node 0, a decode server on node 1
+    for argv in servers:
+        assert argv[argv.index("--served-model-name") + 1] == name

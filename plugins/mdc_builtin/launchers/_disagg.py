@@ -33,9 +33,24 @@ def node_cases(starts: dict[int, list[str]], rank: str) -> str:
     """A bash ``case`` over ``rank`` (a shell word, the node's rank): each node runs its
     start lines (each of one or more lines)."""
     cases = "\n".join(
-        f"  {node})\n"
-        + "".join(f"    {line}\n" for part in lines for line in part.split("\n"))
-        + "    ;;"
+        f"  {node})\n" + "".join(_indented(part, "    ") for part in lines) + "    ;;"
         for node, lines in starts.items()
     )
     return f"case {rank} in\n{cases}\nesac"
+
+
+def _indented(text: str, indent: str) -> str:
+    """``text`` and a line break, each line indented, but for a line break inside a quoted
+    word (an argument that holds one): indenting there would change the argument."""
+    out, quote, escaped = [indent], "", False
+    for char in text:
+        out.append(char)
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        elif char == "\n" and not quote:
+            out.append(indent)
+    return "".join(out) + "\n"
