@@ -755,3 +755,125 @@ def test_one_node_router_pointed_at_the_wrong_role_is_caught() -> None:
         "router --prefill http://127.0.0.1:30001 reaches a decode server",
         "router --decode http://127.0.0.1:30000 reaches a prefill server",
     ]
+
+
+def _trtllm_spec(tmp_path: Path, example: str, base: int, nnodes: int | None = None) -> Path:
+    """An example under examples/ as JSON, its servers' ports counted up from ``base``."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    data = tomllib.loads((root / "examples" / example).read_text("utf-8"))
+    data["trtllm"] |= {"port": base + 1, "router_port": base}
+    if nnodes is not None:  # every role's servers twice, one more node
+        data["distributed"] |= {"nnodes": nnodes, "backend": "slurm"}
+        for role in ("context", "generation"):
+            data["trtllm"][role]["servers"] *= nnodes
+    path = tmp_path / "trtllm.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _trtllm_runs(keep: Path) -> dict[int, list[dict[str, Any]]]:
+    records = mdc.rehearse.serving.read_records(keep / "rehearse")
+    return {n: [e for e in es if e["program"] == "trtllm-serve"] for n, es in records.items()}
+
+
+def test_trtllm_aggregated_replicas_play(tmp_path: Path) -> None:
+    """Eight tp-1 replicas on one node: each on its own GPU and port (the example's layout)."""
+    base = free_base(9)
+    spec = _trtllm_spec(tmp_path, "trtllm-llama33-70b-1x8.toml", base)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    keep = tmp_path / "out"
+    code = main(["rehearse", str(spec), "--keep", str(keep)], stdout=stdout, stderr=stderr)
+    assert code == 0, stdout.getvalue() + stderr.getvalue()
+    assert "rehearse: OK: trtllm on slurm, 1 node:" in stdout.getvalue()
+    runs = _trtllm_runs(keep)[0]
+    placed = sorted((e["argv"][-1], e["env"]["CUDA_VISIBLE_DEVICES"]) for e in runs)
+    assert placed == [(str(base + 1 + i), str(i)) for i in range(8)]
+    assert all("TRTLLM_DISAGG_ROLE" not in e["env"] for e in runs)
+
+
+@pytest.mark.parametrize("nnodes", [None, 2], ids=["1x8-example", "2x8"])
+def test_trtllm_disaggregated_plays(tmp_path: Path, nnodes: int | None) -> None:
+    """The disaggregated example on one node, and over two nodes (two servers of tp 4 a role):
+    the proxy's config lists every server where it really ran."""
+    base = free_base(6)
+    spec = _trtllm_spec(tmp_path, "trtllm-disagg-1x8.toml", base, nnodes)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    keep = tmp_path / "out"
+    code = main(["rehearse", str(spec), "--keep", str(keep)], stdout=stdout, stderr=stderr)
+    assert code == 0, stdout.getvalue() + stderr.getvalue()
+    runs = _trtllm_runs(keep)
+    (proxy,) = [e for e in runs[0] if e["argv"][0] == "disaggregated"]
+    assert proxy["env"]["TRTLLM_DISAGG_ROLE"] == "proxy"
+    servers = sorted(
+        (node, e["argv"][-1], e["env"]["TRTLLM_DISAGG_ROLE"], e["env"]["CUDA_VISIBLE_DEVICES"])
+        for node, entries in runs.items()
+        for e in entries
+        if e is not proxy
+    )
+    if nnodes is None:
+        assert servers == [
+            (0, str(base + 1), "context", "0,1,2,3"),
+            (0, str(base + 2), "generation", "4,5,6,7"),
+        ]
+        urls = [f"127.0.0.1:{base + 1}", f"127.0.0.1:{base + 2}"]
+    else:  # two servers a role: the context servers fill node 0, generation node 1
+        assert [s[:3] for s in servers] == [
+            (0, str(base + 1), "context"),
+            (0, str(base + 2), "context"),
+            (1, str(base + 3), "generation"),
+            (1, str(base + 4), "generation"),
+        ]
+        urls = [f"127.0.0.{1 + i // 2}:{base + 1 + i}" for i in range(4)]
+    from ruamel.yaml import YAML
+
+    config = YAML(typ="safe").load(proxy["config"])
+    assert config["port"] == base
+    half = len(urls) // 2
+    assert config["context_servers"] == {"num_instances": half, "urls": urls[:half]}
+    assert config["generation_servers"] == {"num_instances": half, "urls": urls[half:]}
+
+
+def test_trtllm_proxy_config_to_a_wrong_node_is_caught(tmp_path: Path, compiler: Compiler) -> None:
+    """Node 0 sees NODE_HOSTS in reverse: its config puts its own servers on node 1."""
+    base = free_base(6)
+    spec = _trtllm_spec(tmp_path, "trtllm-disagg-1x8.toml", base, 2)
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 0:
+            return env
+        return {**env, "NODE_HOSTS": " ".join(reversed(env["NODE_HOSTS"].split()))}
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
+    assert not outcome.ok
+    assert (
+        f"the proxy's context_servers ['127.0.0.2:{base + 1}', '127.0.0.2:{base + 2}'] reach "
+        f"(node, port) [(1, '{base + 1}'), (1, '{base + 2}')]; the context servers run at "
+        f"[(0, '{base + 1}'), (0, '{base + 2}')]" in outcome.findings
+    ), outcome.findings
+
+
+def test_trtllm_server_on_a_wrong_gpu_is_caught() -> None:
+    """The check reads the records: two servers on one GPU, one beside its planned GPUs."""
+    plan = {
+        "servers": [
+            {"role": "replica", "gpus": 1, "first_gpu": g, "port": 8000 + g, "nodes": [0]}
+            for g in (0, 1)
+        ]
+    }
+
+    def server(port: int, gpu: str) -> dict[str, Any]:
+        argv = ["m", "--tp_size", "1", "--pp_size", "1", "--port", str(port)]
+        return {"program": "trtllm-serve", "argv": argv, "env": {"CUDA_VISIBLE_DEVICES": gpu}}
+
+    from mdc.rehearse.trtllm import check_trtllm
+
+    found = check_trtllm(plan, {0: [server(8000, "0"), server(8001, "0")]}, ["127.0.0.1"])
+    assert found == [
+        "servers started (node, port, role, GPUs) [(0, '8000', 'replica', [0]), "
+        "(0, '8001', 'replica', [0])], the plan has [(0, '8000', 'replica', [0]), "
+        "(0, '8001', 'replica', [1])]"
+    ]

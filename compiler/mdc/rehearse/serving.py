@@ -3,14 +3,17 @@
 ``install_shims`` puts ``vllm``, ``ray``, ``python`` and ``python3`` first on the nodes'
 PATH. ``vllm ...``, ``ray ...``, ``python -m sglang.launch_server ...``, ``python -m
 sglang_router.launch_router ...``, ``python -m sglang.srt.disaggregation.mini_lb ...`` and
-``python .../toy_proxy_server.py ...`` (vllm_disagg's proxy) record their argv and environment (``serving/node-<k>.jsonl`` under the results) and exit
-0; the Ray head's readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs
+``python .../toy_proxy_server.py ...`` (vllm_disagg's proxy) and ``trtllm-serve ...`` (a
+TensorRT-LLM server, or ``trtllm-serve disaggregated -c CONFIG``, whose CONFIG is recorded
+too) record their argv and environment (``serving/node-<k>.jsonl`` under the results) and
+exit 0; the Ray head's readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs
 of the nodes that have run ``ray start`` so far; anything else runs the real interpreter.
 
 ``check`` then reads the records: each node ran the program of its plan role, and every
 address handed to a node (``--dist-init-addr``, ``--node-rank``, ray's ``--address`` and
 ``--node-ip-address``, ``VLLM_HOST_IP``, the router's ``--prefill``/``--decode`` URLs and
-bootstrap ports) points at a node that has the right role, by its loopback address.
+bootstrap ports, the URLs of trtllm's disaggregated config) points at a node that has the
+right role, by its loopback address.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ RECORDED_ENV = (
     "NCCL_INIT_ADDR",
     "SGLANG_DISAGG_ROLE",
     "VLLM_DISAGG_ROLE",
+    "TRTLLM_DISAGG_ROLE",
     "VLLM_NIXL_SIDE_CHANNEL_HOST",
     "VLLM_NIXL_SIDE_CHANNEL_PORT",
     "CUDA_VISIBLE_DEVICES",
@@ -48,11 +52,13 @@ RECORDED_MODULES = (
 ROUTERS = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
 #: vLLM's toy proxy (vllm_disagg), run as ``python[3] .../toy_proxy_server.py ...``
 VLLM_PROXY = "toy_proxy_server.py"
+#: TensorRT-LLM's server program (its disaggregated proxy is ``trtllm-serve disaggregated``)
+TRTLLM = "trtllm-serve"
 
 
 def install_shims(shims: Path, python: str) -> None:
     recorder = f"{shlex.quote(python)} -m mdc.rehearse.serving"
-    for name in ("vllm", "ray"):
+    for name in ("vllm", "ray", TRTLLM):
         _script(shims / name, f'exec {recorder} {name} "$@"')
     for name in ("python", "python3"):
         _script(
@@ -107,6 +113,10 @@ def record(program: str, argv: list[str]) -> int:
         "argv": argv,
         "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
     }
+    if program == TRTLLM and argv[:1] == ["disaggregated"]:
+        # the launch script writes the config into a temporary folder: keep what it said
+        config = _value(argv, "-c") or _value(argv, "--config_file")
+        entry["config"] = Path(config).read_text(encoding="utf-8") if config else None
     with (folder / f"node-{node}.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(entry, sort_keys=True) + "\n")
     port = _probed_port(program, argv)
@@ -255,6 +265,10 @@ def check(
         found += _check_vllm(plan, records, hosts, node_at)
     elif launcher == "vllm_disagg":
         found += _check_vllm_disagg(plan, records, hosts)
+    elif launcher == "trtllm":
+        from mdc.rehearse.trtllm import check_trtllm
+
+        found += check_trtllm(plan, records, hosts)
     return found
 
 
