@@ -758,12 +758,17 @@ def test_one_node_router_pointed_at_the_wrong_role_is_caught() -> None:
 
 
 def _trtllm_spec(tmp_path: Path, example: str, base: int, nnodes: int | None = None) -> Path:
-    """An example under examples/ as JSON, its servers' ports counted up from ``base``."""
+    """An example under examples/ as JSON, its servers' ports counted up from ``base`` (the
+    aggregated one's from ``base + 1``)."""
     import tomllib
 
     root = Path(__file__).resolve().parents[2]
     data = tomllib.loads((root / "examples" / example).read_text("utf-8"))
     data["trtllm"] |= {"port": base + 1, "router_port": base}
+    if nnodes is not None and "context" not in data["trtllm"]:  # one server over the nodes
+        data["distributed"]["nnodes"] = nnodes
+        data["parallelism"]["tp"] = nnodes * 8
+        nnodes = None
     if nnodes is not None:  # every role's servers twice, one more node
         data["distributed"] |= {"nnodes": nnodes, "backend": "slurm"}
         for role in ("context", "generation"):
@@ -873,7 +878,55 @@ def test_trtllm_server_on_a_wrong_gpu_is_caught() -> None:
 
     found = check_trtllm(plan, {0: [server(8000, "0"), server(8001, "0")]}, ["127.0.0.1"])
     assert found == [
-        "servers started (node, port, role, GPUs) [(0, '8000', 'replica', [0]), "
-        "(0, '8001', 'replica', [0])], the plan has [(0, '8000', 'replica', [0]), "
-        "(0, '8001', 'replica', [1])]"
+        "servers started (nodes, port, role, GPUs a node) [((0,), '8000', 'aggregated', [0]), "
+        "((0,), '8001', 'aggregated', [0])], the plan has [((0,), '8000', 'aggregated', [0]), "
+        "((0,), '8001', 'aggregated', [1])]"
     ]
+
+
+def test_trtllm_servers_over_nodes_play_as_srun_steps(tmp_path: Path) -> None:
+    """The 3-node disaggregated example (a generation server of tp 16 over nodes 1-2) and the
+    aggregated one as one tp-16 server over 2 nodes: each runs as its first node's srun step
+    over its nodes, a task a GPU, and the step's other node starts nothing itself."""
+    base = free_base(5)
+    for example, nnodes, step in (
+        ("trtllm-disagg-slurm-3x8.toml", None, (1, ["127.0.0.2", "127.0.0.3"], base + 3)),
+        ("trtllm-llama33-70b-1x8.toml", 2, (0, ["127.0.0.1", "127.0.0.2"], base + 1)),
+    ):
+        spec = _trtllm_spec(tmp_path, example, base, nnodes)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        keep = tmp_path / example
+        code = main(["rehearse", str(spec), "--keep", str(keep)], stdout=stdout, stderr=stderr)
+        assert code == 0, stdout.getvalue() + stderr.getvalue()
+        records = mdc.rehearse.serving.read_records(keep / "rehearse")
+        node, hosts, port = step
+        (srun,) = [e["argv"] for e in records[node] if e["program"] == "srun"]
+        assert f"--nodelist={','.join(hosts)}" in srun
+        assert "--ntasks-per-node=8" in srun and "--ntasks=16" in srun
+        assert srun[srun.index("trtllm-llmapi-launch") + 1] == "trtllm-serve"
+        assert srun[-2:] == ["--port", str(port)]
+        assert node + 1 not in records  # the step's second node runs only its tasks
+
+
+def test_trtllm_srun_step_over_the_wrong_nodes_is_caught(
+    tmp_path: Path, compiler: Compiler
+) -> None:
+    """Node 1 of the 3-node example sees NODE_HOSTS in reverse: its step reaches nodes 1 and
+    0, and node 2 starts nothing."""
+    base = free_base(5)
+    spec = _trtllm_spec(tmp_path, "trtllm-disagg-slurm-3x8.toml", base)
+
+    def reorder(index: int, env: dict[str, str]) -> dict[str, str]:
+        if index != 1:
+            return env
+        return {**env, "NODE_HOSTS": " ".join(reversed(env["NODE_HOSTS"].split()))}
+
+    outcome = rehearse(
+        spec, compiler, keep=tmp_path / "out", stderr=io.StringIO(), node_env_hook=reorder
+    )
+    assert not outcome.ok
+    assert any(
+        f"((1, 0), '{base + 3}', 'generation'" in f and "the plan has" in f
+        for f in outcome.findings
+    ), outcome.findings
+    assert "node 2 (127.0.0.3, role worker) started no server" in outcome.findings

@@ -396,7 +396,7 @@ def _play(
 
         records = serving_mod.read_records(results)
         findings = serving_mod.check(plan_data, records, [n.host for n in nodes])
-        missing = [n.index for n in nodes if n.index not in records]
+        missing = serving_mod.missing_nodes(plan_data, records, [n.host for n in nodes])
         kinds = []
     else:
         reports: dict[int, dict[str, Any]] = {}

@@ -1,13 +1,14 @@
 """Serving launchers in a rehearsal: the servers are shims that record, then checks.
 
-``install_shims`` puts ``vllm``, ``ray``, ``python`` and ``python3`` first on the nodes'
-PATH. ``vllm ...``, ``ray ...``, ``python -m sglang.launch_server ...``, ``python -m
+``install_shims`` puts ``vllm``, ``ray``, ``trtllm-serve``, ``srun``, ``python`` and
+``python3`` first on the nodes' PATH. ``vllm ...``, ``ray ...``, ``python -m sglang.launch_server ...``, ``python -m
 sglang_router.launch_router ...``, ``python -m sglang.srt.disaggregation.mini_lb ...`` and
-``python .../toy_proxy_server.py ...`` (vllm_disagg's proxy) and ``trtllm-serve ...`` (a
+``python .../toy_proxy_server.py ...`` (vllm_disagg's proxy), ``trtllm-serve ...`` (a
 TensorRT-LLM server, or ``trtllm-serve disaggregated -c CONFIG``, whose CONFIG is recorded
-too) record their argv and environment (``serving/node-<k>.jsonl`` under the results) and
-exit 0; the Ray head's readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs
-of the nodes that have run ``ray start`` so far; anything else runs the real interpreter.
+too) and ``srun ...`` (the step trtllm starts a server over nodes with) record their argv and
+environment (``serving/node-<k>.jsonl`` under the results) and exit 0; the Ray head's
+readiness poll (``python3 -c 'import ray ...'``) is answered with the GPUs of the nodes that
+have run ``ray start`` so far; anything else runs the real interpreter.
 
 ``check`` then reads the records: each node ran the program of its plan role, and every
 address handed to a node (``--dist-init-addr``, ``--node-rank``, ray's ``--address`` and
@@ -58,7 +59,7 @@ TRTLLM = "trtllm-serve"
 
 def install_shims(shims: Path, python: str) -> None:
     recorder = f"{shlex.quote(python)} -m mdc.rehearse.serving"
-    for name in ("vllm", "ray", TRTLLM):
+    for name in ("vllm", "ray", TRTLLM, "srun"):
         _script(shims / name, f'exec {recorder} {name} "$@"')
     for name in ("python", "python3"):
         _script(
@@ -214,6 +215,19 @@ def _role_of(plan: dict[str, Any], node: int) -> str | None:
     return None
 
 
+def missing_nodes(
+    plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str]
+) -> list[int]:
+    """The nodes that started nothing: not a node whose part is another node's srun step
+    (trtllm's server over nodes), which starts its tasks there."""
+    covered: set[int] = set()
+    if plan["launcher"] == "trtllm":
+        from mdc.rehearse.trtllm import step_nodes
+
+        covered = step_nodes(records, hosts)
+    return [n for n in range(len(hosts)) if not records.get(n) and n not in covered]
+
+
 def check(
     plan: dict[str, Any], records: dict[int, list[dict[str, Any]]], hosts: list[str]
 ) -> list[str]:
@@ -230,11 +244,8 @@ def check(
             return None
         return where[host]
 
-    for node in range(len(hosts)):
-        if not records.get(node):
-            found.append(
-                f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no server"
-            )
+    for node in missing_nodes(plan, records, hosts):
+        found.append(f"node {node} ({hosts[node]}, role {_role_of(plan, node)}) started no server")
     launcher = plan["launcher"]
     if launcher == "sglang_disagg" and (plan.get("disagg") or {}).get("unit") == "gpus":
         found += _check_disagg_shared(plan, records, hosts)
