@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from mdc.rehearse.argv import flag_value
+from mdc.rehearse.trtllm import TRTLLM, check_trtllm, step_nodes
+
 RECORDED_ENV = (
     "NODE_RANK",
     "MASTER_ADDR",
@@ -53,8 +56,6 @@ RECORDED_MODULES = (
 ROUTERS = ("sglang_router.launch_router", "sglang.srt.disaggregation.mini_lb")
 #: vLLM's toy proxy (vllm_disagg), run as ``python[3] .../toy_proxy_server.py ...``
 VLLM_PROXY = "toy_proxy_server.py"
-#: TensorRT-LLM's server program (its disaggregated proxy is ``trtllm-serve disaggregated``)
-TRTLLM = "trtllm-serve"
 
 
 def install_shims(shims: Path, python: str) -> None:
@@ -104,7 +105,7 @@ def record(program: str, argv: list[str]) -> int:
                 entry = json.loads(line)
                 args = entry["argv"]
                 if entry["program"] == "ray" and args[:1] == ["start"]:
-                    total += int(_value(args, "--num-gpus") or 0)
+                    total += int(flag_value(args, "--num-gpus") or 0)
         print(total)
         return 0
     node = os.environ.get("MDC_REHEARSE_NODE", "unknown")
@@ -116,7 +117,7 @@ def record(program: str, argv: list[str]) -> int:
     }
     if program == TRTLLM and argv[:1] == ["disaggregated"]:
         # the launch script writes the config into a temporary folder: keep what it said
-        config = _value(argv, "-c") or _value(argv, "--config_file")
+        config = flag_value(argv, "-c") or flag_value(argv, "--config_file")
         entry["config"] = Path(config).read_text(encoding="utf-8") if config else None
     with (folder / f"node-{node}.jsonl").open("a", encoding="utf-8") as out:
         out.write(json.dumps(entry, sort_keys=True) + "\n")
@@ -141,11 +142,11 @@ def _probed_port(program: str, argv: list[str]) -> int | None:
     sglang_head = (
         program == "python"
         and argv[1:2] == ["sglang.launch_server"]
-        and (_value(argv, "--node-rank") or "0") == "0"
+        and (flag_value(argv, "--node-rank") or "0") == "0"
     )
     if not (vllm_api or sglang_head):
         return None
-    return int(_value(argv, "--port") or DEFAULT_PORTS[program])
+    return int(flag_value(argv, "--port") or DEFAULT_PORTS[program])
 
 
 def _answer_health(port: int) -> int:
@@ -186,17 +187,6 @@ def read_records(results: Path) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
-def _value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` (``--flag V`` or ``--flag=V``); the last one wins, as argparse."""
-    found = None
-    for i, word in enumerate(argv):
-        if word == flag and i + 1 < len(argv):
-            found = argv[i + 1]
-        elif word.startswith(flag + "="):
-            found = word[len(flag) + 1 :]
-    return found
-
-
 def _server(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The node's server invocation (vllm serve, sglang's server or router)."""
     for entry in records:
@@ -222,8 +212,6 @@ def missing_nodes(
     (trtllm's server over nodes), which starts its tasks there."""
     covered: set[int] = set()
     if plan["launcher"] == "trtllm":
-        from mdc.rehearse.trtllm import step_nodes
-
         covered = step_nodes(records, hosts)
     return [n for n in range(len(hosts)) if not records.get(n) and n not in covered]
 
@@ -259,7 +247,7 @@ def check(
                 continue
             argv = server["argv"]
             if plan["nnodes"] > 1:
-                init = _value(argv, "--dist-init-addr") or ""
+                init = flag_value(argv, "--dist-init-addr") or ""
                 host, _, port = init.rpartition(":")
                 if node_at(host, "--dist-init-addr's host", node) not in (0, None):
                     found.append(f"node {node}: --dist-init-addr {init} is not node 0")
@@ -268,17 +256,15 @@ def check(
                         f"node {node}: --dist-init-addr port {port}, the plan's "
                         f"master port is {plan['rendezvous']['master_port']}"
                     )
-                if _value(argv, "--node-rank") != str(node):
-                    found.append(f"node {node}: --node-rank is {_value(argv, '--node-rank')}")
-                if _value(argv, "--nnodes") != str(plan["nnodes"]):
-                    found.append(f"node {node}: --nnodes is {_value(argv, '--nnodes')}")
+                if flag_value(argv, "--node-rank") != str(node):
+                    found.append(f"node {node}: --node-rank is {flag_value(argv, '--node-rank')}")
+                if flag_value(argv, "--nnodes") != str(plan["nnodes"]):
+                    found.append(f"node {node}: --nnodes is {flag_value(argv, '--nnodes')}")
     elif launcher == "vllm":
         found += _check_vllm(plan, records, hosts, node_at)
     elif launcher == "vllm_disagg":
         found += _check_vllm_disagg(plan, records, hosts)
     elif launcher == "trtllm":
-        from mdc.rehearse.trtllm import check_trtllm
-
         found += check_trtllm(plan, records, hosts)
     return found
 
@@ -304,7 +290,7 @@ def _check_vllm(
             found.append(f"node {node}: ran 'ray start' {len(starts)} times")
             continue
         argv = starts[0]["argv"]
-        ip = _value(argv, "--node-ip-address")
+        ip = flag_value(argv, "--node-ip-address")
         at = node_at(ip, "ray --node-ip-address", node)
         if at not in (node, None):
             found.append(f"node {node}: ray --node-ip-address {ip} is node {at}'s address")
@@ -314,20 +300,20 @@ def _check_vllm(
         if node == 0:
             if "--head" not in argv:
                 found.append("node 0: ray start without --head")
-            head_port = _value(argv, "--port")
+            head_port = flag_value(argv, "--port")
             head = servers.get(0)
             if head is None:
                 found.append("node 0 (the Ray head) did not start vllm serve")
             elif "ray" not in (
-                _value(head["argv"], "--distributed-executor-backend"),
-                _value(head["argv"], "--data-parallel-backend"),
+                flag_value(head["argv"], "--distributed-executor-backend"),
+                flag_value(head["argv"], "--data-parallel-backend"),
             ):
                 found.append(
                     "node 0: vllm serve without --distributed-executor-backend ray (one "
                     "engine) or --data-parallel-backend ray (engines over nodes)"
                 )
         else:
-            address = _value(argv, "--address") or ""
+            address = flag_value(argv, "--address") or ""
             host, _, port = address.rpartition(":")
             if node_at(host, "ray --address's host", node) not in (0, None):
                 found.append(f"node {node}: ray --address {address} is not the head (node 0)")
@@ -346,19 +332,19 @@ def _check_vllm_dp(
     """Data parallel over nodes: node 0 serves, the others run headless engines at node 0."""
     found: list[str] = []
     first = servers.get(0)
-    if first is None or _value(first["argv"], "--data-parallel-size-local") is None:
+    if first is None or flag_value(first["argv"], "--data-parallel-size-local") is None:
         return found  # replicas: independent servers
-    local = int(_value(first["argv"], "--data-parallel-size-local") or 0)
+    local = int(flag_value(first["argv"], "--data-parallel-size-local") or 0)
     for node, server in sorted(servers.items()):
         if server is None:
             continue
         argv = server["argv"]
-        address = _value(argv, "--data-parallel-address")
+        address = flag_value(argv, "--data-parallel-address")
         if node_at(address, "--data-parallel-address", node) not in (0, None):
             found.append(f"node {node}: --data-parallel-address {address} is not node 0")
-        if _value(argv, "--data-parallel-rpc-port") != str(plan["rendezvous"]["master_port"]):
+        if flag_value(argv, "--data-parallel-rpc-port") != str(plan["rendezvous"]["master_port"]):
             found.append(
-                f"node {node}: --data-parallel-rpc-port {_value(argv, '--data-parallel-rpc-port')}"
+                f"node {node}: --data-parallel-rpc-port {flag_value(argv, '--data-parallel-rpc-port')}"
                 f", the plan's master port is {plan['rendezvous']['master_port']}"
             )
         if server["env"].get("VLLM_HOST_IP") != hosts[node]:
@@ -366,7 +352,7 @@ def _check_vllm_dp(
                 f"node {node}: VLLM_HOST_IP is {server['env'].get('VLLM_HOST_IP')!r}, its "
                 f"address is {hosts[node]}"
             )
-        start = _value(argv, "--data-parallel-start-rank")
+        start = flag_value(argv, "--data-parallel-start-rank")
         headless = "--headless" in argv
         if node == 0 and (headless or start is not None):
             found.append("node 0 (the API server) runs headless or with a start rank")
@@ -383,15 +369,15 @@ def _check_server_nodes(
 ) -> list[str]:
     """A server over several nodes: its nodes agree on its size, rank and first node."""
     found: list[str] = []
-    size = int(_value(argv, "--nnodes") or 1)
+    size = int(flag_value(argv, "--nnodes") or 1)
     if size == 1:
         return found
     (first_of_role,) = [r["first_node"] for r in plan["roles"] if r["name"] == role]
     first = first_of_role + (node - first_of_role) // size * size
-    rank = _value(argv, "--node-rank")
+    rank = flag_value(argv, "--node-rank")
     if rank != str(node - first):
         found.append(f"node {node} ({role}): --node-rank {rank}, its server starts at node {first}")
-    init = _value(argv, "--dist-init-addr") or ""
+    init = flag_value(argv, "--dist-init-addr") or ""
     host, _, _port = init.rpartition(":")
     at = node_at(host, "--dist-init-addr's host", node)
     if at not in (first, None):
@@ -423,7 +409,7 @@ def _check_disagg(
         seen_role = server["env"].get("SGLANG_DISAGG_ROLE")
         if seen_role != role:
             found.append(f"node {node}: SGLANG_DISAGG_ROLE is {seen_role!r}, plan role {role!r}")
-        mode = _value(argv, "--disaggregation-mode")
+        mode = flag_value(argv, "--disaggregation-mode")
         if mode != role:
             found.append(f"node {node} ({role}) runs --disaggregation-mode {mode}")
         found += _check_server_nodes(plan, node, str(role), argv, node_at)
@@ -448,14 +434,14 @@ def _check_disagg(
                 f"{_role_of(plan, node)}"
             )
         target = servers.get(node)
-        if target is not None and str(url.port) != _value(target["argv"], "--port"):
+        if target is not None and str(url.port) != flag_value(target["argv"], "--port"):
             found.append(
                 f"router {word} {argv[i + 1]}: node {node} serves on port "
-                f"{_value(target['argv'], '--port')}"
+                f"{flag_value(target['argv'], '--port')}"
             )
         if kind == "prefill" and target is not None:
             bootstrap = argv[i + 2] if i + 2 < len(argv) and argv[i + 2].isdigit() else None
-            theirs = _value(target["argv"], "--disaggregation-bootstrap-port")
+            theirs = flag_value(target["argv"], "--disaggregation-bootstrap-port")
             if bootstrap != theirs:
                 found.append(
                     f"router --prefill {argv[i + 1]}: bootstrap port {bootstrap}, "
@@ -467,7 +453,7 @@ def _check_disagg(
             n
             for n in range(len(hosts))
             if _role_of(plan, n) == kind
-            and _value(servers.get(n, {}).get("argv", []), "--node-rank") in (None, "0")
+            and flag_value(servers.get(n, {}).get("argv", []), "--node-rank") in (None, "0")
         ]
         if sorted(pointed[kind]) != wanted:
             found.append(
@@ -479,9 +465,9 @@ def _check_disagg(
 
 def _gpus_of(argv: list[str]) -> range:
     """The GPUs an SGLang server takes from --base-gpu-id: tp, times dp without DP attention."""
-    tp = int(_value(argv, "--tp-size") or 1)
-    dp = 1 if "--enable-dp-attention" in argv else int(_value(argv, "--dp-size") or 1)
-    base = int(_value(argv, "--base-gpu-id") or 0)
+    tp = int(flag_value(argv, "--tp-size") or 1)
+    dp = 1 if "--enable-dp-attention" in argv else int(flag_value(argv, "--dp-size") or 1)
+    base = int(flag_value(argv, "--base-gpu-id") or 0)
     return range(base, base + tp * dp)
 
 
@@ -508,7 +494,7 @@ def _check_disagg_shared(
             if argv[1] != "sglang.launch_server":
                 continue
             role = entry["env"].get("SGLANG_DISAGG_ROLE")
-            mode, port = _value(argv, "--disaggregation-mode"), _value(argv, "--port") or ""
+            mode, port = flag_value(argv, "--disaggregation-mode"), flag_value(argv, "--port") or ""
             if role != mode:
                 found.append(f"server on port {port}: SGLANG_DISAGG_ROLE {role!r}, mode {mode!r}")
             if port in by_port:
@@ -529,7 +515,7 @@ def _check_disagg_shared(
         (s["role"], str(s["port"]), s["nodes"][0]) for s in plan["servers"] if s["gpus"]
     )
     ran = sorted(
-        (_value(e["argv"], "--disaggregation-mode") or "", port, node)
+        (flag_value(e["argv"], "--disaggregation-mode") or "", port, node)
         for port, (node, e) in by_port.items()
     )
     if ran != planned:
@@ -558,10 +544,10 @@ def _check_disagg_shared(
                 f"port {url.port} runs on node {node}"
             )
         pointed.append(str(url.port))
-        mode = _value(entry["argv"], "--disaggregation-mode")
+        mode = flag_value(entry["argv"], "--disaggregation-mode")
         if word[2:] != mode:
             found.append(f"router {word} {argv[i + 1]} reaches a {mode} server")
-        theirs = _value(entry["argv"], "--disaggregation-bootstrap-port") or "8998"
+        theirs = flag_value(entry["argv"], "--disaggregation-bootstrap-port") or "8998"
         if bootstraps and word == "--prefill" and argv[i + 2 : i + 3] != [theirs]:
             found.append(
                 f"router --prefill {argv[i + 1]}: bootstrap port {argv[i + 2 : i + 3]}, the "
@@ -596,7 +582,7 @@ def _check_vllm_disagg(
                 continue
             found += _check_vllm_disagg_server(node, argv, env, hosts, where)
             if "--headless" not in argv:
-                served[(node, _value(argv, "--port") or "")] = env.get("VLLM_DISAGG_ROLE", "")
+                served[(node, flag_value(argv, "--port") or "")] = env.get("VLLM_DISAGG_ROLE", "")
     found += _check_vllm_disagg_node_resources(records, plan["nproc_per_node"])
     planned = sorted(
         (s["nodes"][0], str(s["port"]), s["role"]) for s in plan["servers"] if s["gpus"]
@@ -639,7 +625,7 @@ def _check_vllm_disagg_server(
     side = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
     if len(hosts) > 1 and side != hosts[node]:
         found.append(f"node {node}: VLLM_NIXL_SIDE_CHANNEL_HOST is {side!r}, not {hosts[node]}")
-    address = _value(argv, "--data-parallel-address")
+    address = flag_value(argv, "--data-parallel-address")
     if "--headless" in argv and where.get(address or "") is None:
         found.append(f"node {node}: headless engines reach {address!r}, which is no node")
     return found
@@ -659,8 +645,8 @@ def _check_vllm_disagg_node_resources(
                 continue
             visible = env.get("CUDA_VISIBLE_DEVICES")
             devices += [int(d) for d in visible.split(",")] if visible else []
-            local = int(_value(argv, "--data-parallel-size-local") or 0) or int(
-                _value(argv, "--data-parallel-size") or 1
+            local = int(flag_value(argv, "--data-parallel-size-local") or 0) or int(
+                flag_value(argv, "--data-parallel-size") or 1
             )
             base = int(env.get("VLLM_NIXL_SIDE_CHANNEL_PORT") or 0)
             sides += range(base, base + local)

@@ -15,7 +15,10 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from mdc.rehearse.serving import TRTLLM, _value
+from mdc.rehearse.argv import flag_value
+
+#: TensorRT-LLM's server program (its disaggregated proxy is ``trtllm-serve disaggregated``)
+TRTLLM = "trtllm-serve"
 
 #: a server's role when the launch script names none (an aggregated replica or server)
 AGGREGATED = "aggregated"
@@ -35,16 +38,18 @@ def _step(
     found: list[str] = []
     start = next((i for i, word in enumerate(argv) if not word.startswith("-")), len(argv))
     options, command = argv[:start], argv[start:]
-    listed = (_value(options, "--nodelist") or "").split(",")
+    listed = (flag_value(options, "--nodelist") or "").split(",")
     nodes = tuple(where.get(host, -1) for host in listed)
     if -1 in nodes or nodes[:1] != (node,):
         found.append(f"node {node}: srun --nodelist {listed} reaches nodes {list(nodes)}")
-    if _value(options, "--nodes") != str(len(listed)):
-        found.append(f"node {node}: srun --nodes {_value(options, '--nodes')}, nodelist {listed}")
-    per_node = int(_value(options, "--ntasks-per-node") or 0)
-    if _value(options, "--ntasks") != str(per_node * len(listed)):
+    if flag_value(options, "--nodes") != str(len(listed)):
         found.append(
-            f"node {node}: srun --ntasks {_value(options, '--ntasks')}, --ntasks-per-node "
+            f"node {node}: srun --nodes {flag_value(options, '--nodes')}, nodelist {listed}"
+        )
+    per_node = int(flag_value(options, "--ntasks-per-node") or 0)
+    if flag_value(options, "--ntasks") != str(per_node * len(listed)):
+        found.append(
+            f"node {node}: srun --ntasks {flag_value(options, '--ntasks')}, --ntasks-per-node "
             f"{per_node} on {len(listed)} nodes"
         )
     if command[:2] != [LLMAPI_LAUNCH, TRTLLM]:
@@ -59,7 +64,7 @@ def step_nodes(records: dict[int, list[dict[str, Any]]], hosts: list[str]) -> se
     for entries in records.values():
         for entry in entries:
             if entry["program"] == "srun":
-                listed = _value(entry["argv"], "--nodelist") or ""
+                listed = flag_value(entry["argv"], "--nodelist") or ""
                 reached |= {where[h] for h in listed.split(",") if h in where}
     return reached
 
@@ -85,8 +90,8 @@ def _ran_servers(
                 nodes, gpus = (node,), [int(d) for d in visible.split(",")] if visible else []
             else:
                 continue
-            port = _value(argv, "--port") or ""
-            size = int(_value(argv, "--tp_size") or 1) * int(_value(argv, "--pp_size") or 1)
+            port = flag_value(argv, "--port") or ""
+            size = int(flag_value(argv, "--tp_size") or 1) * int(flag_value(argv, "--pp_size") or 1)
             if len(gpus) * len(nodes) != size:
                 found.append(
                     f"node {node}: the server on port {port} takes GPUs {gpus} on "
