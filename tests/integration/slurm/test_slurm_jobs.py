@@ -260,11 +260,11 @@ def test_every_node_runs_its_role(jobs: Any, token: Any, tmp_path: Path) -> None
     finished = jobs.wait(jobs.submit(out, token.env(ROLE_LOG=str(log))), timeout=120)
     assert_completed(finished, token)
     lines = sorted(log.read_text().splitlines(), key=lambda line: int(line.split()[1]))
-    # 4 nodes: the proxy, max(1, 3 * 2 // 5) = 1 prefill node, then 2 decode nodes;
-    # emulated nodes node1..node4, node 0 on the first of them
+    # 4 nodes: max(1, 4 * 2 // 5) = 1 prefill node (node 0, also the router's), then 3
+    # decode nodes; emulated nodes node1..node4, node 0 on the first of them
     assert lines == [
         f"{role} {node} node{node + 1} node1 29813"
-        for node, role in enumerate(["proxy", "prefill", "decode", "decode"])
+        for node, role in enumerate(["prefill", "decode", "decode", "decode"])
     ]
 
 
