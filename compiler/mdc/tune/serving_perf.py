@@ -43,6 +43,7 @@ from mdc.plan.serving_memory import (
 )
 from mdc.spec import WorkloadTable
 from mdc.tune.flops import token_flops
+from mdc.tune.records import DEFAULT as MEASURED
 from mdc.tune.terms import gemm_level, hbm_level
 
 if TYPE_CHECKING:
@@ -64,14 +65,12 @@ class Constants:
     #: share of the HBM bandwidth a decode step's reads reach
     hbm_efficiency: float = 0.7
     #: share of the dense tensor peak a prefill's GEMMs and attention reach
-    prefill_efficiency: float = 0.7
+    prefill_efficiency: float = 0.65
     #: share of the peak a decode step's (small) GEMMs reach
     decode_efficiency: float = 0.3
     #: latency of one all-reduce and of one all-to-all, seconds
     allreduce_latency_s: float = 8e-6
     alltoall_latency_s: float = 25e-6
-    #: share of a link's bandwidth a collective reaches
-    link_efficiency: float = 0.7
     #: per-step scheduler and launch overhead of each launcher's engine, seconds
     step_overhead_s: Mapping[str, float] = attrs.field(
         factory=lambda: {
@@ -79,7 +78,7 @@ class Constants:
             "vllm_disagg": 2.0e-3,
             "sglang": 1.6e-3,
             "sglang_disagg": 1.6e-3,
-            "trtllm": 1.0e-3,
+            "trtllm": 0.5e-3,
         }
     )
     #: the running batch an engine allows unless told (vLLM --max-num-seqs, SGLang's
@@ -227,8 +226,7 @@ class _Server:
         """Bytes/s of one GPU's link for this server's collectives."""
         gpus = self.role.gpus
         inside = gpus <= self.dep.nproc_per_node or gpus <= self.hw.scale_up_domain
-        gb_s = self.hw.scale_up_gb_s if inside else self.hw.scale_out_gb_s
-        return gb_s * 1e9 * self.c.link_efficiency
+        return link_rate(self.hw, inside)
 
     def comm(self, tokens_per_group: float) -> float:
         """Seconds of one pass's all-reduces and all-to-alls for these tokens per group."""
@@ -253,13 +251,11 @@ class _Server:
         per other node (DeepEP's internode kernels forward inside the node over NVLink)."""
         ep, k = self.role.ep, self.shape.topk
         per_node = max(1, min(self.dep.nproc_per_node, self.hw.scale_up_domain))
-        if ep <= per_node or ep <= self.hw.scale_up_domain:
-            peers, gb_s = ep, self.hw.scale_up_gb_s
-        else:
-            peers, gb_s = -(-ep // per_node), self.hw.scale_out_gb_s
+        inside = ep <= per_node or ep <= self.hw.scale_up_domain
+        peers = ep if inside else -(-ep // per_node)
         others = peers * (1 - (1 - 1 / peers) ** k) * (peers - 1) / peers
         per_token = self.shape.hidden * (float(weight_bytes(self.shape.dtype)) + 2)
-        wire = tokens * per_token * others / (gb_s * 1e9 * self.c.link_efficiency)
+        wire = tokens * per_token * others / link_rate(self.hw, inside)
         return 2 * self.c.alltoall_latency_s + wire
 
     def decode_parts(self, batch: float, context: float) -> tuple[float, float, float]:
@@ -319,6 +315,15 @@ class _Server:
         dtype = self.shape.dtype if self.shape.dtype in ("fp8", "fp4") else "bf16"
         precision = dtype if dtype in self.hw.dense_tflops else "bf16"
         return self.hw.peak_tflops(dtype) * 1e12 * gemm_level(self.hw, precision)
+
+
+def link_rate(hw: Accelerator, scale_up: bool) -> float:
+    """Bytes/s one GPU's collectives reach over its scale-up link or its scale-out NIC: the
+    line rate times NCCL's measured bus bandwidth over it, the training model's own shares
+    (``link_share``, ``nic_share``: kernels.toml's [collective])."""
+    if scale_up:
+        return hw.scale_up_gb_s * 1e9 * MEASURED.link_share
+    return hw.scale_out_gb_s * 1e9 * MEASURED.nic_share
 
 
 def server_of(
@@ -570,8 +575,7 @@ def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
     per_token = shape.pattern.parts(0, shape.layers).attention * kv_per_layer(shape, 1)
     total = w.input_tokens * per_token * kv_bytes
     one_node = p.dep.gpus <= p.dep.nproc_per_node
-    gb_s = p.hw.scale_up_gb_s if one_node else p.hw.scale_out_gb_s
-    return total / (gb_s * 1e9 * p.c.link_efficiency * p.role.gpus) + 1e-3
+    return total / (link_rate(p.hw, one_node) * p.role.gpus) + 1e-3
 
 
 def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPrediction:
