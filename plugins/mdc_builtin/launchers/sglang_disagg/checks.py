@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mdc.api import Finding, Plan, Severity
-from mdc.api.flags import disagreeing, disagreement_text, plain_words
+from mdc_builtin.launchers._disagg import crossing, disagreements, elastic_findings
 from mdc_builtin.launchers.sglang_disagg.options import (
     MAX_PORT,
-    OWNED_FLAGS,
     PYTHON,
     READING,
     RoleOptions,
@@ -128,34 +127,18 @@ def _server_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Findi
                 hint=f"set {role}_nodes to a multiple of {shape.nodes}, e.g. {below} (and the "
                 "other role's count so that both add up to nnodes)",
             )
-    yield from _clash_findings(plan, options)
+    yield from disagreements(
+        READING,
+        lambda table: _words_of(options, table),
+        lambda role: mdc_words(options, server(plan, options, role)),
+    )
 
 
-def _clash_findings(plan: Plan, options: SglangDisaggOptions) -> Iterator[Finding]:
-    """A flag mdc writes from no key of its own (the role, the host, the server's nodes and
-    ports) passed with another value than mdc writes for a server it reaches (the keyed
-    flags were read into the spec, a disagreeing one refused there)."""
-    for place in READING.places:
-        words = _words_of(options, place.pointer)
-        own_table = place.table.rsplit("/", 1)[1]
-        roles = (own_table,) if own_table in ("prefill", "decode") else ("prefill", "decode")
-        seen: set[int] = set()
-        for role in roles:
-            mine = mdc_words(options, server(plan, options, role))
-            emitted = plain_words(mine)
-            for use, own in disagreeing(OWNED_FLAGS, words, mine)[1]:
-                if use.index in seen:
-                    continue
-                seen.add(use.index)
-                message, hint = disagreement_text("SGLang", place.where, words, use, emitted, own)
-                pointer = f"{place.pointer}/{use.index}"
-                yield Finding(code="MDC389", pointer=pointer, message=message, hint=hint)
-
-
-def _words_of(options: SglangDisaggOptions, pointer: str) -> tuple[str, ...]:
-    if pointer == "/sglang_disagg/server_args":
+def _words_of(options: SglangDisaggOptions, table: str) -> tuple[str, ...]:
+    """The server flags of a place: [sglang_disagg] server_args, or a role's args."""
+    if table == "sglang_disagg":
         return options.server_args
-    role: RoleOptions = getattr(options, pointer.split("/")[2])
+    role: RoleOptions = getattr(options, table)
     return role.args
 
 
@@ -185,21 +168,16 @@ def _shared_role_findings(plan: Plan, shape: Server, count: int, where: str) -> 
     elif plan.nnodes > 1 and split is not None:
         # servers side by side from GPU 0 of node 0: one crosses into node 1 unless it
         # starts and ends inside a node (a server over nodes needs the 3-node layout)
-        first = 0 if role == "prefill" else split.prefill
-        crossing = [
-            start
-            for start in range(first, first + count, shape.gpus)
-            if start // gpus != (start + shape.gpus - 1) // gpus
-        ]
-        if crossing:
+        start = crossing(plan, shape)
+        if start is not None:
             yield Finding(
                 code="MDC383",
                 pointer=f"/distributed/{role}_gpus"
                 if split.origin == "spec"
                 else f"{where}/tp_size",
                 message=f"on {plan.nnodes} nodes the servers share the nodes, side by side: a "
-                f"{role} server of {shape.gpus} GPUs starting at GPU {crossing[0] % gpus} of "
-                f"node {crossing[0] // gpus} would cross into the next node",
+                f"{role} server of {shape.gpus} GPUs starting at GPU {start % gpus} of "
+                f"node {start // gpus} would cross into the next node",
                 hint=f"give the servers a size dividing nproc_per_node ({gpus}) and prefill_gpus "
                 f"a multiple of the decode servers' size, or use 3 or more nodes (servers over "
                 "whole nodes)",
@@ -226,15 +204,7 @@ def check(plan: Plan, options: SglangDisaggOptions | None) -> Iterator[Finding]:
             "be 1",
             hint="remove pp and cp from [parallelism]",
         )
-    if plan.elastic:
-        yield Finding(
-            code="MDC385",
-            pointer="/distributed/min_nnodes",
-            message=f"the prefill/decode split is fixed at compile time; it cannot "
-            f"run elastic (min_nnodes {plan.min_nnodes} < nnodes "
-            f"{plan.nnodes})",
-            hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})",
-        )
+    yield from elastic_findings(plan, "MDC385")
     argv = plan.job.argv
     if len(argv) != 1 or not PYTHON.match(argv[0].rsplit("/", 1)[-1]):
         yield Finding(

@@ -8,7 +8,8 @@ import re
 import attrs
 
 from mdc.api import Plan
-from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag
+from mdc.api.flags import FlagReading, FlagTable, KnownFlag
+from mdc_builtin.launchers._disagg import arg_places, default_tp
 
 HELPER = "launch/sglang_disagg.sh"
 #: SGLang's DISAGG_TRANSFER_BACKEND_CHOICES (server_args.py)
@@ -73,21 +74,7 @@ OWNED_FLAGS = FlagTable(
 #: where a user passes server flags: every server, then a role's
 READING = FlagReading(
     table=OWNED_FLAGS,
-    places=(
-        ArgPlace(
-            pointer="/sglang_disagg/server_args",
-            where="[sglang_disagg] server_args",
-            table="/sglang_disagg",
-        ),
-        *(
-            ArgPlace(
-                pointer=f"/sglang_disagg/{role}/args",
-                where=f"[sglang_disagg.{role}] args",
-                table=f"/sglang_disagg/{role}",
-            )
-            for role in ("prefill", "decode")
-        ),
-    ),
+    places=arg_places("sglang_disagg", "server_args"),
     code="MDC389",
     framework="SGLang",
 )
@@ -139,8 +126,4 @@ class SglangDisaggOptions:
 def tp_size(plan: Plan, options: SglangDisaggOptions) -> int:
     """The servers' tensor parallel size: the option, else [parallelism] tp, else a node's
     GPUs (one node, where the roles share the GPUs: 1)."""
-    if options.tp_size is not None:
-        return options.tp_size
-    if plan.sizes.tp > 1:
-        return plan.sizes.tp
-    return 1 if plan.nnodes == 1 else plan.nproc_per_node
+    return default_tp(plan, options.tp_size)

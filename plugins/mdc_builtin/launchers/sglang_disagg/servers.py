@@ -8,7 +8,11 @@ import attrs
 from mdc.api import NODE_RANK, Plan
 from mdc.api import Server as ApiServer
 from mdc.api.flags import disagreeing, drop_flags
-from mdc_builtin.launchers._disagg import split_units
+from mdc_builtin.launchers._disagg import (
+    api_servers,
+    side_by_side,
+    split_units,
+)
 from mdc_builtin.launchers.sglang_disagg.options import (
     OWNED_FLAGS,
     PER_SERVER,
@@ -42,6 +46,11 @@ class Server:
     def nodes(self) -> int:
         """Nodes one server spans (SGLang's --nnodes); a server never shares a node."""
         return max(1, self.gpus // self.nproc_per_node)
+
+    @property
+    def expert_ranks(self) -> int:
+        """The rank map's ep: --ep-size (1 when unset)."""
+        return self.ep or 1
 
     def flags(self) -> list[str]:
         """SGLang's parallelism flags for this server (server_args.py ServerArgs)."""
@@ -137,71 +146,35 @@ def shared_servers(plan: Plan, options: SglangDisaggOptions) -> list[Placed]:
     """One or two nodes: the prefill servers on the first GPUs (node 0 first), then the
     decode servers; server k serves HTTP on port + k, prefill server k its KV bootstrap
     on bootstrap_port + k."""
-    split = plan.disagg
-    assert split is not None
     placed: list[Placed] = []
-    gpu = 0  # over the job's GPUs: node 0's, then node 1's
-    for role, gpus in (("prefill", split.prefill), ("decode", split.decode)):
-        shape = server(plan, options, role)
-        for _ in range(gpus // shape.gpus):
-            index = len(placed)
-            bootstrap = None
-            if role == "prefill":
-                shared = options.router != "sglang_router"  # mini_lb: one fixed port
-                bootstrap = options.bootstrap_port + (0 if shared else index)
-            node, first = divmod(gpu, plan.nproc_per_node)
-            placed.append(
-                Placed(
-                    shape=shape,
-                    node=node,
-                    first_gpu=first,
-                    port=options.port + index,
-                    bootstrap=bootstrap,
-                )
+    for shape, node, first in side_by_side(plan, lambda role: server(plan, options, role)):
+        index = len(placed)
+        bootstrap = None
+        if shape.role == "prefill":
+            shared = options.router != "sglang_router"  # mini_lb: one fixed port
+            bootstrap = options.bootstrap_port + (0 if shared else index)
+        placed.append(
+            Placed(
+                shape=shape,
+                node=node,
+                first_gpu=first,
+                port=options.port + index,
+                bootstrap=bootstrap,
             )
-            gpu += shape.gpus
+        )
     return placed
 
 
 def servers(plan: Plan, options: SglangDisaggOptions) -> tuple[ApiServer, ...]:
     """The router on node 0 (beside the first prefill server), then each prefill and
     decode server by its nodes."""
-    split = plan.disagg
-    assert split is not None
-    found = [ApiServer(role="router", nodes=(0,), gpus=0, port=options.router_port)]
-    if split.unit == "gpus":
-        for placed in shared_servers(plan, options):
-            shape = placed.shape
-            found.append(
-                ApiServer(
-                    role=shape.role,
-                    nodes=(placed.node,),
-                    gpus=shape.gpus,
-                    tp=shape.tp,
-                    dp=shape.dp,
-                    ep=shape.ep or 1,
-                    port=placed.port,
-                    first_gpu=placed.first_gpu,
-                )
-            )
-        return tuple(found)
-    first = 0
-    for role, count in (("prefill", split.prefill), ("decode", split.decode)):
-        shape = server(plan, options, role)
-        for start in range(first, first + count, shape.nodes):
-            found.append(
-                ApiServer(
-                    role=role,
-                    nodes=tuple(range(start, min(start + shape.nodes, first + count))),
-                    gpus=shape.gpus,
-                    tp=shape.tp,
-                    dp=shape.dp,
-                    ep=shape.ep or 1,
-                    port=options.port + start,
-                )
-            )
-        first += count
-    return tuple(found)
+    return api_servers(
+        plan,
+        options.router_port,
+        lambda: shared_servers(plan, options),
+        lambda role: server(plan, options, role),
+        lambda shape, start: options.port + start,
+    )
 
 
 def server_units(plan: Plan, options: SglangDisaggOptions | None) -> tuple[int, int]:

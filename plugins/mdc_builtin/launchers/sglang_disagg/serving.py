@@ -61,7 +61,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
     shape = min(shapes, key=lambda s: s.gpus)
     values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
     share = values.get("share")
-    ep = shape.ep or 1
+    ep = shape.expert_ranks
     return ServingSetup(
         engine=f"SGLang ({shape.role})",
         tp=shape.tp,

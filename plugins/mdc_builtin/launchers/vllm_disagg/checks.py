@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mdc.api import Finding, Plan, Severity
-from mdc.api.flags import already_set, command_pointer, disagreeing, disagreement_text, plain_words
+from mdc.api.flags import already_set, command_pointer
 from mdc_builtin.launchers import vllm
+from mdc_builtin.launchers._disagg import crossing, disagreements, elastic_findings
 from mdc_builtin.launchers.vllm_disagg.options import (
     MAX_PORT,
     NAME,
@@ -81,19 +82,15 @@ def _count_findings(plan: Plan, shape: Server) -> Iterator[Finding]:
             f"server of {shape.gpus} GPUs is wider than a node ({gpus})",
             hint="use 3 or more nodes (servers over whole nodes)",
         )
-    elif unit == "gpus":
-        first = 0 if shape.role == "prefill" else split.prefill
-        for start in range(first, first + count, shape.gpus):
-            if start // gpus != (start + shape.gpus - 1) // gpus:
-                yield Finding(
-                    code="MDC721",
-                    pointer=f"/distributed/{shape.role}_gpus",
-                    message=f"a {shape.role} server of {shape.gpus} GPUs starting at GPU "
-                    f"{start % gpus} of node {start // gpus} would cross into the next node",
-                    hint=f"give the servers a size dividing nproc_per_node ({gpus}) and "
-                    "prefill_gpus a multiple of the decode servers' size",
-                )
-                break
+    elif unit == "gpus" and (start := crossing(plan, shape)) is not None:
+        yield Finding(
+            code="MDC721",
+            pointer=f"/distributed/{shape.role}_gpus",
+            message=f"a {shape.role} server of {shape.gpus} GPUs starting at GPU "
+            f"{start % gpus} of node {start // gpus} would cross into the next node",
+            hint=f"give the servers a size dividing nproc_per_node ({gpus}) and "
+            "prefill_gpus a multiple of the decode servers' size",
+        )
 
 
 def _heads_findings(plan: Plan, options: VllmDisaggOptions, shape: Server) -> Iterator[Finding]:
@@ -123,25 +120,11 @@ def _arg_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
         where="the job's command",
         pointer=lambda i: command_pointer(plan.job.command, i),
     )
-    for place in READING.places:
-        own_table = place.table.rsplit("/", 1)[1]
-        roles = (own_table,) if own_table in ROLES else ROLES
-        words = options.args if own_table == NAME else getattr(options, own_table).args
-        seen: set[int] = set()
-        for role in roles:
-            mine = mdc_words(options, server(plan, options, role))
-            emitted = plain_words(mine)
-            for use, own in disagreeing(OWNED_FLAGS, words, mine)[1]:
-                if use.index in seen:
-                    continue
-                seen.add(use.index)
-                message, hint = disagreement_text("vLLM", place.where, words, use, emitted, own)
-                yield Finding(
-                    code="MDC728",
-                    pointer=f"{place.pointer}/{use.index}",
-                    message=message,
-                    hint=hint,
-                )
+    yield from disagreements(
+        READING,
+        lambda table: options.args if table == NAME else getattr(options, table).args,
+        lambda role: mdc_words(options, server(plan, options, role)),
+    )
 
 
 def _head_only_findings(plan: Plan, options: VllmDisaggOptions) -> Iterator[Finding]:
@@ -226,14 +209,7 @@ def check(plan: Plan, options: VllmDisaggOptions | None) -> Iterator[Finding]:
             f"and cp = {plan.sizes.cp} must be 1",
             hint="remove pp and cp from [parallelism]",
         )
-    if plan.elastic:
-        yield Finding(
-            code="MDC724",
-            pointer="/distributed/min_nnodes",
-            message=f"the prefill/decode split is fixed at compile time; it cannot run "
-            f"elastic (min_nnodes {plan.min_nnodes} < nnodes {plan.nnodes})",
-            hint=f"remove min_nnodes, or set it to nnodes ({plan.nnodes})",
-        )
+    yield from elastic_findings(plan, "MDC724")
     argv = plan.job.argv
     if tuple(argv[:2]) != vllm.SERVE and not any("vllm.entrypoints" in w for w in argv):
         yield Finding(

@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from mdc.api import Plan
-from mdc.api.flags import ArgPlace, FlagReading, FlagTable, KnownFlag, dashes
+from mdc.api.flags import FlagReading, FlagTable, KnownFlag, dashes
 from mdc_builtin.launchers import vllm
+from mdc_builtin.launchers._disagg import arg_places
 
 NAME = "vllm_disagg"
 HELPER = "launch/vllm_disagg.sh"
@@ -73,13 +73,7 @@ OWNED_FLAGS = FlagTable(
 #: where a user passes server flags: every server's, then a role's (vLLM keeps the last)
 READING = FlagReading(
     table=OWNED_FLAGS,
-    places=(
-        ArgPlace(pointer=f"/{NAME}/args", where=f"[{NAME}] args", table=f"/{NAME}"),
-        *(
-            ArgPlace(pointer=f"/{NAME}/{r}/args", where=f"[{NAME}.{r}] args", table=f"/{NAME}/{r}")
-            for r in ROLES
-        ),
-    ),
+    places=arg_places(NAME, "args"),
     code="MDC728",
     refused_code="MDC729",
     framework="vLLM",
@@ -120,16 +114,6 @@ class VllmDisaggOptions:
     args: tuple[str, ...] = ()
     router_command: tuple[str, ...] = DEFAULT_ROUTER
     router_args: tuple[str, ...] = ()
-
-
-def default_tp(plan: Plan, options: VllmDisaggOptions) -> int:
-    """The option, else [parallelism] tp, else a node's GPUs (one node, shared by both
-    roles: 1) -- the rule of sglang_disagg's tp_size."""
-    if options.tensor_parallel_size is not None:
-        return options.tensor_parallel_size
-    if plan.sizes.tp > 1:
-        return plan.sizes.tp
-    return 1 if plan.nnodes == 1 else plan.nproc_per_node
 
 
 def role_values(options: VllmDisaggOptions, role: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from mdc.api import NODE_RANK, Plan
 from mdc.api import Server as ApiServer
 from mdc.api.flags import PER_NODE, disagreeing, drop_flags
 from mdc_builtin.launchers import vllm
-from mdc_builtin.launchers._disagg import split_units
+from mdc_builtin.launchers._disagg import api_servers, default_tp, side_by_side, split_units
 from mdc_builtin.launchers.vllm_disagg.options import (
     CONNECTOR,
     OWNED_FLAGS,
@@ -21,7 +21,6 @@ from mdc_builtin.launchers.vllm_disagg.options import (
     ROLES,
     RoleOptions,
     VllmDisaggOptions,
-    default_tp,
     role_values,
 )
 
@@ -49,6 +48,11 @@ class Server:
         return max(1, self.gpus // self.nproc_per_node)
 
     @property
+    def expert_ranks(self) -> int:
+        """The rank map's ep: the whole server with --enable-expert-parallel, else 1."""
+        return self.gpus if self.ep else 1
+
+    @property
     def local(self) -> int:
         """Data-parallel engines on each node of a server over several nodes."""
         return max(1, self.nproc_per_node // self.tp)
@@ -70,7 +74,7 @@ def server(plan: Plan, options: VllmDisaggOptions, role: str) -> Server:
     tp = values.get("tensor_parallel_size")
     return Server(
         role=role,
-        tp=tp if tp is not None else default_tp(plan, options),
+        tp=tp if tp is not None else default_tp(plan, options.tensor_parallel_size),
         dp=values.get("data_parallel_size") or 1,
         ep=bool(values.get("enable_expert_parallel")),
         args=own.args,
@@ -169,59 +173,30 @@ class Placed:
 def shared_servers(plan: Plan, options: VllmDisaggOptions) -> list[Placed]:
     """One or two nodes: the prefill servers on the first GPUs (node 0 first), then the
     decode servers; server k serves HTTP on port + k."""
-    split = plan.disagg
-    assert split is not None
     placed: list[Placed] = []
-    gpu = 0  # over the job's GPUs: node 0's, then node 1's
-    for role, gpus in (("prefill", split.prefill), ("decode", split.decode)):
-        shape = server(plan, options, role)
-        base = port_base(plan, options, role)
-        for _ in range(gpus // shape.gpus):
-            node, first = divmod(gpu, plan.nproc_per_node)
-            placed.append(
-                Placed(
-                    shape=shape,
-                    node=node,
-                    first_gpu=first,
-                    port=base + len(placed),
-                    side=side_port(plan, node, first, options),
-                )
+    for shape, node, first in side_by_side(plan, lambda role: server(plan, options, role)):
+        placed.append(
+            Placed(
+                shape=shape,
+                node=node,
+                first_gpu=first,
+                port=port_base(plan, options, shape.role) + len(placed),
+                side=side_port(plan, node, first, options),
             )
-            gpu += shape.gpus
+        )
     return placed
-
-
-def _api_server(shape: Server, nodes: tuple[int, ...], port: int, first_gpu: int) -> ApiServer:
-    return ApiServer(
-        role=shape.role,
-        nodes=nodes,
-        gpus=shape.gpus,
-        tp=shape.tp,
-        dp=shape.dp,
-        ep=shape.gpus if shape.ep else 1,
-        port=port,
-        first_gpu=first_gpu,
-    )
 
 
 def servers(plan: Plan, options: VllmDisaggOptions) -> tuple[ApiServer, ...]:
     """The proxy on node 0 (no GPU, beside the first prefill server), then each prefill and
     decode server by its nodes."""
-    split = plan.disagg
-    assert split is not None
-    found = [ApiServer(role="router", nodes=(0,), gpus=0, port=options.router_port)]
-    if split.unit == "gpus":
-        for item in shared_servers(plan, options):
-            found.append(_api_server(item.shape, (item.node,), item.port, item.first_gpu))
-        return tuple(found)
-    first = 0
-    for role, count in (("prefill", split.prefill), ("decode", split.decode)):
-        shape = server(plan, options, role)
-        for start in range(first, first + count, shape.nodes):
-            nodes = tuple(range(start, min(start + shape.nodes, first + count)))
-            found.append(_api_server(shape, nodes, port_base(plan, options, role) + start, 0))
-        first += count
-    return tuple(found)
+    return api_servers(
+        plan,
+        options.router_port,
+        lambda: shared_servers(plan, options),
+        lambda role: server(plan, options, role),
+        lambda shape, start: port_base(plan, options, shape.role) + start,
+    )
 
 
 def server_units(plan: Plan, options: VllmDisaggOptions | None) -> tuple[int, int]:

@@ -25,7 +25,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         )
     share = values.get("share")
     # vLLM's expert-parallel group is tp x dp of one server; each engine holds its share
-    ep = shape.gpus if shape.ep else 1
+    ep = shape.expert_ranks
     return ServingSetup(
         engine=f"vLLM ({shape.role})",
         tp=shape.tp,
