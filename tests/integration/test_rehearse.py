@@ -801,7 +801,8 @@ def test_trtllm_aggregated_replicas_play(tmp_path: Path) -> None:
 @pytest.mark.parametrize("nnodes", [None, 2], ids=["1x8-example", "2x8"])
 def test_trtllm_disaggregated_plays(tmp_path: Path, nnodes: int | None) -> None:
     """The disaggregated example on one node, and over two nodes (two servers of tp 4 a role):
-    the proxy's config lists every server where it really ran."""
+    the proxy's config lists every server where it really ran, and its temporary folder is
+    gone after the run."""
     base = free_base(6)
     spec = _trtllm_spec(tmp_path, "trtllm-disagg-1x8.toml", base, nnodes)
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -835,6 +836,9 @@ def test_trtllm_disaggregated_plays(tmp_path: Path, nnodes: int | None) -> None:
 
     config = YAML(typ="safe").load(proxy["config"])
     assert config["port"] == base
+    # the config's temporary folder went with the script (its EXIT trap)
+    written = Path(proxy["argv"][proxy["argv"].index("-c") + 1])
+    assert written.name == "disagg_config.yaml" and not written.parent.exists(), written
     half = len(urls) // 2
     assert config["context_servers"] == {"num_instances": half, "urls": urls[:half]}
     assert config["generation_servers"] == {"num_instances": half, "urls": urls[half:]}

@@ -8,15 +8,17 @@ EXIT trap) or when all have ended; TERM and INT from the backend stop them all t
 from __future__ import annotations
 
 
-def supervising_script(comment: str, body: str) -> str:
+def supervising_script(comment: str, body: str, leaving: tuple[str, str] | None = None) -> str:
     """The bash script: ``comment`` (its lines, already ``# ``-prefixed) under the shebang,
-    then ``body``, which starts each process with ``... &`` and ``pids+=("$!")``."""
+    then ``body``, which starts each process with ``... &`` and ``pids+=("$!")``.
+    ``leaving``: what else the script does when it leaves, in words and as a command."""
+    why, also = (f", {leaving[0]}", f"; {leaving[1]}") if leaving else ("", "")
     return f"""#!/usr/bin/env bash
 {comment}
 set -euo pipefail
 pids=()
-# leaving (a process failed, or TERM/INT from the backend): stop the others
-trap 'if ((${{#pids[@]}})); then kill "${{pids[@]}}" 2>/dev/null || true; fi' EXIT
+# leaving (a process failed, or TERM/INT from the backend): stop the others{why}
+trap 'if ((${{#pids[@]}})); then kill "${{pids[@]}}" 2>/dev/null || true; fi{also}' EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
 {body}
