@@ -81,6 +81,14 @@ class Constants:
             "trtllm": 0.5e-3,
         }
     )
+    #: per-step host work for each running request of an engine process (preparing its
+    #: inputs, sampling, detokenizing and streaming its token), seconds: vLLM's
+    #: pre- and post-processing grows with the batch (WukLab's measurement of vLLM's
+    #: scheduling overhead, mlsys.wuklab.io/posts/scheduling_overhead); fitted for vLLM,
+    #: 0 where no measurement sets it
+    request_overhead_s: Mapping[str, float] = attrs.field(
+        factory=lambda: {"vllm": 30e-6, "vllm_disagg": 30e-6}
+    )
     #: the running batch an engine allows unless told (vLLM --max-num-seqs, SGLang's
     #: --max-running-requests sized from memory, TensorRT-LLM max_batch_size)
     max_batch: Mapping[str, int] = attrs.field(
@@ -92,6 +100,9 @@ class Constants:
 
     def overhead(self, launcher: str) -> float:
         return self.step_overhead_s.get(launcher, 1.6e-3)
+
+    def request_overhead(self, launcher: str) -> float:
+        return self.request_overhead_s.get(launcher, 0.0)
 
 
 DEFAULT = Constants()
@@ -277,8 +288,13 @@ class _Server:
         return r.pp * hbm, r.pp * compute, r.pp * self.comm(micro)
 
     def decode_step(self, batch: float, context: float) -> float:
+        """Seconds of one decode step at ``batch``: the roofline, the collectives, the
+        engine's per-step overhead and its host work for each request of an attention
+        group (each group's engine process does its own)."""
         hbm, compute, comm = self.decode_parts(batch, context)
-        return max(hbm, compute) + comm + self.c.overhead(self.dep.launcher)
+        launcher = self.dep.launcher
+        host = batch / self.role.dp * self.c.request_overhead(launcher)
+        return max(hbm, compute) + comm + self.c.overhead(launcher) + host
 
     def prefill_compute(self, tokens: float, prompt: int) -> float:
         """Seconds of the FLOPs (and communication) of ``tokens`` prompt tokens."""
