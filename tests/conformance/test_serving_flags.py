@@ -63,7 +63,9 @@ Flag = tuple[tuple[str, ...], str, Any]
 #:   "--data-parallel-backend" "-dpb" (choices mp, ray);
 #: - vllm/entrypoints/openai/cli_args.py (make_arg_parser): "--headless" (a switch),
 #:   "--api-server-count" "-asc" (int), which ServeSubcommand.cmd refuses with --headless
-#:   (vllm/entrypoints/cli/serve.py).
+#:   (vllm/entrypoints/cli/serve.py);
+#: - vllm/config/scheduler.py (SchedulerConfig, the flags' SchedulerConfig group):
+#:   --max-num-batched-tokens and --max-num-seqs (int, >= 1), which mdc tune writes.
 VLLM_FLAGS: list[Flag] = [
     (("--model",), "value", str),
     (("--host",), "value", str),
@@ -87,6 +89,8 @@ VLLM_FLAGS: list[Flag] = [
     (("--data-parallel-backend", "-dpb"), "value", ["mp", "ray"]),
     (("--headless",), "switch", None),
     (("--api-server-count", "-asc"), "value", int),
+    (("--max-num-batched-tokens",), "value", int),
+    (("--max-num-seqs",), "value", int),
 ]
 
 #: SGLang's server CLI, python/sglang/srt/server_args.py (ServerArgs; add_cli_args makes

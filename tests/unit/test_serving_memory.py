@@ -169,3 +169,93 @@ def test_disaggregated_servers_get_the_tighter_roles_estimate(tmp_path: Path) ->
     # the same one-GPU weights as vLLM's tp 1 count, here per GPU of a tp 8 server
     assert memory.weights < 3 * GIB and memory.share == 0.9
     assert not [d for d in compiled.diagnostics if d.code == "MDC261"]
+
+
+def _serving_specs() -> list[Path]:
+    from tests.tools import REPO
+
+    return sorted(
+        p
+        for p in (REPO / "examples").iterdir()
+        if p.suffix in {".toml", ".yaml", ".json"}
+        and p.name.startswith(("vllm", "sglang", "trtllm", "tune-serving"))
+    )
+
+
+@pytest.mark.parametrize("path", _serving_specs(), ids=lambda p: p.name)
+def test_every_published_serving_spec_leaves_its_engine_its_reserve(path: Path) -> None:
+    """What an engine keeps outside its share (CUDA context and graphs, SGLang's step
+    activations) never makes a spec that runs as written not fit: the reserve only bounds
+    how far mdc tune raises a share."""
+    from mdc.plan.serving_memory import leaves_reserve
+
+    memory = COMPILER.compile(path, tree=False).plan.serving_memory
+    if memory is not None:
+        assert leaves_reserve(memory), (memory.share, memory.reserve / GIB)
+
+
+def test_every_measured_deployment_leaves_its_engine_its_reserve() -> None:
+    """Every deployment of bench/serving_data.toml, at the share it ran (TensorRT-LLM's
+    overview: 0.9 to 0.95 of the free memory; the others the engines' 0.9), leaves its
+    engine the reserve."""
+    import attrs
+    from bench import serving_fit
+
+    from mdc.hardware import builtin
+    from mdc.spec import WorkloadTable
+    from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
+
+    rows = serving_fit.measurements()
+    assert len(rows) >= 100
+    for row in rows:
+        hw = builtin()[row["accelerator_model"]]
+        tp, pp = row.get("tp", row.get("gpus", 1)), row.get("pp", 1)
+        gpus = row.get("gpus", tp * pp)
+        role = Role(
+            name=row.get("role", "server"),
+            servers=1,
+            gpus=gpus,
+            tp=tp,
+            pp=pp,
+            dp=row.get("dp", 1),
+            ep=row.get("ep", 1),
+        )
+        inp = row.get("input_tokens", row.get("context_tokens", 1))
+        out = row.get("output_tokens", 1)
+        work = WorkloadTable(input_tokens=inp, output_tokens=out, concurrency=1)
+        shape = serving_fit._shape(row["model"], row["dtype"], inp + out)
+        free = row["launcher"] == "trtllm"
+        dep = Deployment(
+            launcher=row["launcher"],
+            roles=(role,),
+            kv_dtype=row.get("kv_dtype", "auto"),
+            share_of="free" if free else "capacity",
+            capacity_gib=hw.memory_gib,
+            nproc_per_node=row.get("nproc_per_node", 8),
+        )
+        for share in (0.9, 0.95) if row["source"] == "trtllm-perf-overview" else (0.9,):
+            server = server_of(role, shape, hw, attrs.evolve(dep, share=share), work, DEFAULT)
+            assert server.leaves_reserve, (row["source"], row["model"], row.get("tp"), share)
+
+
+def test_the_reserve_is_the_engines_published_sizes(tmp_path: Path) -> None:
+    """vLLM keeps the CUDA context (0.70 GiB, its startup log) and its CUDA graphs (1.3
+    GiB, Llama 4 Maverick's) outside --gpu-memory-utilization: on a 24 GiB GPU 0.9 leaves
+    them room, 0.95 does not; TensorRT-LLM keeps the graphs outside the share of what the
+    weights leave."""
+    from mdc.plan.serving_memory import leaves_reserve
+
+    at = {}
+    for share in ("0.9", "0.95"):
+        memory = compile_(tmp_path, ["--gpu-memory-utilization", share], 24).plan.serving_memory
+        assert memory is not None
+        assert memory.reserve == pytest.approx(2.0 * GIB, abs=2)
+        at[share] = leaves_reserve(memory)
+    assert at == {"0.9": True, "0.95": False}
+    shape = resolve_shape(ModelTable(**model("llama3.1-8b")))
+    assert shape is not None
+    setup = ServingSetup(engine="TensorRT-LLM", tp=1, share=0.95, share_of="free")
+    memory = estimate(shape, setup, 24)
+    assert memory.reserve == pytest.approx(1.3 * GIB, abs=2)
+    free = memory.capacity - memory.weights
+    assert leaves_reserve(memory) == (0.05 * free >= 1.3 * GIB)

@@ -460,3 +460,175 @@ def test_role_limits_are_written_as_each_roles_flags(tmp_path: Path, launcher: s
             k: row["predicted"][k] for k in PREDICTED_KEYS
         }
     assert limited
+
+
+def _v70_kv_bound(tmp_path: Path) -> Path:
+    """Llama 3.3 70B (bf16) behind vLLM on 8 H100s with 1,024 requests in flight: the
+    engines' KV caches, not the HBM, bound the running batch at the default share."""
+    data = {
+        "job": {"name": "v70", "command": ["vllm", "serve"]},
+        "distributed": {
+            "launcher": "vllm",
+            "backend": "local",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator_model": "h100-sxm",
+        },
+        "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "seq_length": 4096},
+        "vllm": {"model": "meta-llama/Llama-3.3-70B-Instruct"},
+        "workload": {
+            "input_tokens": 2048,
+            "output_tokens": 512,
+            "concurrency": 1024,
+            "slo": {"tpot_ms": 100},
+        },
+    }
+    spec = tmp_path / "v70.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    return spec
+
+
+def _memory_share(role: dict[str, Any], row: dict[str, Any], tmp_path: Path) -> float:
+    """The share the role's engine runs at, as the row's spec compiles it."""
+    if role["memory_share"] is not None:
+        return float(role["memory_share"])
+    return float(_explained(tmp_path, row["spec"], "shares")["serving_memory"]["share"])
+
+
+def _spec_file(tmp_path: Path, row: dict[str, Any]) -> Path:
+    path = tmp_path / "row.json"
+    path.write_text(json.dumps(row["spec"]), encoding="utf-8")
+    return path
+
+
+def test_the_share_is_raised_where_kv_capacity_binds_and_kept_where_not(
+    tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    """The example's rows: those bound by HBM bandwidth or queueing keep the engine's
+    default 0.9; a split whose decode server's KV cache binds gets a larger
+    free_gpu_memory_fraction, which holds more requests (the same spec at 0.9 holds fewer
+    and serves less), and leaves TensorRT-LLM room for its CUDA graphs outside it."""
+    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "8")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    kept = [r for r in rows if r["predicted"]["binding"] in ("HBM bandwidth", "queueing")]
+    bound = [r for r in rows if r["predicted"]["binding"] == "KV capacity"]
+    assert kept and bound
+    for row in kept:
+        assert all(_memory_share(role, row, tmp_path) == 0.9 for role in row["roles"].values())
+    for row in bound:
+        decode = row["roles"]["decode"]
+        share = _memory_share(decode, row, tmp_path)
+        assert share in (0.92, 0.95)
+        generation = row["spec"]["trtllm"]["generation"]
+        config = generation["extra_llm_api_options"]["kv_cache_config"]
+        assert config == {"dtype": "fp8", "free_gpu_memory_fraction": share}
+        # the same deployment at the engine's default share
+        default = json.loads(json.dumps(row["spec"]))
+        del default["trtllm"]["generation"]["extra_llm_api_options"]
+        at_default = _explained(tmp_path, default, "default")
+        at_share = _explained(tmp_path, row["spec"], "raised")
+        assert at_default["serving_memory"]["share"] == 0.9
+        assert at_share["predicted"]["batch"]["decode"] > at_default["predicted"]["batch"]["decode"]
+        more = at_share["predicted"]["output_tokens_per_s_per_gpu"]
+        assert more > at_default["predicted"]["output_tokens_per_s_per_gpu"]
+        # what the share leaves of the free memory holds the CUDA graphs (1.3 GiB)
+        m = at_share["serving_memory"]
+        assert m["share"] == share
+        free = m["capacity"] - m["weights"] - m["workspace"]
+        assert (1 - share) * free >= 1.3 * 2**30
+
+
+def test_a_vllm_share_is_written_as_its_flag_and_parsed_as_vllm_parses_it(
+    tmp_path: Path,
+) -> None:
+    """vLLM's engines whose KV caches bind: --write gives --gpu-memory-utilization in [vllm]
+    args, which the rebuilt vLLM CLI parses to the chosen share; the written spec compiles
+    and explains to the first row. The share leaves vLLM's CUDA context and graphs
+    (0.7 + 1.3 GiB) outside it."""
+    from tests.conformance.test_serving_flags import VLLM_FLAGS, VLLM_PROGRAMS, parse, server_argv
+
+    best = tmp_path / "best.json"
+    code, out, err = _run(
+        "tune", str(_v70_kv_bound(tmp_path)), "--format", "json", "--write", str(best)
+    )
+    assert code == 0, err
+    first = json.loads(out)["candidates"][0]
+    assert first["predicted"]["binding"] == "KV capacity"
+    written = json.loads(best.read_text(encoding="utf-8"))
+    args = written["vllm"]["args"]
+    share = float(args[args.index("--gpu-memory-utilization") + 1])
+    assert share in (0.92, 0.95)
+    compiled = COMPILER.compile(best)
+    parsed = parse(VLLM_FLAGS, VLLM_PROGRAMS, server_argv(compiled))
+    assert parsed.gpu_memory_utilization == share
+    explained: dict[str, Any] = plan_json(compiled.plan, compiled.launch)
+    assert {k: explained["predicted"][k] for k in PREDICTED_KEYS} == {
+        k: first["predicted"][k] for k in PREDICTED_KEYS
+    }
+    m = explained["serving_memory"]
+    assert m["share"] == share and (1 - share) * m["capacity"] >= 2.0 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("launcher", "flag"),
+    [("sglang_disagg", "--mem-fraction-static"), ("vllm_disagg", "--gpu-memory-utilization")],
+)
+def test_a_decode_roles_share_is_written_in_its_own_args(
+    tmp_path: Path, launcher: str, flag: str
+) -> None:
+    """A split whose decode servers' KV caches bind: the decode role's args carry the
+    engine's own flag at the raised share, the prefill role's keep the default; the node
+    script passes it to the decode servers only, and the row explains to itself."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_as_launcher(launcher, 2)), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "6")
+    assert code == 0, err
+    rows = [r for r in json.loads(out)["candidates"] if r["predicted"]["binding"] == "KV capacity"]
+    assert rows
+    for i, row in enumerate(rows):
+        share = row["roles"]["decode"]["memory_share"]
+        assert share in (0.92, 0.95)
+        decode_args = row["spec"][launcher]["decode"]["args"]
+        assert decode_args[decode_args.index(flag) + 1] == f"{share:g}"
+        assert flag not in row["spec"][launcher]["prefill"].get("args", [])
+        out_dir = tmp_path / f"out{i}"
+        assert _run("compile", str(_spec_file(tmp_path, row)), "-o", str(out_dir))[0] == 0
+        script = "\n".join(p.read_text() for p in (out_dir / "launch").glob("*.sh"))
+        assert f"{flag} {share:g}" in script
+        explained = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: explained[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+
+
+@pytest.mark.parametrize("kv_config", [True, False])
+def test_an_aggregated_trtllm_share_is_written_where_trtllm_reads_it(
+    tmp_path: Path, kv_config: bool
+) -> None:
+    """TensorRT-LLM's share of an aggregated server: free_gpu_memory_fraction inside the
+    spec's kv_cache_config (which replaces the command line's), else trtllm-serve's
+    --kv_cache_free_gpu_memory_fraction; either way the plan's estimate runs at it."""
+    from mdc.tune.serving_perf import Role
+    from mdc.tune.serving_search import write_share
+
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["parallelism"] = {"tp": 8, "pp": 1}
+    data["distributed"]["nnodes"] = 1
+    if not kv_config:
+        del data["trtllm"]["extra_llm_api_options"]
+    write_share("trtllm", data, Role(name="server", servers=1, gpus=8, tp=8, share=0.95))
+    out_dir = tmp_path / "out"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    assert _run("compile", str(spec), "-o", str(out_dir))[0] == 0
+    script = "\n".join(p.read_text(encoding="utf-8") for p in out_dir.rglob("*.sh"))
+    if kv_config:
+        (path,) = out_dir.rglob("*.yaml")
+        lines = path.read_text(encoding="utf-8").splitlines()
+        options = json.loads("\n".join(x for x in lines if not x.startswith("#")))
+        assert options["kv_cache_config"] == {"dtype": "fp8", "free_gpu_memory_fraction": 0.95}
+        assert "--kv_cache_free_gpu_memory_fraction" not in script
+    else:
+        assert "--kv_cache_free_gpu_memory_fraction 0.95" in script
+    assert _explained(tmp_path, data, "aggregated")["serving_memory"]["share"] == 0.95

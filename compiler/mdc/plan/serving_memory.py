@@ -21,7 +21,10 @@ and the KV cache. Per GPU of the heaviest pipeline stage:
   widest MLP intermediate one GPU holds per token) beside the residual and the normed input
   (``2 hidden``), in bf16: ``tokens x (2 hidden + 3 F) x 2`` bytes (:func:`step_workspace`);
 * the cache: ``share x capacity - weights - activations``, an upper bound (CUDA graphs
-  and non-torch memory take some of it), in tokens and in sequences of ``max_model_len``.
+  and non-torch memory take some of it), in tokens and in sequences of ``max_model_len``;
+* what the engine keeps outside its share (:func:`leaves_reserve`): the CUDA context and
+  the CUDA graphs it captures after sizing the cache (SGLang also a step's activations),
+  which a share raised by ``mdc tune`` must leave room for.
 
 Only the weights can make it an error (MDC280: they exceed the whole GPU); a cache that
 cannot hold one full-length sequence is a warning (MDC281), since the estimate leaves the
@@ -77,6 +80,9 @@ class StepLimits:
     #: tokens one step takes, prompt chunks included (vLLM --max-num-batched-tokens,
     #: SGLang --chunked-prefill-size, TensorRT-LLM max_num_tokens)
     step_tokens: int | None = None
+    #: the role's engine memory share (vLLM --gpu-memory-utilization, SGLang
+    #: --mem-fraction-static, TensorRT-LLM free_gpu_memory_fraction), where it has its own
+    share: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -135,6 +141,9 @@ class ServingMemory:
     #: the profiled step's activations (bytes), taken out of the cache
     workspace: int = 0
     profiled_tokens: int | None = None
+    #: what the engine keeps outside its share (bytes): CUDA context and graphs, and an
+    #: SGLang step's activations (:func:`leaves_reserve`)
+    reserve: int = 0
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -169,6 +178,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         cache = int(share * max(0, capacity - weights - workspace))
     else:
         cache = max(0, int(share * capacity) - weights - workspace)
+    reserve = outside_share(shape, setup)
     tokens = cache // kv if kv else 0
     max_len = setup.max_len or shape.seq
     return ServingMemory(
@@ -186,10 +196,64 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         sequences=tokens // max_len if max_len else 0,
         max_batch=setup.max_batch,
         step_tokens=setup.step_tokens,
-        roles={name: limits for name, limits in setup.roles.items() if limits != StepLimits()},
+        roles=_own_limits(setup),
         workspace=workspace,
         profiled_tokens=setup.profiled_tokens,
+        reserve=reserve,
     )
+
+
+#: GiB an engine's process holds before it sizes its share: the CUDA context and the
+#: libraries' handles (vLLM's startup log in vllm-project/vllm#21489: 177.66 of 178.36 GiB
+#: free on a GPU of 178.36 when the engine starts)
+CUDA_CONTEXT_GIB = 0.70
+#: GiB of the CUDA graphs an engine captures after it sizes its KV cache, outside its share
+#: (vllm-project/vllm#21489: Llama 4 Maverick's graphs about 1.3 GB, out of memory at
+#: --gpu-memory-utilization 0.99; gemma-3-4b's 0.65 GiB in the same PR's log)
+CUDA_GRAPHS_GIB = 1.3
+#: SGLang's default --chunked-prefill-size on 35 to 160 GB GPUs (server_args.py): the step
+#: whose activations its --mem-fraction-static leaves outside
+SGLANG_STEP_TOKENS = 8192
+
+
+def outside_share(shape: Shape, setup: ServingSetup) -> int:
+    """Bytes the engine keeps beside its share. vLLM's --gpu-memory-utilization and SGLang's
+    --mem-fraction-static are shares of the whole GPU, so the rest holds the CUDA context
+    and graphs (and SGLang's step activations, which its share leaves out); TensorRT-LLM's
+    free_gpu_memory_fraction is a share of what the weights and its profiled step leave
+    (the context already taken), so the rest holds the CUDA graphs."""
+    graphs = int(CUDA_GRAPHS_GIB * GIB)
+    if setup.share_of == "free":
+        return graphs
+    outside = graphs + int(CUDA_CONTEXT_GIB * GIB)
+    if setup.profiled_tokens is None:  # SGLang: its share holds weights and cache only
+        tokens = setup.step_tokens or SGLANG_STEP_TOKENS
+        outside += step_workspace(shape, tokens, setup.tp, setup.ep, setup.etp)
+    return outside
+
+
+def leaves_reserve(m: ServingMemory) -> bool:
+    """Whether the engine's share leaves it room for what it keeps outside the share (the
+    serving search raises a share only as far as this holds; a share as written is never
+    refused by it)."""
+    share = Fraction(m.share).limit_denominator(1000)
+    if m.share_of == "free":
+        rest = (1 - share) * max(0, m.capacity - m.weights - m.workspace)
+    else:
+        rest = (1 - share) * m.capacity
+    return rest >= m.reserve
+
+
+def _own_limits(setup: ServingSetup) -> dict[str, StepLimits]:
+    """The roles' limits where the spec sets any, a role's share only where it is not the
+    estimate's own (the tighter role's)."""
+    out = {}
+    for name, limits in setup.roles.items():
+        if limits.share == setup.share:
+            limits = attrs.evolve(limits, share=None)
+        if limits != StepLimits():
+            out[name] = limits
+    return out
 
 
 #: bytes of one activation element: the engines compute in bf16 (fp8 and fp4 checkpoints too)
@@ -292,7 +356,13 @@ def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
         "workspace": 0,
         "profiled_tokens": None,
     }
+    # the reserve outside the share is the search's check, not the plan's; a role's share
+    # only where it has its own
     return attrs.asdict(
         memory,
-        filter=lambda field, value: field.name not in unwritten or value != unwritten[field.name],
+        filter=lambda field, value: (
+            field.name != "reserve"
+            and not (field.name == "share" and value is None)
+            and (field.name not in unwritten or value != unwritten[field.name])
+        ),
     )

@@ -39,6 +39,7 @@ from mdc.plan.serving_memory import (
     ServingSetup,
     estimate,
     kv_per_layer,
+    leaves_reserve,
     weight_bytes,
 )
 from mdc.spec import WorkloadTable
@@ -126,6 +127,8 @@ class Role:
     #: the tokens one step takes per attention group, prompt chunks included (None: the
     #: launcher's default, :attr:`Constants.chunk_tokens`)
     step_tokens: int | None = None
+    #: the engine's memory share on this role's GPUs (None: the deployment's)
+    share: float | None = None
 
     @property
     def attn_tp(self) -> int:
@@ -141,6 +144,7 @@ class Role:
             "gpus_per_server": self.gpus,
             "max_batch": self.max_batch,
             "step_tokens": self.step_tokens,
+            "memory_share": self.share,
         }
 
 
@@ -215,6 +219,8 @@ class _Server:
     #: sequences of input + output tokens the server's cache holds
     capacity_seqs: int
     memory_gib: float
+    #: whether the engine's share leaves room for what it keeps outside it
+    leaves_reserve: bool
     #: forward FLOPs of one decoding token (at the mean context) and of one prompt token
     decode_flops: float
     prefill_flops: float
@@ -354,7 +360,7 @@ def server_of(
         pp=pp,
         ep=ep,
         etp=etp,
-        share=dep.share,
+        share=role.share if role.share is not None else dep.share,
         kv_dtype=dep.kv_dtype,
         share_of="free" if dep.share_of == "free" else "capacity",
         profiled_tokens=role.step_tokens or c.chunk_tokens if dep.launcher in PROFILING else None,
@@ -376,6 +382,7 @@ def server_of(
         kv_per_token=float(memory.kv_per_token),
         capacity_seqs=groups * memory.tokens // per_seq,
         memory_gib=(memory.weights + memory.workspace + memory.cache) / GIB,
+        leaves_reserve=leaves_reserve(memory),
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         decode_attention_flops=_decode_attention_flops(shape, _context(w)),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
@@ -442,7 +449,7 @@ def _servers(
     """The deployment's roles' servers, from ``cache`` where it has them."""
     servers = []
     for r in dep.roles:
-        key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch, r.step_tokens)
+        key = (r.name, r.gpus, r.tp, r.pp, r.dp, r.ep, r.max_batch, r.step_tokens, r.share)
         found = cache.get(key) if cache is not None else None
         if found is None:
             found = server_of(r, shape, hw, dep, workload, constants)
@@ -465,6 +472,19 @@ def prefill_seconds(
     the TTFT)."""
     (server, *_) = _servers(shape, hw, dep, workload, constants, cache)
     return server.prefill(workload.input_tokens, workload.input_tokens)
+
+
+def shares_fit(
+    shape: Shape,
+    hw: Accelerator,
+    dep: Deployment,
+    workload: WorkloadTable,
+    constants: Constants = DEFAULT,
+    cache: dict[Any, _Server] | None = None,
+) -> bool:
+    """Whether every role's engine share leaves room for what the engine keeps outside it
+    (CUDA context and graphs): how far the serving search may raise a share."""
+    return all(s.leaves_reserve for s in _servers(shape, hw, dep, workload, constants, cache))
 
 
 def _unfit(servers: list[_Server]) -> ServingPrediction:
@@ -730,14 +750,19 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
 
 
 def with_limits(role: Role, memory: ServingMemory) -> Role:
-    """The role with the engine's per-step limits as the spec sets them: an aggregated
-    server's from the estimate's own, a disaggregated role's from its entry (a spec written
-    aggregated has none: its roles take the server's, as TensorRT-LLM's context and
-    generation servers take [trtllm]'s)."""
+    """The role with the engine's per-step limits and memory share as the spec sets them: an
+    aggregated server's from the estimate's own, a disaggregated role's from its entry (a
+    spec written aggregated has none: its roles take the server's, as TensorRT-LLM's
+    context and generation servers take [trtllm]'s)."""
     limits = memory.roles.get(role.name)
     if role.name == "server" or limits is None:
-        return attrs.evolve(role, max_batch=memory.max_batch, step_tokens=memory.step_tokens)
-    return attrs.evolve(role, max_batch=limits.max_batch, step_tokens=limits.step_tokens)
+        return attrs.evolve(
+            role, max_batch=memory.max_batch, step_tokens=memory.step_tokens, share=memory.share
+        )
+    share = limits.share if limits.share is not None else memory.share
+    return attrs.evolve(
+        role, max_batch=limits.max_batch, step_tokens=limits.step_tokens, share=share
+    )
 
 
 def predict_plan(plan: Plan, launch: Launch) -> ServingPrediction | None:

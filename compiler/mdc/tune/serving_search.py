@@ -39,6 +39,7 @@ from mdc.tune.serving_perf import (
     predict,
     predict_plan,
     prefill_seconds,
+    shares_fit,
     with_limits,
 )
 
@@ -46,6 +47,13 @@ from mdc.tune.serving_perf import (
 MAX_REFUSED = 200
 #: the engine's memory share the arithmetic stage assumes (compile then reads the spec's)
 SHARE = {"trtllm": ("free", 0.9)}
+#: the engines' default share (vLLM --gpu-memory-utilization, TensorRT-LLM
+#: free_gpu_memory_fraction; what mdc assumes for SGLang's --mem-fraction-static)
+DEFAULT_SHARE = 0.9
+#: the larger shares the search tries where a role's KV capacity binds and the spec leaves
+#: its share at the default, each as far as what the engine keeps outside it allows
+#: (:func:`mdc.plan.serving_memory.leaves_reserve`)
+RAISED_SHARES = (0.92, 0.95)
 
 
 @attrs.frozen(kw_only=True)
@@ -64,7 +72,8 @@ class Candidate:
         return " + ".join(_role_label(r, servers=False) for r in self.deployment.roles)
 
     def label(self) -> str:
-        return " + ".join(_role_label(r) for r in self.deployment.roles)
+        dep = self.deployment
+        return " + ".join(_role_label(r, share=_share(r, dep)) for r in dep.roles)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -79,7 +88,12 @@ class Candidate:
         )
 
 
-def _role_label(r: Role, servers: bool = True) -> str:
+def _share(r: Role, dep: Deployment) -> float:
+    """The role's engine memory share: its own, else the deployment's."""
+    return r.share if r.share is not None else dep.share
+
+
+def _role_label(r: Role, servers: bool = True, share: float = DEFAULT_SHARE) -> str:
     name = {"server": "", "prefill": "P ", "decode": "D "}[r.name]
     count = f"{r.servers}x " if servers else ""
     parts = [f"tp{r.tp}"]
@@ -91,7 +105,8 @@ def _role_label(r: Role, servers: bool = True) -> str:
         parts.append(f"ep{r.ep}")
     limit = f" b{r.max_batch}" if r.max_batch is not None else ""
     budget = f" t{_tokens(r.step_tokens)}" if r.step_tokens is not None else ""
-    return f"{name}{count}{'.'.join(parts)}{limit}{budget}"
+    memory = f" m{share:g}" if share != DEFAULT_SHARE else ""
+    return f"{name}{count}{'.'.join(parts)}{limit}{budget}{memory}"
 
 
 def _tokens(n: int) -> str:
@@ -330,6 +345,48 @@ def vllm_disagg_write(data: dict[str, Any], roles: tuple[Role, ...]) -> None:
         _write_limits(own, r)
 
 
+#: each launcher's flag of its engine's memory share, written in a role's (or [vllm]'s) args
+SHARE_FLAGS = {
+    "vllm": "--gpu-memory-utilization",
+    "vllm_disagg": "--gpu-memory-utilization",
+    "sglang_disagg": "--mem-fraction-static",
+}
+#: TensorRT-LLM's names of the roles
+TRTLLM_ROLES = {"server": None, "prefill": "context", "decode": "generation"}
+
+
+def write_share(launcher: str, data: dict[str, Any], r: Role) -> None:
+    """The role's engine memory share in the launcher's own words: vLLM's
+    --gpu-memory-utilization and SGLang's --mem-fraction-static in the role's args (the
+    copies there replaced); TensorRT-LLM's kv_cache_free_gpu_memory_fraction in [trtllm] or
+    the role's table, or free_gpu_memory_fraction in the kv_cache_config of its LLM API
+    options where the spec writes one (which replaces the command line's)."""
+    assert r.share is not None
+    if launcher == "trtllm":
+        _write_trtllm_share(data.setdefault("trtllm", {}), TRTLLM_ROLES[r.name], r.share)
+        return
+    flag = SHARE_FLAGS[launcher]
+    table = data.setdefault(launcher, {})
+    if r.name != "server":
+        table = table.setdefault(r.name, {})
+    flags = FlagTable([KnownFlag(name=flag, source="args", key="share", nargs=1)])
+    args = list(table.get("args", []))
+    _, uses = flags.read(args)
+    table["args"] = [*drop_flags(args, uses), flag, f"{r.share:g}"]
+
+
+def _write_trtllm_share(table: dict[str, Any], role: str | None, share: float) -> None:
+    own = table if role is None else table.setdefault(role, {})
+    shared = (table.get("extra_llm_api_options") or {}).get("kv_cache_config")
+    mine = (own.get("extra_llm_api_options") or {}).get("kv_cache_config")
+    if isinstance(mine, dict) or isinstance(shared, dict):
+        # a role's kv_cache_config replaces [trtllm]'s whole (its options file's update)
+        config = {**(shared or {}), **(mine or {}), "free_gpu_memory_fraction": share}
+        own.setdefault("extra_llm_api_options", {})["kv_cache_config"] = config
+        return
+    own["kv_cache_free_gpu_memory_fraction"] = share
+
+
 #: (GPUs, GPUs per node, the model's experts) -> deployments (disaggregated: templates)
 Generate = Callable[[int, int, int], Iterator[tuple[Role, ...]]]
 Write = Callable[[dict[str, Any], tuple[Role, ...]], None]
@@ -463,12 +520,37 @@ class ServingTuner:
                 nproc_per_node=nproc,
             )
 
-        def candidate(roles: tuple[Role, ...]) -> Candidate:
+        def predicted(roles: tuple[Role, ...]) -> Candidate:
             dep = deployment(roles)
             prediction = predict(shape, hw, dep, workload, self.constants, cache)
             return Candidate(
                 deployment=dep, prediction=prediction, meets_slo=meets(prediction, workload)
             )
+
+        def candidate(roles: tuple[Role, ...]) -> Candidate:
+            """The deployment, and where its KV capacity binds at the default share, at the
+            best of the larger shares the engine's reserve allows (the others searched)."""
+            first = predicted(roles)
+            if first.prediction.binding != "KV capacity" or share != DEFAULT_SHARE:
+                return first
+            bound = "server" if len(roles) == 1 else "decode"
+            best = first
+            for raised in RAISED_SHARES:
+                more = tuple(
+                    attrs.evolve(r, share=raised)
+                    if r.name == bound and r.share in (None, DEFAULT_SHARE)
+                    else r
+                    for r in roles
+                )
+                if more == roles or not shares_fit(
+                    shape, hw, deployment(more), workload, self.constants, cache
+                ):
+                    break
+                self.unfit += 1  # each share tried counts as searched
+                tried = predicted(more)
+                if tried.key < best.key:
+                    best = tried
+            return best
 
         def seconds(role: Role) -> float:
             """A server's seconds to prefill one prompt alone."""
@@ -479,7 +561,7 @@ class ServingTuner:
             """Whether one such server holds its weights and one request's KV cache."""
             alone = attrs.evolve(role, name="server", servers=1)
             if alone not in fit:
-                fit[alone] = _fits(candidate((alone,)))
+                fit[alone] = _fits(predicted((alone,)))
             return fit[alone]
 
         self.unfit = 0
@@ -580,7 +662,11 @@ class ServingTuner:
         the launcher's keys."""
         data = copy.deepcopy(self.doc.data)
         assert isinstance(data, dict)  # the schema check passed: a table
-        WRITERS[self.spec.distributed.launcher][1](data, c.deployment.roles)
+        launcher = self.spec.distributed.launcher
+        WRITERS[launcher][1](data, c.deployment.roles)
+        for role in c.deployment.roles:
+            if role.share is not None and role.share != c.deployment.share:
+                write_share(launcher, data, role)
         return attrs.evolve(c, data=data)
 
     def run(self, top: int = 5) -> Result:

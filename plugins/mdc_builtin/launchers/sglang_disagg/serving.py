@@ -50,7 +50,11 @@ def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
         value = values.get(key)
         return None if value is None else max(1, value // ranks)
 
-    return StepLimits(max_batch=per_rank("max_batch"), step_tokens=per_rank("step_tokens"))
+    return StepLimits(
+        max_batch=per_rank("max_batch"),
+        step_tokens=per_rank("step_tokens"),
+        share=values.get("share", ASSUMED_SHARE),
+    )
 
 
 def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | None:

@@ -449,10 +449,12 @@ def serving(plan: Plan, options: TrtllmOptions) -> ServingSetup | None:
         role_options(options, tight),
     )
     # each role's per-step limits (max_batch_size, max_num_tokens: its table's, else
-    # [trtllm]'s), by the model's names of the roles
+    # [trtllm]'s) and its KV cache's share, by the model's names of the roles
     roles = {
         {"context": "prefill", "generation": "decode"}[s.role]: StepLimits(
-            max_batch=s.options.max_batch_size, step_tokens=s.options.max_num_tokens
+            max_batch=s.options.max_batch_size,
+            step_tokens=s.options.max_num_tokens,
+            share=memory_setup("", s.tp, s.pp, s.ep, s.options, role_options(options, s)).share,
         )
         for s in shapes
     }

@@ -21,7 +21,9 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
     for each in shapes:  # each role's engines' per-step limits
         own, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *each.args])
         roles[each.role] = StepLimits(
-            max_batch=own.get("max_batch"), step_tokens=own.get("step_tokens")
+            max_batch=own.get("max_batch"),
+            step_tokens=own.get("step_tokens"),
+            share=own.get("share", DEFAULT_SHARE),
         )
     share = values.get("share")
     # vLLM's expert-parallel group is tp x dp of one server; each engine holds its share
@@ -31,7 +33,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         tp=shape.tp,
         ep=ep,
         etp=1 if shape.ep else shape.tp,
-        share=share if share is not None else 0.9,
+        share=share if share is not None else DEFAULT_SHARE,
         share_source="--gpu-memory-utilization"
         if share is not None
         else "vLLM's default --gpu-memory-utilization",
@@ -40,3 +42,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         roles=roles,
         profiled_tokens=values.get("step_tokens", vllm.DEFAULT_STEP_TOKENS),
     )
+
+
+#: vLLM's default --gpu-memory-utilization (vllm/config/cache.py)
+DEFAULT_SHARE = 0.9
