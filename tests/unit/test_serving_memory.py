@@ -259,3 +259,23 @@ def test_the_reserve_is_the_engines_published_sizes(tmp_path: Path) -> None:
     assert memory.reserve == pytest.approx(1.3 * GIB, abs=2)
     free = memory.capacity - memory.weights
     assert leaves_reserve(memory) == (0.05 * free >= 1.3 * GIB)
+
+
+def test_sglangs_reserve_holds_the_step_of_its_chunked_prefill_budget() -> None:
+    """SGLang's --mem-fraction-static leaves a step's activations outside: DeepSeek-V3 on 8
+    H200s (tp 8) at 0.97 leaves 4.2 GiB, room for the CUDA context and graphs (2.0 GiB) and
+    a step of 8,192 tokens (0.3 GiB), not for one of 65,536 (2.6 GiB)."""
+    from bench import serving_fit
+
+    from mdc.hardware import builtin
+    from mdc.spec import WorkloadTable
+    from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
+
+    hw, shape = builtin()["h200"], serving_fit._shape("deepseek-v3", "fp8", 9216)
+    work = WorkloadTable(input_tokens=8192, output_tokens=1024, concurrency=1)
+    fits = {}
+    for budget in (None, 65536):
+        role = Role(name="decode", servers=1, gpus=8, tp=8, step_tokens=budget, share=0.97)
+        dep = Deployment(launcher="sglang_disagg", roles=(role,), capacity_gib=hw.memory_gib)
+        fits[budget] = server_of(role, shape, hw, dep, work, DEFAULT).leaves_reserve
+    assert fits == {None: True, 65536: False}

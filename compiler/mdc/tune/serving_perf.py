@@ -364,6 +364,8 @@ def server_of(
         kv_dtype=dep.kv_dtype,
         share_of="free" if dep.share_of == "free" else "capacity",
         profiled_tokens=role.step_tokens or c.chunk_tokens if dep.launcher in PROFILING else None,
+        # the step whose activations SGLang keeps outside its share (its budget, or its own)
+        step_tokens=role.step_tokens,
     )
     memory = estimate(shape, setup, dep.capacity_gib)
     params = layer_params(shape, 0, -(-shape.layers // pp), tp, ep, etp)
