@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from mdc import emit
-from mdc.api import Artifact, Finding, Launch, LauncherSpec, TrainingSetup, _reporting
+from mdc.api import (
+    Artifact,
+    BackendSpec,
+    Finding,
+    Launch,
+    LauncherSpec,
+    TrainingSetup,
+    _reporting,
+)
 from mdc.api.files import writing_files
 from mdc.convert import structure_spec
 from mdc.errors import Diagnostic, SpecError, escape_pointer_token
@@ -193,23 +201,8 @@ class Compiler:
         is of it); ``read``: the warnings reading them gave.
         """
         spec = structure_spec(doc.data, self.option_types)  # type: ignore[arg-type]
+        backend_name = self._backend_name(doc, spec)
         launcher_reg = self.plugins.launchers[spec.distributed.launcher]
-        backend_name = spec.distributed.backend or DEFAULT_BACKEND
-        if backend_name not in self.plugins.backends:  # the default, when blocked or absent
-            raise SpecError(
-                [
-                    self._diag(
-                        doc,
-                        Finding(
-                            code="MDC104",
-                            pointer="/distributed",
-                            message=f"the default backend {backend_name!r} is not available",
-                            hint="set backend to one of: "
-                            f"{', '.join(self.plugins.backends) or '(none)'}",
-                        ),
-                    )
-                ]
-            )
         backend_reg = self.plugins.backends[backend_name]
         launcher = self.plugins.launcher(spec.distributed.launcher)
         backend = self.plugins.backend(backend_name)
@@ -260,13 +253,9 @@ class Compiler:
             # a damaged [workload] lost the value its schema error names: no second finding
             found = [] if "workload" in damaged else workload_findings(launcher, spec.workload)
             findings += [self._diag(doc, f) for f in found]
-        if plan is not None and backend.hosts is not None:
-            nnodes, hosts_of = plan.nnodes, backend.hosts
-            hosts = call(backend_reg, "hosts", lambda: hosts_of(nnodes, backend_options))
-            if hosts is not None and len(hosts) == nnodes:
-                plan = attrs.evolve(plan, hosts=tuple(hosts))
         chosen = (launcher_reg, backend_reg)
         if plan is not None:
+            plan = _with_hosts(plan, backend, backend_reg, backend_options)
             checked = plugin_findings(plan, chosen, damaged, unsupported)
             findings += [self._diag(doc, f) for f in checked]
         findings += [self._diag(doc, f) for f in unread_tables(doc, chosen, self.plugins)]
@@ -276,6 +265,27 @@ class Compiler:
             raise SpecError(findings if plan is None or failed else [])
         plan = attrs.evolve(plan, warnings=tuple(sorted(findings, key=Diagnostic.sort_key)))
         return self._emit(doc, plan, (launcher_reg, backend_reg), tree=tree, written=written)
+
+    def _backend_name(self, doc: LoadedDocument, spec: JobSpec) -> str:
+        """The spec's backend, else the default, which is refused (MDC104) when it is not
+        loaded (blocked or absent)."""
+        name = spec.distributed.backend or DEFAULT_BACKEND
+        if name in self.plugins.backends:
+            return name
+        raise SpecError(
+            [
+                self._diag(
+                    doc,
+                    Finding(
+                        code="MDC104",
+                        pointer="/distributed",
+                        message=f"the default backend {name!r} is not available",
+                        hint="set backend to one of: "
+                        f"{', '.join(self.plugins.backends) or '(none)'}",
+                    ),
+                )
+            ]
+        )
 
     def _emit(
         self,
@@ -352,6 +362,18 @@ class Compiler:
             hint=finding.hint,
             location=doc.locate(finding.pointer),
         )
+
+
+def _with_hosts(plan: Plan, backend: BackendSpec, backend_reg: Registered, options: Any) -> Plan:
+    """The plan with the nodes' host names, where the backend knows them before the run
+    (one a node; else the plan as it is)."""
+    hosts_of, nnodes = backend.hosts, plan.nnodes
+    if hosts_of is None:
+        return plan
+    hosts = call(backend_reg, "hosts", lambda: hosts_of(nnodes, options))
+    if hosts is not None and len(hosts) == nnodes:
+        return attrs.evolve(plan, hosts=tuple(hosts))
+    return plan
 
 
 def _training(spec: JobSpec, launcher_reg: Registered, launcher: LauncherSpec) -> TrainingSetup:

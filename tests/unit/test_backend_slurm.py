@@ -217,6 +217,40 @@ def test_an_elastic_job_asks_for_a_node_range(compiler: Compiler, tmp_path: Path
     assert '"--nodes=${nodes}" \\\n  "--ntasks=${nodes}"' in out
 
 
+@pytest.mark.parametrize(
+    ("min_nnodes", "nodes", "said"),
+    [
+        (2, 2, ""),
+        (2, 4, ""),
+        (2, 1, "mdc: the job has 1 node(s); the plan runs on 2 to 4\n"),
+        (2, 5, "mdc: the job has 5 node(s); the plan runs on 2 to 4\n"),
+        (None, 4, ""),
+        (
+            None,
+            3,
+            "mdc: the job has 3 node(s); the plan needs exactly 4 (was --nodes given to sbatch?)\n",
+        ),
+    ],
+)
+def test_the_node_count_check_runs_in_bash(
+    compiler: Compiler, tmp_path: Path, min_nnodes: int | None, nodes: int, said: str
+) -> None:
+    """The batch script's node count lines, run by bash: an allocation inside the plan's
+    range (exactly nnodes when not elastic) passes, another stops with exit 2."""
+    from mdc_builtin.backends.slurm import _node_count_check
+
+    data = spec()
+    data["distributed"].update(nnodes=4, **({"min_nnodes": min_nnodes} if min_nnodes else {}))
+    lines = _node_count_check(compile_data(compiler, tmp_path, data).plan)
+    done = subprocess.run(
+        ["bash", "-c", "\n".join([f"nodes={nodes}", *lines])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (2 if said else 0, said)
+
+
 # ---------------------------------------------------------------- checks
 
 

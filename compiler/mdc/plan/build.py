@@ -132,14 +132,7 @@ def build_plan(
     nnodes = dist.nnodes or 1
     nproc = dist.nproc_per_node or 1
     _command(spec, found)
-    min_nnodes = dist.min_nnodes or nnodes
-    if min_nnodes > nnodes:
-        found.add(
-            "MDC208",
-            f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",
-            "/distributed/min_nnodes",
-            f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
-        )
+    min_nnodes = _min_nnodes(dist.min_nnodes, nnodes, found)
     # a disaggregated job's router runs beside a server (no node of its own): the
     # servers' sizes divide every GPU of the job
     gpus = nproc * nnodes
@@ -178,7 +171,6 @@ def build_plan(
         )
     if found.errors or sizes is None or layout is None:
         return None, tuple(found.items)
-    port = dist.master_port
     plan = Plan(
         job=spec.job,
         launcher=dist.launcher,
@@ -190,11 +182,7 @@ def build_plan(
         sizes=sizes,
         layout=layout,
         batch=batch,
-        rendezvous=Rendezvous(
-            master_port=port or derived_port(spec.job.name),
-            port_origin="spec" if port else "derived",
-            fixed=fixed_port,
-        ),
+        rendezvous=_rendezvous(dist.master_port, spec.job.name, fixed_port),
         roles=roles,
         disagg=disagg,
         model=model,
@@ -205,6 +193,29 @@ def build_plan(
         warnings=tuple(found.items),
     )
     return plan, tuple(found.items)
+
+
+def _min_nnodes(given: int | None, nnodes: int, found: _Findings) -> int:
+    """The fewest nodes an elastic job runs on (nnodes unless given); more than nnodes is
+    refused (MDC208)."""
+    min_nnodes = given or nnodes
+    if min_nnodes > nnodes:
+        found.add(
+            "MDC208",
+            f"min_nnodes ({min_nnodes}) is larger than nnodes ({nnodes})",
+            "/distributed/min_nnodes",
+            f"an elastic job runs on min_nnodes..nnodes nodes; set min_nnodes to at most {nnodes}",
+        )
+    return min_nnodes
+
+
+def _rendezvous(port: int | None, job: str, fixed: bool) -> Rendezvous:
+    """The spec's master port, else one derived from the job's name."""
+    return Rendezvous(
+        master_port=port or derived_port(job),
+        port_origin="spec" if port else "derived",
+        fixed=fixed,
+    )
 
 
 def _parallel(

@@ -339,6 +339,41 @@ def rehearse(
             shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _results_folder(tree: Path) -> tuple[Path, Path]:
+    """``tree/rehearse`` made anew (what the nodes write: ``up/``, the stand-ins in
+    ``bin/``, a copy of plan.json): it and its ``bin``."""
+    results = tree / "rehearse"
+    shutil.rmtree(results, ignore_errors=True)
+    shims = results / "bin"
+    (results / "up").mkdir(parents=True)
+    shims.mkdir()
+    for name in ("python", "python3"):  # a symlink would lose the venv (pyvenv.cfg lookup)
+        _script(shims / name, f'exec {shlex.quote(sys.executable)} "$@"')
+    shutil.copyfile(tree / "plan.json", results / "plan.json")
+    return results, shims
+
+
+def _rank_reports(
+    results: Path,
+) -> tuple[dict[int, dict[str, Any]], dict[str, list[str]], set[int], int]:
+    """The ranks' reports by rank, their problems by label, the nodes whose ranks reported
+    problems (their failure is explained), and the most process groups a rank built."""
+    reports: dict[int, dict[str, Any]] = {}
+    problems: dict[str, list[str]] = {}
+    explained: set[int] = set()
+    built = 0
+    for path in sorted(results.glob("rank-*.json")):
+        report = json.loads(path.read_text(encoding="utf-8"))
+        label = str(report.get("rank"))
+        if report.get("problems"):
+            problems[label] = list(report["problems"])
+            explained.add(int(report.get("node", -1)))
+        if label.isdigit():
+            reports[int(label)] = report
+            built = max(built, int(report.get("groups", {}).get("built", 0)))
+    return reports, problems, explained, built
+
+
 def _play(
     compiled: Any,
     tree: Path,
@@ -351,14 +386,7 @@ def _play(
     tree_hook: TreeHook | None,
 ) -> Outcome:
     plan = compiled.plan
-    results = tree / "rehearse"
-    shutil.rmtree(results, ignore_errors=True)
-    shims = results / "bin"
-    (results / "up").mkdir(parents=True)
-    shims.mkdir()
-    for name in ("python", "python3"):  # a symlink would lose the venv (pyvenv.cfg lookup)
-        _script(shims / name, f'exec {shlex.quote(sys.executable)} "$@"')
-    shutil.copyfile(tree / "plan.json", results / "plan.json")
+    results, shims = _results_folder(tree)
     token = f"{os.getpid()}-{time.monotonic_ns()}"
     base = _base_env(shims, results, token)
     if serving:
@@ -388,8 +416,7 @@ def _play(
     )
     plan_data = json.loads((results / "plan.json").read_text(encoding="utf-8"))
     problems: dict[str, list[str]] = {}
-    findings: list[str] = []
-    built, kinds, missing = 0, sorted(plan_data.get("groups", {})), []
+    built, kinds = 0, sorted(plan_data.get("groups", {}))
     explained: set[int] = set()
     if serving:
         from mdc.rehearse import serving as serving_mod
@@ -399,16 +426,7 @@ def _play(
         missing = serving_mod.missing_nodes(plan_data, records, [n.host for n in nodes])
         kinds = []
     else:
-        reports: dict[int, dict[str, Any]] = {}
-        for path in sorted(results.glob("rank-*.json")):
-            report = json.loads(path.read_text(encoding="utf-8"))
-            label = str(report.get("rank"))
-            if report.get("problems"):
-                problems[label] = list(report["problems"])
-                explained.add(int(report.get("node", -1)))
-            if label.isdigit():
-                reports[int(label)] = report
-                built = max(built, int(report.get("groups", {}).get("built", 0)))
+        reports, problems, explained, built = _rank_reports(results)
         missing = [r for r in range(plan.world_size) if r not in reports]
         findings = training_findings(plan_data, reports)
     failed = {i for i, code in exits.items() if code != 0}

@@ -242,19 +242,7 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
         "# SLURM runs a copy of this script, so the tree is found through MDC_OUT or the",
         "# submit directory, never through the script's own path.",
     ]
-    if opts.modules:
-        lines += [
-            "# A batch shell is not a login shell: set up the module command if it is missing.",
-            "if ! command -v module >/dev/null 2>&1 && [[ -r /etc/profile ]]; then",
-            "  # shellcheck source=/dev/null",
-            "  . /etc/profile",
-            "fi",
-            "set -eo pipefail",
-            *(f"module load {shell_word(m)}" for m in opts.modules),
-            "set -u",
-        ]
-    else:
-        lines.append("set -euo pipefail")
+    lines += _shell_options(opts)
     lines += [
         'out="${MDC_OUT:-${SLURM_SUBMIT_DIR:-}}"',
         'if [[ -z "$out" || ! -f "$out/slurm/node.sh" || ! -d "$out/launch" ]]; then',
@@ -270,26 +258,7 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
         "  exit 2",
         "fi",
         'nodes="${SLURM_JOB_NUM_NODES:-0}"',
-    ]
-    if plan.elastic:
-        lines += [
-            f"if ((nodes < {plan.min_nnodes} || nodes > {plan.nnodes})); then",
-            (
-                f'  echo "mdc: the job has $nodes node(s); the plan runs on {plan.min_nnodes} to '
-                f'{plan.nnodes}" >&2'
-            ),
-        ]
-    else:
-        lines += [
-            f"if ((nodes != {plan.nnodes})); then",
-            (
-                f'  echo "mdc: the job has $nodes node(s); the plan needs exactly {plan.nnodes} '
-                '(was --nodes given to sbatch?)" >&2'
-            ),
-        ]
-    lines += [
-        "  exit 2",
-        "fi",
+        *_node_count_check(plan),
         "# Node 0 is the first host of the allocation; srun gives it SLURM_NODEID 0.",
         'mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         "if ((${#hosts[@]} != nodes)); then",
@@ -326,6 +295,40 @@ def batch_script(plan: Plan, opts: SlurmOptions) -> str:
     # with a teardown the shell stays, to run it when srun ends
     lines.append(("" if opts.teardown else "exec ") + " \\\n  ".join(_grouped(srun)))
     return "\n".join(lines)
+
+
+def _shell_options(opts: SlurmOptions) -> list[str]:
+    """The batch shell's options, with the job's modules loaded first (``set -u`` after
+    them: module scripts read unset variables)."""
+    if opts.modules:
+        return [
+            "# A batch shell is not a login shell: set up the module command if it is missing.",
+            "if ! command -v module >/dev/null 2>&1 && [[ -r /etc/profile ]]; then",
+            "  # shellcheck source=/dev/null",
+            "  . /etc/profile",
+            "fi",
+            "set -eo pipefail",
+            *(f"module load {shell_word(m)}" for m in opts.modules),
+            "set -u",
+        ]
+    return ["set -euo pipefail"]
+
+
+def _node_count_check(plan: Plan) -> list[str]:
+    """Bash lines stopping a job of another node count than the plan's (an elastic plan's
+    range)."""
+    if plan.elastic:
+        wrong = f"nodes < {plan.min_nnodes} || nodes > {plan.nnodes}"
+        said = f"the plan runs on {plan.min_nnodes} to {plan.nnodes}"
+    else:
+        wrong = f"nodes != {plan.nnodes}"
+        said = f"the plan needs exactly {plan.nnodes} (was --nodes given to sbatch?)"
+    return [
+        f"if (({wrong})); then",
+        f'  echo "mdc: the job has $nodes node(s); {said}" >&2',
+        "  exit 2",
+        "fi",
+    ]
 
 
 def _grouped(words: Sequence[Word]) -> list[str]:

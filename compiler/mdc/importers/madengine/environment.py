@@ -28,6 +28,42 @@ class Environment(Context):
     # [job] env: presets, then env_vars, then docker_env_vars (§2.3, §4, §5)
     def environment(self) -> None:
         b = self.b
+        preset: dict[str, str] = {}
+        names: list[str] = []
+        for name, layer in self.preset_layers():
+            preset.update(layer)
+            names.append(name)
+        given = self.given_env()
+        applied = sorted(k for k in preset if k not in given)
+        if applied:
+            b.note(
+                "MDC503",
+                f"/{self.k8s_key}" if self.k8s_key else "/slurm",
+                "madengine's "
+                f"presets ({', '.join(names)}) add "
+                + ", ".join(f"{k}={preset[k]}" for k in applied)
+                + "; mdc keeps them in "
+                "[job] env",
+                hint="override one in env_vars",
+            )
+        env: dict[str, tuple[object, str | None]] = {k: (preset[k], None) for k in applied}
+        env.update(given)
+        if self.target == "slurm" and "env_vars" in self.ctx:
+            b.note(
+                "MDC505",
+                "/env_vars",
+                "on SLURM, madengine exports env_vars in the batch "
+                "shell unquoted, and only a whitelist reaches the container; mdc gives every "
+                "process all of them, quoted",
+            )
+        for key in sorted(env):
+            b.put(("job", "env", key), env[key][0], env[key][1])
+        for block in ("env_vars", "docker_env_vars"):
+            if block in self.ctx:
+                b.handled.add(f"/{block}")
+
+    def preset_layers(self) -> list[tuple[str, dict[str, str]]]:
+        """madengine's preset env for the target, layer by layer (name, variables)."""
         layers: list[tuple[str, dict[str, str]]] = []
         amd = self.vendor[0] == "amd"
         if self.target == "kubernetes":
@@ -46,11 +82,12 @@ class Environment(Context):
                 if self.nnodes > 1
                 else ("the single-node profile", SLURM_SINGLE_NODE_ENV)
             )
-        preset: dict[str, str] = {}
-        names: list[str] = []
-        for name, layer in layers:
-            preset.update(layer)
-            names.append(name)
+        return layers
+
+    def given_env(self) -> dict[str, tuple[object, str | None]]:
+        """env_vars, then docker_env_vars (value, origin), noting what mdc drops or reads
+        otherwise than madengine."""
+        b = self.b
         given: dict[str, tuple[object, str | None]] = dict(self.env)
         for block in ("env_vars", "docker_env_vars"):
             values = self.ctx.get(block)
@@ -95,33 +132,7 @@ class Environment(Context):
                         f"string {env_value(value)!r} (madengine renders it with str())",
                     )
                 given[key] = (env_value(value), origin)
-        applied = sorted(k for k in preset if k not in given)
-        if applied:
-            b.note(
-                "MDC503",
-                f"/{self.k8s_key}" if self.k8s_key else "/slurm",
-                "madengine's "
-                f"presets ({', '.join(names)}) add "
-                + ", ".join(f"{k}={preset[k]}" for k in applied)
-                + "; mdc keeps them in "
-                "[job] env",
-                hint="override one in env_vars",
-            )
-        env: dict[str, tuple[object, str | None]] = {k: (preset[k], None) for k in applied}
-        env.update(given)
-        if self.target == "slurm" and "env_vars" in self.ctx:
-            b.note(
-                "MDC505",
-                "/env_vars",
-                "on SLURM, madengine exports env_vars in the batch "
-                "shell unquoted, and only a whitelist reaches the container; mdc gives every "
-                "process all of them, quoted",
-            )
-        for key in sorted(env):
-            b.put(("job", "env", key), env[key][0], env[key][1])
-        for block in ("env_vars", "docker_env_vars"):
-            if block in self.ctx:
-                b.handled.add(f"/{block}")
+        return given
 
     def managed_env(self) -> set[str]:
         names = {*MANAGED_ENV, *LAUNCHER_ENV.get(str(self.launcher), ())}

@@ -191,6 +191,17 @@ def _recompute(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
         opts.recompute_method,
         opts.recompute_num_layers,
     )
+    if granularity in (None, "selective"):
+        yield from _unused_recompute_keys(granularity, method, count)
+    else:
+        yield from _full_recompute(plan, method, count)
+
+
+def _unused_recompute_keys(
+    granularity: str | None, method: str | None, count: int | None
+) -> Iterator[Finding]:
+    """recompute_method and recompute_num_layers without full recomputation: none at all,
+    or selective (which Megatron refuses them with)."""
     if granularity is None:
         for key, value in (("recompute_method", method), ("recompute_num_layers", count)):
             if value is not None:
@@ -201,34 +212,36 @@ def _recompute(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
                     hint='set recompute_granularity = "full", or remove ' + key,
                 )
         return
-    if granularity == "selective":
-        for key, value, quote in (
+    for key, value, quote in (
+        (
+            "recompute_method",
+            method,
             (
-                "recompute_method",
-                method,
-                (
-                    "Megatron-LM: 'recompute method is not yet "
-                    "supported for selective recomputing granularity'"
-                ),
+                "Megatron-LM: 'recompute method is not yet "
+                "supported for selective recomputing granularity'"
             ),
+        ),
+        (
+            "recompute_num_layers",
+            count,
             (
-                "recompute_num_layers",
-                count,
-                (
-                    "Megatron-Core: 'When using "
-                    "recompute_granularity: selective recompute_num_layers must be None.'"
-                ),
+                "Megatron-Core: 'When using "
+                "recompute_granularity: selective recompute_num_layers must be None.'"
             ),
-        ):
-            if value is not None:
-                yield Finding(
-                    code="MDC322",
-                    pointer=f"/megatron/{key}",
-                    message=f"{key} must not be set with recompute_granularity = "
-                    f'"selective" ({quote})',
-                    hint=f'remove {key}, or use recompute_granularity = "full"',
-                )
-        return
+        ),
+    ):
+        if value is not None:
+            yield Finding(
+                code="MDC322",
+                pointer=f"/megatron/{key}",
+                message=f'{key} must not be set with recompute_granularity = "selective" ({quote})',
+                hint=f'remove {key}, or use recompute_granularity = "full"',
+            )
+
+
+def _full_recompute(plan: Plan, method: str | None, count: int | None) -> Iterator[Finding]:
+    """Full recomputation: its method and layer count, which must fit each model chunk's
+    layers."""
     layers = plan.model.num_layers if plan.model else None
     chunks = plan.sizes.pp * (plan.sizes.vpp or 1)
     chunk = layers // chunks if layers and layers % chunks == 0 else None
