@@ -279,3 +279,50 @@ def test_sglangs_reserve_holds_the_step_of_its_chunked_prefill_budget() -> None:
         dep = Deployment(launcher="sglang_disagg", roles=(role,), capacity_gib=hw.memory_gib)
         fits[budget] = server_of(role, shape, hw, dep, work, DEFAULT).leaves_reserve
     assert fits == {None: True, 65536: False}
+
+
+H200_GIB = 143771 / 1024  # nvidia-smi's 143,771 MiB
+
+
+@pytest.mark.parametrize(
+    ("server", "reserve_mib", "share"),
+    [
+        # DeepSeek-class (MLA) on one 8-GPU H200 server: 512 + 8,192 x 1.5 + 8 / 8 x 1,024,
+        # decode graphs 2 x 512, MLA prefill graphs 1,536 = 16,384 MiB
+        ({"tp": 8, "mla": True}, 16384, 0.886),
+        # its prefill servers: no decode graphs
+        ({"role": "prefill", "tp": 8, "mla": True}, 15360, 0.893),
+        # its decode servers: 2,048 tokens, no prefill graphs, up to the 10 GiB floor
+        ({"role": "decode", "tp": 8, "mla": True}, 10240, 0.929),
+        # with DP attention over 8 ranks: 512 x 8 x (3 + 1.5) more for the graphs
+        ({"role": "decode", "tp": 8, "dp": 8, "mla": True}, 24064, 0.833),
+        # a small dense model on one GPU: 512 + 12,288 + 128 + 512 + 58 prefill graphs x 8
+        ({"tp": 1}, 13904, 0.903),
+        # the same at a 2,048-token chunk: the floor
+        ({"tp": 1, "chunked_prefill": 2048}, 10240, 0.929),
+    ],
+)
+def test_sglangs_own_share_follows_its_rule(
+    server: dict[str, Any], reserve_mib: int, share: float
+) -> None:
+    """SGLang's automatic --mem-fraction-static (server_args.py) for H200 servers: the
+    reserve for activations, CUDA graphs and the parallel groups, then (GPU - reserve) /
+    GPU rounded to 3 places."""
+    from mdc.plan.serving_memory import SglangServer, sglang_default_share, sglang_reserve_mib
+
+    s = SglangServer(**server)
+    assert sglang_reserve_mib(H200_GIB, s) == reserve_mib
+    assert sglang_default_share(H200_GIB, s) == share == round(1 - reserve_mib / 143771, 3)
+
+
+def test_sglangs_rule_takes_the_gpus_defaults() -> None:
+    """SGLang's defaults by GPU size: an 80 GB H100 and an A100 40GB take 8,192- and
+    4,096-token chunks, a B200 16,384; only GPUs over 60 GiB have the 10 GiB floor."""
+    from mdc.plan.serving_memory import SglangServer, sglang_reserve_mib
+
+    # H100: 512 + 12,288 + 1,024 + 2 x 512 + 8 x 58 (dense prefill graphs to 8,192)
+    assert sglang_reserve_mib(81559 / 1024, SglangServer(tp=8)) == 15312
+    # A100 40GB, tp 8: 512 + 6,144 + 1,024 + 2 x 160 + 8 x 50 graphs to 4,096; no floor
+    assert sglang_reserve_mib(40, SglangServer(tp=8)) == 8400
+    # B200, tp 1: 512 + 24,576 + 128 + 2 x 512 + 8 x 74 graphs to 16,384
+    assert sglang_reserve_mib(183359 / 1024, SglangServer(tp=1)) == 26832

@@ -578,8 +578,10 @@ def test_a_decode_roles_share_is_written_in_its_own_args(
     tmp_path: Path, launcher: str, flag: str
 ) -> None:
     """A split whose decode servers' KV caches bind: the decode role's args carry the
-    engine's own flag at the raised share, the prefill role's keep the default; the node
-    script passes it to the decode servers only, and the row explains to itself."""
+    engine's own flag at the raised share, the prefill role's keep the default (SGLang's:
+    the share it picks itself for an 8-GPU H200 prefill server of DeepSeek-R1, 0.893, below
+    the estimate's 0.9); the node script passes the raised share to the decode servers, and
+    the row explains to itself."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps(_as_launcher(launcher, 2)), encoding="utf-8")
     code, out, err = _run("tune", str(spec), "--format", "json", "--top", "6")
@@ -588,10 +590,17 @@ def test_a_decode_roles_share_is_written_in_its_own_args(
     assert rows
     for i, row in enumerate(rows):
         share = row["roles"]["decode"]["memory_share"]
-        assert share in (0.92, 0.95)
+        # SGLang's decode servers: what it picks itself (its reserve is the 10 GiB floor)
+        assert share == 0.929 if launcher == "sglang_disagg" else share in (0.92, 0.95)
         decode_args = row["spec"][launcher]["decode"]["args"]
         assert decode_args[decode_args.index(flag) + 1] == f"{share:g}"
-        assert flag not in row["spec"][launcher]["prefill"].get("args", [])
+        prefill_args = row["spec"][launcher]["prefill"].get("args", [])
+        if launcher == "sglang_disagg":
+            # SGLang's reserve: 512 + 8,192 x 1.5 + 8 / 8 x 1,024 + 1,536 (MLA prefill
+            # graphs) = 15,360 of 143,771 MiB
+            assert prefill_args[prefill_args.index(flag) + 1] == "0.893"
+        else:
+            assert flag not in prefill_args
         out_dir = tmp_path / f"out{i}"
         assert _run("compile", str(_spec_file(tmp_path, row)), "-o", str(out_dir))[0] == 0
         script = "\n".join(p.read_text() for p in (out_dir / "launch").glob("*.sh"))
@@ -632,3 +641,64 @@ def test_an_aggregated_trtllm_share_is_written_where_trtllm_reads_it(
     else:
         assert "--kv_cache_free_gpu_memory_fraction 0.95" in script
     assert _explained(tmp_path, data, "aggregated")["serving_memory"]["share"] == 0.95
+
+
+def test_sglang_shares_never_pass_what_sglang_picks_itself(tmp_path: Path) -> None:
+    """DeepSeek-R1 on two 8-GPU H200 servers behind SGLang: no role is written a share above
+    the one SGLang picks itself for its layout (server_args.py: prefill 0.893, decode 0.929,
+    decode with DP attention over 8 ranks 0.833), and a role whose own is below 0.9 is
+    predicted and written at it."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_as_launcher("sglang_disagg", 2)), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "8")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert {r["roles"]["decode"]["dp"] for r in rows} == {1, 8}
+    for row in rows:
+        prefill, decode = row["roles"]["prefill"], row["roles"]["decode"]
+        assert prefill["memory_share"] == 0.893
+        if decode["dp"] == 8:
+            assert decode["memory_share"] == 0.833
+        else:
+            assert decode["memory_share"] in (None, 0.9, 0.929)
+        args = row["spec"]["sglang_disagg"]["prefill"]["args"]
+        assert args[args.index("--mem-fraction-static") + 1] == "0.893"
+
+
+def _small_dense_split(tmp_path: Path, accelerator: str) -> Path:
+    """Llama 3.1 8B behind SGLang on one 8-GPU node, 32k-token prompts, 2,048 in flight:
+    the decode servers' KV caches bind."""
+    data = {
+        "job": {"name": "s8", "command": "python3"},
+        "distributed": {
+            "launcher": "sglang_disagg",
+            "backend": "local",
+            "nnodes": 1,
+            "nproc_per_node": 8,
+            "accelerator_model": accelerator,
+        },
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct", "seq_length": 36864},
+        "sglang_disagg": {"model_path": "meta-llama/Llama-3.1-8B-Instruct"},
+        "workload": {"input_tokens": 32768, "output_tokens": 4096, "concurrency": 2048},
+    }
+    spec = tmp_path / f"s8-{accelerator}.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    return spec
+
+
+def test_a_small_dense_models_sglang_decode_share_is_raised_where_its_rule_allows(
+    tmp_path: Path,
+) -> None:
+    """A small dense model's SGLang decode servers reserve only the 10 GiB floor: on an H200
+    a KV-bound decode role is raised to the share SGLang picks itself, 0.929 (never 0.95);
+    on an 80 GB H100 that is 0.874, below 0.9, which the search keeps."""
+    found = {}
+    for accelerator in ("h200", "h100-sxm"):
+        path = _small_dense_split(tmp_path, accelerator)
+        code, out, err = _run("tune", str(path), "--format", "json", "--top", "8")
+        assert code == 0, err
+        rows = json.loads(out)["candidates"]
+        bound = [r for r in rows if r["predicted"]["binding"] == "KV capacity"]
+        assert bound
+        found[accelerator] = {r["roles"]["decode"]["memory_share"] for r in bound}
+    assert found == {"h200": {0.929}, "h100-sxm": {0.874}}

@@ -24,7 +24,8 @@ and the KV cache. Per GPU of the heaviest pipeline stage:
   and non-torch memory take some of it), in tokens and in sequences of ``max_model_len``;
 * what the engine keeps outside its share (:func:`leaves_reserve`): the CUDA context and
   the CUDA graphs it captures after sizing the cache (SGLang also a step's activations),
-  which a share raised by ``mdc tune`` must leave room for.
+  which a share raised by ``mdc tune`` must leave room for; SGLang's own rule for the share
+  it picks when not told (:func:`sglang_default_share`), which ``mdc tune`` never exceeds.
 
 Only the weights can make it an error (MDC280: they exceed the whole GPU); a cache that
 cannot hold one full-length sequence is a warning (MDC281), since the estimate leaves the
@@ -209,7 +210,12 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
 CUDA_CONTEXT_GIB = 0.70
 #: GiB of the CUDA graphs an engine captures after it sizes its KV cache, outside its share
 #: (vllm-project/vllm#21489: Llama 4 Maverick's graphs about 1.3 GB, out of memory at
-#: --gpu-memory-utilization 0.99; gemma-3-4b's 0.65 GiB in the same PR's log)
+#: --gpu-memory-utilization 0.99; gemma-3-4b's 0.65 GiB in the same PR's log). vLLM up to
+#: 0.20 captures them after sizing the cache; from 0.21 it profiles them first and sizes
+#: the cache inside its share (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, on by default;
+#: vllm-project/vllm#30515), where this is a margin. TensorRT-LLM captures its own after
+#: allocating the cache (NVIDIA/TensorRT-LLM#8961's log) and publishes no size of them:
+#: vLLM's stands in
 CUDA_GRAPHS_GIB = 1.3
 #: SGLang's default --chunked-prefill-size on 35 to 160 GB GPUs (server_args.py): the step
 #: whose activations its --mem-fraction-static leaves outside
@@ -230,6 +236,85 @@ def outside_share(shape: Shape, setup: ServingSetup) -> int:
         tokens = setup.step_tokens or SGLANG_STEP_TOKENS
         outside += step_workspace(shape, tokens, setup.tp, setup.ep, setup.etp)
     return outside
+
+
+#: SGLang's automatic --mem-fraction-static (``_handle_gpu_memory_settings`` in
+#: python/sglang/srt/server_args.py, read at sgl-project/sglang@001067f; the same terms in
+#: the v0.5 releases): per GPU size (MiB, below the bound), its default
+#: --chunked-prefill-size and CUDA-graph batch limit below tp 4 and from tp 4
+SGLANG_TIERS = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (float("inf"), 16384, 512, 512),
+)
+
+
+@attrs.frozen(kw_only=True)
+class SglangServer:
+    """What SGLang's automatic share reads of one server: its role in a split ("server":
+    aggregated), sizes, and its flags as written (None: SGLang's default)."""
+
+    role: str = "server"
+    tp: int = 1
+    pp: int = 1
+    #: DP attention ranks (1: none)
+    dp: int = 1
+    #: --chunked-prefill-size and --max-running-requests, the whole server's
+    chunked_prefill: int | None = None
+    max_running: int | None = None
+    #: multi-head latent attention (its prefill CUDA graphs reserve a flat 1.5 GiB)
+    mla: bool = False
+
+
+def sglang_reserve_mib(capacity_gib: float, server: SglangServer) -> float:
+    """MiB SGLang leaves outside the share it picks itself: 512 of attention metadata, 1.5
+    per activation token (a decode server's running requests, else a prefill chunk; at
+    least 2,048 tokens), tp x pp / 8 GiB for the parallel groups, CUDA graphs (2 per decode
+    batch size, with DP attention 3 more per batch size and rank, 1.5 more again past 300;
+    a prefill graph 8 per captured size, 1.5 GiB with latent attention), at least 10 GiB on
+    GPUs over 60 GiB. Speculative decoding and DeepEP buffers (2 GiB each) are not
+    counted: the search writes neither."""
+    gpu = capacity_gib * 1024
+    _, chunk, small, large = next(t for t in SGLANG_TIERS if gpu < t[0])
+    graph_bs = small if server.tp < 4 else large
+    chunk = server.chunked_prefill or chunk
+    if server.role == "decode":
+        tokens = max(server.max_running or graph_bs, 2048)
+    else:
+        tokens = max(chunk, 2048)
+    reserve = 512 + 1.5 * tokens + server.tp * server.pp / 8 * 1024
+    if server.role != "prefill":
+        reserve += 2 * graph_bs
+        if server.dp > 1:
+            reserve += graph_bs * server.dp * (4.5 if graph_bs > 300 else 3)
+    if server.role != "decode":
+        reserve += 1.5 * 1024 if server.mla else 8 * len(_prefill_graph_sizes(chunk))
+    if gpu > 60 * 1024:
+        reserve = max(reserve, 10 * 1024)
+    return reserve
+
+
+def _prefill_graph_sizes(tokens: int) -> list[int]:
+    """The token counts SGLang captures prefill CUDA graphs at, up to a chunk."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, tokens + 1, 512),
+    ]
+    return [s for s in sizes if s <= tokens]
+
+
+def sglang_default_share(capacity_gib: float, server: SglangServer) -> float:
+    """The --mem-fraction-static SGLang picks when not told: what its reserve leaves of the
+    GPU, rounded to 3 places."""
+    gpu = capacity_gib * 1024
+    return round((gpu - sglang_reserve_mib(capacity_gib, server)) / gpu, 3)
 
 
 def leaves_reserve(m: ServingMemory) -> bool:

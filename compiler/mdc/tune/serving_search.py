@@ -27,7 +27,7 @@ from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiler
 from mdc.plan.memory import GIB, Shape, resolve_shape
 from mdc.plan.named_models import name_model
-from mdc.plan.serving_memory import ServingMemory
+from mdc.plan.serving_memory import ServingMemory, SglangServer, sglang_default_share
 from mdc.spec import JobSpec, WorkloadTable
 from mdc.tune.serving_perf import (
     DEFAULT,
@@ -52,8 +52,36 @@ SHARE = {"trtllm": ("free", 0.9)}
 DEFAULT_SHARE = 0.9
 #: the larger shares the search tries where a role's KV capacity binds and the spec leaves
 #: its share at the default, each as far as what the engine keeps outside it allows
-#: (:func:`mdc.plan.serving_memory.leaves_reserve`)
+#: (:func:`mdc.plan.serving_memory.leaves_reserve`); SGLang's instead is the one it picks
+#: itself, where that is above 0.9
 RAISED_SHARES = (0.92, 0.95)
+#: launchers whose engine is SGLang, which picks its own --mem-fraction-static when not
+#: told (:func:`mdc.plan.serving_memory.sglang_default_share`)
+SGLANG_SHARES = frozenset({"sglang_disagg"})
+
+
+def sglang_server(r: Role, shape: Shape) -> SglangServer:
+    """What SGLang's own share reads of a role's servers: its limits as the flags write
+    them (per DP attention rank times the ranks)."""
+    return SglangServer(
+        role=r.name,
+        tp=r.tp,
+        pp=r.pp,
+        dp=r.dp,
+        chunked_prefill=None if r.step_tokens is None else r.step_tokens * r.dp,
+        max_running=None if r.max_batch is None else r.max_batch * r.dp,
+        mla=shape.latent is not None,
+    )
+
+
+def sglang_baseline(r: Role, shape: Shape, capacity_gib: float) -> Role:
+    """A role whose share the spec leaves to SGLang, at the share SGLang picks where that is
+    below the 0.9 the estimate assumes (its reserve for activations and CUDA graphs is
+    larger there: 0.893 for a DeepSeek-R1 prefill server of 8 H200s)."""
+    if r.share not in (None, DEFAULT_SHARE):
+        return r
+    own = sglang_default_share(capacity_gib, sglang_server(r, shape))
+    return attrs.evolve(r, share=own) if own < DEFAULT_SHARE else r
 
 
 @attrs.frozen(kw_only=True)
@@ -505,6 +533,10 @@ class ServingTuner:
         if written is not None:  # the engine's settings as the spec writes them
             share, share_of, kv_dtype = written.share, written.share_of, written.kv_dtype
             capacity = written.capacity / GIB
+        # SGLang picks its own share where the spec sets none
+        sglang_own = launcher in SGLANG_SHARES and (
+            written is None or written.share_source != "--mem-fraction-static"
+        )
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
         budgeted: dict[Role, Role] = {}
@@ -527,24 +559,30 @@ class ServingTuner:
                 deployment=dep, prediction=prediction, meets_slo=meets(prediction, workload)
             )
 
+        def larger(role: Role) -> tuple[float, ...]:
+            """The larger shares to try on a role whose KV capacity binds: SGLang's the one it
+            picks itself where that is above 0.9 (never more: what its reserve for the GPU and
+            layout leaves), the other engines' :data:`RAISED_SHARES`."""
+            if launcher not in SGLANG_SHARES:
+                return RAISED_SHARES
+            own = sglang_default_share(capacity, sglang_server(role, shape))
+            return (own,) if own > DEFAULT_SHARE else ()
+
         def candidate(roles: tuple[Role, ...]) -> Candidate:
             """The deployment, and where its KV capacity binds at the default share, at the
             best of the larger shares the engine's reserve allows (the others searched)."""
+            if sglang_own:
+                roles = tuple(sglang_baseline(r, shape, capacity) for r in roles)
             first = predicted(roles)
             if first.prediction.binding != "KV capacity" or share != DEFAULT_SHARE:
                 return first
-            bound = "server" if len(roles) == 1 else "decode"
+            bound = next(r for r in roles if r.name in ("server", "decode"))
+            if bound.share not in (None, DEFAULT_SHARE):
+                return first
             best = first
-            for raised in RAISED_SHARES:
-                more = tuple(
-                    attrs.evolve(r, share=raised)
-                    if r.name == bound and r.share in (None, DEFAULT_SHARE)
-                    else r
-                    for r in roles
-                )
-                if more == roles or not shares_fit(
-                    shape, hw, deployment(more), workload, self.constants, cache
-                ):
+            for raised in larger(bound):
+                more = tuple(attrs.evolve(r, share=raised) if r is bound else r for r in roles)
+                if not shares_fit(shape, hw, deployment(more), workload, self.constants, cache):
                     break
                 self.unfit += 1  # each share tried counts as searched
                 tried = predicted(more)
