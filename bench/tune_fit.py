@@ -48,7 +48,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 FITTED = (
     "gemm_peak", "shape_knee", "width_knee", "attention_peak",
     "elementwise", "ep_exposed",
-    "moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us",
+    "moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us",
 )  # fmt: skip
 
 
@@ -347,7 +347,7 @@ NEUTRAL = {
     "elementwise": 1.0,  # one HBM pass per activation byte Korthikanti counts
     "ep_exposed": 1.0,  # nothing of the all-to-all hidden
     "moe_passes": 1.0,  # one pass per routed token's hidden vector
-    "mamba_passes": 1.0,  # one pass per token's inner-width vector
+    "mamba_overhead": 1.0,  # the Mamba layer's counted work at its kernels' measured rates
     "fp4_peak": 1.0,  # FP4 GEMMs at the level fp8's reach
     "expert_overhead_us": 5.0,  # about one kernel launch per local expert
 }

@@ -93,8 +93,11 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # 87.3 % (held out 85.6 %) once GEMMs run at each accelerator's measured level
     # (kernels.toml's [gemm]) and the eleven constants were fitted again; 87.3 % (274 of 314;
     # held out 86.5 %) once the collectives run at NCCL's measured share of each link and
-    # the other ten were fitted again. The floor holds that level
-    assert accuracy >= 0.87 >= 0.80
+    # the other ten were fitted again; 86.9 % (273 of 314; held out 86.5 %) once Mamba's
+    # layers run their counted SSD work at the measured SSD kernels' rate and NVFP4 its
+    # measured GEMM level, the constants fitted again (mamba_overhead for mamba_passes; held
+    # out by source 60.7 % to 64.1 %). The floor holds that level
+    assert accuracy >= 0.869 >= 0.80
 
 
 @pytest.fixture(scope="session")
@@ -119,13 +122,13 @@ def test_held_out_fold_starts_neutral_where_its_family_informs(
     nvidia = [c for c in fitted_cases if c.family == "NVIDIA performance summaries"]
     start, reset = tune_fit.fold_start(nvidia)
     assert set(reset) == set(tune_fit.FITTED)
-    for name in ("moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us", "gemm_peak"):
+    for name in ("moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us", "gemm_peak"):
         assert getattr(start, name) == tune_fit.NEUTRAL[name] != getattr(DEFAULT, name)
     # a dense family's fold keeps the constants its rows never move where they were
     paper = [c for c in fitted_cases if c.family == "Megatron-LM paper (2021)"]
     start, reset = tune_fit.fold_start(paper)
-    assert {"moe_passes", "mamba_passes", "fp4_peak", "expert_overhead_us"}.isdisjoint(reset)
-    assert start.mamba_passes == DEFAULT.mamba_passes
+    assert {"moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us"}.isdisjoint(reset)
+    assert start.mamba_overhead == DEFAULT.mamba_overhead
     assert "gemm_peak" in reset
 
 
@@ -146,17 +149,19 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # NVIDIA's summaries inform (the MoE, Mamba and NVFP4 ones) kept, in the fold that holds
     # those summaries out, the values fitted on them. With every constant a held-out family
     # informs started neutral (bench.tune_fit.fold_start), 60.7 % (198 of 326), MoE 42.4 %
-    # (75 of 177), FSDP-style 76.7 % (23 of 30), 29.2 %: the floors hold that level, the
-    # FSDP-style target still met
+    # (75 of 177), FSDP-style 76.7 % (23 of 30), 29.2 %; 64.1 % (209 of 326), MoE 42.9 % (76
+    # of 177), FSDP-style 80.0 % (24 of 30), 26.9 % once Mamba's SSD and NVFP4's GEMMs run
+    # at measured rates, so that their constants' neutral values are those rates: the
+    # floors hold that level, the FSDP-style target still met
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
-    assert _within(by_source) >= 0.60
-    assert _within(moe) >= 0.42
-    assert _within(fsdp) >= 0.76 >= 0.75
-    assert _error(by_source) <= 0.293
+    assert _within(by_source) >= 0.641
+    assert _within(moe) >= 0.429
+    assert _within(fsdp) >= 0.80 >= 0.75
+    assert _error(by_source) <= 0.270
 
 
-@pytest.mark.xfail(reason="held out by source: 60.7 % within 20 %, MoE 42.4 %", strict=True)
+@pytest.mark.xfail(reason="held out by source: 64.1 % within 20 %, MoE 42.9 %", strict=True)
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]
     assert _within(by_source) >= 0.80

@@ -679,9 +679,9 @@ def test_few_tokens_per_expert_stream_the_expert_weights() -> None:
 
 
 def test_fp4_gemms_reach_fp4_peak_of_the_share_the_others_reach() -> None:
-    """B200's fp4 peak is 4x its bf16 one, and fp4 GEMMs run at fp8's measured level
-    (B200: 3432.5 of 4500 TFLOP/s in fp8, 1745 of 2250 in bf16, kernels.toml): the
-    GEMM time G4 at fp4 is r = (1745/2250) / (4 * 3432.5/4500) of bf16's Gb, and fp4_peak 0.5
+    """B200's fp4 peak is 4x its bf16 one, and fp4 GEMMs run at NVFP4's measured level
+    (B200: 5500 of 9000 TFLOP/s in NVFP4, 1745 of 2250 in bf16, kernels.toml): the
+    GEMM time G4 at fp4 is r = (1745/2250) / (4 * 5500/9000) of bf16's Gb, and fp4_peak 0.5
     doubles it. The attention stays at the bf16 peak, so compute(bf16) - compute(fp4) =
     Gb - G4 = G4 (1 - r)/r and compute(fp4, 0.5) - compute(fp4, 1) = G4."""
     shape, hw = _moe_shape(), builtin()["b200"]
@@ -694,7 +694,7 @@ def test_fp4_gemms_reach_fp4_peak_of_the_share_the_others_reach() -> None:
         ).breakdown["compute"]
 
     assert compute("bf16", 0.5) == compute("bf16", 1.0)  # only fp4 GEMMs take it
-    r = (1745 / 2250) / (4 * 3432.5 / 4500)
+    r = (1745 / 2250) / (4 * 5500 / 9000)
     g4 = (compute("bf16", 1.0) - compute("fp4", 1.0)) * r / (1 - r)
     assert compute("fp4", 0.5) - compute("fp4", 1.0) == pytest.approx(g4, rel=1e-3)
 
@@ -1100,3 +1100,62 @@ def test_a_label_with_no_room_is_dropped() -> None:
     assert first is not None
     everything = [area]
     assert place_label((100.0, 50.0), "#2 tp4", everything, area) is None
+
+
+def test_the_ssd_level_is_the_measured_curve() -> None:
+    from mdc.tune import kernels, terms
+
+    # the level and knee the Mamba term reads are the fit to the published SSD points
+    level, knee = kernels.ssd_level()
+    assert pytest.approx(level, abs=5e-5) == terms.SSD_LEVEL
+    assert knee == terms.SSD_SEQ_KNEE
+    for curve in kernels.curves("ssd"):
+        assert curve["source"].startswith("https://")
+        points = [(float(x), float(y)) for x, y in curve["points"]]
+        plateau, fitted = kernels.saturation(points)
+        for x, rate in points:
+            assert plateau * x / (x + fitted) == pytest.approx(rate, rel=0.03)
+
+
+def _mamba_step(state: int) -> Any:
+    from mdc.tune import terms
+
+    shape = resolve_shape(
+        ModelTable(num_layers=4, hidden_size=1024, num_attention_heads=8, vocab_size=1024,
+                   seq_length=8192, hybrid_override_pattern="MMMM", mamba_num_heads=32,
+                   mamba_head_dim=64, mamba_state_dim=state, mamba_num_groups=8)
+    )  # fmt: skip
+    assert shape is not None
+    layout = _layout(tp=1, pp=1, etp=1, dp=8, microbatches=1, sequence_parallel=False)
+    return terms.Step(shape, layout, builtin()["h100-sxm"], DEFAULT, 8)
+
+
+def test_mamba_layers_run_the_ssd_work_at_the_measured_kernel_level() -> None:
+    """Mamba-2's chunked SSD, chunk 128, 32 heads of 64, 8 groups, state 128, per token
+    forward: 8 groups x 2 x 128 x 128 (C B^T) = 262,144, and per head 2 x 64 x 128 (chunk
+    state) + 2 x 64 x 128 (C times the passed state) + 128 x 64 (the causal half of the
+    intra-chunk product) = 40,960, 1,310,720 for the 32; three times that in training.
+    Streamed: the conv1d over 2,048 + 2 x 8 x 128 = 4,096 channels 7 times, the gated norm
+    over 2,048 11 times, 2 bytes each."""
+    from mdc.tune import terms
+
+    st = _mamba_step(128)
+    hw = st.hw
+    rate = 989.4e12 * terms.SSD_LEVEL * 8192 / (8192 + terms.SSD_SEQ_KNEE)
+    per_token = 3 * 1_572_864 / rate + (7 * 4096 + 11 * 2048) * 2 / 3350e9
+    assert hw.peak_tflops("bf16") == 989.4 and hw.memory_bandwidth_gb_s == 3350
+    expected = DEFAULT.mamba_overhead * per_token * 8192 * 4
+    assert terms.mamba(st) == pytest.approx(expected, rel=1e-9)
+    # the state size sets the SSD's work (the cost was once a count of passes over the
+    # inner width alone)
+    assert terms.mamba(_mamba_step(256)) > 1.5 * terms.mamba(st)
+
+
+def test_mambas_scan_is_not_timed_at_attentions_rate() -> None:
+    # Bridge counts the scan with attention's FLOPs; the model times it in the Mamba term
+    st = _mamba_step(128)
+    from mdc.tune import terms
+
+    executed = token_flops(st.shape)
+    assert executed.scan == executed.attention > 0
+    assert terms.attention(st, executed) == 0.0

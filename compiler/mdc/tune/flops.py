@@ -40,6 +40,8 @@ class TokenFlops:
     logits: float
     #: transformer layers the first three are summed over
     layers: int
+    #: of ``attention``, Mamba's scan (Bridge's count; the model times the SSD kernels apart)
+    scan: float = 0.0
 
     @property
     def total(self) -> float:
@@ -121,6 +123,7 @@ def token_flops(
         else:
             dense_mlps += mtp
     core_total = attention_layers * core
+    scan_total = 0.0
     if window is not None and not hybrid:
         swa_layers = attention_layers
         if isinstance(window_skip, int) and window_skip > 0:
@@ -141,7 +144,8 @@ def token_flops(
     if parts.mamba:
         mamba_projections, scan = _mamba(shape)
         dense += parts.mamba * mamba_projections
-        core_total += parts.mamba * scan
+        scan_total = parts.mamba * scan
+        core_total += scan_total
     if not hybrid and mtp:
         dense += mtp * 2 * (3 * h + 2 * h * h)  # MTP's norms and its 2h -> h projection
     logits = 2.0 * h * vocab * (1 + mtp)
@@ -152,4 +156,5 @@ def token_flops(
         attention=passes * core_total,
         logits=3 * logits,
         layers=layers,
+        scan=passes * scan_total,
     )

@@ -86,3 +86,49 @@ def hbm_levels() -> dict[str, float]:
     }
     reference = share[table["reference"]]
     return {acc: value / reference for acc, value in sorted(share.items())}
+
+
+def ssd_level() -> tuple[float, float]:
+    """(level, knee) of Mamba-2's SSD kernels: the plateau of ``kernels.toml``'s ``[[ssd]]``
+    curve over its accelerator's dense bf16 peak, and the sequence length (tokens) at which
+    its throughput halves."""
+    from mdc.hardware import builtin
+
+    curve = curves("ssd")[0]
+    plateau, knee = saturation([(x, y) for x, y in curve["points"]])
+    return plateau / builtin()[curve["accelerator"]].peak_tflops("bf16"), knee
+
+
+def fp4_levels() -> dict[str, float]:
+    """{accelerator: its NVFP4 GEMM level}: ``kernels.toml``'s ``[fp4]`` best NVFP4 point
+    over the catalogue's fp4 peak, relative to the reference's bf16 share (as
+    :func:`gemm_levels`); every other accelerator with an fp4 peak keeps the measured one's
+    NVFP4 level over its fp8 level, times its own fp8 level (the measured one's vendor's
+    chips: NVFP4 is NVIDIA's format)."""
+    from mdc.hardware import builtin
+
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["fp4"]
+    catalogue = builtin()
+    gemm = gemm_levels()
+    measured = table["accelerator"]
+    best = max(fp4 for _, _, fp4 in table["points"])
+    reference = _reference_share()
+    own = best / catalogue[measured].peak_tflops("fp4") / reference
+    ratio = own / gemm[measured, "fp8"]
+    return {
+        acc: gemm[acc, "fp8"] * ratio if acc != measured else own
+        for acc, hw in sorted(catalogue.items())
+        if "fp4" in hw.dense_tflops
+        and (acc, "fp8") in gemm
+        and hw.vendor == catalogue[measured].vendor
+    }
+
+
+def _reference_share() -> float:
+    """The reference accelerator's measured share of its peak (``[gemm]``'s reference)."""
+    from mdc.hardware import builtin
+
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["gemm"]
+    acc, precision = table["reference"]
+    tflops = next(t for a, p, t, *_ in table["points"] if (a, p) == (acc, precision))
+    return float(tflops) / builtin()[acc].peak_tflops(precision)

@@ -125,9 +125,21 @@ GEMM_LEVEL: dict[tuple[str, str], float] = {
 }
 
 
+#: {accelerator: NVFP4 GEMM level}: the measured NVFP4 GEMM TFLOP/s over the catalogue's fp4
+#: peak, relative to the H100 SXM's bf16 share (kernels.toml's [fp4]; a test holds these
+#: equal to mdc.tune.kernels.fp4_levels()); training's FP4 GEMMs run at it
+FP4_LEVEL: dict[str, float] = {
+    "b200": 0.7610,
+    "b300": 0.7435,
+    "gb200": 0.7215,
+    "gb300": 0.7215,
+}
+
+
 def gemm_level(hw: Accelerator, precision: str) -> float:
     """The measured GEMM level of ``hw`` in ``precision`` (:data:`GEMM_LEVEL`): fp16 at
-    bf16's, fp4 at fp8's (its own loss is ``fp4_peak``); 1 for an accelerator not measured."""
+    bf16's, fp4 at fp8's (training's FP4 GEMMs read :data:`FP4_LEVEL`, serving's this); 1 for an
+    accelerator not measured."""
     key = {"fp16": "bf16", "fp4": "fp8"}.get(precision, precision)
     return GEMM_LEVEL.get((hw.id, key)) or GEMM_LEVEL.get((hw.id, "bf16"), 1.0)
 
@@ -152,11 +164,14 @@ def gemm_rate(
 ) -> float:
     """FLOP/s of the layers' GEMMs at the level ``gemm_peak`` calls 1: the dense peak of
     ``precision`` (the catalogue's datasheet figure) times the accelerator's measured GEMM
-    level in it (:func:`gemm_level`), times ``fp4_peak`` for FP4 (fitted); with
+    level in it (:func:`gemm_level`; FP4 at its measured NVFP4 level, :data:`FP4_LEVEL`),
+    times ``fp4_peak`` for FP4 (fitted: the recipe's quantization around each GEMM); with
     ``bf16_share`` of the layers in bf16 (--first-last-layers-bf16) the harmonic mean of
     the two rates. Without ``measured``: the datasheet's (what MFU is counted against)."""
     fp4 = c.fp4_peak if precision == "fp4" else 1.0
     level = gemm_level(hw, precision) if measured else 1.0
+    if measured and precision == "fp4":
+        level = FP4_LEVEL.get(hw.id, level)
     peak = hw.peak_tflops(precision) * 1e12 * fp4 * level
     if bf16_share:  # the layers' GEMM time: each share at its own rate
         slow = hw.peak_tflops("bf16") * 1e12 * (gemm_level(hw, "bf16") if measured else 1.0)
@@ -222,7 +237,8 @@ def attention(st: Step, executed: TokenFlops) -> float:
         st.hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
         * _efficiency([shape.seq / L.cp], c.attention_seq_knee)
     )  # fmt: skip
-    share = executed.attention / shape.layers
+    # Mamba's scan is counted with attention's FLOPs (Bridge's convention) and timed in mamba
+    share = (executed.attention - executed.scan) / shape.layers
     return st.tokens * st.stage_layers * share * (1 + st.again.attention / 3) / L.tp / rate
 
 
@@ -287,18 +303,45 @@ def expert_overhead(st: Step) -> float:
     )  # fmt: skip
 
 
+#: the SSD kernels' measured share of the dense bf16 peak, and the sequence length (tokens)
+#: at which it halves: kernels.toml's [[ssd]] curve (a test holds these equal to
+#: mdc.tune.kernels.ssd_level(); read here, not parsed at start-up)
+SSD_LEVEL, SSD_SEQ_KNEE = 0.1372, 78.0
+#: Megatron-Core MambaMixer's SSD chunk size (its default, which no flag sets)
+MAMBA_CHUNK = 128
+
+
+def ssd_flops(state: int, head_dim: int, heads: float, groups: float) -> float:
+    """Forward FLOPs per token of Mamba-2's chunked SSD (Dao and Gu 2024, section 6): each
+    group's ``C B^T`` over its chunk (``2 Q N``), each head's chunk state ``B^T x`` and the
+    product of ``C`` with the passed state (``2 P N`` each), and the intra-chunk causal
+    product with ``x`` (``Q P``, half of ``2 Q P``)."""
+    Q, N, P = MAMBA_CHUNK, state, head_dim
+    return groups * 2 * Q * N + heads * (4 * P * N + Q * P)
+
+
 def mamba(st: Step) -> float:
-    """Mamba-2 layers: the conv1d, the chunked SSD scan and the gated norm, memory bound:
-    ``mamba_passes`` (fitted) HBM passes over each token's inner-width vector (heads split
-    over tp), forward and backward."""
-    shape = st.shape
-    if shape.mamba is None or not st.parts.mamba:
+    """Mamba-2 layers, their work counted and timed at measured rates, times
+    ``mamba_overhead`` (fitted: Megatron-Core's layer over that count). The SSD at the
+    measured SSD kernels' level (``SSD_LEVEL`` of the bf16 peak at the accelerator's GEMM
+    level, ``q/(q + SSD_SEQ_KNEE)`` of the sequence): :func:`ssd_flops` forward, twice that
+    backward; the causal conv1d over x, B and C (7 passes: forward, recomputed by the
+    backward, the backward's reads and write) and the gated RMSNorm over the inner width
+    (11 passes likewise) at the HBM's bandwidth. Heads and groups split over tp."""
+    shape, L = st.shape, st.layout
+    m = shape.mamba
+    if m is None or not st.parts.mamba:
         return 0.0
-    mamba_layers = st.stage_layers * st.parts.mamba / max(shape.layers, 1)
-    return (
-        st.c.mamba_passes * st.tokens * shape.mamba.inner / st.layout.tp * ACT * mamba_layers
-        / st.hbm()
+    layers = st.stage_layers * st.parts.mamba / max(shape.layers, 1)
+    ssd = 3 * ssd_flops(m.state, m.head_dim, m.heads / L.tp, max(m.groups / L.tp, 1.0))
+    rate = (
+        st.hw.peak_tflops("bf16") * 1e12 * gemm_level(st.hw, "bf16") * SSD_LEVEL
+        * _efficiency([shape.seq], SSD_SEQ_KNEE)
     )  # fmt: skip
+    conv_width = (m.inner + 2 * m.groups * m.state) / L.tp
+    streamed = (7 * conv_width + 11 * m.inner / L.tp) * ACT
+    per_token = ssd / rate + streamed / st.hbm()
+    return st.c.mamba_overhead * per_token * st.tokens * layers
 
 
 def expert_weights(st: Step, expert_params: float) -> float:
