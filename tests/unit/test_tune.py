@@ -1159,3 +1159,27 @@ def test_mambas_scan_is_not_timed_at_attentions_rate() -> None:
     executed = token_flops(st.shape)
     assert executed.scan == executed.attention > 0
     assert terms.attention(st, executed) == 0.0
+
+
+def test_each_ring_step_hides_only_its_own_send() -> None:
+    """cp 4 across nodes (tp 8 fills each H100 node): each rank sends 8,192 / 4 = 2,048
+    tokens' K and V, 2 x 8 groups x 128 / 8 (tp) x 2 bytes each = 1 MiB per layer and ring
+    step, over one NDR NIC at 47 GB/s (s = 22.3 us). With each step's forward attention
+    half of that, every one of the 3 steps with a send exposes s/2 forward and s backward
+    (K, V and their gradients beside twice the forward's attention): 4.5 s per layer,
+    where hiding the whole ring (9 s) behind the whole attention (6 s) leaves 3 s."""
+    from mdc.tune import terms
+
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64,
+                   num_query_groups=8, vocab_size=128256, seq_length=8192)
+    )  # fmt: skip
+    assert shape is not None
+    layout = _layout(tp=8, pp=1, cp=4, dp=1, microbatches=1, order="tp-cp-ep-dp-pp")
+    st = terms.Step(shape, layout, builtin()["h100-sxm"], DEFAULT, 8)
+    send = 2048 * 2 * 8 * 128 / 8 * 2 / (50e9 * 47 / 50)
+    assert st.stage_layers == 80
+    attention = 80 * 3 * 4 * send / 2  # each step's forward attention: half a send
+    assert terms.cp_comm(st, attention) == pytest.approx(80 * 4.5 * send, rel=1e-9)
+    # a step whose attention outlasts its send hides it
+    assert terms.cp_comm(st, 80 * 3 * 4 * send * 1.5) == 0.0

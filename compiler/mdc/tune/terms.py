@@ -393,16 +393,23 @@ def tp_comm(st: Step, t_dense: float) -> float:
 
 
 def cp_comm(st: Step, t_attention: float) -> float:
-    """Context parallelism's ring attention: K and V passed ``cp - 1`` times forward, K, V
-    and their gradients backward (3 (cp-1) KV blocks per layer), hidden behind the
-    attention it feeds; only what the attention cannot cover is exposed."""
+    """Context parallelism's ring attention as Megatron-Core runs it by default
+    (``cp_comm_type`` p2p, Transformer Engine's KV ring with causal load balancing): ``cp``
+    steps per layer, each a ``1/cp`` share of the rank's attention (each rank holds two of
+    the ``2 cp`` chunks), the send of the next step's K and V (forward; K, V and their
+    gradients backward: ``s`` and ``2 s`` per step) beside the step's own attention. Only
+    the ``cp - 1`` steps with a send can hide one, each behind its own share:
+    ``(cp - 1) * (max(0, s - A/cp) + max(0, 2 s - 2 A/cp))`` per layer, A the layer's
+    forward attention time (a third of the term's three passes)."""
     shape, L = st.shape, st.layout
     if L.cp <= 1:
         return 0.0
     bw = bandwidth(st.span("dense", "cp"), st.stride["dense"]["cp"], st.domain, st.hw, st.c)
     kv = st.tokens * 2 * shape.groups * shape.kv_channels / min(L.tp, shape.groups) * ACT
-    ring = 3 * (L.cp - 1) * kv / bw * st.stage_layers
-    return max(0.0, ring - t_attention)
+    send = kv / bw
+    step = t_attention / max(st.stage_layers, 1) / 3 / L.cp
+    exposed = max(0.0, send - step) + max(0.0, 2 * send - 2 * step)
+    return (L.cp - 1) * exposed * st.stage_layers
 
 
 def ep_comm(st: Step, compute: float) -> float:
