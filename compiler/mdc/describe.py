@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from mdc.api import Launch
+from mdc.api import Launch, Server
 from mdc.errors import Diagnostic
 from mdc.plan.model import GROUP_KINDS, Plan, Sizes
 from mdc.plan.ranks import GroupSet
@@ -189,21 +189,11 @@ def server_lines(launch: Launch) -> list[str]:
     # several servers on one node: their lines say which of its GPUs
     shared = len(set(with_gpus)) < len(with_gpus)
     for server in launch.servers[:MAX_SHOWN]:
-        first, last = server.nodes[0], server.nodes[-1]
-        nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
+        first, nodes = server.nodes[0], nodes_phrase(server)
         if server.gpus == 0:
             lines.append(f"  {server.role}: {nodes}, serves clients on port {server.port}")
             continue
-        sizes = " ".join(
-            f"{name} {value}"
-            for name, value in (
-                ("tp", server.tp),
-                ("pp", server.pp),
-                ("dp", server.dp),
-                ("ep", server.ep),
-            )
-            if value > 1 or name == "tp"
-        )
+        sizes = sizes_phrase(server)
         gpus = f"{server.gpus} GPUs"
         if shared:
             last = server.first_gpu + server.gpus - 1
@@ -452,3 +442,15 @@ def explain_text(plan: Plan, launch: Launch) -> str:
     # Rendered as validate prints them: file:line:col, code, pointer and hint.
     lines += [warning.render() for warning in plan.warnings]
     return "\n".join(lines) + "\n"
+
+
+def nodes_phrase(server: Server) -> str:
+    """``node 3`` or ``nodes 1-2``: where a server runs."""
+    first, last = server.nodes[0], server.nodes[-1]
+    return f"node {first}" if first == last else f"nodes {first}-{last}"
+
+
+def sizes_phrase(server: Server) -> str:
+    """``tp 16 dp 8``: a server's tp and each other size above 1."""
+    sizes = (("tp", server.tp), ("pp", server.pp), ("dp", server.dp), ("ep", server.ep))
+    return " ".join(f"{name} {value}" for name, value in sizes if value > 1 or name == "tp")

@@ -22,12 +22,13 @@ picture. Same plan, same bytes: no timestamps, colours by index.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 import attrs
 
 from mdc.api import Server
+from mdc.describe import nodes_phrase, sizes_phrase
 from mdc.plan.model import Plan
 from mdc.plan.ranks import GroupSet, RankGrid
 
@@ -334,43 +335,17 @@ def _draw_panel(
         )
     )
     y += 8
-    row_h = CELL_H + 2 * ROW_PAD
     seen: set[int] = set()
-    for node in nodes:
-        if node is None:
-            gap = plan.nnodes - MAX_NODES
-            first, last = (MAX_NODES - 1) * nproc, (plan.nnodes - 1) * nproc - 1
-            canvas.add(
-                _text(
-                    MARGIN + LABEL_W,
-                    y + 15,
-                    f"… {gap} more node(s), ranks {first}..{last}, not drawn",
-                    font_style="italic",
-                    **{"class": "gap"},
-                )
-            )
-            y += 22
-            continue
-        _node_heading(canvas, plan, node, y + row_h // 2)
-        x0 = MARGIN + LABEL_W
-        x = x0 + ROW_PAD
-        for local in columns:
-            if local is None:
-                canvas.add(_text(x + 8, y + ROW_PAD + CELL_H // 2 + 4, "…"))
-                x += ELLIPSIS_W + CELL_GAP
-                continue
-            rank = node * nproc + local
-            value = panel_value(plan, panel, rank)
-            seen.add(value)
-            _draw_cell(canvas, plan, panel, rank, value, x, y + ROW_PAD, cell_w)
-            x += cell_w + CELL_GAP
-        frame_w = x - CELL_GAP + ROW_PAD - x0
-        canvas.add(
-            f'<rect class="node-frame" x="{x0}" y="{y}" width="{frame_w}" '
-            f'height="{row_h}" rx="5" fill="none" stroke="#222222" stroke-width="2"/>'
-        )
-        canvas.add("</g>")
-        y += row_h + ROW_GAP
+
+    def cell(node: int, local: int, x: int, top: int) -> None:
+        rank = node * nproc + local
+        value = panel_value(plan, panel, rank)
+        seen.add(value)
+        _draw_cell(canvas, plan, panel, rank, value, x, top, cell_w)
+
+    first, last = (MAX_NODES - 1) * nproc, (plan.nnodes - 1) * nproc - 1
+    gap = f"… {plan.nnodes - MAX_NODES} more node(s), ranks {first}..{last}, not drawn"
+    y = _draw_node_rows(canvas, plan, (nodes, columns), cell_w, y, (gap, {"class": "gap"}), cell)
     y = _draw_legend(canvas, plan, panel, sorted(seen), y, width)
     canvas.add("</g>")
     return y
@@ -447,21 +422,11 @@ def _draw_legend(
 
 def _server_label(index: int, server: Server) -> str:
     """``prefill 0: nodes 1-2, tp 16 dp 8, port 30001`` (the legend and the tooltips)."""
-    first, last = server.nodes[0], server.nodes[-1]
-    nodes = f"node {first}" if first == last else f"nodes {first}-{last}"
     if server.gpus == 0:
-        return f"{server.role}: {nodes}, port {server.port} (no GPU)"
-    sizes = " ".join(
-        f"{name} {value}"
-        for name, value in (
-            ("tp", server.tp),
-            ("pp", server.pp),
-            ("dp", server.dp),
-            ("ep", server.ep),
-        )
-        if value > 1 or name == "tp"
+        return f"{server.role}: {nodes_phrase(server)}, port {server.port} (no GPU)"
+    return (
+        f"{server.role} {index}: {nodes_phrase(server)}, {sizes_phrase(server)}, port {server.port}"
     )
-    return f"{server.role} {index}: {nodes}, {sizes}, port {server.port}"
 
 
 def server_at(servers: Sequence[Server], node: int, gpu: int) -> int | None:
@@ -607,19 +572,32 @@ def _draw_server_rows(
     y: int,
 ) -> int:
     """A row per shown node, a cell per shown GPU; returns the y below them."""
+
+    def cell(node: int, local: int, x: int, top: int) -> None:
+        runs = _server_on(drawing.servers, drawing.on_node[node], node, local)
+        _server_cell(canvas, drawing, node, local, runs, x, top)
+
+    gap = f"… {plan.nnodes - MAX_NODES} more node(s), not drawn"
+    return _draw_node_rows(canvas, plan, (nodes, columns), drawing.cell_w, y, (gap, {}), cell)
+
+
+def _draw_node_rows(
+    canvas: _Canvas,
+    plan: Plan,
+    shown: tuple[list[int | None], list[int | None]],
+    cell_w: int,
+    y: int,
+    gap: tuple[str, dict[str, str]],
+    cell: Callable[[int, int, int, int], None],
+) -> int:
+    """A row per shown node (``None``: the line ``gap`` says, with its attributes, for the
+    nodes not drawn), in it a cell per shown GPU (``None``: an ellipsis), each drawn by
+    ``cell(node, local rank, x, y)``, and the node's frame; returns the y below them."""
+    nodes, columns = shown
     row_h = CELL_H + 2 * ROW_PAD
-    cell_w = drawing.cell_w
     for node in nodes:
         if node is None:
-            gap = plan.nnodes - MAX_NODES
-            canvas.add(
-                _text(
-                    MARGIN + LABEL_W,
-                    y + 15,
-                    f"… {gap} more node(s), not drawn",
-                    font_style="italic",
-                )
-            )
+            canvas.add(_text(MARGIN + LABEL_W, y + 15, gap[0], font_style="italic", **gap[1]))
             y += 22
             continue
         _node_heading(canvas, plan, node, y + row_h // 2)
@@ -630,8 +608,7 @@ def _draw_server_rows(
                 canvas.add(_text(x + 8, y + ROW_PAD + CELL_H // 2 + 4, "…"))
                 x += ELLIPSIS_W + CELL_GAP
                 continue
-            runs = _server_on(drawing.servers, drawing.on_node[node], node, local)
-            _server_cell(canvas, drawing, node, local, runs, x, y + ROW_PAD)
+            cell(node, local, x, y + ROW_PAD)
             x += cell_w + CELL_GAP
         frame_w = x - CELL_GAP + ROW_PAD - x0
         canvas.add(

@@ -326,6 +326,24 @@ def test_one_node_servers_on_their_gpus(tmp_path: Path) -> None:
     assert [cells_[(0, g)] for g in range(8)] == ["1", "1", "2", "2", "3", "3", "4", "4"]
 
 
+def test_servers_over_more_nodes_than_drawn(tmp_path: Path) -> None:
+    """20 nodes of 2 GPUs: nodes 0..MAX_NODES-2 and the last are drawn, a line says how many
+    are not (the rank view's line, without the ranks it would name), and only the drawn
+    nodes' GPUs have cells."""
+    data = {
+        "job": {"name": "pd20", "command": "python3"},
+        "distributed": {"launcher": "sglang_disagg", "nnodes": 20, "nproc_per_node": 2},
+        "sglang_disagg": {"model_path": "m", "tp_size": 2},
+    }
+    compiled = serving_compiled(data, tmp_path)
+    root = parse(rank_map_svg(compiled.plan, compiled.launch.servers))
+    assert f"… {20 - MAX_NODES} more node(s), not drawn" in texts(root)
+    shown = drawn(20, MAX_NODES)
+    assert sorted(gpu_cells(root)) == [(n, g) for n in shown for g in (0, 1)]
+    frames = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "node-frame"]
+    assert len(frames) == len(shown)
+
+
 def test_explain_draws_a_serving_job_as_servers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
