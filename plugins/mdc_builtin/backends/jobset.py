@@ -24,7 +24,6 @@ import attrs
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
-from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 
@@ -153,12 +152,6 @@ def check(plan: Plan, options: JobSetOptions | None) -> Iterator[Finding]:
         )
 
 
-def schema() -> dict[str, Any]:
-    own = read_schema("mdc_schemas", "plugins/jobset.v1.schema.json")
-    own["properties"] = {**k8s.pod_options_schema(), **own["properties"]}
-    return own
-
-
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -168,7 +161,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             "nnodes pods with DNS host names + ConfigMap (kubectl apply -f)",
             emit=emit,
             check=check,
-            schema=schema(),
+            schema=k8s.backend_schema("jobset"),
             options_type=JobSetOptions,
             launchers=None,  # any launcher: its pods run launch/<role>.sh like every node
             run_command="kubectl apply -f {out}/jobset/jobset.yaml",

@@ -37,7 +37,6 @@ import attrs
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
-from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 
@@ -191,12 +190,6 @@ def check(plan: Plan, options: KubeRayOptions | None) -> Iterator[Finding]:
         )
 
 
-def schema() -> dict[str, Any]:
-    own = read_schema("mdc_schemas", "plugins/kuberay.v1.schema.json")
-    own["properties"] = {**k8s.pod_options_schema(), **own["properties"]}
-    return own
-
-
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -207,7 +200,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             "(node 0) and a worker group of nnodes-1 pods; the launch scripts start Ray",
             emit=emit,
             check=check,
-            schema=schema(),
+            schema=k8s.backend_schema("kuberay"),
             options_type=KubeRayOptions,
             launchers=("vllm",),
             run_command="kubectl apply -f {out}/kuberay/raycluster.yaml",

@@ -30,7 +30,6 @@ import attrs
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
-from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 
@@ -188,12 +187,6 @@ def check(plan: Plan, options: LeaderWorkerSetOptions | None) -> Iterator[Findin
     yield from k8s.name_clash_findings(plan.job.name, ("Service",), "leaderworkerset")
 
 
-def schema() -> dict[str, Any]:
-    own = read_schema("mdc_schemas", "plugins/leaderworkerset.v1.schema.json")
-    own["properties"] = {**k8s.pod_options_schema(), **own["properties"]}
-    return own
-
-
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -203,7 +196,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             "(group = nnodes pods, leader = node 0, replicas copies)",
             emit=emit,
             check=check,
-            schema=schema(),
+            schema=k8s.backend_schema("leaderworkerset"),
             options_type=LeaderWorkerSetOptions,
             launchers=SERVING,
             run_command="kubectl apply -f {out}/leaderworkerset/lws.yaml",

@@ -44,7 +44,6 @@ import attrs
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
-from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 
@@ -212,12 +211,6 @@ def check(plan: Plan, options: PyTorchJobOptions | None) -> Iterator[Finding]:
         )
 
 
-def schema() -> dict[str, Any]:
-    own = read_schema("mdc_schemas", "plugins/pytorchjob.v1.schema.json")
-    own["properties"] = {**k8s.pod_options_schema(), **own["properties"]}
-    return own
-
-
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -229,7 +222,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             launchers=LAUNCHERS,
             run_command="kubectl apply -f {out}/pytorchjob/job.yaml",
             fixed_port=True,  # the manifests carry the master port
-            schema=schema(),
+            schema=k8s.backend_schema("pytorchjob"),
             options_type=PyTorchJobOptions,
             description="Kubeflow training-operator v1 PyTorchJob: Master (node 0) + Worker "
             "replicas; elastic min:max nodes as Workers under an elasticPolicy",

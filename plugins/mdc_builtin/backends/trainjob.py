@@ -37,7 +37,6 @@ import attrs
 
 import mdc
 from mdc.api import Artifact, BackendSpec, Finding, Launch, Plan
-from mdc.api.files import read_schema
 
 from ._k8s import common as k8s
 
@@ -211,13 +210,6 @@ def check(plan: Plan, options: TrainJobOptions | None) -> Iterator[Finding]:
             )
 
 
-def schema() -> dict[str, Any]:
-    own = read_schema("mdc_schemas", "plugins/trainjob.v1.schema.json")
-    shared = dict(k8s.pod_options_schema().items())
-    own["properties"] = {**shared, **own["properties"]}
-    return own
-
-
 @mdc.hookimpl
 def mdc_register_backends() -> list[BackendSpec]:
     return [
@@ -228,7 +220,7 @@ def mdc_register_backends() -> list[BackendSpec]:
             launchers=LAUNCHERS,
             run_command="kubectl apply -f {out}/trainjob/job.yaml",
             fixed_port=True,  # the manifests carry the master port
-            schema=schema(),
+            schema=k8s.backend_schema("trainjob"),
             options_type=TrainJobOptions,
             description="Kubeflow Trainer v2 TrainJob on a (Cluster)TrainingRuntime "
             "(default torch-distributed): numNodes, numProcPerNode, resources",

@@ -113,6 +113,16 @@ def pod_options_schema() -> dict[str, Any]:
     return props
 
 
+def backend_schema(name: str) -> dict[str, Any]:
+    """A Kubernetes backend's table schema (``plugins/NAME.v1.schema.json``) with the pod
+    options merged in, its own properties winning."""
+    from mdc.api.files import read_schema
+
+    own = read_schema("mdc_schemas", f"plugins/{name}.v1.schema.json")
+    own["properties"] = {**pod_options_schema(), **own["properties"]}
+    return own
+
+
 def gpu_count(plan: Plan, opts: PodOptions) -> int | str | None:
     """The accelerator quantity per pod: the table's, else nproc_per_node on GPU jobs."""
     if opts.gpus_per_node is not None:

@@ -4,46 +4,15 @@ in the servers' arguments."""
 from __future__ import annotations
 
 from mdc.api import Plan, ServingSetup, StepLimits
-from mdc.api.flags import FlagTable, KnownFlag
+from mdc_builtin.launchers import sglang
 from mdc_builtin.launchers.sglang_disagg.options import SglangDisaggOptions
 from mdc_builtin.launchers.sglang_disagg.servers import Server, server
-
-#: the engine settings the serving memory check reads from the servers' arguments
-MEMORY_FLAGS = FlagTable(
-    [
-        KnownFlag(
-            name="--mem-fraction-static",
-            source="server_args",
-            key="share",
-            nargs=1,
-            convert=float,
-        ),
-        KnownFlag(name="--kv-cache-dtype", source="server_args", key="kv_dtype", nargs=1),
-        KnownFlag(
-            name="--context-length", source="server_args", key="max_len", nargs=1, convert=int
-        ),
-        KnownFlag(
-            name="--max-running-requests",
-            source="server_args",
-            key="max_batch",
-            nargs=1,
-            convert=int,
-        ),
-        KnownFlag(
-            name="--chunked-prefill-size",
-            source="server_args",
-            key="step_tokens",
-            nargs=1,
-            convert=int,
-        ),
-    ]
-)
 
 
 def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
     """One role's per-step limits per DP attention rank: with DP attention SGLang divides
     --max-running-requests and --chunked-prefill-size by --dp-size (server_args.py)."""
-    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    values, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shape.args])
     ranks = shape.dp if shape.dp_attention else 1
 
     def per_rank(key: str) -> int | None:
@@ -53,7 +22,7 @@ def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
     return StepLimits(
         max_batch=per_rank("max_batch"),
         step_tokens=per_rank("step_tokens"),
-        share=values.get("share", ASSUMED_SHARE),
+        share=values.get("share", sglang.ASSUMED_SHARE),
     )
 
 
@@ -63,7 +32,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         return None
     shapes = [server(plan, options, role) for role in ("decode", "prefill")]
     shape = min(shapes, key=lambda s: s.gpus)
-    values, _ = MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    values, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shape.args])
     share = values.get("share")
     ep = shape.expert_ranks
     return ServingSetup(
@@ -71,7 +40,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         tp=shape.tp,
         ep=ep,
         etp=max(1, shape.tp // ep),
-        share=share if share is not None else ASSUMED_SHARE,
+        share=share if share is not None else sglang.ASSUMED_SHARE,
         share_source="--mem-fraction-static"
         if share is not None
         else "assumed; SGLang sizes --mem-fraction-static itself",
@@ -79,8 +48,3 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         max_len=values.get("max_len"),
         roles={each.role: step_limits(options, each) for each in shapes},
     )
-
-
-#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
-#: assumes this share
-ASSUMED_SHARE = 0.9
