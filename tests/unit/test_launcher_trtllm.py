@@ -405,6 +405,8 @@ def test_disaggregated_servers_over_nodes_run_as_srun_steps(tmp_path: Path) -> N
     [
         ({"servers": 1, "tp_size": 2}, {"servers": 1, "tp_size": 2}, "MDC712"),  # 4 of 8 GPUs
         ({"servers": 1, "tp_size": 6}, {"servers": 1, "tp_size": 2, "pp_size": 5}, "MDC711"),
+        # inside a node: GPUs 6..9 would cross node 0's edge
+        ({"servers": 1, "tp_size": 6}, {"servers": 1, "tp_size": 4}, "MDC711"),
         ({"servers": 1, "tp_size": 4, "ep_size": 3}, {"servers": 1, "tp_size": 4}, "MDC713"),
         ({"servers": 1, "tp_size": 4, "args": ["--tp_size", "2"]}, {"tp_size": 4}, "MDC703"),
     ],

@@ -175,10 +175,8 @@ def place(plan: Plan, options: TrtllmOptions) -> tuple[list[Placed], list[Findin
         for _ in range(server.options.servers):
             node, first = divmod(cursor, gpus)
             size = server.gpus
-            if size > gpus and (first or size % gpus):
-                found.append(_crossing(role, size, gpus, node, first))
-                return placed, found
-            if size <= gpus and first + size > gpus:
+            # inside one node, or over whole nodes from a node's first GPU
+            if first + size > gpus if size <= gpus else first or size % gpus:
                 found.append(_crossing(role, size, gpus, node, first))
                 return placed, found
             span = max(1, size // gpus)
