@@ -44,6 +44,7 @@ CONTRACT = {
     "PipelineSplit",
     "ServingSetup",
     "StepLimits",
+    "SglangServer",
     "Accelerator",
     "ONE_NODE_ROLE",
     # the run-time words of a launch script, and what a backend sets

@@ -153,7 +153,15 @@ def test_disaggregated_roles_take_their_own_limits(tmp_path: Path) -> None:
     compiled = compile_(tmp_path, data)
     memory = plan_json(compiled.plan, compiled.launch)["serving_memory"]
     assert isinstance(memory, dict)
-    assert memory["roles"] == {"prefill": {"step_tokens": 2048}, "decode": {"max_batch": 16}}
+    # no --mem-fraction-static: each role at the share SGLang picks for it on an H200
+    # (143,771 MiB). Prefill: 512 + 2,048 x 1.5 + 8 / 8 x 1,024 + 1,536 (MLA prefill graphs)
+    # = 6,144, up to the 10 GiB floor: 0.929. Decode, the estimate's own: 512 + 2,048 x 1.5
+    # + 1,024 + 2 x 512 + 512 x 8 x 4.5 (DP attention) = 24,064: 0.833
+    assert memory["roles"] == {
+        "prefill": {"step_tokens": 2048, "share": round(1 - 10240 / 143771, 3)},
+        "decode": {"max_batch": 16},
+    }
+    assert memory["share"] == round(1 - 24064 / 143771, 3) == 0.833
     block = plan_json(compiled.plan, compiled.launch)["predicted"]
     assert isinstance(block, dict)
     assert block["batch"]["decode"] <= 128

@@ -167,7 +167,13 @@ def test_disaggregated_servers_get_the_tighter_roles_estimate(tmp_path: Path) ->
     memory = compiled.plan.serving_memory
     assert memory is not None and memory.engine == "SGLang (decode)"
     # the same one-GPU weights as vLLM's tp 1 count, here per GPU of a tp 8 server
-    assert memory.weights < 3 * GIB and memory.share == 0.9
+    assert memory.weights < 3 * GIB
+    # no --mem-fraction-static: the share SGLang picks itself for each role on 80 GiB.
+    # Decode: 512 + 2,048 x 1.5 + 8 / 8 x 1,024 + 2 x 512 = 5,632 MiB, up to the 10 GiB
+    # floor: 1 - 10,240 / 81,920 = 0.875. Prefill: 512 + 8,192 x 1.5 + 1,024 + 8 x 58
+    # prefill graphs = 14,288: 0.826
+    assert memory.share == 0.875 and memory.roles["prefill"].share == 0.826
+    assert memory.share_source.startswith("SGLang's own")
     assert not [d for d in compiled.diagnostics if d.code == "MDC261"]
 
 
@@ -326,3 +332,53 @@ def test_sglangs_rule_takes_the_gpus_defaults() -> None:
     assert sglang_reserve_mib(40, SglangServer(tp=8)) == 8400
     # B200, tp 1: 512 + 24,576 + 128 + 2 x 512 + 8 x 74 graphs to 16,384
     assert sglang_reserve_mib(183359 / 1024, SglangServer(tp=1)) == 26832
+
+
+def _sglang_r1(tmp_path: Path, args: list[str]) -> Compiled:
+    """DeepSeek-R1 behind one SGLang server of 8 H200s, the share as ``args`` write it."""
+    data = {
+        "job": {"name": "r1", "command": ["python", "-m", "sglang.launch_server"]},
+        "distributed": {
+            "launcher": "sglang",
+            "nproc_per_node": 8,
+            "accelerator_model": "h200",
+        },
+        "parallelism": {"tp": 8},
+        "model": {"name": "deepseek-ai/DeepSeek-R1", "seq_length": 4096, "dtype": "fp8"},
+        "sglang": {"model": "deepseek-ai/DeepSeek-R1", "args": args},
+        "workload": {"input_tokens": 1000, "output_tokens": 1000, "concurrency": 64},
+    }
+    path = tmp_path / "r1.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return COMPILER.compile(path, tree=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "share"),
+    [
+        # SGLang's own: 512 + 8,192 x 1.5 + 8 / 8 x 1,024 + 2 x 512 decode graphs + 1,536
+        # (MLA prefill graphs) = 16,384 of 143,771 MiB
+        ([], round(1 - 16384 / 143771, 3)),
+        # with DP attention over 8 ranks: 512 x 8 x 4.5 = 18,432 more (batch 512 > 300)
+        (["--enable-dp-attention", "--dp-size", "8"], round(1 - 34816 / 143771, 3)),
+        # a share the spec writes is kept
+        (["--mem-fraction-static", "0.85"], 0.85),
+    ],
+)
+def test_an_sglang_server_without_a_share_is_estimated_at_sglangs_own(
+    tmp_path: Path, args: list[str], share: float
+) -> None:
+    """The estimate, and explain's prediction from it, take the share SGLang picks itself
+    where the spec writes no --mem-fraction-static (0.886, 0.758 with DP attention)."""
+    from mdc.describe import plan_json
+    from mdc.tune.serving_perf import deployment_of
+
+    compiled = _sglang_r1(tmp_path, args)
+    memory = compiled.plan.serving_memory
+    assert memory is not None and memory.share == share
+    written = "--mem-fraction-static" in args
+    assert memory.share_source.startswith("--mem" if written else "SGLang's own")
+    dep = deployment_of(compiled.plan, compiled.launch.servers)
+    assert dep is not None and [r.share for r in dep.roles] == [share]
+    block = plan_json(compiled.plan, compiled.launch)["serving_memory"]
+    assert isinstance(block, dict) and block["share"] == share

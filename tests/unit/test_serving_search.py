@@ -702,3 +702,57 @@ def test_a_small_dense_models_sglang_decode_share_is_raised_where_its_rule_allow
         assert bound
         found[accelerator] = {r["roles"]["decode"]["memory_share"] for r in bound}
     assert found == {"h200": {0.929}, "h100-sxm": {0.874}}
+
+
+def _without_shares(spec: dict[str, Any], launcher: str) -> dict[str, Any]:
+    """The spec with every role's --mem-fraction-static dropped (SGLang picks its own)."""
+    data: dict[str, Any] = json.loads(json.dumps(spec))
+    for role in ("prefill", "decode"):
+        args = data[launcher][role].get("args", [])
+        if "--mem-fraction-static" in args:
+            at = args.index("--mem-fraction-static")
+            data[launcher][role]["args"] = args[:at] + args[at + 2 :]
+    return data
+
+
+def test_an_sglang_spec_without_a_share_explains_as_its_row(tmp_path: Path) -> None:
+    """DeepSeek-R1 on two 8-GPU H200 servers behind SGLang: each row's spec with its shares
+    dropped explains at the shares SGLang picks itself, the row's own (prefill 0.893, decode
+    0.929, 0.833 with DP attention), and predicts what the row predicts."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_as_launcher("sglang_disagg", 2)), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "4")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert {r["roles"]["decode"]["memory_share"] for r in rows} >= {0.833, 0.929}
+    for i, row in enumerate(rows):
+        bare = _without_shares(row["spec"], "sglang_disagg")
+        assert "--mem-fraction-static" not in json.dumps(bare)
+        explained = _explained(tmp_path, bare, f"bare{i}")
+        memory = explained["serving_memory"]
+        # both roles' servers have 8 GPUs: the estimate is the decode role's
+        assert memory["share"] == row["roles"]["decode"]["memory_share"]
+        assert memory["share_source"].startswith("SGLang's own")
+        assert memory["roles"]["prefill"]["share"] == row["roles"]["prefill"]["memory_share"]
+        assert {k: explained["predicted"][k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+
+
+@pytest.mark.parametrize("launcher", ["vllm_disagg", "trtllm"])
+def test_a_spec_without_a_share_explains_at_the_searchs_default(
+    tmp_path: Path, launcher: str
+) -> None:
+    """vLLM's --gpu-memory-utilization and TensorRT-LLM's free_gpu_memory_fraction (its
+    KvCacheConfig default) where the spec sets neither: the search's default, 0.9 (of the
+    GPU; of what the weights leave)."""
+    from mdc.tune.serving_search import DEFAULT_SHARE, SHARE
+
+    if launcher == "trtllm":
+        data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    else:
+        data = _as_launcher(launcher, 2)
+    memory = _explained(tmp_path, data, launcher)["serving_memory"]
+    share_of, share = SHARE.get(launcher, ("capacity", DEFAULT_SHARE))
+    assert (memory["share"], memory.get("share_of", "capacity")) == (share, share_of)
+    assert share == DEFAULT_SHARE == 0.9

@@ -49,13 +49,14 @@ from mdc.spec import JobTable, ModelTable
 
 if TYPE_CHECKING:
     from mdc.api.flags import FlagReading
-    from mdc.plan.serving_memory import ServingSetup, StepLimits
+    from mdc.plan.serving_memory import ServingSetup, SglangServer, StepLimits
 
 
 def __getattr__(name: str) -> Any:
-    """``ServingSetup`` and ``StepLimits`` load their module when first used: the serving
-    memory estimate (and the fractions arithmetic behind it) costs a training spec nothing."""
-    if name not in ("ServingSetup", "StepLimits"):
+    """``ServingSetup``, ``StepLimits`` and ``SglangServer`` load their module when first
+    used: the serving memory estimate (and the fractions arithmetic behind it) costs a
+    training spec nothing."""
+    if name not in ("ServingSetup", "StepLimits", "SglangServer"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from mdc.plan import serving_memory
 
@@ -321,6 +322,7 @@ __all__ = [
     "Server",
     "ServingSetup",
     "Severity",
+    "SglangServer",
     "StepLimits",
     "TrainingSetup",
     "Word",

@@ -1,8 +1,9 @@
 """The serving memory check: weights and KV cache of one server's GPU.
 
 A serving engine keeps ``share`` of each GPU's memory (vLLM ``--gpu-memory-utilization``,
-default 0.9 in ``vllm/config/cache.py``; SGLang ``--mem-fraction-static``) for the weights
-and the KV cache. Per GPU of the heaviest pipeline stage:
+default 0.9 in ``vllm/config/cache.py``; SGLang ``--mem-fraction-static``, where not given
+the share SGLang picks itself for the server, :func:`sglang_shares`) for the weights and
+the KV cache. Per GPU of the heaviest pipeline stage:
 
 * weights: the stage's layers split over tp (experts over ep, each split over etp), the
   embedding on the first stage and the output layer on the last; ``dtype`` fp8 weights
@@ -25,7 +26,8 @@ and the KV cache. Per GPU of the heaviest pipeline stage:
 * what the engine keeps outside its share (:func:`leaves_reserve`): the CUDA context and
   the CUDA graphs it captures after sizing the cache (SGLang also a step's activations),
   which a share raised by ``mdc tune`` must leave room for; SGLang's own rule for the share
-  it picks when not told (:func:`sglang_default_share`), which ``mdc tune`` never exceeds.
+  it picks when not told (:func:`sglang_default_share`), which the estimate takes where
+  the spec sets none and ``mdc tune`` never exceeds.
 
 Only the weights can make it an error (MDC280: they exceed the whole GPU); a cache that
 cannot hold one full-length sequence is a warning (MDC281), since the estimate leaves the
@@ -84,6 +86,10 @@ class StepLimits:
     #: the role's engine memory share (vLLM --gpu-memory-utilization, SGLang
     #: --mem-fraction-static, TensorRT-LLM free_gpu_memory_fraction), where it has its own
     share: float | None = None
+    #: the role's servers as SGLang's automatic share reads them, where the spec leaves the
+    #: share to SGLang: the estimate sets ``share`` to the one SGLang picks
+    #: (:func:`sglang_default_share`)
+    sglang: SglangServer | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -118,6 +124,10 @@ class ServingSetup:
     #: TensorRT-LLM: the step budget, as set or by default); None: the engine's share
     #: leaves the activations out (SGLang)
     profiled_tokens: int | None = None
+    #: the server as SGLang's automatic share reads it, where the spec leaves the share to
+    #: SGLang: the estimate takes the one SGLang picks (:func:`sglang_default_share`) for
+    #: ``share``, not the share written here
+    sglang: SglangServer | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -145,9 +155,13 @@ class ServingMemory:
     #: what the engine keeps outside its share (bytes): CUDA context and graphs, and an
     #: SGLang step's activations (:func:`leaves_reserve`)
     reserve: int = 0
+    #: the roles ("server", "prefill", "decode") whose share SGLang picks itself
+    picked: frozenset[str] = frozenset()
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
+    picked = _picked(setup)
+    setup = sglang_shares(shape, setup, capacity_gib)
     tp, pp = setup.tp, max(1, setup.pp)
     per_stage = -(-shape.layers // pp)
     layer_bytes = weight_bytes(shape.dtype)
@@ -201,6 +215,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         workspace=workspace,
         profiled_tokens=setup.profiled_tokens,
         reserve=reserve,
+        picked=picked,
     )
 
 
@@ -317,6 +332,34 @@ def sglang_default_share(capacity_gib: float, server: SglangServer) -> float:
     return round((gpu - sglang_reserve_mib(capacity_gib, server)) / gpu, 3)
 
 
+#: the share's source in explain where SGLang picks it
+SGLANG_OWN_SOURCE = "SGLang's own --mem-fraction-static for this GPU and server"
+
+
+def sglang_shares(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingSetup:
+    """The setup with the share SGLang picks itself (:func:`sglang_default_share`) for the
+    server and each role the spec leaves it to; those the spec writes as written."""
+    mla = shape.latent is not None
+
+    def own(server: SglangServer) -> float:
+        return sglang_default_share(capacity_gib, attrs.evolve(server, mla=mla))
+
+    roles = {
+        name: limits if limits.sglang is None else attrs.evolve(limits, share=own(limits.sglang))
+        for name, limits in setup.roles.items()
+    }
+    setup = attrs.evolve(setup, roles=roles)
+    if setup.sglang is None:
+        return setup
+    return attrs.evolve(setup, share=own(setup.sglang), share_source=SGLANG_OWN_SOURCE)
+
+
+def _picked(setup: ServingSetup) -> frozenset[str]:
+    """The roles whose share the spec leaves to SGLang."""
+    servers = [setup.sglang, *(limits.sglang for limits in setup.roles.values())]
+    return frozenset(s.role for s in servers if s is not None)
+
+
 def leaves_reserve(m: ServingMemory) -> bool:
     """Whether the engine's share leaves it room for what it keeps outside the share (the
     serving search raises a share only as far as this holds; a share as written is never
@@ -334,6 +377,7 @@ def _own_limits(setup: ServingSetup) -> dict[str, StepLimits]:
     estimate's own (the tighter role's)."""
     out = {}
     for name, limits in setup.roles.items():
+        limits = attrs.evolve(limits, sglang=None)
         if limits.share == setup.share:
             limits = attrs.evolve(limits, share=None)
         if limits != StepLimits():
@@ -442,11 +486,12 @@ def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
         "profiled_tokens": None,
     }
     # the reserve outside the share is the search's check, not the plan's; a role's share
-    # only where it has its own
+    # only where it has its own (where SGLang picks it: share_source, and for a split's
+    # other role its share)
     return attrs.asdict(
         memory,
         filter=lambda field, value: (
-            field.name != "reserve"
+            field.name not in ("reserve", "picked", "sglang")
             and not (field.name == "share" and value is None)
             and (field.name not in unwritten or value != unwritten[field.name])
         ),

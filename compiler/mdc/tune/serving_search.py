@@ -27,7 +27,12 @@ from mdc.loaders import LoadedDocument
 from mdc.pipeline import Compiler
 from mdc.plan.memory import GIB, Shape, resolve_shape
 from mdc.plan.named_models import name_model
-from mdc.plan.serving_memory import ServingMemory, SglangServer, sglang_default_share
+from mdc.plan.serving_memory import (
+    SGLANG_OWN_SOURCE,
+    ServingMemory,
+    SglangServer,
+    sglang_default_share,
+)
 from mdc.spec import JobSpec, WorkloadTable
 from mdc.tune.serving_perf import (
     DEFAULT,
@@ -45,15 +50,16 @@ from mdc.tune.serving_perf import (
 
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 200
-#: the engine's memory share the arithmetic stage assumes (compile then reads the spec's)
+#: the engine's memory share the arithmetic stage assumes where the spec does not compile
+#: as written (else compile's estimate gives the spec's)
 SHARE = {"trtllm": ("free", 0.9)}
-#: the engines' default share (vLLM --gpu-memory-utilization, TensorRT-LLM
-#: free_gpu_memory_fraction; what mdc assumes for SGLang's --mem-fraction-static)
+#: the engines' default share, as their plugins estimate it (vLLM --gpu-memory-utilization
+#: at 0.11.0, TensorRT-LLM free_gpu_memory_fraction); SGLang's roles instead take the one
+#: it picks itself (:func:`sglang_baseline`)
 DEFAULT_SHARE = 0.9
-#: the larger shares the search tries where a role's KV capacity binds and the spec leaves
-#: its share at the default, each as far as what the engine keeps outside it allows
-#: (:func:`mdc.plan.serving_memory.leaves_reserve`); SGLang's instead is the one it picks
-#: itself, where that is above 0.9
+#: the larger shares the search tries where a vLLM or TensorRT-LLM role's KV capacity binds
+#: and the spec leaves its share at the default, each as far as what the engine keeps
+#: outside it allows (:func:`mdc.plan.serving_memory.leaves_reserve`)
 RAISED_SHARES = (0.92, 0.95)
 #: launchers whose engine is SGLang, which picks its own --mem-fraction-static when not
 #: told (:func:`mdc.plan.serving_memory.sglang_default_share`)
@@ -75,13 +81,44 @@ def sglang_server(r: Role, shape: Shape) -> SglangServer:
 
 
 def sglang_baseline(r: Role, shape: Shape, capacity_gib: float) -> Role:
-    """A role whose share the spec leaves to SGLang, at the share SGLang picks where that is
-    below the 0.9 the estimate assumes (its reserve for activations and CUDA graphs is
-    larger there: 0.893 for a DeepSeek-R1 prefill server of 8 H200s)."""
-    if r.share not in (None, DEFAULT_SHARE):
+    """A role whose share the spec leaves to SGLang, at the share SGLang picks for its
+    layout, as compile's estimate takes it (0.893 for a DeepSeek-R1 prefill server of 8
+    H200s, 0.929 for its decode servers); a share the spec writes is kept."""
+    if r.share is not None:
         return r
-    own = sglang_default_share(capacity_gib, sglang_server(r, shape))
-    return attrs.evolve(r, share=own) if own < DEFAULT_SHARE else r
+    return attrs.evolve(r, share=sglang_default_share(capacity_gib, sglang_server(r, shape)))
+
+
+def _split_counts(budget: int, p: Role, d: Role) -> list[int]:
+    """The prefill server counts that leave the rest of ``budget`` GPUs to whole decode
+    servers, at least one."""
+    return [
+        k
+        for k in range(1, budget // p.gpus)
+        if (budget - k * p.gpus) % d.gpus == 0 and budget > k * p.gpus
+    ]
+
+
+def _engine_settings(
+    launcher: str, written: ServingMemory | None, capacity_gib: float
+) -> tuple[float, str, str, float]:
+    """The engine's memory share, what it is a share of, the KV-cache dtype and the GPU's
+    GiB: as the spec writes them, else the engine's defaults; where SGLang picks its own
+    share, the default (each layout then takes its own: :func:`sglang_baseline`)."""
+    share_of, share = SHARE.get(launcher, ("capacity", DEFAULT_SHARE))
+    if written is None:
+        return share, share_of, "auto", capacity_gib
+    share = DEFAULT_SHARE if written.share_source == SGLANG_OWN_SOURCE else written.share
+    return share, written.share_of, written.kv_dtype, written.capacity / GIB
+
+
+def _written_limits(r: Role, written: ServingMemory) -> Role:
+    """The role with the limits and share the spec writes; a share SGLang picks itself is
+    left open (each layout takes its own: :func:`sglang_baseline`)."""
+    r = with_limits(r, written)
+    if r.name in written.picked:
+        return attrs.evolve(r, share=None)
+    return r
 
 
 @attrs.frozen(kw_only=True)
@@ -526,16 +563,9 @@ class ServingTuner:
         launcher = dist.launcher
         nproc, gpus = dist.nproc_per_node or 1, (dist.nnodes or 1) * (dist.nproc_per_node or 1)
         generate = WRITERS[launcher][0]
-        share_of, share = SHARE.get(launcher, ("capacity", 0.9))
-        capacity = dist.accelerator_memory_gib or hw.memory_gib
-        kv_dtype = "auto"
         written = self._engine_memory()
-        if written is not None:  # the engine's settings as the spec writes them
-            share, share_of, kv_dtype = written.share, written.share_of, written.kv_dtype
-            capacity = written.capacity / GIB
-        # SGLang picks its own share where the spec sets none
-        sglang_own = launcher in SGLANG_SHARES and (
-            written is None or written.share_source != "--mem-fraction-static"
+        share, share_of, kv_dtype, capacity = _engine_settings(
+            launcher, written, dist.accelerator_memory_gib or hw.memory_gib
         )
         cache: dict[Any, Any] = {}
         fit: dict[Role, bool] = {}
@@ -559,20 +589,11 @@ class ServingTuner:
                 deployment=dep, prediction=prediction, meets_slo=meets(prediction, workload)
             )
 
-        def larger(role: Role) -> tuple[float, ...]:
-            """The larger shares to try on a role whose KV capacity binds: SGLang's the one it
-            picks itself where that is above 0.9 (never more: what its reserve for the GPU and
-            layout leaves), the other engines' :data:`RAISED_SHARES`."""
-            if launcher not in SGLANG_SHARES:
-                return RAISED_SHARES
-            own = sglang_default_share(capacity, sglang_server(role, shape))
-            return (own,) if own > DEFAULT_SHARE else ()
-
         def candidate(roles: tuple[Role, ...]) -> Candidate:
             """The deployment, and where its KV capacity binds at the default share, at the
             best of the larger shares the engine's reserve allows (the others searched)."""
-            if sglang_own:
-                roles = tuple(sglang_baseline(r, shape, capacity) for r in roles)
+            if launcher in SGLANG_SHARES:  # the share SGLang picks itself, never more
+                return predicted(tuple(sglang_baseline(r, shape, capacity) for r in roles))
             first = predicted(roles)
             if first.prediction.binding != "KV capacity" or share != DEFAULT_SHARE:
                 return first
@@ -580,7 +601,7 @@ class ServingTuner:
             if bound.share not in (None, DEFAULT_SHARE):
                 return first
             best = first
-            for raised in larger(bound):
+            for raised in RAISED_SHARES:
                 more = tuple(attrs.evolve(r, share=raised) if r is bound else r for r in roles)
                 if not shares_fit(shape, hw, deployment(more), workload, self.constants, cache):
                     break
@@ -608,18 +629,10 @@ class ServingTuner:
                 self.unfit += 1
                 continue
             if written is not None:  # the per-step limits the spec sets, by role
-                roles = tuple(with_limits(r, written) for r in roles)
+                roles = tuple(_written_limits(r, written) for r in roles)
             if len(roles) == 1:
                 # each server layout at its best token budget, then its batch limit
-                budgets = _budgets(launcher, roles[0], self.constants)
-                self.unfit += len(budgets) - 1  # counted as searched, not listed
-                whole = min(
-                    (
-                        candidate((attrs.evolve(roles[0], step_tokens=budget),))
-                        for budget in budgets
-                    ),
-                    key=lambda c: c.key,
-                )
+                whole = self._best_budget(launcher, roles[0], candidate)
                 yield whole
                 if launcher in BATCH_LIMITS:
                     yield from _batch_limits(whole, workload, candidate)
@@ -630,11 +643,7 @@ class ServingTuner:
                     budgeted[p] = self._prefill_budget(p, launcher, seconds, fits)
                 p = budgeted[p]
             budget = gpus  # the router runs beside a server, on no GPU of its own
-            counts = [
-                k
-                for k in range(1, budget // p.gpus)
-                if (budget - k * p.gpus) % d.gpus == 0 and budget > k * p.gpus
-            ]
+            counts = _split_counts(budget, p, d)
 
             def split(k: int, p: Role = p, d: Role = d, budget: int = budget) -> Candidate:
                 rest = (budget - k * p.gpus) // d.gpus
@@ -644,6 +653,17 @@ class ServingTuner:
             yield from splits
             if launcher in ROLE_LIMITS and d.max_batch is None and splits:
                 yield from _decode_limits(counts, splits, workload, split)
+
+    def _best_budget(
+        self, launcher: str, role: Role, candidate: Callable[[tuple[Role, ...]], Candidate]
+    ) -> Candidate:
+        """An aggregated server at its best token budget (the others count as searched)."""
+        budgets = _budgets(launcher, role, self.constants)
+        self.unfit += len(budgets) - 1
+        return min(
+            (candidate((attrs.evolve(role, step_tokens=budget),)) for budget in budgets),
+            key=lambda c: c.key,
+        )
 
     def _prefill_budget(
         self, p: Role, launcher: str, seconds: Callable[[Role], float], fits: Callable[[Role], bool]

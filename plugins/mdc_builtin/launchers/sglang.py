@@ -34,6 +34,7 @@ from mdc.api import (
     Server,
     ServingSetup,
     Severity,
+    SglangServer,
     Word,
 )
 from mdc.api.files import read_schema
@@ -329,31 +330,44 @@ MEMORY_FLAGS = FlagTable(
             nargs=1,
             convert=int,
         ),
+        # DP attention, which SGLang's own share reserves CUDA-graph memory for
+        KnownFlag(
+            name="--dp-size",
+            source="[sglang] args",
+            key="dp",
+            nargs=1,
+            convert=int,
+            aliases=("--data-parallel-size",),
+        ),
+        KnownFlag(name="--enable-dp-attention", source="[sglang] args", key="dp_attention"),
     ]
 )
-#: SGLang sizes --mem-fraction-static from the GPU when it is not given; the check then
-#: assumes this share
-ASSUMED_SHARE = 0.9
 
 
 def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
     values, _ = MEMORY_FLAGS.read([*plan.job.argv, *_opts(options).args])
     share = values.get("share")
-    return ServingSetup(
+    setup = ServingSetup(
         engine="SGLang",
         tp=plan.sizes.tp,
         pp=plan.sizes.pp,
         ep=plan.sizes.ep,
         etp=plan.sizes.etp,
-        share=share if share is not None else ASSUMED_SHARE,
-        share_source="--mem-fraction-static"
-        if share is not None
-        else "assumed; SGLang sizes --mem-fraction-static itself",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
         max_batch=values.get("max_batch"),
         step_tokens=values.get("step_tokens"),
     )
+    if share is None:  # the estimate takes the share SGLang picks for this server
+        own = SglangServer(
+            tp=plan.sizes.tp,
+            pp=plan.sizes.pp,
+            dp=values.get("dp", 1) if values.get("dp_attention") else 1,
+            chunked_prefill=values.get("step_tokens"),
+            max_running=values.get("max_batch"),
+        )
+        return attrs.evolve(setup, sglang=own)
+    return attrs.evolve(setup, share=share, share_source="--mem-fraction-static")
 
 
 @mdc.hookimpl

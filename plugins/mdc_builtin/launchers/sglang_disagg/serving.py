@@ -3,7 +3,11 @@ in the servers' arguments."""
 
 from __future__ import annotations
 
-from mdc.api import Plan, ServingSetup, StepLimits
+from typing import Any
+
+import attrs
+
+from mdc.api import Plan, ServingSetup, SglangServer, StepLimits
 from mdc_builtin.launchers import sglang
 from mdc_builtin.launchers.sglang_disagg.options import SglangDisaggOptions
 from mdc_builtin.launchers.sglang_disagg.servers import Server, server
@@ -11,7 +15,8 @@ from mdc_builtin.launchers.sglang_disagg.servers import Server, server
 
 def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
     """One role's per-step limits per DP attention rank: with DP attention SGLang divides
-    --max-running-requests and --chunked-prefill-size by --dp-size (server_args.py)."""
+    --max-running-requests and --chunked-prefill-size by --dp-size (server_args.py). Its
+    share as written, else its servers as SGLang's own share reads them."""
     values, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shape.args])
     ranks = shape.dp if shape.dp_attention else 1
 
@@ -19,10 +24,24 @@ def step_limits(options: SglangDisaggOptions, shape: Server) -> StepLimits:
         value = values.get(key)
         return None if value is None else max(1, value // ranks)
 
+    share = values.get("share")
     return StepLimits(
         max_batch=per_rank("max_batch"),
         step_tokens=per_rank("step_tokens"),
-        share=values.get("share", sglang.ASSUMED_SHARE),
+        share=share,
+        sglang=None if share is not None else sglang_server(shape, values),
+    )
+
+
+def sglang_server(shape: Server, values: dict[str, Any]) -> SglangServer:
+    """A role's servers as SGLang's automatic --mem-fraction-static reads them: the sizes,
+    DP attention ranks, and the limits as the flags write them."""
+    return SglangServer(
+        role=shape.role,
+        tp=shape.tp,
+        dp=shape.dp if shape.dp_attention else 1,
+        chunked_prefill=values.get("step_tokens"),
+        max_running=values.get("max_batch"),
     )
 
 
@@ -35,16 +54,15 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
     values, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shape.args])
     share = values.get("share")
     ep = shape.expert_ranks
-    return ServingSetup(
+    setup = ServingSetup(
         engine=f"SGLang ({shape.role})",
         tp=shape.tp,
         ep=ep,
         etp=max(1, shape.tp // ep),
-        share=share if share is not None else sglang.ASSUMED_SHARE,
-        share_source="--mem-fraction-static"
-        if share is not None
-        else "assumed; SGLang sizes --mem-fraction-static itself",
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
         roles={each.role: step_limits(options, each) for each in shapes},
     )
+    if share is None:  # the estimate takes the share SGLang picks for these servers
+        return attrs.evolve(setup, sglang=sglang_server(shape, values))
+    return attrs.evolve(setup, share=share, share_source="--mem-fraction-static")
