@@ -228,6 +228,8 @@ FLAGS: dict[str, Flag] = {
     "--moe-pad-expert-input-to-capacity": Flag(
         bool, TransformerConfig, "moe_pad_expert_input_to_capacity"
     ),
+    "--moe-router-num-groups": Flag(int, TransformerConfig, "moe_router_num_groups"),
+    "--moe-router-group-topk": Flag(int, TransformerConfig, "moe_router_group_topk"),
     "--first-last-layers-bf16": Flag(bool, TransformerConfig, "first_last_layers_bf16"),
     "--num-layers-at-start-in-bf16": Flag(int, TransformerConfig, "num_layers_at_start_in_bf16"),
     "--num-layers-at-end-in-bf16": Flag(int, TransformerConfig, "num_layers_at_end_in_bf16"),
@@ -482,6 +484,8 @@ def transformer_config(ns: argparse.Namespace) -> TransformerConfig:
         moe_token_dispatcher_type=ns.moe_token_dispatcher_type or "allgather",
         moe_expert_capacity_factor=ns.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=ns.moe_pad_expert_input_to_capacity,
+        moe_router_num_groups=ns.moe_router_num_groups,
+        moe_router_group_topk=ns.moe_router_group_topk,
         moe_grouped_gemm=ns.moe_grouped_gemm,
         first_last_layers_bf16=ns.first_last_layers_bf16,
         # TransformerConfig's defaults: one layer at each end
@@ -1471,6 +1475,52 @@ def test_interleaving_without_send_overlap_needs_pp_above_2(
     if refused:
         where = "extra_args/0" if "extra_args" in written else "overlap_p2p_comm"
         assert f"(at /megatron/{where})" in stderr
+
+
+def core_refuses_router_groups(groups: int | None, chosen: int) -> bool:
+    """Whether megatron-core's TransformerConfig refuses group-limited routing of 8 experts,
+    2 per token, over ``groups`` groups with ``chosen`` groups per token."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its advice on defaults it fills in
+            TransformerConfig(
+                num_layers=2, hidden_size=64, num_attention_heads=8, num_moe_experts=8,
+                moe_ffn_hidden_size=256, moe_router_topk=2, moe_router_num_groups=groups,
+                moe_router_group_topk=chosen,
+            )  # fmt: skip
+    except (AssertionError, ValueError):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["key", "extra_args"])
+@pytest.mark.parametrize(("groups", "chosen"), [(4, 2), (2, 2), (None, 2), (3, 1), (2, 4)])
+def test_router_groups_refused_exactly_when_megatron_core_refuses(
+    how: str, groups: int | None, chosen: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group-limited routing (--moe-router-num-groups, --moe-router-group-topk), written as
+    keys or passed in extra_args: refused where megatron-core's TransformerConfig refuses
+    it (MDC321 at the group top-k), else passed to Megatron-LM as written."""
+    keys = {"moe_router_group_topk": chosen}
+    if groups is not None:
+        keys["moe_router_num_groups"] = groups
+    written: dict[str, Any] = dict(keys)
+    if how == "extra_args":
+        words = [w for k, v in keys.items() for w in ("--" + k.replace("_", "-"), str(v))]
+        written = {"extra_args": words}
+    written["moe_token_dispatcher_type"] = "alltoall"
+    code, stderr, plan = compile_spec(
+        write_spec(tmp_path, spec(2, 1, ep=2, model=MOE, megatron=written)), tmp_path / "out"
+    )
+    refused = core_refuses_router_groups(groups, chosen)
+    assert (code == 1 and "error[MDC321]" in stderr) == refused, stderr
+    if refused:
+        where = "moe_router_group_topk" if how == "key" else "extra_args/"
+        assert f"(at /megatron/{where}" in stderr
+    else:
+        assert plan is not None
+        ns = check_job(tmp_path / "out", plan, monkeypatch)
+        assert (ns.moe_router_num_groups, ns.moe_router_group_topk) == (groups, chosen)
 
 
 def validate_args_refuses_tp_comm_overlap(tp: int, sequence_parallel: bool) -> bool:

@@ -793,6 +793,86 @@ def test_the_flex_dispatcher_sends_a_token_once_to_each_other_node() -> None:
     ] == pytest.approx(predict(shape, node, hw, nproc_per_node=8).breakdown["ep"], rel=1e-12)
 
 
+def test_node_limited_routing_caps_the_nodes_a_flex_token_reaches() -> None:
+    """The same ep 32 over 4 nodes with group-limited routing (moe_router_num_groups 4,
+    one per node, moe_router_group_topk 2): a token's experts lie in 2 of the 4 nodes, so
+    a node holds one of them when its group is chosen (2/4) and one of the 4 experts drawn
+    from the chosen groups' 32 falls in its 16, where uniform routing gave
+    1 - C(48, 4)/C(64, 4); 8 groups (2 per node), 4 chosen: a node is reached when j
+    of its 2 groups are chosen (C(2, j) C(6, 4 - j)/C(8, 4)) and one of the 4 experts drawn
+    from the chosen groups' 32 falls in its 8 j; only the NIC's share changes, and the
+    plain all-to-all, which sends every routed copy, not at all."""
+    shape, hw = _moe_shape(), builtin()["h100-sxm"]
+    wide = _layout(tp=1, pp=1, ep=32, etp=1, dp=32, microbatches=4, sequence_parallel=False)
+    once = attrs.evolve(DEFAULT, ep_exposed=1.0)
+    up, out = hw.scale_up_gb_s * DEFAULT.link_share, hw.scale_out_gb_s * DEFAULT.nic_share
+    copies = 4 * 31 / 32
+
+    def ep_time(layout: Layout) -> float:
+        return predict(shape, layout, hw, nproc_per_node=8, constants=once).breakdown["ep"]
+
+    flex = attrs.evolve(wide, dispatcher="flex")
+    uniform = ep_time(flex)
+    per_node = ep_time(attrs.evolve(flex, router_groups=(4, 2)))
+    base = copies / up + 3 * (1 - math.comb(48, 4) / math.comb(64, 4)) / out
+    assert per_node / uniform == pytest.approx(
+        (copies / up + 3 * (2 / 4) * (1 - math.comb(16, 4) / math.comb(32, 4)) / out) / base,
+        rel=1e-9,
+    )
+    hit = sum(
+        math.comb(2, j) * math.comb(6, 4 - j) / math.comb(8, 4)
+        * (1 - math.comb(32 - 8 * j, 4) / math.comb(32, 4))
+        for j in (1, 2)
+    )  # fmt: skip
+    two_per_node = ep_time(attrs.evolve(flex, router_groups=(8, 4)))
+    assert two_per_node / uniform == pytest.approx((copies / up + 3 * hit / out) / base, rel=1e-9)
+    assert per_node < two_per_node < uniform
+    # every group open, or the plain all-to-all: as without groups
+    assert ep_time(attrs.evolve(flex, router_groups=(4, 4))) == uniform
+    assert ep_time(attrs.evolve(wide, router_groups=(4, 2))) == ep_time(wide)
+
+
+def _moe_plan(megatron: dict[str, Any]) -> Any:
+    """The plan of a 16-GPU Megatron-LM job of a small MoE model at ep 16, with ``megatron``."""
+    from mdc.loaders import LoadedDocument
+    from mdc.pipeline import Compiler
+    from mdc.plugin_manager import load_plugins
+
+    spec = {
+        "job": {"name": "moe", "command": ["python", "pretrain_gpt.py"]},
+        "distributed": {"launcher": "megatron", "backend": "slurm", "nnodes": 2,
+                        "nproc_per_node": 8, "accelerator_model": "h100-sxm"},
+        "parallelism": {"tp": 1, "pp": 1, "ep": 16},
+        "batch": {"global_batch_size": 64, "micro_batch_size": 1},
+        "model": {"num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                  "seq_length": 2048, "vocab_size": 32000, "num_experts": 64,
+                  "moe_ffn_hidden_size": 512, "moe_router_topk": 4, "dtype": "bf16"},
+        "megatron": megatron,
+        "slurm": {"partition": "gpu"},
+    }  # fmt: skip
+    document = LoadedDocument(path="moe.json", data=spec, values={}, keys={})
+    return Compiler(load_plugins(autoload=False)).compile_document(document, tree=False).plan
+
+
+def test_router_groups_are_read_from_keys_and_extra_args() -> None:
+    """moe_router_num_groups and moe_router_group_topk, as keys or as Megatron-LM's flags in
+    extra_args, reach the throughput model as the layout's router groups; a group top-k
+    alone (Megatron-Core refuses it) or none leaves the routing open."""
+    from mdc.tune.perf import plan_inputs
+
+    seen = []
+    for megatron in (
+        {"moe_router_num_groups": 4, "moe_router_group_topk": 2},
+        {"extra_args": ["--moe-router-num-groups", "4", "--moe-router-group-topk=2"]},
+        {"moe_router_num_groups": 4},
+    ):
+        plan = _moe_plan({"moe_token_dispatcher_type": "flex", **megatron})
+        inputs = plan_inputs(plan)
+        assert inputs is not None
+        seen.append(inputs.layout.router_groups)
+    assert seen == [(4, 2), (4, 2), None]
+
+
 def test_the_allgather_dispatcher_gathers_every_token_of_the_group() -> None:
     """Megatron-LM's default dispatcher gathers all the tokens of the etp x ep group on
     each rank (and reduce-scatters the outputs): 7 other ranks' tokens with ep 8, where the

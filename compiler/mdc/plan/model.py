@@ -211,6 +211,10 @@ class TrainingSetup:
     moe_dispatcher: str | None = None
     #: MoE: each expert's input padded to this capacity factor (None: dropless)
     moe_capacity_factor: float | None = None
+    #: MoE group-limited routing as (groups, groups per token): the routed experts split into
+    #: equal groups and each token's experts chosen from its best few (Megatron-Core's
+    #: moe_router_num_groups, moe_router_group_topk); None: every expert open to every token
+    moe_router_groups: tuple[int, int] | None = None
     #: the interleaved pipeline schedule overlaps its sends with compute (Megatron-LM's
     #: overlap_p2p_comm, its default): the throughput model hides them then
     overlap_p2p: bool = True

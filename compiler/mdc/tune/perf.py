@@ -255,7 +255,7 @@ def layout_of(
         overlap_p2p=t.overlap_p2p,
         tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
         ep_comm_overlap=t.ep_comm_overlap and s.ep > 1,
-        dispatcher=t.moe_dispatcher,
+        dispatcher=t.moe_dispatcher, router_groups=t.moe_router_groups,
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
     )  # fmt: skip
 

@@ -118,6 +118,9 @@ class Layout:
     #: domain holding one of its experts and fans it out there; "allgather" (Megatron-LM's
     #: default) gathers every token of the etp x ep group on each rank and reduce-scatters back
     dispatcher: str | None = None
+    #: group-limited routing as (groups, groups per token) (Megatron-Core's
+    #: moe_router_num_groups, moe_router_group_topk); None: every expert open to every token
+    router_groups: tuple[int, int] | None = None
     #: layers on the heaviest pipeline stage (None: ceil(layers / pp))
     stage_layers: int | None = None
     #: layers on the last pipeline stage, which also runs the output layer and the loss

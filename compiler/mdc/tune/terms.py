@@ -438,8 +438,10 @@ def ep_comm(st: Step, compute: float) -> float:
         # the flex dispatcher (DeepEP, HybridEP) sends a token once to each other
         # domain holding one of its experts, then fans it out over the scale-up links:
         # every routed copy crosses them, the deduplicated ones the NIC too
+        # remote domains each token reaches (node-limited routing caps them)
         token = st.tokens / st.split * width * ACT
-        remote = (1 / inside - 1) * _domain_hit(shape.experts, shape.topk, 1 / inside)
+        domains = 1 / inside
+        remote = (domains - 1) * _routed_hit(shape.experts, shape.topk, L.router_groups, domains)
         per_a2a = routed / up + token * remote / out
     t_ep = (4 + 2 * st.again.ep) * per_a2a * st.moe_layers
     # Megatron-Core's combined 1F1B schedule (overlap_moe_expert_parallel_comm) pairs one
@@ -601,6 +603,44 @@ def _strides(order: str, sizes: tuple[tuple[str, int], ...]) -> dict[str, int]:
         strides[name] = stride
         stride *= size.get(name, 1)
     return {axis: strides.get(axis, stride) for axis in size}
+
+
+@functools.lru_cache(maxsize=256)
+def _routed_hit(experts: int, topk: int, groups: tuple[int, int] | None, domains: float) -> float:
+    """The chance that one of ``domains`` equal domains (each ``experts / domains``
+    consecutive experts, as Megatron-Core lays the experts out over the ep ranks) holds at
+    least one of a token's ``topk`` experts. With group-limited routing (``groups`` = (G,
+    g): the experts in G equal consecutive groups, each token's experts chosen within g of
+    them; Megatron-Core's moe_router_num_groups and moe_router_group_topk, DeepSeek-V3's
+    node-limited routing of 8 groups and 4 per token) the g groups are drawn uniformly and
+    the token's experts uniformly among theirs; where neither G nor the domains divide the
+    other, or g covers every group, as without groups (:func:`_domain_hit`)."""
+    plain = _domain_hit(experts, topk, domains)
+    if groups is None:
+        return plain
+    count, chosen = groups
+    n = round(domains)
+    if chosen >= count or n != domains or not (count % n == 0 or n % count == 0):
+        return plain
+    pool = experts * chosen // count  # the experts of the chosen groups
+    if n % count == 0:
+        # each group spans n / count domains: a domain is open with its group
+        return min(plain, chosen / count * _drawn_hit(pool, experts // n, topk))
+    # each domain holds count / n whole groups: j of them chosen (hypergeometric)
+    held = count // n
+    hit = 0.0
+    for j in range(1, min(held, chosen) + 1):
+        ways = math.comb(held, j) * math.comb(count - held, chosen - j) / math.comb(count, chosen)
+        hit += ways * _drawn_hit(pool, j * experts // count, topk)
+    return min(plain, hit)
+
+
+def _drawn_hit(pool: int, inside: int, topk: int) -> float:
+    """The chance that ``topk`` distinct experts drawn uniformly from ``pool`` include one
+    of ``inside`` of them."""
+    if topk > pool:
+        return 1.0
+    return 1.0 - math.comb(pool - inside, topk) / math.comb(pool, topk)
 
 
 def _domain_hit(experts: int, topk: int, domains: float) -> float:

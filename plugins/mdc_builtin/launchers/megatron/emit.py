@@ -230,6 +230,8 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
         "cpu_offloading_num_layers",
         "moe_token_dispatcher_type",
         "moe_expert_capacity_factor",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
     ):
         value = getattr(opts, key)
         if value is not None:

@@ -102,6 +102,8 @@ OPTION_FLAGS = (
     _option_flag("moe_token_dispatcher_type", 1, choices=DISPATCHERS),
     _option_flag("moe_expert_capacity_factor", 1, float),
     _option_flag("moe_pad_expert_input_to_capacity"),
+    _option_flag("moe_router_num_groups", 1, int),
+    _option_flag("moe_router_group_topk", 1, int),
     _option_flag("overlap_moe_expert_parallel_comm"),
 )
 

@@ -48,6 +48,8 @@ class MegatronOptions:
     moe_token_dispatcher_type: str | None = None
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool | None = None
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
     fp4_format: str | None = None
     fp4_recipe: str | None = None
     fp4_quantizer_factory: str | None = None

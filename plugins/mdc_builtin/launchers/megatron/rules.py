@@ -153,6 +153,42 @@ def _tp_comm_overlap(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     )
 
 
+def _router_groups(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
+    """Group-limited routing as Megatron-Core core_v0.16.1 checks it
+    (TransformerConfig.__post_init__, only with a group top-k): the groups must be given,
+    divide the experts, and be at least the groups chosen per token."""
+    chosen, groups = opts.moe_router_group_topk, opts.moe_router_num_groups
+    if not chosen:
+        return
+    experts = plan.model.num_experts if plan.model else None
+    where = pointer_of(opts, "moe_router_group_topk")
+    if not groups:
+        why, text = (
+            "no moe_router_num_groups",
+            "When using group limited routing, moe_router_num_groups must be specified.",
+        )
+    elif experts and experts % groups:
+        why, text = (
+            f"moe_router_num_groups = {groups} not dividing the {experts} experts",
+            f"num_moe_experts ({experts}) should be divisible by moe_router_num_groups ({groups}).",
+        )
+    elif chosen > groups:
+        why, text = (
+            f"moe_router_num_groups = {groups} below it",
+            f"moe_router_group_topk ({chosen}) should be smaller than moe_router_num_groups "
+            f"({groups}).",
+        )
+    else:
+        return
+    yield Finding(
+        code="MDC321",
+        pointer=where,
+        message=f"moe_router_group_topk = {chosen} with {why} (Megatron-Core: '{text}')",
+        hint="set moe_router_num_groups to a divisor of the experts at least "
+        "moe_router_group_topk (node-limited routing: the nodes of the ep group)",
+    )
+
+
 def _optimizer(plan: Plan, opts: MegatronOptions) -> Iterator[Finding]:
     if opts.overlap_param_gather:
         if not (distributed_optimizer(opts) or megatron_fsdp(opts)):
@@ -392,6 +428,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _pipeline(plan, opts)
     yield from _tp_comm_overlap(plan, opts)
     yield from ep_overlap_rules(plan, opts)
+    yield from _router_groups(plan, opts)
     yield from connection_rules(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)

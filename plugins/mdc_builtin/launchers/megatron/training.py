@@ -159,6 +159,11 @@ def training(options: MegatronOptions | None) -> TrainingSetup:
         moe_capacity_factor=opts.moe_expert_capacity_factor
         if opts.moe_pad_expert_input_to_capacity
         else None,
+        # Megatron-Core limits the routing to groups only with a group top-k (its router's
+        # _compute_topk: `if group_topk`)
+        moe_router_groups=(opts.moe_router_num_groups, opts.moe_router_group_topk)
+        if opts.moe_router_group_topk and opts.moe_router_num_groups
+        else None,
         # vocab_parallel_cross_entropy: the output layer's bf16 logits and their fp32 copy
         logit_bytes=6,
         levers=LEVERS,
