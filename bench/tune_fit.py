@@ -48,7 +48,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 FITTED = (
     "gemm_peak", "shape_knee", "width_knee", "attention_peak",
     "elementwise", "ep_exposed",
-    "moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us",
+    "moe_passes", "mamba_overhead", "fp4_peak",
 )  # fmt: skip
 
 
@@ -349,7 +349,6 @@ NEUTRAL = {
     "moe_passes": 1.0,  # one pass per routed token's hidden vector
     "mamba_overhead": 1.0,  # the Mamba layer's counted work at its kernels' measured rates
     "fp4_peak": 1.0,  # FP4 GEMMs at the level fp8's reach
-    "expert_overhead_us": 5.0,  # about one kernel launch per local expert
 }
 
 

@@ -137,6 +137,19 @@ def test_rows_are_complete_and_unique() -> None:
         assert run["precision"] in PRECISION, run["id"]
 
 
+def test_left_out_runs_say_where_and_why() -> None:
+    """A published run that cannot be stated as a spec is listed under [[left_out]] with its
+    source, the table it is in and the reason, and is not also a row."""
+    left_out = tomllib.loads(RUNS_FILE.read_text(encoding="utf-8"))["left_out"]
+    assert left_out
+    rows = {(r["source"], r["table"]) for r in RUNS}
+    for entry in left_out:
+        assert set(entry) == {"source", "table", "reason"}, entry
+        assert entry["source"].startswith("https://"), entry
+        assert entry["table"] and len(entry["reason"]) > 40, entry
+        assert (entry["source"], entry["table"]) not in rows
+
+
 def test_awaiting_names_only_rows_of_the_table() -> None:
     assert set(AWAITING) <= {r["id"] for r in RUNS}
 

@@ -96,7 +96,9 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # the other ten were fitted again; 86.9 % (273 of 314; held out 86.5 %) once Mamba's
     # layers run their counted SSD work at the measured SSD kernels' rate and NVFP4 its
     # measured GEMM level, the constants fitted again (mamba_overhead for mamba_passes; held
-    # out by source 60.7 % to 64.1 %). The floor holds that level
+    # out by source 60.7 % to 64.1 %); 86.9 % still (held out 87.5 %) once a local expert's
+    # fixed time is measured (kernels.toml's [grouped_gemm]) and the other nine were fitted
+    # again. The floor holds that level
     assert accuracy >= 0.869 >= 0.80
 
 
@@ -122,12 +124,15 @@ def test_held_out_fold_starts_neutral_where_its_family_informs(
     nvidia = [c for c in fitted_cases if c.family == "NVIDIA performance summaries"]
     start, reset = tune_fit.fold_start(nvidia)
     assert set(reset) == set(tune_fit.FITTED)
-    for name in ("moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us", "gemm_peak"):
+    for name in ("moe_passes", "mamba_overhead", "fp4_peak", "gemm_peak"):
         assert getattr(start, name) == tune_fit.NEUTRAL[name] != getattr(DEFAULT, name)
+    # a measured constant (kernels.toml) is no fit's: every fold keeps it
+    assert "expert_overhead_us" not in tune_fit.FITTED
+    assert start.expert_overhead_us == DEFAULT.expert_overhead_us
     # a dense family's fold keeps the constants its rows never move where they were
     paper = [c for c in fitted_cases if c.family == "Megatron-LM paper (2021)"]
     start, reset = tune_fit.fold_start(paper)
-    assert {"moe_passes", "mamba_overhead", "fp4_peak", "expert_overhead_us"}.isdisjoint(reset)
+    assert {"moe_passes", "mamba_overhead", "fp4_peak"}.isdisjoint(reset)
     assert start.mamba_overhead == DEFAULT.mamba_overhead
     assert "gemm_peak" in reset
 
@@ -151,17 +156,21 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # informs started neutral (bench.tune_fit.fold_start), 60.7 % (198 of 326), MoE 42.4 %
     # (75 of 177), FSDP-style 76.7 % (23 of 30), 29.2 %; 64.1 % (209 of 326), MoE 42.9 % (76
     # of 177), FSDP-style 80.0 % (24 of 30), 26.9 % once Mamba's SSD and NVFP4's GEMMs run
-    # at measured rates, so that their constants' neutral values are those rates: the
-    # floors hold that level, the FSDP-style target still met
+    # at measured rates, so that their constants' neutral values are those rates; 73.9 %
+    # (241 of 326), MoE 61.0 % (108 of 177), FSDP-style 80.0 % (24 of 30), 18.9 % once a
+    # local expert's fixed time is measured (no fold then predicts the MoE rows at a neutral
+    # 5 us per expert): the floors hold that level, the FSDP-style target still met
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
-    assert _within(by_source) >= 0.641
-    assert _within(moe) >= 0.429
+    assert _within(by_source) >= 0.739
+    assert _within(moe) >= 0.61
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.270
+    assert _error(by_source) <= 0.19
 
 
-@pytest.mark.xfail(reason="held out by source: 64.1 % within 20 %, MoE 42.9 %", strict=True)
+@pytest.mark.xfail(
+    reason="held out by source: 73.9 % within 20 %, MoE 61.0 %, mean error 18.9 %", strict=True
+)
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]
     assert _within(by_source) >= 0.80
@@ -246,11 +255,12 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # sequence knee (attention_seq_knee) and a layout that splits the same tokens per rank
     # over cp instead of the micro batch counts as the faster one's variant (137 with the
     # knee alone: those cp variants, no longer exact ties, crowded the top 5); 152 still with
-    # the measured GEMM levels and link shares
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.52
+    # the measured GEMM levels and link shares; 147 once a local expert's fixed time is
+    # measured (its parallel sizes 222, from 221)
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.51
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 53 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 51 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
@@ -275,7 +285,7 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # layout that splits the same tokens per rank over cp instead of the micro batch counts
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
-    # link shares
+    # link shares; 222 with a local expert's fixed time measured
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
 

@@ -132,3 +132,20 @@ def _reference_share() -> float:
     acc, precision = table["reference"]
     tflops = next(t for a, p, t, *_ in table["points"] if (a, p) == (acc, precision))
     return float(tflops) / builtin()[acc].peak_tflops(precision)
+
+
+#: the GEMMs a local expert runs per MoE layer and pass (fc1 and fc2: forward, or each of
+#: the two backward passes)
+EXPERT_GEMMS = 2
+
+
+def expert_overhead_us() -> float:
+    """A local expert's fixed time per MoE layer and pass, in microseconds: what Transformer
+    Engine's per-expert grouped GEMM takes beyond one kernel over the same experts, per
+    expert and GEMM (``kernels.toml``'s ``[[grouped_gemm]]``, averaged over its rows), times
+    the expert's two GEMMs per pass."""
+    rows = curves("grouped_gemm")
+    per_gemm = [
+        (row["multi_stream_ms"] - row["single_launch_ms"]) * 1e3 / row["experts"] for row in rows
+    ]
+    return float(EXPERT_GEMMS * sum(per_gemm) / len(per_gemm))

@@ -17,7 +17,7 @@ class Constants:
     gemm_peak: float = 0.6563
     #: token dimension (M) at which a GEMM's efficiency halves: d / (d + knee); also every
     #: dimension of the routed experts' grouped GEMMs, and FlashAttention's head dimension
-    shape_knee: float = 405.1
+    shape_knee: float = 413.6
     #: weight dimension (N, K) of a dense GEMM at which its efficiency halves, sharper:
     #: d^2 / (d^2 + knee^2), so a weight a few tiles wide runs near the peak
     width_knee: float = 806.6
@@ -27,7 +27,7 @@ class Constants:
     #: efficiency halves: measured, not fitted (kernels.toml, docs/tune.md)
     attention_seq_knee: float = 234.0
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 2.698
+    elementwise: float = 2.441
     #: share of the scale-up link's rate NCCL's collectives reach (bus bandwidth over the
     #: line rate), measured: kernels.toml's [collective] (set, not fitted)
     link_share: float = 370 / 450  # NVLink 4: 370 of 450 GB/s
@@ -45,18 +45,19 @@ class Constants:
     ep_exposed: float = 1.0
     #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
     #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 3.833
+    moe_passes: float = 1.422
     #: Megatron-Core's Mamba-2 layer (conv1d, SSD kernels, gated norm, forward and backward)
     #: over its work counted at the measured SSD kernels' and the HBM's rates (terms.mamba)
-    mamba_overhead: float = 8.646
+    mamba_overhead: float = 8.61
     #: share of NVFP4's measured GEMM level (terms.FP4_LEVEL) an FP4 GEMM of the layers
     #: reaches: the recipe's quantization around every GEMM (16-element blocks under two
     #: scales, random Hadamard transforms of the weight-gradient inputs, stochastically
     #: rounded gradients), which no kernel table here times
     fp4_peak: float = 0.8238
-    #: microseconds each local expert costs per MoE layer and pass whatever its tokens
-    #: (its grouped-GEMM group, its own quantization and scaling kernels)
-    expert_overhead_us: float = 41.82
+    #: microseconds each local expert costs per MoE layer and pass whatever its tokens (its
+    #: two GEMMs in Transformer Engine's per-expert grouped GEMM): measured, not fitted
+    #: (kernels.toml's [grouped_gemm], mdc.tune.kernels.expert_overhead_us)
+    expert_overhead_us: float = 49.5
 
     def to_json(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in attrs.fields(Constants)}

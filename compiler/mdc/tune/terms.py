@@ -289,11 +289,11 @@ def moe_permute(st: Step) -> float:
 
 
 def expert_overhead(st: Step) -> float:
-    """Megatron-Core's fixed cost per local expert, a framework overhead fitted end to end:
-    ``expert_overhead_us`` per local expert (E/ep), MoE layer and GEMM pass (forward, the
-    two backward GEMMs, each recomputed forward), whatever its tokens (each expert is a
-    group of Transformer Engine's grouped GEMM with its own quantization and scaling
-    kernels): ep 1 on 8 GPUs runs 8x the groups of ep 8."""
+    """Each local expert's fixed time: ``expert_overhead_us`` (measured: kernels.toml's
+    [grouped_gemm], what Transformer Engine's grouped GEMM, one cuBLASLt GEMM per expert over
+    several streams, takes beyond one kernel over the same experts, for the expert's two
+    GEMMs) per local expert (E/ep), MoE layer and pass (forward, the two backward passes,
+    each recomputed forward), whatever its tokens: ep 1 on 8 GPUs runs 8x the GEMMs of ep 8."""
     shape = st.shape
     if not shape.experts:
         return 0.0
