@@ -149,3 +149,21 @@ def expert_overhead_us() -> float:
         (row["multi_stream_ms"] - row["single_launch_ms"]) * 1e3 / row["experts"] for row in rows
     ]
     return float(EXPERT_GEMMS * sum(per_gemm) / len(per_gemm))
+
+
+def fused_moe_shares() -> dict[str, float]:
+    """{precision: the Triton fused-MoE kernel's marginal FLOP rate at many tokens per expert
+    as a share of the chip's peak at its measured GEMM level}, averaged over the curves of
+    ``kernels.toml``'s ``[[fused_moe]]`` (the serving model's ``FUSED_MOE_SHARE``)."""
+    from mdc.hardware import builtin
+    from mdc.tune.terms import gemm_level
+
+    shares: dict[str, list[float]] = {}
+    for c in curves("fused_moe"):
+        (b0, t0), (b1, t1) = c["points"][-2:]
+        per_token = 2 * 3 * c["hidden"] * c["intermediate"] * c["topk"]
+        rate = (b1 - b0) * per_token / ((t1 - t0) * 1e-6)
+        hw = builtin()[c["accelerator"]]
+        peak = hw.peak_tflops(c["precision"]) * 1e12 * gemm_level(hw, c["precision"])
+        shares.setdefault(c["precision"], []).append(rate / peak)
+    return {p: sum(v) / len(v) for p, v in sorted(shares.items())}

@@ -51,6 +51,10 @@ if TYPE_CHECKING:
     from mdc.api import Launch
     from mdc.plan.model import Plan
 
+#: the Triton fused-MoE kernel's marginal rate at many tokens per expert, as a share of the
+#: chip's peak at its measured GEMM level (kernels.toml's [[fused_moe]]: vLLM's
+#: benchmark_moe timings; a test holds these equal to mdc.tune.kernels.fused_moe_shares())
+FUSED_MOE_SHARE = {"bf16": 0.5287, "fp8": 0.1203}
 #: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
 PREFILL_ROLES = frozenset({"prefill", "context"})
 DECODE_ROLES = frozenset({"decode", "generation"})
@@ -227,6 +231,11 @@ class _Server:
     #: of them, the attention kernel's FLOPs of one decoding token (run at the KV cache's
     #: precision; MLA in its absorbed form, as the kernels that read the latent cache run it)
     decode_attention_flops: float = 0.0
+    #: of them, the experts' GEMM FLOPs of one token (the same decoding or prefilling)
+    expert_flops: float = 0.0
+    #: FLOP/s of the experts' GEMMs in the engine's fused-MoE kernel (0: they run with the
+    #: other GEMMs; :func:`fused_moe_rate`)
+    moe_rate: float = 0.0
 
     @property
     def max_batch(self) -> int:
@@ -288,9 +297,13 @@ class _Server:
         hbm = bytes_read / self.hbm_rate()
         # each GPU computes its group's tokens on its stage's layers: 1 / (attn_tp x pp)
         share = micro / (r.attn_tp * r.pp)
-        gemms = (self.decode_flops - self.decode_attention_flops) * share / self._peak()
+        grouped = self.moe_rate
+        experts = self.expert_flops if grouped else 0.0
+        dense = self.decode_flops - self.decode_attention_flops - experts
         attention = self.decode_attention_flops * share / self._attention_peak()
-        compute = (gemms + attention) / self.c.decode_efficiency
+        compute = (dense * share / self._peak() + attention) / self.c.decode_efficiency
+        if grouped:
+            compute += experts * share / grouped
         return r.pp * hbm, r.pp * compute, r.pp * self.comm(micro)
 
     def decode_step(self, batch: float, context: float) -> float:
@@ -304,8 +317,12 @@ class _Server:
 
     def prefill_compute(self, tokens: float, prompt: int) -> float:
         """Seconds of the FLOPs (and communication) of ``tokens`` prompt tokens."""
-        flops = self.prefill_flops * tokens / self.role.gpus
+        grouped = self.moe_rate
+        experts = self.expert_flops if grouped else 0.0
+        flops = (self.prefill_flops - experts) * tokens / self.role.gpus
         compute = flops / (self._peak() * self.c.prefill_efficiency)
+        if grouped:
+            compute += experts * tokens / self.role.gpus / grouped
         return compute + self.comm(tokens / self.role.dp)
 
     def prefill(self, tokens: float, prompt: int) -> float:
@@ -387,8 +404,24 @@ def server_of(
         leaves_reserve=leaves_reserve(memory),
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         decode_attention_flops=_decode_attention_flops(shape, _context(w)),
+        expert_flops=token_flops(attrs.evolve(shape, seq=1), causal=False).expert_gemm / 3,
+        moe_rate=fused_moe_rate(shape, hw, dep.launcher, role.ep),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
+
+
+def fused_moe_rate(shape: Shape, hw: Accelerator, launcher: str, ep: int) -> float:
+    """FLOP/s of the experts' GEMMs where the engine runs them in its Triton fused-MoE
+    kernel (vLLM; SGLang without DeepEP's expert parallel): its measured rate as a share of
+    the chip's peak at its measured GEMM level in the checkpoint's precision (kernels.toml's
+    [[fused_moe]]). 0 elsewhere, their GEMMs counted with the others: TensorRT-LLM's own MoE
+    kernels, SGLang's DeepEP and DeepGEMM, and FP4 experts (MXFP4 matmuls, not measured)."""
+    if not shape.experts or shape.dtype == "fp4":
+        return 0.0
+    if not (launcher.startswith("vllm") or (launcher.startswith("sglang") and ep == 1)):
+        return 0.0
+    dtype = "fp8" if shape.dtype == "fp8" and "fp8" in hw.dense_tflops else "bf16"
+    return hw.peak_tflops(dtype) * 1e12 * gemm_level(hw, dtype) * FUSED_MOE_SHARE[dtype]
 
 
 def _moe_over_server(launcher: str) -> bool:
