@@ -590,3 +590,32 @@ def test_vllm_and_sglang_run_the_experts_at_the_fused_moe_rate() -> None:
         moe = serving_fit._shape("qwen3-235b-a22b", dtype, 1280)
         dep = attrs.evolve(_deployment(other), launcher=launcher)
         assert server_of(other, moe, hw, dep, work, DEFAULT).moe_rate == 0.0
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "launcher", "batch", "budget"),
+    [
+        ("a100-80gb", "vllm", 256, 2048),
+        ("a100-40gb", "vllm_disagg", 256, 2048),
+        ("h100-sxm", "vllm", 1024, 8192),
+        ("mi300x", "vllm", 1024, 8192),
+        ("a100-80gb", "trtllm", 2048, 8192),
+    ],
+)
+def test_vllms_defaults_follow_the_gpu(
+    accelerator: str, launcher: str, batch: int, budget: int
+) -> None:
+    """vLLM's max_num_seqs and its API server's max_num_batched_tokens where the spec sets
+    none: 256 and 2,048 on an A100 and on a GPU under 70 GiB, 1,024 and 8,192 on the others
+    (vLLM's EngineArgs defaults by device); the other engines' do not follow the GPU."""
+    hw = builtin()[accelerator]
+    shape = serving_fit._shape("llama3.1-8b", "bf16", 2048)
+    work = WorkloadTable(input_tokens=48, output_tokens=16, concurrency=1)
+    role = Role(name="server", servers=1, gpus=1)
+    dep = attrs.evolve(_deployment(role, launcher=launcher), capacity_gib=hw.memory_gib)
+    server = server_of(role, shape, hw, dep, work, DEFAULT)
+    assert server.capacity_seqs > batch  # the engine's limit binds, not its cache
+    assert (server.max_batch, server.step_tokens) == (batch, budget)
+    set_by_spec = attrs.evolve(role, max_batch=64, step_tokens=4096)
+    server = server_of(set_by_spec, shape, hw, dep, work, DEFAULT)
+    assert (server.max_batch, server.step_tokens) == (64, 4096)

@@ -106,11 +106,34 @@ class Constants:
     def overhead(self, launcher: str) -> float:
         return self.step_overhead_s.get(launcher, 1.6e-3)
 
+    def batch_limit(self, launcher: str, hw: Accelerator) -> int:
+        """The engine's running-batch limit where the spec sets none: vLLM's max_num_seqs
+        is 256 on a GPU under 70 GiB and on an A100 (1024 elsewhere)."""
+        if launcher.startswith("vllm") and _small_vllm_gpu(hw):
+            return VLLM_SMALL_GPU[0]
+        return self.max_batch.get(launcher, 1024)
+
+    def step_budget(self, launcher: str, hw: Accelerator) -> int:
+        """The engine's step budget where the spec sets none: vLLM's API server's
+        max_num_batched_tokens is 2,048 on a GPU under 70 GiB and on an A100."""
+        if launcher.startswith("vllm") and _small_vllm_gpu(hw):
+            return VLLM_SMALL_GPU[1]
+        return self.chunk_tokens
+
     def request_overhead(self, launcher: str) -> float:
         return self.request_overhead_s.get(launcher, 0.0)
 
 
 DEFAULT = Constants()
+
+#: vLLM's max_num_seqs and its API server's max_num_batched_tokens on a GPU under 70 GiB and
+#: on an A100 (vLLM's EngineArgs defaults by device, as its test_defaults_with_usage_context
+#: states them: 1024 and 8192 on the others, Constants.max_batch and chunk_tokens)
+VLLM_SMALL_GPU = (256, 2048)
+
+
+def _small_vllm_gpu(hw: Accelerator) -> bool:
+    return hw.memory_gib < 70 or hw.id.startswith("a100")
 
 
 @attrs.frozen(kw_only=True)
@@ -239,14 +262,14 @@ class _Server:
 
     @property
     def max_batch(self) -> int:
-        limit = self.role.max_batch or self.c.max_batch.get(self.dep.launcher, 1024)
+        limit = self.role.max_batch or self.c.batch_limit(self.dep.launcher, self.hw)
         return min(limit * self.role.dp, self.capacity_seqs)
 
     @property
     def step_tokens(self) -> int:
         """The prompt tokens one step prefills: the engine's budget as the spec sets it,
         else the launcher's default."""
-        return self.role.step_tokens or self.c.chunk_tokens
+        return self.role.step_tokens or self.c.step_budget(self.dep.launcher, self.hw)
 
     def bandwidth(self) -> float:
         """Bytes/s of one GPU's link for this server's collectives."""
@@ -380,7 +403,11 @@ def server_of(
         share=role.share if role.share is not None else dep.share,
         kv_dtype=dep.kv_dtype,
         share_of="free" if dep.share_of == "free" else "capacity",
-        profiled_tokens=role.step_tokens or c.chunk_tokens if dep.launcher in PROFILING else None,
+        profiled_tokens=(
+            role.step_tokens or c.step_budget(dep.launcher, hw)
+            if dep.launcher in PROFILING
+            else None
+        ),
         # the step whose activations SGLang keeps outside its share (its budget, or its own)
         step_tokens=role.step_tokens,
     )
