@@ -268,7 +268,7 @@ def test_the_fitted_sources_are_reproduced() -> None:
 HELD_OUT_FLOORS = {
     ("trtllm-perf-overview", "throughput"): 0.11,
     ("nim-benchmarking", "throughput"): 0.07,
-    ("nim-benchmarking", "ttft"): 0.27,
+    ("nim-benchmarking", "ttft"): 0.12,
     ("nim-benchmarking", "tpot"): 0.10,
     ("amd-rocm-performance-results", "throughput"): 0.36,
     ("lmsys-sglang-96xh100", "throughput"): 0.15,
@@ -324,6 +324,61 @@ def test_ttft_below_the_knee_counts_the_wait_for_the_prefill() -> None:
     errs = serving_fit.errors(rows, DEFAULT, "ttft")
     assert len(errs) == 3
     assert all(abs(e) <= 0.30 for e in errs), errs
+
+
+def test_a_prompt_chunk_reads_the_experts_its_tokens_touch() -> None:
+    """gpt-oss-120b (128 experts, top-4) on one H100 at 3 decoding requests: a step reads
+    1 - (1 - 4/128)^3 = 9.1 % of the experts; with a 229-token prompt
+    chunk beside them, 1 - (1 - 4/128)^232 = 99.9 %. The chunk adds the difference of the
+    expert bytes at the step's HBM rate; a dense model's chunk adds no reads."""
+    hw = builtin()["h100-sxm"]
+    work = WorkloadTable(input_tokens=229, output_tokens=217, concurrency=4)
+    role = Role(name="server", servers=1, gpus=1)
+    dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib)
+    moe = server_of(role, serving_fit._shape("gpt-oss-120b", "fp4", 446), hw, dep, work, DEFAULT)
+    share = (1 - (1 - 4 / 128) ** 232) - (1 - (1 - 4 / 128) ** 3)
+    assert share == pytest.approx(0.9085, abs=1e-4)
+    rate = hw.memory_bandwidth_gb_s * 1e9 * DEFAULT.hbm_efficiency  # the H100's level is 1
+    assert moe.chunk_reads(3, 229) == pytest.approx(moe.expert_bytes * share / rate)
+    assert moe.chunk_reads(3, 229) > 0.02  # over 20 ms of its ~60 GB of MXFP4 experts
+    dense = server_of(role, serving_fit._shape("llama3.1-8b", "bf16", 446), hw, dep, work, DEFAULT)
+    assert dense.chunk_reads(3, 229) == 0.0
+
+
+def test_a_closed_loops_request_waits_for_the_step_in_flight() -> None:
+    """A closed loop sends a request when another finishes, at a step's end; the engine has
+    begun the next step of the others and takes the request after it. Alone it waits for
+    nothing: the same deployment's TTFT at 1 and 4 in flight differs by the 3 others' decode
+    step (and what the batch adds to its own step)."""
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 2500)
+    hw = builtin()["h100-sxm"]
+    role = Role(name="server", servers=1, gpus=2, tp=2)
+    dep = Deployment(launcher="trtllm", roles=(role,), capacity_gib=hw.memory_gib)
+    ctx = 500 + 2000 / 2
+    one = WorkloadTable(input_tokens=500, output_tokens=2000, concurrency=1)
+    four = attrs.evolve(one, concurrency=4)
+    server = server_of(role, shape, hw, dep, four, DEFAULT)
+    alone = predict(shape, hw, dep, one).ttft_ms
+    among = predict(shape, hw, dep, four).ttft_ms
+    # the prompt's own step at 4 running, less at 1 running, plus the others' step
+    own = server.decode_step(4, ctx) - server.decode_step(1, ctx)
+    assert among - alone == pytest.approx((own + server.decode_step(3, ctx)) * 1e3, rel=0.02)
+
+
+def test_gpustacks_ttft_at_4_in_flight() -> None:
+    """GPUStack's runs at 4 requests in flight (ShareGPT prompts of ~229 tokens; never
+    fitted): gpt-oss-120b on H100 and A100 and DeepSeek-R1 on 8 H200 under vLLM. Each
+    prompt's step reads nearly every expert; counting only the 4 decoding tokens' experts
+    the model came 68 to 90 % short (49 ms measured on one H100, 10 predicted)."""
+    rows = [
+        r
+        for r in _rows()
+        if r["source"] == "gpustack-performance-lab" and r.get("ttft_ms") is not None
+    ]
+    errs = serving_fit.errors(rows, DEFAULT, "ttft")
+    assert len(errs) == 5
+    assert _median(errs) <= 0.30
+    assert sum(abs(e) <= 0.50 for e in errs) >= 4, errs
 
 
 #: H200's measured GEMM levels (kernels.toml's [gemm]): bf16 as the H100's, fp8 its own

@@ -311,11 +311,9 @@ class _Server:
         """(HBM, compute, communication) seconds of one decode step at ``batch``: every
         stage in turn, each on its micro-batch of ``batch / pp`` (a token passes every
         stage, so pipeline stages add up: the bubble of a decode step)."""
-        r, s = self.role, self.shape
+        r = self.role
         micro = batch / r.dp / r.pp  # one attention group's tokens in one stage's turn
-        routed = micro * r.dp if r.ep > 1 else micro
-        touched = 1.0 if not s.experts else 1 - (1 - s.topk / s.experts) ** max(routed, 1)
-        bytes_read = self.dense_bytes + self.expert_bytes * touched
+        bytes_read = self.dense_bytes + self.expert_bytes * self.touched(micro)
         bytes_read += micro * context * self.kv_per_token
         hbm = bytes_read / self.hbm_rate()
         # each GPU computes its group's tokens on its stage's layers: 1 / (attn_tp x pp)
@@ -328,6 +326,26 @@ class _Server:
         if grouped:
             compute += experts * share / grouped
         return r.pp * hbm, r.pp * compute, r.pp * self.comm(micro)
+
+    def touched(self, tokens: float) -> float:
+        """The share of a stage's experts a step reads when one attention group routes
+        ``tokens`` tokens (every group's with expert parallel): the expected distinct
+        experts of that many uniform top-k draws, ``1 - (1 - k / E)^T``."""
+        r, s = self.role, self.shape
+        if not s.experts:
+            return 1.0
+        routed = tokens * r.dp if r.ep > 1 else tokens
+        miss: float = (1.0 - s.topk / s.experts) ** max(routed, 1.0)
+        return 1.0 - miss
+
+    def chunk_reads(self, batch: float, chunk: float) -> float:
+        """Seconds of the expert reads a prompt chunk adds to a decode step at ``batch``:
+        the step routes the chunk's tokens with the batch's, so it reads the experts they
+        touch too (a MoE model's prompt of a few hundred tokens touches nearly all)."""
+        r = self.role
+        micro = batch / r.dp / r.pp
+        more = self.touched(micro + chunk / r.dp) - self.touched(micro)
+        return r.pp * self.expert_bytes * more / self.hbm_rate()
 
     def decode_step(self, batch: float, context: float) -> float:
         """Seconds of one decode step at ``batch``: the roofline, the collectives, the
@@ -587,9 +605,12 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         return s.decode_step(batch, ctx) + s.prefill_compute(batch * inp / out, inp)
 
     def ttft(batch: float) -> float:
+        # each chunk's step: the batch's decode, and the chunk's compute or the experts its
+        # tokens add to the step's reads, whichever is longer
         chunks = max(1, math.ceil(inp / s.step_tokens))
         chunk = min(inp, s.step_tokens)
-        return chunks * (s.decode_step(batch, ctx) + s.prefill_compute(chunk, inp))
+        prompt = max(s.prefill_compute(chunk, inp), s.chunk_reads(batch, chunk))
+        return chunks * (s.decode_step(batch, ctx) + prompt)
 
     queue_wait, overloaded, binding = 0.0, False, ""
     if w.request_rate is not None:
@@ -605,7 +626,7 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         if wanted > cap:
             binding = "KV capacity" if cap == s.capacity_seqs else "batch limit"
     tpot = step(batch)
-    first = ttft(batch)
+    first = ttft(batch) + _step_in_flight(s, w, batch, ctx)
     requests = n * batch / (first + (out - 1) * tpot)
     if w.concurrency is not None and w.concurrency > batch * n:
         queue_wait = (w.concurrency - batch * n) / requests
@@ -624,6 +645,18 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         memory_gib={s.role.name: s.memory_gib},
         overloaded=overloaded,
     )
+
+
+def _step_in_flight(s: _Server, w: WorkloadTable, batch: float, ctx: float) -> float:
+    """What a closed loop's request waits before its first step: the engine takes new
+    requests between steps (vLLM's engine core drains its input queue at the top of each
+    step; SGLang's scheduler and TensorRT-LLM's executor likewise), and a closed loop sends
+    a request when another finishes, at a step's end, while the next step of the others
+    still decoding has begun: one decode step of them. Alone (one in flight) it waits
+    for nothing."""
+    if w.concurrency is None or batch <= 1:
+        return 0.0
+    return s.decode_step(batch - 1, ctx)
 
 
 def _closed_prefill_wait(
