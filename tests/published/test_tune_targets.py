@@ -159,17 +159,24 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # at measured rates, so that their constants' neutral values are those rates; 73.9 %
     # (241 of 326), MoE 61.0 % (108 of 177), FSDP-style 80.0 % (24 of 30), 18.9 % once a
     # local expert's fixed time is measured (no fold then predicts the MoE rows at a neutral
-    # 5 us per expert): the floors hold that level, the FSDP-style target still met
+    # 5 us per expert): the floors hold that level, the FSDP-style target still met. With
+    # TorchTitan's eager kernels, torchao's float8 casts and async TP counted (no fitted
+    # row or constant moves), TorchTitan's rows 21.7 % -> 16.6 % mean error (58.3 % within
+    # 20 % either way), FSDP-style 15.4 % -> 13.4 %, all 18.9 % -> 18.7 %
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
+    titan = [(c, p) for c, p in by_source if c.launcher == "torchtitan"]
     assert _within(by_source) >= 0.739
     assert _within(moe) >= 0.61
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.19
+    assert _error(by_source) <= 0.188
+    assert _error(fsdp) <= 0.135
+    assert _within(titan) >= 0.58
+    assert _error(titan) <= 0.167
 
 
 @pytest.mark.xfail(
-    reason="held out by source: 73.9 % within 20 %, MoE 61.0 %, mean error 18.9 %", strict=True
+    reason="held out by source: 73.9 % within 20 %, MoE 61.0 %, mean error 18.7 %", strict=True
 )
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]

@@ -227,3 +227,86 @@ def test_tune_names_only_the_missing_model_keys(tmp_path: Path) -> None:
     assert code == 1
     assert "error[MDC612]: mdc tune needs [model] seq_length (at /model)" in err
     assert "num_layers" not in err.split("MDC612", 1)[1].splitlines()[0]
+
+
+def _llama3_8b_elementwise(precision: str = "bf16", **training: Any) -> float:
+    """The predicted memory-bound time of Llama 3 8B under FSDP on 8 H100s, local batch 2
+    (one micro batch of 2 x 8,192 tokens), without recompute."""
+    model = ModelTable(num_layers=32, hidden_size=4096, num_attention_heads=32,
+                       num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256,
+                       seq_length=8192, gated_mlp=True, dtype=precision)  # fmt: skip
+    shape = resolve_shape(model)
+    assert shape is not None
+    sizes = Sizes(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8, edp=8)
+    batch = BatchPlan(global_batch_size=16, micro_batch_size=2, grad_accum_steps=1)
+    setup = TrainingSetup(zero_stage=3, sequence_parallel=True, **training)
+    layout = layout_of(sizes, batch, setup, precision, "tp-cp-ep-dp-pp", 32, None)
+    found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8, precision=precision)
+    return found.breakdown["elementwise"]
+
+
+_TOKEN_LAYERS = 2 * 8192 * 32  # tokens of the micro batch x layers of the stage
+
+
+def test_an_uncompiled_model_pays_its_eager_kernels_bytes() -> None:
+    """Eager PyTorch runs TorchTitan's RMSNorm (x.float(), pow, mean, mul, type_as, weight:
+    36 bytes per element where one fused kernel moves 4), rotary embedding on q and k
+    (float, complex multiply, type_as: 20 against 4) and SwiGLU (silu, mul: 10 against 6)
+    one kernel per operator: per token and layer, forward, 2 norms x 4,096 x 32 + (4,096 +
+    1,024) x 16 + 14,336 x 4 bytes more, and the backward twice that."""
+    forward = 2 * 4096 * 32 + (4096 + 1024) * 16 + 14336 * 4
+    hbm = builtin()["h100-sxm"].memory_bandwidth_gb_s * 1e9
+    extra = _llama3_8b_elementwise(eager_kernels=True) - _llama3_8b_elementwise()
+    assert extra == pytest.approx(3 * forward * _TOKEN_LAYERS / hbm)
+
+
+def test_torchao_float8_casts_each_linears_operands() -> None:
+    """torchao's Float8Linear casts each linear's input forward and its output gradient
+    backward (amax read 2 bytes, cast read 2 write 1, the column-major copy 1: 6 bytes per
+    element): inputs wq, wk, wv, w1, w3 the hidden vector each, wo 4,096, w2 14,336; output
+    gradients wq 4,096, wk and wv 1,024, wo 4,096, w1 and w3 14,336, w2 4,096. Charged only
+    where the GEMMs run in fp8."""
+    inputs = 5 * 4096 + 4096 + 14336
+    grads = 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096
+    hbm = builtin()["h100-sxm"].memory_bandwidth_gb_s * 1e9
+    extra = _llama3_8b_elementwise("fp8", float8_casts=True) - _llama3_8b_elementwise("fp8")
+    assert extra == pytest.approx(6 * (inputs + grads) * _TOKEN_LAYERS / hbm)
+    assert _llama3_8b_elementwise(float8_casts=True) == _llama3_8b_elementwise()
+
+
+def _predicted_tokens(spec: Path) -> float:
+    code, out, err = _run("explain", str(spec), "--format", "json")
+    assert code == 0, err
+    return float(json.loads(out)["predicted"]["tokens_per_s_per_gpu"])
+
+
+def test_torch_compile_is_predicted_faster_than_eager(tmp_path: Path) -> None:
+    """[torchtitan.config] compile.enable fuses each block's elementwise operators: the same
+    layout is predicted faster compiled than eager."""
+    eager = _predicted_tokens(_open_spec(tmp_path))
+    compiled = _open_spec(tmp_path)
+    text = compiled.read_text(encoding="utf-8")
+    compiled.write_text(
+        text.replace("[torchtitan.config]\n", "[torchtitan.config]\ncompile = { enable = true }\n"),
+        encoding="utf-8",
+    )
+    assert _predicted_tokens(compiled) > eager * 1.05
+
+
+def test_async_tensor_parallel_overlaps_the_tp_collectives(tmp_path: Path) -> None:
+    """[torchtitan.config.parallelism] enable_async_tensor_parallel, compiled, pipelines
+    tensor parallelism's all-gathers and reduce-scatters with the matmuls beside them: the
+    same tp 2 layout is predicted faster with it; uncompiled (TorchTitan refuses async TP
+    without torch.compile) it changes nothing."""
+    held = "[parallelism]\ntp = 2\npp = 1\n\n"
+
+    def spec(config: str) -> Path:
+        path = _open_spec(tmp_path)
+        text = held + path.read_text(encoding="utf-8")
+        path.write_text(text.replace("[torchtitan.config]\n", f"[torchtitan.config]\n{config}"))
+        return path
+
+    compiled = "compile = { enable = true }\n"
+    async_tp = "parallelism = { enable_async_tensor_parallel = true }\n"
+    assert _predicted_tokens(spec(compiled + async_tp)) > _predicted_tokens(spec(compiled))
+    assert _predicted_tokens(spec(async_tp)) == _predicted_tokens(spec(""))

@@ -205,6 +205,16 @@ class TrainingSetup:
     #: product (an eager ``w2(silu(w1 x) * w3 x)``, as TorchTitan runs an uncompiled
     #: model): four MLP-wide tensors per token where a fused SwiGLU keeps three
     eager_gated_mlp: bool = False
+    #: the layers' elementwise work runs as eager PyTorch kernels, one per operator (an
+    #: uncompiled TorchTitan model: its RMSNorm, rotary embedding and SwiGLU), not fused
+    eager_kernels: bool = False
+    #: fp8 GEMMs through torchao's Float8Linear (TorchTitan's float8 converter): each linear
+    #: casts its input and its output gradient itself, apart from the kernels before it
+    float8_casts: bool = False
+    #: tensor parallelism's collectives micro-pipelined with the matmuls beside them, as
+    #: tp_comm_overlap times them (TorchTitan's parallelism.enable_async_tensor_parallel,
+    #: compiled: PyTorch's async TP); unlike Megatron-LM's flag, harmless at tp 1
+    async_tp: bool = False
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
     #: MoE token dispatcher: "allgather" gathers the etp * ep group's tokens in every layer

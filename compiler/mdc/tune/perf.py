@@ -117,6 +117,8 @@ def predict(
         + terms.expert_overhead(st)
         + terms.mamba(st)
         + terms.expert_weights(st, expert_params)
+        + terms.eager_kernels(st)
+        + terms.float8_casts(st)
     )
 
     # ---- the schedule runs at the pace of the slowest stage
@@ -253,10 +255,11 @@ def layout_of(
         moe_capacity=t.moe_capacity_factor or 1.0,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
         overlap_p2p=t.overlap_p2p,
-        tp_comm_overlap=t.tp_comm_overlap and t.sequence_parallel and s.tp > 1,
+        tp_comm_overlap=(t.tp_comm_overlap or t.async_tp) and t.sequence_parallel and s.tp > 1,
         ep_comm_overlap=t.ep_comm_overlap and s.ep > 1,
         dispatcher=t.moe_dispatcher, router_groups=t.moe_router_groups,
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
+        eager=t.eager_kernels, float8_casts=t.float8_casts and dtype == "fp8",
     )  # fmt: skip
 
 

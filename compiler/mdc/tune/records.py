@@ -128,3 +128,7 @@ class Layout:
     #: (None: stage_layers; fewer where the loss counts as a layer in the split)
     last_stage_layers: int | None = None
     order: str = "tp-cp-ep-dp-pp"
+    #: elementwise operators run as eager PyTorch kernels (TrainingSetup.eager_kernels)
+    eager: bool = False
+    #: fp8 GEMMs cast by torchao's Float8Linear (TrainingSetup.float8_casts, fp8 only)
+    float8_casts: bool = False

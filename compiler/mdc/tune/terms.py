@@ -276,6 +276,76 @@ def elementwise(st: Step) -> float:
     )
 
 
+#: HBM bytes per element a forward pass of eager PyTorch moves beyond one fused kernel, by
+#: TorchTitan's operators as written (torchtitan/models/norms.py RMSNorm, the llama model's
+#: apply_rotary_emb and FeedForward; counted, not fitted): RMSNorm on 2-byte x,
+#: ``(x.float() * rsqrt(x.pow(2).mean(-1) + eps)).type_as(x) * weight``: float 2+4, pow 4+4,
+#: mean 4, mul 4+4, type_as 4+2, weight 2+2 = 36 bytes where one fused kernel reads 2 and
+#: writes 2; rotary on q and k, ``view_as_real(view_as_complex(x.float()) * freqs).type_as(x)``:
+#: float 2+4, complex mul 4+4, type_as 4+2 = 20 where fused 4; SwiGLU ``silu(a) * b``: silu
+#: 2+2, mul 2+2+2 = 10 where fused 6
+_EAGER_NORM = 32.0
+_EAGER_ROTARY = 16.0
+_EAGER_GLU = 4.0
+#: HBM bytes per element torchao's tensorwise Float8Linear moves to cast one GEMM operand
+#: (a linear's input forward, its output gradient backward): the amax reads the bf16 tensor
+#: (2), the cast reads it again and writes fp8 (2 + 1), and the weight-gradient GEMM's
+#: column-major copy writes it once more (1). Transformer Engine fuses the input's cast into
+#: the norm or activation before it, so Megatron-Core's fp8 rows pay none of it
+_FLOAT8_CAST = 6.0
+
+
+def _mlp_share(st: Step) -> float:
+    """The dense MLPs' share of the model's layers."""
+    return st.parts.mlp / max(st.shape.layers, 1)
+
+
+def eager_kernels(st: Step) -> float:
+    """An uncompiled model's elementwise operators, one eager kernel each: per token and
+    layer, the two RMSNorms' (over sequence parallelism), the rotary embedding's on q and k
+    and the SwiGLU's extra bytes (:data:`_EAGER_NORM`, ...; over tp with the heads and the
+    MLP's width), three passes (forward; backward, whose kernels read and write about
+    twice the forward's) and one more per recomputed forward. torch.compile (per
+    TransformerBlock in TorchTitan) fuses each into one kernel, which :func:`elementwise`
+    charges. 0 unless the layout runs eagerly."""
+    if not st.layout.eager:
+        return 0.0
+    shape, L = st.shape, st.layout
+    q = shape.heads * shape.kv_channels
+    kv = shape.groups * shape.kv_channels
+    glu = _EAGER_GLU * shape.ffn * _mlp_share(st) if shape.gated else 0.0
+    per_token = 2 * _EAGER_NORM * shape.hidden / st.split + (_EAGER_ROTARY * (q + kv) + glu) / L.tp
+    passes = 3 + st.again.elementwise
+    return passes * per_token * st.tokens * st.stage_layers / st.hbm()
+
+
+def float8_casts(st: Step) -> float:
+    """torchao's Float8Linear casts (tensorwise scaling), memory bound: every linear of a
+    layer casts its input forward and its output gradient backward, :data:`_FLOAT8_CAST`
+    bytes per element; a recomputed forward casts its inputs again. Inputs per token: q, k
+    and v each read the hidden vector, as w1 and w3 do (five h-wide casts, whole on each tp
+    rank but over sequence parallelism), wo its attention output, w2 the MLP's width;
+    output gradients: q, k, v, the two MLP projections (over tp) and wo's and w2's h-wide
+    ones. The weights' casts, once per
+    micro batch over thousands of tokens (or on the shard, with FSDP's float8 all-gather),
+    are left out. 0 unless the layout's fp8 GEMMs run through torchao."""
+    if not st.layout.float8_casts:
+        return 0.0
+    shape, L = st.shape, st.layout
+    h = shape.hidden
+    q = shape.heads * shape.kv_channels
+    kv = shape.groups * shape.kv_channels
+    f = shape.ffn * _mlp_share(st) * (2 if shape.gated else 1)
+    mlp = _mlp_share(st)
+    # h-wide tensors are cast on each rank's sequence shard under sequence parallelism
+    # (torchao's float8 tensor parallel casts before the all-gather)
+    inputs = (3 + 2 * mlp) * h / st.split + (q + shape.ffn * mlp) / L.tp
+    grads = (1 + mlp) * h / st.split + (q + 2 * kv + f) / L.tp
+    again = 5 / _FLOAT8_CAST * st.again.dense  # a recomputed forward's input casts
+    per_token = _FLOAT8_CAST * (inputs * (1 + again) + grads)
+    return per_token * st.tokens * st.stage_layers / st.hbm()
+
+
 def moe_permute(st: Step) -> float:
     """Token permutation around the experts, memory bound: ``moe_passes`` (fitted) HBM
     passes over each routed copy of a token's hidden vector per MoE layer."""

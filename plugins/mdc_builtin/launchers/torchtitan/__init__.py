@@ -658,6 +658,12 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     return "selective", None
 
 
+def _async_tp(opts: TorchtitanOptions) -> bool:
+    """[torchtitan.config.parallelism] enable_async_tensor_parallel."""
+    written = _passed(opts, "parallelism", "enable_async_tensor_parallel", False)
+    return written in (True, "true", "True")
+
+
 def _compiled(values: Mapping[str, Any], component: str) -> bool:
     """[compile] enable with ``component`` among its components (TorchTitan's default list:
     "model" and "loss")."""
@@ -762,6 +768,11 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         # TorchTitan's models have no dropout; uncompiled, the MLP runs eagerly
         dropout_masks=False,
         eager_gated_mlp=not _compiled(values, "model"),
+        eager_kernels=not _compiled(values, "model"),
+        # float8 is torchao's Float8Linear (model.converters = ["float8"]), fp8 rows only
+        float8_casts=True,
+        # async TP needs the model compiled (TorchTitan refuses it otherwise)
+        async_tp=_async_tp(opts) and _compiled(values, "model"),
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
