@@ -160,8 +160,8 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # (241 of 326), MoE 61.0 % (108 of 177), FSDP-style 80.0 % (24 of 30), 18.9 % once a
     # local expert's fixed time is measured (no fold then predicts the MoE rows at a neutral
     # 5 us per expert): the floors hold that level, the FSDP-style target still met. With
-    # TorchTitan's eager kernels, torchao's float8 casts and async TP counted (no fitted
-    # row or constant moves), TorchTitan's rows 21.7 % -> 16.6 % mean error (58.3 % within
+    # TorchTitan's eager kernels, torchao's float8 casts and all-gather and async TP counted
+    # (no fitted row or constant moves), TorchTitan's rows 21.7 % -> 16.7 % mean error (58.3 % within
     # 20 % either way), FSDP-style 15.4 % -> 13.4 %, all 18.9 % -> 18.7 %
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
@@ -172,7 +172,7 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     assert _error(by_source) <= 0.188
     assert _error(fsdp) <= 0.135
     assert _within(titan) >= 0.58
-    assert _error(titan) <= 0.167
+    assert _error(titan) <= 0.168
 
 
 @pytest.mark.xfail(

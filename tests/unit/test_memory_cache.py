@@ -93,6 +93,8 @@ CHANGES: dict[str, Any] = {
     "eager_kernels": True,
     "float8_casts": True,
     "async_tp": True,
+    "fp8_gather_bytes": 1,
+    "reduce_bytes": 2,
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,

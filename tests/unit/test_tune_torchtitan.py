@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from mdc.plan.memory import resolve_shape
 from mdc.plan.model import BatchPlan, Sizes, TrainingSetup
 from mdc.spec import ModelTable
 from mdc.tune.perf import Layout, layout_of, predict
+from mdc_builtin.launchers.torchtitan import TorchtitanOptions
+from mdc_builtin.launchers.torchtitan import training as titan_training
 
 EXAMPLE = REPO / "examples" / "torchtitan-llama3-8b-4x8.toml"
 
@@ -229,9 +232,9 @@ def test_tune_names_only_the_missing_model_keys(tmp_path: Path) -> None:
     assert "num_layers" not in err.split("MDC612", 1)[1].splitlines()[0]
 
 
-def _llama3_8b_elementwise(precision: str = "bf16", **training: Any) -> float:
-    """The predicted memory-bound time of Llama 3 8B under FSDP on 8 H100s, local batch 2
-    (one micro batch of 2 x 8,192 tokens), without recompute."""
+def _llama3_8b_breakdown(precision: str = "bf16", **training: Any) -> Mapping[str, float]:
+    """The predicted step of Llama 3 8B under FSDP on 8 H100s, local batch 2 (one micro
+    batch of 2 x 8,192 tokens), without recompute, by term."""
     model = ModelTable(num_layers=32, hidden_size=4096, num_attention_heads=32,
                        num_query_groups=8, ffn_hidden_size=14336, vocab_size=128256,
                        seq_length=8192, gated_mlp=True, dtype=precision)  # fmt: skip
@@ -242,7 +245,11 @@ def _llama3_8b_elementwise(precision: str = "bf16", **training: Any) -> float:
     setup = TrainingSetup(zero_stage=3, sequence_parallel=True, **training)
     layout = layout_of(sizes, batch, setup, precision, "tp-cp-ep-dp-pp", 32, None)
     found = predict(shape, layout, builtin()["h100-sxm"], nproc_per_node=8, precision=precision)
-    return found.breakdown["elementwise"]
+    return found.breakdown
+
+
+def _llama3_8b_elementwise(precision: str = "bf16", **training: Any) -> float:
+    return _llama3_8b_breakdown(precision, **training)["elementwise"]
 
 
 _TOKEN_LAYERS = 2 * 8192 * 32  # tokens of the micro batch x layers of the stage
@@ -310,3 +317,52 @@ def test_async_tensor_parallel_overlaps_the_tp_collectives(tmp_path: Path) -> No
     async_tp = "parallelism = { enable_async_tensor_parallel = true }\n"
     assert _predicted_tokens(spec(compiled + async_tp)) > _predicted_tokens(spec(compiled))
     assert _predicted_tokens(spec(async_tp)) == _predicted_tokens(spec(""))
+
+
+def test_fsdp_float8_all_gather_gathers_the_layers_in_one_byte() -> None:
+    """torchao's float8 all-gather (enable_fsdp_float8_all_gather) gathers the layers'
+    linear weights in fp8 and the embedding in bf16, twice per micro batch; the
+    reduce-scatter still moves fp32 gradients (TorchTitan's mixed_precision_reduce). The
+    data-parallel term, hidden but for one layer's share and the overlap tax, scales with
+    those bytes: Llama 3 8B's 32 layers of 218.1M weights (wq, wo 4,096^2; wk, wv 4,096 x
+    1,024; w1, w2, w3 4,096 x 14,336) and its 525.3M embedding."""
+    layers = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    embedding = 128256 * 4096
+    weights = layers + embedding
+    bf16 = 4 * weights + 2 * 2 * weights
+    fp8 = 4 * weights + 2 * (2 * embedding + 1 * layers)
+    gathered = _llama3_8b_breakdown("fp8", fp8_gather_bytes=1)["dp"]
+    assert gathered / _llama3_8b_breakdown("fp8")["dp"] == pytest.approx(fp8 / bf16)
+    # bf16 GEMMs gather bf16 weights whatever the float8 option says
+    assert _llama3_8b_breakdown(fp8_gather_bytes=1)["dp"] == _llama3_8b_breakdown()["dp"]
+
+
+def test_fsdp_reduce_dtype_sets_the_reduce_scatter_bytes() -> None:
+    """TorchTitan's training.mixed_precision_reduce = "bfloat16" reduce-scatters 2-byte
+    gradients where float32 (its default) moves 4: per micro batch 2 of the 8 bytes per
+    weight (two 2-byte gathers and the reduce-scatter) fewer."""
+    fp32 = _llama3_8b_breakdown(grad_bytes=4)["dp"]
+    assert _llama3_8b_breakdown(grad_bytes=4, reduce_bytes=2)["dp"] / fp32 == pytest.approx(6 / 8)
+
+
+def test_torchtitan_reads_its_fsdp_dtypes_and_switches() -> None:
+    """The launcher's training: the float8 all-gather (today's quantize.linear.float8 or
+    the older float8 section; tensorwise only), the reduce dtype, async TP only with the
+    model compiled, eager kernels unless it is."""
+
+    def setup(**config: Any) -> TrainingSetup:
+        return titan_training(TorchtitanOptions(config=config))
+
+    gather = {"enable_fsdp_float8_all_gather": True}
+    assert setup(quantize={"linear": {"float8": gather}}).fp8_gather_bytes == 1
+    assert setup(float8=gather).fp8_gather_bytes == 1
+    rowwise = {**gather, "recipe_name": "rowwise"}
+    assert setup(quantize={"linear": {"float8": rowwise}}).fp8_gather_bytes is None
+    assert setup().fp8_gather_bytes is None
+    assert setup(training={"mixed_precision_reduce": "bfloat16"}).reduce_bytes == 2
+    assert setup().reduce_bytes is None
+    compiled = {"enable": True}
+    async_tp = {"enable_async_tensor_parallel": True}
+    assert setup(compile=compiled, parallelism=async_tp).async_tp
+    assert not setup(parallelism=async_tp).async_tp
+    assert setup().eager_kernels and not setup(compile=compiled).eager_kernels

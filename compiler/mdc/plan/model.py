@@ -215,6 +215,13 @@ class TrainingSetup:
     #: tp_comm_overlap times them (TorchTitan's parallelism.enable_async_tensor_parallel,
     #: compiled: PyTorch's async TP); unlike Megatron-LM's flag, harmless at tp 1
     async_tp: bool = False
+    #: bytes per element FSDP all-gathers the layers' weights in under fp8 GEMMs when not
+    #: 2 (torchao's float8 all-gather, TorchTitan's enable_fsdp_float8_all_gather: 1)
+    fp8_gather_bytes: float | None = None
+    #: bytes per gradient element the data-parallel reduce-scatter moves when not the
+    #: gradient buffer's (TorchTitan's training.mixed_precision_reduce: float32 4,
+    #: bfloat16 2)
+    reduce_bytes: int | None = None
     #: layers whose activations are offloaded to host memory (Megatron's CPU offloading)
     offload_layers: int = 0
     #: MoE token dispatcher: "allgather" gathers the etp * ep group's tokens in every layer

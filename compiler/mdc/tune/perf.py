@@ -250,7 +250,7 @@ def layout_of(
         recompute_per_op=t.recompute == "selective" and t.recompute_per_op,
         recompute_per_op_forced=tuple(t.recompute_per_op_forced),
         recompute_modules=None if t.recompute_modules is None else tuple(t.recompute_modules),
-        zero_stage=t.zero_stage, grad_bytes=t.gradient_bytes(dtype) or 4,
+        zero_stage=t.zero_stage, grad_bytes=t.reduce_bytes or t.gradient_bytes(dtype) or 4,
         optimizer_offload=t.optimizer_offload, param_offload=t.param_offload,
         moe_capacity=t.moe_capacity_factor or 1.0,
         overlap_grad_reduce=t.overlap_grad_reduce, overlap_param_gather=t.overlap_param_gather,
@@ -260,6 +260,7 @@ def layout_of(
         dispatcher=t.moe_dispatcher, router_groups=t.moe_router_groups,
         stage_layers=stage_layers, order=order, last_stage_layers=last_stage_layers,
         eager=t.eager_kernels, float8_casts=t.float8_casts and dtype == "fp8",
+        gather_bytes=(t.fp8_gather_bytes if dtype == "fp8" else None) or 2.0,
     )  # fmt: skip
 
 

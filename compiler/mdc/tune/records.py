@@ -132,3 +132,5 @@ class Layout:
     eager: bool = False
     #: fp8 GEMMs cast by torchao's Float8Linear (TrainingSetup.float8_casts, fp8 only)
     float8_casts: bool = False
+    #: bytes per element FSDP gathers the layers' weights in (embeddings and experts: 2)
+    gather_bytes: float = 2.0

@@ -596,6 +596,10 @@ def dp_comm(
     eweight = ering * bw / ebw
     grads = (dense_params * ring + expert_params * eweight) * L.grad_bytes
     params = (dense_params * ring + expert_params * eweight) * ACT
+    if L.gather_bytes != ACT:  # the layers' weights gathered in fp8 (torchao), the rest not
+        embedding = min(st.shape.vocab * st.shape.hidden / L.tp, dense_params)
+        layers = dense_params - embedding
+        params += layers * ring * (L.gather_bytes - ACT)
     if L.zero_stage >= 3:  # FSDP: parameters gathered for forward and backward
         traffic = grads * L.microbatches + 2 * params * L.microbatches
     elif L.zero_stage == 2:  # gradients reduce-scattered every micro batch, weights kept

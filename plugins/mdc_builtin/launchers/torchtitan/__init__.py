@@ -658,6 +658,25 @@ def _recompute(values: Mapping[str, Any]) -> tuple[str, int | None]:
     return "selective", None
 
 
+#: training.mixed_precision_reduce -> bytes per element of FSDP2's reduce-scatter
+REDUCE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def _float8_gather(opts: TorchtitanOptions) -> bool:
+    """torchao's float8 all-gather ([torchtitan.config.quantize.linear.float8], or the
+    older [torchtitan.config.float8], enable_fsdp_float8_all_gather), which TorchTitan runs
+    with the tensorwise recipe only."""
+    quantize = opts.config.get("quantize", {})
+    linear = quantize.get("linear", {}) if isinstance(quantize, Mapping) else {}
+    table = linear.get("float8", {}) if isinstance(linear, Mapping) else {}
+    if not table:
+        table = opts.config.get("float8", {})
+    if not isinstance(table, Mapping):
+        return False
+    gathered = table.get("enable_fsdp_float8_all_gather") in (True, "true", "True")
+    return gathered and table.get("recipe_name", "tensorwise") == "tensorwise"
+
+
 def _async_tp(opts: TorchtitanOptions) -> bool:
     """[torchtitan.config.parallelism] enable_async_tensor_parallel."""
     written = _passed(opts, "parallelism", "enable_async_tensor_parallel", False)
@@ -773,6 +792,8 @@ def training(options: TorchtitanOptions | None) -> TrainingSetup:
         float8_casts=True,
         # async TP needs the model compiled (TorchTitan refuses it otherwise)
         async_tp=_async_tp(opts) and _compiled(values, "model"),
+        fp8_gather_bytes=1 if _float8_gather(opts) else None,
+        reduce_bytes=REDUCE_BYTES.get(_passed(opts, "training", "mixed_precision_reduce", "")),
         replicas=opts.dp_replicate or 1,
         pipeline=pipeline_split(opts),
         model_shape=tuple(sorted(shape.items())),
