@@ -98,6 +98,7 @@ CHANGES: dict[str, Any] = {
     "offload_layers": 3,
     "moe_dispatcher": "flex",
     "moe_capacity_factor": 1.25,
+    "moe_router_groups": (8, 4),
     "overlap_p2p": False,
     "tp_comm_overlap": True,
     "ep_comm_overlap": True,
