@@ -48,7 +48,7 @@ NARAYANAN = "https://arxiv.org/abs/2104.04473"
 FITTED = (
     "gemm_peak", "shape_knee", "width_knee", "attention_peak",
     "elementwise", "ep_exposed",
-    "moe_passes", "mamba_overhead", "fp4_peak",
+    "mamba_overhead", "fp4_peak",
 )  # fmt: skip
 
 
@@ -346,7 +346,6 @@ NEUTRAL = {
     "attention_peak": 1.0,  # FlashAttention at the bf16 dense peak
     "elementwise": 1.0,  # one HBM pass per activation byte Korthikanti counts
     "ep_exposed": 1.0,  # nothing of the all-to-all hidden
-    "moe_passes": 1.0,  # one pass per routed token's hidden vector
     "mamba_overhead": 1.0,  # the Mamba layer's counted work at its kernels' measured rates
     "fp4_peak": 1.0,  # FP4 GEMMs at the level fp8's reach
 }

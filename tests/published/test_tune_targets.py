@@ -98,8 +98,12 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # measured GEMM level, the constants fitted again (mamba_overhead for mamba_passes; held
     # out by source 60.7 % to 64.1 %); 86.9 % still (held out 87.5 %) once a local expert's
     # fixed time is measured (kernels.toml's [grouped_gemm]) and the other nine were fitted
-    # again. The floor holds that level
-    assert accuracy >= 0.869 >= 0.80
+    # again; 84.7 % (266 of 314; held out 84.6 %) once the permutation's HBM passes are
+    # counted from Megatron-Core's kernels instead of fitted (moe_passes 1.42 fitted, 5 to
+    # 17 counted), the dense constants held: refitted, elementwise fell from 2.44 to 1.64
+    # and the rows in the fit rose to 85.7 %, but held out by source the dense rows fell from
+    # 89.3 % to 88.6 % and TorchTitan's from 58.3 % to 50.0 %. The floor holds that level
+    assert accuracy >= 0.847 >= 0.80
 
 
 @pytest.fixture(scope="session")
@@ -124,15 +128,17 @@ def test_held_out_fold_starts_neutral_where_its_family_informs(
     nvidia = [c for c in fitted_cases if c.family == "NVIDIA performance summaries"]
     start, reset = tune_fit.fold_start(nvidia)
     assert set(reset) == set(tune_fit.FITTED)
-    for name in ("moe_passes", "mamba_overhead", "fp4_peak", "gemm_peak"):
+    for name in ("mamba_overhead", "fp4_peak", "gemm_peak"):
         assert getattr(start, name) == tune_fit.NEUTRAL[name] != getattr(DEFAULT, name)
-    # a measured constant (kernels.toml) is no fit's: every fold keeps it
+    # a measured constant (kernels.toml) is no fit's: every fold keeps it; the permutation's
+    # passes are counted (terms.permute_passes), no constant at all
     assert "expert_overhead_us" not in tune_fit.FITTED
+    assert "moe_passes" not in tune_fit.FITTED
     assert start.expert_overhead_us == DEFAULT.expert_overhead_us
     # a dense family's fold keeps the constants its rows never move where they were
     paper = [c for c in fitted_cases if c.family == "Megatron-LM paper (2021)"]
     start, reset = tune_fit.fold_start(paper)
-    assert {"moe_passes", "mamba_overhead", "fp4_peak"}.isdisjoint(reset)
+    assert {"mamba_overhead", "fp4_peak"}.isdisjoint(reset)
     assert start.mamba_overhead == DEFAULT.mamba_overhead
     assert "gemm_peak" in reset
 
@@ -161,22 +167,25 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # local expert's fixed time is measured (no fold then predicts the MoE rows at a neutral
     # 5 us per expert): the floors hold that level, the FSDP-style target still met. With
     # TorchTitan's eager kernels, torchao's float8 casts and all-gather and async TP counted
-    # (no fitted row or constant moves), TorchTitan's rows 21.7 % -> 16.7 % mean error (58.3 % within
-    # 20 % either way), FSDP-style 15.4 % -> 13.4 %, all 18.9 % -> 18.7 %
+    # (no fitted row or constant moves), TorchTitan's rows 21.7 % -> 16.7 % mean error
+    # (58.3 % within 20 % either way), FSDP-style 15.4 % -> 13.4 %, all 18.9 % -> 18.7 %;
+    # 75.2 % (245 of 326), MoE 63.3 % (112 of 177), FSDP-style 80.0 % (13.3 %), 17.6 % once
+    # the permutation's passes are counted from Megatron-Core's kernels (no fold then
+    # predicts the MoE rows at a neutral one pass)
     moe = [(c, p) for c, p in by_source if c.moe]
     fsdp = [(c, p) for c, p in by_source if c.fsdp]
     titan = [(c, p) for c, p in by_source if c.launcher == "torchtitan"]
-    assert _within(by_source) >= 0.739
-    assert _within(moe) >= 0.61
+    assert _within(by_source) >= 0.751
+    assert _within(moe) >= 0.632
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.188
-    assert _error(fsdp) <= 0.135
+    assert _error(by_source) <= 0.177
+    assert _error(fsdp) <= 0.134
     assert _within(titan) >= 0.58
     assert _error(titan) <= 0.168
 
 
 @pytest.mark.xfail(
-    reason="held out by source: 73.9 % within 20 %, MoE 61.0 %, mean error 18.7 %", strict=True
+    reason="held out by source: 75.2 % within 20 %, MoE 63.3 %, mean error 17.6 %", strict=True
 )
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]
@@ -263,7 +272,8 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # over cp instead of the micro batch counts as the faster one's variant (137 with the
     # knee alone: those cp variants, no longer exact ties, crowded the top 5); 152 still with
     # the measured GEMM levels and link shares; 147 once a local expert's fixed time is
-    # measured (its parallel sizes 222, from 221)
+    # measured (its parallel sizes 222, from 221); 147 still once the permutation's passes
+    # are counted (its parallel sizes 225)
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.51
 
 
@@ -292,7 +302,8 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # layout that splits the same tokens per rank over cp instead of the micro batch counts
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
-    # link shares; 222 with a local expert's fixed time measured
+    # link shares; 222 with a local expert's fixed time measured; 225 with the permutation's
+    # passes counted from Megatron-Core's kernels
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
 

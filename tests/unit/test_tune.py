@@ -20,6 +20,7 @@ from mdc.plan import per_op
 from mdc.plan.memory import resolve_shape
 from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.spec import ModelTable
+from mdc.tune import terms
 from mdc.tune.flops import token_flops
 from mdc.tune.perf import DEFAULT, Layout, predict, stage_params
 
@@ -717,6 +718,32 @@ def test_every_local_expert_costs_a_fixed_time_per_layer_and_pass() -> None:
         assert a["elementwise"] - b["elementwise"] == pytest.approx(
             10e-6 * local * 8 * passes, rel=1e-9
         )
+
+
+def test_the_permutation_moves_the_bytes_of_the_kernels_megatron_core_runs() -> None:
+    """Per MoE layer, in units of one routed copy of a token's hidden vector (h x 2 bytes;
+    top 4, so a token is a quarter of its copies): the permute reads the token and writes
+    its copies (1/4 + 1), the unpermute reads the copies and writes the token (1 + 1/4);
+    the alltoall dispatcher sorts the received copies by local expert and back, where a
+    rank holds more than one (read and write, twice: 4); fp8 quantizes the experts' input
+    (read 1, write 1/2 row-wise and 1/2 column-wise: 2). The backward moves as much again,
+    a recomputed forward once more. No fitted constant scales it."""
+    shape, hw = _moe_shape(), builtin()["b300"]
+    alltoall = _layout(tp=1, pp=1, ep=8, etp=1, dp=8, microbatches=1, sequence_parallel=False)
+    copy = 4096 * 4 * 2048 * 2 * 8 / (hw.memory_bandwidth_gb_s * 1e9)  # 8 MoE layers
+    cases = (
+        (alltoall, "bf16", (1 / 4 + 1) + 4 + (1 + 1 / 4), 2),
+        (alltoall, "fp8", (1 / 4 + 1) + 4 + 2 + (1 + 1 / 4), 2),
+        (attrs.evolve(alltoall, ep=64), "bf16", (1 / 4 + 1) + (1 + 1 / 4), 2),  # 1 expert each
+        (attrs.evolve(alltoall, dispatcher="flex"), "bf16", (1 / 4 + 1) + (1 + 1 / 4), 2),
+        (attrs.evolve(alltoall, recompute="full"), "bf16", (1 / 4 + 1) + 4 + (1 + 1 / 4), 3),
+    )
+    for layout, precision, forward, passes in cases:
+        st = terms.Step(shape, layout, hw, DEFAULT, 8)
+        assert terms.moe_permute(st, precision) == pytest.approx(
+            forward * passes * copy, rel=1e-9
+        ), (layout.ep, layout.dispatcher, precision, layout.recompute)
+    assert "moe_passes" not in DEFAULT.to_json()
 
 
 def test_hybrid_mtp_layers_are_attention_and_the_last_layers_mlp() -> None:

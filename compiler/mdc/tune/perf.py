@@ -113,7 +113,7 @@ def predict(
     t_p2p = terms.pp_p2p(st, compute)
     dense_params, expert_params = terms.stage_params(shape, L, st.stage_layers)
     elementwise = terms.elementwise(st) + (
-        terms.moe_permute(st)
+        terms.moe_permute(st, precision)
         + terms.expert_overhead(st)
         + terms.mamba(st)
         + terms.expert_weights(st, expert_params)

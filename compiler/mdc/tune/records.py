@@ -43,9 +43,6 @@ class Constants:
     #: share of the expert all-to-all not hidden (overlap, node-limited routing, fp8 dispatch);
     #: with Megatron-Core's overlap_moe_expert_parallel_comm, of what the compute cannot hide
     ep_exposed: float = 1.0
-    #: HBM passes over each routed token's hidden vector per MoE layer (permute, unpermute,
-    #: router, grouped-GEMM staging), forward and backward
-    moe_passes: float = 1.422
     #: Megatron-Core's Mamba-2 layer (conv1d, SSD kernels, gated norm, forward and backward)
     #: over its work counted at the measured SSD kernels' and the HBM's rates (terms.mamba)
     mamba_overhead: float = 8.61

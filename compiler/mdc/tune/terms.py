@@ -346,15 +346,39 @@ def float8_casts(st: Step) -> float:
     return per_token * st.tokens * st.stage_layers / st.hbm()
 
 
-def moe_permute(st: Step) -> float:
-    """Token permutation around the experts, memory bound: ``moe_passes`` (fitted) HBM
-    passes over each routed copy of a token's hidden vector per MoE layer."""
-    shape, c = st.shape, st.c
+def permute_passes(st: Step, precision: str) -> float:
+    """HBM passes over each routed copy of a token's hidden vector per MoE layer, forward and
+    backward (a recomputed forward once more), counted from the kernels Megatron-Core runs
+    around its experts (Transformer Engine's fused permutation kernels; unfused, the same
+    bytes): the permute reads a token once and writes its k copies (``1/k + 1``), the
+    unpermute reads the k copies and writes the token (``1 + 1/k``), each backward the
+    mirror; the alltoall dispatcher sorts the received copies by local expert and back where
+    a rank holds more than one (``2 + 2`` more, as their backward); the flex dispatcher
+    permutes and unpermutes the received tokens on the rank and sorts nothing (the
+    allgather one likewise, over the gathered tokens). In fp8 the grouped GEMM's input is
+    quantized forward and the fc2's output gradient backward (read 2 bytes, write 1
+    row-wise and 1 column-wise: 2 passes each; NVFP4 half a byte each, 1.5 passes). The
+    probabilities multiply the activation (moe_ffn wide, with the elementwise kernels); the
+    router's logits and scores (E wide, fp32) are a few percent of one pass at the
+    published shapes and not counted."""
+    k = max(st.shape.topk, 1)
+    forward = 2 + 2 / k
+    if st.layout.dispatcher in (None, "alltoall") and st.shape.experts > st.layout.ep:
+        forward += 4
+    # quantized: read the bf16 copy, write its row-wise and column-wise copies
+    forward += {"fp8": 2.0, "fp4": 1.5}.get(precision, 0.0)
+    return forward * (2 + st.again.experts)
+
+
+def moe_permute(st: Step, precision: str = "bf16") -> float:
+    """Token permutation around the experts, memory bound: :func:`permute_passes` (counted)
+    HBM passes over each routed copy of a token's hidden vector per MoE layer."""
+    shape = st.shape
     if not shape.experts and not st.parts.moe:
         return 0.0
     return (
-        c.moe_passes * st.capacity * st.tokens / st.split * shape.topk * st.routed_width * ACT
-        * st.moe_layers / st.hbm()
+        permute_passes(st, precision) * st.capacity * st.tokens / st.split * shape.topk
+        * st.routed_width * ACT * st.moe_layers / st.hbm()
     )  # fmt: skip
 
 
