@@ -1303,3 +1303,32 @@ def test_each_ring_step_hides_only_its_own_send() -> None:
     assert terms.cp_comm(st, attention) == pytest.approx(80 * 4.5 * send, rel=1e-9)
     # a step whose attention outlasts its send hides it
     assert terms.cp_comm(st, 80 * 3 * 4 * send * 1.5) == 0.0
+
+
+def test_nvfp4_casts_stream_each_linear_layers_input_and_output_gradient() -> None:
+    """A Llama-3-70B-shaped layer at tp 2 with sequence parallelism, per token: QKV's
+    8,192 / 2 input and (64 + 2 x 8) x 128 / 2 = 5,120 output, the output projection's
+    64 x 128 / 2 = 4,096 and 8,192 / 2, the MLP's 4,096 in, 2 x 28,672 / 2 out, 28,672 / 2
+    in and 4,096 out: 68,608 elements, each 7.125 bytes (two amax reads, one read and two
+    4-bit writes with their scales), over 80 layers of 8,192 tokens at the B200's 7,700
+    GB/s; a quarter of the layers kept in bf16 cast nothing."""
+    from mdc.tune import terms
+
+    shape = resolve_shape(
+        ModelTable(num_layers=80, hidden_size=8192, num_attention_heads=64,
+                   num_query_groups=8, ffn_hidden_size=28672, gated_mlp=True,
+                   vocab_size=128256, seq_length=8192)
+    )  # fmt: skip
+    assert shape is not None and shape.gated
+    layout = _layout(tp=2, pp=1, dp=4, microbatches=1)
+    st = terms.Step(shape, layout, builtin()["b200"], DEFAULT, 8)
+    per_token = 4096 + 5120 + 4096 + 4096 + 4096 + 28672 + 14336 + 4096
+    assert per_token == 68608
+    expected = 7.125 * per_token * 8192 * 80 / 7700e9
+    assert terms.fp4_casts(st, 0.0) == pytest.approx(expected, rel=1e-9)
+    assert terms.fp4_casts(st, 0.25) == pytest.approx(0.75 * expected, rel=1e-9)
+    # only NVFP4 pays them
+    hw = builtin()["b200"]
+    fp8 = predict(shape, layout, hw, nproc_per_node=8, precision="fp8").breakdown
+    fp4 = predict(shape, layout, hw, nproc_per_node=8, precision="fp4").breakdown
+    assert fp4["elementwise"] - fp8["elementwise"] == pytest.approx(expected, rel=1e-9)

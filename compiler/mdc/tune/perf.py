@@ -119,6 +119,7 @@ def predict(
         + terms.expert_weights(st, expert_params)
         + terms.eager_kernels(st)
         + terms.float8_casts(st)
+        + (terms.fp4_casts(st, bf16_share) if precision == "fp4" else 0.0)
     )
 
     # ---- the schedule runs at the pace of the slowest stage

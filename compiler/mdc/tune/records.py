@@ -14,20 +14,20 @@ class Constants:
     """The calibrated constants (defaults: the fit in docs/tune.md)."""
 
     #: share of the dense peak a large GEMM reaches
-    gemm_peak: float = 0.6563
+    gemm_peak: float = 0.6428
     #: token dimension (M) at which a GEMM's efficiency halves: d / (d + knee); also every
     #: dimension of the routed experts' grouped GEMMs, and FlashAttention's head dimension
-    shape_knee: float = 413.6
+    shape_knee: float = 380.5
     #: weight dimension (N, K) of a dense GEMM at which its efficiency halves, sharper:
     #: d^2 / (d^2 + knee^2), so a weight a few tiles wide runs near the peak
-    width_knee: float = 806.6
+    width_knee: float = 840.9
     #: share of the bf16 dense peak FlashAttention reaches (forward and backward)
     attention_peak: float = 1.0
     #: query tokens per attention kernel (the sequence over cp) at which FlashAttention's
     #: efficiency halves: measured, not fitted (kernels.toml, docs/tune.md)
     attention_seq_knee: float = 234.0
     #: HBM bytes moved by elementwise kernels per activation byte Korthikanti counts
-    elementwise: float = 2.441
+    elementwise: float = 2.101
     #: share of the scale-up link's rate NCCL's collectives reach (bus bandwidth over the
     #: line rate), measured: kernels.toml's [collective] (set, not fitted)
     link_share: float = 370 / 450  # NVLink 4: 370 of 450 GB/s
@@ -45,12 +45,12 @@ class Constants:
     ep_exposed: float = 1.0
     #: Megatron-Core's Mamba-2 layer (conv1d, SSD kernels, gated norm, forward and backward)
     #: over its work counted at the measured SSD kernels' and the HBM's rates (terms.mamba)
-    mamba_overhead: float = 8.61
+    mamba_overhead: float = 7.922
     #: share of NVFP4's measured GEMM level (terms.FP4_LEVEL) an FP4 GEMM of the layers
     #: reaches: the recipe's quantization around every GEMM (16-element blocks under two
     #: scales, random Hadamard transforms of the weight-gradient inputs, stochastically
     #: rounded gradients), which no kernel table here times
-    fp4_peak: float = 0.8238
+    fp4_peak: float = 0.8907
     #: microseconds each local expert costs per MoE layer and pass whatever its tokens (its
     #: two GEMMs in Transformer Engine's per-expert grouped GEMM): measured, not fitted
     #: (kernels.toml's [grouped_gemm], mdc.tune.kernels.expert_overhead_us)

@@ -438,6 +438,41 @@ def mamba(st: Step) -> float:
     return st.c.mamba_overhead * per_token * st.tokens * layers
 
 
+#: HBM bytes per element of a GEMM operand the NVFP4 recipe quantizes (each linear layer's
+#: input forward, its output gradient backward): the amax read for the per-tensor scale,
+#: the amax of its Hadamard-rotated transpose (the weight-gradient copy), and one pass
+#: reading the 16-bit tensor and writing both 4-bit copies, each with an E4M3 scale per 16
+#: elements: 2 + 2 + 2 + 2 x (0.5 + 1/16)
+NVFP4_CAST_BYTES = 7.125
+
+
+def fp4_casts(st: Step, bf16_share: float) -> float:
+    """The NVFP4 recipe's casts around every GEMM of the NVFP4 layers (Megatron's
+    --fp4-recipe nvfp4), memory bound: :data:`NVFP4_CAST_BYTES` per element of each linear
+    layer's input (its width K) and output gradient (N), K + N per token: attention's QKV
+    and output projections, the MLP's two, each routed copy's expert pair (and the shared
+    expert's), Mamba's in and out projections; widths split over tp (etp for the experts),
+    the hidden-wide ones over sequence parallelism (quantized before its all-gather), the
+    routed copies as the rank's tokens are (over sequence parallelism); the
+    recomputed forward casts its inputs again; the bf16 layers cast nothing."""
+    shape, L, parts = st.shape, st.layout, st.parts
+    h, tp, gate = shape.hidden / st.split, L.tp, 2 if shape.gated else 1
+    attention = h + _attention_width(shape) / tp + shape.heads * _v_head(shape) / tp + h
+    mlp = h + (gate + 1) * shape.ffn / tp + h
+    # each rank casts its own tokens' routed copies (tokens / sp of them), at the experts'
+    moe = shape.topk * st.capacity * (2 * st.routed_width + (gate + 1) * shape.moe_ffn / L.etp)
+    moe /= st.split
+    moe += (2 * h + (gate + 1) * shape.shared_ffn / tp) if shape.shared_ffn else 0.0
+    mamba = 0.0
+    if shape.mamba is not None:
+        m = shape.mamba
+        mamba = 2 * h + (3 * m.inner + 2 * m.groups * m.state + m.heads) / tp
+    per_layer = parts.attention * attention + parts.mlp * mlp + parts.moe * moe
+    per_layer = (per_layer + parts.mamba * mamba) / max(shape.layers, 1)
+    elements = per_layer * st.tokens * st.stage_layers * (1 + st.again.dense / 2)
+    return NVFP4_CAST_BYTES * elements * (1 - bf16_share) / st.hbm()
+
+
 def expert_weights(st: Step, expert_params: float) -> float:
     """The local experts' weights streamed from HBM every micro batch: 12 bytes per local
     expert parameter (bf16 reads by the forward and data-gradient GEMMs, the fp32 main
@@ -801,6 +836,11 @@ def flops_of(
 @functools.lru_cache(maxsize=64)
 def _parts(shape: Shape) -> Parts:
     return shape.pattern.parts(0, shape.layers)
+
+
+def _v_head(shape: Shape) -> int:
+    """Width of each head's values (the output projection's input per head)."""
+    return shape.latent.v_head if shape.latent else shape.kv_channels
 
 
 def _attention_width(shape: Shape) -> float:
