@@ -287,7 +287,7 @@ def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
 
 
-def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
+def test_recipes_parallel_sizes_top5_floor(targets: dict[str, Any]) -> None:
     # The published parallel sizes (tp, pp, cp, ep), whatever its virtual stages and micro
     # batch: 75 of 103 (67 while the top rows listed one layout's virtual stages apart); 81
     # of 112 with NeMo's long-sequence rows; 99 of 157 with Megatron-Bridge's 26.06 and
@@ -307,9 +307,16 @@ def test_recipes_parallel_sizes_top5_target(targets: dict[str, Any]) -> None:
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
     # link shares; 222 with a local expert's fixed time measured; 225 with the permutation's
-    # passes counted from Megatron-Core's kernels
+    # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted
     recipes = targets["recipes"]
-    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.70
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.775
+
+
+@pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 78 %", strict=True)
+def test_recipes_parallel_sizes_top5_issue_36_target(targets: dict[str, Any]) -> None:
+    """Issue 36: the published parallel sizes in mdc's top 5 for at least 80 % of runs."""
+    recipes = targets["recipes"]
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.80
 
 
 def _row(
