@@ -214,6 +214,10 @@ def _memory_args(plan: Plan, opts: MegatronOptions) -> Iterator[str]:
     if opts.recompute_modules is not None:
         yield "--recompute-modules"
         yield from opts.recompute_modules
+    for key in ("cp_comm_type", "hierarchical_context_parallel_sizes"):
+        values = getattr(opts, key)
+        if values is not None:
+            yield from (flag_of(key), *map(str, values))
     if opts.use_megatron_fsdp:
         yield "--use-megatron-fsdp"
         # Megatron-LM: "Megatron FSDP only supports fsdp_dtensor checkpoint format"

@@ -104,6 +104,8 @@ OPTION_FLAGS = (
     _option_flag("moe_pad_expert_input_to_capacity"),
     _option_flag("moe_router_num_groups", 1, int),
     _option_flag("moe_router_group_topk", 1, int),
+    _option_flag("cp_comm_type", "+"),
+    _option_flag("hierarchical_context_parallel_sizes", "+", int),
     _option_flag("overlap_moe_expert_parallel_comm"),
 )
 

@@ -50,6 +50,8 @@ class MegatronOptions:
     moe_pad_expert_input_to_capacity: bool | None = None
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
+    cp_comm_type: tuple[str, ...] | None = None
+    hierarchical_context_parallel_sizes: tuple[int, ...] | None = None
     fp4_format: str | None = None
     fp4_recipe: str | None = None
     fp4_quantizer_factory: str | None = None

@@ -11,6 +11,7 @@ from mdc.api import Finding, Plan, Severity
 from mdc.api.flags import command_pointer, disagreeing, disagreement_text
 from mdc.api.torchrun import torchrun_findings
 from mdc_builtin.launchers.megatron.connections import connection_rules
+from mdc_builtin.launchers.megatron.cp_comm import cp_comm_rules
 from mdc_builtin.launchers.megatron.emit import (
     DEFAULT_ORDER,
     EAGER_BACKENDS,
@@ -429,6 +430,7 @@ def check(plan: Plan, options: MegatronOptions | None) -> Iterator[Finding]:
     yield from _tp_comm_overlap(plan, opts)
     yield from ep_overlap_rules(plan, opts)
     yield from _router_groups(plan, opts)
+    yield from cp_comm_rules(plan, opts)
     yield from connection_rules(plan, opts)
     yield from _optimizer(plan, opts)
     yield from _recompute(plan, opts)
