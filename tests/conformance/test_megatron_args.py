@@ -230,6 +230,10 @@ FLAGS: dict[str, Flag] = {
     ),
     "--moe-router-num-groups": Flag(int, TransformerConfig, "moe_router_num_groups"),
     "--moe-router-group-topk": Flag(int, TransformerConfig, "moe_router_group_topk"),
+    "--cp-comm-type": Flag(list, TransformerConfig, "cp_comm_type"),
+    "--hierarchical-context-parallel-sizes": Flag(
+        list, TransformerConfig, "hierarchical_context_parallel_sizes"
+    ),
     "--first-last-layers-bf16": Flag(bool, TransformerConfig, "first_last_layers_bf16"),
     "--num-layers-at-start-in-bf16": Flag(int, TransformerConfig, "num_layers_at_start_in_bf16"),
     "--num-layers-at-end-in-bf16": Flag(int, TransformerConfig, "num_layers_at_end_in_bf16"),
