@@ -231,21 +231,7 @@ def test_without_an_slo_the_pareto_front_leads(tmp_path: Path) -> None:
 
 def test_vllm_aggregated_deployments_compile_to_their_rows(tmp_path: Path) -> None:
     """vLLM: one API server over dp engines of tp GPUs, under an open-loop rate."""
-    data = {
-        "job": {"name": "v70", "command": ["vllm", "serve"]},
-        "distributed": {
-            "launcher": "vllm",
-            "backend": "local",
-            "nnodes": 1,
-            "nproc_per_node": 8,
-            "accelerator_model": "h100-sxm",
-        },
-        "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "seq_length": 4096},
-        "vllm": {"model": "meta-llama/Llama-3.3-70B-Instruct"},
-        "workload": {"input_tokens": 2048, "output_tokens": 512, "request_rate": 2.0},
-    }
-    spec = tmp_path / "v70.json"
-    spec.write_text(json.dumps(data), encoding="utf-8")
+    spec = _v70(tmp_path, {"input_tokens": 2048, "output_tokens": 512, "request_rate": 2.0})
     code, out, err = _run("tune", str(spec), "--format", "json")
     assert code == 0, err
     rows = json.loads(out)["candidates"]
@@ -465,6 +451,12 @@ def test_role_limits_are_written_as_each_roles_flags(tmp_path: Path, launcher: s
 def _v70_kv_bound(tmp_path: Path) -> Path:
     """Llama 3.3 70B (bf16) behind vLLM on 8 H100s with 1,024 requests in flight: the
     engines' KV caches, not the HBM, bound the running batch at the default share."""
+    workload = {"input_tokens": 2048, "output_tokens": 512, "concurrency": 1024}
+    return _v70(tmp_path, {**workload, "slo": {"tpot_ms": 100}})
+
+
+def _v70(tmp_path: Path, workload: dict[str, Any]) -> Path:
+    """A spec of Llama 3.3 70B (bf16) behind vLLM on 8 H100s under ``workload``."""
     data = {
         "job": {"name": "v70", "command": ["vllm", "serve"]},
         "distributed": {
@@ -476,12 +468,7 @@ def _v70_kv_bound(tmp_path: Path) -> Path:
         },
         "model": {"name": "meta-llama/Llama-3.3-70B-Instruct", "seq_length": 4096},
         "vllm": {"model": "meta-llama/Llama-3.3-70B-Instruct"},
-        "workload": {
-            "input_tokens": 2048,
-            "output_tokens": 512,
-            "concurrency": 1024,
-            "slo": {"tpot_ms": 100},
-        },
+        "workload": workload,
     }
     spec = tmp_path / "v70.json"
     spec.write_text(json.dumps(data), encoding="utf-8")
