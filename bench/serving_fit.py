@@ -73,11 +73,32 @@ def family(row: Mapping[str, Any]) -> dict[str, str]:
     """The row's families: mode, dense or MoE, GPU vendor, launcher."""
     experts = _shape(row["model"], row["dtype"], 4096).experts
     return {
-        "mode": "disaggregated" if row.get("role") else "aggregated",
+        "mode": "disaggregated" if row.get("role") or disaggregated(row) else "aggregated",
         "model": "MoE" if experts else "dense",
         "vendor": row.get("vendor", "nvidia"),
         "launcher": row["launcher"],
     }
+
+
+def disaggregated(row: Mapping[str, Any]) -> bool:
+    """Whether the row measures a whole prefill/decode disaggregated deployment."""
+    return "prefill" in row and "decode" in row
+
+
+def _role(name: str, layout: Mapping[str, Any]) -> Role:
+    """A role of the layout a row (or its prefill or decode table) states."""
+    tp, pp = layout.get("tp", 1), layout.get("pp", 1)
+    return Role(
+        name=name,
+        servers=layout.get("servers", 1),
+        gpus=tp * pp,
+        tp=tp,
+        pp=pp,
+        dp=layout.get("dp", 1),
+        ep=layout.get("ep", 1),
+        max_batch=layout.get("max_batch"),
+        step_tokens=layout.get("step_tokens"),
+    )
 
 
 def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> ServingPrediction:
@@ -85,34 +106,42 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
     hw: Accelerator = builtin()[row["accelerator_model"]]
     inp, out = row["input_tokens"], row["output_tokens"]
     shape = _shape(row["model"], row["dtype"], inp + out)
-    tp, pp, ep = row.get("tp", 1), row.get("pp", 1), row.get("ep", 1)
-    role = Role(
-        name="server",
-        servers=row.get("servers", 1),
-        gpus=tp * pp,
-        tp=tp,
-        pp=pp,
-        dp=row.get("dp", 1),
-        ep=ep,
-        max_batch=row.get("max_batch"),
-        step_tokens=row.get("step_tokens"),
-    )
+    roles: tuple[Role, ...]
+    if disaggregated(row):
+        roles = (_role("prefill", row["prefill"]), _role("decode", row["decode"]))
+    else:
+        roles = (_role("server", row),)
     dep = Deployment(
         launcher=row["launcher"],
-        roles=(role,),
+        roles=roles,
         kv_dtype=row.get("kv_dtype", "auto"),
         share=0.9,
         share_of="free" if row["launcher"] == "trtllm" else "capacity",
         capacity_gib=hw.memory_gib,
         nproc_per_node=8,
     )
+    return predict(shape, hw, dep, _workload(row), constants)
+
+
+def _workload(row: Mapping[str, Any]) -> WorkloadTable:
+    """The row's load: its arrival rate (open loop), else its requests in flight."""
+    inp, out = row["input_tokens"], row["output_tokens"]
+    if row.get("request_rate") is not None:
+        return WorkloadTable(
+            input_tokens=inp, output_tokens=out, request_rate=float(row["request_rate"])
+        )
     load = row["concurrency"]
-    workload = WorkloadTable(
+    return WorkloadTable(
         input_tokens=inp,
         output_tokens=out,
         concurrency=OFFLINE if load == "max" else int(load),
     )
-    return predict(shape, hw, dep, workload, constants)
+
+
+def gpus(row: Mapping[str, Any]) -> int:
+    """The GPUs of a row's whole deployment (both roles of a disaggregated one)."""
+    layouts = (row["prefill"], row["decode"]) if disaggregated(row) else (row,)
+    return sum(int(x.get("tp", 1) * x.get("pp", 1) * x.get("servers", 1)) for x in layouts)
 
 
 def role_rate(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
@@ -159,8 +188,8 @@ def measured(row: Mapping[str, Any], metric: str = "throughput") -> float | None
         done = row.get("output_tokens_per_s", row.get("input_tokens_per_s"))
         return float(done) / int(row["gpus"])
     if metric == "throughput":
-        gpus = int(row.get("tp", 1) * row.get("pp", 1) * row.get("servers", 1))
-        return float(row["output_tokens_per_s"]) / gpus
+        done = row.get("output_tokens_per_s")
+        return None if done is None else float(done) / gpus(row)
     value = row.get(f"{metric}_ms")
     return None if value is None else float(value)
 
@@ -318,6 +347,36 @@ def report(rows: Sequence[Mapping[str, Any]]) -> None:
                 print(f"  held out by source, {value}:", summary(errs))
 
 
+def _layout(row: Mapping[str, Any]) -> str:
+    """A row's layout in a few characters: tp, or each role's servers x tp."""
+    if disaggregated(row):
+        p, d = row["prefill"], row["decode"]
+        return f"{p.get('servers', 1)}xtp{p.get('tp', 1)}+{d.get('servers', 1)}xtp{d.get('tp', 1)}"
+    return f"tp{row.get('tp', 1)}"
+
+
+def _row_line(row: Mapping[str, Any]) -> str:
+    """One row's measured and predicted numbers (``--rows``)."""
+    truth = measured(row)
+    done = math.nan if truth is None else truth
+    head = f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "
+    if row.get("role"):
+        return (
+            f"{head}{row['accelerator_model']:<8} {row['role']} of {row['gpus']} GPUs "
+            f"tok/s/GPU {done:7.0f} -> {role_rate(row):7.0f}"
+        )
+    p = prediction(row)
+    rate = row.get("request_rate")
+    load = f"c={row['concurrency']!s:<4}" if rate is None else f"r={rate:<4g}"
+    return (
+        f"{head}{row['accelerator_model']:<8} {_layout(row)} "
+        f"{row['input_tokens']:>5}/{row['output_tokens']:<5} {load} "
+        f"tok/s/GPU {done:7.0f} -> {p.output_tokens_per_s_per_gpu:7.0f}  "
+        f"TTFT {row.get('ttft_ms', math.nan):9.0f} -> {p.ttft_ms:9.0f}  "
+        f"TPOT {row.get('tpot_ms', math.nan):6.1f} -> {p.tpot_ms:6.1f}"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--fit", action="store_true", help="search the grid on every row")
@@ -334,22 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.rows:
         for row in rows:
-            if row.get("role"):
-                print(
-                    f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "
-                    f"{row['accelerator_model']:<8} {row['role']} of {row['gpus']} GPUs "
-                    f"tok/s/GPU {measured(row):7.0f} -> {role_rate(row):7.0f}"
-                )
-                continue
-            p = prediction(row)
-            print(
-                f"{row['source'][:12]:<12} {row['launcher']:<7} {row['model']:<15} "
-                f"{row['accelerator_model']:<8} tp{row.get('tp', 1)} "
-                f"{row['input_tokens']:>5}/{row['output_tokens']:<5} c={row['concurrency']!s:<4} "
-                f"tok/s/GPU {measured(row):7.0f} -> {p.output_tokens_per_s_per_gpu:7.0f}  "
-                f"TTFT {row.get('ttft_ms', math.nan):9.0f} -> {p.ttft_ms:9.0f}  "
-                f"TPOT {row.get('tpot_ms', math.nan):6.1f} -> {p.tpot_ms:6.1f}"
-            )
+            print(_row_line(row))
     report(rows)
     if args.fit:
         c, loss = fit([r for r in rows if r.get("fit", True)])

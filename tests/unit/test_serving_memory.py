@@ -203,7 +203,7 @@ def test_every_published_serving_spec_leaves_its_engine_its_reserve(path: Path) 
 def test_every_measured_deployment_leaves_its_engine_its_reserve() -> None:
     """Every deployment of bench/serving_data.toml, at the share it ran (TensorRT-LLM's
     overview: 0.9 to 0.95 of the free memory; the others the engines' 0.9), leaves its
-    engine the reserve."""
+    engine the reserve (each role of a deployment measured end to end)."""
     import attrs
     from bench import serving_fit
 
@@ -211,8 +211,16 @@ def test_every_measured_deployment_leaves_its_engine_its_reserve() -> None:
     from mdc.spec import WorkloadTable
     from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
 
-    rows = serving_fit.measurements()
-    assert len(rows) >= 100
+    measured = serving_fit.measurements()
+    assert len(measured) >= 100
+    rows = [
+        {**row, **row[name], "role": name}
+        for row in measured
+        if serving_fit.disaggregated(row)
+        for name in ("prefill", "decode")
+    ]
+    rows += [row for row in measured if not serving_fit.disaggregated(row)]
+    assert any(r["role"] == "decode" and r["tp"] == 4 for r in rows if r.get("role"))
     for row in rows:
         hw = builtin()[row["accelerator_model"]]
         tp, pp = row.get("tp", row.get("gpus", 1)), row.get("pp", 1)
