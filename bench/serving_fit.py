@@ -28,6 +28,7 @@ from mdc.hardware import Accelerator, builtin
 from mdc.plan.memory import Shape, resolve_shape
 from mdc.plan.named_models import architecture
 from mdc.spec import ModelTable, WorkloadTable
+from mdc.tune.serving_burst import predict_burst
 from mdc.tune.serving_perf import (
     DEFAULT,
     Constants,
@@ -120,7 +121,14 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         capacity_gib=hw.memory_gib,
         nproc_per_node=8,
     )
-    return predict(shape, hw, dep, _workload(row), constants)
+    workload = _workload(row)
+    load = row.get("concurrency")
+    if row.get("sent_at_once") and isinstance(load, int) and len(roles) == 1:
+        # the row's requests sent at once (or a closed loop's waves of them): the burst run
+        # to its last request, output lengths up to what each request asked for
+        cap = int(row.get("max_output_tokens", out))
+        return predict_burst(shape, hw, dep, workload, load, cap, constants)
+    return predict(shape, hw, dep, workload, constants)
 
 
 def _workload(row: Mapping[str, Any]) -> WorkloadTable:

@@ -273,7 +273,8 @@ HELD_OUT_FLOORS = {
     ("amd-rocm-performance-results", "throughput"): 0.36,
     ("lmsys-sglang-96xh100", "throughput"): 0.15,
     ("lmsys-sglang-gb200-part2", "throughput"): 0.17,
-    ("dstack-deepseek-r1", "tpot"): 0.61,
+    # its fixed lengths' waves run as bursts: TTFT 95.8 % -> 66.4 %, TPOT 60.1 % -> 64.8 %
+    ("dstack-deepseek-r1", "tpot"): 0.65,
 }
 
 

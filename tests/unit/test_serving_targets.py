@@ -179,8 +179,11 @@ def test_gpustacks_rows_read_what_their_pages_ran() -> None:
 
 #: the held-out medians of the sources kept out of the fit (docs/tune-serving.md)
 UNSEEN_FLOORS = {
-    ("gpustack-performance-lab", "throughput"): 0.74,
-    ("gpustack-performance-lab", "tpot"): 0.32,
+    # GPUStack's runs predicted as the bursts they are (mdc.tune.serving_burst): throughput
+    # 73.1 % -> 41.5 %, TPOT 28.1 % -> 35.6 % (the drain's small batches decode faster than
+    # the full batch a steady state held; the measured TPOTs stay above both)
+    ("gpustack-performance-lab", "throughput"): 0.42,
+    ("gpustack-performance-lab", "tpot"): 0.37,
     ("oracle-oci-mi300x-405b", "throughput"): 0.32,
 }
 
