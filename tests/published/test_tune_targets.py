@@ -103,7 +103,9 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # 17 counted), the dense constants held: refitted, elementwise fell from 2.44 to 1.64
     # and the rows in the fit rose to 85.7 %, but held out by source the dense rows fell from
     # 89.3 % to 88.6 % and TorchTitan's from 58.3 % to 50.0 %. The floor holds that level
-    # 86.9 % (273 of 314) once NVFP4's casts are counted and the constants fitted again
+    # 86.9 % (273 of 314) once NVFP4's casts are counted and the constants fitted again;
+    # 86.9 % still once the Mamba layer's kernels are counted as mamba_ssm runs them
+    # (mamba_overhead fitted again alone)
     assert accuracy >= 0.869 >= 0.80
 
 
@@ -178,18 +180,20 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     titan = [(c, p) for c, p in by_source if c.launcher == "torchtitan"]
     # 76.1 % (248 of 326), MoE 63.8 % (113 of 177), 16.7 % once NVFP4's casts are counted
     # (FSDP-style 13.5 % and TorchTitan's rows 17.3 %: they moved with the refit dense
-    # constants, never fitted)
-    assert _within(by_source) >= 0.760
-    assert _within(moe) >= 0.638
+    # constants, never fitted); 79.1 % (258 of 326), MoE 69.5 % (123 of 177), 15.8 % once
+    # the Mamba layer's kernels are counted as mamba_ssm runs them in training (the hybrid
+    # rows 23 of 52 within 20 %, 14 before; mamba_overhead 7.92 to 3.84, fitted alone)
+    assert _within(by_source) >= 0.791
+    assert _within(moe) >= 0.694
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.168
+    assert _error(by_source) <= 0.159
     assert _error(fsdp) <= 0.136
     assert _within(titan) >= 0.58
     assert _error(titan) <= 0.174
 
 
 @pytest.mark.xfail(
-    reason="held out by source: 76.1 % within 20 %, MoE 63.8 %, mean error 16.7 %", strict=True
+    reason="held out by source: 79.1 % within 20 %, MoE 69.5 %, mean error 15.8 %", strict=True
 )
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]

@@ -1251,24 +1251,77 @@ def _mamba_step(state: int) -> Any:
 
 
 def test_mamba_layers_run_the_ssd_work_at_the_measured_kernel_level() -> None:
-    """Mamba-2's chunked SSD, chunk 128, 32 heads of 64, 8 groups, state 128, per token
-    forward: 8 groups x 2 x 128 x 128 (C B^T) = 262,144, and per head 2 x 64 x 128 (chunk
-    state) + 2 x 64 x 128 (C times the passed state) + 128 x 64 (the causal half of the
-    intra-chunk product) = 40,960, 1,310,720 for the 32; three times that in training.
-    Streamed: the conv1d over 2,048 + 2 x 8 x 128 = 4,096 channels 7 times, the gated norm
-    over 2,048 11 times, 2 bytes each."""
+    """32 heads of 64 (inner width 2,048), 8 groups, state 128, chunk 128, per token: the
+    SSD's training products (mamba_ssm's Triton kernels): the forward's C B^T (8 x 2 x 128 x
+    128 = 262,144), chunk states and C times the passed states (32 x 2 x 64 x 128 = 524,288
+    each), the causal intra-chunk product (32 x 128 x 64 = 262,144); the backward's C B^T
+    and chunk states again (262,144 + 524,288); the states' gradient, dx through the states,
+    dB and dC (524,288 each), dx through the chunk, d(CB) and the decay's gradient
+    (262,144 each), d(CB) back to B and to C over the whole chunk (262,144 each): 5,767,168
+    FLOPs. The kernels'
+    bytes (test_mamba_bytes_are_the_kernels_inputs_and_outputs): 333,824."""
     from mdc.tune import terms
 
     st = _mamba_step(128)
     hw = st.hw
+    products = [262_144, 524_288, 524_288, 262_144]  # forward
+    products += [262_144, 524_288]  # recomputed in the backward
+    products += [524_288] * 4 + [262_144] * 3 + [262_144] * 2  # the backward's own
+    assert sum(products) == 5_767_168
     rate = 989.4e12 * terms.SSD_LEVEL * 8192 / (8192 + terms.SSD_SEQ_KNEE)
-    per_token = 3 * 1_572_864 / rate + (7 * 4096 + 11 * 2048) * 2 / 3350e9
+    per_token = 5_767_168 / rate + 333_824 / 3350e9
     assert hw.peak_tflops("bf16") == 989.4 and hw.memory_bandwidth_gb_s == 3350
     expected = DEFAULT.mamba_overhead * per_token * 8192 * 4
     assert terms.mamba(st) == pytest.approx(expected, rel=1e-9)
     # the state size sets the SSD's work (the cost was once a count of passes over the
     # inner width alone)
     assert terms.mamba(_mamba_step(256)) > 1.5 * terms.mamba(st)
+
+
+def test_mamba_bytes_are_the_kernels_inputs_and_outputs() -> None:
+    """Per token, inner width d = 2,048 (x, z and the output), B and C s = 8 x 128 = 1,024
+    wide each, the fp32 chunk states S = 2,048 x 128 / 128 = 2,048 values, the fp32 C B^T
+    c = 8 x 128 = 1,024 values; bf16 tensors 2 bytes a value. Each kernel of Megatron-Core's
+    memory-efficient path (mamba_split_conv1d_scan_combined, the gate z in the chunk scan,
+    then Megatron's RMSNorm) reads its inputs once and writes its outputs once."""
+    from mdc.plan.architecture import Mamba
+    from mdc.tune import terms
+
+    d, s, S, c = 2048, 1024, 2048, 1024
+    xbc = d + 2 * s
+    forward = [
+        2 * xbc + 2 * xbc,  # causal conv1d: x, B, C in and out
+        2 * d + 2 * s + 4 * S,  # chunk states: x, B in; fp32 states out
+        4 * S + 2 * S,  # state passing: fp32 in, bf16 out
+        2 * s + 2 * s + 4 * c,  # C B^T: C, B in; fp32 out
+        4 * c + 2 * d + 2 * s + 2 * S + 2 * d + 2 * d + 2 * d,  # chunk scan: CB, x, C, states,
+        # z in; gated and ungated outputs out
+        2 * d + 2 * d,  # RMSNorm
+    ]
+    backward = [
+        2 * d + 2 * d + 2 * d,  # RMSNorm's gradient: x, dy in; dx out
+        2 * xbc + 2 * xbc,  # conv1d again
+        2 * s + 2 * s + 4 * c,  # C B^T again
+        2 * d + 2 * s + 4 * S,  # chunk states again
+        4 * S + 4 * S,  # state passing again, fp32 out
+        4 * 2 * d + 2 * 2 * d,  # the gate's gradient: x, z, out, dy in; dz, dy out
+        2 * s + 2 * d + 4 * S,  # the states' gradient: C, dy in; fp32 out
+        4 * S + 4 * S + 2 * S + 2 * S,  # state passing back: states, dstates in; both bf16 out
+        2 * d + 2 * s + 4 * c + 2 * d + 2 * S + 2 * d,  # dx: x, B, CB, dy, dstates in; dx out
+        2 * d + 2 * S + 2 * s + 2 * s,  # dB: x, dstates, B in; dB out
+        2 * S + 2 * d + 2 * s + 2 * s,  # dC: states, dy, C in; dC out
+        2 * d + 2 * d + 4 * c,  # d(CB): x, dy in; fp32 out
+        2 * (2 * s + 4 * c + 2 * s + 2 * s),  # d(CB) back to B and to C
+        2 * d + 2 * d + 4 * c,  # the decay's gradient: x, dy, CB in
+        3 * 2 * xbc,  # conv1d's gradient: x, B, C and their gradient in; dx out
+    ]
+    assert sum(forward) + sum(backward) == 333_824
+    assert terms.mamba_bytes(Mamba(state=128, head_dim=64, heads=32, groups=8), 1) == 333_824
+    # tp 4 splits every width; tp 16 leaves a rank one group, B and C still 128 wide
+    tp4 = terms.mamba_bytes(Mamba(state=128, head_dim=64, heads=32, groups=8), 4)
+    assert tp4 == pytest.approx(333_824 / 4)
+    tp16 = terms.mamba_bytes(Mamba(state=128, head_dim=64, heads=32, groups=8), 16)
+    assert tp16 == 68 * 128 + 66 * 128 + 46 * 128 + 32 * 128
 
 
 def test_mambas_scan_is_not_timed_at_attentions_rate() -> None:

@@ -14,7 +14,7 @@ import attrs
 
 from mdc.hardware import Accelerator
 from mdc.plan import per_op
-from mdc.plan.architecture import Parts
+from mdc.plan.architecture import Mamba, Parts
 from mdc.plan.memory import Shape
 from mdc.tune.flops import TokenFlops, layer_weights, token_flops
 from mdc.tune.records import Constants, Layout
@@ -414,27 +414,59 @@ def ssd_flops(state: int, head_dim: int, heads: float, groups: float) -> float:
     return groups * 2 * Q * N + heads * (4 * P * N + Q * P)
 
 
+def ssd_step_flops(state: int, head_dim: int, heads: float, groups: float) -> float:
+    """A training step's SSD FLOPs per token as mamba_ssm's Triton kernels run them: the
+    forward (:func:`ssd_flops`); the backward's recomputed ``C B^T`` and chunk states
+    (``2 Q N`` a group, ``2 P N`` a head); and the backward's own products: the states'
+    gradient ``C^T dy``, ``dx`` (through the chunk, causal ``Q P``, and the states ``2 P
+    N``), ``dB`` and ``dC`` (``2 P N`` each), ``d(CB)`` and the decay's gradient (causal
+    ``Q P`` each), and ``d(CB)``'s two products back to B and C (``2 Q N`` a group each,
+    over the whole chunk): ``8 G Q N + H (14 P N + 4 Q P)``."""
+    Q, N, P = MAMBA_CHUNK, state, head_dim
+    return groups * 8 * Q * N + heads * (14 * P * N + 4 * Q * P)
+
+
+def mamba_bytes(m: Mamba, tp: int) -> float:
+    """HBM bytes per token a training step of one Megatron-Core Mamba-2 layer moves outside
+    its GEMMs (``mamba_split_conv1d_scan_combined`` with the gate in the chunk scan, then
+    Megatron's RMSNorm), counted kernel by kernel from each kernel's inputs and outputs,
+    widths over tp: ``68 d + 66 s + 46 S + 32 c`` for the inner width ``d``, B's (and
+    C's) width ``s = G N``, the fp32 chunk states ``S = d N / Q`` and the fp32 ``C B^T``
+    ``c = G Q``, each per token. Forward ``18 d + 16 s + 12 S + 8 c``: the causal conv1d
+    over x, B and C (read, write), the chunk states (x and B in, fp32 states out), the
+    state passing (fp32 in, 16-bit out), ``C B^T`` (fp32 out), the chunk scan (``C B^T``,
+    x, C, states and the gate z in, the output and its ungated copy out), the norm.
+    Backward ``50 d + 50 s + 34 S + 24 c``: the norm's gradient, the conv1d and the chunk
+    cumsum, ``C B^T``, chunk states and state passing (fp32) computed again, the gate's
+    gradient, the states' gradient, their passing back, ``dx``, ``dB``, ``dC``,
+    ``d(CB)``, its two products back, the decay's gradient and the conv1d's gradient.
+    Heads and groups split over tp (at least one group a rank)."""
+    d = m.inner / tp
+    groups = max(m.groups / tp, 1.0)
+    s = groups * m.state
+    states = 4 * d * m.state / MAMBA_CHUNK  # fp32
+    cb = 4 * groups * MAMBA_CHUNK  # fp32
+    return 2 * (34 * d + 33 * s) + 11.5 * states + 8 * cb
+
+
 def mamba(st: Step) -> float:
     """Mamba-2 layers, their work counted and timed at measured rates, times
-    ``mamba_overhead`` (fitted: Megatron-Core's layer over that count). The SSD at the
-    measured SSD kernels' level (``SSD_LEVEL`` of the bf16 peak at the accelerator's GEMM
-    level, ``q/(q + SSD_SEQ_KNEE)`` of the sequence): :func:`ssd_flops` forward, twice that
-    backward; the causal conv1d over x, B and C (7 passes: forward, recomputed by the
-    backward, the backward's reads and write) and the gated RMSNorm over the inner width
-    (11 passes likewise) at the HBM's bandwidth. Heads and groups split over tp."""
+    ``mamba_overhead`` (fitted: Megatron-Core's layer over that count). The SSD's
+    :func:`ssd_step_flops` at the measured SSD kernels' level (``SSD_LEVEL`` of the bf16
+    peak at the accelerator's GEMM level, ``q/(q + SSD_SEQ_KNEE)`` of the sequence); the
+    bytes its kernels, the causal conv1d and the norm move (:func:`mamba_bytes`) at the
+    HBM's bandwidth. Heads and groups split over tp."""
     shape, L = st.shape, st.layout
     m = shape.mamba
     if m is None or not st.parts.mamba:
         return 0.0
     layers = st.stage_layers * st.parts.mamba / max(shape.layers, 1)
-    ssd = 3 * ssd_flops(m.state, m.head_dim, m.heads / L.tp, max(m.groups / L.tp, 1.0))
+    ssd = ssd_step_flops(m.state, m.head_dim, m.heads / L.tp, max(m.groups / L.tp, 1.0))
     rate = (
         st.hw.peak_tflops("bf16") * 1e12 * gemm_level(st.hw, "bf16") * SSD_LEVEL
         * _efficiency([shape.seq], SSD_SEQ_KNEE)
     )  # fmt: skip
-    conv_width = (m.inner + 2 * m.groups * m.state) / L.tp
-    streamed = (7 * conv_width + 11 * m.inner / L.tp) * ACT
-    per_token = ssd / rate + streamed / st.hbm()
+    per_token = ssd / rate + mamba_bytes(m, L.tp) / st.hbm()
     return st.c.mamba_overhead * per_token * st.tokens * layers
 
 
