@@ -82,10 +82,19 @@ class Scored:
 
 
 def not_overloaded(row: Row) -> bool:
-    """Whether the row's TTFT counts: a closed loop whose decoding requests (output
-    tokens/s x TPOT) are at least DECODING_SHARE of those in flight."""
+    """Whether the row's TTFT counts: its decoding requests are at least DECODING_SHARE of
+    those in flight (Little's law). A closed loop decodes output tokens/s x TPOT of its
+    concurrency; an open loop at rate r holds r x (TTFT + (output - 1) x TPOT) and decodes
+    r x output x TPOT of them, so the share is the request's decode time over its
+    latency, whatever the rate."""
     load, ttft, tpot = row.get("concurrency"), row.get("ttft_ms"), row.get("tpot_ms")
-    if ttft is None or tpot is None or not isinstance(load, int) or row.get("role"):
+    if ttft is None or tpot is None or row.get("role"):
+        return False
+    if row.get("request_rate") is not None:
+        out = int(row["output_tokens"])
+        latency = float(ttft) + (out - 1) * float(tpot)
+        return out * float(tpot) >= DECODING_SHARE * latency
+    if not isinstance(load, int):
         return False
     decoding = float(row["output_tokens_per_s"]) * float(tpot) / 1e3
     return decoding >= DECODING_SHARE * load

@@ -693,3 +693,82 @@ def test_vllms_defaults_follow_the_gpu(
     set_by_spec = attrs.evolve(role, max_batch=64, step_tokens=4096)
     server = server_of(set_by_spec, shape, hw, dep, work, DEFAULT)
     assert (server.max_batch, server.step_tokens) == (64, 4096)
+
+
+def _llama70b_vllm(rate: float) -> tuple[Any, Any, WorkloadTable]:
+    """Two vLLM replicas of Llama 3.1 70B (fp8, tp 2) on H100s at ``rate`` requests/s of
+    2,000 / 200 tokens: one prompt fits one step's budget, and a dense model's chunk adds
+    no expert reads."""
+    hw = builtin()["h100-sxm"]
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 2200)
+    role = Role(name="server", servers=2, gpus=2, tp=2)
+    dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib)
+    work = WorkloadTable(input_tokens=2000, output_tokens=200, request_rate=rate)
+    return server_of(role, shape, hw, dep, work, DEFAULT), dep, work
+
+
+@pytest.mark.parametrize("rate", [0.5, 2.0, 4.0])
+def test_an_open_loops_tokens_carry_the_prefill_share_its_rate_sets(rate: float) -> None:
+    """vLLM V1 schedules a step's decode tokens first, then prompt chunks up to its budget:
+    at r = rate / servers prompts a second of P seconds' compute each, a share r x P of
+    the server's time is prefill, and the batch decodes one token a step in the rest: TPOT
+    = decode step(B) / (1 - r x P). A prompt's own step is the batch's decode and its
+    compute, S = step(B) + P, queued M/D/1 at load r x S, after half a decode step in
+    flight when no prompt is."""
+    server, dep, work = _llama70b_vllm(rate)
+    p = predict(server.shape, server.hw, dep, work)
+    r, ctx = rate / 2, 2000 + 200 / 2
+    batch = p.batch["server"]
+    prompt = server.prefill_compute(2000, 2000)
+    decode = server.decode_step(batch, ctx)
+    assert not p.overloaded and p.requests_per_s == pytest.approx(rate)
+    # the batch printed is rounded: the step it implies is within a request's share
+    assert p.tpot_ms / 1e3 == pytest.approx(decode / (1 - r * prompt), rel=0.02)
+    own = decode + prompt
+    load = r * own
+    ttft = (1 - load) * decode / 2 + own + load / (2 * (1 - load)) * own
+    assert p.ttft_ms / 1e3 == pytest.approx(ttft, rel=0.02)
+    # Little's law holds the batch: rate per server x (TTFT + (output - 1) x TPOT)
+    assert batch == pytest.approx(r * (p.ttft_ms + 199 * p.tpot_ms) / 1e3, abs=0.6)
+
+
+def test_an_open_loops_ttft_and_tpot_grow_with_the_rate() -> None:
+    seen = [predict(s.shape, s.hw, d, w) for s, d, w in map(_llama70b_vllm, (0.5, 2.0, 4.0))]
+    assert [p.ttft_ms for p in seen] == sorted(p.ttft_ms for p in seen)
+    assert [p.tpot_ms for p in seen] == sorted(p.tpot_ms for p in seen)
+    assert seen[-1].tpot_ms > 1.2 * seen[0].tpot_ms
+
+
+def test_an_open_loop_whose_prompts_outrun_the_server_is_overloaded() -> None:
+    """Prompts past 1 / P a second per server leave no time to decode: overloaded."""
+    server, dep, _ = _llama70b_vllm(1.0)
+    rate = 2 * 1.05 / server.prefill_compute(2000, 2000)
+    work = WorkloadTable(input_tokens=2000, output_tokens=200, request_rate=rate)
+    p = predict(server.shape, server.hw, dep, work)
+    assert p.overloaded and p.binding == "queueing" and p.requests_per_s < rate
+
+
+def test_a_vllm_decode_servers_first_token_waits_for_its_step() -> None:
+    """vLLM's P/D proxy streams the decode server's output: after the prompt's prefill
+    (queued M/D/1 at its server's load) and its KV cache's transfer, the first token waits
+    half a decode step for the scheduler and one step to be sampled. SGLang's comes back
+    with its prefill: no decode step."""
+    hw, shape = builtin()["h200"], serving_fit._shape("llama3.1-70b", "fp8", 2200)
+    roles = (
+        Role(name="prefill", servers=2, gpus=2, tp=2),
+        Role(name="decode", servers=1, gpus=4, tp=4),
+    )
+    work = WorkloadTable(input_tokens=2000, output_tokens=200, request_rate=3.0)
+    # Llama 3.1 70B's KV cache: 80 layers x 8 KV heads x 128 x (K, V) x 2 bytes a token,
+    # sent by both GPUs of a prefill server over NVLink (all 8 GPUs on one node)
+    transfer = 2000 * 80 * 8 * 128 * 2 * 2 / (2 * link_rate(hw, True)) + 1e-3
+    for launcher, steps in (("vllm_disagg", 1.5), ("sglang_disagg", 0.0)):
+        dep = Deployment(launcher=launcher, roles=roles, capacity_gib=hw.memory_gib)
+        p = predict(shape, hw, dep, work)
+        service = server_of(roles[0], shape, hw, dep, work, DEFAULT).prefill(2000, 2000)
+        load = 3.0 / 2 * service
+        wait = load / (2 * (1 - load)) * service
+        decode = server_of(roles[1], shape, hw, dep, work, DEFAULT)
+        step = decode.decode_step(p.batch["decode"], 2100)
+        expected = service + wait + transfer + steps * step
+        assert p.ttft_ms / 1e3 == pytest.approx(expected, rel=0.01), launcher

@@ -25,7 +25,7 @@ server of ``gpus`` GPUs (``pp`` stages of ``gpus / pp``; ``groups`` attention gr
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -616,28 +616,20 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         prompt = max(s.prefill_compute(chunk, inp), s.chunk_reads(batch, chunk))
         return chunks * (s.decode_step(batch, ctx) + prompt)
 
-    queue_wait, overloaded, binding = 0.0, False, ""
     if w.request_rate is not None:
-        rate = w.request_rate / n
-        batch = _little(lambda b: rate * (ttft(b) + out * step(b)), cap)
-        if batch >= cap:
-            batch, overloaded, binding = cap, True, "queueing"
-        load = rate * s.prefill(inp, inp)
-        queue_wait = _mdl_wait(min(load, 1.0), s.prefill(inp, inp))
-    else:
-        wanted = -(-(w.concurrency or 1) // n)
-        batch = min(wanted, cap)
-        if wanted > cap:
-            binding = "KV capacity" if cap == s.capacity_seqs else "batch limit"
+        return _aggregated_open(s, w, ttft)
+    queue_wait, binding = 0.0, ""
+    wanted = -(-(w.concurrency or 1) // n)
+    batch = min(wanted, cap)
+    if wanted > cap:
+        binding = "KV capacity" if cap == s.capacity_seqs else "batch limit"
     tpot = step(batch)
     first = ttft(batch) + _step_in_flight(s, w, batch, ctx)
     requests = n * batch / (first + (out - 1) * tpot)
-    if w.concurrency is not None and w.concurrency > batch * n:
-        queue_wait = (w.concurrency - batch * n) / requests
-    elif w.concurrency is not None:
+    if (w.concurrency or 1) > batch * n:
+        queue_wait = ((w.concurrency or 1) - batch * n) / requests
+    else:
         queue_wait, requests = _closed_prefill_wait(n * batch, first, tpot, out, inp, s)
-    if w.request_rate is not None and not overloaded:
-        requests = w.request_rate
     return ServingPrediction(
         ttft_ms=(first + queue_wait) * 1e3,
         tpot_ms=tpot * 1e3,
@@ -645,6 +637,63 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
         output_tokens_per_s_per_user=1 / tpot,
         requests_per_s=requests,
         binding=binding or _bound(s, batch, ctx),
+        batch={s.role.name: int(round(batch))},
+        memory_gib={s.role.name: s.memory_gib},
+    )
+
+
+def _aggregated_open(
+    s: _Server, w: WorkloadTable, own_prefill: Callable[[float], float]
+) -> ServingPrediction:
+    """An aggregated server under Poisson arrivals of ``rate = request_rate / servers``.
+    The engine schedules each step's decode tokens first, then prompt chunks up to its
+    budget (vLLM V1's scheduler; SGLang's mixed chunks and TensorRT-LLM's in-flight
+    batching likewise), so a prompt's compute lands in the steps that carry it: the server
+    spends ``busy = rate x P`` of its time on prompts (``P`` one prompt's chunks' compute)
+    and decodes a step of the batch in the rest, one token per sequence per step, so the
+    mean time per output token is ``decode step(B) / (1 - busy)``. A prompt's own steps take
+    ``S = own_prefill(B)`` (each chunk's step with the batch's decode); a request waits
+    M/D/1's mean for the prompts ahead at load ``rate x S``, and half a decode step for the
+    step in flight when no prompt is. ``B`` holds Little's law, ``rate x (TTFT + (output -
+    1) x TPOT)``; a rate no batch carries, or prompts past the server's rate, overload it."""
+    n, inp, out = s.role.servers, w.input_tokens, w.output_tokens
+    rate = float(w.request_rate or 0.0) / n
+    ctx = _context(w)
+    cap = s.max_batch
+
+    def prompt(batch: float) -> float:
+        chunks = max(1, math.ceil(inp / s.step_tokens))
+        chunk = min(inp, s.step_tokens)
+        return chunks * max(s.prefill_compute(chunk, inp), s.chunk_reads(batch, chunk))
+
+    def tpot(batch: float) -> float:
+        busy = rate * prompt(batch)
+        return math.inf if busy >= 1 else s.decode_step(batch, ctx) / (1 - busy)
+
+    def ttft(batch: float) -> float:
+        service = own_prefill(batch)
+        load = rate * service
+        residual = (1 - min(load, 1.0)) * s.decode_step(batch, ctx) / 2
+        return residual + service + _mdl_wait(load, service)
+
+    batch = _little(lambda b: rate * (ttft(b) + (out - 1) * tpot(b)), cap)
+    overloaded = batch >= cap or math.isinf(ttft(batch)) or math.isinf(tpot(batch))
+    first, step = ttft(batch), tpot(batch)
+    if overloaded:
+        # the server at its fullest: the prompts it takes at its batch, the rest queued
+        batch = cap
+        step = s.decode_step(batch, ctx) + prompt(batch) * batch / out
+        first = ttft(batch)
+        requests = n * batch / (own_prefill(batch) + (out - 1) * step)
+    else:
+        requests = rate * n
+    return ServingPrediction(
+        ttft_ms=first * 1e3,
+        tpot_ms=step * 1e3,
+        output_tokens_per_s_per_gpu=requests * out / (n * s.role.gpus),
+        output_tokens_per_s_per_user=1 / step,
+        requests_per_s=requests,
+        binding="queueing" if overloaded else _bound(s, batch, ctx),
         batch={s.role.name: int(round(batch))},
         memory_gib={s.role.name: s.memory_gib},
         overloaded=overloaded,
@@ -713,6 +762,18 @@ def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
     return total / (link_rate(p.hw, one_node) * p.role.gpus) + 1e-3
 
 
+def _decode_admission(d: _Server, batch: float, ctx: float) -> float:
+    """What a request's first token waits on a vLLM decode server after its KV cache
+    arrived: the proxy in front (vLLM's disaggregated proxy, llm-d's routing sidecar) sends
+    the prompt to a prefill server with ``max_tokens`` 1 and streams the client the decode
+    server's output, whose scheduler takes the request between steps (half a step in flight
+    on average) and samples its first token in its first step. 0 for the other launchers,
+    whose first token comes back with the prefill."""
+    if not d.dep.launcher.startswith("vllm"):
+        return 0.0
+    return 1.5 * d.decode_step(batch, ctx)
+
+
 def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPrediction:
     """Prefill servers, the KV transfer, decode servers. At a decode batch ``B`` per decode
     server a step takes ``step(B)``, so the decode servers finish ``X = D x B / (out x
@@ -766,7 +827,7 @@ def _disaggregated(p: _Server, d: _Server, w: WorkloadTable) -> ServingPredictio
         binding = "queueing"
     wait = _mdl_wait(min(load, 0.999), service)
     tpot = d.decode_step(batch, ctx)
-    ttft = service + wait + transfer
+    ttft = service + wait + transfer + _decode_admission(d, batch, ctx)
     if w.concurrency is not None:
         # a closed loop holds ``concurrency`` requests: those past the decode servers'
         # batches wait for their first token (Little's law), as in an aggregated server
