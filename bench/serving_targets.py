@@ -88,7 +88,7 @@ def not_overloaded(row: Row) -> bool:
     r x output x TPOT of them, so the share is the request's decode time over its
     latency, whatever the rate."""
     load, ttft, tpot = row.get("concurrency"), row.get("ttft_ms"), row.get("tpot_ms")
-    if ttft is None or tpot is None or row.get("role"):
+    if ttft is None or tpot is None or row.get("role") or in_waves(row):
         return False
     if row.get("request_rate") is not None:
         out = int(row["output_tokens"])
@@ -106,6 +106,20 @@ def score(rows: Sequence[Row]) -> list[Scored]:
     for _, (c, test) in serving_fit.held_out(rows, "source").items():
         out += [_scored(r, c) for r in test]
     return out
+
+
+def in_waves(row: Row) -> bool:
+    """Whether a closed loop's requests stay in waves, each request's TTFT its wave's
+    queue (a burst of ``concurrency`` prompts, as an offline run's): the loop's first
+    requests are sent at once; an engine that prefills every waiting prompt before it
+    decodes again (the source's ``prefill_first``) starts them decoding in one step; at
+    one fixed length (``fixed_lengths``) they finish in one step, and the loop sends their
+    successors at once."""
+    return (
+        isinstance(row.get("concurrency"), int)
+        and bool(row.get("fixed_lengths"))
+        and engine(row) in row.get("prefill_first", ())
+    )
 
 
 def _scored(row: Row, c: Constants) -> Scored:

@@ -56,6 +56,33 @@ def test_an_open_loops_ttft_counts_where_its_requests_are_decoding() -> None:
     )
 
 
+def test_a_closed_loop_in_waves_measures_its_waves_queue() -> None:
+    """dstack's runs: fixed lengths, a closed loop. vLLM 0.7 (V0, no chunked prefill with
+    MLA) and SGLang prefill every waiting prompt before they decode again, so the requests
+    stay in waves and their TTFT is the wave's queue (H200 vLLM: 976 ms at 4 in flight, 1,766
+    at 8, 3,369 at 16: about 0.22 s a request in flight); TensorRT-LLM's in-flight batching
+    decodes in every step, and its rows below the knee count."""
+    dstack = [r for r in _rows() if r["source"] == "dstack-deepseek-r1"]
+    waves = {r["launcher"] for r in dstack if serving_targets.in_waves(r)}
+    assert waves == {"vllm", "sglang"}
+    counted = sorted(
+        r["concurrency"]
+        for r in dstack
+        if serving_targets.not_overloaded(r) and r["output_tokens"] == 800
+    )
+    assert counted == [4, 8, 16, 32, 64]
+    assert all(r["launcher"] == "trtllm" for r in dstack if serving_targets.not_overloaded(r))
+    # the same row without the source's facts counts (its requests decode 96 % of the time)
+    (row,) = [
+        r
+        for r in dstack
+        if r["launcher"] == "vllm" and r["accelerator_model"] == "h200"
+        if r["concurrency"] == 4 and r["output_tokens"] == 800
+    ]
+    assert serving_targets.not_overloaded({**row, "fixed_lengths": False})
+    assert not serving_targets.not_overloaded(row)
+
+
 def test_a_burst_without_a_ttft_and_a_role_never_count() -> None:
     burst = {"concurrency": 1000, "output_tokens_per_s": 9000.0, "tpot_ms": 90.0}
     role = {**burst, "concurrency": 10, "ttft_ms": 50.0, "role": "decode"}
