@@ -15,9 +15,12 @@ server of ``gpus`` GPUs (``pp`` stages of ``gpus / pp``; ``groups`` attention gr
 * an **aggregated** server interleaves the two: each step decodes ``B`` tokens and
   prefills the ``B x input / output`` prompt tokens that keep the batch full (chunked
   prefill), so prefill slows every token; TTFT is the prompt's chunks at that step time;
+  under a request rate the rate sets the prompts' share of the server's time, which
+  stretches every token, and a prompt queues M/D/1 for the prompts ahead;
 * a **disaggregated** deployment prefills on its prefill servers (queueing as M/D/1 at
   their load), sends the prompt's KV cache over the network, and decodes on its decode
-  servers at the batch Little's law gives;
+  servers at the batch Little's law gives (behind vLLM the first token is the decode
+  server's);
 * the running batch is the smaller of the requests in flight, the KV cache's capacity
   (:mod:`mdc.plan.serving_memory`) and the engine's batch limit; requests past it queue.
 """
