@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -772,3 +773,26 @@ def test_a_vllm_decode_servers_first_token_waits_for_its_step() -> None:
         step = decode.decode_step(p.batch["decode"], 2100)
         expected = service + wait + transfer + steps * step
         assert p.ttft_ms / 1e3 == pytest.approx(expected, rel=0.01), launcher
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "budget"),
+    [("a100-40gb", 4096), ("h100-sxm", 8192), ("h200", 8192), ("b200", 16384), ("mi300x", 16384)],
+)
+def test_sglangs_chunk_follows_the_gpus_memory(accelerator: str, budget: int) -> None:
+    """SGLang's --chunked-prefill-size where the spec sets none: 4,096 below 60 GiB, 8,192
+    below 160, 16,384 above (its server_args by GPU memory). A 16k prompt on a B200 or an
+    MI300X prefills in one step, on an H200 in two: halving the budget adds as many steps'
+    overheads (the prompt's compute is the same)."""
+    hw = builtin()[accelerator]
+    shape = serving_fit._shape("llama3.1-8b", "bf16", 16_640)
+    work = WorkloadTable(input_tokens=16_384, output_tokens=256, concurrency=1)
+    role = Role(name="server", servers=1, gpus=1)
+    for launcher in ("sglang", "sglang_disagg"):
+        dep = attrs.evolve(_deployment(role, launcher=launcher), capacity_gib=hw.memory_gib)
+        server = server_of(role, shape, hw, dep, work, DEFAULT)
+        assert server.step_tokens == budget
+        half = server_of(attrs.evolve(role, step_tokens=budget // 2), shape, hw, dep, work, DEFAULT)
+        steps = math.ceil(16_384 / budget)
+        extra = half.prefill(16_384, 16_384) - server.prefill(16_384, 16_384)
+        assert extra == pytest.approx(steps * DEFAULT.overhead(launcher))

@@ -38,6 +38,7 @@ from mdc.plan.memory import GIB, Shape
 from mdc.plan.memory.params import layer_params
 from mdc.plan.serving_memory import (
     DTYPE_BYTES,
+    SGLANG_TIERS,
     ServingMemory,
     ServingSetup,
     estimate,
@@ -118,9 +119,14 @@ class Constants:
 
     def step_budget(self, launcher: str, hw: Accelerator) -> int:
         """The engine's step budget where the spec sets none: vLLM's API server's
-        max_num_batched_tokens is 2,048 on a GPU under 70 GiB and on an A100."""
+        max_num_batched_tokens is 2,048 on a GPU under 70 GiB and on an A100; SGLang's
+        --chunked-prefill-size follows the GPU's memory (2,048 below 35 GiB, 4,096 below
+        60, 8,192 below 160, 16,384 above: SGLANG_TIERS, as its server_args sets it)."""
         if launcher.startswith("vllm") and _small_vllm_gpu(hw):
             return VLLM_SMALL_GPU[1]
+        if launcher.startswith("sglang"):
+            mib = hw.memory_gib * 1024
+            return next(chunk for bound, chunk, _, _ in SGLANG_TIERS if mib < bound)
         return self.chunk_tokens
 
     def request_overhead(self, launcher: str) -> float:
