@@ -796,3 +796,26 @@ def test_sglangs_chunk_follows_the_gpus_memory(accelerator: str, budget: int) ->
         steps = math.ceil(16_384 / budget)
         extra = half.prefill(16_384, 16_384) - server.prefill(16_384, 16_384)
         assert extra == pytest.approx(steps * DEFAULT.overhead(launcher))
+
+
+def test_sglang_runs_a_prompts_steps_alone() -> None:
+    """SGLang runs a prefill batch alone while prompts wait (no --enable-mixed-chunk): the
+    decode pauses for it. Under a rate, its prompts take r x S of the server's time with S
+    the prompt's prefill alone (its compute at e_pre and the step's overhead), TPOT =
+    decode step / (1 - r x S), and TTFT = half a decode step in flight when no prompt is,
+    S, and M/D/1's wait at load r x S: no decode step in the prompt's own."""
+    vllm, dep, work = _llama70b_vllm(2.0)
+    dep = attrs.evolve(dep, launcher="sglang")
+    server = server_of(dep.roles[0], vllm.shape, vllm.hw, dep, work, DEFAULT)
+    p = predict(server.shape, server.hw, dep, work)
+    r, ctx = 1.0, 2000 + 200 / 2
+    alone = server.prefill_compute(2000, 2000) + DEFAULT.overhead("sglang")
+    assert server.prompt_steps(8, 2000, ctx) == pytest.approx((alone, alone))
+    decode = server.decode_step(p.batch["server"], ctx)
+    assert p.tpot_ms / 1e3 == pytest.approx(decode / (1 - r * alone), rel=0.02)
+    load = r * alone
+    ttft = (1 - load) * decode / 2 + alone + load / (2 * (1 - load)) * alone
+    assert p.ttft_ms / 1e3 == pytest.approx(ttft, rel=0.02)
+    # vLLM's prompt step carries the batch's decode too
+    own, added = vllm.prompt_steps(8, 2000, ctx)
+    assert own == pytest.approx(added + vllm.decode_step(8, ctx))

@@ -28,7 +28,7 @@ server of ``gpus`` GPUs (``pp`` stages of ``gpus / pp``; ``groups`` attention gr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -356,6 +356,26 @@ class _Server:
         more = self.touched(micro + chunk / r.dp) - self.touched(micro)
         return r.pp * self.expert_bytes * more / self.hbm_rate()
 
+    def mixes_prompts(self) -> bool:
+        """Whether the engine runs prompt chunks in its decode steps: vLLM V1 (decode
+        tokens first, then prompts up to max_num_batched_tokens) and TensorRT-LLM's
+        in-flight batching do; SGLang runs a prefill batch alone while prompts wait and
+        decodes in the steps between (its --enable-mixed-chunk is off unless set)."""
+        return not self.dep.launcher.startswith("sglang")
+
+    def prompt_steps(self, batch: float, prompt: int, context: float) -> tuple[float, float]:
+        """(seconds of a prompt's own steps, seconds of them the prompt adds to the
+        decode) at a running batch: mixed in, each chunk's step is the batch's decode and
+        the chunk's compute or the experts its tokens add to the step's reads, whichever is
+        longer; alone, the prompt's prefill steps (:meth:`prefill`), all of them its own."""
+        if not self.mixes_prompts():
+            alone = self.prefill(prompt, prompt)
+            return alone, alone
+        chunks = max(1, math.ceil(prompt / self.step_tokens))
+        chunk = min(prompt, self.step_tokens)
+        added = chunks * max(self.prefill_compute(chunk, prompt), self.chunk_reads(batch, chunk))
+        return chunks * self.decode_step(batch, context) + added, added
+
     def decode_step(self, batch: float, context: float) -> float:
         """Seconds of one decode step at ``batch``: the roofline, the collectives, the
         engine's per-step overhead and its host work for each request of an attention
@@ -612,21 +632,22 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
     def step(batch: float) -> float:
         # each step also prefills the prompts that replace the finished sequences; a
         # request's tokens wait for the other requests' replacements, not its own (its own
-        # prompt is in its TTFT): B - 1 prompts over its `out` tokens
+        # prompt is in its TTFT): B - 1 prompts over its `out` tokens (an engine that runs
+        # them alone pauses the decode for their steps)
         others = max(0.0, batch - 1)
-        extra = s.prefill_compute(others * inp / out, inp) if others > 0 else 0.0
+        if others <= 0:
+            extra = 0.0
+        elif s.mixes_prompts():
+            extra = s.prefill_compute(others * inp / out, inp)
+        else:
+            extra = others / out * s.prompt_steps(batch, inp, ctx)[1]
         return s.decode_step(batch, ctx) + extra
 
     def ttft(batch: float) -> float:
-        # each chunk's step: the batch's decode, and the chunk's compute or the experts its
-        # tokens add to the step's reads, whichever is longer
-        chunks = max(1, math.ceil(inp / s.step_tokens))
-        chunk = min(inp, s.step_tokens)
-        prompt = max(s.prefill_compute(chunk, inp), s.chunk_reads(batch, chunk))
-        return chunks * (s.decode_step(batch, ctx) + prompt)
+        return s.prompt_steps(batch, inp, ctx)[0]
 
     if w.request_rate is not None:
-        return _aggregated_open(s, w, ttft)
+        return _aggregated_open(s, w)
     queue_wait, binding = 0.0, ""
     wanted = -(-(w.concurrency or 1) // n)
     batch = min(wanted, cap)
@@ -651,17 +672,16 @@ def _aggregated(s: _Server, w: WorkloadTable) -> ServingPrediction:
     )
 
 
-def _aggregated_open(
-    s: _Server, w: WorkloadTable, own_prefill: Callable[[float], float]
-) -> ServingPrediction:
+def _aggregated_open(s: _Server, w: WorkloadTable) -> ServingPrediction:
     """An aggregated server under Poisson arrivals of ``rate = request_rate / servers``.
     The engine schedules each step's decode tokens first, then prompt chunks up to its
-    budget (vLLM V1's scheduler; SGLang's mixed chunks and TensorRT-LLM's in-flight
-    batching likewise), so a prompt's compute lands in the steps that carry it: the server
-    spends ``busy = rate x P`` of its time on prompts (``P`` one prompt's chunks' compute)
-    and decodes a step of the batch in the rest, one token per sequence per step, so the
-    mean time per output token is ``decode step(B) / (1 - busy)``. A prompt's own steps take
-    ``S = own_prefill(B)`` (each chunk's step with the batch's decode); a request waits
+    budget (vLLM V1's scheduler; TensorRT-LLM's in-flight batching likewise; SGLang runs
+    the prompts' steps alone, the decode paused), so a prompt's compute lands in the steps
+    that carry it: the server spends ``busy = rate x P`` of its time on prompts (``P`` what
+    one prompt adds, :meth:`_Server.prompt_steps`) and decodes a step of the batch in the
+    rest, one token per sequence per step, so the mean time per output token is ``decode
+    step(B) / (1 - busy)``. A prompt's own steps take ``S`` (mixed in, each chunk's step
+    with the batch's decode); a request waits
     M/D/1's mean for the prompts ahead at load ``rate x S``, and half a decode step for the
     step in flight when no prompt is. ``B`` holds Little's law, ``rate x (TTFT + (output -
     1) x TPOT)``; a rate no batch carries, or prompts past the server's rate, overload it."""
@@ -671,9 +691,10 @@ def _aggregated_open(
     cap = s.max_batch
 
     def prompt(batch: float) -> float:
-        chunks = max(1, math.ceil(inp / s.step_tokens))
-        chunk = min(inp, s.step_tokens)
-        return chunks * max(s.prefill_compute(chunk, inp), s.chunk_reads(batch, chunk))
+        return s.prompt_steps(batch, inp, ctx)[1]
+
+    def own_prefill(batch: float) -> float:
+        return s.prompt_steps(batch, inp, ctx)[0]
 
     def tpot(batch: float) -> float:
         busy = rate * prompt(batch)
