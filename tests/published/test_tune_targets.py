@@ -105,8 +105,12 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # 89.3 % to 88.6 % and TorchTitan's from 58.3 % to 50.0 %. The floor holds that level
     # 86.9 % (273 of 314) once NVFP4's casts are counted and the constants fitted again;
     # 86.9 % still once the Mamba layer's kernels are counted as mamba_ssm runs them
-    # (mamba_overhead fitted again alone)
-    assert accuracy >= 0.869 >= 0.80
+    # (mamba_overhead fitted again alone); 86.6 % (272 of 314) once the B300's NVFP4 GEMMs
+    # run at their measured rate (kernels.toml's [[fp4_layer]], 5,094 TFLOP/s, for the 8,055
+    # the B200's NVFP4-over-fp8 ratio lent it): its three Nemotron 3 Super rows move from
+    # -3/-8/-16 % to -9/-14/-21 % at the shipped constants, none refitted; held out by
+    # source no row crosses 20 %
+    assert accuracy >= 0.866 >= 0.80
 
 
 @pytest.fixture(scope="session")

@@ -84,6 +84,31 @@ def test_fp8_is_twice_bf16_and_fp4_only_where_it_exists() -> None:
         assert ("fp4" in entry.dense_tflops) == has_fp4, ident
 
 
+#: the system pages' totals, PFLOPS: (GPUs, bf16 sparse, fp8 sparse, fp4 dense) of HGX B200,
+#: HGX B300, GB200 NVL72 and GB300 NVL72 (nvidia.com/en-us/data-center/hgx/, .../gb200-nvl72/,
+#: .../gb300-nvl72/; GB200 NVL72's fp4 printed sparse only, 1,440)
+SYSTEM_PFLOPS = {
+    "b200": (8, 36, 72, 72),
+    "b300": (8, 36, 72, 108),
+    "gb200": (72, 360, 720, 1440 / 2),
+    "gb300": (72, 360, 720, 1080),
+}
+
+
+def test_blackwell_peaks_are_the_system_pages_totals_per_gpu() -> None:
+    """Each Blackwell chip's dense peaks are its system's totals over its GPUs (the sparse
+    ones halved): Blackwell Ultra keeps Blackwell's bf16 and fp8 and runs fp4 1.5x."""
+    known = builtin()
+    for ident, (gpus, bf16, fp8, fp4) in SYSTEM_PFLOPS.items():
+        peaks = known[ident].dense_tflops
+        assert peaks["bf16"] == pytest.approx(bf16 * 1e3 / gpus / 2), ident
+        assert peaks["fp8"] == pytest.approx(fp8 * 1e3 / gpus / 2), ident
+        assert peaks["fp4"] == pytest.approx(fp4 * 1e3 / gpus), ident
+    for ultra, base in (("b300", "b200"), ("gb300", "gb200")):
+        assert known[ultra].dense_tflops["fp8"] == known[base].dense_tflops["fp8"]
+        assert known[ultra].dense_tflops["fp4"] == 1.5 * known[base].dense_tflops["fp4"]
+
+
 def _run(spec: str, *args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main([*args, spec], stdout=out, stderr=err)

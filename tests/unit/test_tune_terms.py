@@ -126,6 +126,27 @@ def test_the_fp4_levels_are_the_measured_nvfp4_gemms() -> None:
     assert all(3.1 < fp4 / bf16 < 3.9 for _, bf16, fp4 in table["points"])
 
 
+def test_the_b300s_nvfp4_level_is_transformer_engines_layer_benchmark() -> None:
+    """The B300's NVFP4 GEMMs run at the rate Transformer Engine's GEMM profiling guide
+    measured for a layer's twelve pre-quantized GEMMs: the ~19.17 TFLOP per layer the guide
+    states in 3.764 ms, over the B300's 13,500 TFLOP/s fp4 peak, relative to the H100's
+    794.5 of 989.4 in bf16; its bf16 time in the same run 13.102 ms, the 3.48x the guide
+    prints."""
+    from mdc.tune import kernels, terms
+
+    (row,) = [r for r in kernels.curves("fp4_layer") if r["accelerator"] == "b300"]
+    assert row["source"].startswith("https://github.com/NVIDIA/TransformerEngine/blob/")
+    assert kernels.fp4_layer_tflops(row) == pytest.approx(19.17e12 / 3.764e-3 / 1e12, rel=1e-3)
+    assert row["bf16_ms"] / row["nvfp4_ms"] == pytest.approx(3.48, abs=0.005)
+    level = (19.17e12 / 3.764e-3) / 13500e12 / (794.5 / 989.4)
+    assert kernels.fp4_levels()["b300"] == pytest.approx(level, rel=1e-3)
+    assert terms.FP4_LEVEL["b300"] == pytest.approx(level, rel=1e-3)
+    # the GB300 has no NVFP4 measurement: it keeps the B200's NVFP4-over-fp8 ratio
+    assert terms.FP4_LEVEL["gb300"] / terms.GEMM_LEVEL["gb300", "fp8"] == pytest.approx(
+        terms.FP4_LEVEL["b200"] / terms.GEMM_LEVEL["b200", "fp8"], rel=1e-3
+    )
+
+
 def test_the_link_shares_are_nccls_measured_bus_bandwidths() -> None:
     from mdc.tune import kernels
     from mdc.tune.perf import DEFAULT

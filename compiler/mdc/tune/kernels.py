@@ -99,24 +99,34 @@ def ssd_level() -> tuple[float, float]:
     return plateau / builtin()[curve["accelerator"]].peak_tflops("bf16"), knee
 
 
+def fp4_layer_tflops(row: dict[str, Any]) -> float:
+    """TFLOP/s of one ``[[fp4_layer]]`` row's NVFP4 GEMMs: the layer's FLOPs (each forward
+    GEMM 2 x M x K x N, its dgrad and wgrad the same again) over the NVFP4 milliseconds."""
+    flops = 3 * sum(2 * m * k * n for m, k, n in row["shapes"])
+    return float(flops / (row["nvfp4_ms"] * 1e-3) / 1e12)
+
+
 def fp4_levels() -> dict[str, float]:
-    """{accelerator: its NVFP4 GEMM level}: ``kernels.toml``'s ``[fp4]`` best NVFP4 point
-    over the catalogue's fp4 peak, relative to the reference's bf16 share (as
-    :func:`gemm_levels`); every other accelerator with an fp4 peak keeps the measured one's
-    NVFP4 level over its fp8 level, times its own fp8 level (the measured one's vendor's
-    chips: NVFP4 is NVIDIA's format)."""
+    """{accelerator: its NVFP4 GEMM level}: a measured NVFP4 rate over the catalogue's fp4
+    peak, relative to the reference's bf16 share (as :func:`gemm_levels`): ``[fp4]``'s best
+    point for its accelerator, a ``[[fp4_layer]]`` row's layer rate for its own; every other
+    accelerator with an fp4 peak keeps ``[fp4]``'s accelerator's NVFP4 level over its fp8
+    level, times its own fp8 level (that vendor's chips: NVFP4 is NVIDIA's format)."""
     from mdc.hardware import builtin
 
     table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["fp4"]
     catalogue = builtin()
     gemm = gemm_levels()
-    measured = table["accelerator"]
-    best = max(fp4 for _, _, fp4 in table["points"])
     reference = _reference_share()
-    own = best / catalogue[measured].peak_tflops("fp4") / reference
-    ratio = own / gemm[measured, "fp8"]
+    measured = table["accelerator"]
+    rates = {measured: max(fp4 for _, _, fp4 in table["points"])}
+    rates.update({row["accelerator"]: fp4_layer_tflops(row) for row in curves("fp4_layer")})
+    own = {
+        acc: tflops / catalogue[acc].peak_tflops("fp4") / reference for acc, tflops in rates.items()
+    }
+    ratio = own[measured] / gemm[measured, "fp8"]
     return {
-        acc: gemm[acc, "fp8"] * ratio if acc != measured else own
+        acc: own.get(acc, gemm[acc, "fp8"] * ratio)
         for acc, hw in sorted(catalogue.items())
         if "fp4" in hw.dense_tflops
         and (acc, "fp8") in gemm

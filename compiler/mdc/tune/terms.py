@@ -126,11 +126,11 @@ GEMM_LEVEL: dict[tuple[str, str], float] = {
 
 
 #: {accelerator: NVFP4 GEMM level}: the measured NVFP4 GEMM TFLOP/s over the catalogue's fp4
-#: peak, relative to the H100 SXM's bf16 share (kernels.toml's [fp4]; a test holds these
-#: equal to mdc.tune.kernels.fp4_levels()); training's FP4 GEMMs run at it
+#: peak, relative to the H100 SXM's bf16 share (kernels.toml's [fp4] and [[fp4_layer]]; a
+#: test holds these equal to mdc.tune.kernels.fp4_levels()); training's FP4 GEMMs run at it
 FP4_LEVEL: dict[str, float] = {
     "b200": 0.7610,
-    "b300": 0.7435,
+    "b300": 0.4699,
     "gb200": 0.7215,
     "gb300": 0.7215,
 }
