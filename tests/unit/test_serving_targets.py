@@ -279,3 +279,50 @@ def test_issue_38_aggregated_or_disaggregated_target() -> None:
     cases = [ok for g in serving_targets.groups(_scored()) for ok in serving_targets.mode_cases(g)]
     assert cases
     assert sum(cases) / len(cases) >= 0.80
+
+
+def _dstack() -> list[dict[str, Any]]:
+    return [r for r in _rows() if r["source"] == "dstack-deepseek-r1"]
+
+
+def test_dstacks_throughput_is_the_nodes_generated_tokens() -> None:
+    """dstack's output_throughput is the 8-GPU node's generated tokens/s: with it, output
+    tokens/s x TPOT (the requests decoding, Little's law) stays within the requests in flight
+    on every row (H200 vLLM at 4: 148.58 x 25.73 ms = 3.8 of 4). Read as the input and
+    output tokens (x 5 at 3,200 / 800) or as one GPU's (x 8), the 4-request rows would
+    decode 19 or 31 requests at once."""
+    rows = _dstack()
+    assert len(rows) == 45
+    for row in rows:
+        decoding = row["output_tokens_per_s"] * row["tpot_ms"] / 1e3
+        assert decoding <= row["concurrency"], row
+    low = [r for r in rows if r["concurrency"] == 4]
+    assert len(low) == 5
+    for row in low:
+        decoding = row["output_tokens_per_s"] * row["tpot_ms"] / 1e3
+        total = decoding * (row["input_tokens"] + row["output_tokens"]) / row["output_tokens"]
+        assert total > 4 and decoding * 8 > 4
+
+
+def test_dstacks_rows_carry_their_engines_step_limits() -> None:
+    """The engines of dstack's README (deepseek-r1-benchmark branch), with the defaults of
+    their versions: TensorRT-LLM's trtllm-serve --max_num_tokens 16384 --max_batch_size 512;
+    vLLM 0.7's max_num_seqs 256, on MI300X V0 with MLA and no chunked prefill (a ROCm
+    platform), so max_num_batched_tokens = max(--max-model-len 32768, 2048), on H200 MLA's
+    chunked prefill at the API server's 2048; SGLang 0.4.2's --chunked-prefill-size 8192 on
+    a GPU of 25 GB or more (MI300X; today's 16,384 tier came later)."""
+    expected = {
+        ("trtllm", "h200"): (512, 16384),
+        ("vllm", "mi300x"): (256, max(32768, 2048)),
+        ("vllm", "h200"): (256, 2048),
+        ("sglang", "mi300x"): (None, 8192),
+    }
+    seen = set()
+    for row in _dstack():
+        key = (row["launcher"], row["accelerator_model"])
+        if key == ("sglang", "h200"):
+            assert row["dp"] == 8 and "step_tokens" not in row  # dp_size = tp_size in 0.4.3
+            continue
+        assert (row.get("max_batch"), row["step_tokens"]) == expected[key]
+        seen.add(key)
+    assert seen == set(expected)
