@@ -274,8 +274,10 @@ HELD_OUT_FLOORS = {
     ("amd-rocm-performance-results", "throughput"): 0.36,
     ("lmsys-sglang-96xh100", "throughput"): 0.15,
     ("lmsys-sglang-gb200-part2", "throughput"): 0.17,
-    # its fixed lengths' waves run as bursts: TTFT 95.8 % -> 66.4 %, TPOT 60.1 % -> 64.8 %
-    ("dstack-deepseek-r1", "tpot"): 0.65,
+    # its fixed lengths' waves run as bursts: TTFT 95.8 % -> 66.4 %, TPOT 60.1 % -> 64.8 %;
+    # the 500 prompts' last wave, smaller, decodes faster: 65.1 % (the measured steps are
+    # 2 to 6x the model's, so any smaller batch moves away from them)
+    ("dstack-deepseek-r1", "tpot"): 0.66,
 }
 
 

@@ -12,7 +12,7 @@ from bench.serving_targets import Scored
 
 from mdc.hardware import builtin
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_perf import Deployment, Role, predict
+from mdc.tune.serving_perf import DEFAULT, Deployment, Role, predict, server_of
 
 
 @functools.cache
@@ -225,9 +225,9 @@ UNSEEN_FLOORS = {
     ("gpustack-performance-lab", "throughput"): 0.42,
     ("gpustack-performance-lab", "tpot"): 0.37,
     ("oracle-oci-mi300x-405b", "throughput"): 0.32,
-    # each row at its engine version's step limits (200.8 % -> 200.5 %): the rest is the
-    # early-2025 engines' step cost
-    ("dstack-deepseek-r1", "throughput"): 2.01,
+    # each row at its engine version's step limits (200.8 % -> 200.5 %) and its 500 prompts'
+    # last wave (198.8 %): the rest is the early-2025 engines' step cost
+    ("dstack-deepseek-r1", "throughput"): 1.99,
 }
 
 
@@ -329,3 +329,36 @@ def test_dstacks_rows_carry_their_engines_step_limits() -> None:
         assert (row.get("max_batch"), row["step_tokens"]) == expected[key]
         seen.add(key)
     assert seen == set(expected)
+
+
+def test_a_closed_loops_last_wave_runs_what_is_left() -> None:
+    """dstack's runs send 500 prompts in waves of their concurrency: at 128, three full waves
+    and one of 116. Two full waves run as one does; a last wave of one request takes its 800
+    decode steps, each at least a step of one request (the weights read whatever the
+    batch), so 129 prompts come out below 129 / 128 of the full wave's rate, by at least
+    that wave's time."""
+    (row,) = [
+        r
+        for r in _dstack()
+        if r["launcher"] == "vllm" and r["accelerator_model"] == "h200"
+        if r["concurrency"] == 128 and r["output_tokens"] == 800
+    ]
+    assert row["prompts"] == 500
+    wave = serving_fit.prediction({**row, "prompts": 128})
+    two = serving_fit.prediction({**row, "prompts": 256})
+    assert two.output_tokens_per_s_per_gpu == pytest.approx(wave.output_tokens_per_s_per_gpu)
+    assert two.ttft_ms == pytest.approx(wave.ttft_ms)
+    hw = builtin()[row["accelerator_model"]]
+    shape = serving_fit._shape(row["model"], row["dtype"], 4000)
+    role = serving_fit._role("server", row)
+    dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib, nproc_per_node=8)
+    one_step = server_of(role, shape, hw, dep, serving_fit._workload(row), DEFAULT).decode_step(
+        1, 3200
+    )
+    wave_s = 128 / wave.requests_per_s
+    bound = 129 * 800 / (wave_s + 800 * one_step) / 8
+    odd = serving_fit.prediction({**row, "prompts": 129})
+    assert odd.output_tokens_per_s_per_gpu <= bound
+    assert odd.output_tokens_per_s_per_gpu < 129 / 128 * wave.output_tokens_per_s_per_gpu
+    full = serving_fit.prediction(row)  # 500: 3 x 128 + 116
+    assert full.output_tokens_per_s_per_gpu < wave.output_tokens_per_s_per_gpu
