@@ -319,9 +319,10 @@ def test_recipes_parallel_sizes_top5_floor(targets: dict[str, Any]) -> None:
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
     # link shares; 222 with a local expert's fixed time measured; 225 with the permutation's
-    # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted
+    # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted; 225
+    # once cp is searched past 16 (NeMo's 1M-token Llama 2 7B run on cp 32)
     recipes = targets["recipes"]
-    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.775
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.78
 
 
 @pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 78 %", strict=True)
@@ -329,6 +330,19 @@ def test_recipes_parallel_sizes_top5_issue_36_target(targets: dict[str, Any]) ->
     """Issue 36: the published parallel sizes in mdc's top 5 for at least 80 % of runs."""
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.80
+
+
+def test_recipes_best_at_most_5_percent_faster_on_the_median(targets: dict[str, Any]) -> None:
+    """Issue 36: mdc's best predicted at most 5 % faster than the published layout on the
+    median (3.1 % with cp searched past 16)."""
+    assert tune_targets.faster(targets["recipes"]) <= 0.05
+
+
+def test_faster_reads_the_gap_as_best_over_published() -> None:
+    # a published layout predicted 20 % slower than the best: the best is 1 / 0.8 = 1.25
+    # times as fast; 0 and 50 % slower: 1 and 2 times; a row without a gap is left out
+    found = [{"gap": 0.0}, {"gap": 0.5}, {"gap": None}, {"gap": 0.2}]
+    assert tune_targets.faster(found) == pytest.approx(0.25)
 
 
 def _row(
