@@ -343,7 +343,8 @@ def test_the_prefill_role_takes_the_budget_that_prefills_a_prompt_in_one_step(
     data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
     data["workload"].update(input_tokens=16384)
     data["model"]["seq_length"] = 16384 + 1024
-    data["workload"]["slo"]["tpot_ms"] = 40
+    # at 40 ms the decode servers' batch limit binds, whatever the prefill budget
+    data["workload"]["slo"]["tpot_ms"] = 50
     rows = [r for r in _tuned_with(tmp_path, data, top=3) if r["mode"] == "disaggregated"]
     assert rows
     for i, row in enumerate(rows):
@@ -491,11 +492,16 @@ def _spec_file(tmp_path: Path, row: dict[str, Any]) -> Path:
 def test_the_share_is_raised_where_kv_capacity_binds_and_kept_where_not(
     tuned: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The example's rows: those bound by HBM bandwidth or queueing keep the engine's
-    default 0.9; a split whose decode server's KV cache binds gets a larger
+    """The example's rows at a 60 ms TPOT limit (at 50 ms a larger share's batch of a tp 8
+    decode server misses the limit): those bound by HBM bandwidth or queueing keep the
+    engine's default 0.9; a split whose decode server's KV cache binds gets a larger
     free_gpu_memory_fraction, which holds more requests (the same spec at 0.9 holds fewer
     and serves less), and leaves TensorRT-LLM room for its CUDA graphs outside it."""
-    code, out, err = _run("tune", str(EXAMPLE), "--format", "json", "--top", "8")
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["workload"]["slo"]["tpot_ms"] = 60
+    spec = tmp_path / "slo60.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json", "--top", "8")
     assert code == 0, err
     rows = json.loads(out)["candidates"]
     kept = [r for r in rows if r["predicted"]["binding"] in ("HBM bandwidth", "queueing")]
@@ -569,8 +575,10 @@ def test_a_decode_roles_share_is_written_in_its_own_args(
     the share it picks itself for an 8-GPU H200 prefill server of DeepSeek-R1, 0.893, below
     the estimate's 0.9); the node script passes the raised share to the decode servers, and
     the row explains to itself."""
+    data = _as_launcher(launcher, 2)
+    data["workload"]["slo"]["tpot_ms"] = 60  # a raised share's batch meets it
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps(_as_launcher(launcher, 2)), encoding="utf-8")
+    spec.write_text(json.dumps(data), encoding="utf-8")
     code, out, err = _run("tune", str(spec), "--format", "json", "--top", "6")
     assert code == 0, err
     rows = [r for r in json.loads(out)["candidates"] if r["predicted"]["binding"] == "KV capacity"]

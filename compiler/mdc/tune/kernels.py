@@ -177,3 +177,26 @@ def fused_moe_shares() -> dict[str, float]:
         peak = hw.peak_tflops(c["precision"]) * 1e12 * gemm_level(hw, c["precision"])
         shares.setdefault(c["precision"], []).append(rate / peak)
     return {p: sum(v) / len(v) for p, v in sorted(shares.items())}
+
+
+def fused_moe_fixed_s() -> float:
+    """Seconds of a Triton fused-MoE launch beyond its weight reads: each
+    ``[[fused_moe_launch]]`` entry's one-token time less its top-k experts' bytes at the
+    chip's measured HBM bandwidth (``[hbm]``'s Triad), averaged (the serving model's
+    ``FUSED_MOE_FIXED_S``)."""
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))
+    triad = {acc: tb_s * 1e12 for acc, tb_s, _ in table["hbm"]["points"]}
+    fixed: list[float] = []
+    for c in table["fused_moe_launch"]:
+        read = c["topk"] * 3 * c["hidden"] * c["intermediate"] * c["weight_bytes"]
+        fixed.append(float(c["one_token_us"]) * 1e-6 - read / triad[c["accelerator"]])
+    return sum(fixed) / len(fixed)
+
+
+def block_fp8_tile_rate() -> float:
+    """Bytes/s one 128-column tile of a block-scaled FP8 GEMM streams at a few rows
+    (``[block_fp8]``: 128 x K bytes of weights over the measured kernel's time; the serving
+    model's ``BLOCK_FP8_TILE_BYTES_S``)."""
+    c = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["block_fp8"]
+    seconds = 2 * c["n"] * c["k"] / (c["tflops"] * 1e12)
+    return float(c["tile"] * c["k"] / seconds)

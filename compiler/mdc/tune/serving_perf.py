@@ -59,6 +59,17 @@ if TYPE_CHECKING:
 #: chip's peak at its measured GEMM level (kernels.toml's [[fused_moe]]: vLLM's
 #: benchmark_moe timings; a test holds these equal to mdc.tune.kernels.fused_moe_shares())
 FUSED_MOE_SHARE = {"bf16": 0.5287, "fp8": 0.1203}
+#: seconds of one fused-MoE launch beyond its weight reads (kernels.toml's
+#: [[fused_moe_launch]]: the kernel at one token less its top-k experts' bytes at the
+#: measured HBM bandwidth; a test holds it equal to mdc.tune.kernels.fused_moe_fixed_s())
+FUSED_MOE_FIXED_S = 29.49e-6
+#: bytes/s one 128-column tile of a block-scaled FP8 GEMM streams at a few rows on Hopper
+#: (kernels.toml's [block_fp8]; a test holds it equal to kernels.block_fp8_tile_rate())
+BLOCK_FP8_TILE_BYTES_S = 27.06e9
+#: the tile's columns and rows (the weights' 128 x 128 quantization block) and Hopper's SMs
+#: (H100 SXM and H200: 132), which run one tile each at a time
+BLOCK_FP8_TILE = 128
+HOPPER_SMS = 132
 #: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
 PREFILL_ROLES = frozenset({"prefill", "context"})
 DECODE_ROLES = frozenset({"decode", "generation"})
@@ -383,7 +394,39 @@ class _Server:
         hbm, compute, comm = self.decode_parts(batch, context)
         launcher = self.dep.launcher
         host = batch / self.role.dp * self.c.request_overhead(launcher)
-        return max(hbm, compute) + comm + self.c.overhead(launcher) + host
+        kernels = self.fused_moe_fixed() + self.block_fp8_tiles(batch)
+        return max(hbm, compute) + comm + kernels + self.c.overhead(launcher) + host
+
+    def fused_moe_fixed(self) -> float:
+        """Seconds a step's fused-MoE launches take beyond their weight reads (vLLM's and
+        SGLang's Triton kernel: its routing sort, two grouped GEMMs, activation and sum),
+        the measured one-token launch less its reads, once per MoE layer of every stage."""
+        if not self.moe_rate:
+            return 0.0
+        stage = self.shape.pattern.parts(0, -(-self.shape.layers // self.role.pp))
+        return self.role.pp * stage.moe * FUSED_MOE_FIXED_S
+
+    def block_fp8_tiles(self, batch: float) -> float:
+        """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline on Hopper: a
+        GEMM of N columns runs ceil(N / 128) tiles per 128 rows, one per SM, each streaming
+        its 128 x K weights at the measured tile rate, so a narrow GEMM at a few rows reads
+        its weights on a few SMs. DeepSeek's checkpoints (multi-latent attention) quantize
+        their weights in 128 x 128 blocks; the experts' GEMMs are the fused-MoE kernel's."""
+        s, r = self.shape, self.role
+        if s.latent is None or s.dtype != "fp8" or not _hopper(self.hw):
+            return 0.0
+        rows = batch / r.dp / r.pp
+        stage = s.pattern.parts(0, -(-s.layers // r.pp))
+        rate, peak = self.hbm_rate(), self._peak() * self.c.decode_efficiency
+        total = 0.0
+        for count, gemms in block_fp8_gemms(s, r.attn_tp, stage):
+            for n, k in gemms:
+                tiles = math.ceil(rows / BLOCK_FP8_TILE) * math.ceil(n / BLOCK_FP8_TILE)
+                waves = math.ceil(tiles / HOPPER_SMS)
+                streamed = waves * BLOCK_FP8_TILE * k / BLOCK_FP8_TILE_BYTES_S
+                roofline = max(n * k / rate, 2 * rows * n * k / peak)
+                total += count * max(0.0, streamed - roofline)
+        return r.pp * total
 
     def prefill_compute(self, tokens: float, prompt: int) -> float:
         """Seconds of the FLOPs (and communication) of ``tokens`` prompt tokens."""
@@ -496,6 +539,33 @@ def fused_moe_rate(shape: Shape, hw: Accelerator, launcher: str, ep: int) -> flo
         return 0.0
     dtype = "fp8" if shape.dtype == "fp8" and "fp8" in hw.dense_tflops else "bf16"
     return hw.peak_tflops(dtype) * 1e12 * gemm_level(hw, dtype) * FUSED_MOE_SHARE[dtype]
+
+
+def _hopper(hw: Accelerator) -> bool:
+    """An NVIDIA Hopper GPU (compute capability 9.x; ROCm reports the MI300X as 9.4 too)."""
+    return hw.vendor.lower() == "nvidia" and hw.arch_major == 9
+
+
+def block_fp8_gemms(shape: Shape, tp: int, stage: Any) -> list[tuple[int, list[tuple[int, int]]]]:
+    """[(layers, [(N, K) of each block-scaled GEMM one GPU runs in such a layer])] of a
+    multi-latent attention model's stage: every attention layer's fused q/kv down-projection
+    (replicated: N = q_lora + kv_lora + rope), query up-projection and output projection
+    (over ``tp``), the dense MLP layers' and the MoE layers' shared expert's gate/up and down
+    projections (over ``tp``). The absorbed attention's matmuls run in bf16."""
+    lat = shape.latent
+    assert lat is not None
+    h, heads = shape.hidden, shape.heads
+    q_width = heads * (lat.qk_head + lat.rope_head) // tp
+    attention = [(lat.q_lora + lat.kv_lora + lat.rope_head, h), (q_width, lat.q_lora or h)]
+    attention.append((h, heads * lat.v_head // tp))
+
+    def mlp(width: int) -> list[tuple[int, int]]:
+        return [(2 * width // tp, h), (h, width // tp)]
+
+    out = [(stage.attention, attention), (stage.mlp, mlp(shape.ffn))]
+    if shape.shared_ffn:
+        out.append((stage.moe, mlp(shape.shared_ffn)))
+    return out
 
 
 def _moe_over_server(launcher: str) -> bool:
