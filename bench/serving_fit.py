@@ -127,8 +127,38 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         # the row's requests sent at once (or a closed loop's waves of them): the burst run
         # to its last request, output lengths up to what each request asked for
         cap = int(row.get("max_output_tokens", out))
-        return predict_burst(shape, hw, dep, workload, load, cap, constants)
+        wave = predict_burst(shape, hw, dep, workload, load, cap, constants)
+        last = int(row.get("prompts", load)) % load
+        if not last:
+            return wave
+        return _waves(wave, predict_burst(shape, hw, dep, workload, last, cap, constants), row)
     return predict(shape, hw, dep, workload, constants)
+
+
+def _waves(
+    wave: ServingPrediction, last: ServingPrediction, row: Mapping[str, Any]
+) -> ServingPrediction:
+    """A closed loop's run of ``prompts`` requests in waves of ``concurrency``: its full
+    waves, then the remainder's wave, whose requests take every decode step of a full
+    one's at their own smaller batch (each step still reads the weights): the run's tokens
+    over its waves' time, and TTFT and TPOT averaged over its requests."""
+    size, prompts = int(row["concurrency"]), int(row["prompts"])
+    full, rest = divmod(prompts, size)
+    seconds = full * size / wave.requests_per_s + rest / last.requests_per_s
+    tokens = wave.output_tokens_per_s_per_gpu * size / wave.requests_per_s
+    per_request = tokens / size  # generated tokens per request, per GPU
+
+    def mean(a: float, b: float) -> float:
+        return (full * size * a + rest * b) / prompts
+
+    return attrs.evolve(
+        wave,
+        ttft_ms=mean(wave.ttft_ms, last.ttft_ms),
+        tpot_ms=mean(wave.tpot_ms, last.tpot_ms),
+        output_tokens_per_s_per_gpu=prompts * per_request / seconds,
+        output_tokens_per_s_per_user=1e3 / mean(wave.tpot_ms, last.tpot_ms),
+        requests_per_s=prompts / seconds,
+    )
 
 
 def _workload(row: Mapping[str, Any]) -> WorkloadTable:

@@ -109,7 +109,8 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # run at their measured rate (kernels.toml's [[fp4_layer]], 5,094 TFLOP/s, for the 8,055
     # the B200's NVFP4-over-fp8 ratio lent it): its three Nemotron 3 Super rows move from
     # -3/-8/-16 % to -9/-14/-21 % at the shipped constants, none refitted; held out by
-    # source no row crosses 20 %
+    # source no row crosses 20 %; 86.6 % still once Mamba's SSD runs at the Triton forward's
+    # measured rate (mamba_overhead fitted again alone)
     assert accuracy >= 0.866 >= 0.80
 
 
@@ -186,18 +187,21 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # (FSDP-style 13.5 % and TorchTitan's rows 17.3 %: they moved with the refit dense
     # constants, never fitted); 79.1 % (258 of 326), MoE 69.5 % (123 of 177), 15.8 % once
     # the Mamba layer's kernels are counted as mamba_ssm runs them in training (the hybrid
-    # rows 23 of 52 within 20 %, 14 before; mamba_overhead 7.92 to 3.84, fitted alone)
-    assert _within(by_source) >= 0.791
-    assert _within(moe) >= 0.694
+    # rows 23 of 52 within 20 %, 14 before; mamba_overhead 7.92 to 3.84, fitted alone);
+    # 79.8 % (260 of 326), MoE 70.6 % (125 of 177, the target met), 15.4 % once the SSD runs
+    # at the Triton forward's measured rate (the hybrid rows 25 of 52; mamba_overhead 3.09)
+    assert _within(by_source) >= 0.797
+    assert _within(moe) >= 0.706 >= 0.70
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.159
+    assert _error(by_source) <= 0.154
     assert _error(fsdp) <= 0.136
     assert _within(titan) >= 0.58
     assert _error(titan) <= 0.174
 
 
 @pytest.mark.xfail(
-    reason="held out by source: 79.1 % within 20 %, MoE 69.5 %, mean error 15.8 %", strict=True
+    reason="held out by source: 79.8 % within 20 %, mean error 15.4 % (MoE 70.6 %, met)",
+    strict=True,
 )
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]
@@ -315,9 +319,10 @@ def test_recipes_parallel_sizes_top5_floor(targets: dict[str, Any]) -> None:
     # as the faster one's variant (191 with the knee alone): the GB300 Llama 3.1 405B
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
     # link shares; 222 with a local expert's fixed time measured; 225 with the permutation's
-    # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted
+    # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted; 225
+    # once cp is searched past 16 (NeMo's 1M-token Llama 2 7B run on cp 32)
     recipes = targets["recipes"]
-    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.775
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.78
 
 
 @pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 78 %", strict=True)
@@ -325,6 +330,19 @@ def test_recipes_parallel_sizes_top5_issue_36_target(targets: dict[str, Any]) ->
     """Issue 36: the published parallel sizes in mdc's top 5 for at least 80 % of runs."""
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.80
+
+
+def test_recipes_best_at_most_5_percent_faster_on_the_median(targets: dict[str, Any]) -> None:
+    """Issue 36: mdc's best predicted at most 5 % faster than the published layout on the
+    median (3.1 % with cp searched past 16)."""
+    assert tune_targets.faster(targets["recipes"]) <= 0.05
+
+
+def test_faster_reads_the_gap_as_best_over_published() -> None:
+    # a published layout predicted 20 % slower than the best: the best is 1 / 0.8 = 1.25
+    # times as fast; 0 and 50 % slower: 1 and 2 times; a row without a gap is left out
+    found = [{"gap": 0.0}, {"gap": 0.5}, {"gap": None}, {"gap": 0.2}]
+    assert tune_targets.faster(found) == pytest.approx(0.25)
 
 
 def _row(

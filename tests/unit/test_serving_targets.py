@@ -12,7 +12,7 @@ from bench.serving_targets import Scored
 
 from mdc.hardware import builtin
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_perf import Deployment, Role, predict
+from mdc.tune.serving_perf import DEFAULT, Deployment, Role, predict, server_of
 
 
 @functools.cache
@@ -226,6 +226,9 @@ UNSEEN_FLOORS = {
     ("gpustack-performance-lab", "throughput"): 0.40,
     ("gpustack-performance-lab", "tpot"): 0.37,
     ("oracle-oci-mi300x-405b", "throughput"): 0.32,
+    # each row at its engine version's step limits (200.8 % -> 200.5 %) and its 500 prompts'
+    # last wave (198.8 %): the rest is the early-2025 engines' step cost
+    ("dstack-deepseek-r1", "throughput"): 1.99,
 }
 
 
@@ -280,3 +283,83 @@ def test_issue_38_aggregated_or_disaggregated_target() -> None:
     cases = [ok for g in serving_targets.groups(_scored()) for ok in serving_targets.mode_cases(g)]
     assert cases
     assert sum(cases) / len(cases) >= 0.80
+
+
+def _dstack() -> list[dict[str, Any]]:
+    return [r for r in _rows() if r["source"] == "dstack-deepseek-r1"]
+
+
+def test_dstacks_throughput_is_the_nodes_generated_tokens() -> None:
+    """dstack's output_throughput is the 8-GPU node's generated tokens/s: with it, output
+    tokens/s x TPOT (the requests decoding, Little's law) stays within the requests in flight
+    on every row (H200 vLLM at 4: 148.58 x 25.73 ms = 3.8 of 4). Read as the input and
+    output tokens (x 5 at 3,200 / 800) or as one GPU's (x 8), the 4-request rows would
+    decode 19 or 31 requests at once."""
+    rows = _dstack()
+    assert len(rows) == 45
+    for row in rows:
+        decoding = row["output_tokens_per_s"] * row["tpot_ms"] / 1e3
+        assert decoding <= row["concurrency"], row
+    low = [r for r in rows if r["concurrency"] == 4]
+    assert len(low) == 5
+    for row in low:
+        decoding = row["output_tokens_per_s"] * row["tpot_ms"] / 1e3
+        total = decoding * (row["input_tokens"] + row["output_tokens"]) / row["output_tokens"]
+        assert total > 4 and decoding * 8 > 4
+
+
+def test_dstacks_rows_carry_their_engines_step_limits() -> None:
+    """The engines of dstack's README (deepseek-r1-benchmark branch), with the defaults of
+    their versions: TensorRT-LLM's trtllm-serve --max_num_tokens 16384 --max_batch_size 512;
+    vLLM 0.7's max_num_seqs 256, on MI300X V0 with MLA and no chunked prefill (a ROCm
+    platform), so max_num_batched_tokens = max(--max-model-len 32768, 2048), on H200 MLA's
+    chunked prefill at the API server's 2048; SGLang 0.4.2's --chunked-prefill-size 8192 on
+    a GPU of 25 GB or more (MI300X; today's 16,384 tier came later)."""
+    expected = {
+        ("trtllm", "h200"): (512, 16384),
+        ("vllm", "mi300x"): (256, max(32768, 2048)),
+        ("vllm", "h200"): (256, 2048),
+        ("sglang", "mi300x"): (None, 8192),
+    }
+    seen = set()
+    for row in _dstack():
+        key = (row["launcher"], row["accelerator_model"])
+        if key == ("sglang", "h200"):
+            assert row["dp"] == 8 and "step_tokens" not in row  # dp_size = tp_size in 0.4.3
+            continue
+        assert (row.get("max_batch"), row["step_tokens"]) == expected[key]
+        seen.add(key)
+    assert seen == set(expected)
+
+
+def test_a_closed_loops_last_wave_runs_what_is_left() -> None:
+    """dstack's runs send 500 prompts in waves of their concurrency: at 128, three full waves
+    and one of 116. Two full waves run as one does; a last wave of one request takes its 800
+    decode steps, each at least a step of one request (the weights read whatever the
+    batch), so 129 prompts come out below 129 / 128 of the full wave's rate, by at least
+    that wave's time."""
+    (row,) = [
+        r
+        for r in _dstack()
+        if r["launcher"] == "vllm" and r["accelerator_model"] == "h200"
+        if r["concurrency"] == 128 and r["output_tokens"] == 800
+    ]
+    assert row["prompts"] == 500
+    wave = serving_fit.prediction({**row, "prompts": 128})
+    two = serving_fit.prediction({**row, "prompts": 256})
+    assert two.output_tokens_per_s_per_gpu == pytest.approx(wave.output_tokens_per_s_per_gpu)
+    assert two.ttft_ms == pytest.approx(wave.ttft_ms)
+    hw = builtin()[row["accelerator_model"]]
+    shape = serving_fit._shape(row["model"], row["dtype"], 4000)
+    role = serving_fit._role("server", row)
+    dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib, nproc_per_node=8)
+    one_step = server_of(role, shape, hw, dep, serving_fit._workload(row), DEFAULT).decode_step(
+        1, 3200
+    )
+    wave_s = 128 / wave.requests_per_s
+    bound = 129 * 800 / (wave_s + 800 * one_step) / 8
+    odd = serving_fit.prediction({**row, "prompts": 129})
+    assert odd.output_tokens_per_s_per_gpu <= bound
+    assert odd.output_tokens_per_s_per_gpu < 129 / 128 * wave.output_tokens_per_s_per_gpu
+    full = serving_fit.prediction(row)  # 500: 3 x 128 + 116
+    assert full.output_tokens_per_s_per_gpu < wave.output_tokens_per_s_per_gpu

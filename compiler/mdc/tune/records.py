@@ -45,7 +45,7 @@ class Constants:
     ep_exposed: float = 1.0
     #: Megatron-Core's Mamba-2 layer (conv1d, SSD kernels, gated norm, forward and backward)
     #: over its work counted at the measured SSD kernels' and the HBM's rates (terms.mamba)
-    mamba_overhead: float = 3.841
+    mamba_overhead: float = 3.09
     #: share of NVFP4's measured GEMM level (terms.FP4_LEVEL) an FP4 GEMM of the layers
     #: reaches: the recipe's quantization around every GEMM (16-element blocks under two
     #: scales, random Hadamard transforms of the weight-gradient inputs, stochastically

@@ -58,8 +58,8 @@ from mdc.tune.perf import (
     scale_up_domain,
 )
 
-MAX_CP = 16
-#: shortest sequence slice a context-parallel rank keeps
+#: shortest sequence slice a context-parallel rank keeps; no other bound on cp (Megatron-Core
+#: sets none: NeMo's long-sequence runs of 1M tokens ran cp 32)
 MIN_CP_TOKENS = 1024
 MAX_VPP = 32
 #: compile at most this many refused candidates before giving up on more rows
@@ -343,9 +343,7 @@ class Tuner:
         cps = self._choices(
             "parallelism",
             "cp",
-            [c for c in divisors(world) if c <= MAX_CP and shape.seq // c >= MIN_CP_TOKENS]
-            if model_split
-            else [1],
+            [c for c in divisors(world) if shape.seq // c >= MIN_CP_TOKENS] if model_split else [1],
         )
         micro_batches = self._choices("batch", "micro_batch_size", list(self.space.micro_batches))
         for tp, pp, cp in itertools.product(tps, pps, cps):

@@ -400,7 +400,7 @@ def expert_overhead(st: Step) -> float:
 #: the SSD kernels' measured share of the dense bf16 peak, and the sequence length (tokens)
 #: at which it halves: kernels.toml's [[ssd]] curve (a test holds these equal to
 #: mdc.tune.kernels.ssd_level(); read here, not parsed at start-up)
-SSD_LEVEL, SSD_SEQ_KNEE = 0.1372, 78.0
+SSD_LEVEL, SSD_SEQ_KNEE = 0.07982, 55.0
 #: Megatron-Core MambaMixer's SSD chunk size (its default, which no flag sets)
 MAMBA_CHUNK = 128
 
