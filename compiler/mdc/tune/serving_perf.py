@@ -279,6 +279,11 @@ class _Server:
     #: FLOP/s of the experts' GEMMs in the engine's fused-MoE kernel (0: they run with the
     #: other GEMMs; :func:`fused_moe_rate`)
     moe_rate: float = 0.0
+    #: seconds of a step's fused-MoE launches beyond their reads (:func:`moe_launches`)
+    moe_launches_s: float = 0.0
+    #: the stage's block-scaled FP8 GEMMs, (layers, column tiles, seconds a wave of tiles
+    #: streams, seconds of the weights at the HBM rate, seconds of FLOPs per row)
+    fp8_gemms: tuple[tuple[int, int, float, float, float], ...] = ()
 
     @property
     def max_batch(self) -> int:
@@ -401,31 +406,21 @@ class _Server:
         """Seconds a step's fused-MoE launches take beyond their weight reads (vLLM's and
         SGLang's Triton kernel: its routing sort, two grouped GEMMs, activation and sum),
         the measured one-token launch less its reads, once per MoE layer of every stage."""
-        if not self.moe_rate:
-            return 0.0
-        stage = self.shape.pattern.parts(0, -(-self.shape.layers // self.role.pp))
-        return self.role.pp * stage.moe * FUSED_MOE_FIXED_S
+        return self.moe_launches_s
 
     def block_fp8_tiles(self, batch: float) -> float:
-        """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline on Hopper: a
-        GEMM of N columns runs ceil(N / 128) tiles per 128 rows, one per SM, each streaming
-        its 128 x K weights at the measured tile rate, so a narrow GEMM at a few rows reads
-        its weights on a few SMs. DeepSeek's checkpoints (multi-latent attention) quantize
-        their weights in 128 x 128 blocks; the experts' GEMMs are the fused-MoE kernel's."""
-        s, r = self.shape, self.role
-        if s.latent is None or s.dtype != "fp8" or not _hopper(self.hw):
+        """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline on Hopper
+        (:func:`block_fp8_costs`): ``ceil(rows / 128)`` tiles per 128 columns, one wave of
+        132 at a time, each streaming its 128 x K weights at the measured tile rate."""
+        if not self.fp8_gemms:
             return 0.0
+        r = self.role
         rows = batch / r.dp / r.pp
-        stage = s.pattern.parts(0, -(-s.layers // r.pp))
-        rate, peak = self.hbm_rate(), self._peak() * self.c.decode_efficiency
+        row_tiles = math.ceil(rows / BLOCK_FP8_TILE)
         total = 0.0
-        for count, gemms in block_fp8_gemms(s, r.attn_tp, stage):
-            for n, k in gemms:
-                tiles = math.ceil(rows / BLOCK_FP8_TILE) * math.ceil(n / BLOCK_FP8_TILE)
-                waves = math.ceil(tiles / HOPPER_SMS)
-                streamed = waves * BLOCK_FP8_TILE * k / BLOCK_FP8_TILE_BYTES_S
-                roofline = max(n * k / rate, 2 * rows * n * k / peak)
-                total += count * max(0.0, streamed - roofline)
+        for count, col_tiles, per_wave, read, flops in self.fp8_gemms:
+            waves = math.ceil(row_tiles * col_tiles / HOPPER_SMS)
+            total += count * max(0.0, waves * per_wave - max(read, rows * flops))
         return r.pp * total
 
     def prefill_compute(self, tokens: float, prompt: int) -> float:
@@ -447,10 +442,7 @@ class _Server:
         return max(self.prefill_compute(tokens, prompt), steps * read) + overhead
 
     def hbm_rate(self) -> float:
-        """Bytes/s a decode step reads: the catalogue's bandwidth at the accelerator's
-        measured HBM level (BabelStream, relative to the H100's) times the fitted e_hbm."""
-        gb_s = self.hw.memory_bandwidth_gb_s * hbm_level(self.hw)
-        return gb_s * 1e9 * self.c.hbm_efficiency
+        return hbm_rate(self.hw, self.c)
 
     def _attention_peak(self) -> float:
         """The decode attention kernel's peak: an fp8 KV cache's fp8 (FlashMLA, TensorRT-LLM's
@@ -460,13 +452,59 @@ class _Server:
         return self.hw.peak_tflops(kv) * 1e12 * gemm_level(self.hw, kv)
 
     def _peak(self) -> float:
-        """The GEMMs' peak: an fp8 checkpoint's fp8, an fp4 one's fp4 where the chip has FP4
-        tensor cores (else its bf16: the 4-bit weights widened, as on Hopper), else bf16; at
-        the accelerator's measured GEMM level in it (kernels.toml's [gemm], relative to the
-        H100's bf16)."""
-        dtype = self.shape.dtype if self.shape.dtype in ("fp8", "fp4") else "bf16"
-        precision = dtype if dtype in self.hw.dense_tflops else "bf16"
-        return self.hw.peak_tflops(dtype) * 1e12 * gemm_level(self.hw, precision)
+        return gemm_peak(self.shape, self.hw)
+
+
+def hbm_rate(hw: Accelerator, c: Constants) -> float:
+    """Bytes/s a decode step reads: the catalogue's bandwidth at the accelerator's measured
+    HBM level (BabelStream, relative to the H100's) times the fitted e_hbm."""
+    return hw.memory_bandwidth_gb_s * hbm_level(hw) * 1e9 * c.hbm_efficiency
+
+
+def gemm_peak(shape: Shape, hw: Accelerator) -> float:
+    """The GEMMs' peak: an fp8 checkpoint's fp8, an fp4 one's fp4 where the chip has FP4
+    tensor cores (else its bf16: the 4-bit weights widened, as on Hopper), else bf16; at the
+    accelerator's measured GEMM level in it (kernels.toml's [gemm], relative to the H100's
+    bf16)."""
+    dtype = shape.dtype if shape.dtype in ("fp8", "fp4") else "bf16"
+    precision = dtype if dtype in hw.dense_tflops else "bf16"
+    return hw.peak_tflops(dtype) * 1e12 * gemm_level(hw, precision)
+
+
+def moe_launches(shape: Shape, pp: int, moe_rate: float) -> float:
+    """Seconds of a step's fused-MoE launches beyond their reads: FUSED_MOE_FIXED_S for
+    each MoE layer of every stage where the engine runs the Triton kernel (``moe_rate``)."""
+    if not moe_rate:
+        return 0.0
+    return pp * shape.pattern.parts(0, -(-shape.layers // pp)).moe * FUSED_MOE_FIXED_S
+
+
+def block_fp8_costs(
+    shape: Shape, hw: Accelerator, tp: int, pp: int, rates: tuple[float, float]
+) -> tuple[tuple[int, int, float, float, float], ...]:
+    """What each block-scaled FP8 GEMM of a stage costs on Hopper: (layers, column tiles,
+    seconds a wave of tiles streams, seconds of its weights at the HBM rate, seconds of its
+    FLOPs per row at the decode GEMMs' rate). A GEMM of N columns runs ceil(N / 128) tiles
+    per 128 rows, one per SM, each streaming its 128 x K weights at the measured tile rate,
+    so a narrow GEMM at a few rows reads its weights on a few SMs. DeepSeek's checkpoints
+    (multi-latent attention) quantize their weights in 128 x 128 blocks; the experts' GEMMs
+    are the fused-MoE kernel's. Empty elsewhere."""
+    if shape.latent is None or shape.dtype != "fp8" or not _hopper(hw):
+        return ()
+    hbm, peak = rates
+    stage = shape.pattern.parts(0, -(-shape.layers // pp))
+    return tuple(
+        (
+            count,
+            math.ceil(n / BLOCK_FP8_TILE),
+            BLOCK_FP8_TILE * k / BLOCK_FP8_TILE_BYTES_S,
+            n * k / hbm,
+            2 * n * k / peak,
+        )
+        for count, gemms in block_fp8_gemms(shape, tp, stage)
+        for n, k in gemms
+        if count
+    )
 
 
 def link_rate(hw: Accelerator, scale_up: bool) -> float:
@@ -507,6 +545,8 @@ def server_of(
     dense = memory.weights - expert_bytes
     per_seq = w.input_tokens + w.output_tokens
     groups = role.dp
+    moe_rate = fused_moe_rate(shape, hw, dep.launcher, role.ep)
+    rates = (hbm_rate(hw, c), gemm_peak(shape, hw) * c.decode_efficiency)
     return _Server(
         role=role,
         shape=shape,
@@ -522,7 +562,9 @@ def server_of(
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         decode_attention_flops=_decode_attention_flops(shape, _context(w)),
         expert_flops=token_flops(attrs.evolve(shape, seq=1), causal=False).expert_gemm / 3,
-        moe_rate=fused_moe_rate(shape, hw, dep.launcher, role.ep),
+        moe_rate=moe_rate,
+        moe_launches_s=moe_launches(shape, pp, moe_rate),
+        fp8_gemms=block_fp8_costs(shape, hw, tp, pp, rates),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
 
