@@ -1,6 +1,6 @@
 """Fit and check mdc tune's serving model on published measurements (bench/serving_data.toml).
 
-    .venv/bin/python -m bench.serving_fit [--fit] [--rows]
+    .venv/bin/python -m bench.serving_fit [--fit] [--rows] [--targets] [--tpot]
 
 Prints the error of output throughput per GPU, TTFT and TPOT: every row at the shipped
 constants, by family (dense or MoE, GPU vendor, launcher), and held out by source (each
@@ -422,8 +422,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--targets", action="store_true", help="only the report against issue 38's targets"
     )
+    parser.add_argument(
+        "--tpot", action="store_true", help="every TPOT row held out, the ratio by group"
+    )
     args = parser.parse_args(argv)
     rows = measurements()
+    if args.tpot:
+        from bench import serving_tpot
+
+        serving_tpot.report(rows)
+        return 0
     if args.targets:
         from bench import serving_targets
 

@@ -364,3 +364,23 @@ def test_a_closed_loops_last_wave_runs_what_is_left() -> None:
     assert odd.output_tokens_per_s_per_gpu < 129 / 128 * wave.output_tokens_per_s_per_gpu
     full = serving_fit.prediction(row)  # 500: 3 x 128 + 116
     assert full.output_tokens_per_s_per_gpu < wave.output_tokens_per_s_per_gpu
+
+
+def test_the_tpot_report_groups_each_rows_ratio() -> None:
+    """bench.serving_fit --tpot: each TPOT row's predicted / measured, and per group the
+    rows, the median ratio and the median |ratio - 1|, groups in order (4 before 16)."""
+    from bench import serving_tpot
+
+    def scored(load: int, measured: float, predicted: float) -> serving_targets.Scored:
+        row = {"concurrency": load}
+        return serving_targets.Scored(row, {"tpot": measured}, {"tpot": predicted, "ttft": 1.0})
+
+    pairs = serving_tpot.ratios(
+        [scored(16, 10.0, 5.0), scored(4, 20.0, 30.0), scored(16, 40.0, 30.0)]
+        + [serving_targets.Scored({"concurrency": 4}, {}, {"tpot": 1.0})]
+    )
+    assert [ratio for _, ratio in pairs] == [0.5, 1.5, 0.75]
+    by_load = serving_tpot.grouped(pairs, lambda r: r["concurrency"])
+    assert list(by_load) == ["4", "16"]
+    assert by_load["4"] == (1, 1.5, 0.5)
+    assert by_load["16"] == (2, pytest.approx(0.625), pytest.approx(0.375))
