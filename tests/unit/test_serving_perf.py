@@ -636,8 +636,8 @@ def test_the_fused_moe_shares_are_the_measured_kernels() -> None:
 def test_vllm_and_sglang_run_the_experts_at_the_fused_moe_rate() -> None:
     """The experts' GEMMs of a decode step and of a prefill run at the Triton fused-MoE
     kernel's measured rate under vLLM and SGLang (without DeepEP's expert parallel), the
-    other GEMMs at e_dec / e_pre; TensorRT-LLM's, SGLang's with expert parallel and FP4
-    experts (other kernels, not measured) stay with the other GEMMs."""
+    other GEMMs at e_dec / e_pre; TensorRT-LLM's and SGLang's with expert parallel (other
+    kernels, not measured) stay with the other GEMMs."""
     from mdc.tune.serving_perf import FUSED_MOE_SHARE
 
     hw = builtin()["h100-sxm"]
@@ -662,12 +662,44 @@ def test_vllm_and_sglang_run_the_experts_at_the_fused_moe_rate() -> None:
     others = [
         ("trtllm", role, "fp8"),
         ("sglang", attrs.evolve(role, ep=8, dp=8), "fp8"),
-        ("vllm", role, "fp4"),
     ]
     for launcher, other, dtype in others:
         moe = serving_fit._shape("qwen3-235b-a22b", dtype, 1280)
         dep = attrs.evolve(_deployment(other), launcher=launcher)
         assert server_of(other, moe, hw, dep, work, DEFAULT).moe_rate == 0.0
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "bf16_tflops", "weight_only"),
+    [("h100-sxm", 989.4, True), ("a100-80gb", 312.0, True), ("b200", 0.0, False)],
+)
+def test_mxfp4_experts_run_weight_only_in_bf16_below_blackwell(
+    accelerator: str, bf16_tflops: float, weight_only: bool
+) -> None:
+    """gpt-oss's MXFP4 experts under vLLM: on a chip without FP4 tensor cores (Hopper:
+    Triton matmul_ogs, Ampere: Marlin) the kernel widens the weights to bf16, so its GEMMs
+    run at the bf16 fused-MoE kernel's measured share of the bf16 peak, not at the dense
+    GEMMs' e_pre / e_dec; on Blackwell's FP4 tensor cores they stay with the other GEMMs."""
+    from mdc.tune.serving_perf import FUSED_MOE_SHARE
+
+    hw = builtin()[accelerator]
+    assert ("fp4" in hw.dense_tflops) is not weight_only
+    work = WorkloadTable(input_tokens=1024, output_tokens=256, concurrency=1)
+    shape = serving_fit._shape("gpt-oss-120b", "fp4", 1280)
+    role = Role(name="server", servers=1, gpus=1)
+    dep = attrs.evolve(_deployment(role), launcher="vllm", capacity_gib=hw.memory_gib)
+    server = server_of(role, shape, hw, dep, work, DEFAULT)
+    if not weight_only:
+        assert server.moe_rate == 0.0
+        return
+    level = GEMM_LEVEL[accelerator, "bf16"]
+    assert hw.dense_tflops["bf16"] == bf16_tflops
+    assert server.moe_rate == pytest.approx(bf16_tflops * 1e12 * level * FUSED_MOE_SHARE["bf16"])
+    prefill = server.prefill_compute(4096, 1024) - server.comm(4096)
+    rest = (server.prefill_flops - server.expert_flops) / (
+        bf16_tflops * 1e12 * level * DEFAULT.prefill_efficiency
+    )
+    assert prefill == pytest.approx(4096 * (rest + server.expert_flops / server.moe_rate))
 
 
 @pytest.mark.parametrize(

@@ -222,9 +222,11 @@ UNSEEN_FLOORS = {
     # GPUStack's runs predicted as the bursts they are (mdc.tune.serving_burst): throughput
     # 73.1 % -> 41.5 %, TPOT 28.1 % -> 35.6 % (the drain's small batches decode faster than
     # the full batch a steady state held; the measured TPOTs stay above both); the block-FP8
-    # GEMMs' tiles and the fused-MoE launches: throughput 41.5 % -> 38.9 %, TPOT 35.6 % -> 35.1 %
-    ("gpustack-performance-lab", "throughput"): 0.40,
-    ("gpustack-performance-lab", "tpot"): 0.37,
+    # GEMMs' tiles and the fused-MoE launches: throughput 41.5 % -> 38.9 %, TPOT 35.6 % -> 35.1 %;
+    # gpt-oss's MXFP4 experts weight-only in bf16 below Blackwell: 38.9 % -> 33.0 %, TPOT
+    # 35.1 % -> 33.1 %
+    ("gpustack-performance-lab", "throughput"): 0.34,
+    ("gpustack-performance-lab", "tpot"): 0.34,
     ("oracle-oci-mi300x-405b", "throughput"): 0.32,
     # each row at its engine version's step limits (200.8 % -> 200.5 %) and its 500 prompts'
     # last wave (198.8 %): the rest is the early-2025 engines' step cost; the block-FP8
@@ -260,9 +262,9 @@ def test_issue_38_choosing_target() -> None:
 
 #: llm-d's pair held out (docs/tune-serving.md): the disaggregated row's throughput (its
 #: rate's tokens: 703 predicted against 752 per GPU counted by the benchmark), both
-#: modes' TPOT (5.7 ms disaggregated, 25 ms aggregated; 10.6 and 12.0 predicted) and the
-#: aggregated replicas' TTFT (532 ms; 123 predicted)
-LLM_D_FLOORS = {"throughput": 0.07, "tpot": 0.69, "ttft": 0.77}
+#: modes' TPOT (5.7 ms disaggregated, 25 ms aggregated; 10.6 and 13.6 predicted) and the
+#: aggregated replicas' TTFT (532 ms; 143 predicted)
+LLM_D_FLOORS = {"throughput": 0.07, "tpot": 0.66, "ttft": 0.74}
 
 
 @pytest.mark.slow

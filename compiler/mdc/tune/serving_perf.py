@@ -473,8 +473,9 @@ def gemm_peak(shape: Shape, hw: Accelerator) -> float:
 
 def moe_launches(shape: Shape, pp: int, moe_rate: float) -> float:
     """Seconds of a step's fused-MoE launches beyond their reads: FUSED_MOE_FIXED_S for
-    each MoE layer of every stage where the engine runs the Triton kernel (``moe_rate``)."""
-    if not moe_rate:
+    each MoE layer of every stage where the engine runs the Triton kernel (``moe_rate``);
+    not for FP4 experts, whose weight-only kernels' launches are not measured."""
+    if not moe_rate or shape.dtype == "fp4":
         return 0.0
     return pp * shape.pattern.parts(0, -(-shape.layers // pp)).moe * FUSED_MOE_FIXED_S
 
@@ -573,9 +574,13 @@ def fused_moe_rate(shape: Shape, hw: Accelerator, launcher: str, ep: int) -> flo
     """FLOP/s of the experts' GEMMs where the engine runs them in its Triton fused-MoE
     kernel (vLLM; SGLang without DeepEP's expert parallel): its measured rate as a share of
     the chip's peak at its measured GEMM level in the checkpoint's precision (kernels.toml's
-    [[fused_moe]]). 0 elsewhere, their GEMMs counted with the others: TensorRT-LLM's own MoE
-    kernels, SGLang's DeepEP and DeepGEMM, and FP4 experts (MXFP4 matmuls, not measured)."""
-    if not shape.experts or shape.dtype == "fp4":
+    [[fused_moe]]). An FP4 checkpoint's experts on a chip without FP4 tensor cores run
+    there in bf16 too: vLLM's MXFP4 MoE is weight-only below Blackwell (Marlin under compute
+    capability 9, OpenAI's Triton matmul_ogs on Hopper), widening the 4-bit weights to bf16
+    in a grouped GEMM, so the bf16 kernel's measured share stands for it. 0 elsewhere, their
+    GEMMs counted with the others: TensorRT-LLM's own MoE kernels, SGLang's DeepEP and
+    DeepGEMM, and FP4 experts on FP4 tensor cores (not measured)."""
+    if not shape.experts or (shape.dtype == "fp4" and "fp4" in hw.dense_tflops):
         return 0.0
     if not (launcher.startswith("vllm") or (launcher.startswith("sglang") and ep == 1)):
         return 0.0
