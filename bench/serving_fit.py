@@ -63,11 +63,17 @@ def measurements(path: Path = DATA) -> list[dict[str, Any]]:
 
 
 @functools.cache
-def _shape(model: str, dtype: str, seq: int) -> Shape:
-    table = structure({**architecture(model), "dtype": dtype, "seq_length": seq}, ModelTable)
+def _shape(model: str, dtype: str, seq: int, blocks: tuple[int, ...] = ()) -> Shape:
+    """The catalogue model's shape; ``blocks``: the row's checkpoint's weight_block_size."""
+    own = {"weight_block_size": list(blocks)} if blocks else {}
+    table = structure({**architecture(model), **own, "dtype": dtype, "seq_length": seq}, ModelTable)
     shape = resolve_shape(table)
     assert shape is not None, model
     return shape
+
+
+def _blocks(row: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(row.get("weight_block_size", ()))
 
 
 def family(row: Mapping[str, Any]) -> dict[str, str]:
@@ -106,7 +112,7 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
     """The model's prediction for one measurement, at its layout and load."""
     hw: Accelerator = builtin()[row["accelerator_model"]]
     inp, out = row["input_tokens"], row["output_tokens"]
-    shape = _shape(row["model"], row["dtype"], inp + out)
+    shape = _shape(row["model"], row["dtype"], inp + out, _blocks(row))
     roles: tuple[Role, ...]
     if disaggregated(row):
         roles = (_role("prefill", row["prefill"]), _role("decode", row["decode"]))
@@ -190,7 +196,7 @@ def role_rate(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
     gpus = int(row["gpus"])
     prompt = int(row.get("input_tokens", row.get("context_tokens", 1)))
     context = int(row.get("context_tokens", prompt))
-    shape = _shape(row["model"], row["dtype"], context + 1)
+    shape = _shape(row["model"], row["dtype"], context + 1, _blocks(row))
     role = Role(
         name=row["role"],
         servers=1,

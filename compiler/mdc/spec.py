@@ -117,6 +117,7 @@ class ModelTable:
     moe_shared_expert_intermediate_size: int | None = None
     moe_layer_freq: int | tuple[int, ...] | None = None
     moe_latent_size: int | None = None
+    weight_block_size: tuple[int, int] | None = None
     mtp_num_layers: int | None = None
     hybrid_override_pattern: str | None = None
     mamba_state_dim: int | None = None

@@ -139,3 +139,49 @@ def test_a_missing_config_is_a_reading_error_not_a_bug(tmp_path: Path) -> None:
 def test_a_name_that_is_not_a_string_is_the_schema_s_to_refuse(tmp_path: Path) -> None:
     found = _errors(tmp_path, _spec({"name": 70, "seq_length": 4096}))
     assert [(d.code, d.location.pointer) for d in found] == [("MDC102", "/model/name")]
+
+
+@pytest.mark.parametrize(
+    ("quantization", "expected"),
+    [
+        # DeepSeek-V3/R1 and Qwen3's -FP8 checkpoints: FP8 scaled per 128 x 128 block
+        ({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, [128, 128]),
+        # per-tensor FP8 (no weight_block_size) and other methods: no blocks
+        ({"quant_method": "fp8", "activation_scheme": "static"}, None),
+        ({"quant_method": "fbgemm_fp8", "weight_block_size": [128, 128]}, None),
+        (None, None),
+    ],
+)
+def test_a_config_s_fp8_weight_blocks_read_as_weight_block_size(
+    quantization: dict[str, Any] | None, expected: list[int] | None
+) -> None:
+    data = json.loads((CONFIGS / "qwen3-32b.json").read_text(encoding="utf-8"))
+    if quantization is not None:
+        data["quantization_config"] = quantization
+    assert model_keys(data).get("weight_block_size") == expected
+
+
+def test_a_malformed_weight_block_size_is_named() -> None:
+    data = json.loads((CONFIGS / "qwen3-32b.json").read_text(encoding="utf-8"))
+    data["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128]}
+    with pytest.raises(ValueError, match="weight_block_size"):
+        model_keys(data)
+
+
+def test_deepseek_v3_s_checkpoint_is_block_fp8_and_llama_s_is_not() -> None:
+    """The catalogue's blocks are its sources' config.json: DeepSeek-V3's quantization_config
+    has weight_block_size [128, 128]; Llama 3.1's and Qwen3's (BF16) configs have none."""
+    assert architecture("deepseek-v3")["weight_block_size"] == [128, 128]
+    assert architecture("deepseek-v3-no-mtp")["weight_block_size"] == [128, 128]
+    for ident in ("llama3.1-70b", "qwen3-32b", "qwen3-235b-a22b", "deepseek-v2"):
+        assert "weight_block_size" not in architecture(ident)
+
+
+def test_weight_block_size_is_a_model_key_the_schema_checks(tmp_path: Path) -> None:
+    """Written beside a name (a checkpoint the catalogue holds in BF16), it compiles; a
+    block that is not two positive integers is the schema's to refuse, located."""
+    spec = _spec({"name": "qwen3-32b", "weight_block_size": [128, 128], "seq_length": 4096})
+    assert _compile(tmp_path, spec).tree
+    found = _errors(tmp_path, _spec({"name": "qwen3-32b", "weight_block_size": [128, 0],
+                                     "seq_length": 4096}))  # fmt: skip
+    assert [d.location.pointer for d in found] == ["/model/weight_block_size/1"]

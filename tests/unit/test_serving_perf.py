@@ -924,6 +924,40 @@ def test_deepseeks_block_fp8_gemms_at_a_few_rows_stream_on_a_few_sms() -> None:
     assert server.block_fp8_tiles(4096.0) < expected / 4
 
 
+def test_the_block_fp8_term_follows_the_checkpoint_s_weight_blocks() -> None:
+    """The term is the checkpoint's fact, not the architecture's: DeepSeek-R1's shape without
+    weight_block (a per-tensor FP8 checkpoint) has none; Qwen3-32B (grouped attention) with
+    [128, 128] blocks (its -FP8 checkpoint) has its 64 layers' GEMMs at tp 1, by hand."""
+    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+
+    role = Role(name="server", servers=1, gpus=8, tp=8)
+    work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=4)
+    r1 = serving_fit._shape("deepseek-v3", "fp8", 4000)
+    assert r1.weight_block == (128, 128)
+    per_tensor = attrs.evolve(r1, weight_block=None)
+    dep = _deployment(role)
+    h200 = builtin()["h200"]
+    assert server_of(role, per_tensor, h200, dep, work, DEFAULT).block_fp8_tiles(4.0) == 0.0
+
+    qwen = serving_fit._shape("qwen3-32b", "fp8", 4000)
+    assert qwen.weight_block is None
+    one = Role(name="server", servers=1, gpus=1, tp=1)
+    plain = server_of(one, qwen, h200, _deployment(one), work, DEFAULT)
+    assert plain.block_fp8_tiles(4.0) == 0.0
+    blocked = attrs.evolve(qwen, weight_block=(128, 128))
+    server = server_of(one, blocked, h200, _deployment(one), work, DEFAULT)
+    rate = server.hbm_rate()
+
+    def excess(n: int, k: int) -> float:  # 4 rows: one tile of rows, waves of 132 SMs
+        waves = math.ceil(math.ceil(n / 128) / 132)
+        return max(0.0, waves * 128 * k / BLOCK_FP8_TILE_BYTES_S - n * k / rate)
+
+    # hidden 5,120; 64 query heads and 8 KV groups of 128; MLP 25,600 (gated)
+    attention = excess((64 + 2 * 8) * 128, 5120) + excess(5120, 64 * 128)
+    mlp = excess(2 * 25600, 5120) + excess(5120, 25600)
+    assert server.block_fp8_tiles(4.0) == pytest.approx(64 * (attention + mlp), rel=1e-9)
+
+
 def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:
     """vLLM and SGLang (Triton fused MoE) pay FUSED_MOE_FIXED_S per MoE layer a step, 58 for
     DeepSeek-R1; TensorRT-LLM's own MoE kernels and FP4 experts are not that kernel."""

@@ -52,6 +52,7 @@ def model_keys(config: dict[str, Any]) -> dict[str, Any]:
     elif config.get("use_sliding_window"):  # Qwen's max_window_layers split: not a [model] key
         raise ValueError("use_sliding_window (windows on some layers) has no [model] key")
     keys |= _experts(config, kind, keys["num_layers"])
+    keys |= _weight_blocks(config)
     return keys
 
 
@@ -137,3 +138,15 @@ def _experts(config: dict[str, Any], kind: str, layers: int) -> dict[str, Any]:
     if dense:
         found["moe_layer_freq"] = [0 if i in dense else 1 for i in range(layers)]
     return found
+
+
+def _weight_blocks(config: dict[str, Any]) -> dict[str, Any]:
+    """FP8 weights scaled per block (quantization_config's quant_method fp8 with a
+    weight_block_size); per-tensor FP8 and other methods set nothing."""
+    quant = config.get("quantization_config") or {}
+    block = quant.get("weight_block_size") if quant.get("quant_method") == "fp8" else None
+    if not block:
+        return {}
+    if len(block) != 2 or not all(isinstance(b, int) and b > 0 for b in block):
+        raise ValueError(f"weight_block_size is {block!r}, not two positive integers")
+    return {"weight_block_size": list(block)}

@@ -487,10 +487,10 @@ def block_fp8_costs(
     seconds a wave of tiles streams, seconds of its weights at the HBM rate, seconds of its
     FLOPs per row at the decode GEMMs' rate). A GEMM of N columns runs ceil(N / 128) tiles
     per 128 rows, one per SM, each streaming its 128 x K weights at the measured tile rate,
-    so a narrow GEMM at a few rows reads its weights on a few SMs. DeepSeek's checkpoints
-    (multi-latent attention) quantize their weights in 128 x 128 blocks; the experts' GEMMs
-    are the fused-MoE kernel's. Empty elsewhere."""
-    if shape.latent is None or shape.dtype != "fp8" or not _hopper(hw):
+    so a narrow GEMM at a few rows reads its weights on a few SMs. Only checkpoints whose
+    weights are scaled in blocks ([model] weight_block_size: DeepSeek-V3/R1, Qwen3's -FP8);
+    the experts' GEMMs are the fused-MoE kernel's. Empty elsewhere."""
+    if shape.weight_block is None or shape.dtype != "fp8" or not _hopper(hw):
         return ()
     hbm, peak = rates
     stage = shape.pattern.parts(0, -(-shape.layers // pp))
@@ -595,19 +595,26 @@ def _hopper(hw: Accelerator) -> bool:
 
 def block_fp8_gemms(shape: Shape, tp: int, stage: Any) -> list[tuple[int, list[tuple[int, int]]]]:
     """[(layers, [(N, K) of each block-scaled GEMM one GPU runs in such a layer])] of a
-    multi-latent attention model's stage: every attention layer's fused q/kv down-projection
-    (replicated: N = q_lora + kv_lora + rope), query up-projection and output projection
-    (over ``tp``), the dense MLP layers' and the MoE layers' shared expert's gate/up and down
-    projections (over ``tp``). The absorbed attention's matmuls run in bf16."""
-    lat = shape.latent
-    assert lat is not None
+    stage: every attention layer's projections, the dense MLP layers' and the MoE layers'
+    shared expert's gate/up and down projections (over ``tp``). Multi-latent attention: the
+    fused q/kv down-projection (replicated: N = q_lora + kv_lora + rope), query up-projection
+    and output projection (over ``tp``; the absorbed attention's matmuls run in bf16);
+    grouped attention: the fused QKV projection (each GPU's heads and at least one KV
+    group, replicated when tp passes the groups) and the output projection."""
     h, heads = shape.hidden, shape.heads
-    q_width = heads * (lat.qk_head + lat.rope_head) // tp
-    attention = [(lat.q_lora + lat.kv_lora + lat.rope_head, h), (q_width, lat.q_lora or h)]
-    attention.append((h, heads * lat.v_head // tp))
+    lat = shape.latent
+    if lat is not None:
+        q_width = heads * (lat.qk_head + lat.rope_head) // tp
+        attention = [(lat.q_lora + lat.kv_lora + lat.rope_head, h), (q_width, lat.q_lora or h)]
+        attention.append((h, heads * lat.v_head // tp))
+    else:
+        d = shape.kv_channels
+        qkv = (heads // tp + 2 * max(1, shape.groups // tp)) * d
+        attention = [(qkv, h), (h, heads * d // tp)]
+    up = 2 if shape.gated else 1
 
     def mlp(width: int) -> list[tuple[int, int]]:
-        return [(2 * width // tp, h), (h, width // tp)]
+        return [(up * width // tp, h), (h, width // tp)]
 
     out = [(stage.attention, attention), (stage.mlp, mlp(shape.ffn))]
     if shape.shared_ffn:

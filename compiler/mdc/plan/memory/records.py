@@ -92,6 +92,8 @@ class Shape:
     dsv4: Dsv4 | None = None
     #: hyper-connections' residual streams (0: a plain residual)
     streams: int = 0
+    #: the checkpoint's FP8 weight scale blocks (rows, columns); None: per-tensor or not FP8
+    weight_block: tuple[int, int] | None = None
 
     def norm_of(self, width: int) -> int:
         """Parameters of a norm over ``width`` (weight, and bias for LayerNorm)."""
@@ -138,6 +140,7 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         mamba=mamba_of(model),
         dsv4=dsv4_of(model),
         streams=residual_streams_of(model),
+        weight_block=model.weight_block_size,
     )
     return _canonical(shape)
 
