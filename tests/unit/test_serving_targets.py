@@ -386,3 +386,26 @@ def test_the_tpot_report_groups_each_rows_ratio() -> None:
     assert list(by_load) == ["4", "16"]
     assert by_load["4"] == (1, 1.5, 0.5)
     assert by_load["16"] == (2, pytest.approx(0.625), pytest.approx(0.375))
+
+
+def test_the_block_fp8_checkpoints_carry_their_weight_blocks() -> None:
+    """GPUStack's Qwen3 FP8 rows ran Qwen's -FP8 checkpoints (FP8 in 128 x 128 blocks, which
+    the catalogue's BF16 Qwen3 entries lack); TensorRT-LLM's overview ran Model Optimizer's
+    per-tensor FP8 checkpoints (no blocks); DeepSeek's blocks come from the catalogue."""
+    rows = _rows()
+    qwen_fp8 = [
+        r
+        for r in rows
+        if r["source"] == "gpustack-performance-lab"
+        and r["model"].startswith("qwen3")
+        and r["dtype"] == "fp8"
+    ]
+    assert len(qwen_fp8) == 17
+    assert all(r["weight_block_size"] == [128, 128] for r in qwen_fp8)
+    others = [r for r in rows if r not in qwen_fp8]
+    assert not any("weight_block_size" in r for r in others)
+    overview = [r for r in rows if r["source"] == "trtllm-perf-overview"]
+    assert all(
+        serving_fit._shape(r["model"], r["dtype"], 4096).weight_block is None for r in overview
+    )
+    assert serving_fit._shape("deepseek-v3", "fp8", 4096).weight_block == (128, 128)

@@ -140,9 +140,14 @@ def resolve_shape(model: ModelTable) -> Shape | None:
         mamba=mamba_of(model),
         dsv4=dsv4_of(model),
         streams=residual_streams_of(model),
-        weight_block=model.weight_block_size,
+        weight_block=_pair(model.weight_block_size),
     )
     return _canonical(shape)
+
+
+def _pair(value: tuple[int, int] | list[int] | None) -> tuple[int, int] | None:
+    """A two-integer key (a list when the table was built from a plain mapping) as a tuple."""
+    return (value[0], value[1]) if value else None
 
 
 @functools.lru_cache(maxsize=256)
