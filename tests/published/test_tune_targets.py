@@ -341,7 +341,7 @@ def test_recipes_best_at_most_5_percent_faster_on_the_median(targets: dict[str, 
 def test_faster_reads_the_gap_as_best_over_published() -> None:
     # a published layout predicted 20 % slower than the best: the best is 1 / 0.8 = 1.25
     # times as fast; 0 and 50 % slower: 1 and 2 times; a row without a gap is left out
-    found = [{"gap": 0.0}, {"gap": 0.5}, {"gap": None}, {"gap": 0.2}]
+    found: list[dict[str, Any]] = [{"gap": 0.0}, {"gap": 0.5}, {"gap": None}, {"gap": 0.2}]
     assert tune_targets.faster(found) == pytest.approx(0.25)
 
 

@@ -905,7 +905,7 @@ def test_deepseeks_block_fp8_gemms_at_a_few_rows_stream_on_a_few_sms() -> None:
     from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
 
     server = _r1_server("vllm")
-    rate = server.hbm_rate()
+    rate: float = server.hbm_rate()
 
     def excess(n: int, k: int) -> float:
         tiles = -(-n // 128)
@@ -946,7 +946,7 @@ def test_the_block_fp8_term_follows_the_checkpoint_s_weight_blocks() -> None:
     assert plain.block_fp8_tiles(4.0) == 0.0
     blocked = attrs.evolve(qwen, weight_block=(128, 128))
     server = server_of(one, blocked, h200, _deployment(one), work, DEFAULT)
-    rate = server.hbm_rate()
+    rate: float = server.hbm_rate()
 
     def excess(n: int, k: int) -> float:  # 4 rows: one tile of rows, waves of 132 SMs
         waves = math.ceil(math.ceil(n / 128) / 132)
