@@ -780,6 +780,11 @@ def _min_items(value: Any, schema: Mapping[str, Any]) -> Proof:
     return lambda instance: not isinstance(instance, list) or (known and len(instance) >= value)
 
 
+def _max_items(value: Any, schema: Mapping[str, Any]) -> Proof:
+    known = isinstance(value, int)
+    return lambda instance: not isinstance(instance, list) or (known and len(instance) <= value)
+
+
 def _unique_items(value: Any, schema: Mapping[str, Any]) -> Proof:
     if value is False:
         return _yes
@@ -808,5 +813,6 @@ _KEYWORDS: dict[str, Keyword] = {
     "propertyNames": _property_names,
     "oneOf": _one_of,
     "minItems": _min_items,
+    "maxItems": _max_items,
     "uniqueItems": _unique_items,
 }

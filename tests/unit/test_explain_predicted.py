@@ -28,9 +28,11 @@ def test_the_serving_lines_say_the_predicted_block() -> None:
     assert "8192 in / 1024 out tokens, 256 requests in flight" in lines[0]
     said = re.findall(r"TTFT ([\d,.]+) ms, TPOT ([\d,.]+) ms \(([\d,.]+) tokens/s", lines[1])
     ttft, tpot, per_user = (float(number.replace(",", "")) for number in said[0])
-    assert round(predicted["ttft_ms"]) == ttft
-    assert round(predicted["tpot_ms"], 1) == tpot
-    assert round(predicted["output_tokens_per_s_per_user"], 1) == per_user
+    # the text rounds the model's value to its last digit, plan.json to two decimals (7.5537
+    # is said 7.6 and held 7.55): each within half the text's digit plus plan.json's rounding
+    assert abs(predicted["ttft_ms"] - ttft) <= 0.5 + 0.005
+    assert abs(predicted["tpot_ms"] - tpot) <= 0.05 + 0.005
+    assert abs(predicted["output_tokens_per_s_per_user"] - per_user) <= 0.05 + 0.005
     batch = ", ".join(f"{role} {size}" for role, size in predicted["batch"].items())
     assert lines[2].endswith(f"running batch per server: {batch}")
     assert lines[3] == f"  bound by {predicted['binding']}"

@@ -352,3 +352,20 @@ def test_a_valid_spec_does_not_import_jsonschema(clean_env: Any) -> None:
         check=True,
     )
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("window", "proven"), [([128, 0], True), ([128, 0, 0], False)])
+def test_the_quick_check_proves_max_items(
+    window: list[int], proven: bool, full_schema: dict[str, Any]
+) -> None:
+    """maxItems (window_size, weight_block_size: [rows, columns]) is proven, not left to
+    jsonschema: a two-item list within it is valid, a third item is jsonschema's error."""
+    from mdc.schema import surely_valid, validator_class
+
+    data = {
+        "job": {"name": "window", "command": ["python", "train.py"]},
+        "distributed": {"launcher": "torchrun", "nnodes": 1, "nproc_per_node": 1},
+        "model": {"window_size": window},
+    }
+    assert surely_valid(data, full_schema) is proven
+    assert bool(list(validator_class()(full_schema).iter_errors(data))) is not proven
