@@ -59,6 +59,15 @@ def test_readme_links_exist() -> None:
             assert (REPO / target).exists(), f"{name} links to {target}, which does not exist"
 
 
+def test_readme_links_every_page() -> None:
+    """README.md, the front door, links each page of the site (the generated reference
+    pages are reached from docs/diagnostics.md and docs/spec.md)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+)", text))
+    pages = {p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md")}
+    assert not pages - linked, f"README.md links none of {sorted(pages - linked)}"
+
+
 #: the folders of the repository a page names paths under
 ROOTED = re.compile(
     r"(?<![\w./<>{}$-])"
@@ -139,6 +148,47 @@ def test_contributing_map_names_what_is_there() -> None:
             if tail not in names and not any(n.endswith("/" + tail) for n in names):
                 missing.append(f"CONTRIBUTING.md:{number}: {word}")
     assert not missing, "CONTRIBUTING.md names what is not there:\n" + "\n".join(missing)
+
+
+def _map_entries() -> dict[str, str]:
+    """CONTRIBUTING.md's map of compiler/mdc/: each folder's entry (its lines together),
+    and under "" every line, where the top-level modules are named."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    block = text.split("\ncompiler/mdc/\n", 1)[1]
+    entries: dict[str, str] = {"": ""}
+    folder = ""
+    for line in block.splitlines():
+        if not line.startswith("  "):  # the next top-level folder: the map of mdc ends
+            break
+        if not line.startswith("   "):
+            folder = line.split()[0].rstrip("/") if line.split()[0].endswith("/") else ""
+        entries[folder] = entries.get(folder, "") + " " + line
+        entries[""] += " " + line
+    return entries
+
+
+def test_contributing_map_names_every_module() -> None:
+    """Each module of compiler/mdc/ is in CONTRIBUTING.md's map: a top-level one by its file
+    name, one in a folder by its name in the folder's entry (or the entry says "one module
+    per ...", as loaders/ does)."""
+    entries = _map_entries()
+    package = REPO / "compiler" / "mdc"
+    unnamed = []
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package).parts
+        if path.name == "__init__.py":
+            continue
+        folder = "/".join(parts[:-1])
+        entry = next((entries[f] for f in (folder, parts[0]) if f in entries), None)
+        if not folder:
+            named = path.name in entries[""].split()
+        else:
+            named = entry is not None and (
+                "one module per" in entry or re.search(rf"\b{path.stem}\b", entry) is not None
+            )
+        if not named:
+            unnamed.append(path.relative_to(package).as_posix())
+    assert not unnamed, "CONTRIBUTING.md's map does not name:\n" + "\n".join(unnamed)
 
 
 def test_module_names_exist() -> None:
