@@ -140,11 +140,27 @@ case "$role" in
     exit 2
     ;;
 esac
+# until one fails (its status is the node's) or all have ended; each ended one's status
+# read by its pid, as wait -n can lose one killed by a signal (and then say 127)
 status=0
-for _ in "${pids[@]}"; do
-  wait -n || {
-    status=$?
+while ((${#pids[@]})); do
+  waited=0
+  wait -n || waited=$?
+  running=()
+  for pid in "${pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      running+=("$pid")
+    else
+      wait "$pid" || status=$?
+    fi
+  done
+  if ((status != 0)); then
     break
-  }
+  fi
+  if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then
+    pids=()
+    break
+  fi
+  pids=("${running[@]}")
 done
 exit "$status"

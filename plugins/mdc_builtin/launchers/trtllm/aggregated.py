@@ -41,6 +41,7 @@ from mdc.api import (
 )
 from mdc.api.flags import FlagTable, FlagUse, KnownFlag, command_pointer
 from mdc.api.shell import out_file
+from mdc_builtin.launchers._supervise import WAIT_FOR_FIRST_FAILURE
 
 NODE_SCRIPT = "launch/trtllm-node.sh"
 EXTRA_FILE = "launch/trtllm-extra-llm-api-options.yaml"
@@ -348,17 +349,7 @@ def _side_by_side(count: int, gpus: int, port: int) -> list[str]:
             f'CUDA_VISIBLE_DEVICES="$(devices {k * gpus} {gpus})" "$@" --port {port + k} &',
             'pids+=("$!")',
         ]
-    lines += [
-        "status=0",
-        'for _ in "${pids[@]}"; do',
-        "  wait -n || {",
-        "    status=$?",
-        "    break",
-        "  }",
-        "done",
-        'exit "$status"',
-    ]
-    return lines
+    return lines + WAIT_FOR_FIRST_FAILURE.splitlines()
 
 
 def emit(plan: Plan, options: TrtllmOptions | None) -> Launch:
