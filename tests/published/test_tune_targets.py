@@ -289,11 +289,13 @@ def test_recipes_top5_floor(targets: dict[str, Any]) -> None:
     # knee alone: those cp variants, no longer exact ties, crowded the top 5); 152 still with
     # the measured GEMM levels and link shares; 147 once a local expert's fixed time is
     # measured (its parallel sizes 222, from 221); 147 still once the permutation's passes
-    # are counted (its parallel sizes 225)
-    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.51
+    # are counted (its parallel sizes 225); 99 once the top rows show each parallel layout
+    # once, at its best micro batch (the whole layout is then in the top 5 only where mdc's
+    # best micro batch for the published sizes is the recipe's; their sizes 229)
+    assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.34
 
 
-@pytest.mark.xfail(reason="the published layout is in the top 5 for 51 % of recipes", strict=True)
+@pytest.mark.xfail(reason="the published layout is in the top 5 for 34 % of recipes", strict=True)
 def test_recipes_top5_target(targets: dict[str, Any]) -> None:
     recipes = targets["recipes"]
     assert sum(1 for r in recipes if r["rank"] is not None) / len(recipes) >= 0.70
@@ -320,12 +322,15 @@ def test_recipes_parallel_sizes_top5_floor(targets: dict[str, Any]) -> None:
     # recipes' cp 2 falls behind tp 4 x pp 4 at cp 1; 221 with the measured GEMM levels and
     # link shares; 222 with a local expert's fixed time measured; 225 with the permutation's
     # passes counted from Megatron-Core's kernels; 224 once NVFP4's casts are counted; 225
-    # once cp is searched past 16 (NeMo's 1M-token Llama 2 7B run on cp 32)
+    # once cp is searched past 16 (NeMo's 1M-token Llama 2 7B run on cp 32); 229 once the top
+    # rows show each parallel layout once, at its best micro batch (Qwen3-30B-A3B's ep 16 on
+    # 16 H100s in three releases and GPT-3 175B's tp 4 x pp 8 on 128 H100s come in: their
+    # slots had held a faster layout again at another micro batch)
     recipes = targets["recipes"]
-    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.78
+    assert sum(1 for r in recipes if r["parallel_rank"] is not None) / len(recipes) >= 0.79
 
 
-@pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 78 %", strict=True)
+@pytest.mark.xfail(reason="the published parallel sizes are in the top 5 for 79.5 %", strict=True)
 def test_recipes_parallel_sizes_top5_issue_36_target(targets: dict[str, Any]) -> None:
     """Issue 36: the published parallel sizes in mdc's top 5 for at least 80 % of runs."""
     recipes = targets["recipes"]

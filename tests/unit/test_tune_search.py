@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -142,20 +143,32 @@ def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
 
 
 def _layout(candidate: Candidate) -> tuple[int, ...]:
+    """A candidate's parallel sizes (dp follows from them and the world)."""
     L = candidate.layout
-    return (L.tp, L.pp, L.cp, L.ep, L.etp, L.micro_batch_size)
+    return (L.tp, L.pp, L.cp, L.ep, L.etp)
+
+
+def _traded(candidate: Candidate) -> tuple[Any, ...]:
+    """The sizes but cp, and the sequences per micro batch per cp rank."""
+    L = candidate.layout
+    return (L.tp, L.pp, L.ep, L.etp, Fraction(L.micro_batch_size, L.cp))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dense-uneven", "dense-fp8"])
-def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["dense-uneven", "dense-fp8", "moe-uneven"])
+def test_each_parallel_layout_is_shown_once_at_its_best_schedule(name: str, tmp_path: Path) -> None:
     tuner = _tuner(name, tmp_path)
-    result = tuner.run(top=8)
+    # no headroom: a shown layout's sizes do not come back to leave it
+    result = tuner.run(top=8, headroom=0.0)
     shown = [_layout(r.candidate) for r in result.rows]
     assert len(set(shown)) == len(shown) == 8
-    # where the walk met a shown layout at other virtual-stage counts that fit, it showed
-    # the fastest of them (the walk is in ranking order); some layout was met so
-    interleaved = 0
+    # where the walk met a shown layout at other micro batches or virtual-stage counts that
+    # fit, it showed the fastest of them (the walk is in ranking order) but for one that
+    # splits another row's tokens per rank over cp instead of the micro batch (that row's
+    # variant); some layout was met at more than one micro batch or depth (the MoE search
+    # meets its layouts at more than one micro batch: two rows of one layout before)
+    traded = {_traded(r.candidate): r for r in result.rows}
+    batches = interleaved = 0
     for row, layout in zip(result.rows, shown, strict=True):
         variants = [
             c
@@ -163,10 +176,13 @@ def test_each_layout_is_shown_once_with_its_best_virtual_stages(name: str, tmp_p
             if _layout(c) == layout
             and c.memory_bytes is not None
             and c.memory_bytes <= tuner.capacity
+            and traded.get(_traded(c), row) is row
         ]
         assert row.candidate.key == variants[0].key
+        batches += len({c.batch.micro_batch_size for c in variants}) > 1
         interleaved += len({c.layout.vpp for c in variants}) > 1
-    assert interleaved
+    assert batches + interleaved
+    assert batches or name != "moe-uneven"
 
 
 @pytest.mark.slow

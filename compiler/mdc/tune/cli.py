@@ -94,7 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "[workload] (serving)",
     )
     parser.add_argument(
-        "--top", type=_positive, default=5, metavar="N", help="show the N best layouts (default 5)"
+        "--top",
+        type=_positive,
+        default=5,
+        metavar="N",
+        help="show the N best parallel layouts, each once (default 5)",
     )
     parser.add_argument(
         "--write", metavar="OUT_SPEC", help="write the best layout as a spec (.toml/.yaml/.json)"

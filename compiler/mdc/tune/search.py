@@ -798,10 +798,10 @@ class Tuner:
             # a layout that trades cp, dp and the micro batch for one another at the same
             # predicted speed and memory is the same choice: the first (simplest) one stands
             same = (round(candidate.prediction.tokens_per_s_per_gpu, 3), candidate.memory_bytes)
-            # and each layout (sizes and micro batch) once, with its best virtual stages and
-            # training switches: the interleaving depth is a schedule setting of the layout,
-            # as recompute is, and its variants lie within a few percent of one another
-            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp, candidate.batch.micro_batch_size)
+            # and each parallel layout (its sizes) once, at its best micro batch, virtual
+            # stages and training switches: those are schedule settings of the layout, whose
+            # variants lie within a few percent of one another and would fill the top rows
+            sizes = (L.tp, L.pp, L.cp, L.ep, L.etp)
             # so is one that splits the same tokens per rank over cp instead of the micro
             # batch (cp 2 at two sequences, cp 1 at one): the same work and about the same
             # memory, a little slower for attention's shorter kernels; the faster stands
