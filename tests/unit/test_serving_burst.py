@@ -67,6 +67,23 @@ def test_a_burst_drains_to_its_longest_request() -> None:
     assert got.tokens / got.duration_s < steady
 
 
+def test_sglang_decodes_nothing_while_a_prefill_batch_runs() -> None:
+    """SGLang forms a prefill batch first and decodes only when none can be formed (its
+    --enable-mixed-chunk is off unless set): two prompts of one budget each, 100 tokens
+    generated. The first prompt's batch, then the second's alone, the first request waiting
+    through it for its second token; then 99 steps decode both."""
+    s, _ = _llama8b("sglang")
+    size = s.step_tokens
+    ctx = size + 100 / 2
+    alone = s.prefill(size, size)
+    both = s.decode_step(2.0, ctx)
+    got = run(s, 2, size, 100.0, 100)
+    assert got.ttft_s == pytest.approx((alone + 2 * alone) / 2)
+    first, second = (alone + 99 * both) / 99, both  # the second prompt's batch in the first's
+    assert got.tpot_s == pytest.approx((first + second) / 2)
+    assert got.duration_s == pytest.approx(2 * alone + 99 * both)
+
+
 def test_a_prompt_holds_its_slot_from_its_first_chunk() -> None:
     """Room for one request, prompts of 20,000 tokens and a budget of 8,192: the first
     prompt takes three steps, and the second starts only when nothing else runs."""

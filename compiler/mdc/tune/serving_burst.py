@@ -14,8 +14,12 @@ with ``q`` set by the mean. A fixed length is ``q = 1``. The engine is stepped w
 expected counts of running requests: each step decodes the running requests and prefills
 what its token budget and free slots take, whole prompts first come first served (a prompt
 longer than the budget takes several steps and holds its slot from the first); a request's
-first token comes with its prompt's last step. The run ends when fewer than ln 2 requests are expected to run (the median
-of the last request's end).
+first token comes with its prompt's last step. An engine that runs a prefill batch alone
+while prompts wait (SGLang unless --enable-mixed-chunk: its scheduler forms a prefill batch
+first and decodes only when none can be formed) decodes nothing in those steps: a request
+already decoding waits through every prefill batch of the burst after its first token, and
+its TPOT counts them. The run ends when fewer than ln 2 requests are expected to run (the
+median of the last request's end).
 """
 
 from __future__ import annotations
@@ -87,29 +91,38 @@ def run(
     # vLLM's and TensorRT-LLM's step budgets count the decoding tokens too; SGLang's
     # chunked-prefill size is the prompt tokens alone
     shared_budget = not s.dep.launcher.startswith("sglang")
+    mixed = s.mixes_prompts()
     queue = _Prompts(
         waiting=max(1, round(prompts / s.role.servers)), size=input_tokens, cap=s.max_batch
     )
-    cohorts: list[tuple[int, float]] = []  # (step of the first token, requests)
-    ends: list[float] = []
-    now, step = 0.0, 0
+    # (time of the first token, index of the decode step that gives the second, requests)
+    cohorts: list[tuple[float, int, float]] = []
+    ticks: list[float] = []  # the end of each step that decodes the running requests
+    now = 0.0
     while True:
-        alive = sum(n * alive_after[step - at] for at, n in cohorts if step - at <= max_output)
+        done_ticks = len(ticks)
+        alive = sum(
+            n * alive_after[1 + done_ticks - base]
+            for _, base, n in cohorts
+            if 1 + done_ticks - base <= max_output
+        )
         if queue.empty and alive < LAST:
             break
-        budget = s.step_tokens - (alive if shared_budget else 0.0)
+        budget = s.step_tokens - (alive if shared_budget and mixed else 0.0)
         tokens, done = queue.take(max(0.0, budget), alive)
         if tokens <= 0 and alive <= 0:
             break  # nothing runs and nothing can start: no slot for one prompt
-        dt = s.decode_step(alive, ctx)  # with none running: the weights' read, the overhead
-        if tokens > 0:
-            dt += max(s.prefill_compute(tokens, input_tokens), s.chunk_reads(alive, tokens))
-        now += dt
-        ends.append(now)
+        if tokens > 0 and not mixed:
+            now += s.prefill(tokens, input_tokens)  # a prefill batch alone: no one decodes
+        else:
+            dt = s.decode_step(alive, ctx)  # with none running: the weights' read, overhead
+            if tokens > 0:
+                dt += max(s.prefill_compute(tokens, input_tokens), s.chunk_reads(alive, tokens))
+            now += dt
+            ticks.append(now)
         if done:
-            cohorts.append((step, float(done)))
-        step += 1
-    return _result(cohorts, ends, alive_after, queue.total, mean_output)
+            cohorts.append((now, len(ticks), float(done)))
+    return _result(cohorts, ticks, now, alive_after, queue.total, mean_output)
 
 
 @attrs.define
@@ -153,28 +166,29 @@ class _Prompts:
 
 
 def _result(
-    cohorts: list[tuple[int, float]],
-    ends: list[float],
+    cohorts: list[tuple[float, int, float]],
+    ticks: list[float],
+    duration: float,
     alive_after: list[float],
     prompts: float,
     mean_output: float,
 ) -> BurstResult:
-    """Mean TTFT and TPOT over the requests (a request of ``o`` tokens: the steps after its
-    first token over ``o - 1``), and the run's duration."""
-    last = len(ends) - 1
-    started = sum(n for _, n in cohorts) or 1.0
-    ttft = sum(n * ends[at] for at, n in cohorts) / started
+    """Mean TTFT and TPOT over the requests (a request of ``o`` tokens: the time from its
+    first token to its last, the ``o - 1``-th decode step after it, over ``o - 1``), and
+    the run's duration."""
+    last = len(ticks) - 1
+    started = sum(n for _, _, n in cohorts) or 1.0
+    ttft = sum(n * first for first, _, n in cohorts) / started
     tpot_sum, counted = 0.0, 0.0
-    for at, n in cohorts:
+    for first, base, n in cohorts:
         for o in range(2, len(alive_after)):
             p = alive_after[o - 1] - alive_after[o]
-            if p <= 0:
+            if p <= 0 or last < 0:
                 continue
-            end = ends[min(at + o - 1, last)]
-            tpot_sum += n * p * (end - ends[at]) / (o - 1)
+            end = max(first, ticks[min(base + o - 2, last)])
+            tpot_sum += n * p * (end - first) / (o - 1)
             counted += n * p
     tpot = tpot_sum / counted if counted else 0.0
-    duration = ends[-1] if ends else 0.0
     return BurstResult(ttft, tpot, duration, prompts * mean_output)
 
 
