@@ -1,8 +1,11 @@
-"""The node script the disaggregated serving launchers share (``_supervise.py``), run by bash.
+"""The loop that watches a node's processes (``mdc.api.shell.wait_for_first_failure``), run by
+bash in both scripts that use it: the disaggregated serving launchers' node script
+(``_supervise.py``) and the backends' ``supervise`` (local/run.sh, ssh/launch.sh, the basic
+launcher's spawn.sh).
 
-Each case's body starts real processes in the background, as the launchers' bodies do, and
-the script must end as the node should: with the first failure's own status (the others
-stopped at once), or 0 when all have ended well.
+Each case's body starts real processes in the background, as those scripts do, and the
+script must end as the node should: with the first failure's own status (the others
+stopped), or 0 when all have ended well.
 
 The lost status: bash drops a background job killed by a signal from its jobs table when it
 reports it (bash 5.2's ``notify_of_job_status``, called after a foreground command and when
@@ -14,11 +17,35 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from mdc.api.shell import supervise
 from mdc_builtin.launchers._supervise import supervising_script
+
+
+def backend_script(body: str) -> str:
+    """The backends' script around ``body``: ``supervise`` with the body as its start lines."""
+    lines = supervise(body.splitlines(), children="process", failed="a process", owner="node")
+    return "\n".join(["#!/usr/bin/env bash", "set -euo pipefail", *lines]) + "\n"
+
+
+def node_script(body: str) -> str:
+    return supervising_script("# a test node", body)
+
+
+#: how each script says that a process failed with status N (the node script says nothing)
+SAYS: dict[Callable[[str], str], str] = {
+    node_script: "",
+    backend_script: "mdc: a process exited with status {}; stopping the others",
+}
+
+
+@pytest.fixture(params=[node_script, backend_script], ids=["node_script", "supervise"])
+def script_of(request: pytest.FixtureRequest) -> Callable[[str], str]:
+    return request.param  # type: ignore[no-any-return]
 
 
 def started(*commands: str) -> str:
@@ -26,13 +53,15 @@ def started(*commands: str) -> str:
     return "\n".join(f'{command} &\npids+=("$!")' for command in commands)
 
 
-def run(body: str, tmp_path: Path, timeout: float = 20) -> tuple[int, float]:
-    """The script's exit status and how long it ran."""
+def run(
+    body: str, tmp_path: Path, script_of: Callable[[str], str] = node_script, timeout: float = 20
+) -> tuple[int, float, str]:
+    """The script's exit status, how long it ran and what it wrote on stderr."""
     script = tmp_path / "node.sh"
-    script.write_text(supervising_script("# a test node", body), encoding="utf-8")
+    script.write_text(script_of(body), encoding="utf-8")
     began = time.monotonic()
-    done = subprocess.run(["bash", str(script)], capture_output=True, timeout=timeout)
-    return done.returncode, time.monotonic() - began
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout)
+    return done.returncode, time.monotonic() - began, done.stderr
 
 
 def sleeper(pid_file: Path) -> str:
@@ -61,41 +90,57 @@ def assert_stopped(pid_file: Path) -> None:
     assert "\nState:\tZ" in state or "State:\tX" in state, state.splitlines()[:3]
 
 
+def assert_failed(
+    script_of: Callable[[str], str], ran: tuple[int, float, str], code: int, within: float
+) -> None:
+    """The script ended with ``code`` within ``within`` seconds, saying so as it does."""
+    status, took, stderr = ran
+    assert (status, took < within) == (code, True), (took, stderr)
+    assert SAYS[script_of].format(code) in stderr
+
+
 @pytest.mark.slow
-def test_a_process_killed_while_bash_is_busy_fails_the_node_at_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("others", [("true",), ()], ids=["another-ends", "none-other-ends"])
+def test_a_process_killed_while_bash_is_busy_fails_the_node_at_once(
+    tmp_path: Path, script_of: Callable[[str], str], others: tuple[str, ...]
+) -> None:
     """Killed during a foreground command (trtllm's body runs mktemp after its servers):
-    bash reports it then and drops it; the node still ends at once with its 137."""
+    bash reports it then and drops it; the node still ends at once with its 137. With no
+    other process to end, the first wait -n would wait for the sleeper (a minute): the
+    ended ones are looked for before it too."""
     pid_file = tmp_path / "sleeper"
-    body = started("true", after(pid_file, "kill -9 $$"), sleeper(pid_file))
-    status, took = run(body + "\nsleep 1", tmp_path)
-    assert status == 137
-    assert took < 10
+    body = started(*others, after(pid_file, "kill -9 $$"), sleeper(pid_file))
+    assert_failed(script_of, run(body + "\nsleep 1", tmp_path, script_of), 137, 10)
     assert_stopped(pid_file)
 
 
 @pytest.mark.slow
-def test_a_process_killed_while_another_is_returned_fails_the_node(tmp_path: Path) -> None:
+def test_a_process_killed_while_another_is_returned_fails_the_node(
+    tmp_path: Path, script_of: Callable[[str], str]
+) -> None:
     """Both ended before the loop (no foreground command: a builtin loop keeps bash busy):
     wait -n returns the first, and bash drops the killed one then."""
     pid_file = tmp_path / "sleeper"
     body = started("true", after(pid_file, "kill -9 $$"), sleeper(pid_file))
     busy = "\nSECONDS=0\nwhile ((SECONDS < 2)); do :; done"
-    status, took = run(body + busy, tmp_path)
-    assert status == 137
-    assert took < 12
+    assert_failed(script_of, run(body + busy, tmp_path, script_of), 137, 12)
     assert_stopped(pid_file)
 
 
 @pytest.mark.slow
-def test_the_first_failure_is_the_nodes_status(tmp_path: Path) -> None:
+def test_the_first_failure_is_the_nodes_status(
+    tmp_path: Path, script_of: Callable[[str], str]
+) -> None:
     """A process that exits 3 (or 127, a command not found) stops the one still running."""
     for code in (3, 127):
         pid_file = tmp_path / f"sleeper-{code}"
-        status, took = run(started(sleeper(pid_file), after(pid_file, f"exit {code}")), tmp_path)
-        assert (status, took < 10) == (code, True)
+        body = started(sleeper(pid_file), after(pid_file, f"exit {code}"))
+        assert_failed(script_of, run(body, tmp_path, script_of), code, 10)
         assert_stopped(pid_file)
 
 
-def test_processes_that_all_end_well_end_the_node_with_0(tmp_path: Path) -> None:
-    assert run(started("true", "sh -c 'exit 0'", "true"), tmp_path)[0] == 0
-    assert run("", tmp_path)[0] == 0  # a node with no process of its own
+def test_processes_that_all_end_well_end_the_node_with_0(
+    tmp_path: Path, script_of: Callable[[str], str]
+) -> None:
+    assert run(started("true", "sh -c 'exit 0'", "true"), tmp_path, script_of)[:3:2] == (0, "")
+    assert run("", tmp_path, script_of)[:3:2] == (0, "")  # a node with no process of its own

@@ -63,22 +63,59 @@ def supervise(start: list[str], *, children: str, failed: str, owner: str) -> li
     """
     return [
         "pids=()",
-        'stop() { kill "${pids[@]}" 2>/dev/null || true; }',
+        'stop() { if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi; }',
         f"# On Ctrl-C or TERM, stop every {children} and wait for it before exiting.",
         "trap 'stop; wait || true; exit 130' INT",
         "trap 'stop; wait || true; exit 143' TERM",
         *start,
         f"# The first {children} to fail stops the others; its status is the {owner}'s.",
-        'for _ in "${pids[@]}"; do',
-        "  if wait -n; then",
-        "    continue",
+        *wait_for_first_failure(),
+        "if ((status != 0)); then",
+        f'  echo "mdc: {failed} exited with status $status; stopping the others" >&2',
+        "  stop",
+        "  wait || true",
+        '  exit "$status"',
+        "fi",
+    ]
+
+
+def wait_for_first_failure() -> list[str]:
+    """Bash lines that wait for the processes in the array ``pids`` until one fails or all
+    have ended, leaving its status (or 0) in ``status`` and the ones still running in
+    ``pids``.
+
+    Each ended process's status is read by its pid (``wait PID``), before every ``wait -n``
+    and after it: bash (4.4, 5.1 and 5.2 alike) can drop a process killed by a signal from its
+    jobs table unreported (when it runs a command in the foreground, or when ``wait -n`` returns
+    another's status, while that one lies dead), and then no ``wait -n`` returns it: the
+    loop would wait on for the others and, once they ended, read 127 ("no child left").
+    ``wait PID`` reads the status bash keeps for that pid whatever its jobs table says.
+    """
+    return [
+        "# each ended one's status read by its pid, before and after every wait -n, as bash",
+        "# can drop one killed by a signal unreported (and wait -n then never returns it)",
+        "status=0",
+        "waited=0",
+        "while ((${#pids[@]})); do",
+        "  running=()",
+        '  for pid in "${pids[@]}"; do',
+        '    if kill -0 "$pid" 2>/dev/null; then',
+        '      running+=("$pid")',
+        "    else",
+        '      wait "$pid" || status=$?',
+        "    fi",
+        "  done",
+        "  # all ended; or wait -n found no child and none ended (what kill -0 finds is not ours)",
+        "  if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then",
+        "    pids=()",
         "  else",
-        "    status=$?",
-        f'    echo "mdc: {failed} exited with status $status; stopping the others" >&2',
-        "    stop",
-        "    wait || true",
-        '    exit "$status"',
+        '    pids=("${running[@]}")',
         "  fi",
+        "  if ((status != 0 || ${#pids[@]} == 0)); then",
+        "    break",
+        "  fi",
+        "  waited=0",
+        "  wait -n || waited=$?",
         "done",
     ]
 
@@ -175,4 +212,5 @@ __all__ = [
     "shell_join",
     "shell_word",
     "supervise",
+    "wait_for_first_failure",
 ]

@@ -140,12 +140,12 @@ case "$role" in
     exit 2
     ;;
 esac
-# until one fails (its status is the node's) or all have ended; each ended one's status
-# read by its pid, as wait -n can lose one killed by a signal (and then say 127)
+# until one fails (its status is the node's) or all have ended
+# each ended one's status read by its pid, before and after every wait -n, as bash
+# can drop one killed by a signal unreported (and wait -n then never returns it)
 status=0
+waited=0
 while ((${#pids[@]})); do
-  waited=0
-  wait -n || waited=$?
   running=()
   for pid in "${pids[@]}"; do
     if kill -0 "$pid" 2>/dev/null; then
@@ -154,13 +154,16 @@ while ((${#pids[@]})); do
       wait "$pid" || status=$?
     fi
   done
-  if ((status != 0)); then
-    break
-  fi
+  # all ended; or wait -n found no child and none ended (what kill -0 finds is not ours)
   if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then
     pids=()
+  else
+    pids=("${running[@]}")
+  fi
+  if ((status != 0 || ${#pids[@]} == 0)); then
     break
   fi
-  pids=("${running[@]}")
+  waited=0
+  wait -n || waited=$?
 done
 exit "$status"

@@ -12,7 +12,7 @@ if (($# == 0)); then
   exit 2
 fi
 pids=()
-stop() { kill "${pids[@]}" 2>/dev/null || true; }
+stop() { if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi; }
 # On Ctrl-C or TERM, stop every process and wait for it before exiting.
 trap 'stop; wait || true; exit 130' INT
 trap 'stop; wait || true; exit 143' TERM
@@ -22,14 +22,34 @@ for ((local_rank = 0; local_rank < LOCAL_WORLD_SIZE; local_rank++)); do
   pids+=("$!")
 done
 # The first process to fail stops the others; its status is the node's.
-for _ in "${pids[@]}"; do
-  if wait -n; then
-    continue
+# each ended one's status read by its pid, before and after every wait -n, as bash
+# can drop one killed by a signal unreported (and wait -n then never returns it)
+status=0
+waited=0
+while ((${#pids[@]})); do
+  running=()
+  for pid in "${pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      running+=("$pid")
+    else
+      wait "$pid" || status=$?
+    fi
+  done
+  # all ended; or wait -n found no child and none ended (what kill -0 finds is not ours)
+  if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then
+    pids=()
   else
-    status=$?
-    echo "mdc: a process on node $NODE_RANK exited with status $status; stopping the others" >&2
-    stop
-    wait || true
-    exit "$status"
+    pids=("${running[@]}")
   fi
+  if ((status != 0 || ${#pids[@]} == 0)); then
+    break
+  fi
+  waited=0
+  wait -n || waited=$?
 done
+if ((status != 0)); then
+  echo "mdc: a process on node $NODE_RANK exited with status $status; stopping the others" >&2
+  stop
+  wait || true
+  exit "$status"
+fi

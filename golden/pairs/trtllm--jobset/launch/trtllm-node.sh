@@ -13,6 +13,7 @@ fi
 # devices FIRST COUNT: those GPUs, separated by commas
 devices() { local IFS=,; printf '%s' "${gpus[*]:$1:$2}"; }
 pids=()
+# leaving (a process failed, or TERM/INT from the backend): stop the others
 trap 'if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi' EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
@@ -20,12 +21,12 @@ CUDA_VISIBLE_DEVICES="$(devices 0 4)" "$@" --port 8000 &
 pids+=("$!")
 CUDA_VISIBLE_DEVICES="$(devices 4 4)" "$@" --port 8001 &
 pids+=("$!")
-# until one fails (its status is the node's) or all have ended; each ended one's status
-# read by its pid, as wait -n can lose one killed by a signal (and then say 127)
+# until one fails (its status is the node's) or all have ended
+# each ended one's status read by its pid, before and after every wait -n, as bash
+# can drop one killed by a signal unreported (and wait -n then never returns it)
 status=0
+waited=0
 while ((${#pids[@]})); do
-  waited=0
-  wait -n || waited=$?
   running=()
   for pid in "${pids[@]}"; do
     if kill -0 "$pid" 2>/dev/null; then
@@ -34,13 +35,16 @@ while ((${#pids[@]})); do
       wait "$pid" || status=$?
     fi
   done
-  if ((status != 0)); then
-    break
-  fi
+  # all ended; or wait -n found no child and none ended (what kill -0 finds is not ours)
   if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then
     pids=()
+  else
+    pids=("${running[@]}")
+  fi
+  if ((status != 0 || ${#pids[@]} == 0)); then
     break
   fi
-  pids=("${running[@]}")
+  waited=0
+  wait -n || waited=$?
 done
 exit "$status"

@@ -41,7 +41,7 @@ from mdc.api import (
 )
 from mdc.api.flags import FlagTable, FlagUse, KnownFlag, command_pointer
 from mdc.api.shell import out_file
-from mdc_builtin.launchers._supervise import WAIT_FOR_FIRST_FAILURE
+from mdc_builtin.launchers._supervise import WAIT_FOR_FIRST_FAILURE, leaving_traps
 
 NODE_SCRIPT = "launch/trtllm-node.sh"
 EXTRA_FILE = "launch/trtllm-extra-llm-api-options.yaml"
@@ -339,10 +339,7 @@ def _side_by_side(count: int, gpus: int, port: int) -> list[str]:
         "fi",
         "# devices FIRST COUNT: those GPUs, separated by commas",
         "devices() { local IFS=,; printf '%s' \"${gpus[*]:$1:$2}\"; }",
-        "pids=()",
-        "trap 'if ((${#pids[@]})); then kill \"${pids[@]}\" 2>/dev/null || true; fi' EXIT",
-        "trap 'exit 143' TERM",
-        "trap 'exit 130' INT",
+        *leaving_traps(),
     ]
     for k in range(count):
         lines += [
