@@ -78,6 +78,58 @@ def test_the_hbm_levels_are_the_measured_table() -> None:
     assert measured["mi300x"] == pytest.approx((4.09 / 5.3) / (2.97 / 3.35), rel=1e-9)
 
 
+def test_the_attention_levels_are_the_measured_table() -> None:
+    """The attention level: cuDNN's forward attention TFLOP/s over the catalogue's bf16 peak,
+    relative to the H200's (H200 679.887 of 989.4, B200 1,488.046 of 2,250, GB200 1,562.874
+    and GB300 1,986.33 of 2,500); the H100 SXM takes the H200's."""
+    from mdc.hardware import builtin
+    from mdc.tune import kernels, terms
+
+    measured = kernels.attention_levels()
+    assert set(measured) == set(terms.ATTENTION_LEVEL)
+    for key, level in measured.items():
+        assert terms.ATTENTION_LEVEL[key] == pytest.approx(level, abs=1e-4), key
+    h200 = 679.887 / 989.4
+    assert measured["b200"] == pytest.approx((1488.046 / 2250) / h200, rel=1e-9)
+    assert measured["gb300"] / measured["gb200"] == pytest.approx(1986.33 / 1562.874, rel=1e-9)
+    assert measured["h100-sxm"] == measured["h200"] == 1.0
+    table = tomllib.loads((TUNE / "kernels.toml").read_text(encoding="utf-8"))["attention_level"]
+    assert table["url"].startswith("https://")
+    assert {acc for acc, *_ in table["points"]} | set(table["stand_in"]) <= set(builtin())
+
+
+def test_attention_runs_at_each_accelerators_measured_level() -> None:
+    """The same layer's attention on a GB300 takes GB200's time over the measured ratio of
+    their kernels (the same catalogue peak: Blackwell Ultra's doubled softmax exponentials),
+    on a B200 the H100's time scaled by the peaks and the B200's level; an accelerator with
+    no measurement (B300) runs at the bf16 peak's share alone."""
+    from mdc.hardware import builtin
+    from mdc.plan.memory import resolve_shape
+    from mdc.spec import ModelTable
+    from mdc.tune import terms
+    from mdc.tune.perf import DEFAULT, Layout
+
+    shape = resolve_shape(
+        ModelTable(num_layers=4, hidden_size=4096, num_attention_heads=32, num_query_groups=8,
+                   vocab_size=1024, seq_length=8192)
+    )  # fmt: skip
+    assert shape is not None
+    layout = Layout(tp=1, pp=1, cp=1, ep=1, etp=1, dp=8, vpp=1, micro_batch_size=1,
+                    microbatches=1, sequence_parallel=False, recompute="none")  # fmt: skip
+    executed = terms.flops_of(shape, True, False, None, None)
+    hw = builtin()
+
+    def seconds(acc: str) -> float:
+        return terms.attention(terms.Step(shape, layout, hw[acc], DEFAULT, 8), executed)
+
+    assert seconds("gb200") / seconds("gb300") == pytest.approx(1986.33 / 1562.874, rel=1e-3)
+    peaks = hw["b200"].peak_tflops("bf16") / hw["h100-sxm"].peak_tflops("bf16")
+    assert seconds("h100-sxm") / seconds("b200") == pytest.approx(peaks * 0.9624, rel=1e-3)
+    assert seconds("h100-sxm") / seconds("b300") == pytest.approx(
+        hw["b300"].peak_tflops("bf16") / hw["h100-sxm"].peak_tflops("bf16"), rel=1e-9
+    )
+
+
 def test_gemms_run_at_each_accelerators_measured_share_of_its_peak() -> None:
     from mdc.hardware import builtin
     from mdc.tune import terms

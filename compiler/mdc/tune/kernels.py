@@ -67,6 +67,23 @@ def gemm_levels() -> dict[tuple[str, str], float]:
     return dict(sorted(levels.items()))
 
 
+def attention_levels() -> dict[str, float]:
+    """{accelerator: its attention level}: the measured forward attention TFLOP/s
+    (``kernels.toml``'s ``[attention_level]``, cuDNN's fused attention) over the catalogue's
+    dense bf16 peak, relative to the reference accelerator's; a stand-in's level for an
+    accelerator the table times as another."""
+    from mdc.hardware import builtin
+
+    table = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["attention_level"]
+    catalogue = builtin()
+    share = {acc: tflops / catalogue[acc].peak_tflops("bf16") for acc, tflops, _ in table["points"]}
+    reference = share[table["reference"]]
+    levels = {acc: value / reference for acc, value in share.items()}
+    for acc, stand_in in table["stand_in"].items():
+        levels.setdefault(acc, levels[stand_in])
+    return dict(sorted(levels.items()))
+
+
 def link_shares() -> dict[str, float]:
     """{"scale-up" | "scale-out": NCCL's bus bandwidth over the line rate} (``kernels.toml``'s
     ``[[collective]]``): the model's ``link_share`` and ``nic_share``."""

@@ -136,6 +136,19 @@ FP4_LEVEL: dict[str, float] = {
 }
 
 
+#: {accelerator: attention level}: cuDNN's measured forward attention TFLOP/s over the
+#: catalogue's bf16 peak, relative to the H200's (kernels.toml's [attention_level]; a test
+#: holds these equal to mdc.tune.kernels.attention_levels()); 1 for one not measured.
+#: Blackwell Ultra's doubled exponential rate (the softmax's MUFU.EX2) shows here
+ATTENTION_LEVEL: dict[str, float] = {
+    "b200": 0.9624,
+    "gb200": 0.9097,
+    "gb300": 1.1562,
+    "h100-sxm": 1.0000,
+    "h200": 1.0000,
+}
+
+
 def gemm_level(hw: Accelerator, precision: str) -> float:
     """The measured GEMM level of ``hw`` in ``precision`` (:data:`GEMM_LEVEL`): fp16 at
     bf16's, fp4 at fp8's (training's FP4 GEMMs read :data:`FP4_LEVEL`, serving's this); 1 for an
@@ -227,14 +240,16 @@ def expert_gemms(st: Step, executed: TokenFlops, peak: float) -> float:
 
 
 def attention(st: Step, executed: TokenFlops) -> float:
-    """FlashAttention's FLOPs at the bf16 peak times ``attention_peak`` (fitted), times
-    ``d/(d + shape_knee)`` of the head dimension (FlashAttention's tiles are head_dim wide)
-    and ``q/(q + attention_seq_knee)`` of the query tokens per kernel (seq / cp): the knee
-    measured, kernels.toml's FlashAttention-3 curve."""
+    """FlashAttention's FLOPs at the bf16 peak times the accelerator's measured attention
+    level (:data:`ATTENTION_LEVEL`), ``attention_peak`` (fitted), ``d/(d + shape_knee)`` of
+    the head dimension (FlashAttention's tiles are head_dim wide) and ``q/(q +
+    attention_seq_knee)`` of the query tokens per kernel (seq / cp): the knee measured,
+    kernels.toml's FlashAttention-3 curve."""
     shape, L, c = st.shape, st.layout, st.c
     head_dim = shape.latent.qk_head + shape.latent.rope_head if shape.latent else shape.kv_channels
     rate = (
-        st.hw.peak_tflops("bf16") * 1e12 * c.attention_peak * _efficiency([head_dim], c.shape_knee)
+        st.hw.peak_tflops("bf16") * 1e12 * ATTENTION_LEVEL.get(st.hw.id, 1.0) * c.attention_peak
+        * _efficiency([head_dim], c.shape_knee)
         * _efficiency([shape.seq / L.cp], c.attention_seq_knee)
     )  # fmt: skip
     # Mamba's scan is counted with attention's FLOPs (Bridge's convention) and timed in mamba
