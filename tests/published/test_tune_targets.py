@@ -110,8 +110,13 @@ def test_throughput_within_20_percent_target(accuracy: float) -> None:
     # the B200's NVFP4-over-fp8 ratio lent it): its three Nemotron 3 Super rows move from
     # -3/-8/-16 % to -9/-14/-21 % at the shipped constants, none refitted; held out by
     # source no row crosses 20 %; 86.6 % still once Mamba's SSD runs at the Triton forward's
-    # measured rate (mamba_overhead fitted again alone)
-    assert accuracy >= 0.866 >= 0.80
+    # measured rate (mamba_overhead fitted again alone); 86.3 % (271 of 314; held out every
+    # third row 85.6 %, mean error 15.0 % -> 14.3 %) once attention runs at each
+    # accelerator's measured level (kernels.toml's [attention_level], none refitted):
+    # Qwen3-30B-A3B's 26.08 GB200 row, 19 % slow before, passes 20 % as GB200's attention
+    # slows to its measured 0.91 of the H200's share, while held out by source 266 of 326
+    # rows are within 20 % where 260 were
+    assert accuracy >= 0.863 >= 0.80
 
 
 @pytest.fixture(scope="session")
@@ -189,24 +194,25 @@ def test_held_out_by_source_floors(by_source: list[tuple[tune_fit.Case, float]])
     # the Mamba layer's kernels are counted as mamba_ssm runs them in training (the hybrid
     # rows 23 of 52 within 20 %, 14 before; mamba_overhead 7.92 to 3.84, fitted alone);
     # 79.8 % (260 of 326), MoE 70.6 % (125 of 177, the target met), 15.4 % once the SSD runs
-    # at the Triton forward's measured rate (the hybrid rows 25 of 52; mamba_overhead 3.09)
-    assert _within(by_source) >= 0.797
-    assert _within(moe) >= 0.706 >= 0.70
+    # at the Triton forward's measured rate (the hybrid rows 25 of 52; mamba_overhead 3.09);
+    # 81.6 % (266 of 326), MoE 72.3 % (128 of 177), 14.9 %, FSDP-style 12.4 % once attention
+    # runs at each accelerator's measured level (cuDNN's forward kernel, kernels.toml's
+    # [attention_level]: GB300 1.16, GB200 0.91, B200 0.96 of the H200's share), every target met
+    assert _within(by_source) >= 0.815 >= 0.80
+    assert _within(moe) >= 0.723 >= 0.70
     assert _within(fsdp) >= 0.80 >= 0.75
-    assert _error(by_source) <= 0.154
-    assert _error(fsdp) <= 0.136
+    assert _error(by_source) <= 0.149 <= 0.15
+    assert _error(fsdp) <= 0.124
     assert _within(titan) >= 0.58
     assert _error(titan) <= 0.174
 
 
-@pytest.mark.xfail(
-    reason="held out by source: 79.8 % within 20 %, mean error 15.4 % (MoE 70.6 %, met)",
-    strict=True,
-)
 def test_held_out_by_source_targets(by_source: list[tuple[tune_fit.Case, float]]) -> None:
     moe = [(c, p) for c, p in by_source if c.moe]
+    fsdp = [(c, p) for c, p in by_source if c.fsdp]
     assert _within(by_source) >= 0.80
     assert _within(moe) >= 0.70
+    assert _within(fsdp) >= 0.75
     assert _error(by_source) <= 0.15
 
 
