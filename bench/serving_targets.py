@@ -257,7 +257,11 @@ def mode_cases(group: Sequence[Scored]) -> list[bool]:
 
 def report(rows: Sequence[Row]) -> None:
     """The targets, held out by source: each source's medians, then all rows pooled."""
-    scored = score(rows)
+    report_scored(score(rows))
+
+
+def report_scored(scored: Sequence[Scored]) -> None:
+    """The report of rows already scored (held out by source)."""
     print("== issue 38's targets, every row held out by source")
     for source in sorted({s.row["source"] for s in scored}):
         mine = [s for s in scored if s.row["source"] == source]
