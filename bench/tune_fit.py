@@ -10,7 +10,7 @@ that states only tokens/s is compared in TFLOP/s by mdc's own FLOP count (its er
 tokens/s error). A row whose source leaves its micro batch or virtual stages open (its
 ``unstated`` keys) is predicted at the best of the values that compile and fit. TorchTitan's
 rows are left out: the model is of Megatron-Core's schedules
-and kernels (docs/tune.md reports them apart). The constants of
+and kernels (docs/tune-model-fit.md reports them apart). The constants of
 :class:`mdc.tune.perf.Constants` are fitted by coordinate descent on the squared log error,
 clipped at log(1.5),
 of the rows whose index (sorted by id) is not a multiple of 3 plus 2; those rows are held
