@@ -228,6 +228,7 @@ class Tuner:
         #: the variants' optimizer settings (:func:`_subgroups`), by id of a cached variant list
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
+        self._unrecomputed_cache: dict[int, tuple[TrainingSetup, TrainingSetup]] = {}
         #: the launcher-table keys the spec holds (written, or read from its pass-through args)
         self._held = self._held_options()
         self.order: str = self._fixed("parallelism", "order") or DEFAULT_ORDER
@@ -715,6 +716,14 @@ class Tuner:
             for c in walked[::step][:limit]
         ]
 
+    def _unrecomputed(self, training: TrainingSetup) -> TrainingSetup:
+        """``training`` without its recompute settings, made once per variant: keyed by
+        identity (cheaper than hashing every field), the setup held so its id stays its."""
+        held = self._unrecomputed_cache.get(id(training))
+        if held is None:
+            held = self._unrecomputed_cache[id(training)] = (training, _without_recompute(training))
+        return held[1]
+
     def _state_floor(self, candidate: Candidate) -> int:
         return state_floor(self.shape, candidate.sizes, candidate.training)
 
@@ -764,7 +773,9 @@ class Tuner:
         first_refused: dict[str, Any] | None = None
         walked: list[Candidate] = []
         too_big: dict[tuple[Any, ...], int] = {}
-        #: the model state of each family: the sizes and training setup fix it
+        #: the model state of each family: the sizes and the training setup less its
+        #: recompute settings fix it (state_floor reads none of those), so the families that
+        #: differ only in recompute share one
         floors: dict[tuple[Any, ...], int] = {}
         shown: set[tuple[float, int | None]] = set()
         shown_sizes: set[tuple[int, ...]] = set()
@@ -784,9 +795,10 @@ class Tuner:
             if not self.prune_memory:
                 candidate = self._with_memory(candidate)
             else:
-                if family not in floors:
-                    floors[family] = self._state_floor(candidate)
-                if floors[family] <= self.capacity and not self._exceeds(candidate):
+                state = family[:-1] + (self._unrecomputed(candidate.training),)
+                if state not in floors:
+                    floors[state] = self._state_floor(candidate)
+                if floors[state] <= self.capacity and not self._exceeds(candidate):
                     candidate = self._with_memory(candidate)  # it fits
             walked.append(candidate)
             if candidate.memory_bytes is None or candidate.memory_bytes > self.capacity:

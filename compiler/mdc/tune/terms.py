@@ -900,6 +900,15 @@ def _attention_width(shape: Shape) -> float:
 
 def stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float, float]:
     """(dense, expert) parameters one GPU of the heaviest stage holds."""
+    return _stage_params(shape, layout.tp, layout.ep, layout.etp, stage_layers)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_params(
+    shape: Shape, tp: int, ep: int, etp: int, stage_layers: int
+) -> tuple[float, float]:
+    """:func:`stage_params` of the sizes it reads (cached: a search asks it of the same
+    few stages for thousands of layouts)."""
     h = shape.hidden
     width = 3 if shape.gated else 2
     parts = _parts(shape)
@@ -911,31 +920,51 @@ def stage_params(shape: Shape, layout: Layout, stage_layers: int) -> tuple[float
     expert = shape.experts * shape.moe_ffn * width * routed_width * parts.moe / layers
     # the shared expert and the latent projections are replicated over ep like dense weights
     dense += (shape.shared_ffn * width * h + 2 * h * shape.moe_latent) * parts.moe / layers
-    embedding = shape.vocab * h / layout.tp
-    dense_gpu = dense / layout.tp * stage_layers + embedding
-    return dense_gpu, expert / (layout.ep * layout.etp) * stage_layers
+    embedding = shape.vocab * h / tp
+    dense_gpu = dense / tp * stage_layers + embedding
+    return dense_gpu, expert / (ep * etp) * stage_layers
 
 
 def recomputed(shape: Shape, L: Layout, stage_layers: int) -> Recomputed:
     """The share of each term's forward work recompute runs again: full recompute's
     layers (block: the first n of each model chunk), selective by operator (the matmuls
     mdc.plan.per_op does not keep), or Megatron-Core's recompute_modules."""
-    if L.recompute == "full":
+    return _recomputed(
+        shape, L.recompute, L.recompute_layers, L.recompute_per_op, L.recompute_per_op_forced,
+        L.recompute_modules, L.vpp, stage_layers,
+    )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _recomputed(
+    shape: Shape,
+    recompute: str,
+    recompute_layers: int | None,
+    recompute_per_op: bool,
+    recompute_per_op_forced: tuple[str, ...],
+    recompute_modules: tuple[str, ...] | None,
+    vpp: int,
+    stage_layers: int,
+) -> Recomputed:
+    """:func:`recomputed` of the layout fields it reads. Cached: a search predicts each
+    recompute setting for thousands of layouts that differ elsewhere (the record is
+    frozen, so sharing it is safe)."""
+    if recompute == "full":
         # block recomputes the first recompute_num_layers layers of each model chunk
         # (Megatron-Core's TransformerBlock is one chunk), as the memory estimate counts them
-        chunk = math.ceil(stage_layers / L.vpp)
-        count = chunk if L.recompute_layers is None else min(L.recompute_layers, chunk)
-        share = min(count * L.vpp, stage_layers) / stage_layers
+        chunk = math.ceil(stage_layers / vpp)
+        count = chunk if recompute_layers is None else min(recompute_layers, chunk)
+        share = min(count * vpp, stage_layers) / stage_layers
         return Recomputed(
             dense=share, experts=share, attention=share, elementwise=share, tp=share, ep=share
         )
-    if per_op.counts(shape, L.recompute, L.recompute_per_op):
+    if per_op.counts(shape, recompute, recompute_per_op):
         # the kept outputs (mdc.plan.per_op) are not run again; the column-parallel layers'
         # all-gathers are, their reduce-scatters not
-        dense = per_op.recomputed_gemm_share(shape, _parts(shape), L.recompute_per_op_forced)
+        dense = per_op.recomputed_gemm_share(shape, _parts(shape), recompute_per_op_forced)
         return Recomputed(dense=dense, experts=1.0, elementwise=1.0, tp=0.5)
-    if L.recompute == "selective":  # Megatron-Core's recompute_modules (default: core_attn)
-        modules = L.recompute_modules or ("core_attn",)
+    if recompute == "selective":  # Megatron-Core's recompute_modules (default: core_attn)
+        modules = recompute_modules or ("core_attn",)
         rerun = tuple(name for module in modules for name in _MODULE_GEMMS.get(module, ()))
         described = rerun and per_op.describes(shape)
         dense = per_op.gemm_share(shape, _parts(shape), rerun) if described else 0.0
