@@ -63,7 +63,8 @@ class Constants:
 DEFAULT = Constants()
 
 
-@attrs.frozen(kw_only=True)
+#: cache_hash: the search looks each one up among its predictions, then stores it
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Layout:
     """What the model needs of a candidate layout (sizes, batch and training switches)."""
 
