@@ -16,7 +16,8 @@ from mdc.pipeline import Compiler
 from mdc.plan.memory import state_floor
 from mdc.plan.named_models import CATALOGUE_FILE
 from mdc.plugin_manager import load_plugins
-from mdc.tune import search
+from mdc.tune import search, terms
+from mdc.tune.perf import bf16_share, bf16_stage, predict
 from mdc.tune.search import Candidate, Result, Tuner
 
 EXAMPLE = REPO / "examples" / "tune-llama70b-64xh100.toml"
@@ -286,3 +287,49 @@ def test_context_parallel_sizes_are_bounded_by_tokens_per_rank_alone(tmp_path: P
     finally:
         del SPECS["dense-64k"]
     assert {group.sizes.cp for group in tuner.classes()} == {1, 2, 4, 8, 16, 32, 64}
+
+
+@pytest.mark.slow
+def test_the_walk_reads_one_state_floor_per_layout_and_optimizer_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the model state reads no recompute setting: the layouts that differ only in recompute
+    # share one floor (the walk once read it again for each)
+    tuner = _tuner("moe-uneven", tmp_path)
+    calls: list[Candidate] = []
+    real = Tuner._state_floor
+
+    def counted(t: Tuner, c: Candidate) -> int:
+        calls.append(c)
+        return real(t, c)
+
+    monkeypatch.setattr(Tuner, "_state_floor", counted)
+    tuner.run(top=32)
+
+    def state(c: Candidate) -> tuple[Any, ...]:
+        L = c.layout
+        return (L.tp, L.pp, L.cp, L.ep, L.etp, L.vpp, search._without_recompute(c.training))
+
+    families = {(c.layout.tp, c.layout.pp, c.layout.cp, c.layout.ep, c.layout.etp,
+                 c.layout.vpp, c.training) for c in tuner.walked}  # fmt: skip
+    assert len(calls) == len({state(c) for c in tuner.walked}) < len(families)
+
+
+@pytest.mark.slow
+def test_the_models_cached_pieces_equal_ones_computed_cold(tmp_path: Path) -> None:
+    # the recompute shares and a stage's parameters are cached by the layout fields they
+    # read: one keyed without a field it reads would hand a layout another's prediction
+    tuner = _tuner("moe-uneven", tmp_path)
+    candidates = list(tuner.candidates())
+    assert len({c.layout.recompute_layers for c in candidates}) > 2
+    for c in candidates[:: max(1, len(candidates) // 400)]:
+        assert c.layout.stage_layers is not None
+        terms._recomputed.cache_clear()
+        terms._stage_params.cache_clear()
+        cold = predict(
+            tuner.shape, c.layout, tuner.hardware, nproc_per_node=tuner.nproc,
+            precision=tuner.precision, window=tuner.window, window_skip=tuner.window_skip,
+            bf16_share=bf16_share(tuner.shape, c.training,
+                                  bf16_stage(c.sizes, c.training), c.layout.stage_layers),
+        )  # fmt: skip
+        assert cold == c.prediction, c.label()
