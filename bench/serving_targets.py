@@ -9,9 +9,11 @@ fit). Against the targets:
 * TPOT at the measured layout and load: median |error| <= 15 %, >= 80 % within 25 %;
 * output tokens/s per GPU: median <= 20 %, >= 75 % within 30 %, >= 95 % within 2x;
 * TTFT where the deployment is not overloaded: median <= 30 %, >= 70 % within 50 %.
-  Not overloaded is read from the measurement itself: the requests decoding (output
-  tokens/s x TPOT, Little's law) are at least 90 % of those in flight, so a request spends
-  little time waiting for a slot or in a burst's queue;
+  Not overloaded: the requests do not wait for a running slot. A run in steady state
+  shows it in its measurement: the requests decoding (output tokens/s x TPOT, Little's
+  law) are at least 90 % of those in flight. A closed loop in waves (fixed lengths on an
+  engine that prefills every waiting prompt first) is a burst each wave, predicted as one,
+  and counts where its wave fits the predicted running slots (batch limit, KV cache);
 * choosing: among the measured deployments of one model, GPU, engine, checkpoint and
   workload (a source's rows that differ only in tp, pp, ep, dp or the step budget), under
   each TPOT limit that one of them meets, mdc's pick (the highest predicted tokens/s per
@@ -81,15 +83,23 @@ class Scored:
     predicted: dict[str, float]
 
 
-def not_overloaded(row: Row) -> bool:
-    """Whether the row's TTFT counts: its decoding requests are at least DECODING_SHARE of
-    those in flight (Little's law). A closed loop decodes output tokens/s x TPOT of its
-    concurrency; an open loop at rate r holds r x (TTFT + (output - 1) x TPOT) and decodes
-    r x output x TPOT of them, so the share is the request's decode time over its
-    latency, whatever the rate."""
+def not_overloaded(row: Row, running: float | None = None) -> bool:
+    """Whether the row's TTFT counts: its requests do not wait for a running slot.
+
+    A run in steady state shows it in its measurement (Little's law): its decoding
+    requests are at least DECODING_SHARE of those in flight. A closed loop decodes output
+    tokens/s x TPOT of its concurrency; an open loop at rate r holds r x (TTFT + (output -
+    1) x TPOT) and decodes r x output x TPOT of them, so the share is the request's decode
+    time over its latency, whatever the rate. A closed loop in waves (:func:`in_waves`) is
+    a burst of ``concurrency`` prompts each wave, its requests queued for their prefill
+    behind the others of their wave (the burst the model predicts, not a queue that waits
+    for slots): it counts where the wave fits the engine's running slots, ``running`` (the
+    requests the prediction runs at once: the batch limit, the KV cache)."""
     load, ttft, tpot = row.get("concurrency"), row.get("ttft_ms"), row.get("tpot_ms")
-    if ttft is None or tpot is None or row.get("role") or in_waves(row):
+    if ttft is None or tpot is None or row.get("role"):
         return False
+    if in_waves(row):
+        return running is not None and isinstance(load, int) and running >= load
     if row.get("request_rate") is not None:
         out = int(row["output_tokens"])
         latency = float(ttft) + (out - 1) * float(tpot)
@@ -109,8 +119,8 @@ def score(rows: Sequence[Row]) -> list[Scored]:
 
 
 def in_waves(row: Row) -> bool:
-    """Whether a closed loop's requests stay in waves, each request's TTFT its wave's
-    queue (a burst of ``concurrency`` prompts, as an offline run's): the loop's first
+    """Whether a closed loop's requests stay in waves, each request's TTFT the time to its
+    prefill in its wave (a burst of ``concurrency`` prompts, as an offline run's): the loop's first
     requests are sent at once; an engine that prefills every waiting prompt before it
     decodes again (the source's ``prefill_first``) starts them decoding in one step; at
     one fixed length (``fixed_lengths``) they finish in one step, and the loop sends their
@@ -138,7 +148,8 @@ def _scored(row: Row, c: Constants) -> Scored:
         measured["throughput"] = done
     if row.get("tpot_ms") is not None:
         measured["tpot"] = float(row["tpot_ms"])
-    if not_overloaded(row):
+    running = sum(p.batch.values()) * int(row.get("servers", 1))
+    if not_overloaded(row, running):
         measured["ttft"] = float(row["ttft_ms"])
     return Scored(row, measured, predicted)
 
