@@ -40,7 +40,9 @@ def test_every_required_accelerator_is_there_with_sources() -> None:
         entry = known[ident]
         required = {"compute", "memory", "scale_up", "scale_out", "arch"}
         assert entry.compute_capability is not None
-        assert required <= set(entry.sources) <= required | {"memory_exposed"}
+        optional = {"memory_exposed"} | ({"multiprocessors"} if entry.multiprocessors else set())
+        assert required <= set(entry.sources) <= required | optional
+        assert (entry.multiprocessors is None) == ("multiprocessors" not in entry.sources)
         assert all(url.startswith("https://") for url in entry.sources.values())
         assert entry.dense_tflops["bf16"] > 0
 

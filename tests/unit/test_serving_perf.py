@@ -16,13 +16,13 @@ from bench import serving_fit
 
 from mdc.describe import explain_text, plan_json
 from mdc.errors import SpecError
-from mdc.hardware import builtin
+from mdc.hardware import Accelerator, builtin
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.spec import WorkloadTable
 from mdc.tune.records import DEFAULT as MEASURED
 from mdc.tune.serving_perf import DEFAULT, Deployment, Role, link_rate, predict, server_of
-from mdc.tune.terms import GEMM_LEVEL
+from mdc.tune.terms import GEMM_LEVEL, hbm_level
 
 COMPILER = Compiler(load_plugins(autoload=False))
 R1 = {"name": "deepseek-ai/DeepSeek-R1", "dtype": "fp8", "seq_length": 9216}
@@ -956,6 +956,41 @@ def test_the_block_fp8_term_follows_the_checkpoint_s_weight_blocks() -> None:
     attention = excess((64 + 2 * 8) * 128, 5120) + excess(5120, 64 * 128)
     mlp = excess(2 * 25600, 5120) + excess(5120, 25600)
     assert server.block_fp8_tiles(4.0) == pytest.approx(64 * (attention + mlp), rel=1e-9)
+
+
+def test_the_block_fp8_tiles_follow_the_weight_block_and_the_chip_s_multiprocessors() -> None:
+    """The tile's columns are the checkpoint's scale block and a wave is the catalogue's
+    multiprocessor count: Qwen3-32B at tp 1 decoding 4 rows on an H200 (132 SMs, the
+    catalogue's) with [64, 128] blocks runs ceil(N / 64) tiles of 64 x K, and on a Hopper
+    with 114 SMs (as a plugin might give an H100 PCIe) more waves; a Hopper whose count the entry
+    does not give gets no term."""
+    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+
+    h200 = builtin()["h200"]
+    assert h200.multiprocessors == 132 and builtin()["h100-sxm"].multiprocessors == 132
+    one = Role(name="server", servers=1, gpus=1, tp=1)
+    work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=4)
+    shape = attrs.evolve(serving_fit._shape("qwen3-32b", "fp8", 4000), weight_block=(64, 128))
+
+    def tiles(hw: Accelerator) -> float:
+        return server_of(one, shape, hw, _deployment(one), work, DEFAULT).block_fp8_tiles(4.0)
+
+    def expected(hw: Accelerator, sms: int) -> float:
+        rate = hw.memory_bandwidth_gb_s * hbm_level(hw) * 1e9 * DEFAULT.hbm_efficiency
+
+        def excess(n: int, k: int) -> float:
+            waves = math.ceil(math.ceil(n / 64) / sms)
+            return max(0.0, waves * 64 * k / BLOCK_FP8_TILE_BYTES_S - n * k / rate)
+
+        attention = excess((64 + 2 * 8) * 128, 5120) + excess(5120, 64 * 128)
+        mlp = excess(2 * 25600, 5120) + excess(5120, 25600)
+        return 64 * (attention + mlp)
+
+    assert tiles(h200) == pytest.approx(expected(h200, 132), rel=1e-9)
+    pcie = attrs.evolve(h200, id="hopper-114", multiprocessors=114)
+    assert tiles(pcie) == pytest.approx(expected(pcie, 114), rel=1e-9)
+    assert tiles(pcie) > tiles(h200)
+    assert tiles(attrs.evolve(h200, multiprocessors=None)) == 0.0
 
 
 def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:

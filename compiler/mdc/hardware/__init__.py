@@ -37,6 +37,9 @@ class Accelerator:
     #: "major.minor" as torch.cuda.get_device_properties reports it (9.0 for Hopper, 10.0
     #: for Blackwell); None where the entry does not say
     compute_capability: str | None = None
+    #: streaming multiprocessors (NVIDIA SMs; AMD compute units) on the chip; None where the
+    #: entry does not say (what a kernel that runs one tile per SM spreads its tiles over)
+    multiprocessors: int | None = None
     #: field group ("compute", "memory", "scale_up", "scale_out", "arch") -> public source URL
     sources: Mapping[str, str] = attrs.field(factory=dict)
 
@@ -60,6 +63,7 @@ class Accelerator:
             "scale_up_gb_s": self.scale_up_gb_s,
             "scale_out_gb_s": self.scale_out_gb_s,
             **({"compute_capability": self.compute_capability} if self.compute_capability else {}),
+            **({"multiprocessors": self.multiprocessors} if self.multiprocessors else {}),
             "sources": dict(self.sources),
         }
 

@@ -66,10 +66,10 @@ FUSED_MOE_FIXED_S = 29.49e-6
 #: bytes/s one 128-column tile of a block-scaled FP8 GEMM streams at a few rows on Hopper
 #: (kernels.toml's [block_fp8]; a test holds it equal to kernels.block_fp8_tile_rate())
 BLOCK_FP8_TILE_BYTES_S = 27.06e9
-#: the tile's columns and rows (the weights' 128 x 128 quantization block) and Hopper's SMs
-#: (H100 SXM and H200: 132), which run one tile each at a time
-BLOCK_FP8_TILE = 128
-HOPPER_SMS = 132
+#: the kernel's rows per tile (its M tile); its columns per tile are the weights' scale
+#: block ([model] weight_block_size's first number), and each of the chip's multiprocessors
+#: (the catalogue's count: 132 on the H100 SXM and H200) runs one tile at a time
+BLOCK_FP8_ROWS = 128
 #: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
 PREFILL_ROLES = frozenset({"prefill", "context"})
 DECODE_ROLES = frozenset({"decode", "generation"})
@@ -284,6 +284,8 @@ class _Server:
     #: the stage's block-scaled FP8 GEMMs, (layers, column tiles, seconds a wave of tiles
     #: streams, seconds of the weights at the HBM rate, seconds of FLOPs per row)
     fp8_gemms: tuple[tuple[int, int, float, float, float], ...] = ()
+    #: the tiles one wave of those GEMMs runs: the chip's multiprocessors
+    fp8_wave: int = 1
 
     @property
     def max_batch(self) -> int:
@@ -410,16 +412,17 @@ class _Server:
 
     def block_fp8_tiles(self, batch: float) -> float:
         """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline on Hopper
-        (:func:`block_fp8_costs`): ``ceil(rows / 128)`` tiles per 128 columns, one wave of
-        132 at a time, each streaming its 128 x K weights at the measured tile rate."""
+        (:func:`block_fp8_costs`): ``ceil(rows / 128)`` tiles per scale block of columns, one
+        wave of the chip's multiprocessors at a time, each streaming its block x K weights at
+        the measured tile rate."""
         if not self.fp8_gemms:
             return 0.0
         r = self.role
         rows = batch / r.dp / r.pp
-        row_tiles = math.ceil(rows / BLOCK_FP8_TILE)
+        row_tiles = math.ceil(rows / BLOCK_FP8_ROWS)
         total = 0.0
         for count, col_tiles, per_wave, read, flops in self.fp8_gemms:
-            waves = math.ceil(row_tiles * col_tiles / HOPPER_SMS)
+            waves = math.ceil(row_tiles * col_tiles / self.fp8_wave)
             total += count * max(0.0, waves * per_wave - max(read, rows * flops))
         return r.pp * total
 
@@ -485,20 +488,25 @@ def block_fp8_costs(
 ) -> tuple[tuple[int, int, float, float, float], ...]:
     """What each block-scaled FP8 GEMM of a stage costs on Hopper: (layers, column tiles,
     seconds a wave of tiles streams, seconds of its weights at the HBM rate, seconds of its
-    FLOPs per row at the decode GEMMs' rate). A GEMM of N columns runs ceil(N / 128) tiles
-    per 128 rows, one per SM, each streaming its 128 x K weights at the measured tile rate,
-    so a narrow GEMM at a few rows reads its weights on a few SMs. Only checkpoints whose
-    weights are scaled in blocks ([model] weight_block_size: DeepSeek-V3/R1, Qwen3's -FP8);
-    the experts' GEMMs are the fused-MoE kernel's. Empty elsewhere."""
+    FLOPs per row at the decode GEMMs' rate). A GEMM of N columns runs ceil(N / block) tiles
+    per 128 rows (``block`` the weights' scale block in N, [model] weight_block_size's
+    first number), one per multiprocessor, each streaming its block x K weights at the
+    measured tile rate, so a narrow GEMM at a few rows reads its weights on a few SMs. Only
+    checkpoints whose weights are scaled in blocks (DeepSeek-V3/R1, Qwen3's -FP8), on a
+    Hopper whose multiprocessors the catalogue counts; the experts' GEMMs are the fused-MoE
+    kernel's. Empty elsewhere."""
     if shape.weight_block is None or shape.dtype != "fp8" or not _hopper(hw):
         return ()
+    if not hw.multiprocessors:
+        return ()
     hbm, peak = rates
+    block = shape.weight_block[0]
     stage = shape.pattern.parts(0, -(-shape.layers // pp))
     return tuple(
         (
             count,
-            math.ceil(n / BLOCK_FP8_TILE),
-            BLOCK_FP8_TILE * k / BLOCK_FP8_TILE_BYTES_S,
+            math.ceil(n / block),
+            block * k / BLOCK_FP8_TILE_BYTES_S,
             n * k / hbm,
             2 * n * k / peak,
         )
@@ -566,6 +574,7 @@ def server_of(
         moe_rate=moe_rate,
         moe_launches_s=moe_launches(shape, pp, moe_rate),
         fp8_gemms=block_fp8_costs(shape, hw, tp, pp, rates),
+        fp8_wave=hw.multiprocessors or 1,
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
 
