@@ -993,6 +993,32 @@ def test_the_block_fp8_tiles_follow_the_weight_block_and_the_chip_s_multiprocess
     assert tiles(attrs.evolve(h200, multiprocessors=None)) == 0.0
 
 
+def test_dp_attention_gathers_every_group_s_tokens_into_one_moe() -> None:
+    """SGLang's DP attention over 8 H200 without expert parallel (DeepSeek-R1, 8 groups of
+    attention tp 1): the MoE runs tensor parallel over the 8 GPUs on every group's tokens,
+    so a step of 64 reads the experts 64 tokens touch (not a group's 8) and each of the 61
+    MLP or MoE layers gathers the groups' hidden states and reduce-scatters its output (2
+    collectives of the 64 tokens' bf16 activations, (n - 1) / n of them on the wire). vLLM's
+    data-parallel engines without expert parallel are replicas: each its own 8 tokens, no
+    gather; with expert parallel the all-to-all carries the tokens instead."""
+    hw = builtin()["h200"]
+    shape = serving_fit._shape("deepseek-v3", "fp8", 4000)
+    work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=64)
+
+    def server(launcher: str, ep: int = 1) -> Any:
+        role = Role(name="server", servers=1, gpus=8, tp=8, dp=8, ep=ep)
+        return server_of(role, shape, hw, _deployment(role, launcher=launcher), work, DEFAULT)
+
+    sglang, vllm = server("sglang"), server("vllm")
+    assert sglang.gathers_groups() and not vllm.gathers_groups()
+    assert not server("sglang", ep=8).gathers_groups()
+    assert sglang.touched(8.0) == pytest.approx(1 - (1 - 8 / 256) ** 64)
+    assert vllm.touched(8.0) == pytest.approx(1 - (1 - 8 / 256) ** 8)
+    per = DEFAULT.allreduce_latency_s + 7 / 8 * (2 * 7168 * 64) / link_rate(hw, True)
+    assert sglang.comm(8.0) == pytest.approx(2 * 61 * per)
+    assert vllm.comm(8.0) == 0.0
+
+
 def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:
     """vLLM and SGLang (Triton fused MoE) pay FUSED_MOE_FIXED_S per MoE layer a step, 58 for
     DeepSeek-R1; TensorRT-LLM's own MoE kernels and FP4 experts are not that kernel."""

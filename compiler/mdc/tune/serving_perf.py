@@ -316,7 +316,21 @@ class _Server:
             t += 2 * stage.attention * per
         if r.ep > 1 and stage.moe:
             t += stage.moe * self.alltoall(tokens_per_group / r.attn_tp)
+        if self.gathers_groups():
+            # the MLP's input gathered from every group, its output reduced and scattered
+            n = r.gpus // r.pp
+            per = self.c.allreduce_latency_s + (n - 1) / n * act * r.dp / self.bandwidth()
+            t += 2 * (stage.moe + stage.mlp) * per
         return t
+
+    def gathers_groups(self) -> bool:
+        """Whether the attention groups' tokens meet in one tensor-parallel MLP over the
+        server: SGLang's DP attention and TensorRT-LLM's attention data parallel without
+        expert parallel gather every group's hidden states before each MLP or MoE layer and
+        reduce-scatter its output back (SGLang's dp_gather / dp_scatter); vLLM's
+        data-parallel engines without expert parallel are replicas, each with its own MLP."""
+        r = self.role
+        return r.dp > 1 and r.ep == 1 and _moe_over_server(self.dep.launcher)
 
     def alltoall(self, tokens: float) -> float:
         """Seconds of one MoE layer's dispatch and combine of ``tokens`` tokens from one GPU:
@@ -356,12 +370,13 @@ class _Server:
 
     def touched(self, tokens: float) -> float:
         """The share of a stage's experts a step reads when one attention group routes
-        ``tokens`` tokens (every group's with expert parallel): the expected distinct
-        experts of that many uniform top-k draws, ``1 - (1 - k / E)^T``."""
+        ``tokens`` tokens (every group's with expert parallel, or where the groups' tokens
+        meet in one MoE: :meth:`gathers_groups`): the expected distinct experts of that
+        many uniform top-k draws, ``1 - (1 - k / E)^T``."""
         r, s = self.role, self.shape
         if not s.experts:
             return 1.0
-        routed = tokens * r.dp if r.ep > 1 else tokens
+        routed = tokens * r.dp if r.ep > 1 or self.gathers_groups() else tokens
         miss: float = (1.0 - s.topk / s.experts) ** max(routed, 1.0)
         return 1.0 - miss
 
