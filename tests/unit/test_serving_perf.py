@@ -254,7 +254,7 @@ def test_the_shipped_constants_are_the_fit_on_the_fitted_sources() -> None:
 
 def test_the_fitted_sources_are_reproduced() -> None:
     """Throughput, TTFT and TPOT on the rows the constants are fitted on
-    (docs/tune-serving.md's table)."""
+    (docs/tune-serving-targets.md's table)."""
     fitted = [r for r in _rows() if r.get("fit", True)]
     throughput = serving_fit.errors(fitted, DEFAULT, "throughput")
     assert len(throughput) >= 66
@@ -265,7 +265,7 @@ def test_the_fitted_sources_are_reproduced() -> None:
 
 
 #: the median |error| of each source's rows held out (fitted on the others): floors the
-#: model must keep (docs/tune-serving.md reports them, and why some are far off)
+#: model must keep (docs/tune-serving-targets.md reports them, and why some are far off)
 HELD_OUT_FLOORS = {
     ("trtllm-perf-overview", "throughput"): 0.11,
     ("nim-benchmarking", "throughput"): 0.07,

@@ -232,7 +232,7 @@ def test_gpustacks_rows_read_what_their_pages_ran() -> None:
     assert len(gpustack) == 100
 
 
-#: the held-out medians of the sources kept out of the fit (docs/tune-serving.md)
+#: the held-out medians of the sources kept out of the fit (docs/tune-serving-targets.md)
 UNSEEN_FLOORS = {
     # GPUStack's runs predicted as the bursts they are (mdc.tune.serving_burst): throughput
     # 73.1 % -> 41.5 %, TPOT 28.1 % -> 35.6 % (the drain's small batches decode faster than
@@ -269,7 +269,7 @@ def test_the_unseen_sources_keep_their_floor(source: str, metric: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="docs/tune-serving.md: not met held out by source")
+@pytest.mark.xfail(strict=True, reason="docs/tune-serving-targets.md: not met held out by source")
 @pytest.mark.parametrize("metric", ["tpot", "throughput", "ttft"])
 def test_issue_38_accuracy_target(metric: str) -> None:
     (verdict,) = [v for v in serving_targets.verdicts(_scored()) if v[0] == metric]
@@ -292,7 +292,7 @@ def test_issue_38_choosing_target_within_one_mode() -> None:
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True, reason="docs/tune-serving.md: the B200 groups' 11 of 12 cases missed"
+    strict=True, reason="docs/tune-serving-targets.md: the B200 groups' 11 of 12 cases missed"
 )
 def test_issue_38_choosing_target() -> None:
     """With the Dynamo B200 study's four groups of both modes (12 cases, 1 good: the
@@ -303,7 +303,7 @@ def test_issue_38_choosing_target() -> None:
     assert sum(cases) / len(cases) >= 0.75
 
 
-#: llm-d's pair held out (docs/tune-serving.md): the disaggregated row's throughput (its
+#: llm-d's pair held out (docs/tune-serving-targets.md): the disaggregated row's throughput (its
 #: rate's tokens: 703 predicted against 752 per GPU counted by the benchmark), both
 #: modes' TPOT (5.7 ms disaggregated, 25 ms aggregated; 10.6 and 13.6 predicted) and the
 #: aggregated replicas' TTFT (532 ms; 143 predicted)
@@ -320,12 +320,12 @@ def test_llm_ds_pair_keeps_its_floor(metric: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="docs/tune-serving.md: 0 of 4 cases called")
+@pytest.mark.xfail(strict=True, reason="docs/tune-serving-targets.md: 0 of 4 cases called")
 def test_issue_38_aggregated_or_disaggregated_target() -> None:
     """Five workloads are measured in both modes: llm-d's (a fixed request rate, no
     aggregated throughput: no case) and the four of the Dynamo B200 study, where the
     aggregated replicas win by 58 % to 6.7x and the model calls the disaggregated
-    deployment the winner (docs/tune-serving.md says why)."""
+    deployment the winner (docs/tune-serving-targets.md says why)."""
     assert len(serving_targets.both_modes(_scored())) == 5
     cases = [ok for g in serving_targets.groups(_scored()) for ok in serving_targets.mode_cases(g)]
     assert len(cases) == 4
