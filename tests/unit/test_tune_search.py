@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import tomllib
 from fractions import Fraction
@@ -333,3 +334,47 @@ def test_the_models_cached_pieces_equal_ones_computed_cold(tmp_path: Path) -> No
                                   bf16_stage(c.sizes, c.training), c.layout.stage_layers),
         )  # fmt: skip
         assert cold == c.prediction, c.label()
+
+
+@pytest.mark.slow
+def test_recompute_settings_wait_for_the_setting_that_bounds_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # full recompute of the first n layers of each chunk reruns no less of any term than of
+    # fewer layers: it is predicted only once the ranking reads no faster than the next
+    # fewer (an optimizer setting's recompute settings were once predicted together, when
+    # the ranking came down to its step without recompute, most of them never read)
+    tuner = _tuner("moe-uneven", tmp_path)
+    waiting: list[tuple[str, float]] = []
+    early: list[str] = []
+    real = Tuner._candidate
+
+    def blocks(training: Any) -> int | None:
+        full = training.recompute == "full" and training.recompute_method == "block"
+        return training.recompute_num_layers if full else None
+
+    def counted(t: Tuner, group: Any, switches: Any, training: Any) -> Candidate:
+        c = real(t, group, switches, training)
+        n = blocks(training)
+        alike = search._without_recompute(training)
+        fewer = [
+            (m, variant)
+            for variant in group.variants
+            if (m := blocks(variant[1])) is not None and m < (n or 0)
+            and search._without_recompute(variant[1]) == alike
+        ]  # fmt: skip
+        if fewer:
+            bound = real(t, group, *max(fewer, key=lambda f: f[0])[1])
+            waiting.append((c.label(), bound.prediction.tokens_per_s_per_gpu))
+        return c
+
+    monkeypatch.setattr(Tuner, "_candidate", counted)
+    _, ranked = tuner.ranked()
+    waited = 0
+    for c in itertools.islice(ranked, 4000):
+        speed = c.prediction.tokens_per_s_per_gpu
+        early += [label for label, bound in waiting if speed > bound * (1 + 1e-9)]
+        waited += len(waiting)
+        waiting.clear()
+    assert waited > 100
+    assert not early, early[:5]

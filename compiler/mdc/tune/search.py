@@ -57,6 +57,7 @@ from mdc.tune.perf import (
     predict,
     scale_up_domain,
 )
+from mdc.tune.terms import recompute_shares
 
 #: shortest sequence slice a context-parallel rank keeps; no other bound on cp (Megatron-Core
 #: sets none: NeMo's long-sequence runs of 1M tokens ran cp 32)
@@ -229,6 +230,9 @@ class Tuner:
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
         self._unrecomputed_cache: dict[int, tuple[TrainingSetup, TrainingSetup]] = {}
+        #: each optimizer setting's recompute settings by the one that bounds each
+        #: (:meth:`_recompute_tree`), by id of a cached variant list, setting, stage and vpp
+        self._tree_cache: dict[tuple[int, int, int, int], dict[int, list[int]]] = {}
         #: the launcher-table keys the spec holds (written, or read from its pass-through args)
         self._held = self._held_options()
         self.order: str = self._fixed("parallelism", "order") or DEFAULT_ORDER
@@ -399,7 +403,9 @@ class Tuner:
         class runs faster than one setting's step less that term. So each class is predicted
         once and waits in a heap under that bound, ahead of every candidate it holds; when
         it reaches the top, each optimizer setting is predicted without recompute and waits
-        under that; then its recompute settings are predicted. Before that, the classes
+        under that; then its recompute settings are predicted, each only once a setting
+        that recomputes no more of any term (:meth:`_recompute_tree`) comes up, under
+        that one's step. Before that, the classes
         that differ only in their virtual stages (a family) wait together under one bound:
         each depth runs the same work per micro batch but for the sends, over the micro
         batches and a fill that is shortest at the deepest interleaving. Ties keep generation
@@ -474,13 +480,16 @@ class Tuner:
                         raise BoundMissed(child[2].label())
                     heapq.heappush(heap, child)
                 continue
-            group, subgroup = pending
             index = order[0]
-            if subgroup is not None:  # one optimizer setting: its recompute settings
-                for i in group.subgroups[subgroup][0]:
-                    c = candidate if i == order[2] else self._candidate(group, *group.variants[i])
-                    children.append((c.key, (index, i), c, None))
-            else:  # the class: each optimizer setting without recompute
+            if len(pending) == 3:  # the recompute settings a predicted one bounds
+                group, subgroup, parent = pending
+                children = self._settings(group, subgroup, parent, order)
+            elif pending[1] is not None:  # one optimizer setting: its recompute settings
+                group, subgroup = pending
+                children = [(candidate.key, (index, order[2]), candidate, None)]
+                children += self._settings(group, subgroup, order[2], order)
+            else:
+                group = pending[0]  # the class: each optimizer setting without recompute
                 for k, (members, head) in enumerate(group.subgroups):
                     if head is None:
                         for i in members:
@@ -494,6 +503,54 @@ class Tuner:
                 if child[:2] < entry[:2]:
                     raise BoundMissed(child[2].label())
                 heapq.heappush(heap, child)
+
+    def _settings(
+        self, group: LayoutClass, subgroup: int, parent: int, order: tuple[int, ...]
+    ) -> list[_Entry]:
+        """The recompute settings ``parent`` bounds, each predicted; under each (a hair
+        wider, against float rounding) the settings it bounds in turn, unpredicted."""
+        tree = self._recompute_tree(group, subgroup)
+        entries: list[_Entry] = []
+        for i in tree.get(parent, ()):
+            c = self._candidate(group, *group.variants[i])
+            entries.append((c.key, (order[0], i), c, None))
+            if i in tree:
+                bound = c.prediction.tokens_per_s_per_gpu * (1 + 1e-9)
+                entries.append((_bound_key(c, bound), (*order, i), c, (group, subgroup, i)))
+        return entries
+
+    def _recompute_tree(self, group: LayoutClass, subgroup: int) -> dict[int, list[int]]:
+        """One optimizer setting's recompute settings (variant indices) under the setting
+        that bounds each, parent -> children in generation order: its parent is, of the
+        settings whose shares of the work run again (:func:`mdc.tune.terms.recompute_shares`)
+        are each at most its own, the one that shares the most (then the latest generated);
+        the head at the root. A setting none bounds hangs on the head, as all did before."""
+        key = (id(group.variants), subgroup, group.heaviest, group.sizes.vpp or 1)
+        tree = self._tree_cache.get(key)
+        if tree is not None:
+            return tree
+        members, head = group.subgroups[subgroup]
+        assert head is not None
+        shares = {
+            i: recompute_shares(self.shape, layout_of(
+                group.sizes, group.batch, group.variants[i][1], self.dtype, self.order,
+                group.heaviest, group.last,
+            ))
+            for i in members
+        }  # fmt: skip
+        ranking = sorted(members, key=lambda i: (i != head, sum(shares[i]), i))
+        tree = {}
+        for n, i in enumerate(ranking[1:], 1):
+            below = [
+                j
+                for j in ranking[:n]
+                if all(a <= b for a, b in zip(shares[j], shares[i], strict=True))
+            ]
+            tree.setdefault(below[-1] if below else head, []).append(i)
+        for children in tree.values():
+            children.sort()
+        self._tree_cache[key] = tree
+        return tree
 
     def _variants(
         self, tp: int, chunk_layers: int, split: Mapping[str, Any]
@@ -890,7 +947,7 @@ class LayoutClass:
 
 #: a heap entry: sort key, generation order (ties), the candidate, and what it stands for
 #: (None: itself; a list: a family's classes; else the class and its optimizer settings, or
-#: one setting's index)
+#: one setting's index; with a third item, the recompute settings that variant bounds)
 _Entry = tuple[tuple[Any, ...], tuple[int, ...], Candidate, Any]
 
 

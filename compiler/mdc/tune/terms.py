@@ -925,6 +925,14 @@ def _stage_params(
     return dense_gpu, expert / (ep * etp) * stage_layers
 
 
+def recompute_shares(shape: Shape, L: Layout) -> tuple[float, ...]:
+    """The shares :class:`Step` reads for ``L`` (its heaviest stage), as one tuple: every
+    term grows with each share, so a setting whose shares are all at least another's runs
+    no faster than it, the rest of the layout alike."""
+    again = recomputed(shape, L, L.stage_layers or math.ceil(shape.layers / L.pp))
+    return (again.dense, again.experts, again.attention, again.elementwise, again.tp, again.ep)
+
+
 def recomputed(shape: Shape, L: Layout, stage_layers: int) -> Recomputed:
     """The share of each term's forward work recompute runs again: full recompute's
     layers (block: the first n of each model chunk), selective by operator (the matmuls
