@@ -43,7 +43,7 @@ remote_command() {
 }
 
 pids=()
-stop() { kill "${pids[@]}" 2>/dev/null || true; }
+stop() { if ((${#pids[@]})); then kill "${pids[@]}" 2>/dev/null || true; fi; }
 # On Ctrl-C or TERM, stop every node and wait for it before exiting.
 trap 'stop; wait || true; exit 130' INT
 trap 'stop; wait || true; exit 143' TERM
@@ -52,14 +52,34 @@ for ((node = 0; node < 2; node++)); do
   pids+=("$!")
 done
 # The first node to fail stops the others; its status is the job's.
-for _ in "${pids[@]}"; do
-  if wait -n; then
-    continue
+# each ended one's status read by its pid, before and after every wait -n, as bash
+# can drop one killed by a signal unreported (and wait -n then never returns it)
+status=0
+waited=0
+while ((${#pids[@]})); do
+  running=()
+  for pid in "${pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      running+=("$pid")
+    else
+      wait "$pid" || status=$?
+    fi
+  done
+  # all ended; or wait -n found no child and none ended (what kill -0 finds is not ours)
+  if ((${#running[@]} == 0)) || ((waited == 127 && ${#running[@]} == ${#pids[@]})); then
+    pids=()
   else
-    status=$?
-    echo "mdc: a node exited with status $status; stopping the others" >&2
-    stop
-    wait || true
-    exit "$status"
+    pids=("${running[@]}")
   fi
+  if ((status != 0 || ${#pids[@]} == 0)); then
+    break
+  fi
+  waited=0
+  wait -n || waited=$?
 done
+if ((status != 0)); then
+  echo "mdc: a node exited with status $status; stopping the others" >&2
+  stop
+  wait || true
+  exit "$status"
+fi
