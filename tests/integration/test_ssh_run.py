@@ -48,6 +48,7 @@ class Sshd:
     port: int
     identity: Path
     known_hosts: Path
+    remote_home: Path
 
     def options(self) -> list[str]:
         """[ssh] ssh_options that reach this sshd with its own keys only."""
@@ -143,6 +144,11 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         "".join(f"[{name}]:{port} {host_key}\n" for name in ("127.0.0.1", "localhost")),
         encoding="utf-8",
     )
+    # The remote shells get a home of their own: sshd's bash reads ~/.bashrc, and this
+    # machine's (pyenv init, which rehashes under a lock) can stall a login for a minute
+    # and print through the node's terminal; the job's PATH comes through forward_env.
+    remote_home = home / "remote-home"
+    remote_home.mkdir()
     config = home / "sshd_config"
     config.write_text(
         "\n".join(
@@ -161,6 +167,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
                 "PrintMotd no",
                 "LogLevel ERROR",
                 "MaxStartups 64",
+                f"SetEnv HOME={remote_home}",
             ]
         )
         + "\n",
@@ -197,7 +204,12 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
                         f"{(home / 'sshd.log').read_text(errors='replace')}"
                     )
                 time.sleep(0.1)
-        yield Sshd(port=port, identity=home / "client_key", known_hosts=home / "known_hosts")
+        yield Sshd(
+            port=port,
+            identity=home / "client_key",
+            known_hosts=home / "known_hosts",
+            remote_home=remote_home,
+        )
     finally:
         server.terminate()
         try:
@@ -343,7 +355,7 @@ total = torch.tensor([float(rank)])
 dist.all_reduce(total)
 report = {name: os.environ.get(name) for name in (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-    "SSH_CONNECTION", "SSH_TTY")}
+    "SSH_CONNECTION", "SSH_TTY", "HOME")}
 report.update(dist_rank=rank, allreduce=total.item())
 Path(os.environ["PROBE_DIR"], f"rank-{rank}.json").write_text(json.dumps(report))
 print(f"probe rank {rank} done", flush=True)
@@ -386,6 +398,7 @@ def test_torchrun_2x2_over_ssh(
         node = int(report["NODE_RANK"])
         assert report["SSH_CONNECTION"], "the node did not run through sshd"
         assert report["SSH_TTY"], "ssh -tt gave the node no terminal"
+        assert report["HOME"] == str(sshd.remote_home), "the node's shell read root's own rc"
         assert int(report["GROUP_RANK"]) == node
         assert rank == report["dist_rank"] == node * nproc + int(report["LOCAL_RANK"])
         assert report["WORLD_SIZE"] == str(world)
