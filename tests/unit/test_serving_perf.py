@@ -277,8 +277,9 @@ HELD_OUT_FLOORS = {
     # its fixed lengths' waves run as bursts: TTFT 95.8 % -> 66.4 %, TPOT 60.1 % -> 64.8 %;
     # the 500 prompts' last wave, smaller, decodes faster: 65.1 % (the measured steps are
     # 2 to 6x the model's, so any smaller batch moves away from them); the block-FP8 GEMMs'
-    # tiles and the fused-MoE launches: 65.1 % -> 61.8 %
-    ("dstack-deepseek-r1", "tpot"): 0.62,
+    # tiles and the fused-MoE launches: 65.1 % -> 61.8 %; SGLang's DP attention gathering
+    # its groups' tokens: 53.9 %; the MI300X's block-FP8 GEMMs at aiter's measured times: 52.8 %
+    ("dstack-deepseek-r1", "tpot"): 0.53,
 }
 
 
@@ -901,7 +902,7 @@ def test_deepseeks_block_fp8_gemms_at_a_few_rows_stream_on_a_few_sms() -> None:
     hand (hidden 7,168; q_lora 1,536, kv_lora 512, rope 64, 128 heads of 128 + 64 query and
     128 value dims; 3 dense MLP layers of 18,432, 58 shared experts of 2,048), one tile of
     rows, ceil(N / 128) tiles of 128 x K bytes at the measured tile rate, less each GEMM's
-    roofline; on an MI300X (not measured) and in bf16 (no blocks) nothing."""
+    roofline; on an MI325X (not measured) and in bf16 (no blocks) nothing."""
     from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
 
     server = _r1_server("vllm")
@@ -918,10 +919,72 @@ def test_deepseeks_block_fp8_gemms_at_a_few_rows_stream_on_a_few_sms() -> None:
     expected = 61 * attention + 3 * dense + 58 * shared
     assert server.block_fp8_tiles(4.0) == pytest.approx(expected, rel=1e-9)
     assert 3e-3 < expected < 8e-3  # milliseconds a step: a third of the roofline's
-    assert _r1_server("vllm", gpu="mi300x").block_fp8_tiles(4.0) == 0.0
+    assert _r1_server("vllm", gpu="mi325x").block_fp8_tiles(4.0) == 0.0
     assert _r1_server("vllm", dtype="bf16").block_fp8_tiles(4.0) == 0.0
     # at a large batch the GEMMs' own FLOPs pass the tiles' stream
     assert server.block_fp8_tiles(4096.0) < expected / 4
+
+
+def test_the_mi300x_block_fp8_table_is_kernels_toml_s() -> None:
+    """BLOCK_FP8_MEASURED_US is kernels.toml's [[block_fp8_gemm]] (aiter's CK
+    gemm_a8w8_blockscale tuned on an MI300X, ROCm/aiter#2881): DeepSeek-V3's fused q/kv
+    down-projection (N = 2,112, K = 7,168) takes 19.50 us at one row, where its 15.1 MB take
+    3.7 us at the MI300X's BabelStream Triad (4.09 TB/s)."""
+    from mdc.tune import kernels
+    from mdc.tune.serving_perf import BLOCK_FP8_MEASURED_US
+
+    assert kernels.block_fp8_measured_us() == BLOCK_FP8_MEASURED_US
+    first = BLOCK_FP8_MEASURED_US["mi300x"][(2112, 7168)][0]
+    assert first == (1, 19.5004)
+    assert first[1] * 1e-6 / 5 > 2112 * 7168 / 4.09e12
+
+
+def test_a_timed_gemm_between_and_past_its_measured_rows() -> None:
+    """Between two measured row counts the straight line through them; below the first its
+    time; past the last its time per row."""
+    from mdc.tune.serving_perf import measured_gemm_s
+
+    points = ((2, 10.0), (8, 16.0), (64, 30.0))
+    assert measured_gemm_s(points, 1.0) == pytest.approx(10e-6)
+    assert measured_gemm_s(points, 4.0) == pytest.approx(12e-6)
+    assert measured_gemm_s(points, 36.0) == pytest.approx(23e-6)
+    assert measured_gemm_s(points, 128.0) == pytest.approx(60e-6)
+
+
+def test_deepseeks_block_fp8_gemms_on_an_mi300x_take_their_measured_time() -> None:
+    """DeepSeek-R1 at tp 8 on an MI300X decoding 4 requests: each block-FP8 GEMM aiter timed
+    on the MI300X (ROCm/aiter#2881) at 4 rows, by hand, less its roofline: the fused q/kv
+    down-projection 19.7582 us, the query up-projection (N = 16 x 192, K = 1,536) 6.6883, the
+    output projection (N = 7,168, K = 16 x 128) 8.1083 in each of the 61 layers, and the 58
+    shared experts' gate/up (N = 2 x 2,048 / 8, K = 7,168) between its 2 and 8 rows (19.1258
+    and 19.6018); the shapes it did not time (the dense layers' MLP, the shared down
+    projection) nothing. The same under SGLang; at tp 4 only the replicated down-projection
+    (the others' shapes not timed); in bf16 nothing."""
+    from mdc.tune.serving_perf import BLOCK_FP8_ROWS
+
+    server = _r1_server("vllm", gpu="mi300x")
+    rate: float = server.hbm_rate()
+    peak: float = server._peak() * DEFAULT.decode_efficiency
+
+    def excess(n: int, k: int, us: float) -> float:
+        return max(0.0, us * 1e-6 - max(n * k / rate, 4 * 2 * n * k / peak))
+
+    attention = excess(2112, 7168, 19.7582) + excess(3072, 1536, 6.6883)
+    attention += excess(7168, 2048, 8.1083)
+    shared = excess(512, 7168, 19.1258 + (19.6018 - 19.1258) * 2 / 6)
+    expected = 61 * attention + 58 * shared
+    assert server.block_fp8_tiles(4.0) == pytest.approx(expected, rel=1e-9)
+    assert 2e-3 < expected < 3e-3  # about 41 us a MoE layer
+    assert server.fp8_gemms == ()  # not Hopper's tiles: the MI300X's own timings
+    assert BLOCK_FP8_ROWS == 128
+    assert _r1_server("sglang", gpu="mi300x").block_fp8_tiles(4.0) == pytest.approx(expected)
+    assert _r1_server("vllm", gpu="mi300x", dtype="bf16").block_fp8_tiles(4.0) == 0.0
+    role = Role(name="server", servers=1, gpus=4, tp=4)
+    work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=4)
+    shape = serving_fit._shape("deepseek-v3", "fp8", 4000)
+    mi300x = builtin()["mi300x"]
+    tp4 = server_of(role, shape, mi300x, _deployment(role, launcher="vllm"), work, DEFAULT)
+    assert tp4.block_fp8_tiles(4.0) == pytest.approx(61 * excess(2112, 7168, 19.7582))
 
 
 def test_the_block_fp8_term_follows_the_checkpoint_s_weight_blocks() -> None:

@@ -217,3 +217,13 @@ def block_fp8_tile_rate() -> float:
     c = tomllib.loads(package_text("mdc.tune", "kernels.toml"))["block_fp8"]
     seconds = 2 * c["n"] * c["k"] / (c["tflops"] * 1e12)
     return float(c["tile"] * c["k"] / seconds)
+
+
+def block_fp8_measured_us() -> dict[str, dict[tuple[int, int], tuple[tuple[int, float], ...]]]:
+    """``[[block_fp8_gemm]]``'s timings by accelerator: {(N, K): ((rows, microseconds), ...)}
+    in rising rows, as published (the serving model's ``BLOCK_FP8_MEASURED_US``)."""
+    out: dict[str, dict[tuple[int, int], tuple[tuple[int, float], ...]]] = {}
+    for c in curves("block_fp8_gemm"):
+        points = tuple(sorted((int(m), float(us)) for m, us in c["points"]))
+        out.setdefault(c["accelerator"], {})[(int(c["n"]), int(c["k"]))] = points
+    return out

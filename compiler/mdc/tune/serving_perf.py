@@ -27,6 +27,7 @@ server of ``gpus`` GPUs (``pp`` stages of ``gpus / pp``; ``groups`` attention gr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -70,6 +71,30 @@ BLOCK_FP8_TILE_BYTES_S = 27.06e9
 #: block ([model] weight_block_size's first number), and each of the chip's multiprocessors
 #: (the catalogue's count: 132 on the H100 SXM and H200) runs one tile at a time
 BLOCK_FP8_ROWS = 128
+#: microseconds of block-scaled FP8 GEMMs timed one shape at a time, by accelerator and
+#: (N, K), at rising rows (kernels.toml's [[block_fp8_gemm]]: aiter's CK kernel on an MI300X;
+#: a test holds it equal to kernels.block_fp8_measured_us())
+BLOCK_FP8_MEASURED_US: dict[str, dict[tuple[int, int], tuple[tuple[int, float], ...]]] = {
+    "mi300x": {
+        (2112, 7168): (
+            (1, 19.5004), (2, 19.598), (4, 19.7582), (8, 19.7611), (16, 19.9561),
+            (32, 19.8079), (64, 19.1577), (128, 19.7518), (256, 26.7667), (512, 33.9281),
+            (1024, 57.3845),
+        ),
+        (3072, 1536): (
+            (1, 6.6154), (2, 6.62), (4, 6.6883), (8, 6.7342), (16, 6.7699), (32, 6.7891),
+            (64, 6.6606), (128, 7.987), (256, 10.7777), (512, 16.2427), (1024, 25.1534),
+        ),
+        (7168, 2048): (
+            (1, 10.1574), (2, 8.1045), (4, 8.1083), (8, 7.9481), (16, 8.3748), (32, 9.236),
+            (64, 11.0504), (128, 13.4382), (256, 20.8989), (512, 33.2011), (1024, 56.4329),
+        ),
+        (512, 7168): (
+            (1, 19.1052), (2, 19.1258), (8, 19.6018), (16, 19.5986), (32, 19.4961),
+            (64, 18.6645), (128, 17.8143), (256, 18.2481), (512, 19.5102), (1024, 26.3785),
+        ),
+    }
+}  # fmt: skip
 #: the launchers' names of the two disaggregated roles (TensorRT-LLM: context, generation)
 PREFILL_ROLES = frozenset({"prefill", "context"})
 DECODE_ROLES = frozenset({"decode", "generation"})
@@ -286,6 +311,8 @@ class _Server:
     fp8_gemms: tuple[tuple[int, int, float, float, float], ...] = ()
     #: the tiles one wave of those GEMMs runs: the chip's multiprocessors
     fp8_wave: int = 1
+    #: the stage's block-scaled FP8 GEMMs timed on this accelerator (:func:`measured_fp8_costs`)
+    fp8_measured: tuple[tuple[int, tuple[tuple[int, float], ...], float, float], ...] = ()
 
     @property
     def max_batch(self) -> int:
@@ -426,11 +453,12 @@ class _Server:
         return self.moe_launches_s
 
     def block_fp8_tiles(self, batch: float) -> float:
-        """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline on Hopper
-        (:func:`block_fp8_costs`): ``ceil(rows / 128)`` tiles per scale block of columns, one
+        """Seconds a step's block-scaled FP8 GEMMs take beyond their roofline: on Hopper
+        (:func:`block_fp8_costs`) ``ceil(rows / 128)`` tiles per scale block of columns, one
         wave of the chip's multiprocessors at a time, each streaming its block x K weights at
-        the measured tile rate."""
-        if not self.fp8_gemms:
+        the measured tile rate; where the kernel was timed shape by shape
+        (:func:`measured_fp8_costs`: an MI300X), its measured time at the step's rows."""
+        if not (self.fp8_gemms or self.fp8_measured):
             return 0.0
         r = self.role
         rows = batch / r.dp / r.pp
@@ -439,6 +467,8 @@ class _Server:
         for count, col_tiles, per_wave, read, flops in self.fp8_gemms:
             waves = math.ceil(row_tiles * col_tiles / self.fp8_wave)
             total += count * max(0.0, waves * per_wave - max(read, rows * flops))
+        for count, points, read, flops in self.fp8_measured:
+            total += count * max(0.0, measured_gemm_s(points, rows) - max(read, rows * flops))
         return r.pp * total
 
     def prefill_compute(self, tokens: float, prompt: int) -> float:
@@ -531,6 +561,43 @@ def block_fp8_costs(
     )
 
 
+def measured_fp8_costs(
+    shape: Shape, hw: Accelerator, tp: int, pp: int, rates: tuple[float, float]
+) -> tuple[tuple[int, tuple[tuple[int, float], ...], float, float], ...]:
+    """The stage's block-scaled FP8 GEMMs whose kernel was timed on this accelerator, shape by
+    shape (BLOCK_FP8_MEASURED_US: aiter's CK kernel on an MI300X, which vLLM and SGLang run
+    for such a checkpoint with aiter on; without it their Triton kernel, not timed there):
+    (layers, the measured (rows, microseconds), seconds of the weights at the HBM rate,
+    seconds of the FLOPs per row at the decode GEMMs' rate). GEMMs of a shape not timed add
+    nothing; nor do per-tensor FP8 or unquantized checkpoints."""
+    measured = BLOCK_FP8_MEASURED_US.get(hw.id)
+    if not measured or shape.weight_block is None or shape.dtype != "fp8":
+        return ()
+    hbm, peak = rates
+    stage = shape.pattern.parts(0, -(-shape.layers // pp))
+    return tuple(
+        (count, measured[(n, k)], n * k / hbm, 2 * n * k / peak)
+        for count, gemms in block_fp8_gemms(shape, tp, stage)
+        for n, k in gemms
+        if count and (n, k) in measured
+    )
+
+
+def measured_gemm_s(points: Sequence[tuple[int, float]], rows: float) -> float:
+    """Seconds of a timed GEMM at ``rows``: between two measured row counts the straight line
+    through them, below the first its time (a GEMM at fewer rows runs the same kernel), past
+    the last its time per row (the GEMM's FLOPs lead there)."""
+    first, last = points[0], points[-1]
+    if rows <= first[0]:
+        return first[1] * 1e-6
+    if rows >= last[0]:
+        return last[1] * 1e-6 * rows / last[0]
+    for (m0, t0), (m1, t1) in itertools.pairwise(points):
+        if rows <= m1:
+            return (t0 + (t1 - t0) * (rows - m0) / (m1 - m0)) * 1e-6
+    raise AssertionError("unreachable: rows below the last point")
+
+
 def link_rate(hw: Accelerator, scale_up: bool) -> float:
     """Bytes/s one GPU's collectives reach over its scale-up link or its scale-out NIC: the
     line rate times NCCL's measured bus bandwidth over it, the training model's own shares
@@ -590,6 +657,7 @@ def server_of(
         moe_launches_s=moe_launches(shape, pp, moe_rate),
         fp8_gemms=block_fp8_costs(shape, hw, tp, pp, rates),
         fp8_wave=hw.multiprocessors or 1,
+        fp8_measured=measured_fp8_costs(shape, hw, tp, pp, rates),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
 
