@@ -203,6 +203,16 @@ def test_bubble_is_p_minus_1_over_v_m() -> None:
         ) == pytest.approx(p.bubble)
 
 
+def test_the_breakdown_adds_up_to_the_step() -> None:
+    """The stage works its m micro batches and idles the fill: each term counts m micro
+    batches, the bubble the fill, so ``mdc explain``'s terms sum to the step."""
+    shape = _dense_70b()
+    hw = builtin()["h100-sxm"]
+    for vpp, m in ((1, 8), (5, 8), (1, 64)):
+        p = predict(shape, _layout(vpp=vpp, microbatches=m), hw, nproc_per_node=8)
+        assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s)
+
+
 def test_interleaved_chunks_sync_their_data_parallel_buffers_in_warm_up_and_cool_down() -> None:
     """Megatron-Core syncs each model chunk's gradient and parameter buffer on its own
     (Megatron Bridge: the DP communication's granularity is a virtual stage's layers). With
@@ -216,8 +226,7 @@ def test_interleaved_chunks_sync_their_data_parallel_buffers_in_warm_up_and_cool
         traffic = predict(shape, attrs.evolve(layout, overlap_grad_reduce=False), hw,
                           nproc_per_node=8).breakdown["dp"]  # fmt: skip
         b = predict(shape, layout, hw, nproc_per_node=8).breakdown
-        slots = m + 3 / 5
-        micro = sum(b[k] for k in ("compute", "elementwise", "tp", "cp", "ep", "pp-p2p")) / slots
+        micro = sum(b[k] for k in ("compute", "elementwise", "tp", "cp", "ep", "pp-p2p")) / m
         steps = min(2 * 3 + 4 * 4, m * 5)
         exposed = max(0.0, traffic / 5 - micro) + max(0.0, traffic * 4 / 5 - steps * micro / 5)
         assert b["dp"] == pytest.approx(exposed + DEFAULT.overlap_tax * (traffic - exposed))

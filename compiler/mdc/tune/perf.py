@@ -139,13 +139,15 @@ def predict(
     world = st.world
     tokens_step = L.microbatches * L.micro_batch_size * L.dp * shape.seq
     tflops = tokens_step * flops.total / step / world / 1e12
+    # the stage works m micro batches and idles the fill: the terms add up to the step
+    m = L.microbatches
     breakdown = {
-        "compute": slots * compute,
-        "elementwise": slots * elementwise,
-        "tp": slots * t_tp,
-        "cp": slots * t_cp,
-        "ep": slots * t_ep,
-        "pp-p2p": slots * t_p2p,
+        "compute": m * compute,
+        "elementwise": m * elementwise,
+        "tp": m * t_tp,
+        "cp": m * t_cp,
+        "ep": m * t_ep,
+        "pp-p2p": m * t_p2p,
         "pp-bubble": fill * micro,
         "dp": t_dp,
         "optimizer": t_opt,

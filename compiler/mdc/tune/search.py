@@ -433,11 +433,10 @@ class Tuner:
             # the fastest any virtual-stage depth of the family can run: each depth runs the
             # same work per micro batch but for the sends, over its micro batches and the
             # fill, which is the shortest at the deepest interleaving; and the optimizer step
-            slots = L.microbatches + L.schedules * (L.pp - 1) / L.vpp
             deepest = max(g.sizes.vpp or 1 for _, g in members)
             least = L.microbatches + L.schedules * (L.pp - 1) / deepest
             work = sum(p.breakdown[k] for k in ("compute", "elementwise", "tp", "cp", "ep"))
-            floor = least * work / slots + p.breakdown["optimizer"]
+            floor = least * work / L.microbatches + p.breakdown["optimizer"]
             bound = p.tokens_per_s_per_gpu * p.step_time_s / floor if floor > 0 else inf
             heap.append((_bound_key(c, bound * (1 + 1e-9)), (index, -3), c, members))
         heapq.heapify(heap)
