@@ -38,6 +38,7 @@ from mdc.tune.serving_perf import (
     predict,
     server_of,
 )
+from mdc.tune.serving_search import sglang_baseline
 
 DATA = Path(__file__).with_name("serving_data.toml")
 #: an offline run ("max"): every request queued at once
@@ -118,6 +119,9 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         roles = (_role("prefill", row["prefill"]), _role("decode", row["decode"]))
     else:
         roles = (_role("server", row),)
+    if row["launcher"].startswith("sglang") and row.get("sglang_share") == "own":
+        # SGLang picked its own --mem-fraction-static, as mdc explain estimates it
+        roles = tuple(sglang_baseline(r, shape, hw.memory_gib) for r in roles)
     dep = Deployment(
         launcher=row["launcher"],
         roles=roles,
