@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import tomllib
 from pathlib import Path
 
@@ -14,9 +15,11 @@ from mdc.hardware import builtin, schema_errors
 from mdc.package_data import package_text
 
 REQUIRED = (
-    "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "b300",
+    "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h100-nvl", "h200", "b200", "b300",
     "gb200", "gb300", "mi300x", "mi325x", "mi355x",
 )  # fmt: skip
+#: PCIe cards deployed as NVLink-bridged pairs
+BRIDGED = ("h100-pcie", "h100-nvl")
 
 
 def test_the_catalogue_file_passes_its_schema() -> None:
@@ -60,7 +63,8 @@ def test_the_architecture_is_what_megatron_reads() -> None:
 def test_memory_is_what_the_device_exposes_not_the_datasheet_gb() -> None:
     """nvidia-smi / rocm-smi totals: a little under the datasheet's decimal GB read as GiB."""
     exposed_mib = {
-        "a100-40gb": 40960, "a100-80gb": 81920, "h100-sxm": 81559, "h200": 143771,
+        "a100-40gb": 40960, "a100-80gb": 81920, "h100-sxm": 81559, "h100-pcie": 81559,
+        "h100-nvl": 95830, "h200": 143771,
         "b200": 183359, "b300": 275040, "gb200": 189471, "gb300": 284208,
     }  # fmt: skip
     known = builtin()
@@ -73,7 +77,26 @@ def test_memory_is_what_the_device_exposes_not_the_datasheet_gb() -> None:
 def test_rack_scale_systems_have_a_72_gpu_domain() -> None:
     known = builtin()
     assert known["gb200"].scale_up_domain == known["gb300"].scale_up_domain == 72
-    assert all(known[i].scale_up_domain == 8 for i in REQUIRED if not i.startswith("gb"))
+    assert all(known[i].scale_up_domain == 2 for i in BRIDGED)
+    eight = [i for i in REQUIRED if not i.startswith("gb") and i not in BRIDGED]
+    assert all(known[i].scale_up_domain == 8 for i in eight)
+
+
+def test_the_h100_pcie_cards_are_the_datasheets_dense_halves() -> None:
+    """NVIDIA's tables print the sparse peaks (PCIe: TF32 756, BF16 1,513, FP8 3,026; NVL:
+    835, 1,671, 3,341 TFLOPS); HBM 2.0 and 3.9 TB/s; the NVLink bridge 600 GB/s both ways."""
+    known = builtin()
+    for ident, (tf32, bf16, fp8, hbm) in {
+        "h100-pcie": (756, 1513, 3026, 2000),
+        "h100-nvl": (835, 1671, 3341, 3900),
+    }.items():
+        entry = known[ident]
+        assert entry.dense_tflops["tf32"] == tf32 / 2
+        assert entry.dense_tflops["bf16"] == pytest.approx(bf16 / 2, abs=0.05)
+        assert entry.dense_tflops["fp8"] == fp8 / 2
+        assert entry.memory_bandwidth_gb_s == hbm and entry.scale_up_gb_s == 600 / 2
+        assert entry.compute_capability == "9.0" and entry.arch_major == 9
+    assert known["h100-pcie"].multiprocessors == 114 and known["h100-nvl"].multiprocessors == 132
 
 
 def test_fp8_is_twice_bf16_and_fp4_only_where_it_exists() -> None:
@@ -132,6 +155,30 @@ def test_accelerator_model_sets_the_memory_limit(tmp_path: Path) -> None:
     code, out, _ = _run(_spec(tmp_path, 'accelerator_model = "mi300x"\n'), "explain")
     # rocm-smi: 206141652992 bytes
     assert code == 0 and "of 191.984 GiB" in out and "accelerator amd" in out
+
+
+@pytest.mark.parametrize(("model", "limit"), [("h100-pcie", "79.6475"), ("h100-nvl", "93.584")])
+def test_a_pcie_h100_compiles_and_explains(tmp_path: Path, model: str, limit: str) -> None:
+    """Memory fits read the GiB the card exposes (81559 and 95830 MiB), and the prediction
+    names the card."""
+    spec = _spec(tmp_path, f'accelerator_model = "{model}"\n')
+    code, _, err = _run(spec, "compile", "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text(encoding="utf-8"))
+    assert plan["parallelism"]["tp"] == 8
+    code, out, _ = _run(spec, "explain")
+    name = builtin()[model].name
+    assert code == 0 and f"of {limit} GiB" in out and f"predicted on {name}" in out
+
+
+def test_tensor_parallel_past_the_bridged_pair_is_priced_off_nvlink(tmp_path: Path) -> None:
+    """On NVLink-bridged pairs only two GPUs share the 300 GB/s link: mdc tune keeps
+    Llama-3-70B's tensor parallel on the pair, tp 2, on 64 H100 NVL in nodes of 8 (before,
+    the whole node was priced as one NVLink domain and tp 4 came out first)."""
+    spec = _spec(tmp_path, 'accelerator_model = "h100-nvl"\n')
+    code, out, err = _run(spec, "tune", "--format", "json", "--top", "1")
+    assert code == 0, err
+    assert json.loads(out)["candidates"][0]["parallelism"]["tp"] == 2
 
 
 def test_an_explicit_memory_wins(tmp_path: Path) -> None:

@@ -1103,3 +1103,21 @@ def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:
     assert (
         server_of(role, gpt_oss, builtin()["h100-sxm"], dep, work, DEFAULT).fused_moe_fixed() == 0
     )
+
+
+def test_a_server_past_the_bridged_pair_talks_over_the_nic() -> None:
+    """H100 NVL cards are NVLink-bridged in pairs: a tp 2 server's all-reduces run on the
+    bridge, a tp 4 one's leave it (PCIe and the NICs) even on one 8-GPU node; on H100 SXM
+    the node's NVSwitch joins all 8."""
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 4096)
+    work = WorkloadTable(input_tokens=2048, output_tokens=2048, concurrency=64)
+    for ident, tp, scale_up in (
+        ("h100-nvl", 2, True),
+        ("h100-nvl", 4, False),
+        ("h100-sxm", 8, True),
+    ):
+        hw = builtin()[ident]
+        role = Role(name="server", servers=1, gpus=tp, tp=tp)
+        dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib)
+        server = server_of(role, shape, hw, dep, work, DEFAULT)
+        assert server.bandwidth() == link_rate(hw, scale_up), (ident, tp)

@@ -50,7 +50,7 @@ from mdc.plan.serving_memory import (
 from mdc.spec import WorkloadTable
 from mdc.tune.flops import token_flops
 from mdc.tune.records import DEFAULT as MEASURED
-from mdc.tune.terms import gemm_level, hbm_level
+from mdc.tune.terms import gemm_level, hbm_level, scale_up_domain
 
 if TYPE_CHECKING:
     from mdc.api import Launch
@@ -328,7 +328,8 @@ class _Server:
     def bandwidth(self) -> float:
         """Bytes/s of one GPU's link for this server's collectives."""
         gpus = self.role.gpus
-        inside = gpus <= self.dep.nproc_per_node or gpus <= self.hw.scale_up_domain
+        node = scale_up_domain(self.hw, self.dep.nproc_per_node)
+        inside = gpus <= node or gpus <= self.hw.scale_up_domain
         return link_rate(self.hw, inside)
 
     def comm(self, tokens_per_group: float) -> float:

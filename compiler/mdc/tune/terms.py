@@ -847,8 +847,14 @@ def bandwidth(span: int, stride: int, domain: int, hw: Accelerator, c: Constants
 
 
 def scale_up_domain(hw: Accelerator, nproc_per_node: int) -> int:
-    """GPUs on one scale-up network: the rack for NVL72-style systems, else the node."""
-    return hw.scale_up_domain if hw.scale_up_domain > 8 else nproc_per_node
+    """GPUs on one scale-up network: the rack for NVL72-style systems, the bridged pair for
+    PCIe cards whose NVLink bridge joins fewer GPUs than the node holds (H100 PCIe and NVL:
+    2), else the node."""
+    if hw.scale_up_domain > 8:
+        return hw.scale_up_domain
+    if hw.scale_up_domain < 8:
+        return min(nproc_per_node, hw.scale_up_domain)
+    return nproc_per_node
 
 
 def _efficiency(dims: list[float], knee: float) -> float:
