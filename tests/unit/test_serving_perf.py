@@ -1108,16 +1108,54 @@ def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:
 def test_a_server_past_the_bridged_pair_talks_over_the_nic() -> None:
     """H100 NVL cards are NVLink-bridged in pairs: a tp 2 server's all-reduces run on the
     bridge, a tp 4 one's leave it (PCIe and the NICs) even on one 8-GPU node; on H100 SXM
-    the node's NVSwitch joins all 8."""
+    the node's NVSwitch joins all 8, and a server over two nodes of 4 leaves it."""
     shape = serving_fit._shape("llama3.1-70b", "fp8", 4096)
     work = WorkloadTable(input_tokens=2048, output_tokens=2048, concurrency=64)
-    for ident, tp, scale_up in (
-        ("h100-nvl", 2, True),
-        ("h100-nvl", 4, False),
-        ("h100-sxm", 8, True),
+    for ident, tp, per_node, scale_up in (
+        ("h100-nvl", 2, 8, True),
+        ("h100-nvl", 4, 8, False),
+        ("h100-sxm", 8, 8, True),
+        ("h100-sxm", 8, 4, False),
     ):
         hw = builtin()[ident]
         role = Role(name="server", servers=1, gpus=tp, tp=tp)
-        dep = Deployment(launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib)
+        dep = Deployment(
+            launcher="vllm", roles=(role,), capacity_gib=hw.memory_gib, nproc_per_node=per_node
+        )
         server = server_of(role, shape, hw, dep, work, DEFAULT)
         assert server.bandwidth() == link_rate(hw, scale_up), (ident, tp)
+
+
+def test_an_expert_all_to_all_over_two_nodes_leaves_the_node() -> None:
+    """ep 8 on H100 SXM nodes of 4 GPUs: half of each token's destinations are on the other
+    node, over the NICs, where one node of 8 keeps them on its NVSwitch."""
+    hw, shape = builtin()["h100-sxm"], _r1_shape()
+    role = Role(name="decode", servers=1, gpus=8, tp=8, dp=8, ep=8)
+    work = WorkloadTable(input_tokens=2000, output_tokens=1, concurrency=1)
+
+    def alltoall(per_node: int) -> float:
+        dep = attrs.evolve(_deployment(role), nproc_per_node=per_node)
+        return server_of(role, shape, hw, dep, work, DEFAULT).alltoall(256)
+
+    assert alltoall(4) > alltoall(8)
+
+
+def test_a_kv_transfer_inside_an_nvl72_rack_stays_on_nvlink() -> None:
+    """GB200 trays of 4 GPUs in one NVLink domain of 72: a prefill and a decode server on
+    two trays move the KV cache over NVLink, as fast as on one node of 8."""
+    hw = builtin()["gb200"]
+    shape = serving_fit._shape("llama3.1-70b", "fp8", 6144)
+    prefill = Role(name="prefill", servers=1, gpus=4, tp=4)
+    decode = Role(name="decode", servers=1, gpus=4, tp=4)
+    work = WorkloadTable(input_tokens=4096, output_tokens=1024, concurrency=32)
+
+    def ttft(per_node: int) -> float:
+        dep = Deployment(
+            launcher="sglang_disagg",
+            roles=(prefill, decode),
+            capacity_gib=hw.memory_gib,
+            nproc_per_node=per_node,
+        )
+        return predict(shape, hw, dep, work).ttft_ms
+
+    assert ttft(4) == pytest.approx(ttft(8), rel=1e-12)

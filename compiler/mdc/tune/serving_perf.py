@@ -327,9 +327,7 @@ class _Server:
 
     def bandwidth(self) -> float:
         """Bytes/s of one GPU's link for this server's collectives."""
-        gpus = self.role.gpus
-        node = scale_up_domain(self.hw, self.dep.nproc_per_node)
-        inside = gpus <= node or gpus <= self.hw.scale_up_domain
+        inside = self.role.gpus <= scale_up_domain(self.hw, self.dep.nproc_per_node)
         return link_rate(self.hw, inside)
 
     def comm(self, tokens_per_group: float) -> float:
@@ -369,7 +367,7 @@ class _Server:
         per other node (DeepEP's internode kernels forward inside the node over NVLink)."""
         ep, k = self.role.ep, self.shape.topk
         per_node = max(1, min(self.dep.nproc_per_node, self.hw.scale_up_domain))
-        inside = ep <= per_node or ep <= self.hw.scale_up_domain
+        inside = ep <= scale_up_domain(self.hw, self.dep.nproc_per_node)
         peers = ep if inside else -(-ep // per_node)
         others = peers * (1 - (1 - 1 / peers) ** k) * (peers - 1) / peers
         per_token = self.shape.hidden * (float(weight_bytes(self.shape.dtype)) + 2)
@@ -1005,8 +1003,8 @@ def _kv_transfer(p: _Server, d: _Server, w: WorkloadTable) -> float:
     kv_bytes = DTYPE_BYTES.get(p.dep.kv_dtype, 2) if p.dep.kv_dtype != "auto" else 2
     per_token = shape.pattern.parts(0, shape.layers).attention * kv_per_layer(shape, 1)
     total = w.input_tokens * per_token * kv_bytes
-    one_node = p.dep.gpus <= p.dep.nproc_per_node
-    return total / (link_rate(p.hw, one_node) * p.role.gpus) + 1e-3
+    inside = p.dep.gpus <= scale_up_domain(p.hw, p.dep.nproc_per_node)
+    return total / (link_rate(p.hw, inside) * p.role.gpus) + 1e-3
 
 
 def _decode_admission(d: _Server, batch: float, ctx: float) -> float:
