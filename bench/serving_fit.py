@@ -130,6 +130,7 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         share_of="free" if row["launcher"] == "trtllm" else "capacity",
         capacity_gib=hw.memory_gib,
         nproc_per_node=8,
+        cuda_graphs=row["launcher"] not in row.get("eager", ()),
     )
     workload = _workload(row)
     load = row.get("concurrency")

@@ -128,6 +128,10 @@ class ServingSetup:
     #: SGLang: the estimate takes the one SGLang picks (:func:`sglang_default_share`) for
     #: ``share``, not the share written here
     sglang: SglangServer | None = None
+    #: whether the engine decodes in captured CUDA graphs: False where the spec turns them
+    #: off (vLLM --enforce-eager, SGLang --disable-cuda-graph, TensorRT-LLM's
+    #: cuda_graph_config null)
+    cuda_graphs: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -157,6 +161,8 @@ class ServingMemory:
     reserve: int = 0
     #: the roles ("server", "prefill", "decode") whose share SGLang picks itself
     picked: frozenset[str] = frozenset()
+    #: the setup's :attr:`ServingSetup.cuda_graphs`, for the serving model
+    cuda_graphs: bool = True
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -216,6 +222,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         profiled_tokens=setup.profiled_tokens,
         reserve=reserve,
         picked=picked,
+        cuda_graphs=setup.cuda_graphs,
     )
 
 

@@ -232,6 +232,9 @@ class Deployment:
     #: GPUs on one node (a server wider than that, or than the scale-up domain, talks over
     #: the scale-out network)
     nproc_per_node: int = 8
+    #: whether the decode steps run in captured CUDA graphs (False: eager, each kernel
+    #: launched from the host: :func:`eager_launches`)
+    cuda_graphs: bool = True
 
     @property
     def mode(self) -> str:
@@ -306,6 +309,8 @@ class _Server:
     moe_rate: float = 0.0
     #: seconds of a step's fused-MoE launches beyond their reads (:func:`moe_launches`)
     moe_launches_s: float = 0.0
+    #: seconds an eager step's host launches add (:func:`eager_launches`; 0 in CUDA graphs)
+    eager_s: float = 0.0
     #: the stage's block-scaled FP8 GEMMs, (layers, column tiles, seconds a wave of tiles
     #: streams, seconds of the weights at the HBM rate, seconds of FLOPs per row)
     fp8_gemms: tuple[tuple[int, int, float, float, float], ...] = ()
@@ -442,7 +447,7 @@ class _Server:
         hbm, compute, comm = self.decode_parts(batch, context)
         launcher = self.dep.launcher
         host = batch / self.role.dp * self.c.request_overhead(launcher)
-        kernels = self.fused_moe_fixed() + self.block_fp8_tiles(batch)
+        kernels = self.fused_moe_fixed() + self.block_fp8_tiles(batch) + self.eager_s
         return max(hbm, compute) + comm + kernels + self.c.overhead(launcher) + host
 
     def fused_moe_fixed(self) -> float:
@@ -654,11 +659,31 @@ def server_of(
         expert_flops=token_flops(attrs.evolve(shape, seq=1), causal=False).expert_gemm / 3,
         moe_rate=moe_rate,
         moe_launches_s=moe_launches(shape, pp, moe_rate),
+        eager_s=0.0 if dep.cuda_graphs else eager_launches(shape),
         fp8_gemms=block_fp8_costs(shape, hw, tp, pp, rates),
         fp8_wave=hw.multiprocessors or 1,
         fp8_measured=measured_fp8_costs(shape, hw, tp, pp, rates),
         prefill_flops=_forward_flops(shape, w.input_tokens, causal=True),
     )
+
+
+#: seconds a decode step without CUDA graphs spends beyond one in them, per layer, at one
+#: request (sgl-project/sglang#1401, SGLang's bench_latency at batch 1 with and without
+#: --disable-cuda-graph, Triton attention): a dense layer (Llama 3 8B, 9.28 against 7.06 ms
+#: a token over 32 layers); a MoE layer (DeepSeek-Coder-V2-Lite: 6.22 ms a token in
+#: graphs, "4x" without, its 26 MoE layers taking the rest of 3 x 6.22 ms beside its one
+#: dense layer)
+EAGER_LAYER_S = {"dense": (9.28 - 7.06) * 1e-3 / 32, "moe": (3 * 6.22e-3 - 2.22e-3 / 32) / 26}
+
+
+def eager_launches(shape: Shape) -> float:
+    """Seconds an eager decode step adds over one in CUDA graphs (:data:`EAGER_LAYER_S`,
+    each layer by its kind, every stage's): the host launches each kernel one by one, and
+    the measured difference is added whole, as measured at one request (no term hides it
+    behind the GPU's work at larger batches)."""
+    parts = shape.pattern.parts(0, shape.layers)
+    moe = parts.moe
+    return moe * EAGER_LAYER_S["moe"] + (shape.layers - moe) * EAGER_LAYER_S["dense"]
 
 
 def fused_moe_rate(shape: Shape, hw: Accelerator, launcher: str, ep: int) -> float:
@@ -1151,6 +1176,7 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
         share_of=memory.share_of if memory is not None else "capacity",
         capacity_gib=memory.capacity / GIB if memory is not None else hw.memory_gib,
         nproc_per_node=plan.nproc_per_node,
+        cuda_graphs=memory.cuda_graphs if memory is not None else True,
     )
 
 

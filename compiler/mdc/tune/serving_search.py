@@ -580,6 +580,8 @@ class ServingTuner:
                 kv_dtype=kv_dtype,
                 capacity_gib=capacity,
                 nproc_per_node=nproc,
+                # the spec's engine flags hold for every candidate (--enforce-eager, ...)
+                cuda_graphs=written.cuda_graphs if written is not None else True,
             )
 
         def predicted(roles: tuple[Role, ...]) -> Candidate:

@@ -340,6 +340,8 @@ MEMORY_FLAGS = FlagTable(
             aliases=("--data-parallel-size",),
         ),
         KnownFlag(name="--enable-dp-attention", source="[sglang] args", key="dp_attention"),
+        # eager mode: no CUDA graphs (the serving model's per-layer launch cost)
+        KnownFlag(name="--disable-cuda-graph", source="[sglang] args", key="eager"),
     ]
 )
 
@@ -357,6 +359,7 @@ def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
         max_len=values.get("max_len"),
         max_batch=values.get("max_batch"),
         step_tokens=values.get("step_tokens"),
+        cuda_graphs=not values.get("eager", False),
     )
     if share is None:  # the estimate takes the share SGLang picks for this server
         own = SglangServer(

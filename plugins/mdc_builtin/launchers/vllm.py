@@ -677,6 +677,8 @@ MEMORY_FLAGS = FlagTable(
             nargs=1,
             convert=int,
         ),
+        # eager mode: no CUDA graphs (the serving model's per-layer launch cost)
+        KnownFlag(name="--enforce-eager", source="[vllm] args", key="eager"),
     ]
 )
 
@@ -727,6 +729,7 @@ def serving(plan: Plan, options: VllmOptions | None) -> ServingSetup:
         step_tokens=values.get("step_tokens"),
         # vLLM profiles a step of its budget and takes its activations out of the cache
         profiled_tokens=values.get("step_tokens", DEFAULT_STEP_TOKENS),
+        cuda_graphs=not values.get("eager", False),
     )
 
 

@@ -52,6 +52,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
     shapes = [server(plan, options, role) for role in ("decode", "prefill")]
     shape = min(shapes, key=lambda s: s.gpus)
     values, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shape.args])
+    decode, _ = sglang.MEMORY_FLAGS.read([*options.server_args, *shapes[0].args])
     share = values.get("share")
     ep = shape.expert_ranks
     setup = ServingSetup(
@@ -62,6 +63,8 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         kv_dtype=values.get("kv_dtype", "auto"),
         max_len=values.get("max_len"),
         roles={each.role: step_limits(options, each) for each in shapes},
+        # the decode servers' (shapes[0]) steps are the ones a token waits for
+        cuda_graphs=not decode.get("eager", False),
     )
     if share is None:  # the estimate takes the share SGLang picks for these servers
         return attrs.evolve(setup, sglang=sglang_server(shape, values))

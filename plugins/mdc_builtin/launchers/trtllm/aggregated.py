@@ -627,7 +627,14 @@ def memory_setup(
         step_tokens=opts.max_num_tokens,
         # the engine profiles a step of max_num_tokens before it sizes the KV cache
         profiled_tokens=opts.max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
+        cuda_graphs=cuda_graphs(extra),
     )
+
+
+def cuda_graphs(extra: Mapping[str, Any]) -> bool:
+    """Whether the engine decodes in CUDA graphs: the LLM API captures them unless its
+    options set ``cuda_graph_config`` to null (on by default since TensorRT-LLM 1.0)."""
+    return not ("cuda_graph_config" in extra and extra["cuda_graph_config"] is None)
 
 
 def serving(plan: Plan, options: TrtllmOptions | None) -> ServingSetup | None:

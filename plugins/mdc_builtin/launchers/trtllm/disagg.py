@@ -46,6 +46,7 @@ from mdc_builtin.launchers.trtllm.aggregated import (
     LLMAPI_LAUNCH,
     RoleOptions,
     TrtllmOptions,
+    cuda_graphs,
     flag_findings,
     flag_table,
     kv_override_findings,
@@ -456,4 +457,6 @@ def serving(plan: Plan, options: TrtllmOptions) -> ServingSetup | None:
         )
         for s in shapes
     }
-    return attrs.evolve(setup, roles=roles)
+    # the generation servers' steps are the ones a token waits for
+    generation = role_options(options, shapes[0])
+    return attrs.evolve(setup, roles=roles, cuda_graphs=cuda_graphs(generation))

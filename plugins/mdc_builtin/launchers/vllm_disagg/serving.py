@@ -17,6 +17,7 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
     shapes = [server(plan, options, role) for role in ("decode", "prefill")]
     shape = min(shapes, key=lambda s: s.tp)
     values, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *shape.args])
+    decode, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *shapes[0].args])
     roles = {}
     for each in shapes:  # each role's engines' per-step limits
         own, _ = vllm.MEMORY_FLAGS.read([*plan.job.argv, *options.args, *each.args])
@@ -41,6 +42,8 @@ def serving(plan: Plan, options: VllmDisaggOptions | None) -> ServingSetup | Non
         max_len=values.get("max_len"),
         roles=roles,
         profiled_tokens=values.get("step_tokens", vllm.DEFAULT_STEP_TOKENS),
+        # the decode engines' (shapes[0]) steps are the ones a token waits for
+        cuda_graphs=not decode.get("eager", False),
     )
 
 
