@@ -482,9 +482,10 @@ def lines(memory: ServingMemory | None) -> list[str]:
 def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
     if memory is None:
         return None
-    # share_of is written only when it is not the share of the whole GPU, the limits only
-    # where the spec sets them
+    # share_of is written only when it is not the share of the whole GPU, the limits and
+    # the eager decode only where the spec sets them
     unwritten: dict[str, object] = {
+        "cuda_graphs": True,
         "share_of": "capacity",
         "max_batch": None,
         "step_tokens": None,
