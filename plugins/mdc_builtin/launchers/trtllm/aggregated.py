@@ -633,7 +633,8 @@ def memory_setup(
 
 def cuda_graphs(extra: Mapping[str, Any]) -> bool:
     """Whether the engine decodes in CUDA graphs: the LLM API captures them unless its
-    options set ``cuda_graph_config`` to null (on by default since TensorRT-LLM 1.0)."""
+    options set ``cuda_graph_config`` to null (on by default since NVIDIA/TensorRT-LLM#5480,
+    July 2025)."""
     return not ("cuda_graph_config" in extra and extra["cuda_graph_config"] is None)
 
 
