@@ -511,3 +511,26 @@ def test_args_are_read_with_vllms_spellings(tmp_path: Path) -> None:
 def test_a_role_env_name_is_a_shell_variable_name(tmp_path: Path) -> None:
     (error,) = errors(tmp_path, spec(1, 2, {"decode": {"env": {"A B": "x"}}}))
     assert error.location.pointer.startswith("/vllm_disagg/decode/env")
+
+
+def test_the_decode_engines_eager_switch_reaches_the_estimate(tmp_path: Path) -> None:
+    """--enforce-eager in the decode role's args turns its CUDA graphs off for the serving
+    model (the decode steps are the ones a token waits for); in the prefill role's it does
+    not, though the prefill engine is the tighter one here."""
+    from mdc_builtin.launchers import vllm_disagg
+
+    def setup(role: str) -> Any:
+        options: dict[str, dict[str, Any]] = {
+            "prefill": {"tensor_parallel_size": 2},
+            "decode": {"tensor_parallel_size": 4},
+        }
+        options[role]["args"] = ["--enforce-eager"]
+        compiled = compile_(tmp_path, spec(3, 8, options))
+        read = compiled.plan.options["vllm_disagg"]
+        assert isinstance(read, vllm_disagg.VllmDisaggOptions)
+        return vllm_disagg.serving(compiled.plan, read)
+
+    decode, prefill = setup("decode"), setup("prefill")
+    assert decode.engine == prefill.engine == "vLLM (prefill)"
+    assert decode.cuda_graphs is False
+    assert prefill.cuda_graphs is True
