@@ -131,6 +131,7 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         capacity_gib=hw.memory_gib,
         nproc_per_node=8,
         cuda_graphs=row["launcher"] not in row.get("eager", ()),
+        graph_batch=row.get("graph_batch"),
     )
     workload = _workload(row)
     load = row.get("concurrency")
@@ -216,6 +217,7 @@ def role_rate(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
         kv_dtype=row.get("kv_dtype", "auto"),
         capacity_gib=hw.memory_gib,
         nproc_per_node=row.get("nproc_per_node", 8),
+        graph_batch=row.get("graph_batch"),
     )
     if row["role"] == "prefill":
         work = WorkloadTable(input_tokens=prompt, output_tokens=1, concurrency=1)

@@ -132,6 +132,9 @@ class ServingSetup:
     #: off (vLLM --enforce-eager, SGLang --disable-cuda-graph, TensorRT-LLM's
     #: cuda_graph_config null)
     cuda_graphs: bool = True
+    #: the largest decode batch the engine captures a CUDA graph for, where the spec sets
+    #: it (SGLang --cuda-graph-max-bs, the largest of --cuda-graph-bs); larger steps run eager
+    graph_batch: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -161,8 +164,9 @@ class ServingMemory:
     reserve: int = 0
     #: the roles ("server", "prefill", "decode") whose share SGLang picks itself
     picked: frozenset[str] = frozenset()
-    #: the setup's :attr:`ServingSetup.cuda_graphs`, for the serving model
+    #: the setup's :attr:`ServingSetup.cuda_graphs` and ``graph_batch``, for the serving model
     cuda_graphs: bool = True
+    graph_batch: int | None = None
 
 
 def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingMemory:
@@ -223,6 +227,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         reserve=reserve,
         picked=picked,
         cuda_graphs=setup.cuda_graphs,
+        graph_batch=setup.graph_batch,
     )
 
 
@@ -486,6 +491,7 @@ def to_json(memory: ServingMemory | None) -> dict[str, object] | None:
     # the eager decode only where the spec sets them
     unwritten: dict[str, object] = {
         "cuda_graphs": True,
+        "graph_batch": None,
         "share_of": "capacity",
         "max_batch": None,
         "step_tokens": None,

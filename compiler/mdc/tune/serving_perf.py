@@ -233,8 +233,10 @@ class Deployment:
     #: the scale-out network)
     nproc_per_node: int = 8
     #: whether the decode steps run in captured CUDA graphs (False: eager, each kernel
-    #: launched from the host: :func:`eager_launches`)
+    #: launched from the host: :func:`eager_launches`), and the largest decode batch
+    #: captured in one where the spec sets it (None: the engine's default, :func:`graph_limit`)
     cuda_graphs: bool = True
+    graph_batch: int | None = None
 
     @property
     def mode(self) -> str:
@@ -447,8 +449,16 @@ class _Server:
         hbm, compute, comm = self.decode_parts(batch, context)
         launcher = self.dep.launcher
         host = batch / self.role.dp * self.c.request_overhead(launcher)
-        kernels = self.fused_moe_fixed() + self.block_fp8_tiles(batch) + self.eager_s
+        kernels = self.fused_moe_fixed() + self.block_fp8_tiles(batch) + self.eager(batch)
         return max(hbm, compute) + comm + kernels + self.c.overhead(launcher) + host
+
+    def eager(self, batch: float) -> float:
+        """Seconds of eager launches a step at ``batch`` adds: every step without CUDA
+        graphs, and a step past the engine's largest captured batch."""
+        limit = self.dep.graph_batch or graph_limit(self.dep.launcher, self.hw, self.role.attn_tp)
+        if self.dep.cuda_graphs and (limit is None or batch / self.role.dp <= limit):
+            return 0.0
+        return self.eager_s
 
     def fused_moe_fixed(self) -> float:
         """Seconds a step's fused-MoE launches take beyond their weight reads (vLLM's and
@@ -659,7 +669,7 @@ def server_of(
         expert_flops=token_flops(attrs.evolve(shape, seq=1), causal=False).expert_gemm / 3,
         moe_rate=moe_rate,
         moe_launches_s=moe_launches(shape, pp, moe_rate),
-        eager_s=0.0 if dep.cuda_graphs else eager_launches(shape),
+        eager_s=eager_launches(shape),
         fp8_gemms=block_fp8_costs(shape, hw, tp, pp, rates),
         fp8_wave=hw.multiprocessors or 1,
         fp8_measured=measured_fp8_costs(shape, hw, tp, pp, rates),
@@ -674,6 +684,18 @@ def server_of(
 #: graphs, "4x" without, its 26 MoE layers taking the rest of 3 x 6.22 ms beside its one
 #: dense layer)
 EAGER_LAYER_S = {"dense": (9.28 - 7.06) * 1e-3 / 32, "moe": (3 * 6.22e-3 - 2.22e-3 / 32) / 26}
+
+
+def graph_limit(launcher: str, hw: Accelerator, tp: int) -> int | None:
+    """The largest decode batch an engine captures a CUDA graph for by default: vLLM 512,
+    SGLang its --cuda-graph-max-bs tier; None: not bounded here."""
+    if launcher.startswith("vllm"):
+        return 512
+    if launcher.startswith("sglang"):
+        mib = hw.memory_gib * 1024
+        _, _, small, large = next(t for t in SGLANG_TIERS if mib < t[0])
+        return small if tp < 4 else large
+    return None
 
 
 def eager_launches(shape: Shape) -> float:
@@ -1177,6 +1199,7 @@ def deployment_of(plan: Plan, servers: Sequence[Any]) -> Deployment | None:
         capacity_gib=memory.capacity / GIB if memory is not None else hw.memory_gib,
         nproc_per_node=plan.nproc_per_node,
         cuda_graphs=memory.cuda_graphs if memory is not None else True,
+        graph_batch=memory.graph_batch if memory is not None else None,
     )
 
 

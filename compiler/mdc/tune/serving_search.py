@@ -582,6 +582,7 @@ class ServingTuner:
                 nproc_per_node=nproc,
                 # the spec's engine flags hold for every candidate (--enforce-eager, ...)
                 cuda_graphs=written.cuda_graphs if written is not None else True,
+                graph_batch=written.graph_batch if written is not None else None,
             )
 
         def predicted(roles: tuple[Role, ...]) -> Candidate:

@@ -13,8 +13,9 @@ the server.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 import attrs
 
@@ -340,10 +341,33 @@ MEMORY_FLAGS = FlagTable(
             aliases=("--data-parallel-size",),
         ),
         KnownFlag(name="--enable-dp-attention", source="[sglang] args", key="dp_attention"),
-        # eager mode: no CUDA graphs (the serving model's per-layer launch cost)
+        # eager mode: no CUDA graphs (the serving model's per-layer launch cost), and the
+        # largest decode batch captured in one (a larger step runs eager)
         KnownFlag(name="--disable-cuda-graph", source="[sglang] args", key="eager"),
+        KnownFlag(
+            name="--cuda-graph-max-bs",
+            source="[sglang] args",
+            key="graph_batch",
+            nargs=1,
+            convert=int,
+        ),
+        KnownFlag(
+            name="--cuda-graph-bs",
+            source="[sglang] args",
+            key="graph_sizes",
+            nargs="+",
+            convert=int,
+        ),
     ]
 )
+
+
+def graph_batch(values: Mapping[str, Any]) -> int | None:
+    """The largest decode batch SGLang captures a CUDA graph for, where the flags set it:
+    the largest of --cuda-graph-bs (which sets the sizes themselves), else
+    --cuda-graph-max-bs."""
+    sizes = values.get("graph_sizes")
+    return max(sizes) if sizes else values.get("graph_batch")
 
 
 def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
@@ -360,6 +384,7 @@ def serving(plan: Plan, options: SglangOptions | None) -> ServingSetup:
         max_batch=values.get("max_batch"),
         step_tokens=values.get("step_tokens"),
         cuda_graphs=not values.get("eager", False),
+        graph_batch=graph_batch(values),
     )
     if share is None:  # the estimate takes the share SGLang picks for this server
         own = SglangServer(

@@ -65,6 +65,7 @@ def serving(plan: Plan, options: SglangDisaggOptions | None) -> ServingSetup | N
         roles={each.role: step_limits(options, each) for each in shapes},
         # the decode servers' (shapes[0]) steps are the ones a token waits for
         cuda_graphs=not decode.get("eager", False),
+        graph_batch=sglang.graph_batch(decode),
     )
     if share is None:  # the estimate takes the share SGLang picks for these servers
         return attrs.evolve(setup, sglang=sglang_server(shape, values))
