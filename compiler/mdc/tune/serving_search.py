@@ -112,6 +112,14 @@ def _engine_settings(
     return share, written.share_of, written.kv_dtype, written.capacity / GIB
 
 
+def _graph_settings(written: ServingMemory | None) -> dict[str, Any]:
+    """The spec's CUDA-graph settings, which hold for every candidate (--enforce-eager,
+    --cuda-graph-max-bs, ...); none written: the engine's defaults."""
+    if written is None:
+        return {}
+    return {"cuda_graphs": written.cuda_graphs, "graph_batch": written.graph_batch}
+
+
 def _written_limits(r: Role, written: ServingMemory) -> Role:
     """The role with the limits and share the spec writes; a share SGLang picks itself is
     left open (each layout takes its own: :func:`sglang_baseline`)."""
@@ -580,9 +588,7 @@ class ServingTuner:
                 kv_dtype=kv_dtype,
                 capacity_gib=capacity,
                 nproc_per_node=nproc,
-                # the spec's engine flags hold for every candidate (--enforce-eager, ...)
-                cuda_graphs=written.cuda_graphs if written is not None else True,
-                graph_batch=written.graph_batch if written is not None else None,
+                **_graph_settings(written),
             )
 
         def predicted(roles: tuple[Role, ...]) -> Candidate:
