@@ -131,7 +131,7 @@ def prediction(row: Mapping[str, Any], constants: Constants = DEFAULT) -> Servin
         capacity_gib=hw.memory_gib,
         nproc_per_node=8,
         cuda_graphs=row["launcher"] not in row.get("eager", ()),
-        graph_batch=row.get("graph_batch"),
+        graph_batch=graph_batch(row),
     )
     workload = _workload(row)
     load = row.get("concurrency")
@@ -171,6 +171,13 @@ def _waves(
         output_tokens_per_s_per_user=1e3 / mean(wave.tpot_ms, last.tpot_ms),
         requests_per_s=prompts / seconds,
     )
+
+
+def graph_batch(row: Mapping[str, Any]) -> int | None:
+    """The largest decode batch a row's engine replays in a CUDA graph where its source
+    states one: the row's, or its source's for the row's launcher."""
+    stated = row.get("graph_batch")
+    return stated.get(row["launcher"]) if isinstance(stated, Mapping) else stated
 
 
 def _workload(row: Mapping[str, Any]) -> WorkloadTable:
@@ -217,7 +224,7 @@ def role_rate(row: Mapping[str, Any], constants: Constants = DEFAULT) -> float:
         kv_dtype=row.get("kv_dtype", "auto"),
         capacity_gib=hw.memory_gib,
         nproc_per_node=row.get("nproc_per_node", 8),
-        graph_batch=row.get("graph_batch"),
+        graph_batch=graph_batch(row),
     )
     if row["role"] == "prefill":
         work = WorkloadTable(input_tokens=prompt, output_tokens=1, concurrency=1)

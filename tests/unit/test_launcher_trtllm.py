@@ -476,6 +476,24 @@ def test_a_disaggregated_job_is_estimated_by_its_tighter_role(tmp_path: Path) ->
     assert memory.cache == pytest.approx(0.6 * left, abs=1)
 
 
+def test_a_disaggregated_job_reads_the_generation_servers_cuda_graphs(tmp_path: Path) -> None:
+    """The tokens wait for the generation servers' steps: their cuda_graph_config sets the
+    largest batch replayed in a graph, even where the context servers (two of tp 2) are the
+    tighter ones; the context servers' config (prefill steps, never replayed) does not."""
+    padded = {"cuda_graph_config": {"enable_padding": True, "max_batch_size": 256}}
+    data = spec(
+        disagg(
+            {"servers": 2, "tp_size": 2, "extra_llm_api_options": {"cuda_graph_config": None}},
+            {"servers": 1, "tp_size": 4, "extra_llm_api_options": padded},
+        ),
+        distributed={"accelerator_memory_gib": 80},
+        model=LLAMA_8B,
+    )
+    memory = compile_(tmp_path, data).plan.serving_memory
+    assert memory is not None and memory.engine == "TensorRT-LLM (context)"
+    assert memory.cuda_graphs is True and memory.graph_batch == 256
+
+
 def test_a_size_flag_in_the_shared_args_of_a_disaggregated_job_is_refused(
     tmp_path: Path,
 ) -> None:

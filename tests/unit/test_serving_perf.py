@@ -1179,11 +1179,18 @@ def test_an_eager_decode_step_adds_the_measured_launches_of_each_layer() -> None
     assert added == pytest.approx(3 * dense + 58 * moe)
 
 
-#: each engine's table with its CUDA graphs off, and as it is by default
+#: TensorRT-LLM's CUDA graphs padded up to 1,024 requests a rank
+PADDED_GRAPHS = {"enable_padding": True, "max_batch_size": 1024}
+
+#: each engine's table with its CUDA graphs off, and on for every batch (TensorRT-LLM's
+#: default replays one only up to 32 requests a rank: padded here, up to 1,024)
 EAGER_TABLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "vllm": ({"args": ["--enforce-eager"]}, {}),
     "sglang": ({"args": ["--disable-cuda-graph"]}, {}),
-    "trtllm": ({"extra_llm_api_options": {"cuda_graph_config": None}}, {}),
+    "trtllm": (
+        {"extra_llm_api_options": {"cuda_graph_config": None}},
+        {"extra_llm_api_options": {"cuda_graph_config": PADDED_GRAPHS}},
+    ),
 }
 
 
@@ -1260,3 +1267,48 @@ def test_sglangs_captured_batches_reach_the_estimate(
     data["sglang"] = {"model": "deepseek-ai/DeepSeek-R1", "args": args}
     memory = compile_(tmp_path, data).plan.serving_memory
     assert memory is not None and memory.graph_batch == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        # CudaGraphConfig's defaults: 1 to 31, 32, 64 and 128 captured, no padding, so every
+        # batch runs in one only up to 32
+        ({}, 32),
+        ({"cuda_graph_config": {}}, 32),
+        ({"cuda_graph_config": {"max_batch_size": 16}}, 16),
+        # padded: a batch rounds up to the next captured size, up to the largest
+        ({"cuda_graph_config": {"enable_padding": True}}, 128),
+        ({"cuda_graph_config": PADDED_GRAPHS}, 1024),
+        ({"cuda_graph_config": {"enable_padding": True, "batch_sizes": [1, 8, 64]}}, 64),
+        # listed sizes without padding: only the run 1, 2 of them covers every batch
+        ({"cuda_graph_config": {"batch_sizes": [1, 2, 4, 8, 16]}}, 2),
+        ({"cuda_graph_config": {"batch_sizes": [4, 8]}}, 0),
+        ({"cuda_graph_config": None}, None),
+    ],
+)
+def test_trtllms_captured_batches_reach_the_estimate(
+    tmp_path: Path, options: dict[str, Any], expected: int | None
+) -> None:
+    data = trtllm()
+    data["trtllm"]["extra_llm_api_options"] = options
+    memory = compile_(tmp_path, data).plan.serving_memory
+    assert memory is not None and memory.graph_batch == expected
+
+
+def test_trtllms_default_graphs_leave_a_larger_batch_eager() -> None:
+    """trtllm-serve without LLM API options replays graphs up to 32 requests a rank: a step
+    of 33 adds the eager launches, and none at 32; a bound of 0 (no batch of 1 captured)
+    leaves every step eager."""
+    from mdc.tune.serving_perf import eager_launches
+
+    role = Role(name="server", servers=1, gpus=1, tp=1)
+    work = WorkloadTable(input_tokens=200, output_tokens=200, concurrency=1)
+    shape = serving_fit._shape("qwen3-32b", "bf16", 400)
+    dep = attrs.evolve(_deployment(role), launcher="trtllm", graph_batch=32)
+    server = server_of(role, shape, builtin()["h100-sxm"], dep, work, DEFAULT)
+    assert server.eager(32) == 0.0 and server.eager(33) == eager_launches(shape)
+    none = server_of(
+        role, shape, builtin()["h100-sxm"], attrs.evolve(dep, graph_batch=0), work, DEFAULT
+    )
+    assert none.eager(1) == eager_launches(shape)

@@ -132,8 +132,9 @@ class ServingSetup:
     #: off (vLLM --enforce-eager, SGLang --disable-cuda-graph, TensorRT-LLM's
     #: cuda_graph_config null)
     cuda_graphs: bool = True
-    #: the largest decode batch the engine captures a CUDA graph for, where the spec sets
-    #: it (SGLang --cuda-graph-max-bs, the largest of --cuda-graph-bs); larger steps run eager
+    #: the largest decode batch, per rank, that runs in a CUDA graph, where the spec sets it
+    #: (SGLang --cuda-graph-max-bs, the largest of --cuda-graph-bs; TensorRT-LLM's
+    #: cuda_graph_config, its defaults included); larger steps run eager
     graph_batch: int | None = None
 
 

@@ -455,7 +455,9 @@ class _Server:
     def eager(self, batch: float) -> float:
         """Seconds of eager launches a step at ``batch`` adds: every step without CUDA
         graphs, and a step past the engine's largest captured batch."""
-        limit = self.dep.graph_batch or graph_limit(self.dep.launcher, self.hw, self.role.attn_tp)
+        limit = self.dep.graph_batch
+        if limit is None:
+            limit = graph_limit(self.dep.launcher, self.hw, self.role.attn_tp)
         if self.dep.cuda_graphs and (limit is None or batch / self.role.dp <= limit):
             return 0.0
         return self.eager_s
@@ -688,7 +690,8 @@ EAGER_LAYER_S = {"dense": (9.28 - 7.06) * 1e-3 / 32, "moe": (3 * 6.22e-3 - 2.22e
 
 def graph_limit(launcher: str, hw: Accelerator, tp: int) -> int | None:
     """The largest decode batch an engine captures a CUDA graph for by default: vLLM 512,
-    SGLang its --cuda-graph-max-bs tier; None: not bounded here."""
+    SGLang its --cuda-graph-max-bs tier; None: not bounded here (TensorRT-LLM's launcher
+    states its own, defaults included: ServingSetup.graph_batch)."""
     if launcher.startswith("vllm"):
         return 512
     if launcher.startswith("sglang"):

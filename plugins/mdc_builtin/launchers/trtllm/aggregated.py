@@ -627,8 +627,12 @@ def memory_setup(
         step_tokens=opts.max_num_tokens,
         # the engine profiles a step of max_num_tokens before it sizes the KV cache
         profiled_tokens=opts.max_num_tokens or DEFAULT_MAX_NUM_TOKENS,
-        cuda_graphs=cuda_graphs(extra),
     )
+
+
+def graph_settings(extra: Mapping[str, Any], backend: str | None) -> dict[str, Any]:
+    """The serving model's CUDA-graph fields of a server run with these LLM API options."""
+    return {"cuda_graphs": cuda_graphs(extra), "graph_batch": graph_batch(extra, backend)}
 
 
 def cuda_graphs(extra: Mapping[str, Any]) -> bool:
@@ -638,8 +642,41 @@ def cuda_graphs(extra: Mapping[str, Any]) -> bool:
     return not ("cuda_graph_config" in extra and extra["cuda_graph_config"] is None)
 
 
+#: CudaGraphConfig's largest captured batch where neither max_batch_size nor batch_sizes
+#: is set (llm_args.py: ``max_batch_size or 128``)
+GRAPH_MAX_DEFAULT = 128
+#: the sizes CudaGraphConfig captures without padding run every batch through this one
+#: (1 to 31, then 32, 64, 128 and powers of two: _generate_cuda_graph_batch_sizes)
+UNPADDED_EVERY_SIZE = 32
+
+
+def graph_batch(extra: Mapping[str, Any], backend: str | None = None) -> int | None:
+    """The largest decode batch, per rank, up to which every step replays a CUDA graph, as
+    ``cuda_graph_config`` sets it (its defaults where the options leave it). With
+    ``enable_padding`` a batch rounds up to the next captured size: every batch up to the
+    largest (``max_batch_size``, else the largest of ``batch_sizes``, else 128). Without it
+    (the default) a batch runs in a graph only at a captured size itself, so the bound is
+    where the sizes stop being every size: 32 of the generated ones (an exact batch of 64
+    or 128 is not counted), the run of 1, 2, 3 ... of a listed ``batch_sizes``. None with
+    the graphs off, and off the PyTorch backend (a built engine's C++ runtime launches
+    without the Python per-kernel cost the eager term measures: not bounded here)."""
+    config = extra.get("cuda_graph_config", {})
+    if backend not in (None, "pytorch") or not isinstance(config, Mapping):
+        return None
+    sizes = sorted(int(s) for s in config.get("batch_sizes") or ())
+    largest = int(config.get("max_batch_size") or 0) or (sizes[-1] if sizes else GRAPH_MAX_DEFAULT)
+    if config.get("enable_padding", False):
+        return largest
+    if not sizes:
+        return min(UNPADDED_EVERY_SIZE, largest)
+    run = 0
+    while run + 1 in sizes:
+        run += 1
+    return run
+
+
 def serving(plan: Plan, options: TrtllmOptions | None) -> ServingSetup | None:
     opts = resolve(_opts(options)).options
-    return memory_setup(
-        "TensorRT-LLM", plan.sizes.tp, plan.sizes.pp, plan.sizes.ep, opts, extra_options(opts)
-    )
+    extra = extra_options(opts)
+    setup = memory_setup("TensorRT-LLM", plan.sizes.tp, plan.sizes.pp, plan.sizes.ep, opts, extra)
+    return attrs.evolve(setup, **graph_settings(extra, opts.backend))

@@ -46,9 +46,9 @@ from mdc_builtin.launchers.trtllm.aggregated import (
     LLMAPI_LAUNCH,
     RoleOptions,
     TrtllmOptions,
-    cuda_graphs,
     flag_findings,
     flag_table,
+    graph_settings,
     kv_override_findings,
     memory_setup,
     mpi_findings,
@@ -459,4 +459,4 @@ def serving(plan: Plan, options: TrtllmOptions) -> ServingSetup | None:
     }
     # the generation servers' steps are the ones a token waits for
     generation = role_options(options, shapes[0])
-    return attrs.evolve(setup, roles=roles, cuda_graphs=cuda_graphs(generation))
+    return attrs.evolve(setup, roles=roles, **graph_settings(generation, options.backend))
