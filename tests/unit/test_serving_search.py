@@ -110,6 +110,54 @@ def test_write_gives_a_spec_that_compiles_to_the_first_row(
     }
 
 
+def _default_graphs(tmp_path: Path, **trtllm: Any) -> Path:
+    """The example with TensorRT-LLM's CUDA graphs left to the engine's default."""
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    del data["trtllm"]["extra_llm_api_options"]["cuda_graph_config"]
+    data["trtllm"].update(trtllm)
+    spec = tmp_path / "default-graphs.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    return spec
+
+
+def test_trtllm_graphs_left_to_the_default_are_written_padded_to_each_rows_batch(
+    tuned: dict[str, Any], tmp_path: Path
+) -> None:
+    """trtllm-serve's default graphs replay only up to 32 requests a rank; a spec that
+    leaves them so is searched with padded graphs, each row's spec carrying them up to its
+    decode batch a rank (at least 128): the rows are those of the spec that pads its own
+    (the example), and each compiles and explains to its row."""
+    code, out, err = _run("tune", str(_default_graphs(tmp_path)), "--format", "json", "--top", "6")
+    assert code == 0, err
+    rows = json.loads(out)["candidates"]
+    assert [r["predicted"] for r in rows] == [r["predicted"] for r in tuned["candidates"]]
+    for i, row in enumerate(rows):
+        name = "decode" if row["mode"] == "disaggregated" else "server"
+        graphs = row["spec"]["trtllm"]["extra_llm_api_options"]["cuda_graph_config"]
+        per_rank = -(-row["predicted"]["batch"][name] // row["roles"][name]["dp"])
+        assert graphs == {"enable_padding": True, "max_batch_size": max(128, per_rank)}
+        explained = _explained(tmp_path, row["spec"], f"row{i}")["predicted"]
+        assert {k: explained[k] for k in PREDICTED_KEYS} == {
+            k: row["predicted"][k] for k in PREDICTED_KEYS
+        }
+
+
+def test_trtllm_graphs_are_not_written_over_an_options_file_of_the_users_own(
+    tmp_path: Path,
+) -> None:
+    """An options file passed in [trtllm] args is the user's (mdc does not read its
+    graphs): the search keeps the spec's graphs as the engine's default, unwritten."""
+    spec = _default_graphs(
+        tmp_path, args=["--trust_remote_code", "--extra_llm_api_options", "mine.yaml"]
+    )
+    from mdc.loaders import load_file
+    from mdc.tune.serving_search import searches_graphs
+
+    assert searches_graphs("trtllm", load_file(spec).data) is False
+    assert searches_graphs("trtllm", load_file(_default_graphs(tmp_path)).data) is True
+    assert searches_graphs("trtllm", load_file(EXAMPLE).data) is False
+
+
 def test_text_names_the_binding_constraint_and_why_the_runners_up_lost() -> None:
     code, out, err = _run("tune", str(EXAMPLE), "--top", "3")
     assert code == 0, err

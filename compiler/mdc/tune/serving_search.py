@@ -112,12 +112,50 @@ def _engine_settings(
     return share, written.share_of, written.kv_dtype, written.capacity / GIB
 
 
-def _graph_settings(written: ServingMemory | None) -> dict[str, Any]:
+def _graph_settings(written: ServingMemory | None, searched: bool) -> dict[str, Any]:
     """The spec's CUDA-graph settings, which hold for every candidate (--enforce-eager,
-    --cuda-graph-max-bs, ...); none written: the engine's defaults."""
-    if written is None:
+    --cuda-graph-max-bs, ...); none written: the engine's defaults; ``searched``: graphs
+    for every batch, as :func:`write_graphs` writes them."""
+    if written is None or searched:
         return {}
     return {"cuda_graphs": written.cuda_graphs, "graph_batch": written.graph_batch}
+
+
+#: the flags that hand trtllm-serve an LLM API options file of the user's own
+TRTLLM_OPTION_FILES = ("--extra_llm_api_options", "--config")
+#: the least TensorRT-LLM's padded graphs the search writes reach: CudaGraphConfig's own
+#: default largest batch
+TRTLLM_GRAPHS_AT_LEAST = 128
+
+
+def searches_graphs(launcher: str, data: object) -> bool:
+    """Whether the search writes TensorRT-LLM's CUDA graphs itself: the spec runs its
+    PyTorch backend and leaves ``cuda_graph_config`` to the default in [trtllm]'s and each
+    role's LLM API options (graphs replayed only up to 32 requests a rank, unpadded), with
+    no options file of its own in their args (whose settings mdc does not read)."""
+    table = data.get("trtllm") if isinstance(data, Mapping) else None
+    if launcher != "trtllm" or not isinstance(table, Mapping):
+        return False
+    roles = [table.get(role) for role in ("context", "generation")]
+    tables = [table, *(t for t in roles if isinstance(t, Mapping))]
+    for t in tables:
+        args = [str(a).split("=", 1)[0] for a in t.get("args", [])]
+        if "cuda_graph_config" in (t.get("extra_llm_api_options") or {}) or any(
+            a in TRTLLM_OPTION_FILES or a == "--backend" for a in args
+        ):
+            return False
+    return table.get("backend") in (None, "pytorch")
+
+
+def write_graphs(data: dict[str, Any], c: Candidate) -> None:
+    """TensorRT-LLM's CUDA graphs padded up to the decode batch a rank the candidate runs
+    (at least :data:`TRTLLM_GRAPHS_AT_LEAST`), in [trtllm]'s LLM API options, which each
+    role's own options update: every decode step replays one."""
+    decode = c.deployment.roles[-1]
+    batch = c.prediction.batch.get(decode.name, 0)
+    largest = max(TRTLLM_GRAPHS_AT_LEAST, -(-batch // decode.dp))
+    options = data.setdefault("trtllm", {}).setdefault("extra_llm_api_options", {})
+    options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": largest}
 
 
 def _written_limits(r: Role, written: ServingMemory) -> Role:
@@ -572,6 +610,7 @@ class ServingTuner:
         nproc, gpus = dist.nproc_per_node or 1, (dist.nnodes or 1) * (dist.nproc_per_node or 1)
         generate = WRITERS[launcher][0]
         written = self._engine_memory()
+        graphs = searches_graphs(launcher, self.doc.data)
         share, share_of, kv_dtype, capacity = _engine_settings(
             launcher, written, dist.accelerator_memory_gib or hw.memory_gib
         )
@@ -588,7 +627,7 @@ class ServingTuner:
                 kv_dtype=kv_dtype,
                 capacity_gib=capacity,
                 nproc_per_node=nproc,
-                **_graph_settings(written),
+                **_graph_settings(written, graphs),
             )
 
         def predicted(roles: tuple[Role, ...]) -> Candidate:
@@ -731,6 +770,8 @@ class ServingTuner:
         assert isinstance(data, dict)  # the schema check passed: a table
         launcher = self.spec.distributed.launcher
         WRITERS[launcher][1](data, c.deployment.roles)
+        if searches_graphs(launcher, self.doc.data):
+            write_graphs(data, c)
         for role in c.deployment.roles:
             if role.share is not None and role.share != c.deployment.share:
                 write_share(launcher, data, role)
