@@ -645,8 +645,8 @@ def cuda_graphs(extra: Mapping[str, Any]) -> bool:
 #: CudaGraphConfig's largest captured batch where neither max_batch_size nor batch_sizes
 #: is set (llm_args.py: ``max_batch_size or 128``)
 GRAPH_MAX_DEFAULT = 128
-#: the sizes CudaGraphConfig captures without padding run every batch through this one
-#: (1 to 31, then 32, 64, 128 and powers of two: _generate_cuda_graph_batch_sizes)
+#: without padding, CudaGraphConfig generates every size from 1 to this one, then 64, 128
+#: and powers of two (_generate_cuda_graph_batch_sizes)
 UNPADDED_EVERY_SIZE = 32
 
 
