@@ -148,10 +148,11 @@ def predicted_lines(plan: Plan, launch: Launch) -> list[str]:
 
 def _serving_predicted_lines(plan: Plan, launch: Launch) -> list[str]:
     """``mdc explain``'s lines for a serving plan with [workload] (none without)."""
-    from mdc.tune.serving_perf import predict_plan
+    from mdc.tune.serving_perf import deployment_of, eager_decode, predict_plan
 
     p = predict_plan(plan, launch)
-    if p is None or plan.hardware is None or plan.workload is None:
+    dep = deployment_of(plan, launch.servers)
+    if p is None or dep is None or plan.hardware is None or plan.workload is None:
         return []
     w = plan.workload
     load = (
@@ -160,7 +161,7 @@ def _serving_predicted_lines(plan: Plan, launch: Launch) -> list[str]:
         else f"{w.request_rate:g} requests/s"
     )
     batch = ", ".join(f"{role} {size}" for role, size in p.batch.items())
-    return [
+    lines = [
         f"predicted on {plan.hardware.name} for {w.input_tokens} in / {w.output_tokens} out "
         f"tokens, {load} (mdc tune's serving model, docs/tune-serving.md):",
         f"  TTFT {p.ttft_ms:,.0f} ms, TPOT {p.tpot_ms:.1f} ms "
@@ -170,6 +171,12 @@ def _serving_predicted_lines(plan: Plan, launch: Launch) -> list[str]:
         f"  bound by {p.binding}"
         + ("; overloaded: requests queue without end" if p.overloaded else ""),
     ]
+    eager = eager_decode(dep, plan.hardware, p.batch)
+    if eager is not None:
+        lines.append(
+            f"  decode steps run eager ({eager}): each layer's kernels launched one by one"
+        )
+    return lines
 
 
 # -- mdc tune's serving output -----------------------------------------------------------

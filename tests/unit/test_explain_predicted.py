@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import tomllib
+from pathlib import Path
 
 from tests.tools import REPO
 
@@ -36,3 +38,31 @@ def test_the_serving_lines_say_the_predicted_block() -> None:
     batch = ", ".join(f"{role} {size}" for role, size in predicted["batch"].items())
     assert lines[2].endswith(f"running batch per server: {batch}")
     assert lines[3] == f"  bound by {predicted['binding']}"
+
+
+def _explained(tmp_path: Path, graphs: object) -> str:
+    data = tomllib.loads(SPEC.read_text(encoding="utf-8"))
+    options = data["trtllm"]["extra_llm_api_options"]
+    if graphs is ...:
+        del options["cuda_graph_config"]
+    else:
+        options["cuda_graph_config"] = graphs
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["explain", str(spec)], stdout=out, stderr=err) == 0, err.getvalue()
+    return out.getvalue()
+
+
+def test_the_serving_lines_say_when_decode_steps_run_eager(tmp_path: Path) -> None:
+    """A decode step past the largest batch the engine replays in a CUDA graph (TensorRT-LLM's
+    default: 32 a rank), or with the graphs off, launches each layer's kernels from the host:
+    explain says which, and says nothing where every step replays one (the example pads its
+    graphs up to its 256 requests)."""
+    assert "run eager" not in explain()
+    default = _explained(tmp_path, ...)
+    assert (
+        "  decode steps run eager (256 requests a rank, past the 32 its CUDA graphs replay): "
+        "each layer's kernels launched one by one\n"
+    ) in default
+    assert "decode steps run eager (its CUDA graphs off)" in _explained(tmp_path, None)

@@ -701,6 +701,21 @@ def graph_limit(launcher: str, hw: Accelerator, tp: int) -> int | None:
     return None
 
 
+def eager_decode(dep: Deployment, hw: Accelerator, batch: Mapping[str, int]) -> str | None:
+    """Why the decode servers' steps at their running batch run without CUDA graphs (the
+    eager term), for ``mdc explain``; None where they replay one."""
+    role = dep.roles[-1]
+    if not dep.cuda_graphs:
+        return "its CUDA graphs off"
+    limit = dep.graph_batch
+    if limit is None:
+        limit = graph_limit(dep.launcher, hw, role.attn_tp)
+    per_rank = batch.get(role.name, 0) / role.dp
+    if limit is None or per_rank <= limit:
+        return None
+    return f"{per_rank:,.0f} requests a rank, past the {limit} its CUDA graphs replay"
+
+
 def eager_launches(shape: Shape) -> float:
     """Seconds an eager decode step adds over one in CUDA graphs (:data:`EAGER_LAYER_S`,
     each layer by its kind, every stage's): the host launches each kernel one by one, and
