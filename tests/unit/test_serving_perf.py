@@ -1285,6 +1285,9 @@ def test_sglangs_captured_batches_reach_the_estimate(
         ({"cuda_graph_config": {"batch_sizes": [1, 2, 4, 8, 16]}}, 2),
         ({"cuda_graph_config": {"batch_sizes": [4, 8]}}, 0),
         ({"cuda_graph_config": None}, None),
+        # values the engine's own config refuses are not read (and do not stop the compile)
+        ({"cuda_graph_config": {"batch_sizes": ["a"]}}, None),
+        ({"cuda_graph_config": {"max_batch_size": "many"}}, None),
     ],
 )
 def test_trtllms_captured_batches_reach_the_estimate(

@@ -663,8 +663,11 @@ def graph_batch(extra: Mapping[str, Any], backend: str | None = None) -> int | N
     config = extra.get("cuda_graph_config", {})
     if backend not in (None, "pytorch") or not isinstance(config, Mapping):
         return None
-    sizes = sorted(int(s) for s in config.get("batch_sizes") or ())
-    largest = int(config.get("max_batch_size") or 0) or (sizes[-1] if sizes else GRAPH_MAX_DEFAULT)
+    listed, most = config.get("batch_sizes") or [], config.get("max_batch_size") or 0
+    if not (isinstance(listed, list) and all(isinstance(s, int) for s in [*listed, most])):
+        return None  # not a config the engine would take: not read here
+    sizes = sorted(listed)
+    largest = most or (sizes[-1] if sizes else GRAPH_MAX_DEFAULT)
     if config.get("enable_padding", False):
         return largest
     if not sizes:
