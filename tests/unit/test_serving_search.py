@@ -151,7 +151,7 @@ def test_trtllm_graphs_are_not_written_over_an_options_file_of_the_users_own(
         tmp_path, args=["--trust_remote_code", "--extra_llm_api_options", "mine.yaml"]
     )
     from mdc.loaders import load_file
-    from mdc.tune.serving_search import searches_graphs
+    from mdc.tune.serving_layouts import searches_graphs
 
     assert searches_graphs("trtllm", load_file(spec).data) is False
     assert searches_graphs("trtllm", load_file(_default_graphs(tmp_path)).data) is True
@@ -661,8 +661,8 @@ def test_an_aggregated_trtllm_share_is_written_where_trtllm_reads_it(
     """TensorRT-LLM's share of an aggregated server: free_gpu_memory_fraction inside the
     spec's kv_cache_config (which replaces the command line's), else trtllm-serve's
     --kv_cache_free_gpu_memory_fraction; either way the plan's estimate runs at it."""
+    from mdc.tune.serving_layouts import write_share
     from mdc.tune.serving_perf import Role
-    from mdc.tune.serving_search import write_share
 
     data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
     data["parallelism"] = {"tp": 8, "pp": 1}
