@@ -130,6 +130,10 @@ def test_trtllm_graphs_left_to_the_default_are_written_padded_to_each_rows_batch
     code, out, err = _run("tune", str(_default_graphs(tmp_path)), "--format", "json", "--top", "6")
     assert code == 0, err
     rows = json.loads(out)["candidates"]
+    # and the table says so, where the example's (its own graphs) does not
+    said = "each row's spec pads them up to its decode batch a rank"
+    assert said in _run("tune", str(_default_graphs(tmp_path)))[1]
+    assert said not in _run("tune", str(EXAMPLE))[1]
     assert [r["predicted"] for r in rows] == [r["predicted"] for r in tuned["candidates"]]
     for i, row in enumerate(rows):
         name = "decode" if row["mode"] == "disaggregated" else "server"

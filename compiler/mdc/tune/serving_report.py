@@ -68,6 +68,11 @@ def text(result: Result) -> str:
     if result.refused:
         refused = ", ".join(f"{code} x{n}" for code, n in sorted(result.refused.items()))
         lines.append(f"refused by the compiler: {refused}")
+    if result.graphs_written:
+        lines.append(
+            "TensorRT-LLM's CUDA graphs are left to its default (replayed only up to 32 "
+            "requests a rank): each row's spec pads them up to its decode batch a rank"
+        )
     if any(c.pareto for c in result.rows):
         lines.append(
             "* on the Pareto front: no deployment gives both more tokens/s per GPU and more "

@@ -198,6 +198,9 @@ class Result:
     refused: Mapping[str, int]
     workload: WorkloadTable
     gpus: int
+    #: whether each row's spec carries TensorRT-LLM's CUDA graphs the search wrote
+    #: (:func:`~mdc.tune.serving_layouts.searches_graphs`)
+    graphs_written: bool = False
 
 
 # -- the search ------------------------------------------------------------------------
@@ -491,6 +494,7 @@ class ServingTuner:
             refused=dict(refused),
             workload=workload,
             gpus=(dist.nnodes or 1) * (dist.nproc_per_node or 1),
+            graphs_written=searches_graphs(dist.launcher, self.doc.data),
         )
 
     def _compiled(self, c: Candidate, refused: Counter[str]) -> Candidate | None:
