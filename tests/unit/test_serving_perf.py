@@ -1244,9 +1244,13 @@ def test_a_step_past_the_largest_captured_batch_runs_eager(
     server = server_of(role, shape, builtin()[gpu], dep, work, DEFAULT)
     assert server.eager(limit) == 0.0
     assert server.eager(limit + 1) == eager_launches(shape) > 0
-    # a spec's own largest captured batch moves the bound
+    # a spec's own largest captured batch moves the bound (TensorRT-LLM's, its launcher's
+    # reading of cuda_graph_config: test_trtllms_captured_batches_reach_the_estimate)
     own = server_of(role, shape, builtin()[gpu], attrs.evolve(dep, graph_batch=64), work, DEFAULT)
     assert own.eager(64) == 0.0 and own.eager(65) > 0
+    # and a bound of 0 (listed sizes without a batch of 1) leaves every step eager
+    none = server_of(role, shape, builtin()[gpu], attrs.evolve(dep, graph_batch=0), work, DEFAULT)
+    assert none.eager(1) == eager_launches(shape)
 
 
 @pytest.mark.parametrize(
@@ -1297,21 +1301,3 @@ def test_trtllms_captured_batches_reach_the_estimate(
     data["trtllm"]["extra_llm_api_options"] = options
     memory = compile_(tmp_path, data).plan.serving_memory
     assert memory is not None and memory.graph_batch == expected
-
-
-def test_trtllms_default_graphs_leave_a_larger_batch_eager() -> None:
-    """trtllm-serve without LLM API options replays graphs up to 32 requests a rank: a step
-    of 33 adds the eager launches, and none at 32; a bound of 0 (no batch of 1 captured)
-    leaves every step eager."""
-    from mdc.tune.serving_perf import eager_launches
-
-    role = Role(name="server", servers=1, gpus=1, tp=1)
-    work = WorkloadTable(input_tokens=200, output_tokens=200, concurrency=1)
-    shape = serving_fit._shape("qwen3-32b", "bf16", 400)
-    dep = attrs.evolve(_deployment(role), launcher="trtllm", graph_batch=32)
-    server = server_of(role, shape, builtin()["h100-sxm"], dep, work, DEFAULT)
-    assert server.eager(32) == 0.0 and server.eager(33) == eager_launches(shape)
-    none = server_of(
-        role, shape, builtin()["h100-sxm"], attrs.evolve(dep, graph_batch=0), work, DEFAULT
-    )
-    assert none.eager(1) == eager_launches(shape)
