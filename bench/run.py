@@ -523,7 +523,8 @@ print(time.process_time() - start, result.generated, len(result.rows),
 
 def tune_search(tmp: Path, runs: int) -> list[str]:
     """The whole search on 2,048 nodes x 8 H100s for dense Llama-3-70B and for the MoE
-    Qwen3-235B-A22B (its ep x etp choices multiply the layouts), and the MoE one on 8 nodes."""
+    Qwen3-235B-A22B (its ep x etp choices multiply the layouts), and the MoE one on 8 nodes
+    and on 4 (where none fits)."""
     spec = (ROOT / "examples" / "tune-llama70b-64xh100.toml").read_text(encoding="utf-8")
     spec = spec.replace("nnodes = 8\n", "nnodes = 2048\n").replace(
         "global_batch_size = 512\n", "global_batch_size = 16384\n"
@@ -541,11 +542,15 @@ def tune_search(tmp: Path, runs: int) -> list[str]:
     small = moe.replace("nnodes = 2048\n", "nnodes = 8\n").replace(
         "global_batch_size = 16384\n", "global_batch_size = 512\n"
     )
+    # four nodes, where no layout's weights, gradients and optimizer state fit: the answer
+    # (no layout, with the least state) without walking the ranking
+    none_fits = small.replace("nnodes = 8\n", "nnodes = 4\n")
     lines = []
     cases = (
         ("Llama-3-70B", "16,384", spec),
         ("Qwen3-235B-A22B (MoE)", "16,384", moe),
         ("Qwen3-235B-A22B (MoE)", "64", small),
+        ("Qwen3-235B-A22B (MoE), where no layout fits,", "32", none_fits),
     )
     for name, gpus, text in cases:
         path = tmp / "tune.toml"

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from tests.tools import REPO
 
+from mdc.cli import main
 from mdc.loaders import load_file
 from mdc.pipeline import Compiler
 from mdc.plan.memory import state_floor
@@ -142,6 +143,37 @@ def test_memory_pruning_rules_out_only_what_the_full_estimate_does(
     ruled_out = [e for c, e in zip(tuner.walked, estimated, strict=True) if c.memory_bytes is None]
     assert len(ruled_out) == len(skipped)
     assert all(e.memory_bytes is not None and e.memory_bytes > tuner.capacity for e in ruled_out)
+
+
+@pytest.mark.slow
+def test_where_no_layouts_state_fits_the_search_says_so_without_walking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Qwen3-235B-A22B on one node of 8 H100s: its weights, gradients and Adam state alone
+    # overfill every layout's GPUs
+    model = tomllib.loads(MODELS.read_text(encoding="utf-8"))["qwen3-235b-a22b"]["model"]
+    SPECS["too-big"] = _spec(
+        distributed={"nnodes": 1}, batch={"global_batch_size": 64}, model=model | {"dtype": "bf16"}
+    )
+    try:
+        full = _tuner("too-big", tmp_path)
+        full.prune_memory = False
+        reference = full.run(top=5)
+        tuner = _tuner("too-big", tmp_path)
+        result = tuner.run(top=5)
+    finally:
+        del SPECS["too-big"]
+    assert not reference.rows and reference.fitting == 0 and full.walked
+    assert (result.rows, result.fitting, result.generated) == ((), 0, reference.generated)
+    assert tuner.walked == []
+    # the least state is the least of every candidate's, each above the GPU's memory
+    floors = [state_floor(tuner.shape, c.sizes, c.training) for c in tuner.candidates()]
+    assert result.least_state == min(floors) > tuner.capacity
+    assert reference.least_state is None
+    path = tmp_path / "too-big.json"
+    assert main(["tune", str(path)]) == 1
+    said = capsys.readouterr().err
+    assert f"take at least {min(floors) / 2**30:.1f} GiB on its fullest GPU" in said
 
 
 def _layout(candidate: Candidate) -> tuple[int, ...]:

@@ -37,6 +37,13 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
             f"mdc tune: no layout fits and compiles ({result.generated} searched, "
             f"{result.fitting} fit memory; refused: {dict(result.refused)})"
         )
+        if result.least_state is not None:
+            summary += (
+                f": the weights, gradients and optimizer state of every layout take at least "
+                f"{result.least_state / GIB:.1f} GiB on its fullest GPU, above the "
+                f"{result.capacity / GIB:.1f} GiB of one {result.hardware.name}: more nodes "
+                f"would split them further"
+            )
         try:
             compiler.compile_document(shown, tree=False)
         except SpecError:

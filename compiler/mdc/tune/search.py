@@ -174,6 +174,9 @@ class Result:
     #: bytes per GPU, and the share of them a layout should leave free (--headroom)
     capacity: int = 0
     headroom: float = 0.0
+    #: where no layout's model state alone fits the memory, the least of them (bytes per
+    #: GPU), found before any candidate is walked
+    least_state: int | None = None
 
     def tight(self, row: Verified) -> bool:
         """Whether ``row``'s estimate eats into the headroom (shown, marked, not chosen)."""
@@ -230,6 +233,8 @@ class Tuner:
         self._subgroup_cache: dict[int, list[tuple[list[int], int | None]]] = {}
         self._predictions: dict[tuple[Layout, float], Prediction] = {}
         self._unrecomputed_cache: dict[int, tuple[TrainingSetup, TrainingSetup]] = {}
+        #: the layout classes of the last :meth:`ranked`, in generation order
+        self.ranked_classes: list[LayoutClass] = []
         #: each optimizer setting's recompute settings by the one that bounds each
         #: (:meth:`_recompute_tree`), by id of a cached variant list, setting, stage and vpp
         self._tree_cache: dict[tuple[int, int, int, int], dict[int, list[int]]] = {}
@@ -415,7 +420,9 @@ class Tuner:
         heap: list[_Entry] = []
         count = 0
         families: dict[tuple[Any, ...], list[tuple[int, LayoutClass]]] = {}
+        self.ranked_classes = []
         for index, group in enumerate(self.classes()):
+            self.ranked_classes.append(group)
             count += len(group.variants)
             if group.subgroups[0][1] is None:
                 for i, (switches, training) in enumerate(group.variants):
@@ -783,6 +790,50 @@ class Tuner:
     def _state_floor(self, candidate: Candidate) -> int:
         return state_floor(self.shape, candidate.sizes, candidate.training)
 
+    def _least_state(self, groups: list[LayoutClass]) -> int | None:
+        """The least model state per GPU of any optimizer setting of ``groups``, where each
+        exceeds the memory (:func:`mdc.plan.memory.state_floor`, which no batch or
+        recompute setting lowers); None as soon as one fits. Where none does, no candidate
+        fits, and the walk down the ranking would predict every one of them to find that
+        out (seconds, for a large MoE model on a few nodes). The most split layouts hold
+        the least state: checked first, the answer comes after a few where a layout fits."""
+
+        def split(group: LayoutClass) -> int:
+            s = group.sizes
+            return -s.tp * s.pp * s.ep * s.etp
+
+        least: int | None = None
+        seen: set[tuple[Any, ...]] = set()
+        for group in sorted(groups, key=split):
+            s = group.sizes
+            for members, _ in group.subgroups:
+                training = self._unrecomputed(group.variants[members[0]][1])
+                state = (s.tp, s.pp, s.cp, s.ep, s.etp, s.vpp, training)
+                if state in seen:
+                    continue
+                seen.add(state)
+                floor = state_floor(self.shape, s, training)
+                if floor <= self.capacity:
+                    return None
+                least = floor if least is None else min(least, floor)
+        return least
+
+    def _none_fit(self, generated: int, headroom: float, least_state: int | None) -> Result:
+        """The result where every candidate's model state alone exceeds the memory: no row,
+        none walked."""
+        self.walked: list[Candidate] = []
+        return Result(
+            hardware=self.hardware,
+            rows=(),
+            generated=generated,
+            fitting=0,
+            refused={},
+            precision=self.precision,
+            capacity=self.capacity,
+            headroom=headroom,
+            least_state=least_state,
+        )
+
     def _exceeds(self, candidate: Candidate) -> bool:
         c = candidate
         return exceeds(self.shape, c.sizes, c.batch, c.training, self.capacity)
@@ -803,7 +854,11 @@ class Tuner:
         does not fit at micro batch b, its larger micro batches are not estimated again.
         """
         try:
-            return self._walk(*self.ranked(), top, headroom)
+            count, ranked = self.ranked()
+            least = self._least_state(self.ranked_classes) if self.prune_memory else None
+            if least is not None:
+                return self._none_fit(count, headroom, least)
+            return self._walk(count, ranked, top, headroom)
         except BoundMissed:
             return self.run_exhaustive(top, headroom)
 
