@@ -147,6 +147,24 @@ def test_a_spec_without_accelerator_model_is_refused_with_its_location(tmp_path:
     assert code == 1 and "bare.toml:11:" in err and "error[MDC611]" in err
 
 
+def test_gemms_in_a_precision_the_chip_lacks_are_refused_before_the_search(
+    tmp_path: Path,
+) -> None:
+    # fp8 on an A100: compile refuses every layout (MDC602), so tune says so with compile's
+    # own finding, where it once compiled 400 layouts to find it out
+    spec = tmp_path / "a100.toml"
+    text = EXAMPLE.read_text(encoding="utf-8").replace('"h100-sxm"', '"a100-80gb"')
+    spec.write_text(text.replace('dtype = "bf16"', 'dtype = "fp8"'), encoding="utf-8")
+    assert 'dtype = "fp8"' in spec.read_text(encoding="utf-8")
+    code, _, err = _run("tune", str(spec))
+    compiled, _, said = _run("compile", str(spec), "-o", str(tmp_path / "out"))
+    assert code == compiled == 1
+    assert "error[MDC602]" in err and "searched" not in err
+    assert [line for line in err.splitlines() if "MDC602" in line] == [
+        line for line in said.splitlines() if "MDC602" in line
+    ]
+
+
 # ------------------------------------------------------------------ the model's arithmetic
 
 

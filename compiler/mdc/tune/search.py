@@ -26,6 +26,7 @@ from mdc.convert import structure_spec
 from mdc.errors import Finding, SpecError
 from mdc.hardware import Accelerator, with_network
 from mdc.loaders import LoadedDocument
+from mdc.passes.accelerator import tensor_core_findings
 from mdc.pipeline import Compiled, Compiler
 from mdc.plan.build import DEFAULT_ORDER, framework_model
 from mdc.plan.memory import (
@@ -275,6 +276,13 @@ class Tuner:
                     f"set accelerator_model to one of: {', '.join(known)}",
                 )
             )
+        else:
+            # GEMMs in a precision the chip has no tensor cores for: compile refuses every
+            # layout for it (MDC602), so the search says so at once instead of compiling
+            # hundreds of layouts to find it out
+            training = self._training(self._options({}))
+            hardware = known[dist.accelerator_model]
+            problems += tensor_core_findings(spec, training, hardware, known)
         shape = resolve_shape(self.model) if self.model is not None else None
         if shape is None:
             missing = missing_keys(self.model or ModelTable()) or list(REQUIRED_KEYS)
