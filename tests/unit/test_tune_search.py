@@ -152,17 +152,16 @@ def test_where_no_layouts_state_fits_the_search_says_so_without_walking(
     # Qwen3-235B-A22B on one node of 8 H100s: its weights, gradients and Adam state alone
     # overfill every layout's GPUs
     model = tomllib.loads(MODELS.read_text(encoding="utf-8"))["qwen3-235b-a22b"]["model"]
-    SPECS["too-big"] = _spec(
+    spec = _spec(
         distributed={"nnodes": 1}, batch={"global_batch_size": 64}, model=model | {"dtype": "bf16"}
     )
-    try:
-        full = _tuner("too-big", tmp_path)
-        full.prune_memory = False
-        reference = full.run(top=5)
-        tuner = _tuner("too-big", tmp_path)
-        result = tuner.run(top=5)
-    finally:
-        del SPECS["too-big"]
+    path = tmp_path / "too-big.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    full = Tuner(Compiler(load_plugins(autoload=False)), load_file(str(path)))
+    full.prune_memory = False
+    reference = full.run(top=5)
+    tuner = Tuner(Compiler(load_plugins(autoload=False)), load_file(str(path)))
+    result = tuner.run(top=5)
     assert not reference.rows and reference.fitting == 0 and full.walked
     assert (result.rows, result.fitting, result.generated) == ((), 0, reference.generated)
     assert tuner.walked == []
@@ -170,7 +169,6 @@ def test_where_no_layouts_state_fits_the_search_says_so_without_walking(
     floors = [state_floor(tuner.shape, c.sizes, c.training) for c in tuner.candidates()]
     assert result.least_state == min(floors) > tuner.capacity
     assert reference.least_state is None
-    path = tmp_path / "too-big.json"
     assert main(["tune", str(path)]) == 1
     said = capsys.readouterr().err
     assert f"take at least {min(floors) / 2**30:.1f} GiB on its fullest GPU" in said

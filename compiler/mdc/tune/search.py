@@ -236,6 +236,8 @@ class Tuner:
         self._unrecomputed_cache: dict[int, tuple[TrainingSetup, TrainingSetup]] = {}
         #: the layout classes of the last :meth:`ranked`, in generation order
         self.ranked_classes: list[LayoutClass] = []
+        #: the candidates the last walk checked for memory, in its order (for the picture)
+        self.walked: list[Candidate] = []
         #: each optimizer setting's recompute settings by the one that bounds each
         #: (:meth:`_recompute_tree`), by id of a cached variant list, setting, stage and vpp
         self._tree_cache: dict[tuple[int, int, int, int], dict[int, list[int]]] = {}
@@ -780,7 +782,7 @@ class Tuner:
     def sample(self, limit: int = 1500) -> list[Candidate]:
         """Up to ``limit`` of the candidates whose memory was checked (for the picture), each
         with its estimate (made here for those the walk ruled out without it)."""
-        walked = getattr(self, "walked", [])
+        walked = self.walked
         step = max(1, len(walked) // limit)
         return [
             c if c.memory_bytes is not None else self._with_memory(c)
@@ -826,10 +828,10 @@ class Tuner:
                 least = floor if least is None else min(least, floor)
         return least
 
-    def _none_fit(self, generated: int, headroom: float, least_state: int | None) -> Result:
+    def _none_fit(self, generated: int, headroom: float, least_state: int) -> Result:
         """The result where every candidate's model state alone exceeds the memory: no row,
         none walked."""
-        self.walked: list[Candidate] = []
+        self.walked = []
         return Result(
             hardware=self.hardware,
             rows=(),
