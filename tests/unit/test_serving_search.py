@@ -803,3 +803,52 @@ def test_a_spec_without_a_share_explains_at_the_searchs_default(
     share_of, share = SHARE.get(launcher, ("capacity", DEFAULT_SHARE))
     assert (memory["share"], memory.get("share_of", "capacity")) == (share, share_of)
     assert share == DEFAULT_SHARE == 0.9
+
+
+def test_where_no_server_holds_a_request_the_search_names_the_closest(tmp_path: Path) -> None:
+    # Llama 3.3 70B (bf16) on 2 H100s with a 120,000-token prompt: tp 2 holds the weights,
+    # but not one request's KV cache beside them
+    spec = _v70(tmp_path, {"input_tokens": 120_000, "output_tokens": 1024, "concurrency": 1})
+    data = json.loads(spec.read_text(encoding="utf-8"))
+    data["distributed"]["nproc_per_node"] = 2
+    data["model"]["seq_length"] = 121_024
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec))
+    assert (code, out) == (1, "")
+    assert "0 fit memory): none holds its weights and one request's KV cache" in err
+    assert "refused" not in err  # nothing reached the compiler
+    # Llama 3 70B's cache per token: 80 layers x 8 KV heads x 128 x (K, V) x 2 bytes, half
+    # of the heads on each GPU of tp 2
+    needed = 121_024 * 80 * 8 * 128 * 2 * 2 / 2 / 2**30
+    assert f"one request of 121,024 tokens needs {needed:.1f} GiB of KV cache" in err
+    # the closest is tp 2, with the room compile's estimate of it leaves
+    data["vllm"]["args"] = ["--tensor-parallel-size", "2"]
+    memory = _explained(tmp_path, data, "tp2")["serving_memory"]
+    assert 0 < memory["cache"] < needed * 2**30
+    assert f"The closest, 1x tp2: {memory['weights'] / 2**30:.1f} GiB of weights" in err
+    assert f"leave {memory['cache'] / 2**30:.1f} GiB for the KV cache" in err
+
+
+def test_where_the_weights_overfill_every_server_the_search_says_so(tmp_path: Path) -> None:
+    # DeepSeek-R1 (671B parameters, FP8: a byte each) on 2 H200s: over 300 GiB a GPU
+    data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
+    data["distributed"].update(nnodes=1, nproc_per_node=2)
+    spec = tmp_path / "r1-on-2.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    said = err.split("The closest, 1x tp2: ")[1]
+    weights = float(said.split(" GiB of weights per GPU")[0])
+    assert weights > 671e9 / 2 / 2**30 * 0.95
+    assert "overfill a 140.4 GiB GPU" in said
+
+
+def test_where_the_compiler_refuses_every_deployment_it_says_why(tmp_path: Path) -> None:
+    spec = _v70(tmp_path, {"input_tokens": 1024, "output_tokens": 256, "concurrency": 8})
+    data = json.loads(spec.read_text(encoding="utf-8"))
+    del data["vllm"]["model"]  # every deployment is refused for it
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    assert "refused by the compiler: MDC360 x" in err and "the compiler on the best of them:" in err
+    assert "error[MDC360]" in err

@@ -159,6 +159,9 @@ class ServingMemory:
     roles: Mapping[str, StepLimits] = attrs.field(factory=dict)
     #: the profiled step's activations (bytes), taken out of the cache
     workspace: int = 0
+    #: what the share leaves the cache (bytes), below 0 where the weights and activations
+    #: alone overfill it (``cache`` is it, at least 0)
+    room: int = 0
     profiled_tokens: int | None = None
     #: what the engine keeps outside its share (bytes): CUDA context and graphs, and an
     #: SGLang step's activations (:func:`leaves_reserve`)
@@ -201,9 +204,10 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
     if setup.profiled_tokens is not None:
         workspace = step_workspace(shape, setup.profiled_tokens, tp, setup.ep, setup.etp)
     if setup.share_of == "free":
-        cache = int(share * max(0, capacity - weights - workspace))
+        room = int(share * (capacity - weights - workspace))
     else:
-        cache = max(0, int(share * capacity) - weights - workspace)
+        room = int(share * capacity) - weights - workspace
+    cache = max(0, room)
     reserve = outside_share(shape, setup)
     tokens = cache // kv if kv else 0
     max_len = setup.max_len or shape.seq
@@ -216,6 +220,7 @@ def estimate(shape: Shape, setup: ServingSetup, capacity_gib: float) -> ServingM
         kv_per_token=kv,
         kv_dtype=kv_dtype,
         cache=cache,
+        room=room,
         share_of=setup.share_of,
         tokens=tokens,
         max_len=max_len,

@@ -15,7 +15,7 @@ from mdc.pipeline import Compiler
 
 def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
     from mdc.plan.memory import GIB
-    from mdc.tune.report import result_json, svg, text, write_spec
+    from mdc.tune.report import refusals, result_json, svg, text, write_spec
     from mdc.tune.search import Tuner
 
     doc, notes = translate(load_file(args.spec))
@@ -33,9 +33,12 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
         # cannot split, ...)
         refused = result.first_refused
         shown = doc if refused is None else attrs.evolve(doc, data=refused)
+        refusing = (
+            f"; refused by the compiler: {refusals(result.refused)}" if result.refused else ""
+        )
         summary = (
             f"mdc tune: no layout fits and compiles ({result.generated} searched, "
-            f"{result.fitting} fit memory; refused: {dict(result.refused)})"
+            f"{result.fitting} fit memory{refusing})"
         )
         if result.least_state is not None:
             summary += (

@@ -100,6 +100,11 @@ def why_lost(best: Candidate, other: Candidate) -> str:
     )
 
 
+def refusals(refused: Mapping[str, int]) -> str:
+    """The candidates the compiler refused, by diagnostic code: ``MDC360 x2, MDC602 x1``."""
+    return ", ".join(f"{code} x{n}" for code, n in sorted(refused.items()))
+
+
 def text(result: Result) -> str:
     hw = result.hardware
     lines = [
@@ -108,8 +113,7 @@ def text(result: Result) -> str:
         f"memory on the way down the ranking, {result.estimated - result.fitting} too large)",
     ]
     if result.refused:
-        refused = ", ".join(f"{code} x{n}" for code, n in result.refused.items())
-        lines.append(f"refused by the compiler on the way: {refused}")
+        lines.append(f"refused by the compiler on the way: {refusals(result.refused)}")
     header = (
         f"{'#':>2}  {'layout':<52} {'GiB/GPU':>7} {'step s':>8} {'tok/s/GPU':>9} "
         f"{'TFLOP/s':>7} {'MFU':>5} {'bubble':>6}  dominant comm"

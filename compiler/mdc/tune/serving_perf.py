@@ -298,6 +298,8 @@ class _Server:
     memory_gib: float
     #: whether the engine's share leaves room for what it keeps outside it
     leaves_reserve: bool
+    #: the serving memory estimate of one of its GPUs (what no room for a request shows)
+    memory: ServingMemory
     #: forward FLOPs of one decoding token (at the mean context) and of one prompt token
     decode_flops: float
     prefill_flops: float
@@ -666,6 +668,7 @@ def server_of(
         capacity_seqs=groups * memory.tokens // per_seq,
         memory_gib=(memory.weights + memory.workspace + memory.cache) / GIB,
         leaves_reserve=leaves_reserve(memory),
+        memory=memory,
         decode_flops=_forward_flops(shape, int(_context(w)), causal=False),
         decode_attention_flops=_decode_attention_flops(shape, _context(w)),
         expert_flops=token_flops(attrs.evolve(shape, seq=1), causal=False).expert_gemm / 3,
@@ -846,6 +849,18 @@ def _servers(
                 cache[key] = found
         servers.append(found if found.role == r else attrs.evolve(found, role=r))
     return servers
+
+
+def role_memory(
+    shape: Shape,
+    hw: Accelerator,
+    dep: Deployment,
+    workload: WorkloadTable,
+    constants: Constants = DEFAULT,
+    cache: dict[Any, _Server] | None = None,
+) -> dict[str, ServingMemory]:
+    """Each role's serving memory estimate per GPU, by role name."""
+    return {s.role.name: s.memory for s in _servers(shape, hw, dep, workload, constants, cache)}
 
 
 def prefill_seconds(

@@ -5,8 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
+
+from mdc.plan.memory import GIB
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_search import Candidate, Result
+from mdc.tune.report import refusals
+from mdc.tune.serving_search import Candidate, Result, Shortfall
 
 # -- mdc tune's serving output -----------------------------------------------------------
 
@@ -66,8 +70,7 @@ def text(result: Result) -> str:
     lines.append(_header(width))
     lines += [_row(i + 1, c, width) for i, c in enumerate(result.rows)]
     if result.refused:
-        refused = ", ".join(f"{code} x{n}" for code, n in sorted(result.refused.items()))
-        lines.append(f"refused by the compiler: {refused}")
+        lines.append(f"refused by the compiler: {refusals(result.refused)}")
     if result.graphs_written:
         lines.append(
             "TensorRT-LLM's CUDA graphs are left to its default (replayed only up to 32 "
@@ -139,11 +142,18 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     tuner = ServingTuner(compiler, doc)
     result = tuner.run(top=args.top)
     if not result.rows:
-        print(
+        refused = f"; refused by the compiler: {refusals(result.refused)}" if result.refused else ""
+        summary = (
             f"mdc tune: no deployment fits and compiles ({result.generated} searched, "
-            f"{result.fitting} fit memory; refused: {dict(result.refused)})",
-            file=out.stderr,
+            f"{result.fitting} fit memory{refused})"
         )
+        if result.shortfall is not None:
+            summary += f": {shortfall_text(result.shortfall)}"
+        if result.first_refused is not None:
+            # the compiler says why, in its own words, of the best deployment it refused
+            print(f"{summary}; the compiler on the best of them:", file=out.stderr)
+            compiler.compile_document(attrs.evolve(doc, data=result.first_refused), tree=False)
+        print(summary, file=out.stderr)
         return ExitCode.SPEC_INVALID
     if args.write:
         write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
@@ -157,6 +167,26 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     else:
         out.stdout.write(text(result))
     return ExitCode.OK
+
+
+def shortfall_text(s: Shortfall) -> str:
+    """Why no deployment holds one request, told of the server layout that comes closest."""
+    m = s.memory
+    activations = f" and {m.workspace / GIB:.1f} GiB of a step's activations" if m.workspace else ""
+    gpu = f"a {m.capacity / GIB:.1f} GiB GPU at {m.engine}'s memory share"
+    if m.room < 0:
+        room = f"{m.weights / GIB:.1f} GiB of weights per GPU{activations} overfill {gpu}"
+    else:
+        room = (
+            f"{m.weights / GIB:.1f} GiB of weights per GPU{activations} leave "
+            f"{m.room / GIB:.1f} GiB for the KV cache on {gpu}"
+        )
+    return (
+        f"none holds its weights and one request's KV cache. The closest, "
+        f"{s.candidate.label()}: {room}, where one request of {s.tokens:,} tokens needs "
+        f"{s.needed / GIB:.1f} GiB of KV cache. More GPUs, a smaller checkpoint (fp8, fp4) "
+        f"or an fp8 KV cache would make room"
+    )
 
 
 def svg(result: Result, curves: Any) -> str:

@@ -44,6 +44,7 @@ from mdc.tune.serving_perf import (
     predict,
     predict_plan,
     prefill_seconds,
+    role_memory,
     shares_fit,
     with_limits,
 )
@@ -189,6 +190,18 @@ def _tokens(n: int) -> str:
 
 
 @attrs.frozen(kw_only=True)
+class Shortfall:
+    """Where no deployment holds one request: the server layout that comes closest (one
+    server alone), with its memory per GPU."""
+
+    candidate: Candidate
+    memory: ServingMemory
+    #: one request's tokens (prompt and output) and their KV cache on one GPU, bytes
+    tokens: int
+    needed: int
+
+
+@attrs.frozen(kw_only=True)
 class Result:
     rows: tuple[Candidate, ...]
     #: every candidate predicted (the picture draws them all)
@@ -198,9 +211,13 @@ class Result:
     refused: Mapping[str, int]
     workload: WorkloadTable
     gpus: int
+    #: the spec of the best candidate the compiler refused (None: none was)
+    first_refused: Mapping[str, Any] | None = None
     #: whether each row's spec carries TensorRT-LLM's CUDA graphs the search wrote
     #: (:func:`~mdc.tune.serving_layouts.searches_graphs`)
     graphs_written: bool = False
+    #: where none fits memory: the deployment that comes closest (None: one fits)
+    shortfall: Shortfall | None = None
 
 
 # -- the search ------------------------------------------------------------------------
@@ -227,6 +244,8 @@ class ServingTuner:
         #: deployments searched but not listed: a server that holds no request (dropped
         #: before any prediction), a server layout at the token budgets not chosen
         self.unfit = 0
+        #: each server layout checked for memory, predicted as one server alone
+        self.alone: dict[Role, Candidate] = {}
         named, _ = name_model(doc)
         from mdc.convert import structure_spec
 
@@ -308,7 +327,6 @@ class ServingTuner:
             launcher, written, dist.accelerator_memory_gib or hw.memory_gib
         )
         cache: dict[Any, Any] = {}
-        fit: dict[Role, bool] = {}
         budgeted: dict[Role, Role] = {}
 
         def deployment(roles: tuple[Role, ...]) -> Deployment:
@@ -360,11 +378,12 @@ class ServingTuner:
         def fits(role: Role) -> bool:
             """Whether one such server holds its weights and one request's KV cache."""
             alone = attrs.evolve(role, name="server", servers=1)
-            if alone not in fit:
-                fit[alone] = _fits(predicted((alone,)))
-            return fit[alone]
+            if alone not in self.alone:
+                self.alone[alone] = predicted((alone,))
+            return _fits(self.alone[alone])
 
         self.unfit = 0
+        self.alone = {}
         for roles in generate(gpus, nproc, shape.experts):
             if not all(fits(r) for r in roles):
                 self.unfit += 1
@@ -479,12 +498,16 @@ class ServingTuner:
         fitting.sort(key=lambda c: c.key)
         rows: list[Candidate] = []
         refused: Counter[str] = Counter()
+        first_refused: Mapping[str, Any] | None = None
         for c in fitting:
             if len(rows) >= top or sum(refused.values()) >= MAX_REFUSED:
                 break
-            compiled = self._compiled(self.written(c), refused)
+            written = self.written(c)
+            compiled = self._compiled(written, refused)
             if compiled is not None:
                 rows.append(compiled)
+            elif first_refused is None:
+                first_refused = written.data
         dist = self.spec.distributed
         return Result(
             rows=tuple(sorted(rows, key=lambda c: c.key)),
@@ -492,10 +515,27 @@ class ServingTuner:
             generated=len(everything) + self.unfit,
             fitting=len(fitting),
             refused=dict(refused),
+            first_refused=first_refused,
             workload=workload,
             gpus=(dist.nnodes or 1) * (dist.nproc_per_node or 1),
             graphs_written=searches_graphs(dist.launcher, self.doc.data),
+            shortfall=None if fitting else self._shortfall(),
         )
+
+    def _shortfall(self) -> Shortfall | None:
+        """Where no server layout holds one request: the one that lacks the least
+        KV-cache room for it (None: none was checked)."""
+        shape, hw, workload = self.requirements()
+        tokens = workload.input_tokens + workload.output_tokens
+        found = []
+        for c in self.alone.values():
+            (memory,) = role_memory(shape, hw, c.deployment, workload, self.constants).values()
+            found.append(
+                Shortfall(
+                    candidate=c, memory=memory, tokens=tokens, needed=memory.kv_per_token * tokens
+                )
+            )
+        return min(found, key=lambda s: s.needed - s.memory.room, default=None)
 
     def _compiled(self, c: Candidate, refused: Counter[str]) -> Candidate | None:
         """The candidate as compile plans it, predicted from its servers; None if refused."""
