@@ -852,3 +852,46 @@ def test_where_the_compiler_refuses_every_deployment_it_says_why(tmp_path: Path)
     assert code == 1
     assert "refused by the compiler: MDC360 x" in err and "the compiler on the best of them:" in err
     assert "error[MDC360]" in err
+
+
+def _disaggregated(tmp_path: Path, launcher: str, model: str, gpus: int) -> Path:
+    """``model`` (FP8) behind a disaggregated launcher on ``gpus`` H100s, 8k/1k prompts."""
+    data = _as_launcher(launcher, 1)
+    data["distributed"]["nproc_per_node"] = gpus
+    data["distributed"]["accelerator_model"] = "h100-sxm"
+    data["model"] = {"name": model, "dtype": "fp8", "seq_length": 9216}
+    data[launcher] = {"model_path" if launcher == "sglang_disagg" else "model": model}
+    spec = tmp_path / "split.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    return spec
+
+
+@pytest.mark.parametrize("launcher", ["vllm_disagg", "sglang_disagg"])
+def test_where_one_server_takes_every_gpu_the_search_says_a_split_needs_two(
+    tmp_path: Path, launcher: str
+) -> None:
+    spec = _disaggregated(tmp_path, launcher, "meta-llama/Llama-3.1-8B-Instruct", 1)
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    assert (
+        "a prefill/decode split needs a server of each role, and the smallest server that "
+        "holds a request, tp1 (1 GPU), leaves too few of the 1 GPUs for another"
+    ) in err
+
+
+def test_where_sglangs_own_share_leaves_no_room_the_search_names_the_role(
+    tmp_path: Path,
+) -> None:
+    # Llama 3.3 70B (FP8) on 2 H100s behind sglang_disagg: one GPU a role, each holding all
+    # 70 GB of weights; at a share of 0.9 a role would keep 6 GiB for the cache, but at the
+    # share SGLang picks itself for it, less than one request takes
+    spec = _disaggregated(tmp_path, "sglang_disagg", "meta-llama/Llama-3.3-70B-Instruct", 2)
+    code, _, err = _run("tune", str(spec))
+    assert code == 1
+    said = err.split("none holds its weights and one request's KV cache. The closest, ")[1]
+    assert said.startswith("P 1x tp1") and ", in its prefill servers: " in said
+    left = float(said.split(" GiB for the KV cache")[0].split(" leave ")[1])
+    # 80 layers x 8 KV heads x 128 x (K, V) x 2 bytes a token, all of them on one GPU
+    needed = 9216 * 80 * 8 * 128 * 2 * 2 / 2**30
+    assert f"one request of 9,216 tokens needs {needed:.1f} GiB of KV cache" in said
+    assert 0 <= left < needed

@@ -149,6 +149,13 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
         )
         if result.shortfall is not None:
             summary += f": {shortfall_text(result.shortfall)}"
+        if result.smallest is not None:
+            gpus = result.smallest.deployment.gpus
+            summary += (
+                f": a prefill/decode split needs a server of each role, and the smallest server "
+                f"that holds a request, {result.smallest.family} ({gpus} GPU{'s' * (gpus > 1)}), "
+                f"leaves too few of the {result.gpus} GPUs for another"
+            )
         if result.first_refused is not None:
             # the compiler says why, in its own words, of the best deployment it refused
             print(f"{summary}; the compiler on the best of them:", file=out.stderr)
@@ -172,6 +179,7 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
 def shortfall_text(s: Shortfall) -> str:
     """Why no deployment holds one request, told of the server layout that comes closest."""
     m = s.memory
+    servers = "" if s.role == "server" else f", in its {s.role} servers"
     activations = f" and {m.workspace / GIB:.1f} GiB of a step's activations" if m.workspace else ""
     gpu = f"a {m.capacity / GIB:.1f} GiB GPU at {m.engine}'s memory share"
     if m.room < 0:
@@ -183,7 +191,7 @@ def shortfall_text(s: Shortfall) -> str:
         )
     return (
         f"none holds its weights and one request's KV cache. The closest, "
-        f"{s.candidate.label()}: {room}, where one request of {s.tokens:,} tokens needs "
+        f"{s.candidate.label()}{servers}: {room}, where one request of {s.tokens:,} tokens needs "
         f"{s.needed / GIB:.1f} GiB of KV cache. More GPUs, a smaller checkpoint (fp8, fp4) "
         f"or an fp8 KV cache would make room"
     )

@@ -191,10 +191,12 @@ def _tokens(n: int) -> str:
 
 @attrs.frozen(kw_only=True)
 class Shortfall:
-    """Where no deployment holds one request: the server layout that comes closest (one
-    server alone), with its memory per GPU."""
+    """Where no deployment holds one request: the one that comes closest (a server layout
+    alone where no deployment was formed), and the memory per GPU of its role with the
+    least room."""
 
     candidate: Candidate
+    role: str
     memory: ServingMemory
     #: one request's tokens (prompt and output) and their KV cache on one GPU, bytes
     tokens: int
@@ -218,6 +220,8 @@ class Result:
     graphs_written: bool = False
     #: where none fits memory: the deployment that comes closest (None: one fits)
     shortfall: Shortfall | None = None
+    #: where servers hold a request alone but none were paired: the smallest of them
+    smallest: Candidate | None = None
 
 
 # -- the search ------------------------------------------------------------------------
@@ -519,21 +523,41 @@ class ServingTuner:
             workload=workload,
             gpus=(dist.nnodes or 1) * (dist.nproc_per_node or 1),
             graphs_written=searches_graphs(dist.launcher, self.doc.data),
-            shortfall=None if fitting else self._shortfall(),
+            shortfall=None if fitting else self._shortfall(everything),
+            smallest=None if fitting or everything else self._smallest(),
         )
 
-    def _shortfall(self) -> Shortfall | None:
-        """Where no server layout holds one request: the one that lacks the least
-        KV-cache room for it (None: none was checked)."""
+    def _smallest(self) -> Candidate | None:
+        """The server layout of the fewest GPUs that holds a request alone, where one does
+        but no deployment was formed of them (a split needs a server of each role)."""
+        fit = [(role, c) for role, c in self.alone.items() if _fits(c)]
+        # the server as written (at its default token budget) where several budgets fit
+        smallest = min(
+            fit,
+            key=lambda f: (f[1].deployment.gpus, f[0].step_tokens is not None, f[1].key),
+            default=None,
+        )
+        return None if smallest is None else smallest[1]
+
+    def _shortfall(self, everything: list[Candidate]) -> Shortfall | None:
+        """Where no deployment holds one request: the one whose role with the least room
+        lacks the least KV cache for it. Of the deployments formed, else of the server
+        layouts checked alone (None: one of those holds a request, and no deployment was
+        formed of it)."""
+        pool = everything or list(self.alone.values())
+        if any(_fits(c) for c in pool):
+            return None
         shape, hw, workload = self.requirements()
         tokens = workload.input_tokens + workload.output_tokens
         found = []
-        for c in self.alone.values():
-            (memory,) = role_memory(shape, hw, c.deployment, workload, self.constants).values()
+        for c in pool:
+            memories = role_memory(shape, hw, c.deployment, workload, self.constants)
+            role, memory = max(
+                memories.items(), key=lambda m: m[1].kv_per_token * tokens - m[1].room
+            )
+            needed = memory.kv_per_token * tokens
             found.append(
-                Shortfall(
-                    candidate=c, memory=memory, tokens=tokens, needed=memory.kv_per_token * tokens
-                )
+                Shortfall(candidate=c, role=role, memory=memory, tokens=tokens, needed=needed)
             )
         return min(found, key=lambda s: s.needed - s.memory.room, default=None)
 
