@@ -29,16 +29,10 @@ from mdc.plan.memory import Shape, resolve_shape
 from mdc.plan.named_models import architecture
 from mdc.spec import ModelTable, WorkloadTable
 from mdc.tune.serving_burst import predict_burst
-from mdc.tune.serving_perf import (
-    DEFAULT,
-    Constants,
-    Deployment,
-    Role,
-    ServingPrediction,
-    predict,
-    server_of,
-)
+from mdc.tune.serving_perf import predict
+from mdc.tune.serving_records import DEFAULT, Constants, Deployment, Role, ServingPrediction
 from mdc.tune.serving_search import sglang_baseline
+from mdc.tune.serving_server import server_of
 
 DATA = Path(__file__).with_name("serving_data.toml")
 #: an offline run ("max"): every request queued at once

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from bench import serving_fit
-from mdc.tune.serving_perf import Constants
+from mdc.tune.serving_records import Constants
 
 Row = Mapping[str, Any]
 

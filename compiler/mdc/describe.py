@@ -148,7 +148,8 @@ def predicted_lines(plan: Plan, launch: Launch) -> list[str]:
 
 def _serving_predicted_lines(plan: Plan, launch: Launch) -> list[str]:
     """``mdc explain``'s lines for a serving plan with [workload] (none without)."""
-    from mdc.tune.serving_perf import deployment_of, eager_decode, predict_plan
+    from mdc.tune.serving_perf import deployment_of, predict_plan
+    from mdc.tune.serving_server import eager_decode
 
     p = predict_plan(plan, launch)
     dep = deployment_of(plan, launch.servers)

@@ -11,7 +11,9 @@ from bench import serving_fit
 from mdc.hardware import builtin
 from mdc.spec import WorkloadTable
 from mdc.tune.serving_burst import LAST, _Prompts, run, survival
-from mdc.tune.serving_perf import DEFAULT, Deployment, Role, predict, server_of
+from mdc.tune.serving_perf import predict
+from mdc.tune.serving_records import DEFAULT, Deployment, Role
+from mdc.tune.serving_server import server_of
 
 
 @pytest.mark.parametrize(("mean", "cap"), [(196.0, 1833), (98.0, 100), (134.0, 200)])

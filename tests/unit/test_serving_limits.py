@@ -17,7 +17,8 @@ from mdc.hardware import builtin
 from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
+from mdc.tune.serving_records import DEFAULT, Deployment, Role
+from mdc.tune.serving_server import server_of
 
 COMPILER = Compiler(load_plugins(autoload=False))
 R1 = {"name": "deepseek-ai/DeepSeek-R1", "dtype": "fp8", "seq_length": 9216}

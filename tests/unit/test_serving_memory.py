@@ -209,7 +209,8 @@ def test_every_measured_deployment_leaves_its_engine_its_reserve() -> None:
 
     from mdc.hardware import builtin
     from mdc.spec import WorkloadTable
-    from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
+    from mdc.tune.serving_records import DEFAULT, Deployment, Role
+    from mdc.tune.serving_server import server_of
 
     measured = serving_fit.measurements()
     assert len(measured) >= 100
@@ -283,7 +284,8 @@ def test_sglangs_reserve_holds_the_step_of_its_chunked_prefill_budget() -> None:
 
     from mdc.hardware import builtin
     from mdc.spec import WorkloadTable
-    from mdc.tune.serving_perf import DEFAULT, Deployment, Role, server_of
+    from mdc.tune.serving_records import DEFAULT, Deployment, Role
+    from mdc.tune.serving_server import server_of
 
     hw, shape = builtin()["h200"], serving_fit._shape("deepseek-v3", "fp8", 9216)
     work = WorkloadTable(input_tokens=8192, output_tokens=1024, concurrency=1)

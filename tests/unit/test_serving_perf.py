@@ -21,7 +21,9 @@ from mdc.pipeline import Compiled, Compiler
 from mdc.plugin_manager import load_plugins
 from mdc.spec import WorkloadTable
 from mdc.tune.records import DEFAULT as MEASURED
-from mdc.tune.serving_perf import DEFAULT, Deployment, Role, link_rate, predict, server_of
+from mdc.tune.serving_perf import predict
+from mdc.tune.serving_records import DEFAULT, Deployment, Role
+from mdc.tune.serving_server import link_rate, server_of
 from mdc.tune.terms import GEMM_LEVEL, hbm_level
 
 COMPILER = Compiler(load_plugins(autoload=False))
@@ -628,7 +630,7 @@ def test_the_fused_moe_shares_are_the_measured_kernels() -> None:
     tokens of 8 x 2 x 3 x 2048 x 768 FLOPs in 735.93 us, about 210 TFLOP/s, 0.12 of the
     H100's fp8 peak at its measured level."""
     from mdc.tune import kernels
-    from mdc.tune.serving_perf import FUSED_MOE_SHARE
+    from mdc.tune.serving_server import FUSED_MOE_SHARE
 
     measured = kernels.fused_moe_shares()
     assert {p: round(v, 4) for p, v in measured.items()} == FUSED_MOE_SHARE
@@ -641,7 +643,7 @@ def test_vllm_and_sglang_run_the_experts_at_the_fused_moe_rate() -> None:
     kernel's measured rate under vLLM and SGLang (without DeepEP's expert parallel), the
     other GEMMs at e_dec / e_pre; TensorRT-LLM's and SGLang's with expert parallel (other
     kernels, not measured) stay with the other GEMMs."""
-    from mdc.tune.serving_perf import FUSED_MOE_SHARE
+    from mdc.tune.serving_server import FUSED_MOE_SHARE
 
     hw = builtin()["h100-sxm"]
     work = WorkloadTable(input_tokens=1024, output_tokens=256, concurrency=1)
@@ -683,7 +685,7 @@ def test_mxfp4_experts_run_weight_only_in_bf16_below_blackwell(
     Triton matmul_ogs, Ampere: Marlin) the kernel widens the weights to bf16, so its GEMMs
     run at the bf16 fused-MoE kernel's measured share of the bf16 peak, not at the dense
     GEMMs' e_pre / e_dec; on Blackwell's FP4 tensor cores they stay with the other GEMMs."""
-    from mdc.tune.serving_perf import FUSED_MOE_SHARE
+    from mdc.tune.serving_server import FUSED_MOE_SHARE
 
     hw = builtin()[accelerator]
     assert ("fp4" in hw.dense_tflops) is not weight_only
@@ -866,7 +868,7 @@ def test_the_fused_moe_launch_time_is_the_measured_kernels() -> None:
     Qwen3-235B-A22B at tp 8 on an H200 (sgl-project/sglang#11730) 31.70 us - 8 x 3 x 4096 x
     192 B / 4.15 TB/s, averaged: about 29.5 us a MoE layer."""
     from mdc.tune import kernels
-    from mdc.tune.serving_perf import FUSED_MOE_FIXED_S
+    from mdc.tune.serving_server import FUSED_MOE_FIXED_S
 
     qwen30 = 44.54e-6 - 8 * 3 * 2048 * 768 / 2.97e12
     qwen235 = 31.70e-6 - 8 * 3 * 4096 * 192 / 4.15e12
@@ -882,7 +884,7 @@ def test_the_block_fp8_tile_rate_predicts_another_measured_gemm() -> None:
     SGLang's benchmark of the same vLLM kernel measured 77.18 us at batch 1
     (sgl-project/sglang#5820)."""
     from mdc.tune import kernels
-    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+    from mdc.tune.serving_server import BLOCK_FP8_TILE_BYTES_S
 
     seconds = 2 * 2112 * 7168 / 0.893065e12
     assert kernels.block_fp8_tile_rate() == pytest.approx(128 * 7168 / seconds)
@@ -905,7 +907,7 @@ def test_deepseeks_block_fp8_gemms_at_a_few_rows_stream_on_a_few_sms() -> None:
     128 value dims; 3 dense MLP layers of 18,432, 58 shared experts of 2,048), one tile of
     rows, ceil(N / 128) tiles of 128 x K bytes at the measured tile rate, less each GEMM's
     roofline; on an MI325X (not measured) and in bf16 (no blocks) nothing."""
-    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+    from mdc.tune.serving_server import BLOCK_FP8_TILE_BYTES_S
 
     server = _r1_server("vllm")
     rate: float = server.hbm_rate()
@@ -933,7 +935,7 @@ def test_the_mi300x_block_fp8_table_is_kernels_toml_s() -> None:
     down-projection (N = 2,112, K = 7,168) takes 19.50 us at one row, where its 15.1 MB take
     3.7 us at the MI300X's BabelStream Triad (4.09 TB/s)."""
     from mdc.tune import kernels
-    from mdc.tune.serving_perf import BLOCK_FP8_MEASURED_US
+    from mdc.tune.serving_server import BLOCK_FP8_MEASURED_US
 
     assert kernels.block_fp8_measured_us() == BLOCK_FP8_MEASURED_US
     first = BLOCK_FP8_MEASURED_US["mi300x"][(2112, 7168)][0]
@@ -944,7 +946,7 @@ def test_the_mi300x_block_fp8_table_is_kernels_toml_s() -> None:
 def test_a_timed_gemm_between_and_past_its_measured_rows() -> None:
     """Between two measured row counts the straight line through them; below the first its
     time; past the last its time per row."""
-    from mdc.tune.serving_perf import measured_gemm_s
+    from mdc.tune.serving_server import measured_gemm_s
 
     points = ((2, 10.0), (8, 16.0), (64, 30.0))
     assert measured_gemm_s(points, 1.0) == pytest.approx(10e-6)
@@ -962,7 +964,7 @@ def test_deepseeks_block_fp8_gemms_on_an_mi300x_take_their_measured_time() -> No
     and 19.6018); the shapes it did not time (the dense layers' MLP, the shared down
     projection) nothing. The same under SGLang; at tp 4 only the replicated down-projection
     (the others' shapes not timed); in bf16 nothing."""
-    from mdc.tune.serving_perf import BLOCK_FP8_ROWS
+    from mdc.tune.serving_server import BLOCK_FP8_ROWS
 
     server = _r1_server("vllm", gpu="mi300x")
     rate: float = server.hbm_rate()
@@ -993,7 +995,7 @@ def test_the_block_fp8_term_follows_the_checkpoint_s_weight_blocks() -> None:
     """The term is the checkpoint's fact, not the architecture's: DeepSeek-R1's shape without
     weight_block (a per-tensor FP8 checkpoint) has none; Qwen3-32B (grouped attention) with
     [128, 128] blocks (its -FP8 checkpoint) has its 64 layers' GEMMs at tp 1, by hand."""
-    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+    from mdc.tune.serving_server import BLOCK_FP8_TILE_BYTES_S
 
     role = Role(name="server", servers=1, gpus=8, tp=8)
     work = WorkloadTable(input_tokens=3200, output_tokens=800, concurrency=4)
@@ -1029,7 +1031,7 @@ def test_the_block_fp8_tiles_follow_the_weight_block_and_the_chip_s_multiprocess
     catalogue's) with [64, 128] blocks runs ceil(N / 64) tiles of 64 x K, and on a Hopper
     with 114 SMs (as a plugin might give an H100 PCIe) more waves; a Hopper whose count the entry
     does not give gets no term."""
-    from mdc.tune.serving_perf import BLOCK_FP8_TILE_BYTES_S
+    from mdc.tune.serving_server import BLOCK_FP8_TILE_BYTES_S
 
     h200 = builtin()["h200"]
     assert h200.multiprocessors == 132 and builtin()["h100-sxm"].multiprocessors == 132
@@ -1087,7 +1089,7 @@ def test_dp_attention_gathers_every_group_s_tokens_into_one_moe() -> None:
 def test_a_fused_moe_launch_costs_each_moe_layer_its_fixed_time() -> None:
     """vLLM and SGLang (Triton fused MoE) pay FUSED_MOE_FIXED_S per MoE layer a step, 58 for
     DeepSeek-R1; TensorRT-LLM's own MoE kernels and FP4 experts are not that kernel."""
-    from mdc.tune.serving_perf import FUSED_MOE_FIXED_S
+    from mdc.tune.serving_server import FUSED_MOE_FIXED_S
 
     for launcher in ("vllm", "sglang"):
         server = _r1_server(launcher)
@@ -1199,7 +1201,7 @@ def test_a_spec_without_cuda_graphs_is_predicted_eager(tmp_path: Path, launcher:
     """Each engine's switch that turns its CUDA graphs off (vLLM --enforce-eager, SGLang
     --disable-cuda-graph, TensorRT-LLM's cuda_graph_config null) reaches the estimate and
     the prediction: each token waits for every layer's eager launches more."""
-    from mdc.tune.serving_perf import eager_launches
+    from mdc.tune.serving_server import eager_launches
 
     def spec(options: dict[str, Any]) -> dict[str, Any]:
         data = trtllm()
@@ -1235,7 +1237,7 @@ def test_a_step_past_the_largest_captured_batch_runs_eager(
 ) -> None:
     """vLLM and SGLang replay a CUDA graph only up to their largest captured batch; a
     larger decode step launches its kernels eagerly (:func:`eager_launches` more)."""
-    from mdc.tune.serving_perf import eager_launches
+    from mdc.tune.serving_server import eager_launches
 
     role = Role(name="server", servers=1, gpus=tp, tp=tp)
     work = WorkloadTable(input_tokens=200, output_tokens=200, concurrency=1)

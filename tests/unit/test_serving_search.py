@@ -666,7 +666,7 @@ def test_an_aggregated_trtllm_share_is_written_where_trtllm_reads_it(
     spec's kv_cache_config (which replaces the command line's), else trtllm-serve's
     --kv_cache_free_gpu_memory_fraction; either way the plan's estimate runs at it."""
     from mdc.tune.serving_layouts import write_share
-    from mdc.tune.serving_perf import Role
+    from mdc.tune.serving_records import Role
 
     data = tomllib.loads(EXAMPLE.read_text(encoding="utf-8"))
     data["parallelism"] = {"tp": 8, "pp": 1}

@@ -12,7 +12,9 @@ from bench.serving_targets import Scored
 
 from mdc.hardware import builtin
 from mdc.spec import WorkloadTable
-from mdc.tune.serving_perf import DEFAULT, Deployment, Role, predict, server_of
+from mdc.tune.serving_perf import predict
+from mdc.tune.serving_records import DEFAULT, Deployment, Role
+from mdc.tune.serving_server import server_of
 
 
 @functools.cache

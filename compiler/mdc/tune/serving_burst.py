@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from mdc.tune.serving_perf import DEFAULT, Constants, Deployment, ServingPrediction, server_of
+from mdc.tune.serving_records import DEFAULT, Constants, Deployment, ServingPrediction
+from mdc.tune.serving_server import server_of
 
 if TYPE_CHECKING:
     from mdc.hardware import Accelerator
     from mdc.plan.memory import Shape
     from mdc.spec import WorkloadTable
-    from mdc.tune.serving_perf import _Server
+    from mdc.tune.serving_server import Server
 
 #: the expected requests still running at which the last one is taken to end: where the
 #: chance that none runs is one half, (1 - S)^N = 1/2, i.e. N S = ln 2
@@ -82,7 +83,7 @@ def _ratio(mean: float, cap: int) -> float:
 
 
 def run(
-    s: _Server, prompts: float, input_tokens: int, mean_output: float, max_output: int
+    s: Server, prompts: float, input_tokens: int, mean_output: float, max_output: int
 ) -> BurstResult:
     """The burst of ``prompts`` requests on one server of ``s``'s role (the role's
     ``servers`` share them evenly)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from mdc.api.flags import FlagTable, KnownFlag, drop_flags
-from mdc.tune.serving_perf import Role
+from mdc.tune.serving_records import Role
 
 
 def _sizes(gpus: int, nproc: int) -> list[int]:

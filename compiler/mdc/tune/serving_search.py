@@ -35,11 +35,6 @@ from mdc.plan.serving_memory import (
 from mdc.spec import JobSpec, WorkloadTable
 from mdc.tune.serving_layouts import WRITERS, searches_graphs, write_graphs, write_share
 from mdc.tune.serving_perf import (
-    DEFAULT,
-    Constants,
-    Deployment,
-    Role,
-    ServingPrediction,
     deployment_of,
     predict,
     predict_plan,
@@ -48,6 +43,7 @@ from mdc.tune.serving_perf import (
     shares_fit,
     with_limits,
 )
+from mdc.tune.serving_records import DEFAULT, Constants, Deployment, Role, ServingPrediction
 
 #: compile at most this many refused candidates before giving up on more rows
 MAX_REFUSED = 200
