@@ -1745,6 +1745,8 @@ def worker() -> None:
         },
     }
     Path(os.environ[REPORT_DIR], f"rank-{rank}.json").write_text(json.dumps(report) + "\n")
+    # every rank is done before any closes its gloo connections (as rank_probe.py says)
+    torch.distributed.barrier()
     parallel_state.destroy_model_parallel()
     torch.distributed.destroy_process_group()
 

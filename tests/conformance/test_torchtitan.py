@@ -1088,6 +1088,9 @@ def worker() -> None:
         "env": {k: v for k, v in os.environ.items() if k.startswith("TORCHTITAN_")},
     }
     Path(os.environ[REPORT_DIR], f"rank-{rank}.json").write_text(json.dumps(report) + "\n")
+    # every rank is done before any closes its gloo connections: a peer still tearing
+    # down when another's sockets close aborts ("terminate called without an active exception")
+    dist.barrier()
     dist.destroy_process_group()
 
 

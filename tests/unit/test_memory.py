@@ -268,6 +268,7 @@ def worker(rank, world, port, cases, out):
         ps.destroy_model_parallel()
     with open(f"{out}.{rank}", "w") as fh:
         json.dump(results, fh)
+    dist.barrier()  # every rank is done before any closes its gloo connections
     dist.destroy_process_group()
 
 if __name__ == "__main__":
