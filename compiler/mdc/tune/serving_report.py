@@ -142,25 +142,13 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     tuner = ServingTuner(compiler, doc)
     result = tuner.run(top=args.top)
     if not result.rows:
-        refused = f"; refused by the compiler: {refusals(result.refused)}" if result.refused else ""
-        summary = (
-            f"mdc tune: no deployment fits and compiles ({result.generated} searched, "
-            f"{result.fitting} fit memory{refused})"
-        )
-        if result.shortfall is not None:
-            summary += f": {shortfall_text(result.shortfall)}"
-        if result.smallest is not None:
-            gpus = result.smallest.deployment.gpus
-            summary += (
-                f": a prefill/decode split needs a server of each role, and the smallest server "
-                f"that holds a request, {result.smallest.family} ({gpus} GPU{'s' * (gpus > 1)}), "
-                f"leaves too few of the {result.gpus} GPUs for another"
-            )
+        summary = no_fit(result)
         if result.first_refused is not None:
             # the compiler says why, in its own words, of the best deployment it refused
             print(f"{summary}; the compiler on the best of them:", file=out.stderr)
             compiler.compile_document(attrs.evolve(doc, data=result.first_refused), tree=False)
-        print(summary, file=out.stderr)
+        else:
+            print(summary, file=out.stderr)
         return ExitCode.SPEC_INVALID
     if args.write:
         write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
@@ -176,8 +164,28 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
     return ExitCode.OK
 
 
+def no_fit(result: Result) -> str:
+    """The line a search that found nothing ends with: what it searched, and why none
+    fits where it can say."""
+    refused = f"; refused by the compiler: {refusals(result.refused)}" if result.refused else ""
+    summary = (
+        f"mdc tune: no deployment fits and compiles ({result.generated} searched, "
+        f"{result.fitting} fit memory{refused})"
+    )
+    if result.shortfall is not None:
+        summary += f": {shortfall_text(result.shortfall)}"
+    if result.smallest is not None:
+        gpus = result.smallest.deployment.gpus
+        summary += (
+            f": a prefill/decode split needs a server of each role, and the smallest server "
+            f"that holds a request, {result.smallest.family} ({gpus} GPU{'s' * (gpus > 1)}), "
+            f"leaves too few of the {result.gpus} GPUs for another"
+        )
+    return summary
+
+
 def shortfall_text(s: Shortfall) -> str:
-    """Why no deployment holds one request, told of the server layout that comes closest."""
+    """Why no deployment holds one request, told of the one that comes closest."""
     m = s.memory
     servers = "" if s.role == "server" else f", in its {s.role} servers"
     activations = f" and {m.workspace / GIB:.1f} GiB of a step's activations" if m.workspace else ""
