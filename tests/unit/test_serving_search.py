@@ -841,6 +841,11 @@ def test_where_the_weights_overfill_every_server_the_search_says_so(tmp_path: Pa
     weights = float(said.split(" GiB of weights per GPU")[0])
     assert weights > 671e9 / 2 / 2**30 * 0.95
     assert "overfill a 140.4 GiB GPU" in said
+    # --format json says the same on stdout: no candidates, what was searched, and why
+    code, out, err = _run("tune", str(spec), "--format", "json")
+    found = json.loads(out)
+    assert code == 1 and found["candidates"] == []
+    assert found["searched"]["fit_memory"] == 0 and found["why"] == err.strip()
 
 
 def test_where_the_compiler_refuses_every_deployment_it_says_why(tmp_path: Path) -> None:

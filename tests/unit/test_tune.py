@@ -1420,3 +1420,20 @@ def test_nvfp4_casts_stream_each_linear_layers_input_and_output_gradient() -> No
     fp8 = predict(shape, layout, hw, nproc_per_node=8, precision="fp8").breakdown
     fp4 = predict(shape, layout, hw, nproc_per_node=8, precision="fp4").breakdown
     assert fp4["elementwise"] - fp8["elementwise"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_where_no_layout_fits_json_says_what_was_searched_and_why(tmp_path: Path) -> None:
+    # Llama 3.2 1B on one H100 with 1,048,576-token sequences: its model state fits, and
+    # the spec as written compiles (the estimate only warns), but no layout's activations fit
+    text = (REPO / "examples" / "memory-llama32-1b.toml").read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    data["distributed"].update(launcher="megatron", nproc_per_node=1, accelerator_model="h100-sxm")
+    data["batch"] = {"global_batch_size": 8}
+    data["model"]["seq_length"] = 1 << 20
+    spec = tmp_path / "long.json"
+    spec.write_text(json.dumps(data), encoding="utf-8")
+    code, out, err = _run("tune", str(spec), "--format", "json")
+    found = json.loads(out)
+    assert code == 1 and found["candidates"] == [] and found["chosen"] is None
+    assert found["searched"]["fit_memory"] == 0 and found["searched"]["memory_estimated"] > 0
+    assert found["why"] == err.strip() and found["why"].startswith("mdc tune: no layout fits")

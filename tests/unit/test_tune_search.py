@@ -172,6 +172,11 @@ def test_where_no_layouts_state_fits_the_search_says_so_without_walking(
     assert main(["tune", str(path)]) == 1
     said = capsys.readouterr().err
     assert f"take at least {min(floors) / 2**30:.1f} GiB on its fullest GPU" in said
+    # --format json: the compiler's findings on the spec as written, as compile prints them
+    assert main(["tune", str(path), "--format", "json"]) == 1
+    printed = capsys.readouterr()
+    assert json.loads(printed.out)["ok"] is False
+    assert "the compiler on the spec as written" in printed.err
 
 
 def _layout(candidate: Candidate) -> tuple[int, ...]:

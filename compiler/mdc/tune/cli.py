@@ -56,6 +56,8 @@ def cmd_tune(args: argparse.Namespace, compiler: Compiler, out: Any) -> int:
             print(f"{summary}; the compiler on {which}:", file=out.stderr)
             raise
         print(summary, file=out.stderr)
+        if out.fmt == "json":  # what was searched, no candidates, and why
+            out.json({**result_json(result), "why": summary})
         return ExitCode.SPEC_INVALID
     if args.write:
         write_spec(args.write, result.rows[result.best].data, args.spec, force=args.force)

@@ -125,7 +125,14 @@ def candidate_json(c: Candidate) -> dict[str, Any]:
 
 
 def result_json(result: Result) -> dict[str, Any]:
-    return {"candidates": [candidate_json(c) for c in result.rows]}
+    return {
+        "searched": {
+            "deployments": result.generated,
+            "fit_memory": result.fitting,
+            "refused_by_compile": dict(sorted(result.refused.items())),
+        },
+        "candidates": [candidate_json(c) for c in result.rows],
+    }
 
 
 def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
@@ -149,6 +156,8 @@ def cmd_tune_serving(args: Any, compiler: Any, doc: Any, out: Any) -> int:
             compiler.compile_document(attrs.evolve(doc, data=result.first_refused), tree=False)
         else:
             print(summary, file=out.stderr)
+        if out.fmt == "json":  # what was searched, no candidates, and why
+            out.json({**result_json(result), "why": summary})
         return ExitCode.SPEC_INVALID
     if args.write:
         write_spec(args.write, result.rows[0].data, args.spec, force=args.force)
