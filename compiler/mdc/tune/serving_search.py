@@ -194,9 +194,18 @@ class Shortfall:
     candidate: Candidate
     role: str
     memory: ServingMemory
-    #: one request's tokens (prompt and output) and their KV cache on one GPU, bytes
+    #: one request's tokens (prompt and output)
     tokens: int
-    needed: int
+
+    @property
+    def needed(self) -> int:
+        """Bytes of KV cache one request takes on one GPU of the role."""
+        return self.memory.kv_per_token * self.tokens
+
+    @property
+    def lacking(self) -> int:
+        """Bytes of KV cache the role lacks for that request."""
+        return self.needed - self.memory.room
 
 
 @attrs.frozen(kw_only=True)
@@ -548,14 +557,11 @@ class ServingTuner:
         found = []
         for c in pool:
             memories = role_memory(shape, hw, c.deployment, workload, self.constants)
-            role, memory = max(
-                memories.items(), key=lambda m: m[1].kv_per_token * tokens - m[1].room
-            )
-            needed = memory.kv_per_token * tokens
-            found.append(
-                Shortfall(candidate=c, role=role, memory=memory, tokens=tokens, needed=needed)
-            )
-        return min(found, key=lambda s: s.needed - s.memory.room, default=None)
+            roles = [
+                Shortfall(candidate=c, role=r, memory=m, tokens=tokens) for r, m in memories.items()
+            ]
+            found.append(max(roles, key=lambda s: s.lacking))
+        return min(found, key=lambda s: s.lacking, default=None)
 
     def _compiled(self, c: Candidate, refused: Counter[str]) -> Candidate | None:
         """The candidate as compile plans it, predicted from its servers; None if refused."""
